@@ -1,0 +1,1 @@
+"""Plots, HTML reports, architecture comparison and evaluation-noise analysis."""

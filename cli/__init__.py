@@ -1,0 +1,1 @@
+"""The `scalelab` command: thin subcommands that call the other folders."""

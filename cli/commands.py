@@ -1,0 +1,8 @@
+"""The list of subcommand modules (module under scalelab.cli, command name).
+
+Add a line here when adding a command module; each module defines add_parser(sub) that sets
+`func` on its parser.
+"""
+
+COMMANDS: list[tuple[str, str]] = [
+]

@@ -1,0 +1,1 @@
+"""Parallel layouts applied from outside the model: ParallelDims, parallelize, pipelines, CP, EP."""

@@ -1,0 +1,21 @@
+"""Errors for bad user input, shared by every folder.
+
+The CLI turns any `UsageError` into one line on stderr and exit code 2. Messages name the offending
+key/value and the fix, e.g. `ConfigError("model.num_heads", "8 does not divide d_model=100",
+"pick num_heads dividing d_model")`.
+"""
+
+from __future__ import annotations
+
+
+class UsageError(ValueError):
+    """Bad input from the user; str(e) is one line naming the key/value and the fix."""
+
+
+class ConfigError(UsageError):
+    """A config key holds a bad value."""
+
+    def __init__(self, key: str, problem: str, fix: str | None = None):
+        self.key = key
+        msg = f"{key}: {problem}" + (f"; {fix}" if fix else "")
+        super().__init__(msg)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install scalelab (editable) and its dependencies without ever pulling a multi-GB CUDA torch onto
+# a CPU-only machine.
+#   bash scripts/install.sh          # runtime dependencies
+#   bash scripts/install.sh dev      # plus test/lint tools, transformers (HF parity) and triton
+# Torch: kept if already importable; on a GPU machine (nvidia-smi present) the default PyPI build;
+# otherwise the CPU build of torch 2.13.0 (a local wheel where the machine has one, else PyTorch's
+# CPU index).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PIP="python -m pip"
+if ! python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    $PIP install "torch>=2.6"
+  else
+    $PIP install "torch==2.13.0" --no-index 2>/dev/null \
+      || $PIP install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+  fi
+fi
+extras=""
+if [ "${1:-}" = "dev" ]; then extras="[dev,triton]"; fi
+$PIP install -q -e ".${extras}"

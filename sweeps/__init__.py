@@ -1,0 +1,1 @@
+"""Sweep specs and generators, execution on Ray, the sweep store, next-sweep proposals."""

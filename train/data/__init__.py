@@ -1,0 +1,1 @@
+"""Tokenizers, token shards, data mixtures and the resumable sampler."""
