@@ -1,0 +1,193 @@
+"""Hyperparameter laws: optimal learning rate / batch size against compute as log-log lines.
+
+    log10 h*(C) = intercept + slope · log10 C        (h = learning rate, tokens per batch, ...)
+
+Two steps, both pure:
+1. `optimal_per_budget(flops, hparam, loss)` reduces a sweep (several hyperparameter values per
+   FLOP budget) to one optimum per budget: the vertex of a parabola of loss in log10 h when it is
+   located inside the swept range, else the best measured value (flagged).
+2. `fit_hyperparam_law(flops, h_opt, robust=...)` fits the line with statsmodels OLS, or RLM with
+   Huber's T norm when outlying budgets should not drag the slope. Intervals on slope/intercept
+   and on predictions come from the model's covariance.
+
+    law = fit_hyperparam_law(C, lr_opt)
+    law.slope, law.slope_interval, law.predict(1e21)   # -> (point, lo, hi) in the hparam's unit
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import statsmodels.api as sm
+from scipy import stats
+
+from scalelab.errors import UsageError
+
+
+@dataclass(kw_only=True, slots=True)
+class HyperparamLaw:
+    """A fitted log10-log10 line h*(C) = 10^intercept · C^slope with covariance for intervals."""
+
+    intercept: float
+    slope: float
+    intercept_interval: tuple[float, float]
+    slope_interval: tuple[float, float]
+    cov: np.ndarray  # 2x2 covariance of (intercept, slope), log10 units
+    resid_scale: float  # residual std (OLS) or robust scale (RLM), log10 units
+    dof: int
+    robust: bool
+    level: float
+    n_points: int
+
+    def predict(self, flops: float | np.ndarray, *, level: float | None = None, kind: str = "confidence"):
+        """Predicted optimum at `flops` with an interval.
+
+        Args:
+            flops: FLOP budget(s).
+            level: interval level (default: the fit's).
+            kind: "confidence" (the mean line) or "prediction" (a new budget's optimum, adds
+                the residual scatter).
+        Returns:
+            (point, lo, hi) arrays (floats for scalar input) in the hyperparameter's own unit.
+        """
+        level = self.level if level is None else level
+        x = np.log10(np.atleast_1d(np.asarray(flops, dtype=float)))
+        design = np.column_stack([np.ones_like(x), x])
+        mean = design @ np.array([self.intercept, self.slope])
+        var = np.einsum("ij,jk,ik->i", design, self.cov, design)
+        if kind == "prediction":
+            var = var + self.resid_scale**2
+        elif kind != "confidence":
+            raise UsageError(f"kind must be 'confidence' or 'prediction', got {kind!r}")
+        q = _quantile(level, self.dof, self.robust)
+        out = tuple(10.0 ** (mean + s * q * np.sqrt(var)) for s in (0.0, -1.0, 1.0))
+        if np.ndim(flops) == 0:
+            return tuple(float(v[0]) for v in out)
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "intercept": self.intercept,
+            "slope": self.slope,
+            "intercept_interval": list(self.intercept_interval),
+            "slope_interval": list(self.slope_interval),
+            "robust": self.robust,
+            "level": self.level,
+            "n_points": self.n_points,
+        }
+
+
+def _quantile(level: float, dof: int, robust: bool) -> float:
+    # RLM's covariance is asymptotic, so statsmodels uses normal quantiles for it; OLS uses t.
+    if robust or dof <= 0:
+        return float(stats.norm.ppf(0.5 + level / 2.0))
+    return float(stats.t.ppf(0.5 + level / 2.0, dof))
+
+
+def fit_hyperparam_law(
+    flops: np.ndarray, h_opt: np.ndarray, *, robust: bool = False, level: float = 0.95
+) -> HyperparamLaw:
+    """Fit log10 h_opt = intercept + slope · log10 flops.
+
+    Args:
+        flops: FLOP budgets (> 0).
+        h_opt: the optimal hyperparameter at each budget (> 0), e.g. learning rate or tokens/batch.
+        robust: RLM with Huber's T (outlier-resistant) instead of OLS.
+        level: confidence level of the coefficient intervals.
+    Returns:
+        HyperparamLaw.
+    Raises:
+        UsageError: fewer than 3 points, non-positive or non-finite values.
+    """
+    c = np.asarray(flops, dtype=float)
+    h = np.asarray(h_opt, dtype=float)
+    if c.shape != h.shape or c.ndim != 1:
+        raise UsageError("flops and h_opt must be 1-D arrays of equal length")
+    if c.size < 3:
+        raise UsageError(f"a hyperparameter law needs at least 3 budgets, got {c.size}")
+    if not (np.all(np.isfinite(c)) and np.all(np.isfinite(h)) and np.all(c > 0) and np.all(h > 0)):
+        raise UsageError("flops and hyperparameter values must be finite and positive")
+    x, y = np.log10(c), np.log10(h)
+    design = sm.add_constant(x)
+    if robust:
+        res = sm.RLM(y, design, M=sm.robust.norms.HuberT()).fit()
+        scale = float(res.scale)
+    else:
+        res = sm.OLS(y, design).fit()
+        scale = float(np.sqrt(res.scale))
+    ci = np.asarray(res.conf_int(alpha=1.0 - level))
+    return HyperparamLaw(
+        intercept=float(res.params[0]),
+        slope=float(res.params[1]),
+        intercept_interval=(float(ci[0, 0]), float(ci[0, 1])),
+        slope_interval=(float(ci[1, 0]), float(ci[1, 1])),
+        cov=np.asarray(res.cov_params(), dtype=float),
+        resid_scale=scale,
+        dof=int(c.size - 2),
+        robust=robust,
+        level=level,
+        n_points=int(c.size),
+    )
+
+
+@dataclass(kw_only=True, slots=True)
+class BudgetOptimum:
+    """The best hyperparameter value measured at one budget."""
+
+    flops: float
+    h_opt: float
+    loss_opt: float
+    interior: bool  # vertex located strictly inside the swept range
+
+
+def optimal_per_budget(
+    flops: np.ndarray, hparam: np.ndarray, loss: np.ndarray, *, rel_tol: float = 0.05
+) -> list[BudgetOptimum]:
+    """Reduce a hyperparameter sweep to one optimum per FLOP budget.
+
+    With >= 3 distinct values at a budget, fits loss = q2 u^2 + q1 u + q0 (u = log10 h) through the
+    best run and its neighbours and takes the vertex if q2 > 0 and it lies inside the swept range;
+    otherwise the best measured value is returned with interior=False (the optimum may lie outside
+    the sweep, which biases the law: check it before trusting the slope).
+
+    Args:
+        flops, hparam, loss: per-run arrays.
+        rel_tol: FLOPs within this relative distance share a budget.
+    Returns:
+        One BudgetOptimum per budget, sorted by flops.
+    """
+    from scalelab.fitting.approaches import group_budgets
+
+    c = np.asarray(flops, dtype=float)
+    h = np.asarray(hparam, dtype=float)
+    loss = np.asarray(loss, dtype=float)
+    if not (c.shape == h.shape == loss.shape):
+        raise UsageError("flops, hparam and loss must have equal length")
+    if np.any(h <= 0) or not np.all(np.isfinite(loss)):
+        raise UsageError("hyperparameter values must be positive and losses finite (drop diverged runs)")
+    labels = group_budgets(c, rel_tol=rel_tol)
+    out = []
+    for lab in np.unique(labels):
+        idx = np.flatnonzero(labels == lab)
+        order = idx[np.argsort(h[idx])]
+        u, l_sorted = np.log10(h[order]), loss[order]
+        best = int(np.argmin(l_sorted))
+        budget = float(np.exp(np.mean(np.log(c[idx]))))
+        point = BudgetOptimum(
+            flops=budget, h_opt=float(10 ** u[best]), loss_opt=float(l_sorted[best]), interior=False
+        )
+        if 0 < best < u.size - 1 and np.unique(u).size >= 3:
+            lo, hi = max(best - 2, 0), min(best + 3, u.size)  # local window around the best run
+            q2, q1, q0 = np.polyfit(u[lo:hi], l_sorted[lo:hi], 2)
+            if q2 > 0:
+                vertex = -q1 / (2 * q2)
+                if u[0] < vertex < u[-1]:
+                    point = BudgetOptimum(
+                        flops=budget,
+                        h_opt=float(10**vertex),
+                        loss_opt=float(q0 + q1 * vertex + q2 * vertex**2),
+                        interior=True,
+                    )
+        out.append(point)
+    return sorted(out, key=lambda p: p.flops)
