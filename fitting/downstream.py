@@ -5,7 +5,8 @@
 Step one predicts the loss L of a target run from a scaling law (fit.predict); step two maps that
 loss to a downstream accuracy with this sigmoid, fitted on (loss, accuracy) pairs from smaller runs
 or checkpoints. Because accuracy falls as loss rises, a fitted k is usually negative (with a > 0);
-b is the floor (chance accuracy) and a + b the ceiling.
+b is the floor (chance accuracy) and a + b the ceiling. The curve is symmetric under
+(a, k, L0, b) -> (-a, -k, L0, a + b); fits are reported on the a > 0 branch.
 
     sig = fit_sigmoid(loss, acc)
     sig.predict(2.1)                          # accuracy at loss 2.1
@@ -128,6 +129,12 @@ def fit_sigmoid(loss: np.ndarray, acc: np.ndarray, *, starts: int = 12, seed: in
     except np.linalg.LinAlgError:
         cov = np.full((4, 4), np.nan)
     a, k, l0, b = (float(v) for v in best.x)
+    if a < 0:
+        # (a, k, L0, b) and (-a, -k, L0, a + b) are the same curve; report the a > 0 branch so
+        # b is the floor. The Jacobian map is linear: flip a, k and add a to b.
+        jac = np.array([[-1, 0, 0, 0], [0, -1, 0, 0], [0, 0, 1, 0], [1, 0, 0, 1]], dtype=float)
+        a, k, b = -a, -k, a + b
+        cov = jac @ cov @ jac.T
     return SigmoidFit(a=a, k=k, L0=l0, b=b, cov=cov, rmse=float(np.sqrt(2.0 * best.cost / n)), n_points=n)
 
 
