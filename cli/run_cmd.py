@@ -1,0 +1,64 @@
+"""`scalelab run CONFIG.yaml --out DIR [--set k=v ...] [--resume]`: one pretraining run.
+
+The config is fully validated before anything starts (bad keys exit 2 with one line). With a
+`parallel:` section whose layout needs more than one process, the processes are started here on
+this machine (torchrun-compatible environment) and rank 0 writes the records.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from scalelab.errors import UsageError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="train one run from a YAML config", description=__doc__.splitlines()[0])
+    p.add_argument("config", help="run config YAML (or a config.json saved by an earlier run)")
+    p.add_argument("--out", required=True, help="run directory for records and checkpoints")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted override, e.g. --set model.d_model=256 (repeatable)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from scalelab.train.config import load_run_config
+    from scalelab.train.records import read_status
+
+    cfg = load_run_config(args.config, args.overrides)
+    out = Path(args.out)
+    status = read_status(out)
+    if status is not None and not args.resume:
+        raise UsageError(
+            f"--out {out} already holds a run (status {status.get('status')}); "
+            "pass --resume to continue it or choose another --out"
+        )
+    if args.resume and status is not None:
+        saved = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else None
+        from scalelab.train.config import to_dict
+
+        if saved is not None and saved != to_dict(cfg):
+            raise UsageError(f"--resume: the config differs from {out}/config.json; resume with that file")
+    if cfg.parallel.world_size > 1:
+        from scalelab.parallel.launch import launch_local
+
+        return launch_local(cfg, out, resume=args.resume)
+    from scalelab.train.loop import train_run
+
+    summary = train_run(cfg, out, resume=args.resume)
+    _print_summary(summary, out)
+    return 0 if summary.get("status") == "done" else 1
+
+
+def _print_summary(summary: dict, out: Path) -> None:
+    status = summary.get("status")
+    if status != "done":
+        print(f"run {status}: {summary.get('reason', '')}  ({out})")
+        return
+    print(
+        f"done  params={summary['params']:,}  tokens={summary['num_tokens']:,}  "
+        f"train_loss={summary['final_train_loss']:.4f}  val_loss={summary['final_val_loss']:.4f}  "
+        f"val_bpb={summary['final_val_bpb']:.4f}  -> {out}"
+    )

@@ -1,0 +1,215 @@
+"""Typed config trees from YAML/dicts, with dotted command-line overrides and clear errors.
+
+Every config is a tree of `@dataclass(kw_only=True, slots=True)` classes. This module turns plain
+dicts (from YAML or JSON) into such a tree, checking every key and type on the way, and back:
+
+    cfg = from_dict(RunConfig, yaml.safe_load(text))          # unknown/mistyped keys -> ConfigError
+    cfg = apply_overrides(cfg, ["model.d_model=256", "data.sources.0.weight=0.5"])
+    json.dumps(to_dict(cfg))                                    # the resolved tree, saved beside results
+
+Errors name the full key path (`optim.lr`), the bad value and the fix, so the CLI can print one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, TypeVar
+
+import yaml
+
+from scalelab.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check/convert `value` to annotation `tp`; raise ConfigError naming `key` when impossible."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(e)
+        raise ConfigError(key, f"{value!r} is not a valid {_type_name(tp)}", "fix the value's type")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"expected a mapping for {tp.__name__}, got {value!r}", "write it as a section")
+        return from_dict(tp, value, prefix=key)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        if not isinstance(value, list | tuple):
+            raise ConfigError(key, f"expected a list, got {value!r}", "write a YAML list")
+        return [_coerce(v, item_tp, f"{key}.{i}") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"expected a mapping, got {value!r}", "write a YAML mapping")
+        _, val_tp = typing.get_args(tp) or (Any, Any)
+        return {str(k): _coerce(v, val_tp, f"{key}.{k}") for k, v in value.items()}
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(key, f"{value!r} is not one of {list(allowed)}", f"use one of {list(allowed)}")
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, f"expected true/false, got {value!r}", "write true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(key, f"expected an integer, got {value!r}", "write an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():  # 1e6 in YAML is a float
+            return int(value)
+        if isinstance(value, str):
+            try:
+                f = float(value)
+            except ValueError:
+                f = None
+            if f is not None and f.is_integer():
+                return int(f)
+        raise ConfigError(key, f"expected an integer, got {value!r}", "write an integer")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(key, f"expected a number, got {value!r}", "write a number")
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 3e-4 without a dot as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(key, f"expected a number, got {value!r}", "write a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(key, f"expected a string, got {value!r}", "write a string")
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any] | None, prefix: str = "") -> T:
+    """Build dataclass `cls` from a dict, rejecting unknown keys and wrong types (key paths in errors)."""
+    data = dict(data or {})
+    hints = _field_types(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(fields))}"
+            raise ConfigError(path, "unknown key", hint)
+        kwargs[key] = _coerce(value, hints[key], path)
+    missing = [
+        n for n, f in fields.items()
+        if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        path = f"{prefix}.{missing[0]}" if prefix else missing[0]
+        raise ConfigError(path, "is required", "set it in the config or with --set")
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> Any:
+    """The plain (JSON-ready) form of a config tree."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, list | tuple):
+        return [to_dict(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    return cfg
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'a.b.0.c=value' -> (['a','b','0','c'], parsed YAML value)."""
+    if "=" not in text:
+        raise ConfigError(text, "an override must look like key.path=value", "e.g. --set optim.lr=3e-4")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(text, "empty key in override", "e.g. --set optim.lr=3e-4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(key, f"value {raw!r} is not valid YAML ({e.problem})", "quote it") from None
+    return key.split("."), value
+
+
+def set_in_dict(data: dict[str, Any], path: list[str], value: Any) -> None:
+    """Set data[p0][p1]... = value, creating sections; numeric parts index lists."""
+    node: Any = data
+    for i, part in enumerate(path[:-1]):
+        key_so_far = ".".join(path[: i + 1])
+        if isinstance(node, list):
+            node = _list_item(node, part, key_so_far)
+            continue
+        if node.get(part) is None:
+            node[part] = {}
+        node = node[part]
+        if not isinstance(node, dict | list):
+            raise ConfigError(key_so_far, f"is a value ({node!r}), not a section", "override a leaf key")
+    last = path[-1]
+    if isinstance(node, list):
+        idx = _list_index(node, last, ".".join(path))
+        node[idx] = value
+    else:
+        node[last] = value
+
+
+def _list_index(node: list, part: str, key: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(key, f"list index {part!r} out of range (length {len(node)})", "use a valid index")
+    return int(part)
+
+
+def _list_item(node: list, part: str, key: str) -> Any:
+    return node[_list_index(node, part, key)]
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply 'a.b=c' overrides to a plain dict (before it becomes a typed tree)."""
+    for text in overrides or []:
+        path, value = parse_override(text)
+        set_in_dict(data, path, value)
+    return data
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    """Read a YAML mapping; missing file or bad YAML -> ConfigError naming the file."""
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(str(path), "config file not found", "check the path") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(str(path), f"invalid YAML: {str(e).splitlines()[0]}", "fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "the top level must be a mapping of sections", "see the README")
+    return data

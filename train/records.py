@@ -1,0 +1,114 @@
+"""Run records in the sweep-store format (ARCHITECTURE.md), written atomically.
+
+    <run>/config.json       the resolved config
+    <run>/status.json       {"status": pending|running|done|failed|diverged, ...}
+    <run>/metrics.parquet   per step: step, tokens, flops, loss, lr, grad_norm, tokens_per_s
+    <run>/evals.parquet     per eval: step, tokens, flops, task, metric, value, stderr
+
+Every file is written to a temporary name in the same directory and renamed over the target, so a
+reader (a sweep scan, polars) never sees a half-written file, whatever happens to the writer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+STATUSES = ("pending", "running", "done", "failed", "diverged")
+
+METRICS_SCHEMA = {
+    "step": pl.Int64, "tokens": pl.Int64, "flops": pl.Float64, "loss": pl.Float64, "lr": pl.Float64,
+    "grad_norm": pl.Float64, "tokens_per_s": pl.Float64,
+}
+EVALS_SCHEMA = {
+    "step": pl.Int64, "tokens": pl.Int64, "flops": pl.Float64, "task": pl.Utf8, "metric": pl.Utf8,
+    "value": pl.Float64, "stderr": pl.Float64,
+}
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def atomic_write_parquet(path: str | Path, df: pl.DataFrame) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        df.write_parquet(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_status(run_dir: str | Path, status: str, **extra: Any) -> None:
+    if status not in STATUSES:
+        raise ValueError(f"status {status!r} not in {STATUSES}")
+    prev = read_status(run_dir) or {}
+    record = {k: v for k, v in prev.items() if k not in ("status", "error", "reason")}
+    record.update(status=status, updated_at=time.time(), **extra)
+    atomic_write_json(Path(run_dir) / "status.json", record)
+
+
+def read_status(run_dir: str | Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / "status.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+class RecordWriter:
+    """Accumulates metric and eval rows and flushes them atomically as Parquet.
+
+    On resume, rows past the checkpoint's step (written before a crash, then redone) are dropped,
+    so the records of a resumed run equal those of an uninterrupted one.
+    """
+
+    def __init__(self, run_dir: str | Path, resume_step: int | None = None):
+        self.run_dir = Path(run_dir)
+        self.metrics: list[dict] = []
+        self.evals: list[dict] = []
+        if resume_step is not None:
+            self.metrics = _load_rows(self.run_dir / "metrics.parquet", resume_step, inclusive=True)
+            self.evals = _load_rows(self.run_dir / "evals.parquet", resume_step, inclusive=True)
+
+    def log_metrics(self, row: dict) -> None:
+        self.metrics.append({k: row.get(k) for k in METRICS_SCHEMA})
+
+    def log_eval(self, row: dict) -> None:
+        self.evals.append({k: row.get(k) for k in EVALS_SCHEMA})
+
+    def flush(self) -> None:
+        atomic_write_parquet(self.run_dir / "metrics.parquet", pl.DataFrame(self.metrics, schema=METRICS_SCHEMA))
+        atomic_write_parquet(self.run_dir / "evals.parquet", pl.DataFrame(self.evals, schema=EVALS_SCHEMA))
+
+
+def _load_rows(path: Path, max_step: int, inclusive: bool) -> list[dict]:
+    if not path.exists():
+        return []
+    df = pl.read_parquet(path)
+    df = df.filter(pl.col("step") <= max_step) if inclusive else df.filter(pl.col("step") < max_step)
+    return df.to_dicts()

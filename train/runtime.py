@@ -1,0 +1,61 @@
+"""Where a run executes: device, dtype and (when launched distributed) its ranks.
+
+The single-process run has rank 0 of 1 and dp 0 of 1. When torch.distributed is initialised
+(torchrun, `scalelab run` with a parallel section, or a Ray Train worker), the rank and world come
+from the process group, and scalelab.parallel supplies the mesh and the data-parallel coordinates.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(kw_only=True)
+class Runtime:
+    device: torch.device
+    autocast_dtype: torch.dtype | None  # None = plain fp32
+    rank: int = 0
+    world_size: int = 1
+    dp_rank: int = 0  # this rank's index among data-parallel replicas/shards (the sampler's split)
+    dp_size: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. the device mesh (set by parallel/)
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        if torch.cuda.is_available():
+            local = int(os.environ.get("LOCAL_RANK", 0))
+            return torch.device("cuda", local)
+        return torch.device("cpu")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            from scalelab.errors import ConfigError
+
+            raise ConfigError("train.device", "cuda requested but no GPU is visible", "use auto or cpu")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def make_runtime(cfg) -> Runtime:
+    """Runtime for a RunConfig in this process (distributed if a process group exists)."""
+    device = pick_device(cfg.train.device)
+    if cfg.train.dtype == "bf16" or (cfg.train.dtype == "auto" and device.type == "cuda"):
+        autocast = torch.bfloat16
+    else:
+        autocast = None
+    if cfg.train.num_threads > 0:
+        torch.set_num_threads(cfg.train.num_threads)
+    if dist.is_available() and dist.is_initialized():
+        return Runtime(
+            device=device, autocast_dtype=autocast, rank=dist.get_rank(), world_size=dist.get_world_size(),
+        )
+    return Runtime(device=device, autocast_dtype=autocast)
