@@ -5,4 +5,5 @@ Add a line here when adding a command module; each module defines add_parser(sub
 """
 
 COMMANDS: list[tuple[str, str]] = [
+    ("run_cmd", "run"),
 ]
