@@ -1,0 +1,82 @@
+"""The `data:` section of a run config: tokenizer, sources with mixture weights, sequence length.
+
+    data:
+      tokenizer: byte                  # or a path to a tokenizer.json made by `scalelab data tokenizer`
+      seq_len: 256
+      val_sequences: 64
+      sources:
+        - {name: stdlib, path: default, weight: 1.0, max_epochs: 4}
+
+`DataConfig.validate("data")` raises `ConfigError` naming the offending key (e.g.
+`data.sources[0].path`) and the fix; it touches no shard files, so it is cheap enough to run
+before any process starts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scalelab.errors import ConfigError
+
+
+@dataclass(kw_only=True, slots=True)
+class SourceConfig:
+    name: str = "stdlib"
+    # a prepared shard dir, a raw text file/folder/JSONL (prepared into the cache on first use),
+    # or "default" (the Python stdlib corpus, see scalelab.train.data.corpus)
+    path: str = "default"
+    weight: float = 1.0  # mixture weight (normalised over sources)
+    max_epochs: float = 4.0  # cap on repeated passes over this source's train split
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    tokenizer: str = "byte"
+    sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig()])
+    seq_len: int = 256  # tokens per training sequence (the model sees seq_len inputs and targets)
+    val_sequences: int = 64  # held-out sequences per source used for validation loss/bpb
+
+    def validate(self, prefix: str = "data") -> None:
+        """Check every field; raise ConfigError(key, problem, fix) on the first bad one."""
+        from scalelab.train.data.tokenizer import load_tokenizer
+
+        try:
+            load_tokenizer(self.tokenizer)
+        except ConfigError as e:
+            raise ConfigError(f"{prefix}.tokenizer", str(e).split(": ", 1)[-1]) from None
+        if not isinstance(self.seq_len, int) or self.seq_len < 1:
+            raise ConfigError(f"{prefix}.seq_len", f"{self.seq_len!r} must be an integer >= 1", "e.g. 256")
+        if not isinstance(self.val_sequences, int) or self.val_sequences < 0:
+            raise ConfigError(
+                f"{prefix}.val_sequences",
+                f"{self.val_sequences!r} must be an integer >= 0",
+                "e.g. 64, or 0 to skip validation",
+            )
+        if not self.sources:
+            raise ConfigError(
+                f"{prefix}.sources", "is empty", "add at least one source, e.g. {path: default}"
+            )
+        seen: dict[str, int] = {}
+        for i, src in enumerate(self.sources):
+            key = f"{prefix}.sources[{i}]"
+            if not src.name or not isinstance(src.name, str):
+                raise ConfigError(f"{key}.name", f"{src.name!r} is not a non-empty string", "name the source")
+            if src.name in seen:
+                raise ConfigError(
+                    f"{key}.name",
+                    f"{src.name!r} duplicates {prefix}.sources[{seen[src.name]}].name",
+                    "give every source a distinct name",
+                )
+            seen[src.name] = i
+            if src.path != "default" and not Path(src.path).expanduser().exists():
+                raise ConfigError(
+                    f"{key}.path",
+                    f"{src.path!r} does not exist",
+                    "give a prepared shard dir, a text file/folder/JSONL, or 'default'",
+                )
+            if not (isinstance(src.weight, int | float) and math.isfinite(src.weight) and src.weight > 0):
+                raise ConfigError(f"{key}.weight", f"{src.weight!r} must be a finite number > 0", "e.g. 1.0")
+            if not (isinstance(src.max_epochs, int | float) and src.max_epochs > 0):
+                raise ConfigError(f"{key}.max_epochs", f"{src.max_epochs!r} must be > 0", "e.g. 4.0")
