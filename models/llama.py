@@ -1,0 +1,271 @@
+"""Dense Llama-family decoder (pre-norm RMSNorm, RoPE, GQA, SwiGLU), written for ONE device.
+
+Module names follow torchtitan so that `scalelab.parallel` can apply DTensor tensor-parallel plans
+and split the model into pipeline stages from outside:
+
+    tok_embeddings              nn.Embedding [V, D]
+    layers["0".."L-1"]          TransformerBlock
+        attention_norm          RMSNorm [D]
+        attention.wq/wk/wv/wo   nn.Linear, no bias ([H*Dh, D], [Hk*Dh, D], [Hk*Dh, D], [D, H*Dh])
+        attention.q_norm/k_norm RMSNorm [Dh] (only with qk_norm)
+        ffn_norm                RMSNorm [D]
+        feed_forward.w1/w2/w3   SwiGLU: w2(silu(w1 x) * w3 x)
+    norm                        RMSNorm [D]
+    output                      nn.Linear [V, D], no bias; shares tok_embeddings.weight when tied
+
+Pipeline stages delete entries of `layers` and set `tok_embeddings`, `norm` or `output` to None;
+`forward` then takes / returns hidden states [B, T, D]. Attention counts its heads from the
+projection outputs at run time, so column-sharded wq/wk/wv (tensor parallel) just work.
+
+Kernels come from `scalelab.kernels.get_ops(cfg.kernels, device_type)`, resolved for the device the
+activations live on (re-resolved when it changes). Each RMSNorm/Attention/FeedForward holds the
+namespace in `.ops`; a parallel wrapper may replace e.g. `attention.ops` with its own namespace.
+
+Build: `build_model(cfg, device, seed)` = meta build -> to_empty -> init_weights(seed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.nn as nn
+from scalelab.kernels import get_ops
+from scalelab.kernels.reference import rope_cos_sin
+from scalelab.models.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim with a learned gain (init 1)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.ops = get_ops("torch")  # replaced by Transformer.set_kernels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.rms_norm(x, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    """Causal GQA self-attention with RoPE (and optional per-head q/k RMSNorm)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, cfg.num_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.d_model, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.ops = get_ops("torch")
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [B, T, D], cos/sin [T, Dh/2] -> [B, T, D]."""
+        bsz, seq_len, _ = x.shape
+        # -1: the number of (local) heads comes from the weight shapes, not the config (TP shards).
+        q = self.wq(x).view(bsz, seq_len, -1, self.head_dim)
+        k = self.wk(x).view(bsz, seq_len, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seq_len, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.ops.apply_rope(q, k, cos, sin)
+        out = self.ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+        return self.wo(out.transpose(1, 2).reshape(bsz, seq_len, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU MLP: w2(silu(w1 x) * w3 x); w1 = gate, w3 = up, w2 = down."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=False)
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+        self.w3 = nn.Linear(d_model, d_ff, bias=False)
+        self.ops = get_ops("torch")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(self.ops.swiglu(self.w1(x), self.w3(x)))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm block: h = x + attn(norm(x)); out = h + ffn(norm(h))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+# Module names whose weight is a residual-branch output projection (init scaled by 1/sqrt(2L)).
+_RESIDUAL_OUT = ("attention.wo", "feed_forward.w2")
+
+
+class Transformer(nn.Module):
+    """Decoder-only LM. `forward(tokens [B, T] long) -> logits [B, T, V]` (see module docstring)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.num_layers)})
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.tie_weights()
+        # Real-valued RoPE tables [max_seq_len, head_dim/2], fp32. Not persistent: they are a pure
+        # function of the config, recomputed whenever the model moves or is materialised (_apply).
+        cos, sin = rope_cos_sin(cfg.max_seq_len, cfg.head_dim, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.ops = get_ops("torch")
+        self._ops_device: str | None = None
+        self.set_kernels(self.rope_cos.device.type)
+
+    # --- kernels, tying and buffers ------------------------------------------------------------
+    def set_kernels(self, device_type: str) -> None:
+        """Resolve `cfg.kernels` for `device_type` and hand the namespace to every submodule."""
+        if device_type == "meta":
+            return
+        self.ops = get_ops(self.cfg.kernels, device_type)
+        self._ops_device = device_type
+        for mod in self.modules():
+            if isinstance(mod, RMSNorm | Attention | FeedForward):
+                mod.ops = self.ops
+
+    def tie_weights(self) -> None:
+        """With tied_embeddings, make output.weight the same Parameter as tok_embeddings.weight.
+
+        Needed again after `to_empty` (which re-creates each module's parameters separately);
+        `build_model` and `init_weights` call it. Call it before sharding (FSDP) when building by hand.
+        """
+        if self.cfg.tied_embeddings and self.tok_embeddings is not None and self.output is not None:
+            if self.output.weight is not self.tok_embeddings.weight:
+                self.output.weight = self.tok_embeddings.weight
+
+    def reset_rope(self) -> None:
+        """Recompute the RoPE tables (fp32) on the buffers' device."""
+        device = self.rope_cos.device
+        if device.type == "meta":
+            return
+        cos, sin = rope_cos_sin(self.cfg.max_seq_len, self.cfg.head_dim, self.cfg.rope_theta, device=device)
+        self.rope_cos, self.rope_sin = cos, sin  # assigning to a registered buffer name keeps it a buffer
+
+    def _apply(self, fn, recurse=True):
+        # Every .to()/.cuda()/.to_empty()/.half() goes through here: afterwards the RoPE tables are
+        # recomputed in fp32 (never left uninitialised or cast to bf16) and kernels re-resolved.
+        super()._apply(fn, recurse)
+        self.reset_rope()
+        self.set_kernels(self.rope_cos.device.type)
+        return self
+
+    # --- forward -------------------------------------------------------------------------------
+    def _trunk(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """Embedding (if present) and the blocks present in this (stage of the) model."""
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        if h.device.type != self._ops_device:
+            self.set_kernels(h.device.type)
+        seq_len = h.shape[1]
+        if positions is None:
+            if seq_len > self.cfg.max_seq_len:
+                raise ValueError(f"sequence length {seq_len} > max_seq_len={self.cfg.max_seq_len}")
+            cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
+        else:
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        for layer in self.layers.values():
+            h = layer(h, cos, sin)
+        return h
+
+    def hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Final normed hidden states [B, T, D] (for a fused linear + cross-entropy on output.weight)."""
+        h = self._trunk(tokens, positions)
+        return self.norm(h) if self.norm is not None else h
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [B, T] (or hidden [B, T, D] without tok_embeddings) -> logits [B, T, V] (or hidden).
+
+        positions: optional LongTensor [T] of absolute positions (rows of the RoPE tables), for
+        context-parallel shards; default arange(T).
+        """
+        h = self.hidden_states(tokens, positions)
+        return self.output(h) if self.output is not None else h
+
+    # --- init ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> None:
+        """Initialise every parameter in place (after `to_empty` from the meta device).
+
+        Scheme: nn.Linear and nn.Embedding weights ~ N(0, init_std) (embeddings too: a tied matrix
+        then also suits the output layer); attention.wo and feed_forward.w2 ~ N(0, init_std /
+        sqrt(2 * num_layers)) so the residual stream's variance does not grow with depth
+        (GPT-2 / Megatron); RMSNorm weights = 1. RoPE tables are recomputed.
+
+        seed: None draws from torch's global RNG (in module order). An int gives every parameter
+        its own generator seeded from (seed, parameter name), so a parameter's values do not
+        depend on which other modules exist: a pipeline stage holding layers 4..7 gets exactly the
+        weights those layers have in the full model. DTensor parameters (TP/FSDP applied before
+        init) are drawn full-size on each rank and sliced locally, matching the single-device init.
+        """
+        self.tie_weights()
+        self.reset_rope()
+        self.set_kernels(self.rope_cos.device.type)
+        std = self.cfg.init_std
+        out_std = std / math.sqrt(2 * self.cfg.num_layers)
+        done: set[int] = set()
+        for name, mod in self.named_modules():
+            if isinstance(mod, RMSNorm):
+                mod.weight.fill_(1.0)
+            elif isinstance(mod, nn.Linear | nn.Embedding):
+                if id(mod.weight) in done:  # tied output: already drawn as tok_embeddings
+                    continue
+                done.add(id(mod.weight))
+                _normal_(mod.weight, out_std if name.endswith(_RESIDUAL_OUT) else std, seed, name)
+
+
+def _param_seed(seed: int, name: str) -> int:
+    """A 63-bit seed from (run seed, parameter's module name), stable across processes."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def _normal_(weight: torch.Tensor, std: float, seed: int | None, name: str) -> None:
+    """weight ~ N(0, std) in place; seeded per name when `seed` is given (see init_weights)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    is_dtensor = isinstance(weight, DTensor)
+    local = weight.to_local() if is_dtensor else weight
+    if seed is None:
+        if is_dtensor:
+            weight.normal_(0.0, std)  # DTensor's own RNG tracker keeps shards consistent
+        else:
+            nn.init.normal_(weight, 0.0, std)
+        return
+    gen = torch.Generator(device=local.device)
+    gen.manual_seed(_param_seed(seed, name))
+    full = torch.empty(weight.shape, dtype=weight.dtype, device=local.device)
+    full.normal_(0.0, std, generator=gen)
+    if is_dtensor:
+        # src_data_rank=None: every rank holds the same `full`, so each slices its shard locally.
+        local.copy_(
+            distribute_tensor(full, weight.device_mesh, weight.placements, src_data_rank=None).to_local()
+        )
+    else:
+        weight.copy_(full)
+
+
+def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", seed: int | None = None) -> Transformer:
+    """Build on the meta device, materialise on `device`, and initialise (see init_weights)."""
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.to_empty(device=device)
+    model.init_weights(seed)
+    return model
