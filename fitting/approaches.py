@@ -46,6 +46,16 @@ class PowerLaw:
     exponent_interval: tuple[float, float]
     level: float
     n_points: int
+    cov: np.ndarray | None = None  # 2x2 covariance of (ln coef, exponent); None with 2 budgets
+    rss: float = 0.0  # residual sum of squares of the line in ln space
+
+    def sample(self, num: int, seed: int = 0) -> list[tuple[float, float]]:
+        """(coef, exponent) draws from the OLS sampling distribution (normal in ln coef, exponent)."""
+        if self.cov is None or not np.all(np.isfinite(self.cov)):
+            return []
+        mean = np.array([np.log(self.coef), self.exponent])
+        draws = np.random.default_rng(seed).multivariate_normal(mean, self.cov, size=num)
+        return [(float(np.exp(a)), float(b)) for a, b in draws]
 
     def __call__(self, flops: np.ndarray | float) -> np.ndarray:
         return self.coef * np.asarray(flops, dtype=float) ** self.exponent
@@ -145,6 +155,8 @@ def fit_power_law(flops: np.ndarray, values: np.ndarray, *, level: float = 0.95)
         exponent_interval=slope_ci,
         level=level,
         n_points=int(x.size),
+        cov=np.asarray(res.cov_params(), dtype=float) if x.size > 2 else None,
+        rss=float(res.ssr),
     )
 
 

@@ -32,6 +32,7 @@ class ColumnMap:
     flops: str = "flops"
     run_id: str = "run_id"
     group: str = "group"
+    unique_tokens: str = "unique_tokens"  # optional: the data-constrained law's U_D
 
 
 @dataclass(kw_only=True, slots=True)
@@ -46,6 +47,7 @@ class RunTable:
     tokens_source: str  # "column" or "flops/(6N)"
     run_id: np.ndarray  # str; row numbers when the table has no run ids
     group: np.ndarray | None
+    unique_tokens: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.params.size)
@@ -60,7 +62,15 @@ class RunTable:
             tokens_source=self.tokens_source,
             run_id=self.run_id[mask_or_idx],
             group=None if self.group is None else self.group[mask_or_idx],
+            unique_tokens=None if self.unique_tokens is None else self.unique_tokens[mask_or_idx],
         )
+
+    def law_inputs(self) -> dict[str, np.ndarray]:
+        """The arrays under the input names the laws use (params, tokens, flops, unique_tokens)."""
+        out = {"params": self.params, "tokens": self.tokens, "flops": self.flops}
+        if self.unique_tokens is not None:
+            out["unique_tokens"] = self.unique_tokens
+        return out
 
 
 def _to_frame(source) -> pl.DataFrame:
@@ -162,7 +172,9 @@ def read_runs(source, *, columns: ColumnMap | None = None, min_rows: int = 1) ->
         else np.array([str(i) for i in range(frame.height)])
     )
     group = frame[cols.group].cast(pl.Utf8).to_numpy().astype(str) if cols.group in have else None
+    unique = _numeric(frame, cols.unique_tokens, "unique_tokens") if cols.unique_tokens in have else None
     return RunTable(
+        unique_tokens=unique,
         params=params,
         tokens=tokens,
         loss=loss,
