@@ -6,4 +6,7 @@ Add a line here when adding a command module; each module defines add_parser(sub
 
 COMMANDS: list[tuple[str, str]] = [
     ("run_cmd", "run"),
+    ("fit_cmd", "fit"),  # also registers predict and allocate
+    ("data_cmd", "data"),
+    ("models_cmd", "models"),
 ]

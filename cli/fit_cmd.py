@@ -1,0 +1,214 @@
+"""`scalelab fit`, `scalelab predict`, `scalelab allocate`: scaling-law fits from a run table.
+
+    scalelab fit runs.csv --law chinchilla --approach 3 --bootstrap 200 --json --out fit.json
+    scalelab predict fit.json --params 7e9 --tokens 1.4e12
+    scalelab predict fit.json --flops 1e23          # compute-optimal loss and allocation
+    scalelab allocate fit.json --flops 1e23 1e24
+
+DATA is CSV or Parquet with columns params, tokens, loss (optional flops, run_id, group); other
+names map with --params-col etc. tokens may be derived as flops / (6 params). The logic lives in
+scalelab.fitting.pipeline; this module parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+
+from scalelab.errors import UsageError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("fit", help="fit a scaling law to a run table (CSV/Parquet)")
+    p.add_argument("data", help="CSV or Parquet file, one row per run/checkpoint")
+    p.add_argument("--law", default="chinchilla", help="law form for approach 3 (default chinchilla)")
+    p.add_argument(
+        "--approach", type=int, choices=(1, 2, 3), default=3, help="Chinchilla approach (default 3)"
+    )
+    p.add_argument(
+        "--bootstrap", type=int, default=0, metavar="B", help="bootstrap resamples (0: delta method)"
+    )
+    p.add_argument("--holdout-frac", type=float, default=None, metavar="F", help="backtest hold-out fraction")
+    p.add_argument("--no-backtest", action="store_true", help="skip the backtests (on by default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--level", type=float, default=0.95, help="interval level (default 0.95)")
+    p.add_argument("--objective", choices=("huber", "squared"), default="huber")
+    p.add_argument("--delta", type=float, default=1e-3, help="Huber threshold on log-loss residuals")
+    for role in ("params", "tokens", "loss", "flops", "run-id", "group", "unique-tokens"):
+        p.add_argument(f"--{role}-col", default=role.replace("-", "_"), metavar="NAME")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", type=pathlib.Path, default=None, help="save the fit (with samples) here")
+    p.set_defaults(func=run_fit)
+
+    q = sub.add_parser("predict", help="predict loss from a saved fit")
+    q.add_argument("fit", type=pathlib.Path, help="FIT.json written by `scalelab fit --out`")
+    q.add_argument("--params", type=float, nargs="+", default=None, metavar="N")
+    q.add_argument("--tokens", type=float, nargs="+", default=None, metavar="D")
+    q.add_argument("--unique-tokens", type=float, nargs="+", default=None, metavar="U")
+    q.add_argument("--flops", type=float, nargs="+", default=None, metavar="C")
+    q.add_argument("--level", type=float, default=None)
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=run_predict)
+
+    a = sub.add_parser("allocate", help="compute-optimal N*, D* at FLOP budgets from a saved fit")
+    a.add_argument("fit", type=pathlib.Path, help="FIT.json written by `scalelab fit --out`")
+    a.add_argument("--flops", type=float, nargs="+", required=True, metavar="C")
+    a.add_argument("--level", type=float, default=None)
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=run_allocate)
+
+
+def _columns(args):
+    from scalelab.fitting.io import ColumnMap
+
+    return ColumnMap(
+        params=args.params_col,
+        tokens=args.tokens_col,
+        loss=args.loss_col,
+        flops=args.flops_col,
+        run_id=args.run_id_col,
+        group=args.group_col,
+        unique_tokens=args.unique_tokens_col,
+    )
+
+
+def _clean(obj):
+    """JSON-safe copy: non-finite floats become null (json.dumps would write invalid NaN)."""
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def _fmt(x) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    return f"{x:.4g}"
+
+
+def _iv(iv) -> str:
+    return f"[{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else "-"
+
+
+def run_fit(args: argparse.Namespace) -> int:
+    from scalelab.fitting.pipeline import fit_table
+
+    if not 0.0 < args.level < 1.0:
+        raise UsageError(f"--level must be in (0, 1), got {args.level}")
+    report = fit_table(
+        str(args.data),
+        law=args.law,
+        approach=args.approach,
+        bootstrap=args.bootstrap,
+        holdout_frac=args.holdout_frac,
+        seed=args.seed,
+        columns=_columns(args),
+        objective=args.objective,
+        delta=args.delta,
+        level=args.level,
+        backtest=not args.no_backtest,
+        keep_samples=args.out is not None,
+    )
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(_clean(report), indent=1))
+    if args.json:
+        shown = {k: v for k, v in report.items() if k != "samples"}
+        print(json.dumps(_clean(shown)))
+        return 0
+    lvl = int(round(100 * report["level"]))
+    print(
+        f"law {report['law']}  approach {report['approach']}  points {report['n_points']}  "
+        f"objective {_fmt(report['objective'])}  ({report['code_version']})"
+    )
+    print(f"{'parameter':<28}{'value':>12}   {lvl}% interval")
+    for name, val in {**report["params"], **report["derived"]}.items():
+        print(f"{name:<28}{_fmt(val):>12}   {_iv(report['intervals'].get(name))}")
+    for proto, bt in report["backtest"].items():
+        print(
+            f"backtest {proto}: MARE {100 * bt['mare']:.2f}%  bias {100 * bt['bias']:+.2f}%  "
+            f"(train {bt['n_train']}, test {bt['n_test']})"
+        )
+    for w in report["warnings"]:
+        print(f"warning: {w}")
+    if args.out is not None:
+        print(f"saved {args.out}")
+    return 0
+
+
+def _load(path: pathlib.Path) -> dict:
+    if not path.exists():
+        raise UsageError(f"{path} does not exist; write one with `scalelab fit DATA --out {path}`")
+    try:
+        fit = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path} is not JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(fit, dict) or not {"law", "approach", "params"} <= set(fit):
+        raise UsageError(f"{path} is not a saved fit (needs law, approach, params)")
+    return fit
+
+
+def _check_level(level):
+    if level is not None and not 0.0 < level < 1.0:
+        raise UsageError(f"--level must be in (0, 1), got {level}")
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    from scalelab.fitting.pipeline import predict_from_fit
+
+    _check_level(args.level)
+    fit = _load(args.fit)
+    if args.flops is None and (args.params is None or args.tokens is None):
+        raise UsageError("pass --params N --tokens D, or --flops C")
+    out = predict_from_fit(
+        fit,
+        params=args.params,
+        tokens=args.tokens,
+        flops=args.flops,
+        unique_tokens=args.unique_tokens,
+        level=args.level,
+    )
+    if args.json:
+        print(json.dumps(_clean(out)))
+    elif "allocations" in out:
+        _print_allocations(out)
+    else:
+        lvl = int(round(100 * out["level"]))
+        keys = [k for k in ("params", "tokens", "unique_tokens", "flops") if k in out]
+        print("".join(f"{k:>14}" for k in keys) + f"{'loss':>10}   {lvl}% interval")
+        ivs = out["loss_interval"] or [None] * len(out["loss"])
+        for i, loss in enumerate(out["loss"]):
+            print("".join(f"{_fmt(out[k][i]):>14}" for k in keys) + f"{_fmt(loss):>10}   {_iv(ivs[i])}")
+        if out["loss_interval"] is None:
+            print("no intervals: the fit has no samples (refit with --bootstrap B --out FIT.json)")
+    return 0
+
+
+def _print_allocations(out: dict) -> None:
+    lvl = int(round(100 * out["level"]))
+    print(f"compute-optimal allocation ({out['law']}, approach {out['approach']}; {lvl}% intervals)")
+    for r in out["allocations"]:
+        print(
+            f"C={_fmt(r['flops'])}: N*={_fmt(r['n_opt'])} {_iv(r['n_opt_interval'])}  "
+            f"D*={_fmt(r['d_opt'])} {_iv(r['d_opt_interval'])}  "
+            f"D/N={_fmt(r['tokens_per_param'])} {_iv(r['tokens_per_param_interval'])}"
+            + (f"  L*={_fmt(r['loss_opt'])} {_iv(r['loss_opt_interval'])}" if "loss_opt" in r else "")
+            + ("  (optimum at the search bound)" if r["at_bound"] else "")
+        )
+
+
+def run_allocate(args: argparse.Namespace) -> int:
+    from scalelab.fitting.pipeline import allocate_from_fit
+
+    _check_level(args.level)
+    out = allocate_from_fit(_load(args.fit), flops=args.flops, level=args.level)
+    if args.json:
+        print(json.dumps(_clean(out)))
+    else:
+        _print_allocations(out)
+    return 0

@@ -1,0 +1,118 @@
+"""Model comparison between law forms on one run table: held-out error first, AIC/BIC beside it.
+
+For each law: fit on every run (in-sample log-residual RMSE), a holdout backtest on the
+largest-compute runs (MARE, bias), and information criteria from a Gaussian likelihood of the
+log-loss residuals r_i = ln pred_i - ln obs_i at the fitted parameters:
+
+    AIC = n ln(RSS / n) + 2k,   BIC = n ln(RSS / n) + k ln n,   RSS = sum r_i^2,   k = #params
+
+AIC/BIC are reported only where defined: the law's inputs are all in the table and n > k + 1.
+They are approximations when the fit minimised a Huber loss rather than the Gaussian likelihood,
+so the held-out error is the primary ranking; laws that cannot be fitted are listed with the reason.
+
+    rows = compare_laws("runs.csv", laws=("chinchilla", "kaplan", "power_law"))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scalelab.fitting.backtest import holdout_backtest
+from scalelab.fitting.io import ColumnMap, RunTable, read_runs
+from scalelab.fitting.laws import get_law
+
+from scalelab.errors import UsageError
+
+
+@dataclass(kw_only=True, slots=True)
+class LawComparison:
+    """One law's row in a comparison table (None where a number is not defined)."""
+
+    law: str
+    n_params: int
+    n_points: int
+    params: dict[str, float] | None = None
+    rmse_log: float | None = None  # in-sample RMSE of ln loss
+    aic: float | None = None
+    bic: float | None = None
+    holdout_mare: float | None = None
+    holdout_bias: float | None = None
+    error: str | None = None  # why the law could not be fitted or backtested
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def information_criteria(log_residuals: np.ndarray, k: int) -> tuple[float | None, float | None]:
+    """(AIC, BIC) of a Gaussian model on log residuals; (None, None) when n <= k + 1 or RSS = 0."""
+    r = np.asarray(log_residuals, dtype=float)
+    n = r.size
+    rss = float(np.sum(r * r))
+    if n <= k + 1 or rss <= 0:
+        return None, None
+    base = n * np.log(rss / n)
+    return float(base + 2 * k), float(base + k * np.log(n))
+
+
+def compare_laws(
+    data,
+    laws: Sequence[str] = ("chinchilla", "kaplan", "power_law", "power_law_no_e"),
+    *,
+    columns: ColumnMap | None = None,
+    holdout_frac: float | None = None,
+    objective: str = "huber",
+    delta: float = 1e-3,
+) -> list[LawComparison]:
+    """Fit each law and rank them by held-out MARE (laws without one sort last).
+
+    Args:
+        data: path / frame / dict accepted by read_runs.
+        laws: registry names.
+        holdout_frac: backtest hold-out (None: the largest FLOP budget).
+        objective, delta: passed to fit_law.
+    Returns:
+        One LawComparison per law, best held-out error first.
+    """
+    from scalelab.fitting.fit import fit_law
+
+    table = data if isinstance(data, RunTable) else read_runs(data, columns=columns, min_rows=2)
+    inputs = table.law_inputs()
+    rows = []
+    for name in laws:
+        law = get_law(name)
+        row = LawComparison(law=law.name, n_params=law.n_params, n_points=len(table))
+        missing = [k for k in law.inputs if k not in inputs]
+        if missing:
+            row.error = f"table lacks {missing}"
+            rows.append(row)
+            continue
+        x = {k: inputs[k] for k in law.inputs}
+        try:
+            fit = fit_law(law, {**x, "loss": table.loss}, objective=objective, delta=delta)
+        except UsageError as e:
+            row.error = str(e)
+            rows.append(row)
+            continue
+        row.params = {k: float(v) for k, v in fit.params.items()}
+        r = np.log(np.asarray(fit.predict(**x))) - np.log(table.loss)
+        row.rmse_log = float(np.sqrt(np.mean(r * r)))
+        row.aic, row.bic = information_criteria(r, law.n_params)
+
+        def fitter(train: RunTable, law=law):
+            f = fit_law(
+                law,
+                {**{k: train.law_inputs()[k] for k in law.inputs}, "loss": train.loss},
+                objective=objective,
+                delta=delta,
+            )
+            return lambda test: np.asarray(f.predict(**{k: test.law_inputs()[k] for k in law.inputs}))
+
+        try:
+            bt = holdout_backtest(table, fitter, holdout_frac=holdout_frac, min_train=law.n_params + 1)
+            row.holdout_mare, row.holdout_bias = bt.mare, bt.bias
+        except UsageError as e:
+            row.error = f"backtest: {e}"
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r.holdout_mare is None, r.holdout_mare or 0.0))

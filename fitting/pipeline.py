@@ -1,0 +1,442 @@
+"""One call from a run table to the fit report: the object `scalelab fit --json` prints.
+
+    from scalelab.fitting.pipeline import fit_table, predict_from_fit, allocate_from_fit
+    report = fit_table("runs.parquet", law="chinchilla", approach=3, bootstrap=200)
+    report["params"], report["intervals"]["alpha"], report["backtest"]["holdout"]["mare"]
+    predict_from_fit(report, params=1e9, tokens=2e10)       # needs the saved samples for intervals
+    allocate_from_fit(report, flops=1e23)
+
+Report keys (the CLI contract): law, approach, params, objective, n_points, intervals {name: [lo, hi]},
+derived, backtest, warnings; plus level, inputs (where FLOPs/tokens came from), code_version and
+`samples` (bootstrap parameter draws, {name: [...]}) so a saved report can give intervals later.
+
+Approach 3 is the parametric fit (fitting/fit.py) with bootstrap or delta-method intervals.
+Approaches 1 and 2 (fitting/approaches.py) report params n_coef, n_exponent, d_coef, d_exponent of
+N*(C) = n_coef C^n_exponent and D*(C) = d_coef C^d_exponent; their samples are draws from the OLS
+sampling distribution of the N* line.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import pathlib
+import subprocess
+
+import numpy as np
+from scalelab.fitting import allocate as alloc
+from scalelab.fitting import approaches as appr
+from scalelab.fitting.backtest import BacktestResult, holdout_backtest, holdout_mask, leave_one_budget_out
+from scalelab.fitting.io import ColumnMap, RunTable, read_runs
+from scalelab.fitting.laws import get_law
+
+import scalelab
+from scalelab.errors import UsageError
+
+LEVEL = 0.95
+MAX_LOBO_BUDGETS = 12  # leave-one-budget-out refits once per budget; above this it is skipped
+APPROACH_SAMPLES = 2000  # parametric draws saved for Approaches 1/2
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """'scalelab <version>' plus the git commit of the source tree when it is a checkout."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"scalelab {scalelab.__version__}" + (f" ({sha})" if sha else "")
+
+
+def _finite(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _interval(lo, hi) -> list[float | None]:
+    return [_finite(lo), _finite(hi)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Approach 3: parametric law
+# ---------------------------------------------------------------------------------------------
+
+
+def _law_data(law, table: RunTable) -> dict[str, np.ndarray]:
+    inputs = table.law_inputs()
+    missing = [k for k in law.inputs if k not in inputs]
+    if missing:
+        raise UsageError(f"law {law.name} needs column(s) {missing}; map them with --{missing[0]}-col")
+    return {**{k: inputs[k] for k in law.inputs}, "loss": table.loss}
+
+
+def _fit_law(law, table: RunTable, *, objective: str, delta: float):
+    from scalelab.fitting.fit import fit_law
+
+    return fit_law(law, _law_data(law, table), objective=objective, delta=delta)
+
+
+def _law_fitter(law, objective: str, delta: float):
+    def fitter(train: RunTable):
+        fit = _fit_law(law, train, objective=objective, delta=delta)
+        return lambda test: np.asarray(fit.predict(**{k: test.law_inputs()[k] for k in law.inputs}))
+
+    return fitter
+
+
+def _derived(law, params: dict[str, float]) -> dict[str, float]:
+    """Quantities derived from the parameters (compute-optimal exponents for Chinchilla-based laws)."""
+    if {"alpha", "beta", "A", "B"} <= set(params):
+        return {
+            "n_opt_exponent": alloc.chinchilla_exponents(params)["a"],
+            "d_opt_exponent": alloc.chinchilla_exponents(params)["b"],
+            "G": alloc.chinchilla_exponents(params)["G"],
+        }
+    return {}
+
+
+def _optimum_fn(law):
+    """(params, flops) -> (N*, D*, L*[, at_bound]) for a law of params and tokens."""
+    if law.name == "chinchilla":
+        return alloc.chinchilla_optimum
+    if set(law.inputs) != {"params", "tokens"}:
+        raise UsageError(
+            f"law {law.name} has inputs {list(law.inputs)}; compute-optimal allocation needs a law of "
+            "params and tokens (chinchilla or kaplan)"
+        )
+    return lambda p, c: alloc.numeric_optimum(lambda n, d: law.predict(p, params=n, tokens=d), c)
+
+
+def _fit_approach3(table, law_name, *, bootstrap, seed, objective, delta, level, holdout_frac, backtest):
+    law = get_law(law_name)
+    if len(table) <= law.n_params:
+        raise UsageError(
+            f"{len(table)} runs is too few to fit {law.n_params} parameters of {law.name}; need at least "
+            f"{law.n_params + 1}"
+        )
+    fit = _fit_law(law, table, objective=objective, delta=delta)
+    params = {k: float(v) for k, v in fit.params.items()}
+    warnings = list(getattr(fit, "warnings", []))
+    derived = _derived(law, params)
+    intervals: dict[str, list] = {}
+    samples: dict[str, list[float]] = {}
+    if bootstrap > 0:
+        from scalelab.fitting.bootstrap import bootstrap as run_bootstrap
+
+        boot = run_bootstrap(law, _law_data(law, table), fit, n_boot=bootstrap, groups=table.group, seed=seed)
+        draws = _boot_samples(boot, law)
+        samples = {k: [float(x) for x in v] for k, v in draws.items()}
+        for name in law.param_names:
+            lo, hi = boot.interval(name, level)
+            intervals[name] = _interval(lo, hi)
+        if derived and samples:
+            rows = _sample_rows(samples)
+            vals = {k: np.array([_derived(law, r)[k] for r in rows]) for k in derived}
+            for k, v in vals.items():
+                intervals[k] = _interval(*np.quantile(v[np.isfinite(v)], [0.5 - level / 2, 0.5 + level / 2]))
+        warnings += list(getattr(boot, "warnings", []))
+    else:
+        intervals, more = _delta_intervals(law, table, fit, level)
+        warnings += more
+    report = {
+        "law": law.name,
+        "approach": 3,
+        "params": params,
+        "objective": float(fit.objective),
+        "n_points": int(fit.n_points),
+        "intervals": intervals,
+        "derived": derived,
+        "backtest": {},
+        "warnings": warnings,
+        "samples": samples,
+    }
+    if backtest:
+        report["backtest"] = _run_backtests(table, _law_fitter(law, objective, delta), holdout_frac, warnings)
+    return report
+
+
+def _boot_samples(boot, law) -> dict[str, np.ndarray]:
+    """Natural-parameter bootstrap draws {name: (B,)} from a BootstrapResult."""
+    raw = getattr(boot, "samples", None)
+    if raw is None:
+        raw = getattr(boot, "param_samples", None)
+    if raw is None:
+        return {}
+    if isinstance(raw, dict):
+        return {k: np.asarray(v, dtype=float) for k, v in raw.items() if k in law.param_names}
+    arr = np.asarray(raw, dtype=float)
+    return {n: arr[:, i] for i, n in enumerate(law.param_names)}
+
+
+def _sample_rows(samples: dict[str, list[float]]) -> list[dict[str, float]]:
+    names = list(samples)
+    return [dict(zip(names, vals)) for vals in zip(*(samples[n] for n in names))]
+
+
+def _delta_intervals(law, table, fit, level):
+    from scalelab.fitting.bootstrap import delta_method_intervals
+
+    try:
+        out = delta_method_intervals(law, _law_data(law, table), fit, level=level)
+    except UsageError as e:
+        return {}, [f"no delta-method intervals: {e}"]
+    intervals = {k: _interval(*v) for k, v in out.items()}
+    return intervals, []
+
+
+def _run_backtests(table: RunTable, fitter, holdout_frac, warnings: list[str]) -> dict:
+    out: dict = {}
+    try:
+        out["holdout"] = holdout_backtest(table, fitter, holdout_frac=holdout_frac, min_train=3).to_dict()
+    except UsageError as e:
+        warnings.append(f"holdout backtest skipped: {e}")
+    num_budgets = len(np.unique(table.group if table.group is not None else appr.group_budgets(table.flops)))
+    if 2 < num_budgets <= MAX_LOBO_BUDGETS:
+        try:
+            out["leave_one_budget_out"] = leave_one_budget_out(table, fitter, min_train=3).to_dict()
+        except UsageError as e:
+            warnings.append(f"leave-one-budget-out skipped: {e}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Approaches 1 and 2
+# ---------------------------------------------------------------------------------------------
+
+
+def _run_approach(approach: int, table: RunTable, level: float):
+    kw = dict(params=table.params, tokens=table.tokens, loss=table.loss, flops=table.flops, level=level)
+    if approach == 1:
+        return appr.approach1(**kw)
+    return appr.approach2(**kw, budget_labels=None if table.group is None else table.group)
+
+
+def _fit_approach12(table, approach, *, seed, level, holdout_frac, backtest):
+    res = _run_approach(approach, table, level)
+    params = {
+        "n_coef": res.n_opt.coef,
+        "n_exponent": res.n_opt.exponent,
+        "d_coef": res.d_opt.coef,
+        "d_exponent": res.d_opt.exponent,
+    }
+    intervals = {
+        "n_coef": _interval(*res.n_opt.coef_interval),
+        "n_exponent": _interval(*res.n_opt.exponent_interval),
+        "d_coef": _interval(*res.d_opt.coef_interval),
+        "d_exponent": _interval(*res.d_opt.exponent_interval),
+    }
+    used = [m for m in res.minima if m.used]
+    c_max = max(m.flops for m in used)
+    derived = {"tokens_per_param_at_max_budget": res.tokens_per_param(c_max), "max_budget_flops": c_max}
+    draws = res.n_opt.sample(APPROACH_SAMPLES, seed=seed)
+    samples = {"n_coef": [d[0] for d in draws], "n_exponent": [d[1] for d in draws]} if draws else {}
+    warnings = list(res.warnings)
+    report = {
+        "law": f"approach{approach}",
+        "approach": approach,
+        "params": params,
+        "objective": res.n_opt.rss,
+        "n_points": res.n_opt.n_points,
+        "intervals": intervals,
+        "derived": derived,
+        "backtest": {},
+        "warnings": warnings,
+        "samples": samples,
+        "minima": res.to_dict()["minima"],
+    }
+    if backtest:
+        try:
+            report["backtest"] = {"holdout": _approach_backtest(approach, table, res, holdout_frac, level)}
+        except UsageError as e:
+            warnings.append(f"holdout backtest skipped: {e}")
+    return report
+
+
+def _approach_backtest(approach, table, full, holdout_frac, level) -> dict:
+    """Predict N* at the largest measured budgets from an approach run on the smaller-compute runs."""
+    used = [m for m in full.minima if m.used]
+    c = np.array([m.flops for m in used])
+    held = holdout_mask(c, holdout_frac)
+    if held.all():
+        raise UsageError("every located budget would be held out")
+    cut = c[held].min() / (1.0 + appr.BUDGET_REL_TOL)
+    train = _run_approach(approach, table.subset(table.flops < cut), level)
+    obs = np.array([m.n_opt for m, h in zip(used, held) if h])
+    pred = train.n_opt(c[held])
+    rel = (pred - obs) / obs
+    return BacktestResult(
+        protocol="holdout_n_opt",
+        run_id=[f"C={x:.3g}" for x in c[held]],
+        flops=c[held],
+        observed=obs,
+        predicted=pred,
+        rel_error=rel,
+        mare=float(np.mean(np.abs(rel))),
+        bias=float(np.mean(rel)),
+        n_train=sum(m.used for m in train.minima),
+        n_test=int(held.sum()),
+        extrapolation_decades=float(np.log10(c[held].max() / max(m.flops for m in train.minima if m.used))),
+    ).to_dict()
+
+
+# ---------------------------------------------------------------------------------------------
+# Public entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def fit_table(
+    data,
+    law: str = "chinchilla",
+    approach: int = 3,
+    bootstrap: int = 0,
+    holdout_frac: float | None = None,
+    seed: int = 0,
+    *,
+    columns: ColumnMap | None = None,
+    objective: str = "huber",
+    delta: float = 1e-3,
+    level: float = LEVEL,
+    backtest: bool = True,
+    keep_samples: bool = False,
+) -> dict:
+    """Fit a run table and return the report dict (what `scalelab fit --json` prints).
+
+    Args:
+        data: CSV/Parquet path, polars/pandas frame, or dict of arrays (columns per `columns`).
+        law: law name for Approach 3 (ignored by Approaches 1/2).
+        approach: 1 (envelope), 2 (IsoFLOP parabolas) or 3 (parametric fit).
+        bootstrap: number of bootstrap resamples (Approach 3); 0 gives delta-method intervals.
+        holdout_frac: backtest hold-out fraction by compute; None holds out the largest budget.
+        seed: RNG seed (bootstrap, parametric draws).
+        columns: column mapping; objective, delta: the fit's loss (Huber on log loss by default).
+        level: interval level. backtest: run the backtests (on by default).
+        keep_samples: include "samples" (parameter draws for later intervals; `--out` saves them).
+    Returns:
+        The report dict (JSON-serialisable).
+    Raises:
+        UsageError / ConfigError: bad input (missing column, NaN, too few points, bad option).
+    """
+    if approach not in (1, 2, 3):
+        raise UsageError(f"approach must be 1, 2 or 3, got {approach}")
+    if bootstrap < 0:
+        raise UsageError(f"bootstrap must be >= 0, got {bootstrap}")
+    if holdout_frac is not None and not 0.0 < holdout_frac < 1.0:
+        raise UsageError(f"holdout fraction must be in (0, 1), got {holdout_frac}")
+    table = read_runs(data, columns=columns, min_rows=2)
+    if approach == 3:
+        report = _fit_approach3(
+            table,
+            law,
+            bootstrap=bootstrap,
+            seed=seed,
+            objective=objective,
+            delta=delta,
+            level=level,
+            holdout_frac=holdout_frac,
+            backtest=backtest,
+        )
+    else:
+        report = _fit_approach12(
+            table, approach, seed=seed, level=level, holdout_frac=holdout_frac, backtest=backtest
+        )
+    report["level"] = level
+    report["inputs"] = {"flops": table.flops_source, "tokens": table.tokens_source, "n_rows": len(table)}
+    report["code_version"] = code_version()
+    if not keep_samples:
+        report.pop("samples")
+    return report
+
+
+def _samples_of(fit: dict) -> list[dict[str, float]]:
+    s = fit.get("samples") or {}
+    return _sample_rows(s) if s else []
+
+
+def _quantiles(values: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+    q = np.nanquantile(values, [0.5 - level / 2.0, 0.5 + level / 2.0], axis=0)
+    return q[0], q[1]
+
+
+def predict_from_fit(
+    fit: dict,
+    *,
+    params=None,
+    tokens=None,
+    flops=None,
+    unique_tokens=None,
+    level: float | None = None,
+) -> dict:
+    """Point predictions (with percentile intervals over the saved samples) from a report dict.
+
+    Approach 3: the loss at (params, tokens) - or, given only flops, the compute-optimal loss and
+    allocation at that budget (laws of flops alone predict directly). Approaches 1/2: only
+    --flops, giving N*(C) and D*(C).
+    Returns:
+        dict of lists: inputs, "loss" (Approach 3), "loss_interval" [[lo, hi], ...] or None.
+    """
+    level = fit.get("level", LEVEL) if level is None else level
+    if fit["approach"] != 3:
+        if flops is None:
+            raise UsageError(f"an Approach {fit['approach']} fit predicts allocations only: pass --flops")
+        return allocate_from_fit(fit, flops=flops, level=level)
+    law = get_law(fit["law"])
+    given = {"params": params, "tokens": tokens, "flops": flops, "unique_tokens": unique_tokens}
+    given = {k: np.atleast_1d(np.asarray(v, dtype=float)) for k, v in given.items() if v is not None}
+    for k, v in given.items():
+        if not (np.all(np.isfinite(v)) and np.all(v > 0)):
+            raise UsageError(f"--{k} must be positive numbers")
+    if all(k in given for k in law.inputs):
+        x = {k: given[k] for k in law.inputs}
+        point = law.predict(fit["params"], **x)
+        out = {k: v.tolist() for k, v in x.items()}
+        out["loss"] = np.atleast_1d(point).tolist()
+        rows = _samples_of(fit)
+        if rows:
+            vals = np.array([law.predict(r, **x) for r in rows])
+            lo, hi = _quantiles(vals, level)
+            out["loss_interval"] = [
+                [float(a), float(b)] for a, b in zip(np.atleast_1d(lo), np.atleast_1d(hi))
+            ]
+        else:
+            out["loss_interval"] = None
+        out["level"] = level
+        return out
+    if "flops" in given and set(law.inputs) == {"params", "tokens"}:
+        return allocate_from_fit(fit, flops=given["flops"], level=level)
+    raise UsageError(f"law {law.name} needs {' and '.join('--' + k for k in law.inputs)} (or --flops C)")
+
+
+def allocate_from_fit(fit: dict, *, flops, level: float | None = None) -> dict:
+    """Compute-optimal N*, D*, tokens/param (and L* for Approach 3) at each budget, with intervals."""
+    level = fit.get("level", LEVEL) if level is None else level
+    budgets = np.atleast_1d(np.asarray(flops, dtype=float))
+    if not (np.all(np.isfinite(budgets)) and np.all(budgets > 0)):
+        raise UsageError("--flops must be positive numbers")
+    if fit["approach"] == 3:
+        law = get_law(fit["law"])
+        optimum = _optimum_fn(law)
+        samples = _samples_of(fit)
+        params = fit["params"]
+    else:
+        p = fit["params"]
+
+        def optimum(q, c):
+            n_opt = q["n_coef"] * c ** q["n_exponent"]
+            return n_opt, c / (6.0 * n_opt), float("nan")
+
+        samples = _samples_of(fit)
+        params = {"n_coef": p["n_coef"], "n_exponent": p["n_exponent"]}
+    rows = [
+        alloc.allocate(optimum, params, float(c), samples=samples, level=level).to_dict() for c in budgets
+    ]
+    if fit["approach"] != 3:
+        for r in rows:  # approaches 1/2 do not model the loss
+            r.pop("loss_opt", None)
+            r.pop("loss_opt_interval", None)
+    return {"allocations": rows, "level": level, "law": fit["law"], "approach": fit["approach"]}
