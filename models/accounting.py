@@ -89,3 +89,27 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> FlopsPerToken:
         exact=float(matmul + attention),
         exact_causal=float(matmul + attention / 2),
     )
+
+
+def model_summary(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, float | int | str]:
+    """One flat row describing `cfg`: shape, parameter counts and FLOPs/token at `seq_len`
+    (default cfg.max_seq_len). Used by `scalelab models` and by run records."""
+    seq_len = seq_len or cfg.max_seq_len
+    flops = flops_per_token(cfg, seq_len)
+    return {
+        "family": cfg.family,
+        "num_layers": cfg.num_layers,
+        "d_model": cfg.d_model,
+        "num_heads": cfg.num_heads,
+        "num_kv_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "d_ff": cfg.d_ff,
+        "vocab_size": cfg.vocab_size,
+        "tied_embeddings": cfg.tied_embeddings,
+        "num_params": num_params(cfg),
+        "num_params_nonembedding": num_params_nonembedding(cfg),
+        "seq_len": seq_len,
+        "flops_per_token_6n": flops.six_n,
+        "flops_per_token_exact": flops.exact,
+        "flops_per_token_exact_causal": flops.exact_causal,
+    }
