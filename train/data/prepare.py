@@ -85,8 +85,9 @@ def _split_lone_document(doc: Document, val_fraction: float, val_tokens: int | N
     data = doc.data
     share = val_fraction if val_tokens is None else min(0.5, val_tokens / max(1, len(data)))
     cut = int(round(len(data) * (1.0 - share)))
-    before, after = data.rfind(b"\n", 0, cut), data.find(b"\n", cut)
-    candidates = [p + 1 for p in (before, after) if 0 <= p < len(data) - 1]
+    # Line starts strictly inside the document (a final newline is not a cut point).
+    before, after = data.rfind(b"\n", 0, min(cut, len(data) - 1)), data.find(b"\n", cut, len(data) - 1)
+    candidates = [p + 1 for p in (before, after) if p >= 0]
     if candidates:
         cut = min(candidates, key=lambda p: abs(p - cut))
     else:  # no usable line break: cut at a UTF-8 character boundary
@@ -157,11 +158,14 @@ def prepare(
     text_field: str = "text",
     name: str | None = None,
     overwrite: bool = False,
+    exist_ok: bool = False,
 ) -> PreparedSource:
     """Tokenize `inputs` into `out_dir` (train.bin, val.bin, index.json); return it opened.
 
+    exist_ok=True returns an already prepared `out_dir` as it is (made with the same tokenizer;
+    the caller vouches for the inputs): for processes that race to prepare the same dir.
     Raises UsageError for a missing input, an empty corpus, a bad val_fraction, or an existing
-    non-empty `out_dir` without overwrite=True.
+    non-empty `out_dir` (unless overwrite=True, which replaces it, or exist_ok as above).
     """
     t0 = time.perf_counter()
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
@@ -173,8 +177,10 @@ def prepare(
         raise UsageError(f"val_tokens={val_tokens} must be >= 0")
     out_dir = Path(out_dir).expanduser()
     resolve_inputs(inputs, patterns)
+    if exist_ok and not overwrite and is_prepared_dir(out_dir):
+        return _open_checked(out_dir, tok, name)
     if out_dir.exists() and not overwrite and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise UsageError(f"{out_dir} already exists; choose another --out or pass overwrite")
+        raise UsageError(f"{out_dir} already exists; choose another output dir or pass --overwrite")
     dtype = token_dtype(tok.vocab_size)
 
     keys: list[str] = []
@@ -255,7 +261,17 @@ def prepare(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return PreparedSource(out_dir, name=name)
+    return _open_checked(out_dir, tok, name)
+
+
+def _open_checked(path: Path, tok: Tokenizer, name: str | None) -> PreparedSource:
+    src = PreparedSource(path, name=name)
+    if src.tokenizer_fingerprint != tok.fingerprint:
+        raise UsageError(
+            f"{path} was prepared with tokenizer {src.tokenizer_spec!r}, not {tok.spec!r}; "
+            "re-prepare it with this tokenizer or point at the raw text"
+        )
+    return src
 
 
 def _write_index(path: Path, index: dict) -> None:
@@ -313,13 +329,7 @@ def ensure_prepared(
     """
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     if str(source) != "default" and is_prepared_dir(source):
-        src = PreparedSource(source, name=name)
-        if src.tokenizer_fingerprint != tok.fingerprint:
-            raise UsageError(
-                f"{source} was prepared with tokenizer {src.tokenizer_spec!r}, not {tok.spec!r}; "
-                "re-prepare it with this tokenizer or point at the raw text"
-            )
-        return src
+        return _open_checked(Path(source).expanduser(), tok, name)
     root = Path(cache_dir).expanduser() if cache_dir is not None else data_cache_dir()
     key = cache_key(source, tok, val_fraction=val_fraction, patterns=patterns, text_field=text_field)
     out_dir = root / key
@@ -334,6 +344,7 @@ def ensure_prepared(
                     patterns=patterns,
                     text_field=text_field,
                     name=key,
+                    exist_ok=True,  # where flock is not honoured (some network filesystems)
                 )
     return PreparedSource(out_dir, name=name)
 
