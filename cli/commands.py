@@ -9,4 +9,5 @@ COMMANDS: list[tuple[str, str]] = [
     ("fit_cmd", "fit"),  # also registers predict and allocate
     ("data_cmd", "data"),
     ("models_cmd", "models"),
+    ("eval_cmd", "eval"),
 ]

@@ -402,19 +402,12 @@ def load_checkpoint_model(checkpoint: Path, device: str | torch.device = "cpu"):
 def validation_rows(model, cfg, device: torch.device) -> list[dict]:
     """Held-out loss/bpb per source, exactly as the training loop's evaluation computes them."""
     from scalelab.models.loss import lm_loss
-    from scalelab.train.data.sampler import build_data, validation_batches
+    from scalelab.train.data.bundle import build_data
     from scalelab.train.evaluate import evaluate_sources
 
-    data = build_data(cfg.data, seed=cfg.train.seed, dp_rank=0, dp_size=1)
-    val_sets = {
-        src.name: (
-            validation_batches(src, cfg.data.seq_len, cfg.data.val_sequences, cfg.eval.val_batch_sequences),
-            src.bytes_per_token("val"),
-        )
-        for src in data.sources
-    }
+    data = build_data(cfg.data, seed=cfg.train.seed, val_batch_size=cfg.eval.val_batch_sequences)
     loss_fn = lambda m, x, y: lm_loss(m, x, y, z_loss=0.0)
-    return evaluate_sources(model, val_sets, loss_fn, _EvalRuntime(device))
+    return evaluate_sources(model, data.val_sets, loss_fn, _EvalRuntime(device))
 
 
 def evaluate_checkpoint(
