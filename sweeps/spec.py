@@ -1,0 +1,734 @@
+"""Sweep specs: a YAML file -> a validated list of runs, each addressed by the hash of its config.
+
+A spec is a base run config (the same tree `scalelab run` reads) plus exactly one generator:
+
+    name: isoflop-tiny
+    base: {model: {max_seq_len: 64}, data: {seq_len: 64}, train: {global_batch_tokens: 1024}}
+    isoflop:                          # FLOP budgets x log-spaced sizes; D from C = 6 N D
+      budgets: [3e10, 1e11, 3e11]
+      num_sizes: 4
+      tokens_per_param: [4, 64]       # sizes span D/N in this range at every budget (or params: [lo, hi])
+      flops: 6n                       # 6n | exact (attention included, scalelab.models.accounting)
+      tolerance: 0.05                 # |C_run / budget - 1| allowed after rounding to whole steps
+    seeds: 2                          # optional: K repeats (train.seed = base seed + k)
+    axes: {optim.lr: [1e-3, 3e-3]}    # optional: crossed with every generated run (any config key)
+    data: {mixtures: [{web: 0.7, code: 0.3}], num_tokens: [...], epochs: [1, 2, 4], unique_tokens: 1e6}
+    cooldowns: {fractions: [0.25, 0.5]}   # optional, WSD only: decay branches off each run
+    execution: {max_concurrent: 2, max_failures: 2, cpus_per_run: 1, gpus_per_run: 0}
+    fit: {law: chinchilla, loss: final_val_loss, target_flops: 1e12}
+
+Generators: `grid` (mapping dotted key -> list; cartesian product), `isoflop` (above), `ladder`
+(`sizes: [N...]`, `tokens_per_param: [20...]`: D = tpp x N), `random` (`num_samples`, `seed`,
+`params: {key: {loguniform|uniform: [lo, hi]} | {choice: [...]}}`) and `points` (an explicit list of
+{dotted key: value} mappings; what `sweep next` writes). Sizes given as `model.target_params` or by a
+generator go through the shape rule (scalelab.models.shapes).
+
+Run identity: every run is fully resolved (`build_run_config`) and its id is `config_hash(cfg)`.
+Design labels (generator, budget, tokens per parameter, seed index, branch point) are kept in
+sweep.resolved.json, not in the config, so the same run reached from two sweeps has one id and is
+trained once per store root (see scalelab.sweeps.store).
+
+Cooldowns (WSD-S): each generated run becomes the long "stable" run of its size; for each fraction
+f a branch of f x D tokens starts from the stable run's checkpoint at (or just before) the branch's
+own decay start and decays. Both share the absolute warmup (schedule.warmup_tokens), so up to the
+branch point the lr, weights, optimizer state and data order are identical: a branch costs only its
+tail. The branch's `train.init_from` is relative to its own run directory (`../<stable id>/...`).
+
+Every problem raises ConfigError naming the key (`isoflop.budgets[0]`, `grid.optim.lr`) before Ray
+starts; the CLI prints it as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from scalelab.errors import ConfigError, UsageError
+
+GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
+TOP_KEYS = (
+    "name",
+    "description",
+    "base",
+    *GENERATORS,
+    "axes",
+    "data",
+    "seeds",
+    "cooldowns",
+    "execution",
+    "fit",
+)
+SHAPE_KEYS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff")
+# model keys the shape rule passes through unchanged when a generator picks the size
+SHAPE_PASSTHROUGH = (
+    "max_seq_len",
+    "tied_embeddings",
+    "qk_norm",
+    "rope_theta",
+    "norm_eps",
+    "init_std",
+    "kernels",
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class ExecutionConfig:
+    max_concurrent: int = 0  # concurrent runs; 0 = as many as the cluster's resources allow
+    max_failures: int = 2  # retries per run; each retry resumes from the run's latest checkpoint
+    cpus_per_run: int = 1  # CPUs per single-process run (also its torch threads)
+    gpus_per_run: float = 0.0  # GPUs per single-process run (0 on CPU machines)
+
+
+@dataclass(kw_only=True, slots=True)
+class FitSpec:
+    law: str = "chinchilla"  # a law name of scalelab.fitting.laws
+    loss: str = "final_val_loss"  # load_runs column used as the loss
+    flops: str = "6n"  # 6n | exact: which FLOP count the fit and the proposals use
+    target_flops: float = 0.0  # C* of `sweep next` when not given on the command line
+    bootstrap: int = 64  # bootstrap replicates for intervals
+
+
+@dataclass(kw_only=True, slots=True)
+class RunSpec:
+    """One resolved run of a sweep."""
+
+    run_id: str  # config_hash of the resolved config
+    config: dict[str, Any]  # the resolved config tree (to_dict), what config.json holds
+    labels: dict[str, Any]  # design labels: generator, flops_budget, tokens_per_param, seed, branch ...
+    depends_on: str | None = None  # a cooldown branch waits for its stable run
+    params: int
+    params_nonembed: int
+    num_tokens: int
+    flops_6n: float
+    flops_exact: float
+    cost_flops: float  # FLOPs this run spends itself (a branch pays only for the steps after its start)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in self.__slots__}
+
+
+@dataclass(kw_only=True, slots=True)
+class Sweep:
+    name: str
+    raw: dict[str, Any]  # the spec as read
+    generator: str
+    runs: list[RunSpec]
+    execution: ExecutionConfig
+    fit: FitSpec
+    warnings: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading and checking
+# ---------------------------------------------------------------------------------------------
+
+
+def _unknown(key: str, known) -> ConfigError:
+    close = difflib.get_close_matches(key.split(".")[-1], list(known), n=1)
+    hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+    return ConfigError(key, "unknown key", hint)
+
+
+def _check_keys(section: dict, known, prefix: str) -> None:
+    if not isinstance(section, dict):
+        raise ConfigError(prefix, f"expected a mapping, got {section!r}", "write it as a YAML mapping")
+    for key in section:
+        if key not in known:
+            raise _unknown(f"{prefix}.{key}" if prefix else str(key), known)
+
+
+def _number(value: Any, key: str, *, positive: bool = True) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(key, f"{value!r} is not a number", "write a number, e.g. 1e12") from None
+    if not math.isfinite(x) or (positive and x <= 0):
+        raise ConfigError(key, f"{value!r} must be a finite number > 0", "e.g. 1e12")
+    return x
+
+
+def _list(value: Any, key: str, *, min_len: int = 1) -> list:
+    if not isinstance(value, list) or len(value) < min_len:
+        raise ConfigError(
+            key, f"expected a list of at least {min_len} value(s), got {value!r}", "write a YAML list"
+        )
+    return value
+
+
+def _dataclass_from(cls, data: Any, prefix: str):
+    from scalelab.train.config_tree import from_dict
+
+    _check_keys(data or {}, list(cls.__dataclass_fields__), prefix)
+    return from_dict(cls, data or {}, prefix=prefix)
+
+
+def read_spec(path: str | Path) -> dict[str, Any]:
+    """The spec mapping from a YAML file; ConfigError names the file on any problem."""
+    from scalelab.train.config_tree import load_yaml
+
+    return load_yaml(str(path))
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and expand a spec file into a validated Sweep (nothing starts)."""
+    raw = read_spec(path)
+    return expand_sweep(raw, default_name=Path(path).stem)
+
+
+def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
+    """Validate a spec mapping and expand it into resolved runs.
+
+    Raises:
+        ConfigError: naming the offending key (unknown keys and generators, a budget too small for
+            the smallest size, a FLOP count outside the tolerance, a run config that fails).
+    """
+    _check_keys(raw, TOP_KEYS, "")
+    gens = [g for g in GENERATORS if g in raw]
+    if not gens:
+        raise ConfigError("generator", "the spec names no generator", f"add one of: {', '.join(GENERATORS)}")
+    if len(gens) > 1:
+        raise ConfigError(gens[1], f"a spec has one generator, found {gens}", "split it into two specs")
+    base = raw.get("base") or {}
+    if not isinstance(base, dict):
+        raise ConfigError("base", f"expected a run-config mapping, got {base!r}", "see examples/sweeps/")
+    execution = _dataclass_from(ExecutionConfig, raw.get("execution"), "execution")
+    if execution.cpus_per_run < 1 or execution.max_failures < 0 or execution.max_concurrent < 0:
+        raise ConfigError(
+            "execution", "cpus_per_run >= 1, max_failures >= 0, max_concurrent >= 0", "fix the value"
+        )
+    fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
+    if fit.flops not in ("6n", "exact"):
+        raise ConfigError("fit.flops", f"{fit.flops!r} unknown", "use 6n or exact")
+    ctx = _Context.from_base(base, execution)
+    gen = gens[0]
+    points = _GENERATOR_FNS[gen](raw[gen], ctx, gen)
+    points = _cross(points, _axes(raw.get("axes"), "axes"))
+    points = _cross(points, _data_axes(raw.get("data"), ctx, gen))
+    points = _cross(points, _seeds(raw.get("seeds"), ctx))
+    warnings: list[str] = []
+    runs: list[RunSpec] = []
+    seen: set[str] = set()
+    for i, (overrides, labels) in enumerate(points):
+        run = _resolve(ctx, overrides, dict(labels, generator=gen), where=f"{gen} run {i}")
+        if run.run_id in seen:
+            warnings.append(f"{gen} run {i} duplicates an earlier run ({run.run_id}); kept once")
+            continue
+        seen.add(run.run_id)
+        runs.append(run)
+    if raw.get("cooldowns") is not None:
+        runs = _cooldowns(raw["cooldowns"], ctx, runs)
+    if gen == "isoflop":
+        _check_isoflop_tolerance(raw[gen], runs)
+    name = str(raw.get("name") or default_name)
+    return Sweep(
+        name=name, raw=raw, generator=gen, runs=runs, execution=execution, fit=fit, warnings=warnings
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolution of one run
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True)
+class _Context:
+    base: dict[str, Any]
+    vocab_size: int
+    seq_len: int
+    tokens_per_step: int
+    execution: ExecutionConfig
+
+    @classmethod
+    def from_base(cls, base: dict[str, Any], execution: ExecutionConfig) -> _Context:
+        from scalelab.train.config import DataConfig, TrainLoopConfig, padded_vocab_size
+        from scalelab.train.data.tokenizer import load_tokenizer
+
+        base = copy.deepcopy(base)
+        model = base.get("model") or {}
+        data = base.get("data") or {}
+        train = base.get("train") or {}
+        for section in ("model", "data", "train"):
+            if not isinstance(base.get(section) or {}, dict):
+                raise ConfigError(f"base.{section}", "expected a mapping", "write it as a YAML mapping")
+        vocab = model.get("vocab_size") or padded_vocab_size(
+            load_tokenizer(data.get("tokenizer", "byte")).vocab_size
+        )
+        seq_len = int(data.get("seq_len", DataConfig().seq_len))
+        batch = int(float(train.get("global_batch_tokens", TrainLoopConfig().global_batch_tokens)))
+        if seq_len < 1 or batch < seq_len:
+            raise ConfigError(
+                "base.train.global_batch_tokens", f"{batch} < data.seq_len={seq_len}", "raise it"
+            )
+        # Threads follow the trial's CPUs so concurrent trials do not oversubscribe the cores.
+        base.setdefault("train", {}).setdefault("num_threads", execution.cpus_per_run)
+        return cls(
+            base=base,
+            vocab_size=int(vocab),
+            seq_len=seq_len,
+            tokens_per_step=(batch // seq_len) * seq_len,
+            execution=execution,
+        )
+
+    def shape(self, target_params: float, key: str) -> dict[str, Any]:
+        """Model fields for a target size by the shape rule, keeping the base's pass-through keys."""
+        from scalelab.models.shapes import shape_for_params
+        from scalelab.train.config_tree import to_dict
+
+        model = self.base.get("model") or {}
+        extra = {k: model[k] for k in SHAPE_PASSTHROUGH if k in model}
+        extra.setdefault("max_seq_len", max(self.seq_len, 128))
+        cfg = None
+        # Tiny sizes are coarse (one layer or 16 channels is a big step): when the rule cannot meet
+        # a target within its tolerance, take the nearest shape it can build within 35%.
+        for factor in (1.0, 1.15, 1 / 1.15, 1.3, 1 / 1.3):
+            try:
+                cfg = shape_for_params(target_params * factor, vocab_size=self.vocab_size, **extra)
+            except ConfigError as e:
+                error = e
+                continue
+            break
+        if cfg is None:
+            raise ConfigError(key, f"size {target_params:.3g}: {str(error).split(': ', 1)[-1]}") from None
+        return {
+            k: v for k, v in to_dict(cfg).items() if k in SHAPE_KEYS or k in ("vocab_size", "max_seq_len")
+        }
+
+
+def _set(tree: dict, dotted: str, value: Any) -> None:
+    from scalelab.train.config_tree import set_in_dict
+
+    set_in_dict(tree, dotted.split("."), copy.deepcopy(value))
+
+
+def _resolve(ctx: _Context, overrides: dict[str, Any], labels: dict[str, Any], where: str) -> RunSpec:
+    tree = copy.deepcopy(ctx.base)
+    model = tree.setdefault("model", {})
+    model_keys = {k.split(".")[1] for k in overrides if k.startswith("model.")}
+    if "target_params" in model_keys or model_keys >= set(SHAPE_KEYS):
+        model.pop("preset", None)  # the point picks the whole size; single shape keys edit the preset
+    if model_keys >= set(SHAPE_KEYS):
+        model.pop("target_params", None)
+    for key, value in overrides.items():
+        if key == "data.mixture":
+            _apply_mixture(tree, value, key)
+            continue
+        _set(tree, key, value)
+    try:
+        return _from_tree(tree, labels)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e.key}", str(e).split(": ", 1)[-1]) from None
+
+
+def _apply_mixture(tree: dict, mixture: dict[str, float], key: str) -> None:
+    sources = tree.setdefault("data", {}).setdefault("sources", [{"name": "stdlib", "path": "default"}])
+    names = [s.get("name", "stdlib") for s in sources]
+    for name, weight in mixture.items():
+        if name not in names:
+            raise ConfigError(f"{key}.{name}", f"no data source named {name!r}", f"sources: {names}")
+        sources[names.index(name)]["weight"] = _number(weight, f"{key}.{name}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Generators: each returns [(overrides {dotted key: value}, labels)]
+# ---------------------------------------------------------------------------------------------
+
+Point = tuple[dict[str, Any], dict[str, Any]]
+
+
+def _grid(section: Any, ctx: _Context, key: str) -> list[Point]:
+    if not isinstance(section, dict) or not section:
+        raise ConfigError(
+            key, "expected a mapping of config keys to value lists", "e.g. grid: {optim.lr: [1e-3, 3e-3]}"
+        )
+    axes = {k: _list(v, f"{key}.{k}") for k, v in section.items()}
+    return [(dict(zip(axes, combo)), {}) for combo in itertools.product(*axes.values())]
+
+
+def _points(section: Any, ctx: _Context, key: str) -> list[Point]:
+    out = []
+    for i, point in enumerate(_list(section, key)):
+        if not isinstance(point, dict):
+            raise ConfigError(
+                f"{key}[{i}]", "expected a mapping of config keys to values", "e.g. {optim.lr: 1e-3}"
+            )
+        point = dict(point)
+        labels = point.pop("labels", None) or {}
+        out.append((point, dict(labels)))
+    return out
+
+
+def _random(section: Any, ctx: _Context, key: str) -> list[Point]:
+    _check_keys(section, ("num_samples", "seed", "params"), key)
+    n = int(_number(section.get("num_samples"), f"{key}.num_samples"))
+    rng = np.random.default_rng(int(section.get("seed", 0)))
+    params = section.get("params")
+    if not isinstance(params, dict) or not params:
+        raise ConfigError(
+            f"{key}.params",
+            "expected a mapping of config keys to distributions",
+            "e.g. {optim.lr: {loguniform: [1e-4, 1e-2]}}",
+        )
+    draws: dict[str, list] = {}
+    for name, dist in params.items():
+        k = f"{key}.params.{name}"
+        if not isinstance(dist, dict) or len(dist) != 1:
+            raise ConfigError(
+                k,
+                f"{dist!r} is not one distribution",
+                "use {loguniform: [lo, hi]}, {uniform: [lo, hi]} or {choice: [...]}",
+            )
+        ((kind, arg),) = dist.items()
+        if kind in ("loguniform", "uniform"):
+            lo, hi = (
+                _number(v, f"{k}.{kind}", positive=kind == "loguniform")
+                for v in _list(arg, f"{k}.{kind}", min_len=2)[:2]
+            )
+            if hi <= lo:
+                raise ConfigError(f"{k}.{kind}", f"[{lo}, {hi}] is empty", "give [low, high] with low < high")
+            u = rng.uniform(size=n)
+            vals = (
+                np.exp(np.log(lo) + u * (np.log(hi) - np.log(lo)))
+                if kind == "loguniform"
+                else lo + u * (hi - lo)
+            )
+            draws[name] = [float(v) for v in vals]
+        elif kind == "choice":
+            options = _list(arg, f"{k}.choice")
+            draws[name] = [options[int(j)] for j in rng.integers(0, len(options), size=n)]
+        else:
+            raise ConfigError(f"{k}.{kind}", "unknown distribution", "use loguniform, uniform or choice")
+    return [({name: draws[name][i] for name in draws}, {"sample": i}) for i in range(n)]
+
+
+def _steps_for(tokens: float, ctx: _Context) -> int:
+    return max(int(round(tokens / ctx.tokens_per_step)), 0)
+
+
+def _ladder(section: Any, ctx: _Context, key: str) -> list[Point]:
+    _check_keys(section, ("sizes", "tokens_per_param"), key)
+    sizes = [
+        _number(v, f"{key}.sizes[{i}]") for i, v in enumerate(_list(section.get("sizes"), f"{key}.sizes"))
+    ]
+    tpps = [
+        _number(v, f"{key}.tokens_per_param[{i}]")
+        for i, v in enumerate(_list(section.get("tokens_per_param"), f"{key}.tokens_per_param"))
+    ]
+    from scalelab.models.accounting import num_params
+    from scalelab.models.config import ModelConfig
+
+    out = []
+    for i, target in enumerate(sizes):
+        shape = ctx.shape(target, f"{key}.sizes[{i}]")
+        n = num_params(ModelConfig(**shape))
+        for j, tpp in enumerate(tpps):
+            steps = _steps_for(tpp * n, ctx)
+            if steps < 1:
+                raise ConfigError(
+                    f"{key}.tokens_per_param[{j}]",
+                    f"{tpp} x {n:,} params is less than one step ({ctx.tokens_per_step} tokens)",
+                    "raise it or lower train.global_batch_tokens",
+                )
+            over = {f"model.{k}": v for k, v in shape.items()} | {
+                "train.num_tokens": steps * ctx.tokens_per_step
+            }
+            out.append((over, {"target_params": target, "tokens_per_param": tpp}))
+    return out
+
+
+def _isoflop(section: Any, ctx: _Context, key: str) -> list[Point]:
+    from scalelab.models.accounting import flops_per_token
+    from scalelab.models.config import ModelConfig
+
+    _check_keys(
+        section,
+        ("budgets", "num_sizes", "tokens_per_param", "params", "flops", "tolerance", "min_steps"),
+        key,
+    )
+    budgets = [
+        _number(v, f"{key}.budgets[{i}]")
+        for i, v in enumerate(_list(section.get("budgets"), f"{key}.budgets"))
+    ]
+    num_sizes = int(_number(section.get("num_sizes", 5), f"{key}.num_sizes"))
+    flops_kind = section.get("flops", "6n")
+    if flops_kind not in ("6n", "exact"):
+        raise ConfigError(f"{key}.flops", f"{flops_kind!r} unknown", "use 6n or exact")
+    min_steps = int(_number(section.get("min_steps", 4), f"{key}.min_steps"))
+    if ("tokens_per_param" in section) == ("params" in section):
+        raise ConfigError(
+            f"{key}.tokens_per_param",
+            "give exactly one of tokens_per_param: [lo, hi] or params: [lo, hi]",
+            "e.g. tokens_per_param: [4, 64]",
+        )
+    range_key = "tokens_per_param" if "tokens_per_param" in section else "params"
+    lo, hi = (
+        _number(v, f"{key}.{range_key}")
+        for v in _list(section[range_key], f"{key}.{range_key}", min_len=2)[:2]
+    )
+    if hi < lo:
+        raise ConfigError(f"{key}.{range_key}", f"[{lo:g}, {hi:g}] is reversed", "give [low, high]")
+    out = []
+    for b, budget in enumerate(budgets):
+        bkey = f"{key}.budgets[{b}]"
+        if range_key == "tokens_per_param":  # C = 6 N (t N)  =>  N = sqrt(C / 6t); high t = small N
+            targets = [math.sqrt(budget / (6 * t)) for t in np.geomspace(hi, lo, num_sizes)]
+        else:
+            targets = list(np.geomspace(lo, hi, num_sizes))
+        seen_shapes = set()
+        for s, target in enumerate(targets):
+            try:
+                shape = ctx.shape(target, bkey)
+            except ConfigError as e:
+                why = str(e).split(": ", 2)[-1].split(";")[0]
+                if range_key == "params":
+                    raise ConfigError(f"{key}.params", why, "narrow the size range") from None
+                raise ConfigError(
+                    bkey,
+                    f"budget {budget:.3g} is too small for the smallest size ({why})",
+                    "raise the budget or lower the tokens_per_param range",
+                ) from None
+            sig = tuple(sorted(shape.items()))
+            if sig in seen_shapes:
+                continue  # two targets rounded to one shape
+            seen_shapes.add(sig)
+            fpt = flops_per_token(ModelConfig(**shape), ctx.seq_len)
+            per_token = fpt.six_n if flops_kind == "6n" else fpt.exact
+            steps = _steps_for(budget / per_token, ctx)
+            if steps < min_steps:
+                raise ConfigError(
+                    bkey,
+                    f"budget {budget:.3g} is too small for size {fpt.six_n / 6:,.0f}: "
+                    f"{steps} step(s) of {ctx.tokens_per_step} tokens (min_steps={min_steps})",
+                    "raise the budget, narrow the size range or lower train.global_batch_tokens",
+                )
+            over = {f"model.{k}": v for k, v in shape.items()} | {
+                "train.num_tokens": steps * ctx.tokens_per_step
+            }
+            out.append((over, {"flops_budget": budget, "target_params": round(target), "size_index": s}))
+    return out
+
+
+_GENERATOR_FNS = {"grid": _grid, "isoflop": _isoflop, "ladder": _ladder, "random": _random, "points": _points}
+
+
+def _check_isoflop_tolerance(section: dict, runs: list[RunSpec]) -> None:
+    tol = _number(section.get("tolerance", 0.05), "isoflop.tolerance")
+    kind = section.get("flops", "6n")
+    for run in runs:
+        budget = run.labels.get("flops_budget")
+        if budget is None or run.labels.get("branch_of"):
+            continue
+        flops = run.flops_6n if kind == "6n" else run.flops_exact
+        if abs(flops / budget - 1) > tol:
+            raise ConfigError(
+                "isoflop.tolerance",
+                f"run {run.run_id} ({run.params:,} params, {run.num_tokens:,} tokens) "
+                f"uses {flops:.4g} FLOPs, {flops / budget - 1:+.1%} off budget {budget:.3g}",
+                "raise the budget, lower train.global_batch_tokens, or loosen the tolerance",
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Axes crossed with every generator: free config keys, data axes, seeds
+# ---------------------------------------------------------------------------------------------
+
+
+def _cross(points: list[Point], axis: list[Point]) -> list[Point]:
+    if not axis:
+        return points
+    return [({**o1, **o2}, {**l1, **l2}) for o1, l1 in points for o2, l2 in axis]
+
+
+def _axes(section: Any, key: str) -> list[Point]:
+    if section is None:
+        return []
+    return [(o, {k.split(".")[-1]: v for k, v in o.items()}) for o, _ in _grid(section, None, key)]
+
+
+def _data_axes(section: Any, ctx: _Context, gen: str) -> list[Point]:
+    if section is None:
+        return []
+    _check_keys(section, ("num_tokens", "mixtures", "epochs", "unique_tokens"), "data")
+    axes: list[list[Point]] = []
+    if "num_tokens" in section:
+        if gen in ("isoflop", "ladder"):
+            raise ConfigError(
+                "data.num_tokens",
+                f"the {gen} generator sets the token count itself",
+                "remove data.num_tokens",
+            )
+        vals = [
+            int(_number(v, f"data.num_tokens[{i}]"))
+            for i, v in enumerate(_list(section["num_tokens"], "data.num_tokens"))
+        ]
+        axes.append([({"train.num_tokens": v}, {"num_tokens": v}) for v in vals])
+    if "mixtures" in section:
+        mixes = _list(section["mixtures"], "data.mixtures")
+        for i, m in enumerate(mixes):
+            if not isinstance(m, dict) or not m:
+                raise ConfigError(
+                    f"data.mixtures[{i}]", "expected {source name: weight}", "e.g. {web: 0.7, code: 0.3}"
+                )
+        axes.append(
+            [({"data.mixture": m}, {"mixture": ",".join(f"{k}={v}" for k, v in m.items())}) for m in mixes]
+        )
+    if "epochs" in section:
+        from scalelab.train.data.config import SourceConfig
+
+        if "unique_tokens" not in SourceConfig.__dataclass_fields__:
+            raise ConfigError(
+                "data.epochs",
+                "repeated-epoch runs need a unique-token cap on data sources, "
+                "which this build's data layer (data.sources[i]) does not have",
+                "point a source at a corpus of the unique size and vary train.num_tokens",
+            )
+        unique = int(_number(section.get("unique_tokens"), "data.unique_tokens"))
+        epochs = [
+            _number(v, f"data.epochs[{i}]") for i, v in enumerate(_list(section["epochs"], "data.epochs"))
+        ]
+        axes.append(
+            [
+                (
+                    {
+                        "train.num_tokens": int(e * unique),
+                        "data.sources.0.unique_tokens": unique,
+                        "data.sources.0.max_epochs": e,
+                    },
+                    {"epochs": e, "unique_tokens": unique},
+                )
+                for e in epochs
+            ]
+        )
+    points: list[Point] = [({}, {})]
+    for axis in axes:
+        points = _cross(points, axis)
+    return points
+
+
+def _seeds(section: Any, ctx: _Context) -> list[Point]:
+    if section is None:
+        return []
+    base_seed = int((ctx.base.get("train") or {}).get("seed", 0))
+    if isinstance(section, list):
+        seeds = [int(_number(s, "seeds", positive=False)) for s in section]
+    else:
+        k = int(_number(section, "seeds"))
+        seeds = [base_seed + i for i in range(k)]
+    return [({"train.seed": s}, {"seed": s}) for s in seeds]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cooldown branches (WSD-S)
+# ---------------------------------------------------------------------------------------------
+
+
+def _cooldowns(section: Any, ctx: _Context, runs: list[RunSpec]) -> list[RunSpec]:
+    _check_keys(section, ("fractions", "max_checkpoints"), "cooldowns")
+    fracs = sorted(
+        _number(v, f"cooldowns.fractions[{i}]")
+        for i, v in enumerate(_list(section.get("fractions"), "cooldowns.fractions"))
+    )
+    if fracs[-1] >= 1:
+        raise ConfigError(
+            "cooldowns.fractions", f"{fracs[-1]} >= 1", "fractions of the stable run's tokens, each < 1"
+        )
+    max_ckpts = int(_number(section.get("max_checkpoints", 32), "cooldowns.max_checkpoints"))
+    out: list[RunSpec] = []
+    for run in runs:
+        cfg = run.config
+        sched, tr = cfg["schedule"], cfg["train"]
+        if sched["name"] != "wsd":
+            raise ConfigError(
+                "cooldowns",
+                f"needs schedule.name: wsd (run {run.run_id} uses {sched['name']})",
+                "set base.schedule.name: wsd",
+            )
+        tps = tr["global_batch_tokens"] // cfg["data"]["seq_len"] * cfg["data"]["seq_len"]
+        main_steps = run.num_tokens // tps
+        warmup = sched["warmup_tokens"] or int(sched["warmup_fraction"] * run.num_tokens)
+        decay_frac = sched["decay_fraction"]
+        main_decay_start = run.num_tokens - int(decay_frac * run.num_tokens)
+        interval = max(1, main_steps // max_ckpts)
+        branches = []
+        for f in fracs:
+            # branch of ~f*D tokens; it leaves the stable run at a checkpoint step at or before its decay start
+            start = max(interval, int(f * (1 - decay_frac) * main_steps) // interval * interval)
+            steps = start
+            while steps * tps - int(decay_frac * steps * tps) < start * tps:
+                steps += 1
+            if start * tps < warmup or start * tps > main_decay_start or steps >= main_steps:
+                raise ConfigError(
+                    "cooldowns.fractions",
+                    f"{f} puts a branch of run {run.run_id} at step {start}, "
+                    "inside the warmup or the stable run's own decay",
+                    "use fractions in (warmup, 1 - decay_fraction)",
+                )
+            branches.append((f, start, steps))
+        main_over = dict(run.labels)
+        stable_tree = copy.deepcopy(cfg)
+        stable_tree["schedule"]["warmup_tokens"] = warmup
+        stable_tree["checkpoint"]["interval_steps"] = interval
+        stable_tree["checkpoint"]["keep_last"] = 0  # every branch point must survive
+        main = _from_tree(stable_tree, dict(main_over, cooldown="stable"))
+        out.append(main)
+        for f, start, steps in branches:
+            tree = copy.deepcopy(stable_tree)
+            tree["train"]["num_tokens"] = steps * tps
+            tree["train"]["init_from"] = f"../{main.run_id}/checkpoints/step_{start}"
+            tree["checkpoint"]["keep_last"] = 2
+            tree["checkpoint"]["interval_steps"] = cfg["checkpoint"]["interval_steps"]
+            branch = _from_tree(
+                tree,
+                dict(
+                    main_over, cooldown="branch", branch_of=main.run_id, branch_fraction=f, branch_step=start
+                ),
+            )
+            branch.depends_on = main.run_id
+            branch.cost_flops = branch.flops_6n * (steps - start) / steps
+            out.append(branch)
+    return out
+
+
+def _from_tree(tree: dict[str, Any], labels: dict[str, Any]) -> RunSpec:
+    from scalelab.models.accounting import flops_per_token, num_params, num_params_nonembedding
+    from scalelab.train.config import build_run_config, config_hash, to_dict
+
+    cfg = build_run_config(tree)
+    fpt = flops_per_token(cfg.model, cfg.seq_len)
+    num_tokens = cfg.num_steps * cfg.tokens_per_step
+    return RunSpec(
+        run_id=config_hash(cfg),
+        config=to_dict(cfg),
+        labels=labels,
+        params=num_params(cfg.model),
+        params_nonembed=num_params_nonembedding(cfg.model),
+        num_tokens=num_tokens,
+        flops_6n=fpt.six_n * num_tokens,
+        flops_exact=fpt.exact * num_tokens,
+        cost_flops=fpt.six_n * num_tokens,
+    )
+
+
+def run_config(run: RunSpec):
+    """The RunConfig of a resolved run (its id is checked, so a changed code default is caught)."""
+    from scalelab.train.config import build_run_config, config_hash
+
+    cfg = build_run_config(run.config)
+    if config_hash(cfg) != run.run_id:
+        raise UsageError(
+            f"run {run.run_id}: its saved config now hashes to {config_hash(cfg)} "
+            "(config defaults changed?); launch the spec again into a new sweep"
+        )
+    return cfg
+
+
+def dump_spec(spec: dict[str, Any]) -> str:
+    """YAML text of a spec mapping (stable key order as given)."""
+    return yaml.safe_dump(spec, sort_keys=False, default_flow_style=None, width=110)

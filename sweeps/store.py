@@ -1,0 +1,338 @@
+"""The sweep store: run records on disk, read back as one polars frame.
+
+Layout (ARCHITECTURE.md), one directory per sweep:
+
+    <root>/<sweep>/sweep.yaml             the spec as given (later rounds: rounds/<name>.yaml)
+    <root>/<sweep>/sweep.resolved.json    every run of every round: id, config, labels, N, D, C
+    <root>/<sweep>/runs/<run_id>/         config.json, status.json, metrics.parquet, evals.parquet,
+                                          checkpoints/step_N/ (written by scalelab.train)
+    <root>/<sweep>/events.jsonl           one line per trial start / end / failure (append-only)
+    <root>/<sweep>/fits/<name>.json       fits made by `sweep next` (one per round)
+
+Every file is written to a temporary name and renamed over the target (scalelab.train.records),
+so a scan never meets a half-written Parquet or JSON file whatever happens to the writer.
+
+Store root and dedupe: the *store root* is the directory that holds the sweep directories (the
+parent of `--out`). Runs are addressed by the hash of their resolved config. Before a sweep runs,
+each of its runs is looked up in this sweep and then in every sibling sweep of the root (a
+directory with a sweep.yaml): a run that is `done` (or `diverged`) anywhere in the root is linked
+into this sweep (`runs/<id>` -> `../../<other>/runs/<id>`, a relative symlink) and never trained
+again. Unfinished runs of another sweep are not adopted (their driver may still be alive); they
+are trained here.
+
+    from scalelab.sweeps.store import load_runs
+    df = load_runs("results/isoflop")        # one row per run (a sweep dir or a whole store root)
+    df.filter(pl.col("status") == "done").select("params", "tokens", "flops", "loss")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from scalelab.errors import UsageError
+from scalelab.train.records import atomic_write_bytes, atomic_write_json, read_status
+
+TERMINAL = ("done", "diverged")  # states a run never leaves; anything else is (re)started
+RESOLVED = "sweep.resolved.json"
+
+
+def runs_dir(sweep_dir: str | Path) -> Path:
+    return Path(sweep_dir) / "runs"
+
+
+def run_path(sweep_dir: str | Path, run_id: str) -> Path:
+    return runs_dir(sweep_dir) / run_id
+
+
+def is_sweep_dir(path: str | Path) -> bool:
+    return (Path(path) / "sweep.yaml").is_file()
+
+
+def run_state(run_dir: str | Path) -> str:
+    """pending (nothing on disk) | running | done | failed | diverged, from status.json."""
+    try:
+        status = read_status(run_dir)
+    except (OSError, json.JSONDecodeError):
+        return "pending"
+    return (status or {}).get("status", "pending")
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing a sweep
+# ---------------------------------------------------------------------------------------------
+
+
+def init_sweep(sweep_dir: str | Path, spec_text: str, spec_name: str, runs: list[dict], name: str) -> str:
+    """Create or extend a sweep directory; returns the spec's file name relative to the sweep.
+
+    A new directory gets sweep.yaml. Launching another spec into an existing sweep (a later round
+    from `sweep next`) stores it under rounds/ and appends its runs to sweep.resolved.json.
+    """
+    sweep_dir = Path(sweep_dir)
+    if sweep_dir.exists() and not is_sweep_dir(sweep_dir) and any(sweep_dir.iterdir()):
+        raise UsageError(f"--out {sweep_dir} exists and is not a sweep directory; choose an empty or new one")
+    runs_dir(sweep_dir).mkdir(parents=True, exist_ok=True)
+    if not is_sweep_dir(sweep_dir):
+        atomic_write_bytes(sweep_dir / "sweep.yaml", spec_text.encode())
+        rel = "sweep.yaml"
+    elif (sweep_dir / "sweep.yaml").read_text() == spec_text:
+        rel = "sweep.yaml"
+    else:
+        rel = f"rounds/{spec_name}.yaml"
+        existing = sweep_dir / rel
+        if existing.exists() and existing.read_text() != spec_text:
+            raise UsageError(f"{existing} holds a different spec of the same name; rename the spec file")
+        atomic_write_bytes(existing, spec_text.encode())
+    resolved = read_resolved(sweep_dir)
+    resolved.setdefault("name", name)
+    specs = resolved.setdefault("specs", [])
+    if rel not in specs:
+        specs.append(rel)
+    known = {r["run_id"] for r in resolved.setdefault("runs", [])}
+    for r in runs:
+        if r["run_id"] not in known:
+            resolved["runs"].append(dict(r, spec=rel))
+            known.add(r["run_id"])
+    atomic_write_json(sweep_dir / RESOLVED, resolved)
+    return rel
+
+
+def read_resolved(sweep_dir: str | Path) -> dict[str, Any]:
+    path = Path(sweep_dir) / RESOLVED
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text())
+
+
+def find_finished_elsewhere(sweep_dir: str | Path, run_id: str) -> Path | None:
+    """A terminal copy of run_id in another sweep of the same store root, or None."""
+    sweep_dir = Path(sweep_dir).resolve()
+    root = sweep_dir.parent
+    for other in sorted(root.iterdir()):
+        if other == sweep_dir or not is_sweep_dir(other):
+            continue
+        cand = run_path(other, run_id)
+        if cand.is_dir() and not cand.is_symlink() and run_state(cand) in TERMINAL:
+            return cand
+    return None
+
+
+def attach_runs(sweep_dir: str | Path, run_ids: list[str]) -> dict[str, str]:
+    """State of each run, linking terminal runs found in sibling sweeps; {run_id: state}."""
+    states = {}
+    for run_id in run_ids:
+        here = run_path(sweep_dir, run_id)
+        if not here.exists():
+            other = find_finished_elsewhere(sweep_dir, run_id)
+            if other is not None:
+                here.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(os.path.relpath(other, here.parent), here)
+        states[run_id] = run_state(here)
+    return states
+
+
+def append_event(sweep_dir: str | Path, event: str, run_id: str, **fields: Any) -> None:
+    """One JSON line in events.jsonl; a single O_APPEND write, so concurrent trials never interleave."""
+    line = json.dumps(dict(event=event, run_id=run_id, time=time.time(), pid=os.getpid(), **fields))
+    fd = os.open(Path(sweep_dir) / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read_events(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(sweep_dir) / "events.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by a killed writer
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading: one row per run
+# ---------------------------------------------------------------------------------------------
+
+_HYPER = {  # column -> path in the resolved config
+    "lr": ("optim", "lr"),
+    "weight_decay": ("optim", "weight_decay"),
+    "beta2": ("optim", "beta2"),
+    "schedule": ("schedule", "name"),
+    "global_batch_tokens": ("train", "global_batch_tokens"),
+    "seq_len": ("data", "seq_len"),
+    "seed": ("train", "seed"),
+    "num_layers": ("model", "num_layers"),
+    "d_model": ("model", "d_model"),
+    "num_heads": ("model", "num_heads"),
+    "num_kv_heads": ("model", "num_kv_heads"),
+    "d_ff": ("model", "d_ff"),
+    "vocab_size": ("model", "vocab_size"),
+    "tokenizer": ("data", "tokenizer"),
+    "init_from": ("train", "init_from"),
+}
+_LABELS = (
+    "generator",
+    "spec",
+    "flops_budget",
+    "tokens_per_param",
+    "cooldown",
+    "branch_of",
+    "branch_step",
+    "round",
+    "proposal",
+    "sample",
+    "mixture",
+    "epochs",
+    "unique_tokens",
+)
+
+
+def _get(tree: dict, path: tuple[str, ...]) -> Any:
+    for p in path:
+        if not isinstance(tree, dict):
+            return None
+        tree = tree.get(p)
+    return tree
+
+
+def last_step(run_dir: Path) -> int:
+    path = run_dir / "metrics.parquet"
+    if not path.exists():
+        return 0
+    try:
+        return int(pl.read_parquet(path, columns=["step"])["step"].max() or 0)
+    except Exception:  # noqa: BLE001 - an unreadable file counts as no progress (never a crash)
+        return 0
+
+
+def _final_evals(run_dir: Path) -> dict[str, float]:
+    path = run_dir / "evals.parquet"
+    if not path.exists():
+        return {}
+    try:
+        df = pl.read_parquet(path)
+    except Exception:  # noqa: BLE001
+        return {}
+    if df.is_empty():
+        return {}
+    last = df.filter(pl.col("step") == df["step"].max())
+    return {f"eval/{r['task']}/{r['metric']}": r["value"] for r in last.iter_rows(named=True)}
+
+
+def _row(run_dir: Path, sweep: str, entry: dict[str, Any]) -> dict[str, Any]:
+    status = {}
+    try:
+        status = read_status(run_dir) or {}
+    except (OSError, json.JSONDecodeError):
+        pass
+    config = entry.get("config")
+    if config is None and (run_dir / "config.json").exists():
+        config = json.loads((run_dir / "config.json").read_text())
+    config = config or {}
+    labels = entry.get("labels") or {}
+    num_steps = status.get("num_steps")
+    if num_steps is None and config:
+        tps = config["train"]["global_batch_tokens"] // config["data"]["seq_len"] * config["data"]["seq_len"]
+        num_steps = config["train"]["num_tokens"] // tps
+    step = last_step(run_dir)
+    final_val = status.get("final_val_loss")
+    row = dict(
+        run_id=run_dir.name,
+        sweep=sweep,
+        status=status.get("status", "pending"),
+        step=step,
+        num_steps=num_steps,
+        progress=(step / num_steps) if num_steps else None,
+        attempts=status.get("attempts", 0),
+        params=status.get("params", entry.get("params")),
+        params_nonembed=status.get("params_nonembed", entry.get("params_nonembed")),
+        tokens=status.get("num_tokens", entry.get("num_tokens")),
+        flops=status.get("flops_6n", entry.get("flops_6n")),
+        flops_exact=status.get("flops_exact", entry.get("flops_exact")),
+        cost_flops=entry.get("cost_flops", status.get("flops_6n")),
+        final_train_loss=status.get("final_train_loss"),
+        best_train_loss=status.get("best_train_loss"),
+        final_val_loss=final_val,
+        best_val_loss=status.get("best_val_loss"),
+        final_val_bpb=status.get("final_val_bpb"),
+        loss=final_val if final_val is not None else status.get("final_train_loss"),
+        error=status.get("error") or status.get("reason"),
+        updated_at=status.get("updated_at"),
+        tags=json.dumps(
+            dict(config.get("tags") or {}, **{k: str(v) for k, v in labels.items()}), sort_keys=True
+        ),
+    )
+    for col in _LABELS:
+        row[col] = labels.get(col) if col != "spec" else entry.get("spec")
+    for col, path in _HYPER.items():
+        row[col] = _get(config, path)
+    row.update(_final_evals(run_dir))
+    return row
+
+
+def _sweep_rows(sweep_dir: Path) -> list[dict[str, Any]]:
+    resolved = read_resolved(sweep_dir)
+    entries = {r["run_id"]: r for r in resolved.get("runs", [])}
+    rdir = runs_dir(sweep_dir)
+    on_disk = sorted(p.name for p in rdir.iterdir() if not p.name.startswith(".")) if rdir.is_dir() else []
+    ids = list(entries) + [i for i in on_disk if i not in entries]
+    return [_row(rdir / i, sweep_dir.name, entries.get(i, {})) for i in ids]
+
+
+def load_runs(path: str | Path) -> pl.DataFrame:
+    """One row per run of a sweep directory, or of every sweep under a store root.
+
+    Columns: run_id, sweep, status, step/num_steps/progress, attempts, params, params_nonembed,
+    tokens, flops (6ND), flops_exact, cost_flops, final/best train and val losses, final_val_bpb,
+    loss (final val loss, else final train loss), error, tags (JSON), design labels (generator,
+    flops_budget, tokens_per_param, cooldown, branch_of, ...), hyperparameters (lr, batch, shape,
+    seed, ...) and the last value of every eval as `eval/<task>/<metric>`. In a store root a run
+    linked into several sweeps appears once.
+    """
+    path = Path(path)
+    if is_sweep_dir(path) or (path / RESOLVED).exists():
+        rows = _sweep_rows(path)
+    elif path.is_dir():
+        rows, seen = [], set()
+        for sweep in sorted(p for p in path.iterdir() if is_sweep_dir(p)):
+            for row in _sweep_rows(sweep):
+                if row["run_id"] not in seen:
+                    seen.add(row["run_id"])
+                    rows.append(row)
+        if not rows and not any(is_sweep_dir(p) for p in path.iterdir()):
+            raise UsageError(f"{path} is neither a sweep directory nor a store root holding sweeps")
+    else:
+        raise UsageError(f"{path} does not exist")
+    if not rows:
+        return pl.DataFrame({"run_id": [], "status": []}, schema={"run_id": pl.Utf8, "status": pl.Utf8})
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def export_table(path: str | Path, out: str | Path, *, done_only: bool = True) -> int:
+    """Write load_runs(path) as CSV (or Parquet by suffix) for the fitter; returns the row count."""
+    df = load_runs(path)
+    if done_only and "status" in df.columns:
+        df = df.filter(pl.col("status") == "done")
+    out = Path(out)
+    if out.suffix == ".parquet":
+        from scalelab.train.records import atomic_write_parquet
+
+        atomic_write_parquet(out, df)
+    else:
+        import io
+
+        buf = io.StringIO()
+        df.select([c for c in df.columns if df[c].dtype != pl.Null]).write_csv(buf)
+        atomic_write_bytes(out, buf.getvalue().encode())
+    return df.height
