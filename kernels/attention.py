@@ -726,9 +726,28 @@ def _forward(q, k, v, causal: bool):
     sm_scale = 1.0 / math.sqrt(D)
     interp = interpreting(q)
     even_s = S % (_INTERP_FWD["BLOCK_N"] if interp else 128) == 0
-    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            H, T, S, H // HK, sm_scale * _LOG2E, D, next_pow2(D), causal, not even_s,
-            dot_dtype(q), dot_precision(q))  # fmt: skip
+    args = (
+        q,
+        k,
+        v,
+        o,
+        lse,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *o.stride(),
+        H,
+        T,
+        S,
+        H // HK,
+        sm_scale * _LOG2E,
+        D,
+        next_pow2(D),
+        causal,
+        not even_s,
+        dot_dtype(q),
+        dot_precision(q),
+    )
     grid = lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)
     _launch(_attn_fwd, _attn_fwd_tuned, _INTERP_FWD, grid, args, interp)
     return o, lse
@@ -745,15 +764,63 @@ def _backward(q, k, v, o, lse, do, causal: bool):
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    args = (q, k, v, do, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-            *dk.stride(), *dv.stride(), H, HK, T, S, H // HK, sm_scale * _LOG2E, sm_scale,
-            D, bd, causal, dt, prec)  # fmt: skip
+    args = (
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dk,
+        dv,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *do.stride(),
+        *dk.stride(),
+        *dv.stride(),
+        H,
+        HK,
+        T,
+        S,
+        H // HK,
+        sm_scale * _LOG2E,
+        sm_scale,
+        D,
+        bd,
+        causal,
+        dt,
+        prec,
+    )
     grid = lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), B * HK)
     _launch(_attn_bwd_dkdv, _attn_bwd_dkdv_tuned, _INTERP_DKDV, grid, args, interp)
     even_s = S % (_INTERP_DQ["BLOCK_N"] if interp else 128) == 0
-    args = (q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-            *dq.stride(), H, T, S, H // HK, sm_scale * _LOG2E, sm_scale, D, bd, causal, not even_s, dt,
-            prec)  # fmt: skip
+    args = (
+        q,
+        k,
+        v,
+        do,
+        lse,
+        delta,
+        dq,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        *do.stride(),
+        *dq.stride(),
+        H,
+        T,
+        S,
+        H // HK,
+        sm_scale * _LOG2E,
+        sm_scale,
+        D,
+        bd,
+        causal,
+        not even_s,
+        dt,
+        prec,
+    )
     grid = lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)
     _launch(_attn_bwd_dq, _attn_bwd_dq_tuned, _INTERP_DQ, grid, args, interp)
     return dq, dk, dv

@@ -105,9 +105,20 @@ def _fused_forward(hidden, weight, targets, z_loss, ignore_index, chunk_size, ne
         end = min(start + chunk, n)
         h = hidden[start:end]
         logits = (h @ weight.t()).float()  # fp32 [chunk, V]: CE and its gradient in full precision
-        _ce_rows[(end - start,)](logits, targets[start:end], loss_rows[start:end], scale, logits.stride(0), v,
-                                 ignore_index, float(z_loss), bool(z_loss), compute_grad,
-                                 _block_v(v, interp))  # fmt: skip
+        _ce_rows[(end - start,)](
+            logits,
+            targets[start:end],
+            loss_rows[start:end],
+            scale,
+            logits.stride(0),
+            v,
+            ignore_index,
+            float(z_loss),
+            bool(z_loss),
+            compute_grad,
+            _block_v(v, interp),
+            num_warps=8,
+        )
         if compute_grad:
             dlogits = logits.to(hidden.dtype)
             del logits
@@ -122,8 +133,16 @@ def _fused_forward(hidden, weight, targets, z_loss, ignore_index, chunk_size, ne
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, z_loss, ignore_index, chunk_size):
-        loss, dh, dw = _fused_forward(hidden, weight, targets, z_loss, ignore_index, chunk_size,
-                                      ctx.needs_input_grad[0], ctx.needs_input_grad[1])  # fmt: skip
+        loss, dh, dw = _fused_forward(
+            hidden,
+            weight,
+            targets,
+            z_loss,
+            ignore_index,
+            chunk_size,
+            ctx.needs_input_grad[0],
+            ctx.needs_input_grad[1],
+        )
         # The gradients are plain attributes, not saved tensors: they are ours, scaled in place once.
         ctx.grads = (dh, dw)
         return loss

@@ -101,8 +101,23 @@ class _RMSNorm(torch.autograd.Function):
         else:
             r2, s = x2, y  # unused placeholders (HAS_RES=False never touches them)
         if n:
-            _rms_fwd[(n,)](x2, r2, weight, y, s, rstd, x2.stride(0), r2.stride(0), y.stride(0), s.stride(0),
-                           d, eps, has_res, next_pow2(d))  # fmt: skip
+            _rms_fwd[(n,)](
+                x2,
+                r2,
+                weight,
+                y,
+                s,
+                rstd,
+                x2.stride(0),
+                r2.stride(0),
+                y.stride(0),
+                s.stride(0),
+                d,
+                eps,
+                has_res,
+                next_pow2(d),
+                num_warps=_num_warps(d),
+            )
         normed = s if has_res else x2
         ctx.save_for_backward(normed, weight, rstd)
         ctx.has_res = has_res
@@ -127,9 +142,25 @@ class _RMSNorm(torch.autograd.Function):
         block_d = next_pow2(d)
         dw_part = torch.empty((num_programs, block_d), device=normed.device, dtype=torch.float32)
         if n:
-            _rms_bwd[(num_programs,)](dy2, normed, weight, rstd, ds2, dx, dw_part, dy2.stride(0),
-                                      normed.stride(0), ds2.stride(0), dx.stride(0), n, d,
-                                      rows_per_program, ds is not None, block_d)  # fmt: skip
+            _rms_bwd[(num_programs,)](
+                dy2,
+                normed,
+                weight,
+                rstd,
+                ds2,
+                dx,
+                dw_part,
+                dy2.stride(0),
+                normed.stride(0),
+                ds2.stride(0),
+                dx.stride(0),
+                n,
+                d,
+                rows_per_program,
+                ds is not None,
+                block_d,
+                num_warps=_num_warps(d),
+            )
         else:
             dw_part.zero_()
         dw = dw_part[:, :d].sum(0).to(weight.dtype) if ctx.needs_input_grad[1] else None
@@ -137,6 +168,11 @@ class _RMSNorm(torch.autograd.Function):
         # s = x + residual: both inputs get the full gradient of s.
         dres = dx if ctx.has_res and ctx.needs_input_grad[2] else None
         return dx, dw, dres, None
+
+
+def _num_warps(d: int) -> int:
+    # One row per block: ~8-16 elements per thread (4096 -> 8 warps); ignored by the interpreter.
+    return max(1, min(16, next_pow2(d) // 512))
 
 
 def _sm_count(device: torch.device) -> int:

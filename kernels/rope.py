@@ -67,8 +67,22 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: boo
     B, T, H, D = x.shape
     out = torch.empty((B, T, H, D), device=x.device, dtype=x.dtype)
     if out.numel():
-        _rope_kernel[(B * T,)](x, out, cos, sin, *x.stride(), *out.stride(), *cos.stride(), *sin.stride(),
-                               T, H, D // 2, backward, next_pow2(H), next_pow2(D // 2))  # fmt: skip
+        _rope_kernel[(B * T,)](
+            x,
+            out,
+            cos,
+            sin,
+            *x.stride(),
+            *out.stride(),
+            *cos.stride(),
+            *sin.stride(),
+            T,
+            H,
+            D // 2,
+            backward,
+            next_pow2(H),
+            next_pow2(D // 2),
+        )
     return out
 
 

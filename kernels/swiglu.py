@@ -74,8 +74,20 @@ class _SwiGLU(torch.autograd.Function):
         du = torch.empty((n, f), device=u2.device, dtype=u2.dtype)
         if dg.numel():
             grid = (n, triton.cdiv(f, _block(f)))
-            _swiglu_bwd[grid](g2, u2, do2, dg, du, g2.stride(0), u2.stride(0), do2.stride(0), dg.stride(0),
-                              du.stride(0), f, _block(f))  # fmt: skip
+            _swiglu_bwd[grid](
+                g2,
+                u2,
+                do2,
+                dg,
+                du,
+                g2.stride(0),
+                u2.stride(0),
+                do2.stride(0),
+                dg.stride(0),
+                du.stride(0),
+                f,
+                _block(f),
+            )
         return dg.view(ctx.shape), du.view(ctx.shape)
 
 
