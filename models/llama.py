@@ -186,18 +186,27 @@ class Transformer(nn.Module):
         return h
 
     def hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Final normed hidden states [B, T, D] (for a fused linear + cross-entropy on output.weight)."""
-        h = self._trunk(tokens, positions)
-        return self.norm(h) if self.norm is not None else h
+        """Final normed hidden states [B, T, D] (for a fused linear + cross-entropy on output.weight).
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        Goes through `self(...)`, so module hooks (FSDP2's parameter all-gather) run as for forward.
+        """
+        return self(tokens, positions, return_hidden=True)
+
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, *, return_hidden: bool = False
+    ) -> torch.Tensor:
         """tokens [B, T] (or hidden [B, T, D] without tok_embeddings) -> logits [B, T, V] (or hidden).
 
         positions: optional LongTensor [T] of absolute positions (rows of the RoPE tables), for
         context-parallel shards; default arange(T).
+        return_hidden: stop before `output` (the normed hidden states; see hidden_states).
         """
-        h = self.hidden_states(tokens, positions)
-        return self.output(h) if self.output is not None else h
+        h = self._trunk(tokens, positions)
+        if self.norm is not None:
+            h = self.norm(h)
+        if return_hidden or self.output is None:
+            return h
+        return self.output(h)
 
     # --- init ----------------------------------------------------------------------------------
     @torch.no_grad()

@@ -423,16 +423,30 @@ def _fsdp_init_worker(rank: int, world: int, init_file: str) -> None:
         fully_shard(model, mesh=mesh)
         model.to_empty(device="cpu")
         model.init_weights(seed=11)
-        ref = build_model(cfg, seed=11).state_dict()
+        ref_model = build_model(cfg, seed=11)
+        ref = ref_model.state_dict()
         for name, p in model.named_parameters():
             assert torch.equal(p.full_tensor(), ref[name]), name
         assert torch.equal(model.rope_cos, rope_cos_sin(cfg.max_seq_len, cfg.head_dim)[0])  # recomputed
+        # lm_loss goes through model(...) (hidden_states), so FSDP2's all-gather hooks run; the same
+        # batch on both ranks makes the averaged gradient equal the single-device one.
+        tokens = torch.randint(0, cfg.vocab_size, (2, 13), generator=torch.Generator().manual_seed(0))
+        ref_loss, _ = lm_loss(ref_model, tokens[:, :-1], tokens[:, 1:], z_loss=1e-3)
+        ref_loss.backward()
+        loss, _ = lm_loss(model, tokens[:, :-1], tokens[:, 1:], z_loss=1e-3)
+        loss.backward()
+        torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-6)
+        ref_grads = dict(ref_model.named_parameters())
+        for name, p in model.named_parameters():
+            grad = p.grad.full_tensor()
+            torch.testing.assert_close(grad, ref_grads[name].grad, atol=1e-6, rtol=1e-5, msg=name)
     finally:
         dist.destroy_process_group()
 
 
 def test_seeded_init_of_fsdp_sharded_model_matches_single_device(tmp_path):
-    """init_weights(seed) on DTensor (FSDP2) parameters gives the single-device weights, shard by shard."""
+    """init_weights(seed) on DTensor (FSDP2) parameters gives the single-device weights, shard by shard;
+    lm_loss through the sharded model gives the single-device loss and gradients."""
     import torch.multiprocessing as mp
 
     mp.spawn(_fsdp_init_worker, args=(2, str(tmp_path / "init")), nprocs=2, join=True)
