@@ -12,10 +12,12 @@ documents; window w is tokens [w*seq_len, w*seq_len + seq_len + 1), so inputs ne
 every token is a target exactly once per epoch (num_windows = (num_tokens - 1) // seq_len).
 Epoch e of a source visits its windows in a permutation seeded by (seed, source name, e).
 
-Mixture: global sample i goes to the source with the largest deficit (i+1)*w_s - count_s, ties to
-the lower index, computed in exact integer arithmetic on the weights as fractions. Hence after n
-samples count_s < n*w_s + 1, and count_s == n*w_s whenever that is an integer: exact proportions,
-no random state. The k-th sample drawn from a source is window perm_{k // W}[k % W].
+Mixture: global sample n goes to a source by Tijdeman's chairman-assignment rule (a deficit rule,
+see `_tijdeman_choice`) in exact integer arithmetic on the weights as fractions. After n samples
+|count_s - n*w_s| <= 1 - 1/(2S-2) < 1, so count_s == n*w_s exactly whenever that is an integer:
+exact proportions, no random state. (The plain largest-deficit rule can fall behind by more than
+one sample with three or more sources.) The k-th sample drawn from a source is window
+perm_{k // W}[k % W].
 
 Data parallelism: with G sequences per step, step t covers global samples [t*G, (t+1)*G) and rank
 r gets rows [r*G/W, (r+1)*G/W); every rank advances the (cheap, integer) mixture schedule over all
@@ -53,6 +55,28 @@ def _integer_weights(weights: Sequence[float]) -> list[int]:
     parts = [int(f * lcm) for f in fracs]
     g = math.gcd(*parts)
     return [p // g for p in parts]
+
+
+def _tijdeman_choice(n: int, counts: Sequence[int], parts: Sequence[int], total: int) -> int:
+    """Source of global sample n (1-based) by Tijdeman's chairman-assignment rule, in integers.
+
+    With weights w_j = parts[j] / total and S sources, D = 2S - 2: among the sources whose deficit
+    n*w_j - counts[j] is at least 1/D, take the one whose next sample is most overdue, i.e. the
+    smallest (counts[j] + 1 - 1/D) / w_j; ties go to the lower index. This keeps
+    |counts[j] - n*w_j| <= 1 - 1/D < 1 for every n and j (R. Tijdeman, 1980).
+    """
+    num = len(parts)
+    if num == 1:
+        return 0
+    d = 2 * num - 2
+    best, best_key = -1, (0, 1)
+    for j in range(num):
+        if d * (n * parts[j] - counts[j] * total) < total:
+            continue  # deficit below 1/D: not eligible yet (at least one source always is)
+        key = (d - 1 + d * counts[j], parts[j])  # the fraction key[0] / key[1], compared exactly
+        if best < 0 or key[0] * best_key[1] < best_key[0] * key[1]:
+            best, best_key = j, key
+    return best
 
 
 class MixtureSampler:
@@ -157,7 +181,7 @@ class MixtureSampler:
         out: list[tuple[int, int]] = []
         for _ in range(num_samples):
             n += 1
-            s = max(range(len(parts)), key=lambda j: (n * parts[j] - counts[j] * total, -j))
+            s = _tijdeman_choice(n, counts, parts, total)
             if counts[s] >= self.max_samples[s]:
                 raise ConfigError(
                     f"data.sources[{s}].max_epochs",
