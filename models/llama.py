@@ -237,7 +237,10 @@ class Transformer(nn.Module):
                 if id(mod.weight) in done:  # tied output: already drawn as tok_embeddings
                     continue
                 done.add(id(mod.weight))
-                _normal_(mod.weight, out_std if name.endswith(_RESIDUAL_OUT) else std, seed, name)
+                # A tied output drawn on its own (a last pipeline stage without tok_embeddings) must
+                # still equal the embedding: it is seeded under the embedding's name.
+                key = "tok_embeddings" if name == "output" and self.cfg.tied_embeddings else name
+                _normal_(mod.weight, out_std if name.endswith(_RESIDUAL_OUT) else std, seed, key)
 
 
 def _param_seed(seed: int, name: str) -> int:
@@ -246,11 +249,17 @@ def _param_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+def _is_dtensor(t: torch.Tensor) -> bool:
+    if not torch.distributed.is_available():  # builds without distributed have no DTensor
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
 def _normal_(weight: torch.Tensor, std: float, seed: int | None, name: str) -> None:
     """weight ~ N(0, std) in place; seeded per name when `seed` is given (see init_weights)."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    is_dtensor = isinstance(weight, DTensor)
+    is_dtensor = _is_dtensor(weight)
     local = weight.to_local() if is_dtensor else weight
     if seed is None:
         if is_dtensor:
@@ -263,6 +272,8 @@ def _normal_(weight: torch.Tensor, std: float, seed: int | None, name: str) -> N
     full = torch.empty(weight.shape, dtype=weight.dtype, device=local.device)
     full.normal_(0.0, std, generator=gen)
     if is_dtensor:
+        from torch.distributed.tensor import distribute_tensor
+
         # src_data_rank=None: every rank holds the same `full`, so each slices its shard locally.
         local.copy_(
             distribute_tensor(full, weight.device_mesh, weight.placements, src_data_rank=None).to_local()

@@ -243,6 +243,14 @@ def test_seeded_init_is_deterministic_and_per_parameter():
     stage.init_weights(seed=7)
     for name, p in stage.layers["2"].state_dict().items():
         assert torch.equal(p, a.layers["2"].state_dict()[name]), name
+    # With tied embeddings, a last stage (output without tok_embeddings) draws the embedding's values.
+    tied = small_cfg(tied_embeddings=True)
+    with torch.device("meta"):
+        last = Transformer(tied)
+    last.tok_embeddings = None
+    last.to_empty(device="cpu")
+    last.init_weights(seed=7)
+    assert torch.equal(last.output.weight, build_model(tied, seed=7).tok_embeddings.weight)
     # seed=None follows the global RNG.
     torch.manual_seed(0)
     d = build_model(cfg)
