@@ -261,6 +261,7 @@ def execute(
 
     Returns {"states": {run_id: state}, "trained": [...], "skipped": [...], "wall_s": ...}.
     """
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
     import ray
     from ray import tune
 

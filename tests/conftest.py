@@ -17,3 +17,25 @@ if not torch.cuda.is_available():
 os.environ.setdefault("SCALELAB_CACHE", tempfile.mkdtemp(prefix="scalelab-test-cache-"))
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray cluster for the whole test session (2 CPUs, no dashboard), shut down at the end.
+
+    Started lazily by the first test that asks for it; the workers inherit this process's
+    environment (SCALELAB_CACHE, WANDB_MODE, RAY_AUTH_MODE set above). Yields the GCS address so a
+    test can point a `scalelab sweep launch --address` subprocess at the same cluster.
+    """
+    import ray
+
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+        started = True
+    yield ray.get_runtime_context().gcs_address
+    if started:
+        ray.shutdown()

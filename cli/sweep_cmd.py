@@ -1,0 +1,166 @@
+"""`scalelab sweep plan|launch|resume|status|export|next`: sweeps of runs on Ray, the store, the next round.
+
+    scalelab sweep plan examples/sweeps/isoflop_tiny.yaml            # dry run: table and total cost
+    scalelab sweep launch SPEC --out results/iso [--address ADDR] [--max-concurrent K] [--rounds R]
+    scalelab sweep resume results/iso                                # after the driver died
+    scalelab sweep status results/iso [--json]
+    scalelab sweep export results/iso --csv runs.csv
+    scalelab sweep next results/iso --target-flops 1e13 [--budget-flops 3e12]
+
+Specs are validated before Ray starts; a bad spec exits 2 with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from scalelab.errors import UsageError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("sweep", help="plan, launch, resume and inspect sweeps; propose the next round",
+                       description=__doc__.splitlines()[0])
+    s = p.add_subparsers(dest="sweep_command", metavar="SUBCOMMAND")
+    s.required = True
+
+    q = s.add_parser("plan", help="expand and validate a spec; print runs and cost (nothing starts)")
+    q.add_argument("spec")
+    q.add_argument("--no-measure", action="store_true", help="skip the throughput measurement (no time estimates)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=run_plan)
+
+    q = s.add_parser("launch", help="run a spec on Ray into a sweep directory (finished runs are skipped)")
+    q.add_argument("spec")
+    q.add_argument("--out", required=True, help="sweep directory; its parent is the store root shared by sweeps")
+    _ray_args(q)
+    q.add_argument("--rounds", type=int, default=1, help="alternate launch and `sweep next` this many times")
+    q.add_argument("--target-flops", type=float, default=None, help="C* for --rounds > 1 (default: the spec's fit)")
+    q.add_argument("--budget-flops", type=float, default=None, help="FLOPs per proposed round (--rounds > 1)")
+    q.add_argument("--inject-fault", action="append", default=[], metavar="RUN_ID:STEP",
+                   help="testing: make that run raise once at STEP (it is retried and resumes)")
+    q.set_defaults(func=run_launch)
+
+    q = s.add_parser("resume", help="finish a sweep whose driver died: done runs stay done, partial ones resume")
+    q.add_argument("sweep_dir")
+    _ray_args(q)
+    q.set_defaults(func=run_resume)
+
+    q = s.add_parser("status", help="runs by state with progress, losses and failures")
+    q.add_argument("sweep_dir")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=run_status)
+
+    q = s.add_parser("export", help="write the run table for the fitter (done runs)")
+    q.add_argument("sweep_dir")
+    q.add_argument("--csv", required=True, metavar="PATH", help="output file (.csv, or .parquet)")
+    q.add_argument("--all", action="store_true", help="include runs that are not done")
+    q.set_defaults(func=run_export)
+
+    q = s.add_parser("next", help="fit the store and write the next round's spec (rounds/round_K.yaml)")
+    q.add_argument("sweep_dir")
+    q.add_argument("--target-flops", type=float, default=None, help="C*: where the loss prediction should be tight")
+    q.add_argument("--budget-flops", type=float, default=None, help="FLOPs the next round may spend")
+    q.add_argument("--step", type=float, default=3.0, help="next budget = step x the largest budget done")
+    q.add_argument("--replicates", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=run_next)
+
+
+def _ray_args(q) -> None:
+    q.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
+    q.add_argument("--max-concurrent", type=int, default=None, help="runs at a time (default: as resources allow)")
+    q.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+
+
+def run_plan(args) -> int:
+    from scalelab.sweeps.execute import check_runnable
+    from scalelab.sweeps.plan import format_plan, plan_sweep
+    from scalelab.sweeps.spec import load_sweep
+
+    sweep = load_sweep(args.spec)
+    check_runnable([r.to_dict() for r in sweep.runs])
+    rows, totals = plan_sweep(sweep, measure=not args.no_measure)
+    if args.json:
+        print(json.dumps({"runs": rows, "totals": totals}, indent=2))
+    else:
+        print(f"sweep {sweep.name}: generator {sweep.generator}")
+        print(format_plan(rows, totals, slots=sweep.execution.max_concurrent or None))
+    return 0
+
+
+def _faults(items: list[str]) -> dict[str, int]:
+    out = {}
+    for item in items:
+        run_id, _, step = item.partition(":")
+        if not run_id or not step.isdigit():
+            raise UsageError(f"--inject-fault {item!r}: expected RUN_ID:STEP")
+        out[run_id] = int(step)
+    return out
+
+
+def run_launch(args) -> int:
+    from scalelab.sweeps.execute import launch
+    from scalelab.sweeps.spec import load_sweep
+
+    if args.rounds < 1:
+        raise UsageError("--rounds must be >= 1")
+    sweep = load_sweep(args.spec)  # every run validated before Ray starts
+    target = args.target_flops or sweep.fit.target_flops or None
+    if args.rounds > 1 and not target:
+        raise UsageError("--rounds > 1 needs --target-flops (or fit.target_flops in the spec)")
+    faults = _faults(args.inject_fault)
+    out = Path(args.out)
+    print(f"sweep {sweep.name}: {len(sweep.runs)} runs -> {out}")
+    result = launch(sweep, out, spec_text=Path(args.spec).read_text(), spec_name=Path(args.spec).stem,
+                    address=args.address, max_concurrent=args.max_concurrent, num_cpus=args.num_cpus,
+                    fault_steps=faults)
+    for k in range(1, args.rounds):
+        from scalelab.sweeps.propose import propose_next
+
+        proposal = propose_next(out, target_flops=target, budget_flops=args.budget_flops, log=print)
+        spec_path = Path(proposal["spec_path"])
+        nxt = load_sweep(spec_path)
+        print(f"round {k}: {len(nxt.runs)} proposed run(s) from {spec_path}")
+        result = launch(nxt, out, spec_text=spec_path.read_text(), spec_name=spec_path.stem,
+                        address=args.address, max_concurrent=args.max_concurrent, num_cpus=args.num_cpus)
+    return 0 if all(s in ("done", "diverged") for s in result["states"].values()) else 1
+
+
+def run_resume(args) -> int:
+    from scalelab.sweeps.execute import resume
+
+    result = resume(args.sweep_dir, address=args.address, max_concurrent=args.max_concurrent, num_cpus=args.num_cpus)
+    return 0 if all(s in ("done", "diverged") for s in result["states"].values()) else 1
+
+
+def run_status(args) -> int:
+    from scalelab.sweeps.status import format_status, sweep_status
+
+    info = sweep_status(args.sweep_dir)
+    if args.json:
+        print(json.dumps(info, indent=2, default=str))
+    else:
+        print(format_status(info))
+    return 0
+
+
+def run_export(args) -> int:
+    from scalelab.sweeps.store import export_table
+
+    n = export_table(args.sweep_dir, args.csv, done_only=not args.all)
+    print(f"{n} run(s) -> {args.csv}", file=sys.stderr)
+    return 0
+
+
+def run_next(args) -> int:
+    from scalelab.sweeps.propose import format_proposal, propose_next
+
+    proposal = propose_next(args.sweep_dir, target_flops=args.target_flops, budget_flops=args.budget_flops,
+                            step=args.step, replicates=args.replicates, log=(lambda m: None) if args.json else print)
+    if args.json:
+        print(json.dumps(proposal, indent=2, default=str))
+    else:
+        print(format_proposal(proposal))
+    return 0

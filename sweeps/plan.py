@@ -1,0 +1,151 @@
+"""`scalelab sweep plan`: the dry run. Every run expanded and validated, a table, the total cost.
+
+    rows, totals = plan_sweep(load_sweep("isoflop.yaml"))
+    print(format_plan(rows, totals))
+
+Columns: run id, N (total parameters), D (tokens), C (6ND; a cooldown branch shows its own C but
+costs only its tail), the layout, memory (estimate) and the estimated time. Time comes from
+*measured* throughput: a few optimizer steps of each distinct model shape are timed in this process
+with the run's thread count (training steps only: evals and checkpoints add a few percent), and
+runs of the same shape share the figure. `measure=False` skips that and shows no times.
+
+Memory: 16 bytes per parameter (fp32 weights, gradients, two AdamW moments) plus activations of
+one micro-batch (~34 bytes x d_model x layers per token, plus fp32 logits and their gradient);
+a rough figure to catch a run that cannot fit, not a planner.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from scalelab.sweeps.spec import RunSpec, Sweep
+
+
+def _shape_key(run: RunSpec) -> tuple:
+    m, d, t = run.config["model"], run.config["data"], run.config["train"]
+    return (tuple(sorted(m.items())), d["seq_len"], t["global_batch_tokens"], t["num_threads"], t["micro_batch_sequences"])
+
+
+def measure_tokens_per_s(config: dict[str, Any], steps: int = 3) -> float:
+    """Tokens per second of `steps` optimizer steps (after one warm-up) on random tokens, this process."""
+    import torch
+
+    from scalelab.models.llama import build_model
+    from scalelab.models.loss import lm_loss
+    from scalelab.train.config import build_run_config
+    from scalelab.train.optim import build_optimizer
+
+    cfg = build_run_config(config)
+    threads = torch.get_num_threads()
+    if cfg.train.num_threads > 0:
+        torch.set_num_threads(cfg.train.num_threads)
+    try:
+        device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
+        model = build_model(cfg.model, device=device, seed=0)
+        opt = build_optimizer(model, cfg.optim, device.type)
+        seqs = cfg.global_batch_sequences
+        micro = cfg.train.micro_batch_sequences or seqs
+        x = torch.randint(0, cfg.model.vocab_size, (seqs, cfg.seq_len + 1), device=device)
+
+        def step():
+            for chunk in x.split(micro):
+                loss, _ = lm_loss(model, chunk[:, :-1], chunk[:, 1:])
+                loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return steps * cfg.tokens_per_step / (time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def memory_bytes(run: RunSpec) -> float:
+    m, t = run.config["model"], run.config["train"]
+    seq = run.config["data"]["seq_len"]
+    seqs = t["micro_batch_sequences"] or t["global_batch_tokens"] // seq
+    tokens = seqs * seq
+    acts = tokens * (34 * m["d_model"] * m["num_layers"] + 8 * m["vocab_size"])
+    return 16 * run.params + acts
+
+
+def layout(run: RunSpec, cpus: int, gpus: float) -> str:
+    p = run.config.get("parallel") or {}
+    dims = [f"{k}{p[k]}" for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp") if p.get(k, 1) > 1]
+    world = 1
+    for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp"):
+        world *= p.get(k, 1)
+    per = f"{gpus:g} gpu" if gpus else f"{cpus} cpu"
+    return ("x".join(dims) + f" ({world} procs)") if dims else f"1 proc, {per}"
+
+
+def plan_sweep(sweep: Sweep, *, measure: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows of the plan table and the totals (FLOPs spent, estimated serial and wall time)."""
+    speed: dict[tuple, float] = {}
+    if measure:
+        for run in sweep.runs:
+            key = _shape_key(run)
+            if key not in speed:
+                speed[key] = measure_tokens_per_s(run.config)
+    ex = sweep.execution
+    rows = []
+    for run in sweep.runs:
+        own_tokens = run.num_tokens * (run.cost_flops / run.flops_6n if run.flops_6n else 1.0)
+        tps = speed.get(_shape_key(run))
+        rows.append(dict(
+            run_id=run.run_id, params=run.params, tokens=run.num_tokens, flops=run.flops_6n, cost_flops=run.cost_flops,
+            layout=layout(run, ex.cpus_per_run, ex.gpus_per_run), memory_gib=memory_bytes(run) / 2**30,
+            est_s=own_tokens / tps if tps else None, tokens_per_s=tps,
+            label=_label(run.labels),
+        ))
+    serial = sum(r["est_s"] for r in rows if r["est_s"] is not None) if measure else None
+    totals = dict(num_runs=len(rows), cost_flops=sum(r["cost_flops"] for r in rows), serial_s=serial,
+                  warnings=list(sweep.warnings))
+    return rows, totals
+
+
+def _label(labels: dict[str, Any]) -> str:
+    parts = []
+    if "flops_budget" in labels:
+        parts.append(f"C={labels['flops_budget']:.2g}")
+    if "tokens_per_param" in labels:
+        parts.append(f"D/N={labels['tokens_per_param']:g}")
+    if labels.get("cooldown") == "branch":
+        parts.append(f"branch@{labels['branch_step']}")
+    elif labels.get("cooldown") == "stable":
+        parts.append("stable")
+    for k in ("seed", "lr", "proposal", "mixture", "epochs"):
+        if k in labels:
+            v = labels[k]
+            parts.append(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}")
+    return " ".join(parts)
+
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.1f}m" if s < 7200 else f"{s / 3600:.1f}h"
+
+
+def format_plan(rows: list[dict[str, Any]], totals: dict[str, Any], slots: int | None = None) -> str:
+    head = f"{'run_id':12s}  {'N':>10s}  {'D':>10s}  {'C (6ND)':>9s}  {'layout':14s}  {'mem':>7s}  {'est':>6s}  design"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['run_id']:12s}  {r['params']:>10,d}  {r['tokens']:>10,d}  {r['flops']:>9.3g}  {r['layout']:14s}  "
+            f"{r['memory_gib'] * 1024:>5.0f}Mi  {_fmt_s(r['est_s']):>6s}  {r['label']}"
+        )
+    total = f"{totals['num_runs']} runs, {totals['cost_flops']:.3g} FLOPs (6ND, branches count their tail only)"
+    if totals.get("serial_s") is not None:
+        total += f", ~{_fmt_s(totals['serial_s'])} of training one after another"
+        if slots:
+            total += f", ~{_fmt_s(totals['serial_s'] / slots)} on {slots} concurrent slots"
+    lines.append(total)
+    lines += [f"warning: {w}" for w in totals.get("warnings", [])]
+    return "\n".join(lines)

@@ -1,0 +1,127 @@
+"""Sweeps on a local Ray (the session's `ray_local` cluster): completion, dedupe, fault injection with
+bit-exact resume, and a SIGKILLed driver followed by `sweep resume`.
+
+Runs are the debug model on 64-token sequences, a few thousand tokens each (~0.5-2 s of training).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from scalelab.sweeps import store
+from scalelab.sweeps.execute import launch, resume
+from scalelab.sweeps.spec import expand_sweep
+
+BASE = {
+    "model": {"preset": "debug"},
+    "data": {"seq_len": 64, "val_sequences": 8},
+    "train": {"global_batch_tokens": 256, "num_tokens": 5120},
+    "eval": {"interval_steps": 0, "val_batch_sequences": 8},
+    "checkpoint": {"interval_steps": 5},
+    "logging": {"wandb": "disabled", "progress": "off"},
+}
+GRID = {"name": "six", "base": BASE, "grid": {"optim.lr": [1e-3, 3e-3, 1e-2], "model.d_model": [32, 64]},
+        "execution": {"max_failures": 2}}
+
+
+def _launch(spec: dict, out: Path, **kw):
+    text = yaml.safe_dump(spec)
+    return launch(expand_sweep(spec), out, spec_text=text, log=lambda m: None, **kw)
+
+
+def _starts(sweep_dir: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for e in store.read_events(sweep_dir):
+        if e["event"] == "start":
+            counts[e["run_id"]] = counts.get(e["run_id"], 0) + 1
+    return counts
+
+
+def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path):
+    a = tmp_path / "root" / "a"
+    result = _launch(GRID, a)
+    assert len(result["states"]) == 6 and set(result["states"].values()) == {"done"}
+    df = store.load_runs(a)
+    assert isinstance(df, pl.DataFrame) and df.height == 6
+    assert df["status"].to_list() == ["done"] * 6
+    assert df["loss"].is_finite().all() and (df["tokens"] == 5120).all()
+    assert set(df["d_model"].to_list()) == {32, 64} and df["flops"].min() > 0
+    assert not list(a.rglob("*.tmp")), "a temp file survived"
+    assert set(_starts(a).values()) == {1}
+
+    # Dedupe: the same spec again (same sweep, and a sibling sweep of the same store root) trains nothing.
+    again = _launch(GRID, a)
+    assert again["trained"] == [] and set(_starts(a).values()) == {1}
+    b = tmp_path / "root" / "b"
+    other = _launch(GRID, b)
+    assert other["trained"] == [] and _starts(b) == {}
+    assert all(store.run_path(b, i).is_symlink() for i in other["states"])
+    assert store.load_runs(b)["status"].to_list() == ["done"] * 6
+
+    # Fault injection: one of those runs, in another store root, raises at step 12 (checkpoint at 10);
+    # Tune retries it, it resumes from step 10 and ends bit for bit where the clean run ended.
+    one = {**GRID, "grid": {"optim.lr": [3e-3], "model.d_model": [64]}}
+    c = tmp_path / "root2" / "c"
+    run_id = expand_sweep(one).runs[0].run_id
+    faulty = _launch(one, c, fault_steps={run_id: 12})
+    assert faulty["states"] == {run_id: "done"}
+    events = [e for e in store.read_events(c) if e["run_id"] == run_id]
+    assert [e["event"] for e in events] == ["start", "fail", "start", "end"]
+    assert events[2]["from_step"] == 10 and "InjectedFault" in events[1]["error"]
+    clean, resumed = store.run_path(a, run_id), store.run_path(c, run_id)
+    s_clean, s_resumed = (json.loads((d / "status.json").read_text()) for d in (clean, resumed))
+    for key in ("final_train_loss", "final_val_loss", "best_val_loss"):
+        assert s_resumed[key] == s_clean[key], key  # bit for bit
+    m_clean, m_resumed = (pl.read_parquet(d / "metrics.parquet").drop("tokens_per_s") for d in (clean, resumed))
+    assert m_resumed.equals(m_clean)
+    assert s_resumed["attempts"] == 2
+
+
+def test_driver_sigkill_then_resume(ray_local, tmp_path):
+    spec = {"name": "kill", "base": {**BASE, "train": {"global_batch_tokens": 256, "num_tokens": 25600}},
+            "grid": {"optim.lr": [1e-3, 2e-3, 3e-3, 4e-3]}, "execution": {"max_concurrent": 2}}
+    spec_path = tmp_path / "kill.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "root" / "kill"
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scalelab.cli", "sweep", "launch", str(spec_path), "--out", str(out),
+         "--address", ray_local],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 120
+        done_before: set[str] = set()
+        while time.time() < deadline:
+            states = {p.name: store.run_state(p) for p in store.runs_dir(out).glob("*")} if out.exists() else {}
+            done_before = {i for i, s in states.items() if s == "done"}
+            partial = [i for i, s in states.items() if s == "running" and (store.run_path(out, i) / "checkpoints").exists()]
+            if done_before and partial:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the sweep never reached a state with a finished and a partial run")
+    finally:
+        proc.send_signal(signal.SIGKILL)  # only the driver we started, by its pid
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    starts_before = _starts(out)
+    result = resume(out, log=lambda m: None)
+    assert set(result["states"].values()) == {"done"} and len(result["states"]) == 4
+    starts = _starts(out)
+    for run_id in done_before:
+        assert starts[run_id] == 1, f"finished run {run_id} was trained again"
+    assert all(starts[i] >= starts_before.get(i, 0) for i in starts)
+    resumed_partial = [e for e in store.read_events(out) if e["event"] == "start" and e["from_step"] > 0]
+    assert resumed_partial, "no partial run resumed from a checkpoint"
+    df = store.load_runs(out)
+    assert df.height == 4 and df["status"].to_list() == ["done"] * 4 and df["loss"].is_finite().all()
+    assert not list(out.rglob("*.tmp"))
