@@ -105,6 +105,24 @@ def test_val_split_by_document_hash(tmp_path):
     assert select_val_documents(["a"], [10], 0.5, None) == set()
 
 
+def test_only_huge_documents_cut_one_instead(tmp_path):
+    """Three big files and a 1% target: no whole file fits, so one file's tail becomes val."""
+    (tmp_path / "in").mkdir()
+    texts = {
+        f"book{i}.txt": "".join(f"book {i} line {j:04d}\n" for j in range(400 + 200 * i)) for i in range(3)
+    }
+    for name, text in texts.items():
+        (tmp_path / "in" / name).write_text(text)
+    src = prepare([tmp_path / "in"], tmp_path / "out", "byte", val_fraction=0.01)
+    total = sum(len(t) for t in texts.values())
+    assert src.num_bytes("train") + src.num_bytes("val") == total
+    assert src.index["splits"]["val"]["num_documents"] == 1
+    assert abs(src.num_tokens("val") - 0.01 * (total + 3)) < 20  # nearest line break (~18-byte lines)
+    val = bytes(np.asarray(src.val[:-1]).astype(np.uint8)).decode()
+    owner = [t for t in texts.values() if t.endswith(val)]
+    assert len(owner) == 1 and val.startswith("book ")  # the tail of one book, cut at a line start
+
+
 class _WideTokenizer(ByteTokenizer):
     """Byte ids shifted above 2**16, to exercise the uint32 shard path."""
 

@@ -8,9 +8,10 @@ streams (uint16 when the vocabulary fits, else uint32), described by index.json 
 
 Validation split, held out by whole documents: documents are ranked by sha256 of their key (the
 path relative to the input, or file:line for JSONL) and taken in that order until the val split
-holds at least `val_tokens` tokens (or `val_fraction` of all tokens); at least one document always
-stays in train. A lone document (one big .txt) is instead cut at the line break nearest to
-(1 - val_fraction) of its bytes (with val_tokens: that many bytes from the end, at most half).
+holds at least `val_tokens` tokens (or `val_fraction` of all tokens), passing over any document
+that would overshoot twice the target; at least one document always stays in train. When no
+whole document fits (one big .txt, or only huge files), the document with the lowest key hash is
+cut instead at the line break that leaves about the target in val (at most half of it).
 The order of documents within each split is the input order.
 
 Safety: everything is written into a temp dir next to `out_dir` and renamed into place after
@@ -47,6 +48,7 @@ from scalelab.train.data.tokenizer import Tokenizer, load_tokenizer
 
 from scalelab.errors import UsageError
 
+_VAL_RULE = "val-rule-2"  # bump when the val split rule changes, so caches are rebuilt
 _CHUNK_BYTES = 4 << 20  # tokenize this much text per encode_documents call (bounds peak memory)
 
 
@@ -67,7 +69,13 @@ def _unit_hash(key: str) -> float:
 def select_val_documents(
     keys: Sequence[str], num_tokens: Sequence[int], val_fraction: float, val_tokens: int | None
 ) -> set[int]:
-    """Indices of held-out documents: lowest key hashes first until the val target is reached."""
+    """Indices of held-out documents: lowest key hashes first until the val target is reached.
+
+    The target is `val_tokens`, else `val_fraction` of all tokens. A document that would carry the
+    split past twice the target is passed over (one huge file must not become the whole val
+    split), and at least one document always stays in train. May return an empty set; `prepare`
+    then cuts the tail off one document instead.
+    """
     total = int(sum(num_tokens))
     target = val_tokens if val_tokens is not None else val_fraction * total
     if target <= 0 or len(keys) < 2:
@@ -75,19 +83,20 @@ def select_val_documents(
     order = sorted(range(len(keys)), key=lambda i: (_unit_hash(keys[i]), i))
     chosen: set[int] = set()
     held = 0
-    for i in order[:-1]:  # never hold out every document
-        if held >= target:
+    for i in order:
+        if held >= target or len(chosen) == len(keys) - 1:
             break
+        if held + int(num_tokens[i]) > 2 * target:
+            continue
         chosen.add(i)
         held += int(num_tokens[i])
     return chosen
 
 
-def _split_lone_document(doc: Document, val_fraction: float, val_tokens: int | None) -> list[Document]:
-    """Cut one document at the line break nearest (1 - val share) of its bytes: [train, val]."""
+def _split_document(doc: Document, val_share: float) -> list[Document]:
+    """Cut a document at the line break nearest (1 - val_share) of its bytes: [train, val] parts."""
     data = doc.data
-    share = val_fraction if val_tokens is None else min(0.5, val_tokens / max(1, len(data)))
-    cut = int(round(len(data) * (1.0 - share)))
+    cut = int(round(len(data) * (1.0 - val_share)))
     # Line starts strictly inside the document (a final newline is not a cut point).
     before, after = data.rfind(b"\n", 0, min(cut, len(data) - 1)), data.find(b"\n", cut, len(data) - 1)
     candidates = [p + 1 for p in (before, after) if p >= 0]
@@ -98,6 +107,14 @@ def _split_lone_document(doc: Document, val_fraction: float, val_tokens: int | N
             cut += 1
     cut = min(max(cut, 1), len(data) - 1)
     return [Document(doc.key + "#train", data[:cut]), Document(doc.key + "#val", data[cut:])]
+
+
+def _reread(inputs, key: str, patterns, text_field: str) -> Document:
+    """Read one document again by key (only for the rare cut-a-document fallback)."""
+    for doc in iter_documents(inputs, patterns=patterns, text_field=text_field):
+        if doc.key == key:
+            return doc
+    raise UsageError(f"document {key!r} changed while it was being prepared; run again")
 
 
 def _tokenize(docs: list[Document], tokenizer: Tokenizer, dtype: np.dtype) -> list[np.ndarray]:
@@ -211,13 +228,22 @@ def prepare(
         raise UsageError(
             f"no documents found in {[str(i) for i in inputs]} (patterns {patterns or 'default'})"
         )
-    if len(keys) == 1 and first is not None and len(first.data) > 1 and (val_tokens or val_fraction > 0):
-        parts = _split_lone_document(first, val_fraction, val_tokens)
-        keys, nbytes = [d.key for d in parts], [len(d.data) for d in parts]
-        arrays = _tokenize(parts, tok, dtype)
-        val_ids = {1}
-    else:
-        val_ids = select_val_documents(keys, [a.size + 1 for a in arrays], val_fraction, val_tokens)
+    doc_tokens = [a.size + 1 for a in arrays]
+    val_ids = select_val_documents(keys, doc_tokens, val_fraction, val_tokens)
+    target = val_tokens if val_tokens is not None else val_fraction * sum(doc_tokens)
+    if not val_ids and target > 0:
+        # No whole document fits (a lone document, or only huge ones): cut the tail off the
+        # document with the lowest key hash instead.
+        i = min(range(len(keys)), key=lambda j: (_unit_hash(keys[j]), j))
+        doc = first if first is not None else _reread(inputs, keys[i], patterns, text_field)
+        if len(doc.data) > 1:
+            train_part, val_part = _split_document(doc, min(0.5, target / doc_tokens[i]))
+            keys[i], nbytes[i] = train_part.key, len(train_part.data)
+            keys.append(val_part.key)
+            nbytes.append(len(val_part.data))
+            arrays[i], val_array = _tokenize([train_part, val_part], tok, dtype)
+            arrays.append(val_array)
+            val_ids = {len(keys) - 1}
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -308,11 +334,8 @@ def cache_key(
     mtimes, and the split settings, so any change gives a fresh cache entry."""
     if name is None:
         name = "stdlib" if str(source) == "default" else Path(source).name.split(".")[0] or "data"
-    h = hashlib.sha256(
-        json.dumps(
-            [FORMAT, tokenizer.fingerprint, inputs_fingerprint([source], patterns, text_field), val_fraction]
-        ).encode()
-    )
+    fields = [FORMAT, _VAL_RULE, tokenizer.fingerprint, inputs_fingerprint([source], patterns, text_field)]
+    h = hashlib.sha256(json.dumps([*fields, val_fraction]).encode())
     return f"{name}-{h.hexdigest()[:16]}"
 
 
