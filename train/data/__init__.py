@@ -6,7 +6,8 @@
 Modules: tokenizer (byte / BPE), corpus (reading raw text; the default stdlib corpus), prepare
 (raw text -> token shards, cached), shards (PreparedSource), sampler (MixtureSampler,
 validation_batches), config (DataConfig, SourceConfig), bundle (build_data).
-Names are imported lazily so that reading a config does not import torch.
+Names are imported lazily so that reading a config does not import torch. The `prepare`
+function is `scalelab.train.data.prepare.prepare` (the package attribute is the module).
 """
 
 from __future__ import annotations
