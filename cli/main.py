@@ -15,6 +15,7 @@ import sys
 
 from scalelab.cli.errors import UsageError
 
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalelab", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

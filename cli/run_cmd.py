@@ -17,8 +17,14 @@ def add_parser(sub) -> None:
     p = sub.add_parser("run", help="train one run from a YAML config", description=__doc__.splitlines()[0])
     p.add_argument("config", help="run config YAML (or a config.json saved by an earlier run)")
     p.add_argument("--out", required=True, help="run directory for records and checkpoints")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="dotted override, e.g. --set model.d_model=256 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override, e.g. --set model.d_model=256 (repeatable)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     p.set_defaults(func=run)
 

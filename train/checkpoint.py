@@ -11,9 +11,11 @@ directory that looks finished; `latest_checkpoint` only considers completed ones
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,14 @@ def _rank() -> int:
 def _barrier() -> None:
     if _is_dist():
         dist.barrier()
+
+
+@contextlib.contextmanager
+def _single_process_ok():
+    """DCP warns when no process group exists; a single-process run is a supported case here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
 
 
 def list_checkpoints(ckpt_root: str | Path) -> list[tuple[int, Path]]:
@@ -77,7 +87,8 @@ def save_checkpoint(
         tmp.mkdir(parents=True, exist_ok=True)
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    with _single_process_ok():
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
@@ -102,16 +113,19 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Load a checkpoint into (possibly differently parallelized) model/optimizer; returns train_state."""
     path = Path(path)
-    model_sd, optim_sd = get_state_dict(model, optimizer) if optimizer is not None else (
-        get_state_dict(model, [])[0], None
+    model_sd, optim_sd = (
+        get_state_dict(model, optimizer) if optimizer is not None else (get_state_dict(model, [])[0], None)
     )
     state = {"model": model_sd}
     if optimizer is not None:
         state["optim"] = optim_sd
-    dcp.load(state, checkpoint_id=str(path))
+    with _single_process_ok():
+        dcp.load(state, checkpoint_id=str(path))
     set_state_dict(
-        model, optimizer if optimizer is not None else [],
-        model_state_dict=state["model"], optim_state_dict=state.get("optim") or {},
+        model,
+        optimizer if optimizer is not None else [],
+        model_state_dict=state["model"],
+        optim_state_dict=state.get("optim") or {},
         options=StateDictOptions(strict=True),
     )
     rng_file = path / f"rng_rank{_rank()}.pt"

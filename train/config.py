@@ -22,11 +22,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from scalelab.errors import ConfigError
 from scalelab.models.config import ModelConfig
 from scalelab.parallel.config import ParallelConfig
 from scalelab.train.config_tree import apply_overrides, from_dict, load_yaml, to_dict
 from scalelab.train.data.config import DataConfig
+
+from scalelab.errors import ConfigError
 
 SCHEDULES = ("cosine", "wsd", "constant")
 
@@ -154,9 +155,29 @@ def padded_vocab_size(tokenizer_vocab: int, multiple: int = 64) -> int:
     return -(-tokenizer_vocab // multiple) * multiple
 
 
+def _merge_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    defaults = {
+        name: to_dict(f.default_factory())
+        for name, f in RunConfig.__dataclass_fields__.items()
+        if name not in ("model", "tags") and callable(getattr(f, "default_factory", None))
+    }
+    return _deep_merge(defaults, data)
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def build_run_config(data: dict[str, Any], overrides: list[str] | None = None) -> RunConfig:
     """Validate a plain dict (+ overrides) into a RunConfig; ConfigError names the bad key."""
-    data = apply_overrides(json.loads(json.dumps(data)), overrides or [])
+    # Overrides may index into defaults the YAML left out (data.sources.0.weight), so the
+    # overrides apply to the defaults merged with the given tree; the model section stays raw
+    # because a preset or target size is expanded after the overrides.
+    data = _merge_defaults(json.loads(json.dumps(data)))
+    data = apply_overrides(data, overrides or [])
     unknown_top = set(data) - {f for f in RunConfig.__dataclass_fields__}
     if unknown_top:
         from_dict(RunConfig, {k: data[k] for k in unknown_top} | {"model": {}})  # raises with a hint
@@ -190,47 +211,57 @@ def validate_run_config(cfg: RunConfig) -> None:
     tok_vocab = load_tokenizer(cfg.data.tokenizer).vocab_size
     if cfg.model.vocab_size < tok_vocab:
         raise ConfigError(
-            "model.vocab_size", f"{cfg.model.vocab_size} < tokenizer vocabulary {tok_vocab}",
+            "model.vocab_size",
+            f"{cfg.model.vocab_size} < tokenizer vocabulary {tok_vocab}",
             "remove model.vocab_size to take it from the tokenizer",
         )
     if cfg.data.seq_len > cfg.model.max_seq_len:
         raise ConfigError(
-            "data.seq_len", f"{cfg.data.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}",
+            "data.seq_len",
+            f"{cfg.data.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}",
             "lower data.seq_len or raise model.max_seq_len",
         )
     t, o, s = cfg.train, cfg.optim, cfg.schedule
     if t.global_batch_tokens < cfg.data.seq_len:
         raise ConfigError(
-            "train.global_batch_tokens", f"{t.global_batch_tokens} is smaller than one sequence "
-            f"(data.seq_len={cfg.data.seq_len})", "use a multiple of data.seq_len",
+            "train.global_batch_tokens",
+            f"{t.global_batch_tokens} is smaller than one sequence (data.seq_len={cfg.data.seq_len})",
+            "use a multiple of data.seq_len",
         )
     if t.num_tokens < cfg.tokens_per_step:
         raise ConfigError(
-            "train.num_tokens", f"{t.num_tokens} is less than one step ({cfg.tokens_per_step} tokens)",
+            "train.num_tokens",
+            f"{t.num_tokens} is less than one step ({cfg.tokens_per_step} tokens)",
             "raise train.num_tokens or lower train.global_batch_tokens",
         )
     dp = cfg.parallel.dp_replicate * cfg.parallel.dp_shard
     if cfg.global_batch_sequences % dp:
         raise ConfigError(
-            "train.global_batch_tokens", f"{cfg.global_batch_sequences} sequences do not split over "
-            f"{dp} data-parallel ranks", "make the sequence count a multiple of dp_replicate*dp_shard",
+            "train.global_batch_tokens",
+            f"{cfg.global_batch_sequences} sequences do not split over {dp} data-parallel ranks",
+            "make the sequence count a multiple of dp_replicate*dp_shard",
         )
     local = cfg.global_batch_sequences // dp
     if t.micro_batch_sequences < 0 or (t.micro_batch_sequences and local % t.micro_batch_sequences):
         raise ConfigError(
-            "train.micro_batch_sequences", f"{t.micro_batch_sequences} does not divide the "
-            f"{local} sequences per rank", "pick a divisor, or 0 for no accumulation",
+            "train.micro_batch_sequences",
+            f"{t.micro_batch_sequences} does not divide the {local} sequences per rank",
+            "pick a divisor, or 0 for no accumulation",
         )
     if t.device not in ("auto", "cpu", "cuda"):
         raise ConfigError("train.device", f"{t.device!r} unknown", "use auto, cpu or cuda")
     if t.dtype not in ("auto", "fp32", "bf16"):
         raise ConfigError("train.dtype", f"{t.dtype!r} unknown", "use auto, fp32 or bf16")
     if t.max_loss_spike and t.max_loss_spike <= 1:
-        raise ConfigError("train.max_loss_spike", f"{t.max_loss_spike} must be > 1", "e.g. 3.0, or 0 to disable")
+        raise ConfigError(
+            "train.max_loss_spike", f"{t.max_loss_spike} must be > 1", "e.g. 3.0, or 0 to disable"
+        )
     if o.lr <= 0:
         raise ConfigError("optim.lr", f"{o.lr} must be > 0", "e.g. 3e-4")
     if o.weight_decay < 0 or o.grad_clip < 0 or o.z_loss < 0:
-        raise ConfigError("optim", "weight_decay, grad_clip and z_loss must be >= 0", "fix the negative value")
+        raise ConfigError(
+            "optim", "weight_decay, grad_clip and z_loss must be >= 0", "fix the negative value"
+        )
     if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1):
         raise ConfigError("optim.beta1", "betas must lie in [0, 1)", "e.g. beta1=0.9, beta2=0.95")
     if s.name not in SCHEDULES:
@@ -239,13 +270,16 @@ def validate_run_config(cfg: RunConfig) -> None:
         raise ConfigError("schedule.decay_shape", f"{s.decay_shape!r} unknown", "use linear, sqrt or cosine")
     if not 0 <= s.warmup_fraction < 1 or not 0 < s.decay_fraction <= 1 or not 0 <= s.min_lr_ratio <= 1:
         raise ConfigError(
-            "schedule", "warmup_fraction in [0,1), decay_fraction in (0,1], min_lr_ratio in [0,1]",
+            "schedule",
+            "warmup_fraction in [0,1), decay_fraction in (0,1], min_lr_ratio in [0,1]",
             "fix the out-of-range value",
         )
     if cfg.warmup_tokens >= t.num_tokens:
         raise ConfigError("schedule.warmup_tokens", "warmup is as long as the run", "shorten the warmup")
     if cfg.logging.wandb not in ("offline", "disabled", "online"):
-        raise ConfigError("logging.wandb", f"{cfg.logging.wandb!r} unknown", "use offline, disabled or online")
+        raise ConfigError(
+            "logging.wandb", f"{cfg.logging.wandb!r} unknown", "use offline, disabled or online"
+        )
     if cfg.logging.progress not in ("auto", "on", "off"):
         raise ConfigError("logging.progress", f"{cfg.logging.progress!r} unknown", "use auto, on or off")
     for key in ("eval.interval_steps", "checkpoint.interval_steps", "checkpoint.keep_last"):
@@ -263,7 +297,17 @@ def config_hash(cfg: RunConfig, length: int = 12) -> str:
 
 
 __all__ = [
-    "CheckpointConfig", "EvalConfig", "LoggingConfig", "OptimConfig", "RunConfig", "ScheduleConfig",
-    "TrainLoopConfig", "build_run_config", "config_hash", "load_run_config", "padded_vocab_size",
-    "to_dict", "validate_run_config",
+    "CheckpointConfig",
+    "EvalConfig",
+    "LoggingConfig",
+    "OptimConfig",
+    "RunConfig",
+    "ScheduleConfig",
+    "TrainLoopConfig",
+    "build_run_config",
+    "config_hash",
+    "load_run_config",
+    "padded_vocab_size",
+    "to_dict",
+    "validate_run_config",
 ]

@@ -55,7 +55,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, tp):
             return value
         if not isinstance(value, dict):
-            raise ConfigError(key, f"expected a mapping for {tp.__name__}, got {value!r}", "write it as a section")
+            raise ConfigError(
+                key, f"expected a mapping for {tp.__name__}, got {value!r}", "write it as a section"
+            )
         return from_dict(tp, value, prefix=key)
     if origin is list:
         (item_tp,) = typing.get_args(tp) or (Any,)
@@ -125,7 +127,8 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, prefix: str = "") -> T:
             raise ConfigError(path, "unknown key", hint)
         kwargs[key] = _coerce(value, hints[key], path)
     missing = [
-        n for n, f in fields.items()
+        n
+        for n, f in fields.items()
         if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
     if missing:

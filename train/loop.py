@@ -15,6 +15,7 @@ run produces the same losses bit for bit as an uninterrupted one.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import sys
 import time
@@ -25,13 +26,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from scalelab.models.accounting import flops_per_token, num_params, num_params_nonembedding
 from scalelab.models.llama import build_model
 from scalelab.models.loss import lm_loss
 from scalelab.train import checkpoint as ckpt
 from scalelab.train.config import RunConfig, config_hash, to_dict
-from scalelab.train.data.sampler import build_data, validation_batches
+from scalelab.train.data.bundle import build_data
 from scalelab.train.evaluate import _autocast, evaluate_sources
 from scalelab.train.optim import build_optimizer, set_lr
 from scalelab.train.records import RecordWriter, atomic_write_json, read_status, write_status
@@ -39,6 +39,10 @@ from scalelab.train.runtime import Runtime, make_runtime
 from scalelab.train.schedule import schedule_for
 
 Callback = Callable[[str, dict[str, Any]], None]
+
+# Fault-injection tests (SIGKILL mid-run, driver kill) need runs slow enough to be caught between
+# steps; this sleeps after every step. Unset (0) in normal use.
+_STEP_DELAY_ENV = "SCALELAB_TEST_STEP_DELAY_S"
 
 
 class Diverged(RuntimeError):
@@ -51,8 +55,9 @@ def run_summary_fields(cfg: RunConfig) -> dict[str, Any]:
     return dict(
         params=num_params(cfg.model),
         params_nonembed=num_params_nonembedding(cfg.model),
-        flops_per_token_6n=float(fpt["approx_6n"]),
-        flops_per_token_exact=float(fpt["exact"]),
+        flops_per_token_6n=fpt.six_n,
+        # exact: every matmul (output layer included) plus causal attention (half the T x T scores)
+        flops_per_token_exact=fpt.exact_causal,
         num_steps=cfg.num_steps,
         tokens_per_step=cfg.tokens_per_step,
         num_tokens=cfg.num_steps * cfg.tokens_per_step,
@@ -124,15 +129,14 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
     model = _parallelize(model, cfg, runtime)
     optimizer = build_optimizer(model, cfg.optim, runtime.device.type)
     lr_of = schedule_for(cfg)
-    data = build_data(cfg.data, seed=seed, dp_rank=runtime.dp_rank, dp_size=runtime.dp_size)
+    data = build_data(
+        cfg.data,
+        seed=seed,
+        dp_rank=runtime.dp_rank,
+        dp_size=runtime.dp_size,
+        val_batch_size=cfg.eval.val_batch_sequences,
+    )
     data.sampler.check_budget(cfg.num_steps * cfg.tokens_per_step)
-    val_sets = {
-        src.name: (
-            validation_batches(src, cfg.data.seq_len, cfg.data.val_sequences, cfg.eval.val_batch_sequences),
-            src.bytes_per_token("val"),
-        )
-        for src in data.sources
-    }
     static = run_summary_fields(cfg)
     flops_per_step = static["flops_per_token_6n"] * cfg.tokens_per_step
 
@@ -145,7 +149,9 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
         state = ckpt.load_checkpoint(source, model, optimizer)
         data.sampler.load_state_dict(state["sampler"])
         start_step = int(state["step"])
-    writer = RecordWriter(run_dir, resume_step=start_step if resume_from else None) if runtime.is_rank0 else None
+    writer = (
+        RecordWriter(run_dir, resume_step=start_step if resume_from else None) if runtime.is_rank0 else None
+    )
     if writer is not None and init_from and not resume_from:
         writer.metrics = _prefix_rows(Path(init_from), start_step)
     best_loss = float(state.get("best_loss", math.inf))
@@ -154,8 +160,12 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
     if runtime.is_rank0:
         prev = read_status(run_dir) or {}
         write_status(
-            run_dir, "running", run_id=config_hash(cfg), started_steps=start_step,
-            attempts=int(prev.get("attempts", 0)) + 1, **static,
+            run_dir,
+            "running",
+            run_id=config_hash(cfg),
+            started_steps=start_step,
+            attempts=int(prev.get("attempts", 0)) + 1,
+            **static,
         )
     logger = _open_wandb(cfg, run_dir, runtime)
     bar = _progress(cfg, runtime, start_step)
@@ -165,6 +175,7 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
     num_micro = local_sequences // micro
     model.train()
     step = start_step
+    step_delay = float(os.environ.get(_STEP_DELAY_ENV, "0") or 0)
     t_last = time.perf_counter()
     for step in range(start_step + 1, cfg.num_steps + 1):
         tokens_before = (step - 1) * cfg.tokens_per_step
@@ -172,12 +183,17 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
         set_lr(optimizer, lr)
         batch = data.sampler.next_batch(cfg.global_batch_sequences).to(runtime.device, non_blocking=True)
         loss_sum = torch.zeros((), device=runtime.device)
+        fwd_bwd = runtime.extra.get("forward_backward")  # set by scalelab.parallel for multi-process layouts
         for chunk in batch.split(micro):
+            if fwd_bwd is not None:  # backward included; returns the detached cross-entropy
+                with _autocast(runtime):
+                    loss_sum += fwd_bwd(chunk[:, :-1], chunk[:, 1:], 1.0 / num_micro)
+                continue
             with _autocast(runtime):
-                loss, _ = lm_loss(model, chunk[:, :-1], chunk[:, 1:], z_loss=cfg.optim.z_loss)
+                loss, parts = lm_loss(model, chunk[:, :-1], chunk[:, 1:], z_loss=cfg.optim.z_loss)
             (loss / num_micro).backward()
-            loss_sum += loss.detach().float()
-        grad_norm = _clip(model, cfg.optim.grad_clip)
+            loss_sum += parts["ce"]  # report cross-entropy alone, without the z-loss term
+        grad_norm = runtime.extra.get("clip_grad_norm", _clip)(model, cfg.optim.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss_val = _dp_mean(loss_sum / num_micro)
@@ -186,8 +202,13 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
         tps = cfg.tokens_per_step / max(now - t_last, 1e-9)
         t_last = now
         row = dict(
-            step=step, tokens=tokens, flops=flops_per_step * step, loss=loss_val, lr=lr,
-            grad_norm=grad_norm, tokens_per_s=tps,
+            step=step,
+            tokens=tokens,
+            flops=flops_per_step * step,
+            loss=loss_val,
+            lr=lr,
+            grad_norm=grad_norm,
+            tokens_per_s=tps,
         )
         _check_divergence(loss_val, best_loss, tokens_before, cfg)
         best_loss = min(best_loss, loss_val)
@@ -195,14 +216,24 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
             writer.log_metrics(row)
             _emit(callbacks, "step", row)
             if logger is not None:
-                logger.log({"train/loss": loss_val, "train/lr": lr, "train/grad_norm": grad_norm,
-                            "perf/tokens_per_s": tps, "tokens": tokens}, step=step)
+                logger.log(
+                    {
+                        "train/loss": loss_val,
+                        "train/lr": lr,
+                        "train/grad_norm": grad_norm,
+                        "perf/tokens_per_s": tps,
+                        "tokens": tokens,
+                    },
+                    step=step,
+                )
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss_val:.3f}", tok_s=f"{tps:,.0f}")
         last = step == cfg.num_steps
         if last or (cfg.eval.interval_steps and step % cfg.eval.interval_steps == 0):
-            rows = evaluate_sources(model, val_sets, _loss_fn(cfg), runtime)
+            rows = evaluate_sources(
+                model, data.val_sets, runtime.extra.get("loss_fn") or _loss_fn(cfg), runtime
+            )
             if writer is not None:
                 for r in rows:
                     writer.log_eval(dict(r, step=step, tokens=tokens, flops=flops_per_step * step))
@@ -211,14 +242,31 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
                     logger.log({f"{r['task']}/{r['metric']}": r["value"] for r in rows}, step=step)
         if writer is not None and (last or step % max(cfg.logging.interval_steps, 10) == 0):
             writer.flush()
-        if (last and cfg.checkpoint.final) or (cfg.checkpoint.interval_steps and step % cfg.checkpoint.interval_steps == 0):
-            train_state = {"step": step, "tokens": tokens, "sampler": data.sampler.state_dict(),
-                           "best_loss": best_loss, "run_id": config_hash(cfg)}
-            path = ckpt.save_checkpoint(run_dir / "checkpoints", step, model, optimizer, train_state,
-                                        keep_last=cfg.checkpoint.keep_last)
+        if (last and cfg.checkpoint.final) or (
+            cfg.checkpoint.interval_steps and step % cfg.checkpoint.interval_steps == 0
+        ):
             if writer is not None:
-                writer.flush()  # records on disk always cover the checkpoint they belong to
-                _emit(callbacks, "checkpoint", {"step": step, "path": str(path)})
+                # Records first: once checkpoint k exists on disk, the records cover step k, so a
+                # kill at any instant never leaves a checkpoint whose records were not written.
+                writer.flush()
+            train_state = {
+                "step": step,
+                "tokens": tokens,
+                "sampler": data.sampler.state_dict(),
+                "best_loss": best_loss,
+                "run_id": config_hash(cfg),
+            }
+            path = ckpt.save_checkpoint(
+                run_dir / "checkpoints",
+                step,
+                model,
+                optimizer,
+                train_state,
+                keep_last=cfg.checkpoint.keep_last,
+            )
+            _emit(callbacks if writer is not None else [], "checkpoint", {"step": step, "path": str(path)})
+        if step_delay:
+            time.sleep(step_delay)
         if stop_after_steps is not None and step - first_step_of_session >= stop_after_steps and not last:
             if writer is not None:
                 writer.flush()
@@ -237,6 +285,7 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
 
 
 def _loss_fn(cfg):
+    """Validation loss: plain cross-entropy (no z-loss), whatever the training objective."""
     return lambda model, inputs, targets: lm_loss(model, inputs, targets, z_loss=0.0)
 
 
@@ -273,12 +322,16 @@ def _prefix_rows(src_ckpt: Path, max_step: int) -> list[dict]:
 
 def _summary(cfg, run_dir: Path, writer: RecordWriter, static: dict, best_loss: float) -> dict[str, Any]:
     losses = [m["loss"] for m in writer.metrics]
-    tail = losses[-max(1, len(losses) // 20):]  # mean of the last 5% of steps: less noisy than the last
+    tail = losses[-max(1, len(losses) // 20) :]  # mean of the last 5% of steps: less noisy than the last
     vals = [e for e in writer.evals if e["task"] == "val" and e["metric"] == "loss"]
     bpbs = [e for e in writer.evals if e["task"] == "val" and e["metric"] == "bpb"]
     return dict(
-        static, run_id=config_hash(cfg), final_train_loss=sum(tail) / len(tail), best_train_loss=best_loss,
-        final_val_loss=vals[-1]["value"] if vals else None, best_val_loss=min(v["value"] for v in vals) if vals else None,
+        static,
+        run_id=config_hash(cfg),
+        final_train_loss=sum(tail) / len(tail),
+        best_train_loss=best_loss,
+        final_val_loss=vals[-1]["value"] if vals else None,
+        best_val_loss=min(v["value"] for v in vals) if vals else None,
         final_val_bpb=bpbs[-1]["value"] if bpbs else None,
         flops_6n=static["flops_per_token_6n"] * static["num_tokens"],
         flops_exact=static["flops_per_token_exact"] * static["num_tokens"],
@@ -316,8 +369,14 @@ def _open_wandb(cfg, run_dir: Path, runtime: Runtime):
     import wandb
 
     run = wandb.init(
-        project=cfg.logging.wandb_project, name=cfg.name, id=config_hash(cfg), resume="allow",
-        mode=cfg.logging.wandb, dir=str(run_dir), config=to_dict(cfg), reinit="finish_previous",
+        project=cfg.logging.wandb_project,
+        name=cfg.name,
+        id=config_hash(cfg),
+        resume="allow",
+        mode=cfg.logging.wandb,
+        dir=str(run_dir),
+        config=to_dict(cfg),
+        reinit="finish_previous",
         settings=wandb.Settings(silent=True, console="off"),
     )
     return _Wandb(run)

@@ -23,12 +23,22 @@ import polars as pl
 STATUSES = ("pending", "running", "done", "failed", "diverged")
 
 METRICS_SCHEMA = {
-    "step": pl.Int64, "tokens": pl.Int64, "flops": pl.Float64, "loss": pl.Float64, "lr": pl.Float64,
-    "grad_norm": pl.Float64, "tokens_per_s": pl.Float64,
+    "step": pl.Int64,
+    "tokens": pl.Int64,
+    "flops": pl.Float64,
+    "loss": pl.Float64,
+    "lr": pl.Float64,
+    "grad_norm": pl.Float64,
+    "tokens_per_s": pl.Float64,
 }
 EVALS_SCHEMA = {
-    "step": pl.Int64, "tokens": pl.Int64, "flops": pl.Float64, "task": pl.Utf8, "metric": pl.Utf8,
-    "value": pl.Float64, "stderr": pl.Float64,
+    "step": pl.Int64,
+    "tokens": pl.Int64,
+    "flops": pl.Float64,
+    "task": pl.Utf8,
+    "metric": pl.Utf8,
+    "value": pl.Float64,
+    "stderr": pl.Float64,
 }
 
 
@@ -102,7 +112,9 @@ class RecordWriter:
         self.evals.append({k: row.get(k) for k in EVALS_SCHEMA})
 
     def flush(self) -> None:
-        atomic_write_parquet(self.run_dir / "metrics.parquet", pl.DataFrame(self.metrics, schema=METRICS_SCHEMA))
+        atomic_write_parquet(
+            self.run_dir / "metrics.parquet", pl.DataFrame(self.metrics, schema=METRICS_SCHEMA)
+        )
         atomic_write_parquet(self.run_dir / "evals.parquet", pl.DataFrame(self.evals, schema=EVALS_SCHEMA))
 
 

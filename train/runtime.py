@@ -56,6 +56,9 @@ def make_runtime(cfg) -> Runtime:
         torch.set_num_threads(cfg.train.num_threads)
     if dist.is_available() and dist.is_initialized():
         return Runtime(
-            device=device, autocast_dtype=autocast, rank=dist.get_rank(), world_size=dist.get_world_size(),
+            device=device,
+            autocast_dtype=autocast,
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
         )
     return Runtime(device=device, autocast_dtype=autocast)

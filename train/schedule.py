@@ -55,8 +55,12 @@ def schedule_for(cfg) -> callable:
     """lr(tokens) for a RunConfig."""
     s = cfg.schedule
     kw = dict(
-        name=s.name, peak_lr=cfg.optim.lr, total_tokens=cfg.num_steps * cfg.tokens_per_step,
-        warmup_tokens=cfg.warmup_tokens, decay_fraction=s.decay_fraction, decay_shape=s.decay_shape,
+        name=s.name,
+        peak_lr=cfg.optim.lr,
+        total_tokens=cfg.num_steps * cfg.tokens_per_step,
+        warmup_tokens=cfg.warmup_tokens,
+        decay_fraction=s.decay_fraction,
+        decay_shape=s.decay_shape,
         min_lr_ratio=s.min_lr_ratio,
     )
     return lambda tokens: lr_at(tokens, **kw)
