@@ -26,6 +26,8 @@ class ParallelConfig:
     compile: bool = False  # torch.compile each block
     fsdp_reshard_after_forward: bool = True  # False = ZeRO-2 (keep params gathered until backward)
     backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
+    # FSDP2 mixed precision: auto = bf16 params/compute with fp32 gradient reduce on GPU, fp32 on CPU
+    mixed_precision: str = "auto"  # auto | fp32 | bf16
 
     @property
     def world_size(self) -> int:

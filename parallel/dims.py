@@ -1,0 +1,271 @@
+"""ParallelDims: the arithmetic of one layout, checked against the world and the model, and its mesh.
+
+    dims = ParallelDims.from_config(cfg.parallel, world_size=4, model=cfg.model, seq_len=256)
+    mesh = dims.build_mesh("cpu")          # named axes: pp, dp_replicate, dp_shard, cp, tp
+    mesh["tp"], dims.dp_mesh(mesh)         # sub-meshes used by the parallelize steps
+
+Vocabulary (torchtitan's): a mesh *axis* (pp, dp_replicate, dp_shard, cp, tp) vs a tensor *dim*.
+The mesh is laid out outer→inner as pp × dp_replicate × dp_shard × cp × tp, so tensor-parallel
+ranks are adjacent (fastest interconnect) and pipeline stages are the outermost split.
+Every check raises `ConfigError("parallel.<key>", problem, fix)` before any process is started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scalelab.errors import ConfigError
+
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outer → inner
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+AC_MODES = ("none", "full", "selective")
+BACKENDS = ("auto", "gloo", "nccl")
+MIXED_PRECISION = ("auto", "fp32", "bf16")
+
+
+def stages_per_rank(schedule: str) -> int:
+    """Model chunks held by one pipeline rank: 2 for interleaved / V-shaped schedules, else 1."""
+    return 2 if schedule in ("interleaved-1f1b", "zero-bubble") else 1
+
+
+@dataclass(kw_only=True, slots=True)
+class ParallelDims:
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+
+    @classmethod
+    def from_config(
+        cls,
+        pcfg,
+        world_size: int | None = None,
+        model=None,
+        seq_len: int | None = None,
+        global_batch_sequences: int | None = None,
+        micro_batch_sequences: int = 0,
+    ) -> ParallelDims:
+        """Validated dims for a `ParallelConfig` (and optionally the world, model and batch)."""
+        dims = cls(
+            dp_replicate=pcfg.dp_replicate, dp_shard=pcfg.dp_shard, tp=pcfg.tp, pp=pcfg.pp, cp=pcfg.cp, ep=pcfg.ep
+        )
+        dims.validate(world_size)
+        validate_options(pcfg)
+        if model is not None:
+            dims.validate_model(model, pcfg, seq_len=seq_len)
+        if global_batch_sequences is not None:
+            dims.validate_batch(global_batch_sequences, pcfg, micro_batch_sequences)
+        dims.check_supported()
+        return dims
+
+    # --- arithmetic ---------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp * self.pp * self.cp
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel degree: how many different slices of the global batch are processed."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_size(self) -> int:
+        """Ranks a parameter is sharded over by FSDP (dp_shard × cp, as in torchtitan)."""
+        return self.dp_shard * self.cp
+
+    def validate(self, world_size: int | None = None) -> None:
+        for key in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"parallel.{key}", f"{value!r} must be an integer >= 1", "use 1 to disable it")
+        if world_size is not None and self.world_size != world_size:
+            raise ConfigError(
+                "parallel",
+                f"dp_replicate*dp_shard*tp*pp*cp = {self.dp_replicate}*{self.dp_shard}*{self.tp}*"
+                f"{self.pp}*{self.cp} = {self.world_size} but the world has {world_size} processes",
+                f"make the product equal {world_size} (e.g. raise dp_shard) or start {self.world_size} processes",
+            )
+        if self.ep > 1 and (self.dp_shard * self.cp) % self.ep:
+            raise ConfigError(
+                "parallel.ep",
+                f"{self.ep} does not divide dp_shard*cp = {self.dp_shard * self.cp}",
+                "pick ep dividing dp_shard*cp",
+            )
+
+    def validate_model(self, model, pcfg=None, seq_len: int | None = None) -> None:
+        """Shape rules: heads and kv-heads by tp, vocab/ffn by tp, layers by pp stages, seq by cp."""
+        tp = self.tp
+        if tp > 1:
+            for key in ("num_heads", "num_kv_heads"):
+                n = getattr(model, key)
+                if n % tp:
+                    raise ConfigError(
+                        "parallel.tp",
+                        f"{tp} does not divide model.{key}={n}",
+                        f"pick tp from the divisors of {key} ({_divisors(n)})",
+                    )
+            for key in ("d_ff", "vocab_size", "d_model"):
+                n = getattr(model, key)
+                if n % tp:
+                    raise ConfigError(
+                        "parallel.tp",
+                        f"{tp} does not divide model.{key}={n}",
+                        f"pick tp from the divisors of {key} ({_divisors(n)[:8]}...) or pad model.{key}",
+                    )
+            if getattr(model, "tied_embeddings", False):
+                raise ConfigError(
+                    "parallel.tp",
+                    "tensor parallel with tied_embeddings is not supported (the embedding is "
+                    "row-sharded, the output column-sharded)",
+                    "set model.tied_embeddings=false or tp=1",
+                )
+        if self.pp > 1:
+            schedule = getattr(pcfg, "pp_schedule", "1f1b") if pcfg is not None else "1f1b"
+            num_stages = self.pp * stages_per_rank(schedule)
+            if num_stages > model.num_layers:
+                raise ConfigError(
+                    "parallel.pp",
+                    f"{num_stages} pipeline stages (pp={self.pp} × {stages_per_rank(schedule)} per "
+                    f"rank for {schedule}) exceed model.num_layers={model.num_layers}",
+                    f"use pp <= {model.num_layers // stages_per_rank(schedule)} or more layers",
+                )
+            if getattr(model, "tied_embeddings", False):
+                raise ConfigError(
+                    "parallel.pp",
+                    "pipeline parallel with tied_embeddings is not supported (first and last "
+                    "stage would share a matrix)",
+                    "set model.tied_embeddings=false or pp=1",
+                )
+        if self.cp > 1 and seq_len is not None and seq_len % (2 * self.cp):
+            raise ConfigError(
+                "parallel.cp",
+                f"data.seq_len={seq_len} is not divisible by 2*cp={2 * self.cp}",
+                "choose seq_len as a multiple of 2*cp (load-balanced causal chunks)",
+            )
+
+    def validate_batch(self, global_batch_sequences: int, pcfg, micro_batch_sequences: int = 0) -> None:
+        """The global batch splits over dp ranks, and each rank's share over pipeline micro-batches."""
+        if global_batch_sequences % self.dp_size:
+            raise ConfigError(
+                "train.global_batch_tokens",
+                f"{global_batch_sequences} sequences do not split over {self.dp_size} data-parallel ranks",
+                "make the sequence count a multiple of dp_replicate*dp_shard",
+            )
+        if self.pp > 1:
+            local = global_batch_sequences // self.dp_size
+            if micro_batch_sequences:
+                local = micro_batch_sequences  # each loop micro-batch is one pipeline step
+            micro = num_microbatches(pcfg, self.pp)
+            if local % micro:
+                raise ConfigError(
+                    "parallel.pp_microbatches",
+                    f"{micro} pipeline micro-batches do not divide the {local} "
+                    "sequences of one step on a data-parallel rank",
+                    "pick pp_microbatches dividing them (or change train.global_batch_tokens)",
+                )
+
+    def check_supported(self) -> None:
+        """Axes that the arithmetic allows but this build of parallelize() does not apply."""
+        if self.cp > 1:
+            raise ConfigError(
+                "parallel.cp",
+                "context parallel is not implemented for dense models yet",
+                "set parallel.cp=1 (shard the batch with dp_shard instead)",
+            )
+        if self.ep > 1:
+            raise ConfigError(
+                "parallel.ep",
+                "expert parallel needs an MoE model; the dense family has no experts",
+                "set parallel.ep=1",
+            )
+
+    # --- mesh ---------------------------------------------------------------------------------
+    def mesh_shape(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The named axes with size > 1 (outer → inner); a 1-process layout gets ('dp_shard',)."""
+        sizes = {
+            "pp": self.pp,
+            "dp_replicate": self.dp_replicate,
+            "dp_shard": self.dp_shard,
+            "cp": self.cp,
+            "tp": self.tp,
+        }
+        # DDP is HSDP with a dp_shard axis of size 1, so dp_shard is kept whenever dp_replicate is.
+        keep = {a for a in AXES if sizes[a] > 1} | ({"dp_shard"} if self.dp_replicate > 1 else set())
+        names = tuple(a for a in AXES if a in keep) or ("dp_shard",)
+        return names, tuple(sizes[a] for a in names)
+
+    def build_mesh(self, device_type: str):
+        """The DeviceMesh over the default process group, with flattened 'dp' / 'dp_cp' views."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names, shape = self.mesh_shape()
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        dp_axes = tuple(a for a in ("dp_replicate", "dp_shard") if a in names)
+        if len(dp_axes) > 1:
+            mesh[dp_axes]._flatten("dp")  # the data loader's split and the loss average
+        shard_axes = tuple(a for a in ("dp_shard", "cp") if a in names)
+        if len(shard_axes) > 1:
+            mesh[shard_axes]._flatten("dp_shard_cp")
+        return mesh
+
+    def has(self, axis: str) -> bool:
+        return getattr(self, axis) > 1
+
+    def dp_coords(self, mesh) -> tuple[int, int]:
+        """(dp_rank, dp_size) of this process: which slice of the global batch it consumes."""
+        names = mesh.mesh_dim_names or ()
+        rank, size = 0, 1
+        for axis in ("dp_replicate", "dp_shard"):  # row-major over the two dp axes
+            if axis in names:
+                rank = rank * mesh[axis].size() + mesh[axis].get_local_rank()
+                size *= mesh[axis].size()
+        return rank, size
+
+
+def num_microbatches(pcfg, pp: int) -> int:
+    """Pipeline micro-batches per step: the config's value, or 2 × the number of stages."""
+    if pcfg.pp_microbatches:
+        return pcfg.pp_microbatches
+    return 2 * pp * stages_per_rank(pcfg.pp_schedule)
+
+
+def validate_options(pcfg) -> None:
+    """The non-numeric parallel options (schedule, AC mode, backend, precision)."""
+    if pcfg.pp_schedule not in PP_SCHEDULES:
+        raise ConfigError(
+            "parallel.pp_schedule", f"{pcfg.pp_schedule!r} unknown", f"use one of {', '.join(PP_SCHEDULES)}"
+        )
+    if pcfg.activation_checkpoint not in AC_MODES:
+        raise ConfigError(
+            "parallel.activation_checkpoint",
+            f"{pcfg.activation_checkpoint!r} unknown",
+            f"use one of {', '.join(AC_MODES)}",
+        )
+    if pcfg.backend not in BACKENDS:
+        raise ConfigError("parallel.backend", f"{pcfg.backend!r} unknown", f"use one of {', '.join(BACKENDS)}")
+    if pcfg.mixed_precision not in MIXED_PRECISION:
+        raise ConfigError(
+            "parallel.mixed_precision", f"{pcfg.mixed_precision!r} unknown", f"use one of {', '.join(MIXED_PRECISION)}"
+        )
+    if pcfg.pp_microbatches < 0:
+        raise ConfigError("parallel.pp_microbatches", f"{pcfg.pp_microbatches} must be >= 0", "use 0 for 2 × stages")
+    if pcfg.pp > 1 and pcfg.pp_microbatches and pcfg.pp_schedule != "gpipe":
+        stages = pcfg.pp * stages_per_rank(pcfg.pp_schedule)
+        if pcfg.pp_schedule in ("interleaved-1f1b",) and pcfg.pp_microbatches % pcfg.pp:
+            raise ConfigError(
+                "parallel.pp_microbatches",
+                f"{pcfg.pp_microbatches} is not a multiple of pp={pcfg.pp}",
+                "interleaved 1F1B needs micro-batches in multiples of pp",
+            )
+        if pcfg.pp_microbatches < pcfg.pp:
+            raise ConfigError(
+                "parallel.pp_microbatches",
+                f"{pcfg.pp_microbatches} < pp={pcfg.pp} ({stages} stages)",
+                f"use at least {pcfg.pp} micro-batches (or 0 for the default)",
+            )
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

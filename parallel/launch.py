@@ -1,0 +1,115 @@
+"""Start the processes of one multi-process job on this machine (torchrun-compatible environment).
+
+    launch_local(cfg, run_dir, resume)   # `scalelab run` with a parallel: section: N processes, rank 0 records
+    spawn(fn, world_size, args)          # run fn(*args) on N fresh processes with a process group
+    ray_train_fn({"config": ..., "run_dir": ...})   # the same train function inside a Ray Train worker
+
+Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (a
+free port) exactly as torchrun sets them, so `torchrun -m scalelab.parallel.launch` style entry
+points and this launcher run the same code. gloo on CPU (one intra-op thread per process: more
+oversubscribes the cores), NCCL on GPU (one device per local rank).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+from scalelab.parallel.backend import destroy_distributed, init_distributed
+
+
+def free_port() -> int:
+    """A TCP port that is free right now (bind to port 0 and read it back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: tuple) -> None:
+    os.environ.update(
+        RANK=str(local_rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    if not use_cuda:
+        torch.set_num_threads(1)
+    init_distributed(backend, device="cuda" if use_cuda else "cpu")
+    try:
+        fn(*args)
+    finally:
+        destroy_distributed()
+
+
+def spawn(fn, world_size: int, args: tuple = (), backend: str = "auto") -> None:
+    """Run `fn(*args)` in `world_size` new processes joined in one process group; raise if any fails."""
+    if torch.cuda.is_available() and backend != "gloo" and world_size > torch.cuda.device_count():
+        from scalelab.errors import UsageError
+
+        raise UsageError(
+            f"the layout needs {world_size} processes but only {torch.cuda.device_count()} GPUs "
+            "are visible; use a smaller layout or parallel.backend=gloo"
+        )
+    mp.start_processes(
+        _entry, args=(fn, world_size, free_port(), backend, args), nprocs=world_size, join=True, start_method="spawn"
+    )
+
+
+def check_layout(cfg) -> None:
+    """Validate cfg.parallel against its own world, the model and the batch (ConfigError, exit 2)."""
+    from scalelab.parallel.dims import ParallelDims
+
+    ParallelDims.from_config(
+        cfg.parallel,
+        world_size=cfg.parallel.world_size,
+        model=cfg.model,
+        seq_len=cfg.data.seq_len,
+        global_batch_sequences=cfg.global_batch_sequences,
+        micro_batch_sequences=cfg.train.micro_batch_sequences,
+    )
+
+
+def _train_worker(cfg, run_dir: str, resume: bool) -> None:
+    from scalelab.train.loop import train_run
+
+    train_run(cfg, run_dir, resume=resume)
+
+
+def launch_local(cfg, out_dir: str | Path, resume: bool = False) -> int:
+    """Train `cfg` with cfg.parallel.world_size processes on this machine; exit code 0 when done."""
+    check_layout(cfg)  # before any process starts
+    spawn(_train_worker, cfg.parallel.world_size, (cfg, str(out_dir), resume), backend=cfg.parallel.backend)
+    from scalelab.train.records import read_status
+
+    status = read_status(Path(out_dir)) or {}
+    state = status.get("status")
+    if state == "done":
+        loss = status.get("final_train_loss")
+        print(f"done  world={cfg.parallel.world_size}  train_loss={loss:.4f}  -> {out_dir}")
+        return 0
+    print(f"run {state}: {status.get('reason') or status.get('error', '')}  ({out_dir})")
+    return 1
+
+
+def ray_train_fn(config: dict[str, Any]) -> None:
+    """Entry point for a Ray Train `TorchTrainer` worker: {"config": RunConfig dict, "run_dir", "resume"}.
+
+    Ray has already created the process group; the same `train_run` as everywhere else runs,
+    and rank 0 writes the records.
+    """
+    from scalelab.train.config import build_run_config
+    from scalelab.train.loop import train_run
+
+    cfg = config["config"]
+    if isinstance(cfg, dict):
+        cfg = build_run_config(cfg)
+    if cfg.parallel.world_size > 1:
+        init_distributed(cfg.parallel.backend)  # no-op when Ray already initialised it
+    train_run(cfg, config["run_dir"], resume=bool(config.get("resume", False)))

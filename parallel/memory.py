@@ -1,0 +1,165 @@
+"""Per-rank memory accounting for parameters, gradients and optimizer state under a layout.
+
+    expected = expected_memory(model_cfg, dims, pcfg, coords, optimizer="adamw", seq_len=T)
+    measured = measured_memory(model, optimizer)        # what this rank's tensors actually hold
+    expected == measured                                  # exact, in bytes (tests check it)
+
+The rules (fp32 state; FSDP2 keeps its sharded parameters in fp32 even under bf16 compute):
+  - pipeline: a rank holds only its stages' blocks (+ embedding on stage 0, norm/output on the last);
+  - tensor parallel: wq/wk/wv/w1/w3 and `output` split dim 0 by tp, wo/w2 split dim 1, the
+    embedding splits its rows (vocabulary); norms are replicated;
+  - FSDP2: then dim 0 of that local tensor is split over dp_shard like torch.chunk (ceil-size
+    chunks, the last ones shorter or empty); dp_replicate copies do not shrink anything;
+  - gradients after backward have exactly the parameters' local shapes;
+  - AdamW: exp_avg + exp_avg_sq (parameter-sized) + one fp32 `step` scalar per parameter tensor;
+    SGD without momentum keeps nothing.
+Counts are of the tensors a rank sees (DTensor local shards); FSDP2's communication buffers and
+the transient gathered parameters of forward/backward are not state and are not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from scalelab.parallel.dims import stages_per_rank
+from torch.distributed.tensor import DTensor
+
+_COLWISE = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3")
+_ROWWISE = ("attention.wo", "feed_forward.w2")
+_FP32_BYTES = 4
+
+
+@dataclass(kw_only=True, slots=True)
+class MemoryReport:
+    param_bytes: int
+    grad_bytes: int
+    optim_bytes: int
+    num_param_tensors: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optim_bytes
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def full_param_shapes(model_cfg) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the single-device model with its full shape (single-device names)."""
+    d, v, f, hd = model_cfg.d_model, model_cfg.vocab_size, model_cfg.d_ff, model_cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (v, d)}
+    for i in range(model_cfg.num_layers):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "attention_norm.weight": (d,),
+            p + "attention.wq.weight": (model_cfg.num_heads * hd, d),
+            p + "attention.wk.weight": (model_cfg.num_kv_heads * hd, d),
+            p + "attention.wv.weight": (model_cfg.num_kv_heads * hd, d),
+            p + "attention.wo.weight": (d, model_cfg.num_heads * hd),
+            p + "ffn_norm.weight": (d,),
+            p + "feed_forward.w1.weight": (f, d),
+            p + "feed_forward.w2.weight": (d, f),
+            p + "feed_forward.w3.weight": (f, d),
+        }
+        if model_cfg.qk_norm:
+            shapes |= {p + "attention.q_norm.weight": (hd,), p + "attention.k_norm.weight": (hd,)}
+    shapes["norm.weight"] = (d,)
+    if not model_cfg.tied_embeddings:
+        shapes["output.weight"] = (v, d)
+    return shapes
+
+
+def _chunk_len(n: int, parts: int, index: int) -> int:
+    """Length of torch.chunk(range(n), parts)[index] (0 when that chunk does not exist)."""
+    size = -(-n // parts)
+    return max(0, min(size, n - index * size))
+
+
+def local_shape(name: str, shape: tuple[int, ...], dims, coords: dict[str, int]) -> tuple[int, ...]:
+    """The shape of parameter `name` on the rank at mesh coordinates `coords` (axis -> local rank)."""
+    shape = list(shape)
+    if dims.tp > 1:
+        module = name.rsplit(".", 1)[0]
+        if module.endswith(_COLWISE) or module in ("output", "tok_embeddings"):
+            shape[0] //= dims.tp
+        elif module.endswith(_ROWWISE):
+            shape[1] //= dims.tp
+    if dims.dp_shard > 1:
+        shape[0] = _chunk_len(shape[0], dims.dp_shard, coords.get("dp_shard", 0))
+    return tuple(shape)
+
+
+def params_on_pp_rank(model_cfg, dims, pcfg, pp_rank: int, seq_len: int) -> list[str]:
+    """Names of the parameters held by pipeline rank `pp_rank` (all of them without pp)."""
+    names = list(full_param_shapes(model_cfg))
+    if dims.pp == 1:
+        return names
+    from scalelab.parallel.pipeline import layer_costs, split_layers, stage_ids_for_rank
+
+    num_stages = dims.pp * stages_per_rank(pcfg.pp_schedule)
+    costs, first, last = layer_costs(model_cfg, seq_len)
+    layers_of_stage = split_layers(costs, num_stages, first, last)
+    mine = stage_ids_for_rank(pp_rank, dims.pp, pcfg.pp_schedule)
+    keep_layers = {str(i) for s in mine for i in layers_of_stage[s]}
+    out = []
+    for n in names:
+        if n.startswith("layers."):
+            if n.split(".")[1] in keep_layers:
+                out.append(n)
+        elif n.startswith("tok_embeddings."):
+            if 0 in mine:
+                out.append(n)
+        elif num_stages - 1 in mine:
+            out.append(n)
+    return out
+
+
+def expected_memory(model_cfg, dims, pcfg, coords: dict[str, int], *, optimizer: str, seq_len: int) -> MemoryReport:
+    """Bytes of parameters, gradients and optimizer state on the rank at `coords` (see module doc)."""
+    shapes = full_param_shapes(model_cfg)
+    names = params_on_pp_rank(model_cfg, dims, pcfg, coords.get("pp", 0), seq_len)
+    numel = 0
+    for n in names:
+        count = 1
+        for s in local_shape(n, shapes[n], dims, coords):
+            count *= s
+        numel += count
+    param_bytes = numel * _FP32_BYTES
+    if optimizer == "adamw":
+        optim_bytes = 2 * param_bytes + len(names) * _FP32_BYTES
+    elif optimizer == "sgd":
+        optim_bytes = 0
+    else:
+        raise ValueError(f"unknown optimizer {optimizer!r}; use adamw or sgd")
+    return MemoryReport(
+        param_bytes=param_bytes, grad_bytes=param_bytes, optim_bytes=optim_bytes, num_param_tensors=len(names)
+    )
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    t = _local(t)
+    return t.numel() * t.element_size()
+
+
+def measured_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> MemoryReport:
+    """Bytes this rank's parameters, their gradients and the optimizer state actually hold."""
+    params = {id(p): p for p in model.parameters()}.values()
+    param_bytes = sum(_nbytes(p) for p in params)
+    grad_bytes = sum(_nbytes(p.grad) for p in params if p.grad is not None)
+    optim_bytes = 0
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            optim_bytes += sum(_nbytes(v) for v in state.values() if isinstance(v, torch.Tensor))
+    return MemoryReport(
+        param_bytes=param_bytes, grad_bytes=grad_bytes, optim_bytes=optim_bytes, num_param_tensors=len(params)
+    )
+
+
+def mesh_coords(mesh) -> dict[str, int]:
+    """This rank's local index along every named mesh axis."""
+    return {name: mesh[name].get_local_rank() for name in (mesh.mesh_dim_names or ())}

@@ -1,0 +1,75 @@
+"""parallelize(model, dims, cfg, mesh): apply a layout to a single-device model from outside.
+
+Fixed order (torchtitan's): pipeline split → tensor + sequence parallel (+ loss parallel) →
+activation checkpointing → torch.compile → FSDP2 (ZeRO-3 / ZeRO-2 / HSDP / DDP, mixed precision).
+Each pipeline chunk gets the same treatment. The model code never sees a process group: it gets
+DTensor parameters and hooks, and the returned `ParallelStep` knows how to run a step.
+
+    par = parallelize(build_model(cfg.model, device, seed), dims, cfg, mesh)
+    par.model          # the module to give the optimizer and the checkpointer
+    par.step.forward_backward(inputs, targets, scale)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from scalelab.parallel.checkpointing import apply_ac
+from scalelab.parallel.data_parallel import apply_fsdp
+from scalelab.parallel.dims import ParallelDims
+from scalelab.parallel.pipeline import Pipeline
+from scalelab.parallel.step import ParallelStep
+from scalelab.parallel.tp import apply_tp
+
+
+@dataclass(kw_only=True)
+class Parallelized:
+    model: nn.Module  # the whole model, or this rank's pipeline chunks as one ModelParts
+    step: ParallelStep
+    dims: ParallelDims
+    mesh: object
+    pipeline: Pipeline | None = None
+
+
+def dp_mesh_of(dims: ParallelDims, mesh):
+    """The mesh FSDP2 shards/replicates over: (dp_replicate, dp_shard) for HSDP/DDP, dp_shard, or None."""
+    if dims.dp_replicate > 1:
+        return mesh[("dp_replicate", "dp_shard")]
+    if dims.dp_shard > 1:
+        return mesh["dp_shard"]
+    return None
+
+
+def parallelize(model: nn.Module, dims: ParallelDims, cfg, mesh, *, device: torch.device | None = None) -> Parallelized:
+    """Apply `cfg.parallel` (a RunConfig's section) to `model` in place; see the module docstring."""
+    pcfg = cfg.parallel
+    device = device or next(model.parameters()).device
+    pipeline = None
+    chunks = [model]
+    if dims.pp > 1:
+        pipeline = Pipeline(model, mesh["pp"], pcfg, device, cfg.model, cfg.data.seq_len)
+        chunks = pipeline.stage_modules
+        if dims.tp > 1 and pcfg.sequence_parallel:
+            pipeline._seq_divisor = dims.tp
+    dp_mesh = dp_mesh_of(dims, mesh)
+    for chunk in chunks:
+        if dims.tp > 1:
+            apply_tp(chunk, mesh["tp"], sequence_parallel=pcfg.sequence_parallel, loss_parallel=pcfg.loss_parallel)
+        apply_ac(chunk, pcfg.activation_checkpoint)
+        if pcfg.compile:
+            for block in chunk.layers.values():
+                block.compile()  # in place: parameter names stay the single-device ones
+        if dp_mesh is not None:
+            apply_fsdp(
+                chunk,
+                dp_mesh,
+                reshard_after_forward=pcfg.fsdp_reshard_after_forward,
+                mixed_precision=pcfg.mixed_precision,
+                device_type=device.type,
+            )
+    if pipeline is not None:
+        model = pipeline.finalize()
+    step = ParallelStep(model, dims, mesh, pcfg, z_loss=cfg.optim.z_loss, pipeline=pipeline)
+    return Parallelized(model=model, step=step, dims=dims, mesh=mesh, pipeline=pipeline)

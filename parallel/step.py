@@ -1,0 +1,124 @@
+"""The per-step operations the training loop runs under a parallel layout.
+
+    ops = ParallelStep(model, dims, mesh, pcfg, z_loss=0.0, pipeline=pipe)
+    loss = ops.forward_backward(inputs, targets, scale=1 / num_micro)   # same value on every rank
+    grad_norm = ops.clip_grad_norm(model, max_norm=1.0)
+    loss, metrics = ops.eval_loss(model, inputs, targets)
+
+Losses are computed from the model's logits (`model(tokens)`), not through the fused
+`lm_loss(model.hidden_states ...)` path: FSDP2 gathers parameters in the hooks of `forward`, and
+tensor/loss parallel shards the output projection, so the logits must come out of `output`. The
+value is the same mean cross-entropy (+ z-loss) as `scalelab.models.loss.lm_loss`, computed in fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+
+def loss_from_logits(
+    logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0, ignore_index: int = -100
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean CE + z_loss * mean logsumexp^2, detached mean CE) of logits [B, T, V].
+
+    `logits` may be a plain tensor or a vocab-sharded DTensor (under `loss_parallel()`).
+    """
+    flat = logits.flatten(0, 1).float()
+    flat_targets = targets.flatten()
+    valid = flat_targets != ignore_index
+    n_valid = valid.sum().clamp(min=1)
+    loss = F.cross_entropy(flat, flat_targets, ignore_index=ignore_index, reduction="sum") / n_valid
+    ce = loss.detach()
+    if isinstance(ce, DTensor):
+        ce = ce.full_tensor()
+    if z_loss:
+        lse = torch.logsumexp(flat, dim=-1)
+        if isinstance(lse, DTensor):
+            lse = lse.full_tensor()
+        loss = loss + z_loss * (lse.pow(2) * valid).sum() / n_valid
+    return loss, ce
+
+
+def global_grad_norm(params: list[torch.Tensor], pp_group=None) -> torch.Tensor:
+    """The 2-norm of all gradients of the whole model, whatever their sharding.
+
+    Gradients are grouped by (mesh, placements): within a group torch's `get_total_norm` gives a
+    DTensor whose `full_tensor()` is that group's norm over all shards; plain tensors are complete
+    on every rank. Pipeline stages hold disjoint parameters, so their squared norms are summed over
+    the pp group.
+    """
+    groups: dict = {}
+    for p in params:
+        if p.grad is None:
+            continue
+        g = p.grad
+        key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None
+        groups.setdefault(key, []).append(g)
+    device = params[0].device if params else torch.device("cpu")
+    total_sq = torch.zeros((), dtype=torch.float32, device=device)
+    for grads in groups.values():
+        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        total_sq = total_sq + norm.float().pow(2)
+    if pp_group is not None:
+        dist.all_reduce(total_sq, group=pp_group)
+    return total_sq.sqrt()
+
+
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_group=None) -> float:
+    """Like torch.nn.utils.clip_grad_norm_ (same coefficient), for sharded and pipelined models."""
+    norm = global_grad_norm(params, pp_group)
+    if max_norm > 0:
+        coef = float(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+    return float(norm)
+
+
+class ParallelStep:
+    """forward_backward / eval_loss / clip_grad_norm for one parallelized model (see module doc)."""
+
+    def __init__(self, model, dims, mesh, pcfg, *, z_loss: float = 0.0, pipeline=None):
+        self.model = model
+        self.dims = dims
+        self.mesh = mesh
+        self.z_loss = z_loss
+        self.pipeline = pipeline  # scalelab.parallel.pipeline.Pipeline or None
+        self.loss_parallel = dims.tp > 1 and pcfg.loss_parallel
+        self.pp_group = mesh["pp"].get_group() if dims.pp > 1 else None
+
+    def _loss_ctx(self):
+        return loss_parallel() if self.loss_parallel else contextlib.nullcontext()
+
+    def forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """Backpropagate scale × mean loss of this batch; returns the detached mean CE (all ranks)."""
+        if self.pipeline is not None:
+            with self._loss_ctx():
+                loss = self.pipeline.step(inputs, targets, scale, self.z_loss)
+            return loss
+        with self._loss_ctx():
+            loss, ce = loss_from_logits(self.model(inputs), targets, self.z_loss)
+            (loss * scale).backward()
+        return ce
+
+    @torch.no_grad()
+    def eval_loss(self, model, inputs: torch.Tensor, targets: torch.Tensor):
+        """(mean loss, metrics) without gradients; signature of the loop's validation loss_fn."""
+        if self.pipeline is not None:
+            with self._loss_ctx():
+                loss = self.pipeline.forward_loss(inputs, targets)
+        else:
+            with self._loss_ctx():
+                loss, _ = loss_from_logits(model(inputs), targets, 0.0)
+        return loss, {"ce": loss}
+
+    def clip_grad_norm(self, model, max_norm: float) -> float:
+        return clip_grad_norm_([p for p in model.parameters()], max_norm, self.pp_group)
