@@ -73,3 +73,11 @@ def test_missing_config_file_is_a_config_error(tmp_path):
     bad.write_text("model: [unclosed\n")
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_run_config(str(bad))
+
+
+def test_relative_data_paths_are_resolved(tmp_path, monkeypatch):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("hello world\n" * 200)
+    monkeypatch.chdir(tmp_path)
+    cfg = build_run_config(BASE, ["data.sources.0.path=corpus"])
+    assert cfg.data.sources[0].path == str(tmp_path / "corpus")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,6 +190,10 @@ def build_run_config(data: dict[str, Any], overrides: list[str] | None = None) -
     if not explicit_vocab:
         data["model"].setdefault("vocab_size", 1)  # placeholder, replaced from the tokenizer below
     cfg = from_dict(RunConfig, data)
+    for src in cfg.data.sources:
+        # Relative data paths are resolved here, once: Ray trials and spawned ranks run elsewhere.
+        if src.path != "default" and not os.path.isabs(src.path) and os.path.exists(src.path):
+            src.path = os.path.abspath(src.path)
     if not explicit_vocab:
         from scalelab.train.data.tokenizer import load_tokenizer
 
