@@ -262,12 +262,8 @@ def _attn_bwd_delta(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m < T)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    o = tl.load(
-        Out + b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d, mask=mask, other=0.0
-    )
-    do = tl.load(
-        DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d, mask=mask, other=0.0
-    )
+    o = tl.load(Out + b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d, mask=mask, other=0.0)
+    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d, mask=mask, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(DELTA + pid_bh.to(tl.int64) * T + offs_m, delta, mask=offs_m < T)
 
@@ -382,12 +378,12 @@ def _attn_bwd_dkdv(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     kv_mask = (offs_n < S)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    k = tl.load(
-        K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_t + offs_d[None, :] * sk_d, mask=kv_mask, other=0.0
-    ).to(DT)
-    v = tl.load(
-        V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_t + offs_d[None, :] * sv_d, mask=kv_mask, other=0.0
-    ).to(DT)
+    k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_t + offs_d[None, :] * sk_d, mask=kv_mask, other=0.0).to(
+        DT
+    )
+    v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_t + offs_d[None, :] * sv_d, mask=kv_mask, other=0.0).to(
+        DT
+    )
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     # The query heads sharing this kv head are summed here, so GQA needs no atomics.
@@ -594,9 +590,7 @@ def _attn_bwd_dq(
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < T
     mask = m_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-    q = tl.load(
-        Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :] * sq_d, mask=mask, other=0.0
-    ).to(DT)
+    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :] * sq_d, mask=mask, other=0.0).to(DT)
     do = tl.load(
         DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d, mask=mask, other=0.0
     ).to(DT)

@@ -55,8 +55,7 @@ def get_ops(backend: str = "auto", device_type: str = "cpu") -> SimpleNamespace:
     if backend == "triton":
         if not triton_available():
             raise RuntimeError(
-                "kernels='triton' needs Triton with a CUDA device or TRITON_INTERPRET=1; "
-                "set kernels: torch or auto"
+                "kernels='triton' needs Triton with a CUDA device or TRITON_INTERPRET=1; set kernels: torch or auto"
             )
         return _triton_ops()
     # auto: Triton only where it pays (CUDA); the interpreter is for tests, never chosen by auto.

@@ -3,7 +3,7 @@
 Layout as the reference (imported here as `apply_rope_reference`): q [B, T, Hq, Dh], k [B, T, Hk, Dh],
 cos/sin [T, Dh/2], half-split pairs (i, i + Dh/2) as in Hugging Face Llama:
   out[:half] = x1 * cos - x2 * sin,   out[half:] = x2 * cos + x1 * sin.
-One program rotates every head of one (batch, position) row. The rotation is orthogonal, so the
+Each program rotates a tile of (batch, position, head) rows. The rotation is orthogonal, so the
 backward is the same kernel with sin negated (rotation by -theta). Outputs are new tensors (q and k
 are not modified), so autograd sees an ordinary op; cos/sin get no gradient (they are tables).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from scalelab.kernels._common import check_dtype, next_pow2
+from scalelab.kernels._common import check_dtype, interpreting, next_pow2
 from scalelab.kernels.reference import apply_rope as apply_rope_reference
 
 __all__ = ["apply_rope", "apply_rope_reference"]
@@ -37,52 +37,45 @@ def _rope_kernel(
     sc_d,
     ss_t,
     ss_d,
+    R,
     T,
     H,
     HALF,
     BACKWARD: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    b = (pid // T).to(tl.int64)
-    t = (pid % T).to(tl.int64)
-    heads = tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HALF
-    mask = (heads < H)[:, None] & d_ok[None, :]
-    c = tl.load(COS + t * sc_t + d * sc_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-    s = tl.load(SIN + t * ss_t + d * ss_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    # A tile of BLOCK_R (batch, position, head) rows x the half head dim; rows are flattened
+    # b * T * H + t * H + h, so any strides work and T = 1 or few heads still fill a tile.
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    h = (rows % H)[:, None]
+    t = ((rows // H) % T)[:, None]
+    b = (rows // (H * T))[:, None]
+    d = tl.arange(0, BLOCK_D).to(tl.int64)[None, :]
+    mask = (rows < R)[:, None] & (d < HALF)
+    c = tl.load(COS + t * sc_t + d * sc_d, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(SIN + t * ss_t + d * ss_d, mask=mask, other=0.0).to(tl.float32)
     if BACKWARD:
         s = -s
-    x_row = X + b * sx_b + t * sx_t + heads[:, None] * sx_h
-    x1 = tl.load(x_row + d[None, :] * sx_d, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + (d[None, :] + HALF) * sx_d, mask=mask, other=0.0).to(tl.float32)
-    o_row = OUT + b * so_b + t * so_t + heads[:, None] * so_h
-    tl.store(o_row + d[None, :] * so_d, (x1 * c - x2 * s).to(OUT.dtype.element_ty), mask=mask)
-    tl.store(o_row + (d[None, :] + HALF) * so_d, (x2 * c + x1 * s).to(OUT.dtype.element_ty), mask=mask)
+    x_row = X + b * sx_b + t * sx_t + h * sx_h
+    x1 = tl.load(x_row + d * sx_d, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + (d + HALF) * sx_d, mask=mask, other=0.0).to(tl.float32)
+    o_row = OUT + b * so_b + t * so_t + h * so_h
+    tl.store(o_row + d * so_d, (x1 * c - x2 * s).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(o_row + (d + HALF) * so_d, (x2 * c + x1 * s).to(OUT.dtype.element_ty), mask=mask)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: bool) -> torch.Tensor:
     B, T, H, D = x.shape
     out = torch.empty((B, T, H, D), device=x.device, dtype=x.dtype)
+    rows, block_d = B * T * H, next_pow2(D // 2)
+    # ~2K elements per GPU program; the interpreter pays per program, so 16K there.
+    block_r = max(1, (16384 if interpreting(x) else 2048) // block_d)
     if out.numel():
-        _rope_kernel[(B * T,)](
-            x,
-            out,
-            cos,
-            sin,
-            *x.stride(),
-            *out.stride(),
-            *cos.stride(),
-            *sin.stride(),
-            T,
-            H,
-            D // 2,
-            backward,
-            next_pow2(H),
-            next_pow2(D // 2),
-        )
+        _rope_kernel[(triton.cdiv(rows, block_r),)](
+            x, out, cos, sin, *x.stride(), *out.stride(), *cos.stride(), *sin.stride(),
+            rows, T, H, D // 2, backward, block_r, block_d, num_warps=4,
+        )  # fmt: skip
     return out
 
 

@@ -11,36 +11,36 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from scalelab.kernels._common import check_dtype, next_pow2
+from scalelab.kernels._common import check_dtype, interpreting, next_pow2
 from scalelab.kernels.reference import swiglu as swiglu_reference
 
 __all__ = ["swiglu", "swiglu_reference"]
 
 
 @triton.jit
-def _swiglu_fwd(G, U, Out, sg, su, so, F, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < F
-    g = tl.load(G + row * sg + cols, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(U + row * su + cols, mask=ok, other=0.0).to(tl.float32)
+def _swiglu_fwd(G, U, Out, sg, su, so, N, F, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]
+    cols = (tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)).to(tl.int64)[None, :]
+    ok = (rows < N) & (cols < F)
+    g = tl.load(G + rows * sg + cols, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(U + rows * su + cols, mask=ok, other=0.0).to(tl.float32)
     out = g * tl.sigmoid(g) * u
-    tl.store(Out + row * so + cols, out.to(Out.dtype.element_ty), mask=ok)
+    tl.store(Out + rows * so + cols, out.to(Out.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def _swiglu_bwd(G, U, DO, DG, DU, sg, su, sdo, sdg, sdu, F, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < F
-    g = tl.load(G + row * sg + cols, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(U + row * su + cols, mask=ok, other=0.0).to(tl.float32)
-    do = tl.load(DO + row * sdo + cols, mask=ok, other=0.0).to(tl.float32)
+def _swiglu_bwd(G, U, DO, DG, DU, sg, su, sdo, sdg, sdu, N, F, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+    rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]
+    cols = (tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)).to(tl.int64)[None, :]
+    ok = (rows < N) & (cols < F)
+    g = tl.load(G + rows * sg + cols, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(U + rows * su + cols, mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + rows * sdo + cols, mask=ok, other=0.0).to(tl.float32)
     s = tl.sigmoid(g)
     dg = do * u * s * (1.0 + g * (1.0 - s))
     du = do * g * s
-    tl.store(DG + row * sdg + cols, dg.to(DG.dtype.element_ty), mask=ok)
-    tl.store(DU + row * sdu + cols, du.to(DU.dtype.element_ty), mask=ok)
+    tl.store(DG + rows * sdg + cols, dg.to(DG.dtype.element_ty), mask=ok)
+    tl.store(DU + rows * sdu + cols, du.to(DU.dtype.element_ty), mask=ok)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -48,8 +48,14 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
-def _block(f: int) -> int:
-    return min(1024, next_pow2(f))
+def _launch(kernel, t: torch.Tensor, *args) -> None:
+    # Tiles of rows x columns: 4K elements per GPU program; the interpreter pays per program, so
+    # it takes 16K-element tiles.
+    n, f = t.shape
+    block_f = min(1024, next_pow2(f))
+    block_r = max(1, (16384 if interpreting(t) else 4096) // block_f)
+    grid = (triton.cdiv(n, block_r), triton.cdiv(f, block_f))
+    kernel[grid](*args, n, f, block_r, block_f, num_warps=4)
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -59,8 +65,7 @@ class _SwiGLU(torch.autograd.Function):
         n, f = g2.shape
         out = torch.empty((n, f), device=gate.device, dtype=gate.dtype)
         if out.numel():
-            grid = (n, triton.cdiv(f, _block(f)))
-            _swiglu_fwd[grid](g2, u2, out, g2.stride(0), u2.stride(0), out.stride(0), f, _block(f))
+            _launch(_swiglu_fwd, g2, g2, u2, out, g2.stride(0), u2.stride(0), out.stride(0))
         ctx.save_for_backward(g2, u2)
         ctx.shape = gate.shape
         return out.view(gate.shape)
@@ -73,21 +78,8 @@ class _SwiGLU(torch.autograd.Function):
         dg = torch.empty((n, f), device=g2.device, dtype=g2.dtype)
         du = torch.empty((n, f), device=u2.device, dtype=u2.dtype)
         if dg.numel():
-            grid = (n, triton.cdiv(f, _block(f)))
-            _swiglu_bwd[grid](
-                g2,
-                u2,
-                do2,
-                dg,
-                du,
-                g2.stride(0),
-                u2.stride(0),
-                do2.stride(0),
-                dg.stride(0),
-                du.stride(0),
-                f,
-                _block(f),
-            )
+            _launch(_swiglu_bwd, g2, g2, u2, do2, dg, du, g2.stride(0), u2.stride(0), do2.stride(0),
+                    dg.stride(0), du.stride(0))  # fmt: skip
         return dg.view(ctx.shape), du.view(ctx.shape)
 
 
