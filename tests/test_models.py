@@ -30,6 +30,15 @@ from torch.utils.flop_counter import FlopCounterMode
 from scalelab.errors import ConfigError
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models on a shared 2-core machine: one intra-op thread is ~25x faster than two under load."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 def small_cfg(**kw) -> ModelConfig:
     fields = dict(
         vocab_size=96,
