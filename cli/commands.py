@@ -10,4 +10,5 @@ COMMANDS: list[tuple[str, str]] = [
     ("data_cmd", "data"),
     ("models_cmd", "models"),
     ("eval_cmd", "eval"),
+    ("analysis_cmd", "noise"),  # also registers predict-task, compare, plot, report
 ]

@@ -1,0 +1,287 @@
+"""Plots of a sweep, its fits, comparisons and evaluation noise (matplotlib, Agg backend).
+
+Every function draws into `ax` (or a new figure) and returns the Figure, so they compose into
+reports and notebooks alike:
+
+    fig = plot_isoflop(runs, fit)                  fig = plot_frontier(runs, fit)
+    fig = plot_loss_curves(runs, metrics, x="flops")
+    fig = plot_allocation(fit)                     fig = plot_residuals(fit)
+    fig = plot_backtest(fit)                       fig = plot_sensitivity(runs, "lr")
+    fig = plot_comparison(cmp)                     fig = plot_noise(noise_table)
+
+`runs` is `scalelab.analysis.store.load_store_runs(...)`, `fit` a `lawfit.StoreFit`, `cmp` a
+`compare.Comparison`. Intervals are percentile bands over the fit's bootstrap draws.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")  # noqa: E402 - before pyplot; no display needed
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import polars as pl  # noqa: E402
+
+LEVEL = 0.95
+
+
+def _axes(ax, figsize=(6.4, 4.2)):
+    if ax is None:
+        fig, ax = plt.subplots(figsize=figsize, layout="constrained")
+        return fig, ax
+    return ax.figure, ax
+
+
+def _band(values: np.ndarray, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
+    v = np.where(np.isfinite(values), values, np.nan)
+    return np.nanquantile(v, 0.5 - level / 2, axis=0), np.nanquantile(v, 0.5 + level / 2, axis=0)
+
+
+def _budget_groups(flops: np.ndarray) -> np.ndarray:
+    from scalelab.fitting.approaches import group_budgets
+
+    return group_budgets(np.asarray(flops, dtype=float))
+
+
+def _cmap(n: int):
+    return plt.get_cmap("viridis")(np.linspace(0.05, 0.9, max(n, 1)))
+
+
+def plot_loss_curves(runs: pl.DataFrame, metrics: pl.DataFrame, *, x: str = "tokens", ax=None):
+    """Training loss of every run against tokens or FLOPs, coloured by model size."""
+    fig, ax = _axes(ax)
+    sizes = sorted(set(runs["params"].to_list()))
+    colors = dict(zip(sizes, _cmap(len(sizes))))
+    for run_id, n in zip(runs["run_id"], runs["params"]):
+        m = metrics.filter(pl.col("run_id") == run_id).sort("step")
+        if m.height:
+            ax.plot(m[x], m["loss"], color=colors[n], lw=0.9, alpha=0.8)
+    for n in sizes:
+        ax.plot([], [], color=colors[n], label=f"N={n:.3g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens" if x == "tokens" else "training FLOPs (6ND)")
+    ax.set_ylabel("train loss (nats/token)")
+    ax.set_title("Loss curves")
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def plot_isoflop(runs: pl.DataFrame, fit=None, *, loss_col: str = "loss", ax=None):
+    """Loss vs N at each compute budget with the fitted parabola in ln N and its minimum."""
+    fig, ax = _axes(ax)
+    df = runs.filter(pl.col(loss_col).is_not_null())
+    n = df["params"].cast(pl.Float64).to_numpy()
+    loss = df[loss_col].cast(pl.Float64).to_numpy()
+    groups = _budget_groups(df["flops"].cast(pl.Float64).to_numpy())
+    uniq = np.unique(groups)
+    for color, g in zip(_cmap(len(uniq)), uniq):
+        sel = groups == g
+        c = float(np.median(df["flops"].cast(pl.Float64).to_numpy()[sel]))
+        ax.scatter(n[sel], loss[sel], color=color, s=18, label=f"C={c:.2g}")
+        if len(np.unique(n[sel])) >= 3:
+            coef = np.polyfit(np.log(n[sel]), loss[sel], 2)
+            xs = np.linspace(np.log(n[sel]).min() - 0.2, np.log(n[sel]).max() + 0.2, 60)
+            ax.plot(np.exp(xs), np.polyval(coef, xs), color=color, lw=1)
+            if coef[0] > 0:
+                x0 = -coef[1] / (2 * coef[0])
+                ax.plot(math.exp(x0), np.polyval(coef, x0), marker="*", color=color, ms=11, mec="k")
+        if fit is not None:
+            ns = np.geomspace(n[sel].min() / 1.5, n[sel].max() * 1.5, 60)
+            ax.plot(ns, fit.predict(params=ns, tokens=c / (6 * ns)), color=color, lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters N")
+    ax.set_ylabel(f"final {loss_col}")
+    ax.set_title("IsoFLOP curves (parabola in ln N, * = minimum; dotted = fitted law)")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _frontier(fit, params: dict[str, float], flops: np.ndarray) -> np.ndarray:
+    from scalelab.analysis.compare import frontier_loss
+
+    law = fit.law_object()
+    return np.array([frontier_loss(law, params, float(c)) for c in flops])
+
+
+def plot_frontier(runs: pl.DataFrame, fit, *, extend: float = 30.0, ax=None, level: float = LEVEL):
+    """The compute frontier L*(C) of the fit with its band, the runs, and the backtest's held-out runs."""
+    fig, ax = _axes(ax)
+    cs = np.geomspace(fit.flops.min() / 2, fit.flops.max() * extend, 60)
+    ax.scatter(fit.flops, fit.loss, s=12, color="0.55", label="runs")
+    ax.plot(cs, _frontier(fit, fit.params, cs), color="C0", label=f"{fit.law} frontier L*(C)")
+    if len(fit.draws):
+        draws = np.array([_frontier(fit, p, cs) for p in fit.draw_dicts()])
+        lo, hi = _band(draws, level)
+        ax.fill_between(cs, lo, hi, color="C0", alpha=0.2, label=f"{100 * level:.0f}% band (bootstrap)")
+    if fit.backtest:
+        held = fit.backtest["runs"]
+        ax.scatter(
+            [r["flops"] for r in held],
+            [r["observed"] for r in held],
+            s=36,
+            facecolor="none",
+            edgecolor="C3",
+            label="held out (backtest)",
+        )
+        ax.scatter(
+            [r["flops"] for r in held],
+            [r["predicted"] for r in held],
+            s=20,
+            marker="x",
+            color="C3",
+            label=f"predicted, MARE {100 * fit.backtest['mare']:.2f}%",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("training FLOPs C (6ND)")
+    ax.set_ylabel("loss")
+    ax.set_title("Compute frontier")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _optimum(fit, params: dict[str, float], flops: float) -> tuple[float, float]:
+    from scalelab.fitting import allocate as alloc
+
+    law = fit.law_object()
+    if law.name == "chinchilla":
+        n, d, _ = alloc.chinchilla_optimum(params, flops)
+    else:
+        n, d, _, _ = alloc.numeric_optimum(lambda a, b: law.predict(params, params=a, tokens=b), flops)
+    return n, d
+
+
+def plot_allocation(fit, *, extend: float = 30.0, axes=None, level: float = LEVEL):
+    """N*(C) and D*(C) from the fit with bootstrap bands (two panels)."""
+    if axes is None:
+        fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.8), layout="constrained")
+    else:
+        fig = axes[0].figure
+    cs = np.geomspace(fit.flops.min() / 2, fit.flops.max() * extend, 40)
+    point = np.array([_optimum(fit, fit.params, c) for c in cs])
+    draws = np.array([[_optimum(fit, p, c) for c in cs] for p in fit.draw_dicts()]) if len(fit.draws) else None
+    for j, (ax, name) in enumerate(zip(axes, ("N*(C) parameters", "D*(C) tokens"))):
+        ax.plot(cs, point[:, j], color=f"C{j}")
+        if draws is not None:
+            lo, hi = _band(draws[:, :, j], level)
+            ax.fill_between(cs, lo, hi, color=f"C{j}", alpha=0.2)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("FLOPs C")
+        ax.set_title(name)
+    return fig
+
+
+def plot_residuals(fit, ax=None):
+    """Relative residuals (observed / fitted - 1) of the fitted runs vs compute."""
+    fig, ax = _axes(ax)
+    pred = fit.predict(params=fit.n, tokens=fit.d)
+    rel = fit.loss / pred - 1
+    sc = ax.scatter(fit.flops, 100 * rel, c=np.log10(fit.n), cmap="viridis", s=18)
+    fig.colorbar(sc, ax=ax, label="log10 N")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("FLOPs C")
+    ax.set_ylabel("residual (%)")
+    ax.set_title(f"Residuals of the {fit.law} fit")
+    return fig
+
+
+def plot_backtest(fit, ax=None):
+    """Predicted vs actual loss of the held-out runs (hold out the largest budget)."""
+    fig, ax = _axes(ax, figsize=(4.8, 4.2))
+    if not fit.backtest:
+        ax.text(0.5, 0.5, "no backtest (too few runs below the largest budget)", ha="center", transform=ax.transAxes)
+        return fig
+    obs = np.array([r["observed"] for r in fit.backtest["runs"]])
+    pred = np.array([r["predicted"] for r in fit.backtest["runs"]])
+    lo, hi = min(obs.min(), pred.min()), max(obs.max(), pred.max())
+    ax.plot([lo, hi], [lo, hi], color="k", lw=0.8)
+    ax.scatter(obs, pred, color="C3", s=22)
+    ax.set_xlabel("actual loss")
+    ax.set_ylabel("predicted loss")
+    bt = fit.backtest
+    ax.set_title(
+        f"Backtest: MARE {100 * bt['mare']:.2f}%, bias {100 * bt['bias']:+.2f}%, "
+        f"{bt['n_train']} train / {bt['n_test']} test",
+        fontsize=9,
+    )
+    return fig
+
+
+def plot_sensitivity(runs: pl.DataFrame, param: str = "lr", *, loss_col: str = "loss", ax=None):
+    """Final loss vs a hyperparameter (lr, global_batch_tokens, ...) per model size."""
+    fig, ax = _axes(ax)
+    if param not in runs.columns:
+        ax.text(0.5, 0.5, f"no '{param}' column", ha="center", transform=ax.transAxes)
+        return fig
+    df = runs.filter(pl.col(param).is_not_null() & pl.col(loss_col).is_not_null())
+    sizes = sorted(set(df["params"].to_list()))
+    for color, n in zip(_cmap(len(sizes)), sizes):
+        sub = df.filter(pl.col("params") == n).group_by(param).agg(pl.col(loss_col).mean()).sort(param)
+        ax.plot(sub[param], sub[loss_col], marker="o", color=color, label=f"N={n:.3g}")
+    ax.set_xscale("log")
+    ax.set_xlabel(param)
+    ax.set_ylabel(f"final {loss_col} (mean over seeds)")
+    ax.set_title(f"Sensitivity to {param} per size")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_comparison(cmp, ax=None):
+    """Compute-efficiency multiplier of B over A vs compute, with its interval and the target."""
+    fig, ax = _axes(ax)
+    c = np.array(cmp.budgets)
+    m = np.array(cmp.multipliers)
+    iv = np.array(cmp.intervals, dtype=float)
+    ax.plot(c, m, marker="o", color="C0", label=f"{cmp.b.name} over {cmp.a.name}")
+    ax.fill_between(
+        c, iv[:, 0], np.minimum(iv[:, 1], 1e6), color="C0", alpha=0.2, label=f"{100 * cmp.level:.0f}% interval"
+    )
+    t_lo, t_hi = cmp.target_interval
+    ax.errorbar(
+        [cmp.target_flops],
+        [cmp.multiplier_at_target],
+        yerr=[[cmp.multiplier_at_target - t_lo], [min(t_hi, 1e6) - cmp.multiplier_at_target]],
+        fmt="s",
+        color="C3",
+        capsize=4,
+        label="target (extrapolated)",
+    )
+    ax.axhline(1.0, color="k", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("FLOPs C")
+    ax.set_ylabel("compute multiplier m(C)")
+    ax.set_title(f"Compute-efficiency multiplier (slope {cmp.slope:+.3f} per ln C)", fontsize=10)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_noise(table: pl.DataFrame, ax=None):
+    """SNR per (task, metric), log scale, with the decide-threshold line."""
+    from scalelab.analysis.noise import SNR_DECIDE
+
+    fig, ax = _axes(ax, figsize=(6.4, 0.45 * max(table.height, 3) + 1.2))
+    labels = [f"{t} {m}" for t, m in zip(table["task"], table["metric"])]
+    snr = table["snr"].fill_nan(None).fill_null(0.0).to_numpy()
+    colors = ["C2" if s >= SNR_DECIDE else "C3" for s in snr]
+    y = np.arange(len(labels))
+    ax.barh(y, np.maximum(snr, 1e-3), color=colors)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.axvline(SNR_DECIDE, color="k", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_xlabel("signal-to-noise ratio (spread across runs / seed+checkpoint noise)")
+    ax.set_title("Evaluation noise")
+    return fig
+
+
+KINDS = ("curves", "isoflop", "frontier", "allocation", "residuals", "backtest", "sensitivity", "noise")
+
+
+def save(fig, path) -> None:
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

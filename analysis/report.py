@@ -1,0 +1,315 @@
+"""One self-contained HTML report of a sweep store: `scalelab report DIR -o report.html`.
+
+    path = write_report("results/iso", "report.html", compare_by="arch", n_boot=100)
+
+Sections: the sweep summary (runs by status, sizes, budgets, the FLOP convention), the law fit with
+bootstrap intervals, the hold-out-the-largest-budget backtest, warnings, the proposed next round
+(from `scalelab sweep next`'s fits/*.json when present, else the fit's compute-optimal run at 3x
+the largest budget), the evaluation-noise table with its advice, comparisons (between tags of the
+store, or against other stores), and the plots. Images are PNGs embedded as base64 data URIs and
+the CSS is inline: the file opens offline, from anywhere, with no network access.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from scalelab.errors import UsageError
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1180px;color:#222}
+h1{font-size:24px;margin-bottom:4px} h2{font-size:19px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:28px}
+table{border-collapse:collapse;font-size:13px;margin:8px 0}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+th{background:#f4f4f4} td.l,th.l{text-align:left} .muted{color:#777;font-size:12px}
+.warn{background:#fff4e5;border-left:4px solid #f0a020;padding:6px 10px;margin:6px 0;font-size:13px}
+.ok{background:#eaf7ea;border-left:4px solid #3a3;padding:6px 10px;margin:6px 0;font-size:13px}
+.grid{display:flex;flex-wrap:wrap;gap:10px} figure{margin:0} img{max-width:100%;border:1px solid #eee}
+figcaption{font-size:12px;color:#555}
+"""
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=96)
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _img(fig, caption: str, width: int = 560) -> str:
+    return (
+        f'<figure><img alt="{html.escape(caption)}" width="{width}" src="data:image/png;base64,{_png(fig)}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
+
+
+def _table(header: list[str], rows: list[list], left: int = 1) -> str:
+    th = "".join(f'<th class="{"l" if i < left else ""}">{html.escape(str(h))}</th>' for i, h in enumerate(header))
+    body = []
+    for r in rows:
+        tds = "".join(f'<td class="{"l" if i < left else ""}">{html.escape(_fmt(v))}</td>' for i, v in enumerate(r))
+        body.append(f"<tr>{tds}</tr>")
+    return f"<table><tr>{th}</tr>{''.join(body)}</table>"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "n/a"
+        if math.isinf(v):
+            return "inf"
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: Path) -> str:
+    counts = runs_all.group_by("status").len().sort("status")
+    status = ", ".join(f"{s}: {n}" for s, n in zip(counts["status"], counts["len"]))
+    sizes = sorted(set(runs["params"].to_list()))
+    from scalelab.fitting.approaches import group_budgets
+
+    flops = runs["flops"].cast(pl.Float64).to_numpy()
+    groups = group_budgets(flops)
+    budgets = sorted(float(np.median(flops[groups == g])) for g in np.unique(groups))
+    seeds = sorted(set(runs["seed"].to_list())) if "seed" in runs.columns else []
+    rows = [
+        ["store", str(store)],
+        ["runs", f"{runs_all.height} ({status})"],
+        ["model sizes N (total params)", ", ".join(f"{n:.3g}" for n in sizes)],
+        ["compute budgets C", ", ".join(f"{c:.3g}" for c in budgets)],
+        ["tokens D", f"{runs['tokens'].min():.3g} .. {runs['tokens'].max():.3g}"],
+        ["seeds", ", ".join(map(str, seeds)) or "n/a"],
+        ["FLOP convention", "C = 6·N·D with N = total parameters (flops_exact kept in the store)"],
+        ["loss", "final validation loss (nats/token), else final train loss"],
+    ]
+    return "<h2>Sweep summary</h2>" + _table(["", ""], rows, left=2)
+
+
+def _fit_section(fit, level: float = 0.95) -> str:
+    law = fit.law_object()
+    rows = []
+    for j, name in enumerate(law.param_names):
+        lo, hi = (
+            np.quantile(fit.draws[:, j], [0.5 - level / 2, 0.5 + level / 2]) if len(fit.draws) else (math.nan, math.nan)
+        )
+        rows.append([name, fit.params[name], float(lo), float(hi)])
+    out = [
+        f"<h2>Fit: {html.escape(fit.law)}</h2>",
+        f'<p class="muted">{len(fit.loss)} runs; Huber on log loss (scalelab.fitting); '
+        f"{len(fit.draws)} bootstrap refits over runs give the {100 * level:.0f}% percentile intervals.</p>",
+        _table(["parameter", "estimate", "lower", "upper"], rows),
+    ]
+    if law.name == "chinchilla":
+        a, b = fit.params["alpha"], fit.params["beta"]
+        out.append(f'<p class="muted">compute-optimal N* ∝ C^{b / (a + b):.3f}, D* ∝ C^{a / (a + b):.3f}</p>')
+    bt = fit.backtest
+    if bt:
+        out.append("<h2>Backtest</h2>")
+        out.append(
+            _table(
+                ["protocol", "MARE", "bias", "train runs", "test runs", "extrapolation (decades)"],
+                [
+                    [
+                        bt["protocol"],
+                        f"{100 * bt['mare']:.2f}%",
+                        f"{100 * bt['bias']:+.2f}%",
+                        bt["n_train"],
+                        bt["n_test"],
+                        bt["extrapolation_decades"],
+                    ]
+                ],
+            )
+        )
+    warns = list(fit.warnings) + (bt.get("warnings", []) if bt else [])
+    out.append("<h2>Warnings</h2>")
+    out.extend(f'<div class="warn">{html.escape(w)}</div>' for w in warns)
+    if not warns:
+        out.append('<div class="ok">none</div>')
+    return "\n".join(out)
+
+
+def _proposal_section(store: Path, fit) -> str:
+    out = ["<h2>Proposed next round</h2>"]
+    fits = sorted(store.glob("fits/*.json")) if store.is_dir() else []
+    for path in fits[-1:]:
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        props = saved.get("proposals") or []
+        if props:
+            out.append(
+                f'<p class="muted">from {html.escape(str(path.relative_to(store)))} '
+                "(written by <code>scalelab sweep next</code>)</p>"
+            )
+            rows = [
+                [
+                    p.get("kind", ""),
+                    p.get("params"),
+                    p.get("tokens"),
+                    p.get("flops"),
+                    p.get("predicted_loss"),
+                    str([round(x, 4) for x in p.get("predicted_interval") or []]),
+                ]
+                for p in props
+            ]
+            out.append(_table(["kind", "N", "D", "C", "predicted loss", "interval"], rows))
+            return "\n".join(out)
+    from scalelab.analysis.plots import _frontier, _optimum
+
+    c_next = float(fit.flops.max() * 3)
+    n, d = _optimum(fit, fit.params, c_next)
+    loss = float(_frontier(fit, fit.params, np.array([c_next]))[0])
+    if len(fit.draws):
+        ls = np.array([_frontier(fit, p, np.array([c_next]))[0] for p in fit.draw_dicts()])
+        iv = [float(x) for x in np.quantile(ls, [0.025, 0.975])]
+    else:
+        iv = [math.nan, math.nan]
+    out.append(
+        '<p class="muted">No <code>scalelab sweep next</code> proposal in this store; the fit\'s '
+        "compute-optimal run at 3x the largest budget:</p>"
+    )
+    out.append(
+        _table(
+            ["C", "N*", "D*", "D*/N*", "predicted loss", "95% interval"],
+            [[c_next, n, d, d / n, loss, f"[{iv[0]:.4g}, {iv[1]:.4g}]"]],
+        )
+    )
+    return "\n".join(out)
+
+
+def _noise_section(runs: pl.DataFrame) -> tuple[str, object | None]:
+    from scalelab.analysis.noise import noise_table, recommendations
+    from scalelab.analysis.store import load_evals
+
+    try:
+        table = noise_table(runs, load_evals(runs))
+    except UsageError as e:
+        return f'<h2>Evaluation noise</h2><div class="warn">{html.escape(str(e))}</div>', None
+    cols = ["task", "metric", "n_runs", "mean", "signal", "seed_std", "ckpt_std", "snr", "tau", "decision_acc"]
+    rows = [[r[c] for c in cols] for r in table.iter_rows(named=True)]
+    notes = recommendations(table)
+    out = ["<h2>Evaluation noise</h2>", _table(cols, rows, left=2)]
+    out.extend(f'<div class="ok">{html.escape(n)}</div>' for n in notes)
+    return "\n".join(out), table
+
+
+def _comparison_section(cmps: list) -> str:
+    from scalelab.analysis.compare import _fmt_iv
+
+    if not cmps:
+        return ""
+    out = ["<h2>Comparisons</h2>"]
+    for cmp in cmps:
+        rows = [[c, m, _fmt_iv(iv)] for c, m, iv in zip(cmp.budgets, cmp.multipliers, cmp.intervals)]
+        rows.append([f"{cmp.target_flops:.3g} (target)", cmp.multiplier_at_target, _fmt_iv(cmp.target_interval)])
+        out.append(f"<h3>{html.escape(cmp.b.name)} over {html.escape(cmp.a.name)}</h3>")
+        out.append(_table(["budget C", "multiplier", f"{100 * cmp.level:.0f}% interval"], rows))
+        out.append(f'<div class="{"ok" if cmp.target_interval[0] > 1 else "warn"}">{html.escape(cmp.verdict)}</div>')
+    return "\n".join(out)
+
+
+def build_report(
+    store: str | Path,
+    *,
+    law: str = "chinchilla",
+    n_boot: int = 100,
+    compare_by: str | None = None,
+    compare_with: list[str] | None = None,
+    target_flops: float | None = None,
+    seed: int = 0,
+) -> str:
+    """The report's HTML text (see module docstring)."""
+    from scalelab.analysis import plots
+    from scalelab.analysis.compare import compare_sweeps, split_by_tag
+    from scalelab.analysis.lawfit import fit_store
+    from scalelab.analysis.store import load_metrics, load_store_runs
+
+    store = Path(store)
+    runs_all = load_store_runs(store, done_only=False)
+    runs = runs_all.filter(pl.col("status") == "done")
+    if runs.height == 0:
+        raise UsageError(f"{store} holds no finished runs")
+    fit = fit_store(runs, law=law, n_boot=n_boot, seed=seed)
+    parts = [
+        f"<h1>scalelab report: {html.escape(store.name)}</h1>",
+        f'<p class="muted">generated {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}</p>',
+        _summary(runs_all, runs, store),
+        _fit_section(fit),
+        _proposal_section(store, fit),
+    ]
+    figs = [
+        _img(plots.plot_isoflop(runs, fit), "IsoFLOP curves with fitted parabolas and minima"),
+        _img(plots.plot_frontier(runs, fit), "Compute frontier, interval band and backtest points"),
+        _img(plots.plot_allocation(fit), "Compute-optimal N*(C) and D*(C) with intervals", width=860),
+        _img(plots.plot_residuals(fit), "Residuals of the fit"),
+        _img(plots.plot_backtest(fit), "Backtest: predicted vs actual", width=440),
+    ]
+    try:
+        metrics = load_metrics(runs)
+        figs.append(_img(plots.plot_loss_curves(runs, metrics, x="flops"), "Loss curves vs FLOPs"))
+    except UsageError:
+        pass
+    for hp in ("lr", "global_batch_tokens"):
+        if hp in runs.columns and runs[hp].n_unique() > 1:
+            figs.append(_img(plots.plot_sensitivity(runs, hp), f"Sensitivity to {hp} per size"))
+    noise_html, table = _noise_section(runs)
+    if table is not None and table.height:
+        figs.append(_img(plots.plot_noise(table), "Signal-to-noise ratio per metric"))
+    cmps = []
+    if compare_by:
+        groups = split_by_tag(runs, compare_by)
+        names = list(groups)
+        for other in names[1:]:
+            cmps.append(
+                compare_sweeps(
+                    groups[names[0]],
+                    groups[other],
+                    names=(names[0], other),
+                    law=law,
+                    n_boot=n_boot,
+                    target_flops=target_flops,
+                    seed=seed,
+                )
+            )
+    for other in compare_with or []:
+        other_runs = load_store_runs(other)
+        cmps.append(
+            compare_sweeps(
+                runs,
+                other_runs,
+                names=(store.name, Path(other).name),
+                law=law,
+                n_boot=n_boot,
+                target_flops=target_flops,
+                seed=seed,
+            )
+        )
+    for cmp in cmps:
+        figs.append(_img(plots.plot_comparison(cmp), f"Multiplier of {cmp.b.name} over {cmp.a.name}"))
+    parts += [noise_html, _comparison_section(cmps), "<h2>Plots</h2>", f'<div class="grid">{"".join(figs)}</div>']
+    body = "\n".join(p for p in parts if p)
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>scalelab report: '
+        f"{html.escape(store.name)}</title><style>{CSS}</style></head><body>{body}</body></html>\n"
+    )
+
+
+def write_report(store: str | Path, out: str | Path, **kwargs) -> Path:
+    from scalelab.train.records import atomic_write_bytes
+
+    text = build_report(store, **kwargs)
+    out = Path(out)
+    atomic_write_bytes(out, text.encode("utf-8"))
+    return out

@@ -1,0 +1,263 @@
+"""Synthetic sweep stores from a known law: how the analysis code (noise, comparison, plots, report)
+is tested without training anything.
+
+    law = SyntheticLaw(efficiency=1.5)                  # B: 1.5x more compute-efficient than law A
+    write_synthetic_sweep("store/B", isoflop_design([1e13, 1e14, 1e15]), law, seeds=[0, 1, 2])
+    load_runs("store/B")                                # the sweeps reader sees ordinary runs
+
+Each run directory holds what scalelab.train writes (config.json from a real RunConfig, status.json,
+metrics.parquet, evals.parquet with columns step, tokens, flops, task, metric, value, stderr), so
+every reader is exercised on the real format. The losses come from
+
+    L(N, D) = E + A / (s N)^alpha + B / (s D)^beta,   s = sqrt(efficiency)
+
+so the compute-optimal frontier of a law with efficiency k is L*_1(k C): the model reaches with C
+FLOPs the loss the reference law needs k C for. Noise model (all in loss units, natural log):
+  - a per-run offset ~ N(0, seed_std) drawn from (seed, size, tokens): what changes between seeds;
+  - a per-checkpoint term ~ N(0, checkpoint_std): evaluation/checkpoint-to-checkpoint noise;
+  - task "synthetic/mc": bpb = task_bpb_slope * loss + task_bpb_offset (+ the same noise scaled),
+    and acc = the fraction correct of `task_examples` Bernoulli draws with p = sigmoid(loss)
+    (binomial sampling noise, the way a real benchmark's accuracy is noisy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from scalelab.train.records import EVALS_SCHEMA, METRICS_SCHEMA, atomic_write_bytes, atomic_write_json
+
+# CPU-sized shapes (num_layers, d_model) of the shape rule, total params with vocab 320 in comments
+DEFAULT_SHAPES: tuple[tuple[int, int], ...] = (
+    (2, 64),  # 0.15M
+    (3, 96),  # 0.39M
+    (4, 128),  # 0.89M
+    (5, 160),  # 1.7M
+    (6, 192),  # 2.8M
+    (8, 256),  # 6.6M
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class SyntheticLaw:
+    """Chinchilla-form ground truth plus the noise model (module docstring)."""
+
+    E: float = 1.7  # noqa: N815 - the law's own names
+    A: float = 60.0  # noqa: N815
+    B: float = 80.0  # noqa: N815
+    alpha: float = 0.30
+    beta: float = 0.28
+    efficiency: float = 1.0  # compute multiplier relative to the same law with efficiency 1
+    seed_std: float = 0.01  # per-run loss offset between seeds (nats)
+    checkpoint_std: float = 0.005  # per-evaluation noise (nats)
+    task_bpb_slope: float = 1.3  # task bpb per nat of loss
+    task_bpb_offset: float = 0.2
+    task_examples: int = 200  # examples behind the synthetic accuracy (binomial noise)
+    acc_floor: float = 0.25  # chance accuracy of the synthetic 4-way task
+    acc_mid_loss: float = 3.2  # loss at which accuracy is halfway between floor and 1
+    acc_steepness: float = 3.0  # per nat
+
+    def loss(self, params: np.ndarray | float, tokens: np.ndarray | float) -> np.ndarray:
+        s = math.sqrt(self.efficiency)
+        n = s * np.asarray(params, dtype=float)
+        d = s * np.asarray(tokens, dtype=float)
+        return self.E + self.A / n**self.alpha + self.B / d**self.beta
+
+    def accuracy(self, loss: np.ndarray | float) -> np.ndarray:
+        z = self.acc_steepness * (np.asarray(loss, dtype=float) - self.acc_mid_loss)
+        return self.acc_floor + (1.0 - self.acc_floor) / (1.0 + np.exp(z))
+
+    def params_dict(self) -> dict[str, float]:
+        """The law's parameters as scalelab.fitting's chinchilla names them (efficiency folded in)."""
+        s = math.sqrt(self.efficiency)
+        return {
+            "E": self.E,
+            "A": self.A / s**self.alpha,
+            "B": self.B / s**self.beta,
+            "alpha": self.alpha,
+            "beta": self.beta,
+        }
+
+
+@dataclass(kw_only=True, slots=True)
+class DesignPoint:
+    num_layers: int
+    d_model: int
+    num_tokens: int
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def isoflop_design(
+    flops_budgets: Sequence[float],
+    shapes: Sequence[tuple[int, int]] = DEFAULT_SHAPES,
+    min_tokens_per_param: float = 1.0,
+    max_tokens_per_param: float = 400.0,
+) -> list[DesignPoint]:
+    """Every shape at every budget (D = C / 6N), keeping tokens/param within the given band."""
+    from scalelab.models.accounting import num_params
+    from scalelab.models.shapes import shape_for_width
+
+    out = []
+    for c in flops_budgets:
+        for layers, width in shapes:
+            n = num_params(shape_for_width(layers, width, 320))
+            d = int(c / (6 * n))
+            if min_tokens_per_param <= d / n <= max_tokens_per_param:
+                out.append(
+                    DesignPoint(num_layers=layers, d_model=width, num_tokens=d, tags={"flops_budget": f"{c:.3g}"})
+                )
+    return out
+
+
+def _rng(*key) -> np.random.Generator:
+    digest = hashlib.sha256(repr(key).encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def _run_config(point: DesignPoint, seed: int, tags: dict[str, str], name: str):
+    from scalelab.models.shapes import shape_for_width
+    from scalelab.train.config import build_run_config, to_dict
+
+    model = to_dict(shape_for_width(point.num_layers, point.d_model, 320, max_seq_len=256))
+    tokens_per_step = 64 * 256
+    cfg = build_run_config(
+        {
+            "name": name,
+            "model": model,
+            "data": {"seq_len": 256},
+            "train": {
+                "num_tokens": max(point.num_tokens, 2 * tokens_per_step),
+                "global_batch_tokens": tokens_per_step,
+                "seed": seed,
+            },
+            "logging": {"wandb": "disabled", "progress": "off"},
+            "tags": {**point.tags, **tags},
+        }
+    )
+    return cfg, to_dict(cfg)
+
+
+def write_synthetic_sweep(
+    sweep_dir: str | Path,
+    design: Sequence[DesignPoint],
+    law: SyntheticLaw,
+    *,
+    seeds: Sequence[int] = (0,),
+    tags: dict[str, str] | None = None,
+    num_evals: int = 10,
+    noise_seed: int = 0,
+) -> list[str]:
+    """Write a sweep store (sweep.yaml + runs/<run_id>/...) of design x seeds; returns the run ids.
+
+    `noise_seed` changes every noise draw (use different values for two stores that must be
+    independent); the draws are otherwise a pure function of (seed, shape, tokens).
+    """
+    from scalelab.models.accounting import num_params, num_params_nonembedding
+    from scalelab.train.config import config_hash
+
+    sweep_dir = Path(sweep_dir)
+    tags = {str(k): str(v) for k, v in (tags or {}).items()}
+    atomic_write_bytes(sweep_dir / "sweep.yaml", f"# synthetic sweep from {law}\n".encode())
+    run_ids = []
+    for point in design:
+        for seed in seeds:
+            cfg, cfg_dict = _run_config(point, seed, tags, name=f"L{point.num_layers}d{point.d_model}")
+            run_id = config_hash(cfg)
+            run_ids.append(run_id)
+            run_dir = sweep_dir / "runs" / run_id
+            n = num_params(cfg.model)
+            steps = cfg.num_steps
+            tps = cfg.tokens_per_step
+            d_total = steps * tps
+            flops_per_token = 6.0 * n
+            rng_seed = _rng(noise_seed, "seed", seed, point.num_layers, point.d_model, point.num_tokens, tags)
+            offset = float(rng_seed.normal(0.0, law.seed_std))
+            rng = _rng(noise_seed, "ckpt", seed, point.num_layers, point.d_model, point.num_tokens, tags)
+            metric_steps = np.unique(np.linspace(1, steps, num=min(steps, 40)).astype(int))
+            train_loss = law.loss(n, metric_steps * tps) + offset + rng.normal(0, law.checkpoint_std, metric_steps.size)
+            metrics = pl.DataFrame(
+                {
+                    "step": metric_steps,
+                    "tokens": metric_steps * tps,
+                    "flops": metric_steps * tps * flops_per_token,
+                    "loss": train_loss,
+                    "lr": np.full(metric_steps.size, cfg.optim.lr),
+                    "grad_norm": np.ones(metric_steps.size),
+                    "tokens_per_s": np.full(metric_steps.size, 1e5),
+                },
+                schema=METRICS_SCHEMA,
+            )
+            eval_steps = np.unique(np.linspace(steps / num_evals, steps, num=num_evals).round().astype(int))
+            rows = []
+            for step in eval_steps:
+                tokens = int(step * tps)
+                true = float(law.loss(n, tokens)) + offset
+                val = true + float(rng.normal(0.0, law.checkpoint_std))
+                bpb_scale = 1.0 / math.log(2)
+                common = dict(step=int(step), tokens=tokens, flops=tokens * flops_per_token)
+                rows.append(dict(common, task="val", metric="loss", value=val, stderr=law.checkpoint_std))
+                rows.append(
+                    dict(
+                        common,
+                        task="val",
+                        metric="bpb",
+                        value=val * bpb_scale,
+                        stderr=law.checkpoint_std * bpb_scale,
+                    )
+                )
+                task_bpb = law.task_bpb_slope * val + law.task_bpb_offset
+                rows.append(
+                    dict(
+                        common,
+                        task="synthetic/mc",
+                        metric="bpb",
+                        value=task_bpb,
+                        stderr=law.task_bpb_slope * law.checkpoint_std,
+                    )
+                )
+                p = float(law.accuracy(val))
+                acc = rng.binomial(law.task_examples, p) / law.task_examples
+                rows.append(
+                    dict(
+                        common,
+                        task="synthetic/mc",
+                        metric="acc",
+                        value=float(acc),
+                        stderr=math.sqrt(max(p * (1 - p), 1e-12) / law.task_examples),
+                    )
+                )
+            evals = pl.DataFrame(rows, schema=EVALS_SCHEMA)
+            final_val = rows[-4]["value"]
+            run_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(run_dir / "config.json", cfg_dict)
+            metrics.write_parquet(run_dir / "metrics.parquet")
+            evals.write_parquet(run_dir / "evals.parquet")
+            tail = train_loss[-max(1, train_loss.size // 20) :]
+            atomic_write_json(
+                run_dir / "status.json",
+                dict(
+                    status="done",
+                    run_id=run_id,
+                    params=n,
+                    params_nonembed=num_params_nonembedding(cfg.model),
+                    num_steps=steps,
+                    tokens_per_step=tps,
+                    num_tokens=d_total,
+                    flops_per_token_6n=flops_per_token,
+                    flops_6n=flops_per_token * d_total,
+                    flops_exact=flops_per_token * d_total,
+                    final_train_loss=float(tail.mean()),
+                    best_train_loss=float(train_loss.min()),
+                    final_val_loss=final_val,
+                    best_val_loss=min(r["value"] for r in rows[::4]),
+                    final_val_bpb=final_val / math.log(2),
+                    synthetic=True,
+                ),
+            )
+    return run_ids
