@@ -9,6 +9,11 @@ Parameters
                                 shared matrix is the embedding and is removed. Kaplan et al. (2020)
                                 used tied GPT-2-style models, so there both conventions agree.
 
+MoE (family "moe"): num_params counts every expert (total parameters);
+  num_params_active(cfg)        parameters one token touches: the routed experts count k of E
+                                (num_experts_per_tok), shared experts, router and the rest in full.
+  FLOPs use the active parameters (the matmul term counts k routed experts + shared + router).
+
 Training FLOPs per token (multiply-add = 2 FLOPs), see `flops_per_token`:
   six_n           6 * num_params(cfg)                   (ARCHITECTURE.md's default C = 6 N D)
   six_n_nonembed  6 * num_params_nonembedding(cfg)      (Kaplan's C = 6 N D)
@@ -32,12 +37,16 @@ from dataclasses import dataclass
 from scalelab.models.config import ModelConfig
 
 
-def _linear_params_per_layer(cfg: ModelConfig) -> int:
-    """Weights of the nn.Linear modules of one block (the matmul parameters)."""
+def _linear_params_per_layer(cfg: ModelConfig, active: bool = False) -> int:
+    """Weights of the matmuls of one block; for MoE all experts, or (active) the k a token uses."""
     d, dh = cfg.d_model, cfg.head_dim
     attention = d * cfg.num_heads * dh + 2 * d * cfg.num_kv_heads * dh + cfg.num_heads * dh * d
-    feed_forward = 3 * d * cfg.d_ff
-    return attention + feed_forward
+    if cfg.family != "moe":
+        return attention + 3 * d * cfg.d_ff
+    routed = cfg.num_experts_per_tok if active else cfg.num_experts
+    router = d * cfg.num_experts
+    experts = 3 * d * cfg.expert_d_ff * (routed + cfg.num_shared_experts)
+    return attention + router + experts
 
 
 def _norm_params_per_layer(cfg: ModelConfig) -> int:
@@ -50,6 +59,14 @@ def num_params(cfg: ModelConfig) -> int:
     output = 0 if cfg.tied_embeddings else cfg.vocab_size * cfg.d_model
     per_layer = _linear_params_per_layer(cfg) + _norm_params_per_layer(cfg)
     return embedding + cfg.num_layers * per_layer + cfg.d_model + output
+
+
+def num_params_active(cfg: ModelConfig) -> int:
+    """Parameters one token uses (MoE: k routed experts of E); equals num_params for dense models."""
+    if cfg.family != "moe":
+        return num_params(cfg)
+    inactive = 3 * cfg.d_model * cfg.expert_d_ff * (cfg.num_experts - cfg.num_experts_per_tok)
+    return num_params(cfg) - cfg.num_layers * inactive
 
 
 def num_params_embedding(cfg: ModelConfig) -> int:
@@ -67,9 +84,9 @@ class FlopsPerToken:
     """Training (forward + backward) FLOPs per token at one sequence length; see module docstring."""
 
     seq_len: int
-    six_n: float  # 6 * num_params
+    six_n: float  # 6 * num_params (MoE: active parameters)
     six_n_nonembed: float  # 6 * num_params_nonembedding
-    matmul: float  # 3 * 2 * (all nn.Linear weights, output layer included)
+    matmul: float  # 3 * 2 * (all nn.Linear weights, output layer included; MoE: active experts)
     attention: float  # 3 * 4 * seq_len * num_heads * head_dim * num_layers (full T x T)
     exact: float  # matmul + attention
     exact_causal: float  # matmul + attention / 2
@@ -77,13 +94,13 @@ class FlopsPerToken:
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> FlopsPerToken:
     """Training FLOPs per token for sequences of `seq_len` tokens (see module docstring)."""
-    linear_weights = cfg.num_layers * _linear_params_per_layer(cfg) + cfg.vocab_size * cfg.d_model
+    linear_weights = cfg.num_layers * _linear_params_per_layer(cfg, active=True) + cfg.vocab_size * cfg.d_model
     matmul = 3 * 2 * linear_weights
     attention = 3 * cfg.num_layers * 4 * seq_len * cfg.num_heads * cfg.head_dim
     return FlopsPerToken(
         seq_len=seq_len,
-        six_n=6.0 * num_params(cfg),
-        six_n_nonembed=6.0 * num_params_nonembedding(cfg),
+        six_n=6.0 * num_params_active(cfg),
+        six_n_nonembed=6.0 * (num_params_active(cfg) - num_params_embedding(cfg)),
         matmul=float(matmul),
         attention=float(attention),
         exact=float(matmul + attention),
@@ -108,6 +125,7 @@ def model_summary(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, flo
         "tied_embeddings": cfg.tied_embeddings,
         "num_params": num_params(cfg),
         "num_params_nonembedding": num_params_nonembedding(cfg),
+        "num_params_active": num_params_active(cfg),
         "seq_len": seq_len,
         "flops_per_token_6n": flops.six_n,
         "flops_per_token_exact": flops.exact,

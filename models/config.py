@@ -8,8 +8,9 @@ and raises `ConfigError("model.<key>", problem, fix)` for anything the model cod
     cfg.validate()          # raises ConfigError on bad input
     cfg.head_dim            # 16
 
-`family` names the block type. Only "llama" (dense pre-norm RMSNorm / RoPE / GQA / SwiGLU) exists
-now; another family (MoE) adds its own fields after the dense ones and its checks to `validate`.
+`family` names the block type: "llama" (dense pre-norm RMSNorm / RoPE / GQA / SwiGLU) or "moe" (the
+same with the SwiGLU replaced by a mixture of experts, `scalelab.models.moe`). The MoE fields come
+after the dense ones and are ignored by the dense family.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from dataclasses import dataclass
 
 from scalelab.errors import ConfigError
 
-FAMILIES = ("llama",)
+FAMILIES = ("llama", "moe")
+ROUTER_GATINGS = ("softmax", "sigmoid")
+EXPERT_METHODS = ("loop", "grouped")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -40,6 +43,21 @@ class ModelConfig:
     # 1/sqrt(2 * num_layers) (GPT-2 / Megatron); norm weights = 1.
     init_std: float = 0.02
     kernels: str = "auto"  # 'auto' (Triton on CUDA, torch elsewhere) | 'triton' | 'torch'
+    # --- MoE (family "moe"; see scalelab.models.moe) ---
+    num_experts: int = 8  # routed experts per MoE layer
+    num_experts_per_tok: int = 2  # top-k experts each token is sent to
+    moe_d_ff: int = 0  # hidden width of one expert; 0 = d_ff (smaller = fine-grained experts)
+    num_shared_experts: int = 0  # always-active experts of width moe_d_ff (DeepSeek-MoE style)
+    router_gating: str = "softmax"  # softmax | sigmoid (top-k sigmoid scores renormalised)
+    router_aux_loss_weight: float = 0.01  # load-balancing loss weight (0 = off)
+    router_z_loss_weight: float = 0.001  # router z-loss weight (0 = off)
+    capacity_factor: float = 0.0  # 0 = dropless; c > 0: each expert takes <= ceil(c*N*k/E) copies
+    moe_expert_method: str = "loop"  # loop (reference) | grouped (batched GEMM / torch._grouped_mm)
+
+    @property
+    def expert_d_ff(self) -> int:
+        """Hidden width of one routed expert (moe_d_ff, or d_ff when 0)."""
+        return self.moe_d_ff or self.d_ff
 
     @property
     def head_dim(self) -> int:
@@ -91,4 +109,34 @@ class ModelConfig:
         if self.kernels not in BACKENDS:
             raise ConfigError(
                 f"{prefix}.kernels", f"{self.kernels!r} is not a backend", f"use one of {BACKENDS}"
+            )
+        if self.family == "moe":
+            self._validate_moe(prefix)
+
+    def _validate_moe(self, prefix: str) -> None:
+        for key in ("num_experts", "num_experts_per_tok"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{prefix}.{key}", f"{value!r} must be a positive integer", "set it > 0")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ConfigError(
+                f"{prefix}.num_experts_per_tok",
+                f"{self.num_experts_per_tok} > num_experts={self.num_experts}",
+                "pick top-k <= num_experts",
+            )
+        for key in ("moe_d_ff", "num_shared_experts"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{prefix}.{key}", f"{value!r} must be an integer >= 0", "use 0 to disable it")
+        for key in ("router_aux_loss_weight", "router_z_loss_weight", "capacity_factor"):
+            value = getattr(self, key)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{prefix}.{key}", f"{value!r} must be a number >= 0", "use 0 to disable it")
+        if self.router_gating not in ROUTER_GATINGS:
+            raise ConfigError(
+                f"{prefix}.router_gating", f"{self.router_gating!r} unknown", f"use one of {ROUTER_GATINGS}"
+            )
+        if self.moe_expert_method not in EXPERT_METHODS:
+            raise ConfigError(
+                f"{prefix}.moe_expert_method", f"{self.moe_expert_method!r} unknown", f"use one of {EXPERT_METHODS}"
             )

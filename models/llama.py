@@ -10,6 +10,8 @@ and split the model into pipeline stages from outside:
         attention.q_norm/k_norm RMSNorm [Dh] (only with qk_norm)
         ffn_norm                RMSNorm [D]
         feed_forward.w1/w2/w3   SwiGLU: w2(silu(w1 x) * w3 x)
+        feed_forward (family "moe") MoE: router.gate, experts.w1/w2/w3 [E, ...], shared_experts
+                                (see scalelab.models.moe)
     norm                        RMSNorm [D]
     output                      nn.Linear [V, D], no bias; shares tok_embeddings.weight when tied
 
@@ -99,7 +101,12 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
+        if cfg.family == "moe":
+            from scalelab.models.moe import MoE
+
+            self.feed_forward = MoE(cfg)
+        else:
+            self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
@@ -107,7 +114,7 @@ class TransformerBlock(nn.Module):
 
 
 # Module names whose weight is a residual-branch output projection (init scaled by 1/sqrt(2L)).
-_RESIDUAL_OUT = ("attention.wo", "feed_forward.w2")
+_RESIDUAL_OUT = ("attention.wo", "feed_forward.w2", "shared_experts.w2")
 
 
 class Transformer(nn.Module):
@@ -208,6 +215,22 @@ class Transformer(nn.Module):
             return h
         return self.output(h)
 
+    # --- MoE hooks (no-ops for the dense family) ---------------------------------------------------
+    def moe_layers(self) -> list[nn.Module]:
+        """The MoE feed-forward modules present in this (stage of the) model, in layer order."""
+        from scalelab.models.moe import MoE
+
+        return [m for m in self.modules() if isinstance(m, MoE)]
+
+    def moe_stats(self) -> list[dict[str, torch.Tensor]]:
+        """Router statistics of the last forward, one dict per MoE layer (see models.moe)."""
+        return [m.last_stats for m in self.moe_layers() if m.last_stats]
+
+    def set_moe_loss_scale(self, scale: float) -> None:
+        """The factor the LM loss is multiplied by before backward (1/accumulation steps ...)."""
+        for m in self.moe_layers():
+            m.loss_scale = scale
+
     # --- init ----------------------------------------------------------------------------------
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:
@@ -241,6 +264,9 @@ class Transformer(nn.Module):
                 # still equal the embedding: it is seeded under the embedding's name.
                 key = "tok_embeddings" if name == "output" and self.cfg.tied_embeddings else name
                 _normal_(mod.weight, out_std if name.endswith(_RESIDUAL_OUT) else std, seed, key)
+            elif hasattr(mod, "w1") and isinstance(mod.w1, nn.Parameter):  # MoE GroupedExperts [E, ...]
+                for wname in ("w1", "w2", "w3"):
+                    _normal_(getattr(mod, wname), out_std if wname == "w2" else std, seed, f"{name}.{wname}")
 
 
 def _param_seed(seed: int, name: str) -> int:
