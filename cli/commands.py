@@ -10,5 +10,8 @@ COMMANDS: list[tuple[str, str]] = [
     ("data_cmd", "data"),
     ("models_cmd", "models"),
     ("eval_cmd", "eval"),
+    ("sweep_cmd", "sweep"),
+    ("demo_cmd", "demo"),
+    ("parity_cmd", "parity"),
     ("analysis_cmd", "noise"),  # also registers predict-task, compare, plot, report
 ]

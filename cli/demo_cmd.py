@@ -11,8 +11,11 @@ from __future__ import annotations
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="IsoFLOP sweep -> fit -> proposed run -> predicted vs measured (CPU, <10 min)",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "demo",
+        help="IsoFLOP sweep -> fit -> proposed run -> predicted vs measured (CPU, <10 min)",
+        description=__doc__.splitlines()[0],
+    )
     p.add_argument("--out", default="results/demo", help="store root for the demo sweep (default results/demo)")
     p.add_argument("--quick", action="store_true", help="a smaller demo (~2 minutes) for smoke tests")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")

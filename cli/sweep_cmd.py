@@ -20,8 +20,11 @@ from scalelab.errors import UsageError
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sweep", help="plan, launch, resume and inspect sweeps; propose the next round",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "sweep",
+        help="plan, launch, resume and inspect sweeps; propose the next round",
+        description=__doc__.splitlines()[0],
+    )
     s = p.add_subparsers(dest="sweep_command", metavar="SUBCOMMAND")
     s.required = True
 
@@ -38,8 +41,13 @@ def add_parser(sub) -> None:
     q.add_argument("--rounds", type=int, default=1, help="alternate launch and `sweep next` this many times")
     q.add_argument("--target-flops", type=float, default=None, help="C* for --rounds > 1 (default: the spec's fit)")
     q.add_argument("--budget-flops", type=float, default=None, help="FLOPs per proposed round (--rounds > 1)")
-    q.add_argument("--inject-fault", action="append", default=[], metavar="RUN_ID:STEP",
-                   help="testing: make that run raise once at STEP (it is retried and resumes)")
+    q.add_argument(
+        "--inject-fault",
+        action="append",
+        default=[],
+        metavar="RUN_ID:STEP",
+        help="testing: make that run raise once at STEP (it is retried and resumes)",
+    )
     q.set_defaults(func=run_launch)
 
     q = s.add_parser("resume", help="finish a sweep whose driver died: done runs stay done, partial ones resume")
@@ -113,9 +121,16 @@ def run_launch(args) -> int:
     faults = _faults(args.inject_fault)
     out = Path(args.out)
     print(f"sweep {sweep.name}: {len(sweep.runs)} runs -> {out}")
-    result = launch(sweep, out, spec_text=Path(args.spec).read_text(), spec_name=Path(args.spec).stem,
-                    address=args.address, max_concurrent=args.max_concurrent, num_cpus=args.num_cpus,
-                    fault_steps=faults)
+    result = launch(
+        sweep,
+        out,
+        spec_text=Path(args.spec).read_text(),
+        spec_name=Path(args.spec).stem,
+        address=args.address,
+        max_concurrent=args.max_concurrent,
+        num_cpus=args.num_cpus,
+        fault_steps=faults,
+    )
     for k in range(1, args.rounds):
         from scalelab.sweeps.propose import propose_next
 
@@ -123,8 +138,15 @@ def run_launch(args) -> int:
         spec_path = Path(proposal["spec_path"])
         nxt = load_sweep(spec_path)
         print(f"round {k}: {len(nxt.runs)} proposed run(s) from {spec_path}")
-        result = launch(nxt, out, spec_text=spec_path.read_text(), spec_name=spec_path.stem,
-                        address=args.address, max_concurrent=args.max_concurrent, num_cpus=args.num_cpus)
+        result = launch(
+            nxt,
+            out,
+            spec_text=spec_path.read_text(),
+            spec_name=spec_path.stem,
+            address=args.address,
+            max_concurrent=args.max_concurrent,
+            num_cpus=args.num_cpus,
+        )
     return 0 if all(s in ("done", "diverged") for s in result["states"].values()) else 1
 
 
@@ -157,8 +179,14 @@ def run_export(args) -> int:
 def run_next(args) -> int:
     from scalelab.sweeps.propose import format_proposal, propose_next
 
-    proposal = propose_next(args.sweep_dir, target_flops=args.target_flops, budget_flops=args.budget_flops,
-                            step=args.step, replicates=args.replicates, log=(lambda m: None) if args.json else print)
+    proposal = propose_next(
+        args.sweep_dir,
+        target_flops=args.target_flops,
+        budget_flops=args.budget_flops,
+        step=args.step,
+        replicates=args.replicates,
+        log=(lambda m: None) if args.json else print,
+    )
     if args.json:
         print(json.dumps(proposal, indent=2, default=str))
     else:

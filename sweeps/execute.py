@@ -64,9 +64,7 @@ def _run_lock(run_dir: Path):
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"{run_dir} is locked by another process for {LOCK_WAIT_S:.0f} s"
-                    ) from None
+                    raise RuntimeError(f"{run_dir} is locked by another process for {LOCK_WAIT_S:.0f} s") from None
                 time.sleep(0.2)
         yield
     finally:
@@ -107,9 +105,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
             return
         cfg = build_run_config(tc["config"])
         if config_hash(cfg) != run_id:
-            raise RuntimeError(
-                f"run {run_id}: config hashes to {config_hash(cfg)}; the store and code disagree"
-            )
+            raise RuntimeError(f"run {run_id}: config hashes to {config_hash(cfg)}; the store and code disagree")
         os.chdir(run_dir)  # cooldown branches name their stable run's checkpoint relative to the run dir
         prev = (store.read_status(run_dir) or {}) if state != "pending" else {}
         store.append_event(
@@ -133,9 +129,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
                 sweep_dir, "fail", run_id, error=f"{type(e).__name__}: {e}", train_s=time.perf_counter() - t0
             )
             raise
-        store.append_event(
-            sweep_dir, "end", run_id, status=summary.get("status"), train_s=time.perf_counter() - t0
-        )
+        store.append_event(sweep_dir, "end", run_id, status=summary.get("status"), train_s=time.perf_counter() - t0)
     tune.report({k: v for k, v in summary.items() if isinstance(v, int | float | str) and v is not None})
 
 
@@ -192,9 +186,7 @@ def check_runnable(runs: list[dict[str, Any]]) -> None:
 
 def _world_size(config: dict[str, Any]) -> int:
     p = config.get("parallel") or {}
-    return int(
-        p.get("dp_replicate", 1) * p.get("dp_shard", 1) * p.get("tp", 1) * p.get("pp", 1) * p.get("cp", 1)
-    )
+    return int(p.get("dp_replicate", 1) * p.get("dp_shard", 1) * p.get("tp", 1) * p.get("pp", 1) * p.get("cp", 1))
 
 
 def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
@@ -329,11 +321,7 @@ def execute(
     counts: dict[str, int] = {}
     for s in states.values():
         counts[s] = counts.get(s, 0) + 1
-    log(
-        "states: "
-        + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-        + f"  ({time.time() - t0:.0f} s)"
-    )
+    log("states: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())) + f"  ({time.time() - t0:.0f} s)")
     return {"states": states, "trained": trained, "skipped": skipped, "wall_s": time.time() - t0}
 
 

@@ -24,7 +24,13 @@ from scalelab.sweeps.spec import RunSpec, Sweep
 
 def _shape_key(run: RunSpec) -> tuple:
     m, d, t = run.config["model"], run.config["data"], run.config["train"]
-    return (tuple(sorted(m.items())), d["seq_len"], t["global_batch_tokens"], t["num_threads"], t["micro_batch_sequences"])
+    return (
+        tuple(sorted(m.items())),
+        d["seq_len"],
+        t["global_batch_tokens"],
+        t["num_threads"],
+        t["micro_batch_sequences"],
+    )
 
 
 def measure_tokens_per_s(config: dict[str, Any], steps: int = 3) -> float:
@@ -98,15 +104,27 @@ def plan_sweep(sweep: Sweep, *, measure: bool = True) -> tuple[list[dict[str, An
     for run in sweep.runs:
         own_tokens = run.num_tokens * (run.cost_flops / run.flops_6n if run.flops_6n else 1.0)
         tps = speed.get(_shape_key(run))
-        rows.append(dict(
-            run_id=run.run_id, params=run.params, tokens=run.num_tokens, flops=run.flops_6n, cost_flops=run.cost_flops,
-            layout=layout(run, ex.cpus_per_run, ex.gpus_per_run), memory_gib=memory_bytes(run) / 2**30,
-            est_s=own_tokens / tps if tps else None, tokens_per_s=tps,
-            label=_label(run.labels),
-        ))
+        rows.append(
+            dict(
+                run_id=run.run_id,
+                params=run.params,
+                tokens=run.num_tokens,
+                flops=run.flops_6n,
+                cost_flops=run.cost_flops,
+                layout=layout(run, ex.cpus_per_run, ex.gpus_per_run),
+                memory_gib=memory_bytes(run) / 2**30,
+                est_s=own_tokens / tps if tps else None,
+                tokens_per_s=tps,
+                label=_label(run.labels),
+            )
+        )
     serial = sum(r["est_s"] for r in rows if r["est_s"] is not None) if measure else None
-    totals = dict(num_runs=len(rows), cost_flops=sum(r["cost_flops"] for r in rows), serial_s=serial,
-                  warnings=list(sweep.warnings))
+    totals = dict(
+        num_runs=len(rows),
+        cost_flops=sum(r["cost_flops"] for r in rows),
+        serial_s=serial,
+        warnings=list(sweep.warnings),
+    )
     return rows, totals
 
 

@@ -157,9 +157,7 @@ def _number(value: Any, key: str, *, positive: bool = True) -> float:
 
 def _list(value: Any, key: str, *, min_len: int = 1) -> list:
     if not isinstance(value, list) or len(value) < min_len:
-        raise ConfigError(
-            key, f"expected a list of at least {min_len} value(s), got {value!r}", "write a YAML list"
-        )
+        raise ConfigError(key, f"expected a list of at least {min_len} value(s), got {value!r}", "write a YAML list")
     return value
 
 
@@ -201,9 +199,7 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         raise ConfigError("base", f"expected a run-config mapping, got {base!r}", "see examples/sweeps/")
     execution = _dataclass_from(ExecutionConfig, raw.get("execution"), "execution")
     if execution.cpus_per_run < 1 or execution.max_failures < 0 or execution.max_concurrent < 0:
-        raise ConfigError(
-            "execution", "cpus_per_run >= 1, max_failures >= 0, max_concurrent >= 0", "fix the value"
-        )
+        raise ConfigError("execution", "cpus_per_run >= 1, max_failures >= 0, max_concurrent >= 0", "fix the value")
     fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
     if fit.flops not in ("6n", "exact"):
         raise ConfigError("fit.flops", f"{fit.flops!r} unknown", "use 6n or exact")
@@ -228,9 +224,7 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     if gen == "isoflop":
         _check_isoflop_tolerance(raw[gen], runs)
     name = str(raw.get("name") or default_name)
-    return Sweep(
-        name=name, raw=raw, generator=gen, runs=runs, execution=execution, fit=fit, warnings=warnings
-    )
+    return Sweep(name=name, raw=raw, generator=gen, runs=runs, execution=execution, fit=fit, warnings=warnings)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,15 +252,11 @@ class _Context:
         for section in ("model", "data", "train"):
             if not isinstance(base.get(section) or {}, dict):
                 raise ConfigError(f"base.{section}", "expected a mapping", "write it as a YAML mapping")
-        vocab = model.get("vocab_size") or padded_vocab_size(
-            load_tokenizer(data.get("tokenizer", "byte")).vocab_size
-        )
+        vocab = model.get("vocab_size") or padded_vocab_size(load_tokenizer(data.get("tokenizer", "byte")).vocab_size)
         seq_len = int(data.get("seq_len", DataConfig().seq_len))
         batch = int(float(train.get("global_batch_tokens", TrainLoopConfig().global_batch_tokens)))
         if seq_len < 1 or batch < seq_len:
-            raise ConfigError(
-                "base.train.global_batch_tokens", f"{batch} < data.seq_len={seq_len}", "raise it"
-            )
+            raise ConfigError("base.train.global_batch_tokens", f"{batch} < data.seq_len={seq_len}", "raise it")
         # Threads follow the trial's CPUs so concurrent trials do not oversubscribe the cores.
         base.setdefault("train", {}).setdefault("num_threads", execution.cpus_per_run)
         return cls(
@@ -297,9 +287,7 @@ class _Context:
             break
         if cfg is None:
             raise ConfigError(key, f"size {target_params:.3g}: {str(error).split(': ', 1)[-1]}") from None
-        return {
-            k: v for k, v in to_dict(cfg).items() if k in SHAPE_KEYS or k in ("vocab_size", "max_seq_len")
-        }
+        return {k: v for k, v in to_dict(cfg).items() if k in SHAPE_KEYS or k in ("vocab_size", "max_seq_len")}
 
 
 def _set(tree: dict, dotted: str, value: Any) -> None:
@@ -356,9 +344,7 @@ def _points(section: Any, ctx: _Context, key: str) -> list[Point]:
     out = []
     for i, point in enumerate(_list(section, key)):
         if not isinstance(point, dict):
-            raise ConfigError(
-                f"{key}[{i}]", "expected a mapping of config keys to values", "e.g. {optim.lr: 1e-3}"
-            )
+            raise ConfigError(f"{key}[{i}]", "expected a mapping of config keys to values", "e.g. {optim.lr: 1e-3}")
         point = dict(point)
         labels = point.pop("labels", None) or {}
         out.append((point, dict(labels)))
@@ -394,11 +380,7 @@ def _random(section: Any, ctx: _Context, key: str) -> list[Point]:
             if hi <= lo:
                 raise ConfigError(f"{k}.{kind}", f"[{lo}, {hi}] is empty", "give [low, high] with low < high")
             u = rng.uniform(size=n)
-            vals = (
-                np.exp(np.log(lo) + u * (np.log(hi) - np.log(lo)))
-                if kind == "loguniform"
-                else lo + u * (hi - lo)
-            )
+            vals = np.exp(np.log(lo) + u * (np.log(hi) - np.log(lo))) if kind == "loguniform" else lo + u * (hi - lo)
             draws[name] = [float(v) for v in vals]
         elif kind == "choice":
             options = _list(arg, f"{k}.choice")
@@ -414,9 +396,7 @@ def _steps_for(tokens: float, ctx: _Context) -> int:
 
 def _ladder(section: Any, ctx: _Context, key: str) -> list[Point]:
     _check_keys(section, ("sizes", "tokens_per_param"), key)
-    sizes = [
-        _number(v, f"{key}.sizes[{i}]") for i, v in enumerate(_list(section.get("sizes"), f"{key}.sizes"))
-    ]
+    sizes = [_number(v, f"{key}.sizes[{i}]") for i, v in enumerate(_list(section.get("sizes"), f"{key}.sizes"))]
     tpps = [
         _number(v, f"{key}.tokens_per_param[{i}]")
         for i, v in enumerate(_list(section.get("tokens_per_param"), f"{key}.tokens_per_param"))
@@ -436,9 +416,7 @@ def _ladder(section: Any, ctx: _Context, key: str) -> list[Point]:
                     f"{tpp} x {n:,} params is less than one step ({ctx.tokens_per_step} tokens)",
                     "raise it or lower train.global_batch_tokens",
                 )
-            over = {f"model.{k}": v for k, v in shape.items()} | {
-                "train.num_tokens": steps * ctx.tokens_per_step
-            }
+            over = {f"model.{k}": v for k, v in shape.items()} | {"train.num_tokens": steps * ctx.tokens_per_step}
             out.append((over, {"target_params": target, "tokens_per_param": tpp}))
     return out
 
@@ -452,10 +430,7 @@ def _isoflop(section: Any, ctx: _Context, key: str) -> list[Point]:
         ("budgets", "num_sizes", "tokens_per_param", "params", "flops", "tolerance", "min_steps"),
         key,
     )
-    budgets = [
-        _number(v, f"{key}.budgets[{i}]")
-        for i, v in enumerate(_list(section.get("budgets"), f"{key}.budgets"))
-    ]
+    budgets = [_number(v, f"{key}.budgets[{i}]") for i, v in enumerate(_list(section.get("budgets"), f"{key}.budgets"))]
     num_sizes = int(_number(section.get("num_sizes", 5), f"{key}.num_sizes"))
     flops_kind = section.get("flops", "6n")
     if flops_kind not in ("6n", "exact"):
@@ -468,10 +443,7 @@ def _isoflop(section: Any, ctx: _Context, key: str) -> list[Point]:
             "e.g. tokens_per_param: [4, 64]",
         )
     range_key = "tokens_per_param" if "tokens_per_param" in section else "params"
-    lo, hi = (
-        _number(v, f"{key}.{range_key}")
-        for v in _list(section[range_key], f"{key}.{range_key}", min_len=2)[:2]
-    )
+    lo, hi = (_number(v, f"{key}.{range_key}") for v in _list(section[range_key], f"{key}.{range_key}", min_len=2)[:2])
     if hi < lo:
         raise ConfigError(f"{key}.{range_key}", f"[{lo:g}, {hi:g}] is reversed", "give [low, high]")
     out = []
@@ -508,9 +480,7 @@ def _isoflop(section: Any, ctx: _Context, key: str) -> list[Point]:
                     f"{steps} step(s) of {ctx.tokens_per_step} tokens (min_steps={min_steps})",
                     "raise the budget, narrow the size range or lower train.global_batch_tokens",
                 )
-            over = {f"model.{k}": v for k, v in shape.items()} | {
-                "train.num_tokens": steps * ctx.tokens_per_step
-            }
+            over = {f"model.{k}": v for k, v in shape.items()} | {"train.num_tokens": steps * ctx.tokens_per_step}
             out.append((over, {"flops_budget": budget, "target_params": round(target), "size_index": s}))
     return out
 
@@ -573,12 +543,8 @@ def _data_axes(section: Any, ctx: _Context, gen: str) -> list[Point]:
         mixes = _list(section["mixtures"], "data.mixtures")
         for i, m in enumerate(mixes):
             if not isinstance(m, dict) or not m:
-                raise ConfigError(
-                    f"data.mixtures[{i}]", "expected {source name: weight}", "e.g. {web: 0.7, code: 0.3}"
-                )
-        axes.append(
-            [({"data.mixture": m}, {"mixture": ",".join(f"{k}={v}" for k, v in m.items())}) for m in mixes]
-        )
+                raise ConfigError(f"data.mixtures[{i}]", "expected {source name: weight}", "e.g. {web: 0.7, code: 0.3}")
+        axes.append([({"data.mixture": m}, {"mixture": ",".join(f"{k}={v}" for k, v in m.items())}) for m in mixes])
     if "epochs" in section:
         from scalelab.train.data.config import SourceConfig
 
@@ -590,9 +556,7 @@ def _data_axes(section: Any, ctx: _Context, gen: str) -> list[Point]:
                 "point a source at a corpus of the unique size and vary train.num_tokens",
             )
         unique = int(_number(section.get("unique_tokens"), "data.unique_tokens"))
-        epochs = [
-            _number(v, f"data.epochs[{i}]") for i, v in enumerate(_list(section["epochs"], "data.epochs"))
-        ]
+        epochs = [_number(v, f"data.epochs[{i}]") for i, v in enumerate(_list(section["epochs"], "data.epochs"))]
         axes.append(
             [
                 (
@@ -636,9 +600,7 @@ def _cooldowns(section: Any, ctx: _Context, runs: list[RunSpec]) -> list[RunSpec
         for i, v in enumerate(_list(section.get("fractions"), "cooldowns.fractions"))
     )
     if fracs[-1] >= 1:
-        raise ConfigError(
-            "cooldowns.fractions", f"{fracs[-1]} >= 1", "fractions of the stable run's tokens, each < 1"
-        )
+        raise ConfigError("cooldowns.fractions", f"{fracs[-1]} >= 1", "fractions of the stable run's tokens, each < 1")
     max_ckpts = int(_number(section.get("max_checkpoints", 32), "cooldowns.max_checkpoints"))
     out: list[RunSpec] = []
     for run in runs:
@@ -686,9 +648,7 @@ def _cooldowns(section: Any, ctx: _Context, runs: list[RunSpec]) -> list[RunSpec
             tree["checkpoint"]["interval_steps"] = cfg["checkpoint"]["interval_steps"]
             branch = _from_tree(
                 tree,
-                dict(
-                    main_over, cooldown="branch", branch_of=main.run_id, branch_fraction=f, branch_step=start
-                ),
+                dict(main_over, cooldown="branch", branch_of=main.run_id, branch_fraction=f, branch_step=start),
             )
             branch.depends_on = main.run_id
             branch.cost_flops = branch.flops_6n * (steps - start) / steps

@@ -38,21 +38,38 @@ def sweep_status(sweep_dir: str | Path) -> dict[str, Any]:
     for r in df.iter_rows(named=True):
         run_dir = store.run_path(sweep_dir, r["run_id"])
         mtimes = [p.stat().st_mtime for p in (run_dir / "status.json", run_dir / "metrics.parquet") if p.exists()]
-        runs.append(dict(
-            run_id=r["run_id"], status=r["status"], step=r["step"], num_steps=r["num_steps"],
-            progress=r["progress"], params=r["params"], tokens=r["tokens"], flops=r["flops"],
-            final_train_loss=r["final_train_loss"], final_val_loss=r["final_val_loss"],
-            attempts=r["attempts"], trial_starts=starts.get(r["run_id"], 0), trial_failures=fails.get(r["run_id"], 0),
-            error=r["error"], age_s=(now - max(mtimes)) if mtimes else None,
-            linked=run_dir.is_symlink(), design=_design(r),
-        ))
+        runs.append(
+            dict(
+                run_id=r["run_id"],
+                status=r["status"],
+                step=r["step"],
+                num_steps=r["num_steps"],
+                progress=r["progress"],
+                params=r["params"],
+                tokens=r["tokens"],
+                flops=r["flops"],
+                final_train_loss=r["final_train_loss"],
+                final_val_loss=r["final_val_loss"],
+                attempts=r["attempts"],
+                trial_starts=starts.get(r["run_id"], 0),
+                trial_failures=fails.get(r["run_id"], 0),
+                error=r["error"],
+                age_s=(now - max(mtimes)) if mtimes else None,
+                linked=run_dir.is_symlink(),
+                design=_design(r),
+            )
+        )
     counts: dict[str, int] = {}
     for r in runs:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     resolved = store.read_resolved(sweep_dir)
-    return {"sweep": str(sweep_dir), "name": resolved.get("name"), "specs": resolved.get("specs", []),
-            "counts": counts, "runs": sorted(runs, key=lambda r: (ORDER.index(r["status"]) if r["status"] in ORDER else 9,
-                                                                  r["flops"] or 0))}
+    return {
+        "sweep": str(sweep_dir),
+        "name": resolved.get("name"),
+        "specs": resolved.get("specs", []),
+        "counts": counts,
+        "runs": sorted(runs, key=lambda r: (ORDER.index(r["status"]) if r["status"] in ORDER else 9, r["flops"] or 0)),
+    }
 
 
 def _design(r: dict[str, Any]) -> str:
@@ -73,10 +90,13 @@ def _f(x, fmt: str) -> str:
 
 
 def format_status(info: dict[str, Any]) -> str:
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(info["counts"].items(), key=lambda kv: ORDER.index(kv[0])
-                                                       if kv[0] in ORDER else 9))
+    counts = ", ".join(
+        f"{k} {v}"
+        for k, v in sorted(info["counts"].items(), key=lambda kv: ORDER.index(kv[0]) if kv[0] in ORDER else 9)
+    )
     lines = [f"sweep {info['name']} ({info['sweep']}): {sum(info['counts'].values())} runs: {counts}"]
-    head = f"{'run_id':12s}  {'status':8s}  {'progress':>13s}  {'N':>9s}  {'D':>10s}  {'train':>7s}  {'val':>7s}  {'fails':>5s}  design"
+    head = f"{'run_id':12s}  {'status':8s}  {'progress':>13s}  {'N':>9s}  {'D':>10s}  "
+        f"{'train':>7s}  {'val':>7s}  {'fails':>5s}  design"
     lines += [head, "-" * len(head)]
     for r in info["runs"]:
         prog = f"{r['step']}/{r['num_steps']}" if r["num_steps"] else "-"
@@ -85,7 +105,8 @@ def format_status(info: dict[str, Any]) -> str:
             status += "?"
         lines.append(
             f"{r['run_id']:12s}  {status:8s}  {prog:>13s}  {_f(r['params'], ',d'):>9s}  {_f(r['tokens'], ',d'):>10s}  "
-            f"{_f(r['final_train_loss'], '.4f'):>7s}  {_f(r['final_val_loss'], '.4f'):>7s}  {r['trial_failures']:>5d}  {r['design']}"
+            f"{_f(r['final_train_loss'], '.4f'):>7s}  {_f(r['final_val_loss'], '.4f'):>7s}  "
+            f"{r['trial_failures']:>5d}  {r['design']}"
         )
     errors = [r for r in info["runs"] if r["error"] and r["status"] != "done"]
     for r in errors:

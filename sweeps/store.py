@@ -269,9 +269,7 @@ def _row(run_dir: Path, sweep: str, entry: dict[str, Any]) -> dict[str, Any]:
         loss=final_val if final_val is not None else status.get("final_train_loss"),
         error=status.get("error") or status.get("reason"),
         updated_at=status.get("updated_at"),
-        tags=json.dumps(
-            dict(config.get("tags") or {}, **{k: str(v) for k, v in labels.items()}), sort_keys=True
-        ),
+        tags=json.dumps(dict(config.get("tags") or {}, **{k: str(v) for k, v in labels.items()}), sort_keys=True),
     )
     for col in _LABELS:
         row[col] = labels.get(col) if col != "spec" else entry.get("spec")

@@ -28,8 +28,12 @@ BASE = {
     "checkpoint": {"interval_steps": 5},
     "logging": {"wandb": "disabled", "progress": "off"},
 }
-GRID = {"name": "six", "base": BASE, "grid": {"optim.lr": [1e-3, 3e-3, 1e-2], "model.d_model": [32, 64]},
-        "execution": {"max_failures": 2}}
+GRID = {
+    "name": "six",
+    "base": BASE,
+    "grid": {"optim.lr": [1e-3, 3e-3, 1e-2], "model.d_model": [32, 64]},
+    "execution": {"max_failures": 2},
+}
 
 
 def _launch(spec: dict, out: Path, **kw):
@@ -86,16 +90,32 @@ def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path):
 
 
 def test_driver_sigkill_then_resume(ray_local, tmp_path):
-    spec = {"name": "kill", "base": {**BASE, "train": {"global_batch_tokens": 256, "num_tokens": 25600}},
-            "grid": {"optim.lr": [1e-3, 2e-3, 3e-3, 4e-3]}, "execution": {"max_concurrent": 2}}
+    spec = {
+        "name": "kill",
+        "base": {**BASE, "train": {"global_batch_tokens": 256, "num_tokens": 25600}},
+        "grid": {"optim.lr": [1e-3, 2e-3, 3e-3, 4e-3]},
+        "execution": {"max_concurrent": 2},
+    }
     spec_path = tmp_path / "kill.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "root" / "kill"
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scalelab.cli", "sweep", "launch", str(spec_path), "--out", str(out),
-         "--address", ray_local],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "scalelab.cli",
+            "sweep",
+            "launch",
+            str(spec_path),
+            "--out",
+            str(out),
+            "--address",
+            ray_local,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.time() + 120
@@ -103,7 +123,9 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
         while time.time() < deadline:
             states = {p.name: store.run_state(p) for p in store.runs_dir(out).glob("*")} if out.exists() else {}
             done_before = {i for i, s in states.items() if s == "done"}
-            partial = [i for i, s in states.items() if s == "running" and (store.run_path(out, i) / "checkpoints").exists()]
+            partial = [
+                i for i, s in states.items() if s == "running" and (store.run_path(out, i) / "checkpoints").exists()
+            ]
             if done_before and partial:
                 break
             time.sleep(0.2)
