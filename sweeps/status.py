@@ -95,8 +95,10 @@ def format_status(info: dict[str, Any]) -> str:
         for k, v in sorted(info["counts"].items(), key=lambda kv: ORDER.index(kv[0]) if kv[0] in ORDER else 9)
     )
     lines = [f"sweep {info['name']} ({info['sweep']}): {sum(info['counts'].values())} runs: {counts}"]
-    head = f"{'run_id':12s}  {'status':8s}  {'progress':>13s}  {'N':>9s}  {'D':>10s}  "
+    head = (
+        f"{'run_id':12s}  {'status':8s}  {'progress':>13s}  {'N':>9s}  {'D':>10s}  "
         f"{'train':>7s}  {'val':>7s}  {'fails':>5s}  design"
+    )
     lines += [head, "-" * len(head)]
     for r in info["runs"]:
         prog = f"{r['step']}/{r['num_steps']}" if r["num_steps"] else "-"
