@@ -35,6 +35,7 @@ def _rss_kib(field: str) -> int:
 
 def _worker(args: argparse.Namespace) -> None:
     import torch
+
     from scalelab.kernels.reference import fused_linear_cross_entropy
 
     torch.set_num_threads(1)

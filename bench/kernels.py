@@ -189,9 +189,7 @@ def build_cases(args, device: str, dtype: torch.dtype) -> list[Case]:
             "triton": lambda q, k: K.apply_rope(q, k, cos, sin),
             "torch": lambda q, k: R.apply_rope(q, k, cos, sin),
         }
-        cases.append(
-            Case(name="rope", shape=f"B={B} T={T} Hq={H} Hk={H // 4} D={D}", leaves=[q, k], impls=impls)
-        )
+        cases.append(Case(name="rope", shape=f"B={B} T={T} Hq={H} Hk={H // 4} D={D}", leaves=[q, k], impls=impls))
     if "fused_ce" in want:
         h, w = leaf(rnd(n, hid)), leaf(rnd(vocab, hid, std=0.02))
         tgt = torch.randint(0, vocab, (n,), generator=g, device=device)
@@ -274,13 +272,10 @@ def main() -> int:
         r = case.results
         if case.name == "attention" and "sdpa_flash" in r and "triton" in r:
             goals.append(
-                f"attention fwd+bwd speed vs SDPA flash: {r['sdpa_flash'][0] / r['triton'][0]:.2f}x "
-                "(goal >= 0.8x)"
+                f"attention fwd+bwd speed vs SDPA flash: {r['sdpa_flash'][0] / r['triton'][0]:.2f}x (goal >= 0.8x)"
             )
         if case.name == "fused_ce" and "torch" in r and "triton" in r and on_cuda:
-            goals.append(
-                f"fused CE peak memory / naive reference: {r['triton'][1] / r['torch'][1]:.3f} (goal <= 0.25)"
-            )
+            goals.append(f"fused CE peak memory / naive reference: {r['triton'][1] / r['torch'][1]:.3f} (goal <= 0.25)")
     for line in goals:
         print("GOAL " + line)
     print(

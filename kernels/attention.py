@@ -25,6 +25,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+
 from scalelab.kernels._common import check_dtype, dot_dtype, dot_precision, interpreting, next_pow2
 from scalelab.kernels.reference import attention as attention_reference
 
@@ -696,7 +697,7 @@ _attn_fwd_tuned = triton.autotune(
     key=["T", "S", "HEAD_DIM", "CAUSAL"],
 )(_attn_fwd)
 _attn_bwd_dkdv_tuned = triton.autotune(
-    _cfgs([(32, 128, 4, 5), (32, 128, 8, 3), (64, 128, 8, 3), (32, 64, 4, 3), (16, 64, 4, 4)]),
+    _cfgs([(32, 128, 8, 3), (64, 128, 8, 3), (32, 64, 8, 3), (64, 64, 8, 2), (16, 64, 4, 4)]),
     key=["T", "S", "HEAD_DIM", "CAUSAL", "GROUP"],
 )(_attn_bwd_dkdv)
 _attn_bwd_dq_tuned = triton.autotune(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from scalelab.kernels._common import check_dtype, interpreting
 from scalelab.kernels.reference import fused_linear_cross_entropy as fused_linear_cross_entropy_reference
 

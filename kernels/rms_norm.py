@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from scalelab.kernels._common import check_dtype, interpreting, next_pow2
 from scalelab.kernels.reference import rms_norm as rms_norm_reference
 

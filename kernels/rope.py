@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from scalelab.kernels._common import check_dtype, interpreting, next_pow2
 from scalelab.kernels.reference import apply_rope as apply_rope_reference
 
@@ -51,7 +52,7 @@ def _rope_kernel(
     h = (rows % H)[:, None]
     t = ((rows // H) % T)[:, None]
     b = (rows // (H * T))[:, None]
-    d = tl.arange(0, BLOCK_D).to(tl.int64)[None, :]
+    d = tl.arange(0, BLOCK_D)[None, :]  # int32 column offsets; row bases are int64
     mask = (rows < R)[:, None] & (d < HALF)
     c = tl.load(COS + t * sc_t + d * sc_d, mask=mask, other=0.0).to(tl.float32)
     s = tl.load(SIN + t * ss_t + d * ss_d, mask=mask, other=0.0).to(tl.float32)
@@ -74,7 +75,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backward: boo
     if out.numel():
         _rope_kernel[(triton.cdiv(rows, block_r),)](
             x, out, cos, sin, *x.stride(), *out.stride(), *cos.stride(), *sin.stride(),
-            rows, T, H, D // 2, backward, block_r, block_d, num_warps=4,
+            rows, T, H, D // 2, backward, block_r, block_d, num_warps=8,
         )  # fmt: skip
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from scalelab.kernels._common import check_dtype, interpreting, next_pow2
 from scalelab.kernels.reference import swiglu as swiglu_reference
 
@@ -20,7 +21,7 @@ __all__ = ["swiglu", "swiglu_reference"]
 @triton.jit
 def _swiglu_fwd(G, U, Out, sg, su, so, N, F, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]
-    cols = (tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)).to(tl.int64)[None, :]
+    cols = (tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F))[None, :]  # int32; row bases int64
     ok = (rows < N) & (cols < F)
     g = tl.load(G + rows * sg + cols, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(U + rows * su + cols, mask=ok, other=0.0).to(tl.float32)
@@ -31,7 +32,7 @@ def _swiglu_fwd(G, U, Out, sg, su, so, N, F, BLOCK_R: tl.constexpr, BLOCK_F: tl.
 @triton.jit
 def _swiglu_bwd(G, U, DO, DG, DU, sg, su, sdo, sdg, sdu, N, F, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]
-    cols = (tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)).to(tl.int64)[None, :]
+    cols = (tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F))[None, :]  # int32; row bases int64
     ok = (rows < N) & (cols < F)
     g = tl.load(G + rows * sg + cols, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(U + rows * su + cols, mask=ok, other=0.0).to(tl.float32)
@@ -55,7 +56,7 @@ def _launch(kernel, t: torch.Tensor, *args) -> None:
     block_f = min(1024, next_pow2(f))
     block_r = max(1, (16384 if interpreting(t) else 4096) // block_f)
     grid = (triton.cdiv(n, block_r), triton.cdiv(f, block_f))
-    kernel[grid](*args, n, f, block_r, block_f, num_warps=4)
+    kernel[grid](*args, n, f, block_r, block_f, num_warps=8)
 
 
 class _SwiGLU(torch.autograd.Function):
