@@ -134,27 +134,27 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
 
 
 def multiworker_available() -> bool:
-    """Whether scalelab.parallel provides the Ray Train worker function for world_size > 1 runs."""
+    """Whether scalelab.parallel provides the Ray Train worker function (ray_train_fn) for multi-process runs."""
     try:
         from scalelab.parallel import launch as plaunch
     except ImportError:
         return False
-    return hasattr(plaunch, "ray_train_worker")
+    return hasattr(plaunch, "ray_train_fn")
 
 
 def _train_multiworker(tc: dict, run_dir: Path, cfg) -> dict[str, Any]:
     """A multi-process run as a Ray Train TorchTrainer inside this trial."""
     if not multiworker_available():
-        raise UsageError("parallel.world_size > 1 in a sweep needs scalelab.parallel.launch.ray_train_worker")
+        raise UsageError("parallel.world_size > 1 in a sweep needs scalelab.parallel.launch.ray_train_fn")
     from ray.train import RunConfig as TrainRunConfig
     from ray.train import ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from scalelab.parallel.launch import ray_train_worker
+    from scalelab.parallel.launch import ray_train_fn
 
     gpus = float(tc.get("gpus_per_worker", 0))
     trainer = TorchTrainer(
-        ray_train_worker,
+        ray_train_fn,
         train_loop_config={"config": tc["config"], "run_dir": str(run_dir), "resume": True},
         scaling_config=ScalingConfig(
             num_workers=cfg.parallel.world_size,
@@ -173,15 +173,23 @@ def _train_multiworker(tc: dict, run_dir: Path, cfg) -> dict[str, Any]:
 
 
 def check_runnable(runs: list[dict[str, Any]]) -> None:
-    """Checks that need no Ray: multi-process layouts need scalelab.parallel's Ray Train worker."""
+    """Checks that need no Ray: a multi-process layout must fit its model and batch, and the
+    parallel package must provide the Ray Train worker function."""
     multi = [r for r in runs if _world_size(r["config"]) > 1]
-    if multi and not multiworker_available():
+    if not multi:
+        return
+    if not multiworker_available():
         raise ConfigError(
             "base.parallel",
             f"{len(multi)} run(s) have world_size > 1, but this build's scalelab.parallel has no "
-            "Ray Train worker (scalelab.parallel.launch.ray_train_worker)",
+            "Ray Train worker (scalelab.parallel.launch.ray_train_fn)",
             "use a single-process layout for now",
         )
+    from scalelab.parallel.launch import check_layout
+    from scalelab.train.config import build_run_config
+
+    for r in multi:
+        check_layout(build_run_config(r["config"]))
 
 
 def _world_size(config: dict[str, Any]) -> int:

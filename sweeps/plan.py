@@ -138,7 +138,7 @@ def _label(labels: dict[str, Any]) -> str:
         parts.append(f"branch@{labels['branch_step']}")
     elif labels.get("cooldown") == "stable":
         parts.append("stable")
-    for k in ("seed", "lr", "proposal", "mixture", "epochs"):
+    for k in ("seed", "lr", "d_model", "global_batch_tokens", "sample", "proposal", "mixture", "epochs"):
         if k in labels:
             v = labels[k]
             parts.append(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}")
@@ -148,7 +148,7 @@ def _label(labels: dict[str, Any]) -> str:
 def _fmt_s(s: float | None) -> str:
     if s is None:
         return "-"
-    return f"{s:.0f}s" if s < 120 else f"{s / 60:.1f}m" if s < 7200 else f"{s / 3600:.1f}h"
+    return f"{s:.1f}s" if s < 10 else f"{s:.0f}s" if s < 120 else f"{s / 60:.1f}m" if s < 7200 else f"{s / 3600:.1f}h"
 
 
 def format_plan(rows: list[dict[str, Any]], totals: dict[str, Any], slots: int | None = None) -> str:

@@ -337,7 +337,10 @@ def _grid(section: Any, ctx: _Context, key: str) -> list[Point]:
             key, "expected a mapping of config keys to value lists", "e.g. grid: {optim.lr: [1e-3, 3e-3]}"
         )
     axes = {k: _list(v, f"{key}.{k}") for k, v in section.items()}
-    return [(dict(zip(axes, combo)), {}) for combo in itertools.product(*axes.values())]
+    return [
+        (dict(zip(axes, combo)), {k.split(".")[-1]: v for k, v in zip(axes, combo) if not isinstance(v, dict | list)})
+        for combo in itertools.product(*axes.values())
+    ]
 
 
 def _points(section: Any, ctx: _Context, key: str) -> list[Point]:

@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 import yaml
 
+from scalelab.cli.main import main
 from scalelab.sweeps import store
 from scalelab.sweeps.execute import launch, resume
 from scalelab.sweeps.spec import expand_sweep
@@ -49,7 +50,7 @@ def _starts(sweep_dir: Path) -> dict[str, int]:
     return counts
 
 
-def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path):
+def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path, capsys):
     a = tmp_path / "root" / "a"
     result = _launch(GRID, a)
     assert len(result["states"]) == 6 and set(result["states"].values()) == {"done"}
@@ -60,6 +61,11 @@ def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path):
     assert set(df["d_model"].to_list()) == {32, 64} and df["flops"].min() > 0
     assert not list(a.rglob("*.tmp")), "a temp file survived"
     assert set(_starts(a).values()) == {1}
+    assert main(["sweep", "status", str(a)]) == 0
+    assert "6 runs: done 6" in capsys.readouterr().out
+    assert main(["sweep", "export", str(a), "--csv", str(tmp_path / "runs.csv")]) == 0
+    exported = pl.read_csv(tmp_path / "runs.csv")
+    assert exported.height == 6 and {"params", "tokens", "flops", "loss", "lr"} <= set(exported.columns)
 
     # Dedupe: the same spec again (same sweep, and a sibling sweep of the same store root) trains nothing.
     again = _launch(GRID, a)
