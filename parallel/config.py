@@ -21,7 +21,7 @@ class ParallelConfig:
     sequence_parallel: bool = True  # with tp > 1: shard norms/residual over the sequence
     loss_parallel: bool = True  # with tp > 1: cross-entropy on vocab-sharded logits
     pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved-1f1b | zero-bubble
-    pp_microbatches: int = 0  # 0 = 2 × pp
+    pp_microbatches: int = 0  # micro-batches per pipeline step; 0 = one per stage (pp × chunks per rank)
     activation_checkpoint: str = "none"  # none | full | selective
     compile: bool = False  # torch.compile each block
     fsdp_reshard_after_forward: bool = True  # False = ZeRO-2 (keep params gathered until backward)

@@ -225,10 +225,14 @@ class ParallelDims:
 
 
 def num_microbatches(pcfg, pp: int) -> int:
-    """Pipeline micro-batches per step: the config's value, or 2 × the number of stages."""
+    """Pipeline micro-batches per step: the config's value, or one per stage (pp × chunks per rank).
+
+    One per stage is the fewest that fills the pipeline; more shrink the bubble further but need
+    a batch divisible by them.
+    """
     if pcfg.pp_microbatches:
         return pcfg.pp_microbatches
-    return 2 * pp * stages_per_rank(pcfg.pp_schedule)
+    return pp * stages_per_rank(pcfg.pp_schedule)
 
 
 def validate_options(pcfg) -> None:
@@ -250,7 +254,7 @@ def validate_options(pcfg) -> None:
             "parallel.mixed_precision", f"{pcfg.mixed_precision!r} unknown", f"use one of {', '.join(MIXED_PRECISION)}"
         )
     if pcfg.pp_microbatches < 0:
-        raise ConfigError("parallel.pp_microbatches", f"{pcfg.pp_microbatches} must be >= 0", "use 0 for 2 × stages")
+        raise ConfigError("parallel.pp_microbatches", f"{pcfg.pp_microbatches} must be >= 0", "use 0 for one per stage")
     if pcfg.pp > 1 and pcfg.pp_microbatches and pcfg.pp_schedule != "gpipe":
         stages = pcfg.pp * stages_per_rank(pcfg.pp_schedule)
         if pcfg.pp_schedule in ("interleaved-1f1b",) and pcfg.pp_microbatches % pcfg.pp:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+
 from scalelab.parallel.backend import destroy_distributed, init_distributed
 
 
@@ -76,16 +77,17 @@ def check_layout(cfg) -> None:
     )
 
 
-def _train_worker(cfg, run_dir: str, resume: bool) -> None:
+def train_worker(cfg, run_dir: str, resume: bool = False, stop_after_steps: int | None = None) -> None:
+    """What every process of a local job runs (also used by tests to stop a job midway)."""
     from scalelab.train.loop import train_run
 
-    train_run(cfg, run_dir, resume=resume)
+    train_run(cfg, run_dir, resume=resume, stop_after_steps=stop_after_steps)
 
 
 def launch_local(cfg, out_dir: str | Path, resume: bool = False) -> int:
     """Train `cfg` with cfg.parallel.world_size processes on this machine; exit code 0 when done."""
     check_layout(cfg)  # before any process starts
-    spawn(_train_worker, cfg.parallel.world_size, (cfg, str(out_dir), resume), backend=cfg.parallel.backend)
+    spawn(train_worker, cfg.parallel.world_size, (cfg, str(out_dir), resume), backend=cfg.parallel.backend)
     from scalelab.train.records import read_status
 
     status = read_status(Path(out_dir)) or {}

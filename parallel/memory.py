@@ -22,8 +22,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-from scalelab.parallel.dims import stages_per_rank
 from torch.distributed.tensor import DTensor
+
+from scalelab.parallel.dims import stages_per_rank
 
 _COLWISE = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3")
 _ROWWISE = ("attention.wo", "feed_forward.w2")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+
 from scalelab.parallel.checkpointing import apply_ac
 from scalelab.parallel.data_parallel import apply_fsdp
 from scalelab.parallel.dims import ParallelDims

@@ -24,8 +24,6 @@ import copy
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from scalelab.parallel.dims import num_microbatches, stages_per_rank
-from scalelab.parallel.step import loss_from_logits
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
     Schedule1F1B,
@@ -33,6 +31,9 @@ from torch.distributed.pipelining.schedules import (
     ScheduleInterleaved1F1B,
     ScheduleZBVZeroBubble,
 )
+
+from scalelab.parallel.dims import num_microbatches, stages_per_rank
+from scalelab.parallel.step import loss_from_logits
 
 _SCHEDULES = {
     "gpipe": ScheduleGPipe,

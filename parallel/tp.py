@@ -20,7 +20,6 @@ Triton kernel cannot take a DTensor; attention and SwiGLU see local tensors and 
 from __future__ import annotations
 
 import torch.nn as nn
-from scalelab.kernels import get_ops
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -30,6 +29,8 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+
+from scalelab.kernels import get_ops
 
 
 def apply_tp(model: nn.Module, tp_mesh, *, sequence_parallel: bool, loss_parallel: bool) -> None:

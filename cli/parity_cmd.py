@@ -1,0 +1,73 @@
+"""`scalelab parity --layouts single,dp2,fsdp2,tp2sp,pp2-1f1b [--json]`: does a layout change the numbers?
+
+Runs the same model, data and seed for N steps under each layout on this machine (gloo processes)
+and prints, per layout, the max |Δloss| over the steps and the max |Δparameter| at the end against
+the single-device run. Exit 0 when every layout is within --tolerance, 1 when one is not, 2 for a
+bad layout (checked before any process starts). Logic: scalelab.parallel.parity.
+"""
+
+from __future__ import annotations
+
+import sys
+
+DEFAULT_LAYOUTS = "single,dp2,fsdp2,tp2,tp2sp,pp2-1f1b,fsdp2xtp2,dp2xpp2xtp2"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "parity", help="check that parallel layouts match the single-device run", description=__doc__.splitlines()[0]
+    )
+    p.add_argument(
+        "--layouts",
+        default=DEFAULT_LAYOUTS,
+        help=f"comma-separated layouts (default {DEFAULT_LAYOUTS}); see scalelab.parallel.parity",
+    )
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps per layout (default 3)")
+    p.add_argument(
+        "--optimizer", default="adamw", help="adamw | sgd | adamw,sgd (both, one process group per world size)"
+    )
+    p.add_argument("--lr", type=float, default=0.0, help="learning rate (default: 1e-4 adamw, 0.1 sgd)")
+    p.add_argument("--layers", type=int, default=4, help="layers of the debug model (default 4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="bf16: autocast everywhere and bf16 FSDP params (use a looser --tolerance)",
+    )
+    p.add_argument("--tolerance", type=float, default=1e-5, help="max |Δ| in loss and parameters (default 1e-5)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from scalelab.errors import UsageError
+    from scalelab.parallel.parity import ParitySpec, debug_model, format_report, run_parity
+
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    if not layouts:
+        raise UsageError("--layouts is empty; e.g. --layouts single,dp2,fsdp2")
+    optimizers = [x.strip() for x in args.optimizer.split(",") if x.strip()]
+    for opt in optimizers:
+        if opt not in ("adamw", "sgd"):
+            raise UsageError(f"--optimizer {opt!r} unknown; use adamw, sgd or adamw,sgd")
+    if args.steps < 1 or args.layers < 1 or args.tolerance <= 0:
+        raise UsageError("--steps and --layers must be >= 1 and --tolerance > 0")
+    specs = [
+        ParitySpec(
+            model=debug_model(args.layers),
+            steps=args.steps,
+            optimizer=opt,
+            lr=args.lr,
+            seed=args.seed,
+            dtype=args.dtype,
+            tolerance=args.tolerance,
+        )
+        for opt in optimizers
+    ]
+    if args.dtype == "bf16":
+        layouts = [x if "+bf16" in x or x.startswith("single") else x + "+bf16" for x in layouts]
+    report = run_parity(layouts, specs)
+    print(report.to_json() if args.json else format_report(report))
+    sys.stdout.flush()
+    return 0 if report.ok else 1
