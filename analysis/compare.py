@@ -185,7 +185,7 @@ def compare_fits(
     if budgets is None:
         budgets = np.geomspace(lo, hi, 6)
     budgets = np.asarray(sorted(float(x) for x in budgets))
-    target = float(target_flops) if target_flops else float(hi * 100.0)
+    target = float(target_flops) if target_flops else float(hi * 10.0)
     names_a, names_b = law_a.param_names, law_b.param_names
     m_point = np.array([multiplier(law_a, a.params, law_b, b.params, c) for c in budgets])
     m_target = multiplier(law_a, a.params, law_b, b.params, target)

@@ -103,7 +103,7 @@ def predict_task(
         )
     )
     sig = fit_sigmoid(pairs["bpb"].to_numpy(), pairs["acc"].to_numpy(), seed=seed)
-    acc = float(sig.predict(bpb))
+    acc = float(np.clip(sig.predict(bpb), 0.0, 1.0))  # accuracy is a fraction, whatever the sigmoid's ceiling
     rng = np.random.default_rng(seed + 17)
     q = (0.5 - level / 2, 0.5 + level / 2)
     if bpb_draws.size:
@@ -115,7 +115,7 @@ def predict_task(
             sig_draws = np.tile(mean, (bpb_draws.size, 1))
         from scalelab.fitting.downstream import sigmoid
 
-        acc_draws = np.array([sigmoid(x, *p) for x, p in zip(bpb_draws, sig_draws)], dtype=float)
+        acc_draws = np.clip([sigmoid(x, *p) for x, p in zip(bpb_draws, sig_draws)], 0.0, 1.0)
         bpb_iv = tuple(float(v) for v in np.quantile(bpb_draws, q))
         acc_iv = tuple(float(v) for v in np.quantile(acc_draws, q))
     else:

@@ -67,8 +67,12 @@ def _least_squares(law, x, loss, starts: np.ndarray, weights: np.ndarray | None)
     return [x for _, x in found]
 
 
-def fit_point(law, data: Mapping[str, np.ndarray], *, weights: np.ndarray | None = None, n_starts: int = 4):
-    """The robust fit (fit_law) started from the best `n_starts` least-squares pre-fits; a FitResult."""
+def fit_point(law, data: Mapping[str, np.ndarray], *, weights: np.ndarray | None = None, n_starts: int = 2):
+    """The robust fit (fit_law) started from the best `n_starts` distinct least-squares pre-fits.
+
+    Distinct: end points closer than 1e-3 in every fit-space coordinate count once (the batched
+    L-BFGS runs every start to its own stopping rule, so duplicates only cost time).
+    """
     from scalelab.fitting.fit import fit_law
     from scalelab.fitting.laws import get_law
 
@@ -78,7 +82,11 @@ def fit_point(law, data: Mapping[str, np.ndarray], *, weights: np.ndarray | None
     if loss.size <= law.n_params:
         raise UsageError(f"{loss.size} points cannot fit the {law.n_params} parameters of {law.name}")
     ends = _least_squares(law, x, loss, _coarse_starts(law), weights)
-    starts = np.asarray(ends[:n_starts]) if ends else None
+    distinct: list[np.ndarray] = []
+    for e in ends:
+        if len(distinct) < n_starts and all(np.max(np.abs(e - o)) > 1e-3 for o in distinct):
+            distinct.append(e)
+    starts = np.asarray(distinct) if distinct else None
     return fit_law(law, {**x, "loss": loss}, starts=starts, weights=weights, diagnose=False)
 
 

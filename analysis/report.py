@@ -93,10 +93,11 @@ def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: Path) -> str:
         ["FLOP convention", "C = 6·N·D with N = total parameters (flops_exact kept in the store)"],
         ["loss", "final validation loss (nats/token), else final train loss"],
     ]
-    return "<h2>Sweep summary</h2>" + _table(["", ""], rows, left=2)
+    body = "".join(f'<tr><th class="l">{html.escape(k)}</th><td class="l">{html.escape(v)}</td></tr>' for k, v in rows)
+    return f"<h2>Sweep summary</h2><table>{body}</table>"
 
 
-def _fit_section(fit, level: float = 0.95) -> str:
+def _fit_section(fit, note: str, level: float = 0.95) -> str:
     law = fit.law_object()
     rows = []
     for j, name in enumerate(law.param_names):
@@ -106,7 +107,7 @@ def _fit_section(fit, level: float = 0.95) -> str:
         rows.append([name, fit.params[name], float(lo), float(hi)])
     out = [
         f"<h2>Fit: {html.escape(fit.law)}</h2>",
-        f'<p class="muted">{len(fit.loss)} runs; Huber on log loss (scalelab.fitting); '
+        f'<p class="muted">{len(fit.loss)} runs ({html.escape(note)}); Huber on log loss (scalelab.fitting); '
         f"{len(fit.draws)} bootstrap refits over runs give the {100 * level:.0f}% percentile intervals.</p>",
         _table(["parameter", "estimate", "lower", "upper"], rows),
     ]
@@ -241,17 +242,22 @@ def build_report(
     runs = runs_all.filter(pl.col("status") == "done")
     if runs.height == 0:
         raise UsageError(f"{store} holds no finished runs")
-    fit = fit_store(runs, law=law, n_boot=n_boot, seed=seed)
+    groups = split_by_tag(runs, compare_by) if compare_by else {}
+    fit_runs, fit_note = runs, "all done runs"
+    if groups:  # one law per side: the headline fit is the first value's runs (the baseline)
+        first = next(iter(groups))
+        fit_runs, fit_note = groups[first], f"the runs with {compare_by}={first}"
+    fit = fit_store(fit_runs, law=law, n_boot=n_boot, seed=seed)
     parts = [
         f"<h1>scalelab report: {html.escape(store.name)}</h1>",
         f'<p class="muted">generated {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}</p>',
         _summary(runs_all, runs, store),
-        _fit_section(fit),
+        _fit_section(fit, fit_note),
         _proposal_section(store, fit),
     ]
     figs = [
-        _img(plots.plot_isoflop(runs, fit), "IsoFLOP curves with fitted parabolas and minima"),
-        _img(plots.plot_frontier(runs, fit), "Compute frontier, interval band and backtest points"),
+        _img(plots.plot_isoflop(fit_runs, fit), "IsoFLOP curves with fitted parabolas and minima"),
+        _img(plots.plot_frontier(fit_runs, fit), "Compute frontier, interval band and backtest points"),
         _img(plots.plot_allocation(fit), "Compute-optimal N*(C) and D*(C) with intervals", width=860),
         _img(plots.plot_residuals(fit), "Residuals of the fit"),
         _img(plots.plot_backtest(fit), "Backtest: predicted vs actual", width=440),
@@ -268,8 +274,7 @@ def build_report(
     if table is not None and table.height:
         figs.append(_img(plots.plot_noise(table), "Signal-to-noise ratio per metric"))
     cmps = []
-    if compare_by:
-        groups = split_by_tag(runs, compare_by)
+    if groups:
         names = list(groups)
         for other in names[1:]:
             cmps.append(

@@ -45,8 +45,10 @@ def _hand(store: Path, task: str, metric: str, last_n: int = 5) -> dict:
         coef = np.polyfit(s, v, 1)
         resid = v - (coef[0] * s + coef[1])
         per_run[run.name] = dict(
-            recipe=cfg["tags"]["recipe"], shape=(cfg["model"]["num_layers"], cfg["model"]["d_model"]),
-            final=v.mean(), ckpt=math.sqrt((resid**2).sum() / (len(v) - 2)),
+            recipe=cfg["tags"]["recipe"],
+            shape=(cfg["model"]["num_layers"], cfg["model"]["d_model"]),
+            final=v.mean(),
+            ckpt=math.sqrt((resid**2).sum() / (len(v) - 2)),
             flops=json.loads((run / "status.json").read_text())["flops_6n"],
         )
     groups = {}
@@ -62,8 +64,7 @@ def _hand(store: Path, task: str, metric: str, last_n: int = 5) -> dict:
     target = SHAPES[-1]
     want = np.sign(means[("a", target)] - means[("b", target)])
     agree = [np.sign(means[("a", s)] - means[("b", s)]) == want for s in SHAPES[:-1]]
-    return dict(seed_std=seed_std, signal=signal, ckpt_std=ckpt, snr=snr, decision_acc=np.mean(agree),
-                per_run=per_run)
+    return dict(seed_std=seed_std, signal=signal, ckpt_std=ckpt, snr=snr, decision_acc=np.mean(agree), per_run=per_run)
 
 
 def test_noise_table_matches_hand_computation(store):

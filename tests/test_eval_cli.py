@@ -4,6 +4,7 @@ standalone held-out loss equal to what the training loop logged at the same step
 import polars as pl
 import pytest
 import torch
+
 from scalelab.cli.main import main
 from scalelab.train.config import build_run_config
 from scalelab.train.loop import train_run

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import torch
+
 from scalelab.train.data.tokenizer import load_tokenizer
 from scalelab.train.eval_harness import ScalelabLM
 from scalelab.train.eval_tasks import MCExample, MCTask, score_mc_task
@@ -107,8 +108,7 @@ def test_lm_eval_simple_evaluate_offline_matches_own_evaluator(tmp_path):
     got = results["results"]["scalelab_toy"]
     # lm-eval puts its target delimiter " " in front of every choice
     examples = [
-        MCExample(context=d["context"], choices=tuple(" " + c for c in d["choices"]), gold=d["gold"])
-        for d in docs
+        MCExample(context=d["context"], choices=tuple(" " + c for c in d["choices"]), gold=d["gold"]) for d in docs
     ]
     own = score_mc_task(model, tok, MCTask(name="toy", examples=examples), max_seq_len=32)
     assert got["acc,none"] == pytest.approx(own["acc"][0])

