@@ -12,7 +12,7 @@ whose error exceeds 2x torch's error + 1% of the largest reference value is flag
 
   python bench/kernels.py                 # all kernels, one H100/H200-class GPU, < 5 minutes
   python bench/kernels.py --only attention fused_ce --no-compile
-  TRITON_INTERPRET=1 python bench/kernels.py --cpu-smoke   # tiny shapes on CPU: checks the script only
+  TRITON_INTERPRET=1 python bench/kernels.py --cpu-smoke --no-compile  # tiny, CPU: checks the script only
 
 Goals (H200): attention fwd+bwd >= 0.8x the speed of SDPA flash; fused CE peak memory <= 1/4 of
 the naive reference at vocab 128k. Without CUDA (and without --cpu-smoke) it prints that it needs CUDA.
@@ -212,11 +212,24 @@ def build_cases(args, device: str, dtype: torch.dtype) -> list[Case]:
     return cases
 
 
+def _timed(case: Case, impl: str, fn, cots, on_cuda: bool) -> None:
+    try:
+        case.results[impl] = measure(fn, case.leaves, cots, on_cuda)
+    except Exception as e:  # e.g. a backend that refuses the shape: report, keep going
+        print(f"  {case.name}/{impl} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     kernels = ["attention", "attn_gqa", "rms_norm", "swiglu", "rope", "fused_ce"]
     p.add_argument("--only", nargs="+", choices=kernels, default=kernels, help="kernels to run")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=210.0,
+        help="start no torch.compile measurement after this many seconds (keeps the run < 5 min)",
+    )
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU (needs TRITON_INTERPRET=1)")
     args = p.parse_args()
     on_cuda = torch.cuda.is_available() and not args.cpu_smoke
@@ -230,7 +243,7 @@ def main() -> int:
         if os.environ.get("TRITON_INTERPRET") != "1":
             print("--cpu-smoke needs TRITON_INTERPRET=1 in the environment (set before Triton is imported)")
             return 2
-        args.no_compile, device, dtype = True, "cpu", torch.float32
+        device, dtype = "cpu", torch.float32
     else:
         device, dtype = "cuda", torch.bfloat16
     t_start = time.perf_counter()
@@ -239,20 +252,30 @@ def main() -> int:
     cases = build_cases(args, device, dtype)
     all_ok = True
     print("correctness (before timing):")
+    cots = {}
     for case in cases:
         t_case = time.perf_counter()
-        case_cots = _cotangents(case)
-        all_ok &= verify(case, case_cots)
+        cots[case.name] = _cotangents(case)
+        all_ok &= verify(case, cots[case.name])
         case.results = {}
         for impl, fn in case.impls.items():
-            try:
-                case.results[impl] = measure(fn, case.leaves, case_cots, on_cuda)
-            except Exception as e:  # e.g. a backend that refuses the shape: report, keep going
-                print(f"  {case.name}/{impl} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
-        del case_cots
+            if impl != "compile":  # compiled references are timed last, within the time budget
+                _timed(case, impl, fn, cots[case.name], on_cuda)
         print(f"  ({case.name}: checked and timed in {time.perf_counter() - t_case:.0f}s)")
         if on_cuda:
             torch.cuda.empty_cache()
+    for case in cases:
+        if "compile" not in case.impls:
+            continue
+        if time.perf_counter() - t_start > args.budget_s:
+            print(f"  {case.name}/compile skipped: past the {args.budget_s:.0f}s budget (--budget-s)")
+            continue
+        t_case = time.perf_counter()
+        _timed(case, "compile", case.impls["compile"], cots[case.name], on_cuda)
+        print(f"  ({case.name}: torch.compile'd reference compiled and timed in {time.perf_counter() - t_case:.0f}s)")
+        if on_cuda:
+            torch.cuda.empty_cache()
+    del cots
     print()
     print(
         f"{'kernel':<10} {'shape':<34} {'impl':<11} {'fwd+bwd ms':>11} {'peak MiB':>10} "

@@ -144,16 +144,15 @@ class _FusedLinearCE(torch.autograd.Function):
             ctx.needs_input_grad[0],
             ctx.needs_input_grad[1],
         )
-        # The gradients are plain attributes, not saved tensors: they are ours, scaled in place once.
-        ctx.grads = (dh, dw)
+        # Intermediates may be saved (Liger does the same); the backward scales them in place once,
+        # so a second backward through this graph fails autograd's version check instead of
+        # silently double-scaling.
+        ctx.save_for_backward(dh, dw)
         return loss
 
     @staticmethod
     def backward(ctx, grad_output):
-        if ctx.grads is None:
-            raise RuntimeError("fused_linear_cross_entropy: backward called twice (gradients were consumed)")
-        dh, dw = ctx.grads
-        ctx.grads = None
+        dh, dw = ctx.saved_tensors
         go = grad_output.to(torch.float32)
         if dh is not None:
             dh = dh.mul_(go.to(dh.dtype))

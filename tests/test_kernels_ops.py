@@ -180,3 +180,14 @@ def test_dispatch_backends_and_signatures():
         assert [p.default for p in got.values()] == [p.default for p in want.values()], op
     with pytest.raises(ValueError, match="not one of"):
         get_ops("cuda")
+
+
+def test_fused_ce_second_backward_fails_loudly():
+    # The gradients are computed in the forward and scaled in place by the backward: a second
+    # backward through the same graph must raise, not return doubly-scaled gradients.
+    hidden, weight, targets = _ce_inputs()
+    h = hidden.clone().requires_grad_()
+    loss = K.fused_linear_cross_entropy(h, weight, targets, chunk_size=16)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
