@@ -706,6 +706,11 @@ _attn_bwd_dq_tuned = triton.autotune(
 )(_attn_bwd_dq)
 
 
+def _block_d(head_dim: int) -> int:
+    # Head dims pad to a power of two, and to >= 16: tl.dot on a GPU needs K >= 16.
+    return max(16, next_pow2(head_dim))
+
+
 def _launch(kernel, tuned, interp_blocks, grid_fn, args, interp: bool):
     if interp:
         kernel[grid_fn(interp_blocks)](*args, **interp_blocks)
@@ -737,7 +742,7 @@ def _forward(q, k, v, causal: bool):
         H // HK,
         sm_scale * _LOG2E,
         D,
-        next_pow2(D),
+        _block_d(D),
         causal,
         not even_s,
         dot_dtype(q),
@@ -753,7 +758,7 @@ def _backward(q, k, v, o, lse, do, causal: bool):
     HK, S = k.shape[1], k.shape[2]
     sm_scale = 1.0 / math.sqrt(D)
     interp = interpreting(q)
-    dt, prec, bd = dot_dtype(q), dot_precision(q), next_pow2(D)
+    dt, prec, bd = dot_dtype(q), dot_precision(q), _block_d(D)
     delta = torch.empty_like(lse)
     _attn_bwd_delta[(triton.cdiv(T, 64), B * H)](o, do, delta, *o.stride(), *do.stride(), H, T, D, bd, 64)
     dq = torch.empty_like(q)
