@@ -85,9 +85,32 @@ def train_worker(cfg, run_dir: str, resume: bool = False, stop_after_steps: int 
 
 
 def launch_local(cfg, out_dir: str | Path, resume: bool = False) -> int:
-    """Train `cfg` with cfg.parallel.world_size processes on this machine; exit code 0 when done."""
+    """Train `cfg` with cfg.parallel.world_size processes on this machine; exit code 0 when done.
+
+    Under torchrun (WORLD_SIZE already set for this process) nothing is spawned: this process
+    joins the group torchrun described and trains as its rank.
+    """
     check_layout(cfg)  # before any process starts
-    spawn(train_worker, cfg.parallel.world_size, (cfg, str(out_dir), resume), backend=cfg.parallel.backend)
+    env_world = int(os.environ.get("WORLD_SIZE", "1"))
+    if env_world > 1:
+        if env_world != cfg.parallel.world_size:
+            from scalelab.errors import ConfigError
+
+            raise ConfigError(
+                "parallel",
+                f"the layout needs {cfg.parallel.world_size} processes but torchrun started {env_world}",
+                f"run torchrun with --nproc_per_node={cfg.parallel.world_size} (or change the layout)",
+            )
+        init_distributed(cfg.parallel.backend)
+        try:
+            train_worker(cfg, str(out_dir), resume)
+        finally:
+            rank0 = int(os.environ.get("RANK", "0")) == 0
+            destroy_distributed()
+        if not rank0:
+            return 0
+    else:
+        spawn(train_worker, cfg.parallel.world_size, (cfg, str(out_dir), resume), backend=cfg.parallel.backend)
     from scalelab.train.records import read_status
 
     status = read_status(Path(out_dir)) or {}
