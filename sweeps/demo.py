@@ -41,9 +41,9 @@ def demo_spec(quick: bool = False) -> dict[str, Any]:
             "logging": {"wandb": "disabled", "progress": "off"},
         },
         "isoflop": {
-            "budgets": [float(f"{b * scale:.3g}") for b in (6e10, 1.8e11, 5.4e11)],
+            "budgets": [float(f"{b * scale:.3g}") for b in (2e10, 6e10, 1.8e11)],
             "num_sizes": 4,
-            "params": [3.5e4, 2.0e5],
+            "params": [3.4e4, 1.5e5],
             "tolerance": 0.05,
         },
         "execution": {"max_failures": 2, "cpus_per_run": 1},

@@ -198,6 +198,7 @@ def propose_next(
         seed,
         fit_starts,
     )
+    warnings += [f"fit: {w}" for w in getattr(f.fit, "warnings", [])]
     backtest = _backtest(f, done, flops_col, loss_col)
     base_draws = f.replicates()
     base_interval = _interval(f.loss_at_target(base_draws, target))

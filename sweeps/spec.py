@@ -275,18 +275,23 @@ class _Context:
         model = self.base.get("model") or {}
         extra = {k: model[k] for k in SHAPE_PASSTHROUGH if k in model}
         extra.setdefault("max_seq_len", max(self.seq_len, 128))
-        cfg = None
+        from scalelab.models.accounting import num_params
+
         # Tiny sizes are coarse (one layer or 16 channels is a big step): when the rule cannot meet
-        # a target within its tolerance, take the nearest shape it can build within 35%.
+        # a target within its tolerance, take the buildable shape nearest to it (within ~35%).
+        found, error = [], None
         for factor in (1.0, 1.15, 1 / 1.15, 1.3, 1 / 1.3):
             try:
                 cfg = shape_for_params(target_params * factor, vocab_size=self.vocab_size, **extra)
             except ConfigError as e:
                 error = e
                 continue
-            break
-        if cfg is None:
+            found.append((abs(math.log(num_params(cfg) / target_params)), cfg))
+            if factor == 1.0:
+                break
+        if not found:
             raise ConfigError(key, f"size {target_params:.3g}: {str(error).split(': ', 1)[-1]}") from None
+        cfg = min(found, key=lambda t: t[0])[1]
         return {k: v for k, v in to_dict(cfg).items() if k in SHAPE_KEYS or k in ("vocab_size", "max_seq_len")}
 
 
