@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 import polars as pl
+
 from scalelab.fitting.pipeline import fit_table, predict_from_fit
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "shared" / "data" / "scaling"
@@ -76,9 +77,7 @@ def load_gpt3(bins_per_decade: int = 50) -> pl.DataFrame:
     ).filter(pl.col("tokens") > 0)
     # Digitised curves hold hundreds of near-duplicate points; one median per log-token bin.
     df = df.with_columns(bin=(pl.col("tokens").log10() * bins_per_decade).floor())
-    df = df.group_by("model", "params", "bin").agg(
-        tokens=pl.col("tokens").median(), loss=pl.col("val_loss").median()
-    )
+    df = df.group_by("model", "params", "bin").agg(tokens=pl.col("tokens").median(), loss=pl.col("val_loss").median())
     return df.select("model", "params", "tokens", "loss").sort("params", "tokens")
 
 

@@ -24,15 +24,14 @@ def add_parser(sub) -> None:
     p = sub.add_parser("fit", help="fit a scaling law to a run table (CSV/Parquet)")
     p.add_argument("data", help="CSV or Parquet file, one row per run/checkpoint")
     p.add_argument("--law", default="chinchilla", help="law form for approach 3 (default chinchilla)")
-    p.add_argument(
-        "--approach", type=int, choices=(1, 2, 3), default=3, help="Chinchilla approach (default 3)"
-    )
-    p.add_argument(
-        "--bootstrap", type=int, default=0, metavar="B", help="bootstrap resamples (0: delta method)"
-    )
+    p.add_argument("--approach", type=int, choices=(1, 2, 3), default=3, help="Chinchilla approach (default 3)")
+    p.add_argument("--bootstrap", type=int, default=0, metavar="B", help="bootstrap resamples (0: delta method)")
     p.add_argument("--holdout-frac", type=float, default=None, metavar="F", help="backtest hold-out fraction")
     p.add_argument("--no-backtest", action="store_true", help="skip the backtests (on by default)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--starts", type=int, default=None, metavar="K", help="thin the law's start grid to K starts (default: all)"
+    )
     p.add_argument("--level", type=float, default=0.95, help="interval level (default 0.95)")
     p.add_argument("--objective", choices=("huber", "squared"), default="huber")
     p.add_argument("--delta", type=float, default=1e-3, help="Huber threshold on log-loss residuals")
@@ -113,6 +112,7 @@ def run_fit(args: argparse.Namespace) -> int:
         level=args.level,
         backtest=not args.no_backtest,
         keep_samples=args.out is not None,
+        max_starts=args.starts,
     )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

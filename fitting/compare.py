@@ -19,11 +19,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from scalelab.errors import UsageError
 from scalelab.fitting.backtest import holdout_backtest
 from scalelab.fitting.io import ColumnMap, RunTable, read_runs
 from scalelab.fitting.laws import get_law
-
-from scalelab.errors import UsageError
+from scalelab.fitting.pipeline import BACKTEST_STARTS, _law_fitter, one_torch_thread, subsample_starts
 
 
 @dataclass(kw_only=True, slots=True)
@@ -64,6 +65,7 @@ def compare_laws(
     holdout_frac: float | None = None,
     objective: str = "huber",
     delta: float = 1e-3,
+    max_starts: int | None = None,
 ) -> list[LawComparison]:
     """Fit each law and rank them by held-out MARE (laws without one sort last).
 
@@ -72,9 +74,16 @@ def compare_laws(
         laws: registry names.
         holdout_frac: backtest hold-out (None: the largest FLOP budget).
         objective, delta: passed to fit_law.
+        max_starts: thin each law's start grid (None: all); backtest refits use at most
+            pipeline.BACKTEST_STARTS plus the full-data optimum.
     Returns:
         One LawComparison per law, best held-out error first.
     """
+    with one_torch_thread():
+        return _compare(data, laws, columns, holdout_frac, objective, delta, max_starts)
+
+
+def _compare(data, laws, columns, holdout_frac, objective, delta, max_starts) -> list[LawComparison]:
     from scalelab.fitting.fit import fit_law
 
     table = data if isinstance(data, RunTable) else read_runs(data, columns=columns, min_rows=2)
@@ -90,7 +99,8 @@ def compare_laws(
             continue
         x = {k: inputs[k] for k in law.inputs}
         try:
-            fit = fit_law(law, {**x, "loss": table.loss}, objective=objective, delta=delta)
+            starts = subsample_starts(law, max_starts)
+            fit = fit_law(law, {**x, "loss": table.loss}, objective=objective, delta=delta, starts=starts)
         except UsageError as e:
             row.error = str(e)
             rows.append(row)
@@ -100,14 +110,8 @@ def compare_laws(
         row.rmse_log = float(np.sqrt(np.mean(r * r)))
         row.aic, row.bic = information_criteria(r, law.n_params)
 
-        def fitter(train: RunTable, law=law):
-            f = fit_law(
-                law,
-                {**{k: train.law_inputs()[k] for k in law.inputs}, "loss": train.loss},
-                objective=objective,
-                delta=delta,
-            )
-            return lambda test: np.asarray(f.predict(**{k: test.law_inputs()[k] for k in law.inputs}))
+        bt_cap = min(max_starts or BACKTEST_STARTS, BACKTEST_STARTS)
+        fitter = _law_fitter(law, objective, delta, starts=subsample_starts(law, bt_cap, np.asarray(fit.theta)))
 
         try:
             bt = holdout_backtest(table, fitter, holdout_frac=holdout_frac, min_train=law.n_params + 1)

@@ -91,9 +91,7 @@ def _to_frame(source) -> pl.DataFrame:
         if lower.endswith((".parquet", ".pq")):
             return pl.read_parquet(path)
         if lower.endswith((".csv", ".tsv", ".txt")):
-            return pl.read_csv(
-                path, separator="\t" if lower.endswith(".tsv") else ",", infer_schema_length=None
-            )
+            return pl.read_csv(path, separator="\t" if lower.endswith(".tsv") else ",", infer_schema_length=None)
     except (pl.exceptions.PolarsError, OSError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError("DATA", f"cannot read {path}: {first}") from None
@@ -102,7 +100,8 @@ def _to_frame(source) -> pl.DataFrame:
 
 def _numeric(frame: pl.DataFrame, col: str, role: str) -> np.ndarray:
     try:
-        arr = frame[col].cast(pl.Float64, strict=True).to_numpy()
+        # a writable copy: polars hands out read-only views, which torch warns about downstream
+        arr = np.array(frame[col].cast(pl.Float64, strict=True).to_numpy(), dtype=float)
     except (pl.exceptions.PolarsError, ValueError):
         raise ConfigError(f"column '{col}'", f"the {role} column is not numeric") from None
     bad = ~np.isfinite(arr)
@@ -115,9 +114,7 @@ def _numeric(frame: pl.DataFrame, col: str, role: str) -> np.ndarray:
         )
     if np.any(arr <= 0):
         rows = np.flatnonzero(arr <= 0)[:5].tolist()
-        raise ConfigError(
-            f"column '{col}'", f"non-positive {role} value(s) (rows {rows})", "values must be > 0"
-        )
+        raise ConfigError(f"column '{col}'", f"non-positive {role} value(s) (rows {rows})", "values must be > 0")
     return arr
 
 

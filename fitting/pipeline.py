@@ -18,24 +18,40 @@ sampling distribution of the N* line.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import pathlib
 import subprocess
 
 import numpy as np
+
+import scalelab
+from scalelab.errors import UsageError
 from scalelab.fitting import allocate as alloc
 from scalelab.fitting import approaches as appr
 from scalelab.fitting.backtest import BacktestResult, holdout_backtest, holdout_mask, leave_one_budget_out
 from scalelab.fitting.io import ColumnMap, RunTable, read_runs
 from scalelab.fitting.laws import get_law
 
-import scalelab
-from scalelab.errors import UsageError
-
 LEVEL = 0.95
 MAX_LOBO_BUDGETS = 12  # leave-one-budget-out refits once per budget; above this it is skipped
 APPROACH_SAMPLES = 2000  # parametric draws saved for Approaches 1/2
+BACKTEST_STARTS = 100  # grid starts per backtest refit (plus the full-data optimum)
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Run the fits on one torch thread: their tensors are (starts x points), far too small for
+    intra-op threads, and on shared machines two threads measured ~20x slower (spin-waiting)."""
+    import torch
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,15 +92,35 @@ def _law_data(law, table: RunTable) -> dict[str, np.ndarray]:
     return {**{k: inputs[k] for k in law.inputs}, "loss": table.loss}
 
 
-def _fit_law(law, table: RunTable, *, objective: str, delta: float):
+def subsample_starts(law, max_starts: int | None, extra: np.ndarray | None = None) -> np.ndarray | None:
+    """Evenly spaced rows of the law's init grid (fit space), at most `max_starts`; plus `extra` rows.
+
+    None when the full grid is wanted. The grid's first axis varies slowest, so even spacing in the
+    row index still visits every value of every axis when max_starts >= the grid's axis sizes.
+    """
+    grid = law.init_grid()
+    if max_starts is not None and max_starts < len(grid):
+        if max_starts < 1:
+            raise UsageError(f"starts must be >= 1, got {max_starts}")
+        grid = grid[np.unique(np.round(np.linspace(0, len(grid) - 1, max_starts)).astype(int))]
+    elif extra is None:
+        return None
+    if extra is not None:
+        grid = np.vstack([grid, np.atleast_2d(extra)])
+    return grid
+
+
+def _fit_law(law, table: RunTable, *, objective: str, delta: float, starts=None):
     from scalelab.fitting.fit import fit_law
 
-    return fit_law(law, _law_data(law, table), objective=objective, delta=delta)
+    return fit_law(law, _law_data(law, table), objective=objective, delta=delta, starts=starts)
 
 
-def _law_fitter(law, objective: str, delta: float):
+def _law_fitter(law, objective: str, delta: float, starts=None):
+    """Backtest fitter: refit on the training runs from `starts` (None: the law's full grid)."""
+
     def fitter(train: RunTable):
-        fit = _fit_law(law, train, objective=objective, delta=delta)
+        fit = _fit_law(law, train, objective=objective, delta=delta, starts=starts)
         return lambda test: np.asarray(fit.predict(**{k: test.law_inputs()[k] for k in law.inputs}))
 
     return fitter
@@ -113,14 +149,14 @@ def _optimum_fn(law):
     return lambda p, c: alloc.numeric_optimum(lambda n, d: law.predict(p, params=n, tokens=d), c)
 
 
-def _fit_approach3(table, law_name, *, bootstrap, seed, objective, delta, level, holdout_frac, backtest):
+def _fit_approach3(table, law_name, *, bootstrap, seed, objective, delta, level, holdout_frac, backtest, max_starts):
     law = get_law(law_name)
     if len(table) <= law.n_params:
         raise UsageError(
             f"{len(table)} runs is too few to fit {law.n_params} parameters of {law.name}; need at least "
             f"{law.n_params + 1}"
         )
-    fit = _fit_law(law, table, objective=objective, delta=delta)
+    fit = _fit_law(law, table, objective=objective, delta=delta, starts=subsample_starts(law, max_starts))
     params = {k: float(v) for k, v in fit.params.items()}
     warnings = list(getattr(fit, "warnings", []))
     derived = _derived(law, params)
@@ -142,7 +178,7 @@ def _fit_approach3(table, law_name, *, bootstrap, seed, objective, delta, level,
                 intervals[k] = _interval(*np.quantile(v[np.isfinite(v)], [0.5 - level / 2, 0.5 + level / 2]))
         warnings += list(getattr(boot, "warnings", []))
     else:
-        intervals, more = _delta_intervals(law, table, fit, level)
+        intervals, samples, more = _delta_intervals(law, table, fit, level, seed)
         warnings += more
     report = {
         "law": law.name,
@@ -157,7 +193,11 @@ def _fit_approach3(table, law_name, *, bootstrap, seed, objective, delta, level,
         "samples": samples,
     }
     if backtest:
-        report["backtest"] = _run_backtests(table, _law_fitter(law, objective, delta), holdout_frac, warnings)
+        # Refits start from a thinned grid plus the full-data optimum: the optimum only shortens
+        # the search (each refit minimises its own training objective), and keeps backtests cheap.
+        bt_starts = subsample_starts(law, min(max_starts or BACKTEST_STARTS, BACKTEST_STARTS), np.asarray(fit.theta))
+        fitter = _law_fitter(law, objective, delta, starts=bt_starts)
+        report["backtest"] = _run_backtests(table, fitter, holdout_frac, warnings)
     return report
 
 
@@ -179,15 +219,36 @@ def _sample_rows(samples: dict[str, list[float]]) -> list[dict[str, float]]:
     return [dict(zip(names, vals)) for vals in zip(*(samples[n] for n in names))]
 
 
-def _delta_intervals(law, table, fit, level):
-    from scalelab.fitting.bootstrap import delta_method_intervals
+DERIVED_FNS = {
+    "n_opt_exponent": lambda p: p["beta"] / (p["alpha"] + p["beta"]),
+    "d_opt_exponent": lambda p: p["alpha"] / (p["alpha"] + p["beta"]),
+    "G": lambda p: (p["alpha"] * p["A"] / (p["beta"] * p["B"])) ** (1.0 / (p["alpha"] + p["beta"])),
+}
+DELTA_SAMPLES = 1000  # normal draws from the delta-method covariance, saved for predict/allocate
 
+
+def _delta_intervals(law, table, fit, level, seed):
+    """Delta-method intervals plus parameter draws from N(theta, Cov) in fit space.
+
+    The draws let a saved fit give (approximate, symmetric-in-fit-space) intervals on predictions
+    and allocations without a bootstrap.
+    """
+    from scalelab.fitting.intervals import delta_method_intervals
+
+    derived = DERIVED_FNS if {"alpha", "beta", "A", "B"} <= set(fit.params) else {}
     try:
-        out = delta_method_intervals(law, _law_data(law, table), fit, level=level)
-    except UsageError as e:
-        return {}, [f"no delta-method intervals: {e}"]
-    intervals = {k: _interval(*v) for k, v in out.items()}
-    return intervals, []
+        dm = delta_method_intervals(law, _law_data(law, table), fit, level=level, derived=derived)
+    except (UsageError, np.linalg.LinAlgError) as e:
+        return {}, {}, [f"no delta-method intervals: {e}"]
+    intervals = {k: _interval(*v) for k, v in dm.intervals.items()}
+    cov = np.asarray(dm.cov_fit, dtype=float)
+    samples: dict[str, list[float]] = {}
+    if np.all(np.isfinite(cov)):
+        rng = np.random.default_rng(seed)
+        draws = rng.multivariate_normal(np.asarray(fit.theta), cov, size=DELTA_SAMPLES, method="eigh")
+        nat = law.to_natural_array(draws)
+        samples = {n: nat[:, i].tolist() for i, n in enumerate(law.param_names)}
+    return intervals, samples, []
 
 
 def _run_backtests(table: RunTable, fitter, holdout_frac, warnings: list[str]) -> dict:
@@ -304,6 +365,7 @@ def fit_table(
     level: float = LEVEL,
     backtest: bool = True,
     keep_samples: bool = False,
+    max_starts: int | None = None,
 ) -> dict:
     """Fit a run table and return the report dict (what `scalelab fit --json` prints).
 
@@ -316,6 +378,8 @@ def fit_table(
         seed: RNG seed (bootstrap, parametric draws).
         columns: column mapping; objective, delta: the fit's loss (Huber on log loss by default).
         level: interval level. backtest: run the backtests (on by default).
+        max_starts: thin the law's init grid to this many starts (None: all, e.g. 4500 for
+            Chinchilla; each backtest refit uses at most BACKTEST_STARTS plus the full-data optimum).
         keep_samples: include "samples" (parameter draws for later intervals; `--out` saves them).
     Returns:
         The report dict (JSON-serialisable).
@@ -330,21 +394,21 @@ def fit_table(
         raise UsageError(f"holdout fraction must be in (0, 1), got {holdout_frac}")
     table = read_runs(data, columns=columns, min_rows=2)
     if approach == 3:
-        report = _fit_approach3(
-            table,
-            law,
-            bootstrap=bootstrap,
-            seed=seed,
-            objective=objective,
-            delta=delta,
-            level=level,
-            holdout_frac=holdout_frac,
-            backtest=backtest,
-        )
+        with one_torch_thread():
+            report = _fit_approach3(
+                table,
+                law,
+                bootstrap=bootstrap,
+                seed=seed,
+                objective=objective,
+                delta=delta,
+                level=level,
+                holdout_frac=holdout_frac,
+                backtest=backtest,
+                max_starts=max_starts,
+            )
     else:
-        report = _fit_approach12(
-            table, approach, seed=seed, level=level, holdout_frac=holdout_frac, backtest=backtest
-        )
+        report = _fit_approach12(table, approach, seed=seed, level=level, holdout_frac=holdout_frac, backtest=backtest)
     report["level"] = level
     report["inputs"] = {"flops": table.flops_source, "tokens": table.tokens_source, "n_rows": len(table)}
     report["code_version"] = code_version()
@@ -400,9 +464,7 @@ def predict_from_fit(
         if rows:
             vals = np.array([law.predict(r, **x) for r in rows])
             lo, hi = _quantiles(vals, level)
-            out["loss_interval"] = [
-                [float(a), float(b)] for a, b in zip(np.atleast_1d(lo), np.atleast_1d(hi))
-            ]
+            out["loss_interval"] = [[float(a), float(b)] for a, b in zip(np.atleast_1d(lo), np.atleast_1d(hi))]
         else:
             out["loss_interval"] = None
         out["level"] = level
@@ -432,9 +494,7 @@ def allocate_from_fit(fit: dict, *, flops, level: float | None = None) -> dict:
 
         samples = _samples_of(fit)
         params = {"n_coef": p["n_coef"], "n_exponent": p["n_exponent"]}
-    rows = [
-        alloc.allocate(optimum, params, float(c), samples=samples, level=level).to_dict() for c in budgets
-    ]
+    rows = [alloc.allocate(optimum, params, float(c), samples=samples, level=level).to_dict() for c in budgets]
     if fit["approach"] != 3:
         for r in rows:  # approaches 1/2 do not model the loss
             r.pop("loss_opt", None)

@@ -1,0 +1,144 @@
+"""The `scalelab fit / predict / allocate` contract: JSON keys, saved fits, exit 2 on bad input.
+
+Data: a simulated Chinchilla IsoFLOP sweep (fitting/simulate.py) written to CSV/Parquet.
+"""
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+
+from scalelab.cli.main import main
+from scalelab.fitting.pipeline import fit_table
+from scalelab.fitting.simulate import CHINCHILLA_HOFFMANN, simulate
+
+KEYS = {"law", "approach", "params", "objective", "n_points", "intervals", "derived", "backtest", "warnings"}
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    data = simulate(
+        "chinchilla",
+        CHINCHILLA_HOFFMANN,
+        design="isoflop",
+        budgets=np.logspace(18, 21, 4),
+        points_per_budget=7,
+        noise_sigma=0.005,
+        seed=0,
+    )
+    data["run_id"] = np.array([f"r{i}" for i in range(data["loss"].size)])
+    return data
+
+
+@pytest.fixture(scope="module")
+def csv_path(sweep, tmp_path_factory):
+    path = tmp_path_factory.mktemp("fitcli") / "runs.csv"
+    pl.DataFrame(sweep).write_csv(path)
+    return path
+
+
+def run_json(capsys, argv):
+    code = main(argv)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def saved_fit(csv_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fitcli_out") / "fit.json"
+    assert main(["fit", str(csv_path), "--starts", "60", "--out", str(out), "--json"]) == 0
+    return out
+
+
+def test_fit_json_contract(saved_fit, capsys):
+    capsys.readouterr()
+    report = json.loads(saved_fit.read_text())
+    assert KEYS <= set(report)
+    assert report["law"] == "chinchilla" and report["approach"] == 3
+    assert set(report["params"]) == {"E", "A", "B", "alpha", "beta"}
+    for name in ("alpha", "beta", "E"):
+        lo, hi = report["intervals"][name]
+        assert lo <= report["params"][name] <= hi
+    assert abs(report["params"]["alpha"] - 0.34) < 0.08 and abs(report["params"]["beta"] - 0.28) < 0.08
+    assert set(report["derived"]) >= {"n_opt_exponent", "d_opt_exponent"}
+    hold = report["backtest"]["holdout"]
+    assert hold["n_test"] == 7 and hold["mare"] < 0.02  # noise is 0.5%
+    assert report["n_points"] == 28
+    assert report["code_version"].startswith("scalelab")
+    assert len(report["samples"]["alpha"]) > 100  # what predict/allocate need for intervals
+
+
+def test_fit_table_equals_cli_json(csv_path, capsys):
+    argv = ["fit", str(csv_path), "--json", "--no-backtest", "--starts", "30"]
+    printed = run_json(capsys, argv)
+    direct = fit_table(str(csv_path), backtest=False, max_starts=30)
+    assert printed == json.loads(json.dumps(direct))
+
+
+def test_predict_and_allocate_from_saved_fit(saved_fit, capsys):
+    out = run_json(capsys, ["predict", str(saved_fit), "--params", "1e9", "--tokens", "2e10", "--json"])
+    p = CHINCHILLA_HOFFMANN
+    true = p["E"] + p["A"] / 1e9 ** p["alpha"] + p["B"] / 2e10 ** p["beta"]
+    assert out["loss"][0] == pytest.approx(true, rel=0.02)
+    lo, hi = out["loss_interval"][0]
+    assert lo <= out["loss"][0] <= hi
+    alloc = run_json(capsys, ["allocate", str(saved_fit), "--flops", "1e22", "--json"])["allocations"][0]
+    assert alloc["n_opt_interval"][0] <= alloc["n_opt"] <= alloc["n_opt_interval"][1]
+    assert 6 * alloc["n_opt"] * alloc["d_opt"] == pytest.approx(1e22)
+    via_predict = run_json(capsys, ["predict", str(saved_fit), "--flops", "1e22", "--json"])
+    assert via_predict["allocations"][0]["n_opt"] == pytest.approx(alloc["n_opt"])
+    assert main(["allocate", str(saved_fit), "--flops", "1e22"]) == 0  # readable table
+    assert "N*=" in capsys.readouterr().out
+
+
+def test_readable_table_and_approach2(csv_path, capsys):
+    assert main(["fit", str(csv_path), "--no-backtest", "--starts", "30"]) == 0
+    text = capsys.readouterr().out
+    assert "alpha" in text and "interval" in text
+    report = run_json(capsys, ["fit", str(csv_path), "--approach", "2", "--json"])
+    assert KEYS <= set(report)
+    assert abs(report["params"]["n_exponent"] - 0.28 / 0.62) < 0.05
+    assert "holdout" in report["backtest"]
+
+
+def test_column_mapping_and_flops_only(sweep, tmp_path, capsys):
+    frame = pl.DataFrame({"N": sweep["params"], "C": 6 * sweep["params"] * sweep["tokens"], "final": sweep["loss"]})
+    path = tmp_path / "runs.parquet"
+    frame.write_parquet(path)
+    argv = ["fit", str(path), "--params-col", "N", "--flops-col", "C", "--loss-col", "final"]
+    report = run_json(capsys, argv + ["--json", "--no-backtest", "--starts", "30"])
+    assert report["inputs"]["tokens"] == "flops/(6N)"
+    assert abs(report["params"]["alpha"] - 0.34) < 0.08
+
+
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (lambda f: f.drop("loss"), "'loss'"),
+        (
+            lambda f: f.with_columns(
+                pl.when(pl.col("run_id") == "r3").then(None).otherwise(pl.col("loss")).alias("loss")
+            ),
+            "NaN",
+        ),
+        (lambda f: f.head(4), "too few"),
+    ],
+    ids=["missing-column", "nan", "too-few-points"],
+)
+def test_bad_input_exits_2_with_one_line(sweep, tmp_path, capsys, mutate, needle):
+    path = tmp_path / "bad.csv"
+    mutate(pl.DataFrame(sweep)).write_csv(path)
+    code = main(["fit", str(path), "--json", "--starts", "30"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and needle in err
+
+
+def test_bad_fit_file_and_missing_inputs_exit_2(saved_fit, tmp_path, capsys):
+    assert main(["predict", str(tmp_path / "nope.json"), "--flops", "1e20"]) == 2
+    assert main(["predict", str(saved_fit), "--params", "1e9"]) == 2
+    assert main(["allocate", str(saved_fit), "--flops", "-5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 3

@@ -1,0 +1,52 @@
+"""Model comparison between law forms, and the real-fitter backtest on simulated data."""
+
+import numpy as np
+import pytest
+
+from scalelab.fitting.backtest import holdout_backtest
+from scalelab.fitting.compare import compare_laws, information_criteria
+from scalelab.fitting.io import read_runs
+from scalelab.fitting.laws import get_law
+from scalelab.fitting.pipeline import _law_fitter, one_torch_thread, subsample_starts
+from scalelab.fitting.simulate import CHINCHILLA_HOFFMANN, simulate
+
+
+@pytest.fixture(scope="module")
+def table():
+    data = simulate(
+        "chinchilla",
+        CHINCHILLA_HOFFMANN,
+        design="isoflop",
+        budgets=np.logspace(18, 21, 4),
+        points_per_budget=7,
+        noise_sigma=0.005,
+        seed=1,
+    )
+    return read_runs(data)
+
+
+def test_information_criteria_formula():
+    r = np.array([0.1, -0.1, 0.2, -0.2, 0.0])
+    rss = float(np.sum(r * r))
+    aic, bic = information_criteria(r, 2)
+    assert aic == pytest.approx(5 * np.log(rss / 5) + 4)
+    assert bic == pytest.approx(5 * np.log(rss / 5) + 2 * np.log(5))
+    assert information_criteria(r, 4) == (None, None)  # n <= k + 1: not defined
+
+
+def test_compare_prefers_the_true_form(table):
+    rows = compare_laws(table, laws=("chinchilla", "power_law_no_e"), max_starts=100)
+    by = {r.law: r for r in rows}
+    assert rows[0].law == "chinchilla"
+    assert by["chinchilla"].holdout_mare < by["power_law_no_e"].holdout_mare
+    assert by["chinchilla"].aic < by["power_law_no_e"].aic
+    assert by["chinchilla"].rmse_log < 0.01
+
+
+def test_real_fitter_backtest_is_within_noise(table):
+    law = get_law("chinchilla")
+    with one_torch_thread():
+        res = holdout_backtest(table, _law_fitter(law, "huber", 1e-3, starts=subsample_starts(law, 100)))
+    assert res.n_test == 7 and res.n_train == 21
+    assert res.mare < 0.015  # 0.5% noise, one decade of extrapolation
+    assert abs(res.bias) <= res.mare
