@@ -165,18 +165,21 @@ def _fit_approach3(table, law_name, *, bootstrap, seed, objective, delta, level,
     if bootstrap > 0:
         from scalelab.fitting.bootstrap import bootstrap as run_bootstrap
 
-        boot = run_bootstrap(law, _law_data(law, table), fit, n_boot=bootstrap, groups=table.group, seed=seed)
-        draws = _boot_samples(boot, law)
-        samples = {k: [float(x) for x in v] for k, v in draws.items()}
-        for name in law.param_names:
-            lo, hi = boot.interval(name, level)
-            intervals[name] = _interval(lo, hi)
-        if derived and samples:
-            rows = _sample_rows(samples)
-            vals = {k: np.array([_derived(law, r)[k] for r in rows]) for k in derived}
-            for k, v in vals.items():
-                intervals[k] = _interval(*np.quantile(v[np.isfinite(v)], [0.5 - level / 2, 0.5 + level / 2]))
-        warnings += list(getattr(boot, "warnings", []))
+        boot = run_bootstrap(
+            law,
+            _law_data(law, table),
+            fit,
+            n_boot=bootstrap,
+            groups=table.group,
+            seed=seed,
+            derived={k: DERIVED_FNS[k] for k in derived},
+        )
+        samples = {n: [float(x) for x in boot.samples[n]] for n in law.param_names}
+        for name in (*law.param_names, *derived):
+            intervals[name] = _interval(*boot.interval(name, level))
+        not_conv = int(np.sum(~np.asarray(boot.converged)))
+        if not_conv:
+            warnings.append(f"bootstrap: {not_conv} of {bootstrap} replicates did not converge")
     else:
         intervals, samples, more = _delta_intervals(law, table, fit, level, seed)
         warnings += more
@@ -191,6 +194,7 @@ def _fit_approach3(table, law_name, *, bootstrap, seed, objective, delta, level,
         "backtest": {},
         "warnings": warnings,
         "samples": samples,
+        "interval_method": f"bootstrap percentile (B={bootstrap})" if bootstrap > 0 else "delta method",
     }
     if backtest:
         # Refits start from a thinned grid plus the full-data optimum: the optimum only shortens
@@ -199,19 +203,6 @@ def _fit_approach3(table, law_name, *, bootstrap, seed, objective, delta, level,
         fitter = _law_fitter(law, objective, delta, starts=bt_starts)
         report["backtest"] = _run_backtests(table, fitter, holdout_frac, warnings)
     return report
-
-
-def _boot_samples(boot, law) -> dict[str, np.ndarray]:
-    """Natural-parameter bootstrap draws {name: (B,)} from a BootstrapResult."""
-    raw = getattr(boot, "samples", None)
-    if raw is None:
-        raw = getattr(boot, "param_samples", None)
-    if raw is None:
-        return {}
-    if isinstance(raw, dict):
-        return {k: np.asarray(v, dtype=float) for k, v in raw.items() if k in law.param_names}
-    arr = np.asarray(raw, dtype=float)
-    return {n: arr[:, i] for i, n in enumerate(law.param_names)}
 
 
 def _sample_rows(samples: dict[str, list[float]]) -> list[dict[str, float]]:

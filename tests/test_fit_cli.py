@@ -70,6 +70,23 @@ def test_fit_json_contract(saved_fit, capsys):
     assert len(report["samples"]["alpha"]) > 100  # what predict/allocate need for intervals
 
 
+def test_bootstrap_intervals_are_saved(csv_path, tmp_path, capsys):
+    out = tmp_path / "boot.json"
+    argv = ["fit", str(csv_path), "--bootstrap", "40", "--starts", "30", "--no-backtest", "--out", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    report = json.loads(out.read_text())
+    assert report["interval_method"].startswith("bootstrap")
+    assert len(report["samples"]["beta"]) == 40
+    for name in ("alpha", "beta", "n_opt_exponent"):
+        lo, hi = report["intervals"][name]
+        assert lo < hi
+    lo, hi = report["intervals"]["n_opt_exponent"]
+    assert lo - 0.02 < 0.28 / 0.62 < hi + 0.02
+    pred = run_json(capsys, ["predict", str(out), "--params", "1e9", "--tokens", "2e10", "--json"])
+    assert pred["loss_interval"][0][0] <= pred["loss"][0] <= pred["loss_interval"][0][1]
+
+
 def test_fit_table_equals_cli_json(csv_path, capsys):
     argv = ["fit", str(csv_path), "--json", "--no-backtest", "--starts", "30"]
     printed = run_json(capsys, argv)
