@@ -259,6 +259,36 @@ def ep_parity(layouts: list[str], spec: EPSpec | None = None) -> list[dict]:
     return rows
 
 
+def aux_balance_run(aux_weight: float, steps: int = 40, seed: int = 0, lr: float = 3e-3) -> dict[str, float]:
+    """Train the EP debug MoE (8 experts, top-2, no shared expert) on random tokens with AdamW and
+    the given load-balancing weight; returns the router imbalance (max/mean tokens per expert,
+    mean over layers) at the first step and averaged over the last 10 steps, plus the aux loss.
+    Without the aux loss the routers drift towards a few experts; with it they stay balanced."""
+    from scalelab.models.llama import build_model
+    from scalelab.models.loss import lm_loss
+    from scalelab.models.moe import summarize_stats
+
+    cfg = moe_debug_model(router_aux_loss_weight=aux_weight, router_z_loss_weight=0.0, num_shared_experts=0)
+    model = build_model(cfg, seed=seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed + 1)
+    rows = []
+    for _ in range(steps):
+        batch = torch.randint(0, cfg.vocab_size, (16, 17), generator=gen)
+        loss, _ = lm_loss(model, batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        rows.append(summarize_stats(model.moe_stats()))
+    tail = rows[-10:]
+    return {
+        "aux_weight": aux_weight,
+        "imbalance_first": rows[0]["moe_imbalance"],
+        "imbalance_last10": sum(r["moe_imbalance"] for r in tail) / len(tail),
+        "aux_loss_last10": sum(r["moe_aux_loss"] for r in tail) / len(tail),
+    }
+
+
 # --- context parallel ------------------------------------------------------------------------------
 def cp_debug_model() -> ModelConfig:
     return ModelConfig(

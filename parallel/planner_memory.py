@@ -1,0 +1,340 @@
+"""Per-GPU memory of a layout, for the planner: exact state bytes and an activation formula.
+
+    lay = Layout(dp_shard=8, tp=2, micro_batch_sequences=1, activation_checkpoint="full")
+    state = state_bytes(cfg, lay, seq_len=4096)             # params / grads / optimizer, exact
+    act = activation_bytes(cfg, lay, seq_len=4096, kernels="torch", act_bytes=4)
+    measured = measure_saved_bytes(model, tokens)          # bytes autograd keeps for backward
+
+State (exact, the rank holding the most): FSDP2 keeps fp32 sharded parameters even under bf16
+compute; gradients have the parameters' local shapes; AdamW holds exp_avg + exp_avg_sq and one fp32
+`step` per parameter tensor. Sharding: pipeline stages hold their blocks (+ embedding first, norm and
+output last; `scalelab.parallel.pipeline`'s split), TP splits wq/wk/wv/w1/w3/output rows and
+wo/w2 columns and the embedding's vocabulary, EP splits the experts' dim 0 by ep, and FSDP then
+chunks dim 0 over dp_shard×cp (experts: over dp_shard×cp/ep) like torch.chunk, rank 0 getting the
+largest chunk. Equal to `scalelab.parallel.memory.expected_memory` for dense layouts (tests).
+
+Activations: bytes saved for backward per micro-batch, counted from what each op of the
+implementation saves (`kernels`):
+  "torch" (the reference ops, what CPU runs; validated against measured saved tensors) per token
+  and layer: each RMSNorm saves its fp32 input copy, the rsqrt and the fp32 normalised product
+  (4·(2D+1) bytes) plus its output (the next matmul's input, D); SDPA saves q and the (GQA-repeated)
+  k and v (3·H·Dh), its output (H·Dh) and the fp32 log-sum-exp (H); SwiGLU saves w1 and w3 outputs,
+  silu(w1) and the product (4F). MoE layers: router input is the norm output; logits/probs (E,
+  fp32) and the z-loss log-sum-exp, three int64 index sets of k per token, the routing weights,
+  the gathered rows (k·D), per routed row 4F_e + 2D (expert output, weighted), shared 4·S·F_e.
+  The head (last stage): the final norm, fp32 logits (V, or V/tp with loss parallel), 16 bytes of ids.
+  "fused" (the Triton kernels on GPU, from their save_for_backward: RMSNorm saves input + rstd,
+  attention q/k/v without repetition + o + lse, SwiGLU its two inputs, fused cross-entropy no
+  logits) is the same count with those terms; it is not validated on CPU.
+Layout effects: tokens per rank = micro_batch_sequences·seq_len/cp; TP divides heads and F (with
+sequence parallel also the norm terms; the all-gathered matmul inputs stay full); the all-gather
+CP variant saves the gathered K/V (seq_len, not seq_len/cp); ring saves one K/V block per hop.
+Activation checkpointing full: a block keeps only its input (D); selective: the matmul/attention
+outputs + the block input. Pipeline: a rank holds its stages' layers for the micro-batches in flight
+(1F1B: pp - rank; GPipe: all).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+
+_COLWISE = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3")
+_ROWWISE = ("attention.wo", "feed_forward.w2")
+
+
+@dataclass(kw_only=True, slots=True)
+class Layout:
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    micro_batch_sequences: int = 1  # sequences per forward/backward on one data-parallel rank
+    activation_checkpoint: str = "none"  # none | full | selective
+    pp_schedule: str = "1f1b"
+    pp_microbatches: int = 0  # per step; 0 = chosen from the batch
+    sequence_parallel: bool = True
+    cp_variant: str = "allgather"  # allgather | ring
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp * self.pp * self.cp
+
+    @property
+    def dp_size(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def name(self) -> str:
+        """e.g. 'fsdp8xtp2+ac mbs1' (axes of size > 1, checkpointing, micro-batch sequences)."""
+        short = {"dp_replicate": "dp", "dp_shard": "fsdp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep"}
+        text = "x".join(f"{v}{getattr(self, k)}" for k, v in short.items() if getattr(self, k) > 1) or "single"
+        if self.tp > 1 and self.sequence_parallel:
+            text = text.replace(f"tp{self.tp}", f"tp{self.tp}sp")
+        if self.cp > 1 and self.cp_variant == "ring":
+            text += "-ring"
+        ac = {"none": "", "full": "+ac", "selective": "+sac"}[self.activation_checkpoint]
+        return f"{text}{ac} mbs{self.micro_batch_sequences}"
+
+
+@dataclass(kw_only=True, slots=True)
+class StateBytes:
+    param_bytes: int
+    grad_bytes: int
+    optim_bytes: int
+    num_param_tensors: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optim_bytes
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# --- parameters -------------------------------------------------------------------------------------
+def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the single-device model (dense or MoE) with its full shape."""
+    d, v, hd = cfg.d_model, cfg.vocab_size, cfg.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (v, d)}
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "attention_norm.weight": (d,),
+            p + "attention.wq.weight": (cfg.num_heads * hd, d),
+            p + "attention.wk.weight": (cfg.num_kv_heads * hd, d),
+            p + "attention.wv.weight": (cfg.num_kv_heads * hd, d),
+            p + "attention.wo.weight": (d, cfg.num_heads * hd),
+        }
+        if cfg.qk_norm:
+            shapes |= {p + "attention.q_norm.weight": (hd,), p + "attention.k_norm.weight": (hd,)}
+        shapes[p + "ffn_norm.weight"] = (d,)
+        if cfg.family == "moe":
+            e, f = cfg.num_experts, cfg.expert_d_ff
+            shapes |= {
+                p + "feed_forward.router.gate.weight": (e, d),
+                p + "feed_forward.experts.w1": (e, f, d),
+                p + "feed_forward.experts.w2": (e, d, f),
+                p + "feed_forward.experts.w3": (e, f, d),
+            }
+            if cfg.num_shared_experts:
+                fs = cfg.num_shared_experts * f
+                shapes |= {
+                    p + "feed_forward.shared_experts.w1.weight": (fs, d),
+                    p + "feed_forward.shared_experts.w2.weight": (d, fs),
+                    p + "feed_forward.shared_experts.w3.weight": (fs, d),
+                }
+        else:
+            shapes |= {
+                p + "feed_forward.w1.weight": (cfg.d_ff, d),
+                p + "feed_forward.w2.weight": (d, cfg.d_ff),
+                p + "feed_forward.w3.weight": (cfg.d_ff, d),
+            }
+    shapes["norm.weight"] = (d,)
+    if not cfg.tied_embeddings:
+        shapes["output.weight"] = (v, d)
+    return shapes
+
+
+def _chunk0(n: int, parts: int) -> int:
+    """Length of torch.chunk(range(n), parts)[0]: the largest FSDP shard."""
+    return -(-n // parts) if n else 0
+
+
+def local_numel(name: str, shape: tuple[int, ...], lay: Layout) -> int:
+    """Elements of parameter `name` on the rank with the largest shard (rank 0 of every axis)."""
+    shape = list(shape)
+    module = name.rsplit(".", 1)[0]
+    expert = ".experts." in name
+    if lay.tp > 1 and not expert:
+        if module.endswith(_COLWISE) or module in ("output", "tok_embeddings"):
+            shape[0] //= lay.tp
+        elif module.endswith(_ROWWISE):
+            shape[1] //= lay.tp
+    fsdp = lay.dp_shard * lay.cp
+    if expert and lay.ep > 1:
+        shape[0] //= lay.ep
+        fsdp //= lay.ep
+    if fsdp > 1:
+        shape[0] = _chunk0(shape[0], fsdp)
+    return math.prod(shape)
+
+
+def params_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> list[str]:
+    """Parameter names pipeline rank `pp_rank` holds (scalelab.parallel.pipeline's layer split)."""
+    names = list(param_shapes(cfg))
+    if lay.pp == 1:
+        return names
+    from scalelab.parallel.dims import stages_per_rank
+    from scalelab.parallel.pipeline import layer_costs, split_layers, stage_ids_for_rank
+
+    num_stages = lay.pp * stages_per_rank(lay.pp_schedule)
+    costs, first, last = layer_costs(cfg, seq_len)
+    stages = split_layers(costs, num_stages, first, last)
+    mine = stage_ids_for_rank(pp_rank, lay.pp, lay.pp_schedule)
+    keep = {str(i) for s in mine for i in stages[s]}
+    out = []
+    for n in names:
+        if n.startswith("layers."):
+            if n.split(".")[1] in keep:
+                out.append(n)
+        elif n.startswith("tok_embeddings."):
+            if 0 in mine:
+                out.append(n)
+        elif num_stages - 1 in mine:
+            out.append(n)
+    return out
+
+
+def state_bytes(cfg, lay: Layout, *, seq_len: int, optimizer: str = "adamw", pp_rank: int | None = None) -> StateBytes:
+    """Exact fp32 parameter, gradient and optimizer bytes on the fullest rank (or on `pp_rank`)."""
+    shapes = param_shapes(cfg)
+    ranks = range(lay.pp) if pp_rank is None else [pp_rank]
+    best = None
+    for r in ranks:
+        names = params_of_pp_rank(cfg, lay, r, seq_len)
+        numel = sum(local_numel(n, shapes[n], lay) for n in names)
+        param = 4 * numel
+        if optimizer == "adamw":
+            optim = 2 * param + 4 * len(names)
+        elif optimizer == "sgd":
+            optim = 0
+        else:
+            raise ValueError(f"unknown optimizer {optimizer!r}; use adamw or sgd")
+        rep = StateBytes(param_bytes=param, grad_bytes=param, optim_bytes=optim, num_param_tensors=len(names))
+        if best is None or rep.total_bytes > best.total_bytes:
+            best = rep
+    return best
+
+
+def layer_param_count(cfg, lay: Layout) -> int:
+    """Parameters of one block on this rank before FSDP sharding (what FSDP gathers per block)."""
+    shapes = param_shapes(cfg)
+    unsharded = Layout(tp=lay.tp, ep=lay.ep)
+    return sum(local_numel(n, s, unsharded) for n, s in shapes.items() if n.startswith("layers.0."))
+
+
+# --- activations -------------------------------------------------------------------------------------
+def _norm_bytes(d: float, act: int, kernels: str) -> float:
+    """Saved by one RMSNorm per token: reference = fp32 input copy + rsqrt + fp32 product (the output
+    is counted as the next op's input); fused = the input and rstd."""
+    if kernels == "torch":
+        # with fp32 activations the "copy" is the input itself, already counted by the caller
+        return 4 * (d + 1) + (4 * d if act != 4 else 0)
+    return act * d + 4
+
+
+def layer_activation_bytes(cfg, lay: Layout, seq_len: int, kernels: str = "torch", act: int = 4) -> float:
+    """Bytes one block saves for backward per token of this rank (no checkpointing)."""
+    d, hd, tp = cfg.d_model, cfg.head_dim, lay.tp
+    heads, kv = cfg.num_heads / tp, cfg.num_kv_heads / tp
+    sp = tp if (tp > 1 and lay.sequence_parallel) else 1
+    total = act * d / sp  # the block input x (saved by the first norm)
+    total += _norm_bytes(d / sp, act, kernels) + act * d  # attention_norm (+ its output, gathered)
+    kv_width = heads if kernels == "torch" else kv  # the reference repeats K/V heads for GQA
+    q_bytes = act * heads * hd
+    kv_bytes = 2 * act * kv_width * hd
+    if lay.cp > 1 and lay.cp_variant == "ring":
+        # reference ring: per hop the K/V block, the probabilities against it (fp32, T/cp keys), the
+        # block output and its normaliser/lse, the bool mask; merging keeps two outputs and lse's
+        keys = seq_len / lay.cp
+        hop = kv_bytes + 4 * heads * keys + act * heads * hd + 4 * 3 * heads + keys
+        merge = 2 * act * heads * hd + 4 * 4 * heads
+        total += q_bytes + lay.cp * hop + (lay.cp - 1) * merge
+    else:
+        if lay.cp > 1:
+            kv_bytes *= lay.cp  # all-gather: every rank keeps the whole sequence's K/V
+            total += seq_len  # and the [rows, seq_len] bool causal mask
+        total += q_bytes + kv_bytes + act * heads * hd + 4 * heads  # q, k, v, out, lse
+    total += act * d / sp  # h = x + attn (saved by ffn_norm)
+    total += _norm_bytes(d / sp, act, kernels) + act * d  # ffn_norm (+ output)
+    if cfg.family == "moe":
+        e, k, fe = cfg.num_experts, cfg.num_experts_per_tok, cfg.expert_d_ff
+        ff_act = 4 if kernels == "torch" else 2
+        total += 2 * 4 * e + 4 + 3 * 8 * k + 4 * k  # logits, probs, lse (fp32); 3 int64 index sets; weights
+        total += k * act * (d + ff_act * fe + 2 * d)  # gathered rows, expert internals, outputs, weighted
+        total += act * ff_act * cfg.num_shared_experts * fe
+    else:
+        total += act * (4 if kernels == "torch" else 2) * cfg.d_ff / tp
+    return total
+
+
+def head_activation_bytes(cfg, lay: Layout, kernels: str = "torch", act: int = 4) -> float:
+    """Bytes per token the last stage saves after the blocks (final norm, logits, token ids)."""
+    d = cfg.d_model
+    sp = lay.tp if (lay.tp > 1 and lay.sequence_parallel) else 1
+    total = act * d / sp + _norm_bytes(d / sp, act, kernels) + act * d + 16
+    if kernels == "torch":
+        # fp32 log-softmax output; vocab-sharded under loss parallel (tied to sequence parallel here)
+        total += 4 * cfg.vocab_size / (lay.tp if lay.sequence_parallel else 1)
+    return total
+
+
+def checkpointed_layer_bytes(cfg, lay: Layout, seq_len: int, act: int = 4) -> float:
+    """Per token and block under selective checkpointing: matmul/attention outputs + the input."""
+    d, hd, tp = cfg.d_model, cfg.head_dim, lay.tp
+    heads, kv = cfg.num_heads / tp, cfg.num_kv_heads / tp
+    mm = heads * hd + 2 * kv * hd + d + (3 * cfg.d_ff / tp if cfg.family != "moe" else 0)
+    return act * (d + mm + heads * hd) + 4 * heads
+
+
+def activation_bytes(cfg, lay: Layout, seq_len: int, kernels: str = "torch", act: int = 4) -> tuple[float, float]:
+    """(saved, transient): bytes saved for backward on the fullest pipeline rank with all its
+    micro-batches in flight, and the extra bytes live while one checkpointed block is recomputed."""
+    tokens = lay.micro_batch_sequences * seq_len / lay.cp
+    from scalelab.parallel.dims import stages_per_rank
+
+    layers = cfg.num_layers
+    if lay.pp > 1:
+        layers = math.ceil(cfg.num_layers / (lay.pp * stages_per_rank(lay.pp_schedule))) * stages_per_rank(
+            lay.pp_schedule
+        )
+    if lay.activation_checkpoint == "full":
+        sp = lay.tp if (lay.tp > 1 and lay.sequence_parallel) else 1
+        per_layer = act * cfg.d_model / sp
+        recompute = layer_activation_bytes(cfg, lay, seq_len, kernels, act)  # one block live in backward
+    elif lay.activation_checkpoint == "selective":
+        per_layer = checkpointed_layer_bytes(cfg, lay, seq_len, act)
+        recompute = layer_activation_bytes(cfg, lay, seq_len, kernels, act) - per_layer
+    else:
+        per_layer, recompute = layer_activation_bytes(cfg, lay, seq_len, kernels, act), 0.0
+    in_flight = 1
+    if lay.pp > 1:
+        micro = lay.pp_microbatches or 2 * lay.pp
+        in_flight = micro if lay.pp_schedule == "gpipe" else lay.pp
+    head = head_activation_bytes(cfg, lay, kernels, act) if lay.pp == 1 else 0.0
+    saved = tokens * (layers * per_layer * in_flight + head)
+    return saved, tokens * recompute
+
+
+def measure_saved_bytes(model: torch.nn.Module, run) -> tuple[int, object]:
+    """Bytes of distinct storages autograd saves for backward while `run()` executes the forward
+    (parameters and buffers excluded; DTensors counted by their local shard). Returns (bytes, run()).
+    Under activation checkpointing this sees what the checkpoint keeps (the block inputs)."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    def plain(t) -> list[torch.Tensor]:
+        """The plain tensors holding the data of `t` (DTensor and async-collective wrappers unwrapped)."""
+        if is_traceable_wrapper_subclass(t):
+            names, _ = t.__tensor_flatten__()
+            return [x for n in names if isinstance(getattr(t, n), torch.Tensor) for x in plain(getattr(t, n))]
+        return [t] if isinstance(t, torch.Tensor) else []
+
+    skip = {x.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()] for x in plain(t)}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        for x in plain(t):
+            storage = x.untyped_storage()
+            key = storage.data_ptr()
+            if key not in skip and key not in seen:
+                seen[key] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()
+    return sum(seen.values()), out

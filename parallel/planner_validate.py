@@ -1,0 +1,168 @@
+"""Check the planner's activation formula against the bytes autograd actually saves (CPU).
+
+    rows = local_rows()             # single process: sizes × seq_len × micro-batch × AC, MoE, pp stages
+    rows += spawned_rows()          # a 2-process gloo group: tp2, tp2+sp, cp2 (all-gather), cp2-ring
+    print(format_rows(rows))        # estimate vs measured, relative error
+
+Measured = distinct storages passed to autograd's saved-tensor hooks during one forward (parameters
+and buffers excluded; DTensors by their local shard), i.e. what stays alive until backward. Under
+full activation checkpointing that is each block's input (the recompute peak is reported separately
+by the planner and not compared here). `bench/planner_activation.py` prints the table.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from scalelab.parallel.planner_memory import Layout, activation_bytes, measure_saved_bytes
+
+
+def _measure_single(cfg, lay: Layout, seq_len: int, seed: int = 0) -> int:
+    from scalelab.models.llama import build_model
+    from scalelab.models.loss import lm_loss
+    from scalelab.parallel.checkpointing import apply_ac
+
+    model = build_model(cfg, seed=seed)
+    apply_ac(model, lay.activation_checkpoint)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, cfg.vocab_size, (lay.micro_batch_sequences, seq_len + 1), generator=gen)
+    measured, _ = measure_saved_bytes(model, lambda: lm_loss(model, x[:, :-1], x[:, 1:]))
+    return measured
+
+
+def _measure_first_stage(cfg, lay: Layout, seq_len: int) -> int:
+    """Pipeline rank 0 of pp=2 (1F1B): the first half of the blocks, no head, pp micro-batches."""
+    from scalelab.models.llama import build_model
+    from scalelab.parallel.checkpointing import apply_ac
+
+    model = build_model(cfg, seed=0)
+    for i in range(cfg.num_layers // 2, cfg.num_layers):
+        del model.layers[str(i)]
+    model.norm = model.output = None
+    apply_ac(model, lay.activation_checkpoint)
+    total = 0
+    for micro in range(lay.pp):  # 1F1B keeps pp micro-batches in flight on the first stage
+        x = torch.randint(0, cfg.vocab_size, (lay.micro_batch_sequences, seq_len))
+        measured, out = measure_saved_bytes(model, lambda x=x: model(x))
+        total += measured
+    return total
+
+
+def _row(model_name, cfg, lay: Layout, seq_len: int, measured: int) -> dict:
+    est, _ = activation_bytes(cfg, lay, seq_len, kernels="torch", act=4)
+    return dict(
+        model=model_name,
+        seq_len=seq_len,
+        layout=lay.name,
+        estimate_bytes=int(est),
+        measured_bytes=int(measured),
+        rel_error=est / measured - 1.0,
+    )
+
+
+def local_rows(quick: bool = False) -> list[dict]:
+    """Single-process combinations (quick: a subset for the tests)."""
+    from scalelab.models.presets import get_preset
+    from scalelab.parallel.moe_cp_parity import moe_debug_model
+
+    rows = []
+    sizes = ("debug", "tiny-1m") if quick else ("debug", "tiny-1m", "tiny-3m")
+    seqs = (64,) if quick else (64, 256)
+    for name in sizes:
+        cfg = get_preset(name, kernels="torch")
+        for seq_len in seqs:
+            for ac in ("none", "full"):
+                for mbs in (1, 2) if not quick else (2,):
+                    lay = Layout(micro_batch_sequences=mbs, activation_checkpoint=ac)
+                    rows.append(_row(name, cfg, lay, seq_len, _measure_single(cfg, lay, seq_len)))
+    moe = moe_debug_model()
+    for seq_len in (32,) if quick else (32, 64):
+        lay = Layout(micro_batch_sequences=2)
+        rows.append(_row("moe-debug", moe, lay, seq_len, _measure_single(moe, lay, seq_len)))
+    cfg = get_preset("tiny-1m", kernels="torch")
+    for ac in ("none",) if quick else ("none", "full"):
+        lay = Layout(pp=2, micro_batch_sequences=1, activation_checkpoint=ac)
+        rows.append(_row("tiny-1m", cfg, lay, 128, _measure_first_stage(cfg, lay, 128)))
+    return rows
+
+
+# --- tensor / context parallel, measured on rank 0 of a 2-process group ---------------------------------
+_SPAWNED = (
+    ("tp2", Layout(tp=2, sequence_parallel=False, micro_batch_sequences=2)),
+    ("tp2sp", Layout(tp=2, sequence_parallel=True, micro_batch_sequences=2)),
+    ("tp2sp+ac", Layout(tp=2, sequence_parallel=True, micro_batch_sequences=2, activation_checkpoint="full")),
+    ("cp2", Layout(cp=2, micro_batch_sequences=2)),
+    ("cp2-ring", Layout(cp=2, cp_variant="ring", micro_batch_sequences=2)),
+)
+
+
+def _spawned_worker(model_name: str, seq_len: int, out_dir: str) -> None:
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from scalelab.models.llama import build_model
+    from scalelab.models.presets import get_preset
+    from scalelab.parallel.checkpointing import apply_ac
+    from scalelab.parallel.context_parallel import apply_cp, shard_sequence_batch
+    from scalelab.parallel.tp import apply_tp
+
+    cfg = get_preset(model_name, kernels="torch")
+    results = {}
+    for label, lay in _SPAWNED:
+        model = build_model(cfg, seed=0)
+        x = torch.randint(0, cfg.vocab_size, (lay.micro_batch_sequences, seq_len + 1), generator=torch.Generator())
+        tokens, targets, positions = x[:, :-1], x[:, 1:], None
+        ctx = None
+        if lay.tp > 1:
+            mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+            apply_tp(model, mesh["tp"], sequence_parallel=lay.sequence_parallel, loss_parallel=lay.sequence_parallel)
+            ctx = loss_parallel if lay.sequence_parallel else None
+        else:
+            mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("cp",))
+            apply_cp(model, mesh["cp"], lay.cp_variant)
+            tokens, targets, positions = shard_sequence_batch(tokens, targets, dist.get_rank(), 2)
+        apply_ac(model, lay.activation_checkpoint)
+
+        def run(model=model, tokens=tokens, targets=targets, positions=positions, ctx=ctx):
+            if ctx is None:
+                logits = model(tokens, positions)
+                return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+            with ctx():
+                logits = model(tokens, positions)
+                return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+        measured, loss = measure_saved_bytes(model, run)
+        with ctx() if ctx else torch.enable_grad():
+            loss.backward()
+        results[label] = measured
+    if dist.get_rank() == 0:
+        torch.save(results, Path(out_dir) / "spawned.pt")
+    dist.barrier()
+
+
+def spawned_rows(model_name: str = "tiny-1m", seq_len: int = 128) -> list[dict]:
+    from scalelab.models.presets import get_preset
+    from scalelab.parallel.launch import spawn
+
+    cfg = get_preset(model_name, kernels="torch")
+    with tempfile.TemporaryDirectory(prefix="scalelab-act-") as tmp:
+        spawn(_spawned_worker, 2, (model_name, seq_len, tmp), backend="gloo")
+        measured = torch.load(Path(tmp) / "spawned.pt", weights_only=True)
+    return [_row(model_name, cfg, lay, seq_len, measured[label]) for label, lay in _SPAWNED]
+
+
+def format_rows(rows: list[dict]) -> str:
+    lines = [f"{'model':<10} {'seq':>5} {'layout':<20} {'estimate':>12} {'measured':>12} {'error':>8}", "-" * 72]
+    for r in rows:
+        lines.append(
+            f"{r['model']:<10} {r['seq_len']:>5} {r['layout']:<20} {r['estimate_bytes']:>12,} "
+            f"{r['measured_bytes']:>12,} {r['rel_error']:>+8.2%}"
+        )
+    worst = max(abs(r["rel_error"]) for r in rows)
+    lines.append(f"{len(rows)} combinations; worst |error| {worst:.2%}")
+    return "\n".join(lines)
