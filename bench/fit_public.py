@@ -98,6 +98,8 @@ FAMILIES = {"OPT": load_opt, "GPT-3": load_gpt3, "LM-1 (Alabdulmohsin)": load_re
 
 def split_protocol(df: pl.DataFrame, *, drop_first: float = 0.1, score_last: float = 0.3):
     """(train, test) frames per the protocol: largest model held out, early checkpoints dropped."""
+    # Some tables repeat rows verbatim (the fitter rejects exact duplicates as double-recorded runs).
+    df = df.unique(subset=["model", "tokens", "loss"], keep="first", maintain_order=True)
     df = df.with_columns(frac=pl.col("tokens") / pl.col("tokens").max().over("model"))
     largest = df["params"].max()
     train = df.filter((pl.col("params") < largest) & (pl.col("frac") > drop_first))
@@ -109,8 +111,9 @@ def score_family(name: str, df: pl.DataFrame, *, law: str) -> dict:
     train, test = split_protocol(df)
     t0 = time.perf_counter()
     fit = fit_table(train.select("params", "tokens", "loss"), law=law, approach=3, backtest=False)
-    pred = predict_from_fit(fit, params=test["params"].to_numpy(), tokens=test["tokens"].to_numpy())["loss"]
-    obs = test["loss"].to_numpy()
+    n_test, d_test = (np.array(test[c].to_numpy(), dtype=float) for c in ("params", "tokens"))
+    pred = predict_from_fit(fit, params=n_test, tokens=d_test)["loss"]
+    obs = np.array(test["loss"].to_numpy(), dtype=float)
     are = np.abs(np.asarray(pred) - obs) / obs
     return {
         "family": name,
