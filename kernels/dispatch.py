@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
+from scalelab.errors import ConfigError
 from scalelab.kernels import reference
 
 BACKENDS = ("auto", "triton", "torch")
@@ -49,13 +50,15 @@ def _triton_ops() -> SimpleNamespace:
 def get_ops(backend: str = "auto", device_type: str = "cpu") -> SimpleNamespace:
     """Return the kernel namespace for `backend` ('auto' | 'triton' | 'torch') on `device_type`."""
     if backend not in BACKENDS:
-        raise ValueError(f"kernels={backend!r} is not one of {BACKENDS}; use one of them")
+        raise ConfigError("model.kernels", f"{backend!r} is not one of {BACKENDS}", "use one of them")
     if backend == "torch":
         return _reference_ops()
     if backend == "triton":
         if not triton_available():
-            raise RuntimeError(
-                "kernels='triton' needs Triton with a CUDA device or TRITON_INTERPRET=1; set kernels: torch or auto"
+            raise ConfigError(
+                "model.kernels",
+                "'triton' needs Triton with a CUDA device (or TRITON_INTERPRET=1 for CPU tests)",
+                "set kernels: auto or torch",
             )
         return _triton_ops()
     # auto: Triton only where it pays (CUDA); the interpreter is for tests, never chosen by auto.

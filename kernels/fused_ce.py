@@ -102,10 +102,12 @@ def _fused_forward(hidden, weight, targets, z_loss, ignore_index, chunk_size, ne
     grad_weight = torch.zeros_like(weight) if need_dw else None
     compute_grad = need_dh or need_dw
     interp = interpreting(hidden)
+    # Matmuls run in hidden's dtype (a bf16 copy of an fp32 weight, made once, as autocast would).
+    w_mm = weight if weight.dtype == hidden.dtype else weight.to(hidden.dtype)
     for start in range(0, n, chunk):
         end = min(start + chunk, n)
         h = hidden[start:end]
-        logits = (h @ weight.t()).float()  # fp32 [chunk, V]: CE and its gradient in full precision
+        logits = (h @ w_mm.t()).float()  # fp32 [chunk, V]: CE and its gradient in full precision
         _ce_rows[(end - start,)](
             logits,
             targets[start:end],
@@ -124,7 +126,7 @@ def _fused_forward(hidden, weight, targets, z_loss, ignore_index, chunk_size, ne
             dlogits = logits.to(hidden.dtype)
             del logits
             if need_dh:
-                torch.mm(dlogits, weight.to(hidden.dtype), out=grad_hidden[start:end])
+                torch.mm(dlogits, w_mm, out=grad_hidden[start:end])
             if need_dw:
                 grad_weight.addmm_(dlogits.t().to(weight.dtype), h.to(weight.dtype))
     loss = loss_rows.sum() / n_valid

@@ -197,3 +197,19 @@ def test_fused_ce_second_backward_fails_loudly():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_fused_ce_low_precision_hidden_with_fp32_weight():
+    # Mixed precision without autocast: bf16 hidden, fp32 master weight. The matmuls run in bf16
+    # (as autocast would), the weight gradient comes back in fp32.
+    hidden, weight, targets = _ce_inputs()
+    h = hidden.to(DEVICE, torch.bfloat16).requires_grad_()
+    w = weight.to(DEVICE).requires_grad_()
+    K.fused_linear_cross_entropy(h, w, targets, chunk_size=16).backward()
+    assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.float32
+    hr = h.detach().double().requires_grad_()
+    wr = w.detach().to(torch.bfloat16).double().requires_grad_()  # the bf16-rounded weight the kernel used
+    reference.fused_linear_cross_entropy(hr, wr, targets).backward()
+    # tolerance: bf16 logits and bf16 gradient matmuls: 2e-2 relative to the largest gradient
+    for got, want in ((h.grad, hr.grad), (w.grad, wr.grad)):
+        assert (got.double() - want).abs().max() <= 2e-2 * want.abs().max()
