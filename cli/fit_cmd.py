@@ -53,7 +53,11 @@ def add_parser(sub) -> None:
 
     a = sub.add_parser("allocate", help="compute-optimal N*, D* at FLOP budgets from a saved fit")
     a.add_argument("fit", type=pathlib.Path, help="FIT.json written by `scalelab fit --out`")
-    a.add_argument("--flops", type=float, nargs="+", required=True, metavar="C")
+    what = a.add_mutually_exclusive_group(required=True)
+    what.add_argument("--flops", type=float, nargs="+", metavar="C", help="FLOP budget(s)")
+    what.add_argument(
+        "--tokens", type=float, nargs="+", metavar="D", help="data budget(s): the size for which D is optimal"
+    )
     a.add_argument("--level", type=float, default=None)
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=run_allocate)
@@ -206,7 +210,7 @@ def run_allocate(args: argparse.Namespace) -> int:
     from scalelab.fitting.pipeline import allocate_from_fit
 
     _check_level(args.level)
-    out = allocate_from_fit(_load(args.fit), flops=args.flops, level=args.level)
+    out = allocate_from_fit(_load(args.fit), flops=args.flops, tokens=args.tokens, level=args.level)
     if args.json:
         print(json.dumps(_clean(out)))
     else:

@@ -465,26 +465,46 @@ def predict_from_fit(
     raise UsageError(f"law {law.name} needs {' and '.join('--' + k for k in law.inputs)} (or --flops C)")
 
 
-def allocate_from_fit(fit: dict, *, flops, level: float | None = None) -> dict:
-    """Compute-optimal N*, D*, tokens/param (and L* for Approach 3) at each budget, with intervals."""
-    level = fit.get("level", LEVEL) if level is None else level
-    budgets = np.atleast_1d(np.asarray(flops, dtype=float))
-    if not (np.all(np.isfinite(budgets)) and np.all(budgets > 0)):
-        raise UsageError("--flops must be positive numbers")
+def _optimum_of_fit(fit: dict):
+    """(optimum function, point params, samples) for a report of any approach."""
+    samples = _samples_of(fit)
     if fit["approach"] == 3:
-        law = get_law(fit["law"])
-        optimum = _optimum_fn(law)
-        samples = _samples_of(fit)
-        params = fit["params"]
+        return _optimum_fn(get_law(fit["law"])), fit["params"], samples
+
+    def optimum(q, c):  # Approaches 1/2: N* = n_coef C^n_exponent, D* = C / (6 N*)
+        n_opt = q["n_coef"] * c ** q["n_exponent"]
+        return n_opt, c / (6.0 * n_opt), float("nan")
+
+    p = fit["params"]
+    return optimum, {"n_coef": p["n_coef"], "n_exponent": p["n_exponent"]}, samples
+
+
+def _positive(values, flag: str) -> np.ndarray:
+    arr = np.atleast_1d(np.asarray(values, dtype=float))
+    if not (np.all(np.isfinite(arr)) and np.all(arr > 0)):
+        raise UsageError(f"{flag} must be positive numbers")
+    return arr
+
+
+def allocate_from_fit(fit: dict, *, flops=None, tokens=None, level: float | None = None) -> dict:
+    """Compute-optimal N*, D*, tokens/param (and L* for Approach 3) with percentile intervals.
+
+    Args:
+        fit: a report (fit_table / FIT.json; intervals need its "samples").
+        flops: FLOP budget(s) C: the allocation at each.
+        tokens: data budget(s) D instead: the size for which D tokens is compute-optimal (solve
+            D*(C) = D, then N*(C)) - the loss-optimal model per FLOP that uses exactly that data.
+    """
+    level = fit.get("level", LEVEL) if level is None else level
+    if (flops is None) == (tokens is None):
+        raise UsageError("pass either --flops C or --tokens D")
+    optimum, params, samples = _optimum_of_fit(fit)
+    if tokens is not None:
+        budgets = []
+        for d in _positive(tokens, "--tokens"):
+            budgets.append(alloc.size_for_data_budget(optimum, params, float(d))[1])
     else:
-        p = fit["params"]
-
-        def optimum(q, c):
-            n_opt = q["n_coef"] * c ** q["n_exponent"]
-            return n_opt, c / (6.0 * n_opt), float("nan")
-
-        samples = _samples_of(fit)
-        params = {"n_coef": p["n_coef"], "n_exponent": p["n_exponent"]}
+        budgets = _positive(flops, "--flops")
     rows = [alloc.allocate(optimum, params, float(c), samples=samples, level=level).to_dict() for c in budgets]
     if fit["approach"] != 3:
         for r in rows:  # approaches 1/2 do not model the loss

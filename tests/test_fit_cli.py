@@ -106,6 +106,9 @@ def test_predict_and_allocate_from_saved_fit(saved_fit, capsys):
     assert 6 * alloc["n_opt"] * alloc["d_opt"] == pytest.approx(1e22)
     via_predict = run_json(capsys, ["predict", str(saved_fit), "--flops", "1e22", "--json"])
     assert via_predict["allocations"][0]["n_opt"] == pytest.approx(alloc["n_opt"])
+    by_data = run_json(capsys, ["allocate", str(saved_fit), "--tokens", str(alloc["d_opt"]), "--json"])
+    assert by_data["allocations"][0]["n_opt"] == pytest.approx(alloc["n_opt"], rel=1e-6)
+    assert by_data["allocations"][0]["flops"] == pytest.approx(1e22, rel=1e-6)
     assert main(["allocate", str(saved_fit), "--flops", "1e22"]) == 0  # readable table
     assert "N*=" in capsys.readouterr().out
 
