@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 import torch
 
@@ -99,6 +100,12 @@ class StateBytes:
 # --- parameters -------------------------------------------------------------------------------------
 def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
     """Every parameter of the single-device model (dense or MoE) with its full shape."""
+    return dict(_param_shapes(type(cfg), tuple(sorted(asdict(cfg).items()))))
+
+
+@lru_cache(maxsize=32)
+def _param_shapes(cls, items: tuple) -> tuple:
+    cfg = cls(**dict(items))
     d, v, hd = cfg.d_model, cfg.vocab_size, cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (v, d)}
     for i in range(cfg.num_layers):
@@ -137,7 +144,7 @@ def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
     shapes["norm.weight"] = (d,)
     if not cfg.tied_embeddings:
         shapes["output.weight"] = (v, d)
-    return shapes
+    return tuple(shapes.items())
 
 
 def _chunk0(n: int, parts: int) -> int:
@@ -164,17 +171,31 @@ def local_numel(name: str, shape: tuple[int, ...], lay: Layout) -> int:
     return math.prod(shape)
 
 
+def _layers_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> tuple[int, bool, bool]:
+    """(blocks held, holds the embedding, holds the final norm/output) of pipeline rank `pp_rank`."""
+    if lay.pp == 1:
+        return cfg.num_layers, True, True
+    from scalelab.parallel.dims import stages_per_rank
+    from scalelab.parallel.pipeline import layer_costs, stage_ids_for_rank
+
+    num_stages = lay.pp * stages_per_rank(lay.pp_schedule)
+    costs, first, last = layer_costs(cfg, seq_len)
+    stages = _split(tuple(costs), num_stages, first, last)
+    mine = stage_ids_for_rank(pp_rank, lay.pp, lay.pp_schedule)
+    return sum(len(stages[s]) for s in mine), 0 in mine, num_stages - 1 in mine
+
+
 def params_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> list[str]:
     """Parameter names pipeline rank `pp_rank` holds (scalelab.parallel.pipeline's layer split)."""
     names = list(param_shapes(cfg))
     if lay.pp == 1:
         return names
     from scalelab.parallel.dims import stages_per_rank
-    from scalelab.parallel.pipeline import layer_costs, split_layers, stage_ids_for_rank
+    from scalelab.parallel.pipeline import layer_costs, stage_ids_for_rank
 
     num_stages = lay.pp * stages_per_rank(lay.pp_schedule)
     costs, first, last = layer_costs(cfg, seq_len)
-    stages = split_layers(costs, num_stages, first, last)
+    stages = _split(tuple(costs), num_stages, first, last)
     mine = stage_ids_for_rank(pp_rank, lay.pp, lay.pp_schedule)
     keep = {str(i) for s in mine for i in stages[s]}
     out = []
@@ -190,14 +211,29 @@ def params_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> list[str]
     return out
 
 
+@lru_cache(maxsize=1024)
+def _split(costs: tuple, num_stages: int, first: float, last: float) -> list[list[int]]:
+    from scalelab.parallel.pipeline import split_layers
+
+    return split_layers(list(costs), num_stages, first, last)
+
+
 def state_bytes(cfg, lay: Layout, *, seq_len: int, optimizer: str = "adamw", pp_rank: int | None = None) -> StateBytes:
     """Exact fp32 parameter, gradient and optimizer bytes on the fullest rank (or on `pp_rank`)."""
     shapes = param_shapes(cfg)
     ranks = range(lay.pp) if pp_rank is None else [pp_rank]
+    # Every block has the same parameters: count layer 0's once and reuse it (exact, and fast
+    # enough to run for thousands of candidate layouts of an 80-layer model).
+    per_layer = {n.split(".", 2)[2]: local_numel(n, s, lay) for n, s in shapes.items() if n.startswith("layers.0.")}
+    layer_numel, layer_tensors = sum(per_layer.values()), len(per_layer)
+    first = {n: local_numel(n, shapes[n], lay) for n in shapes if n.startswith("tok_embeddings.")}
+    last = {n: local_numel(n, shapes[n], lay) for n in shapes if not n.startswith(("layers.", "tok_embeddings."))}
     best = None
     for r in ranks:
-        names = params_of_pp_rank(cfg, lay, r, seq_len)
-        numel = sum(local_numel(n, shapes[n], lay) for n in names)
+        num_layers, has_first, has_last = _layers_of_pp_rank(cfg, lay, r, seq_len)
+        numel = num_layers * layer_numel + has_first * sum(first.values()) + has_last * sum(last.values())
+        count = num_layers * layer_tensors + has_first * len(first) + has_last * len(last)
+        names = range(count)
         param = 4 * numel
         if optimizer == "adamw":
             optim = 2 * param + 4 * len(names)

@@ -1,0 +1,379 @@
+"""Layout planner: rank parallel layouts by estimated step time under a per-GPU memory limit.
+
+    hw = Hardware(gpu_memory_bytes=80 * 2**30)
+    plans = plan_layouts(get_preset("70b"), num_gpus=64, seq_len=8192, global_batch_tokens=2**24, hw=hw)
+    plans[0].layout.name, plans[0].step_time_s, plans[0].memory, plans[0].comm_bytes
+    consts = calibrate(measurements, consts)          # refit constants from real runs
+
+Searched: dp_replicate × dp_shard × tp × pp × cp = num_gpus (tp within a node and dividing heads,
+kv-heads, d_ff and vocab; pp ≤ layers; cp dividing seq_len/2), ep (MoE: dividing num_experts and
+dp_shard×cp), sequences per micro-batch, activation checkpointing none | selective | full.
+
+Memory per GPU (bytes): params/grads/optimizer exact (`planner_memory.state_bytes`, fp32 state
+under FSDP2's bf16 compute); activations from the validated formula (`activation_bytes`, bf16
+activations, the fused-kernel variant on GPU) × `activation_scale`; buffers = FSDP's gathered bf16
+parameters of two blocks (current + prefetch) and one block's fp32 unsharded gradients, the
+recompute peak of a checkpointed block, and a fixed `overhead_bytes` (CUDA context, allocator,
+NCCL). A layout fits when the total ≤ gpu_memory_bytes.
+
+Step time: compute = exact causal training FLOPs (+ one forward of the matmuls under full AC,
++2% under selective) / (peak × mfu), × (1 + pipeline bubble (pp-1)/micro-batches); plus exposed
+communication: FSDP all-gathers (forward and backward, bf16) and reduce-scatters (fp32) per
+micro-batch, minus what overlaps compute (`fsdp_overlap` × compute); HSDP all-reduce; TP/SP 4
+activation collectives per block per micro-batch (6 with full AC); CP K/V all-gather +
+reduce-scatter (or ring hops) per block; EP 4 all-to-alls per MoE block; PP activations per stage
+boundary. A collective's bandwidth is the intra-node one when its group fits in a node (axes are
+laid out tp innermost, then cp, dp_shard, dp_replicate, pp), else the inter-node one, × comm_efficiency.
+Every number is an estimate from these constants; `calibrate` refits them from measured runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+from scalelab.models.accounting import flops_per_token
+from scalelab.parallel.planner_memory import Layout, activation_bytes, layer_param_count, state_bytes
+
+GIB = 2**30
+AC_CHOICES = ("none", "selective", "full")
+
+
+@dataclass(kw_only=True, slots=True)
+class Hardware:
+    gpu_memory_bytes: int = 80 * GIB
+    peak_flops: float = 989e12  # bf16 dense matmul peak of one GPU (H100 SXM)
+    gpus_per_node: int = 8
+    intra_node_bytes_per_s: float = 450e9  # NVLink, per GPU, one direction
+    inter_node_bytes_per_s: float = 50e9  # 400 Gb/s InfiniBand per GPU
+
+
+@dataclass(kw_only=True, slots=True)
+class CostConstants:
+    """The model's free constants; `calibrate` refits them from measured runs."""
+
+    mfu: float = 0.45  # fraction of peak FLOPs the matmuls reach
+    comm_efficiency: float = 0.7  # fraction of link bandwidth collectives reach
+    fsdp_overlap: float = 0.9  # FSDP communication hidden behind this fraction of compute time
+    activation_scale: float = 1.0  # measured / formula activation bytes
+    overhead_bytes: float = 3.0 * GIB  # CUDA context, allocator fragmentation, NCCL buffers
+
+
+@dataclass(kw_only=True, slots=True)
+class Plan:
+    layout: Layout
+    fits: bool
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float  # model FLOPs (exact causal) / (peak × step time)
+    memory: dict[str, float]  # params, grads, optimizer, activations, buffers, total (bytes per GPU)
+    comm_bytes: dict[str, float]  # per GPU per step, by axis
+    time_parts: dict[str, float]  # compute, bubble, exposed communication (seconds)
+
+    def as_row(self) -> dict:
+        row = {"layout": self.layout.name, **asdict(self.layout), "fits": self.fits}
+        row |= {"step_time_s": self.step_time_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu}
+        row |= {f"mem_{k}_gib": v / GIB for k, v in self.memory.items()}
+        row |= {f"comm_{k}_gib": v / GIB for k, v in self.comm_bytes.items()}
+        return row
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(cfg, num_gpus: int, seq_len: int, global_batch_sequences: int, hw: Hardware) -> list[Layout]:
+    """Every layout the shape rules allow (see the module docstring)."""
+    out = []
+    tp_ok = [
+        t
+        for t in _divisors(num_gpus)
+        if t <= hw.gpus_per_node
+        and all(getattr(cfg, k) % t == 0 for k in ("num_heads", "num_kv_heads", "d_model", "vocab_size"))
+        and (cfg.family == "moe" or cfg.d_ff % t == 0)
+        and (t == 1 or (not cfg.tied_embeddings and cfg.family != "moe"))  # TP of experts: not built
+    ]
+    for tp in tp_ok:
+        for pp in _divisors(num_gpus // tp):
+            if pp > cfg.num_layers or (pp > 1 and cfg.tied_embeddings):
+                continue
+            for cp in _divisors(num_gpus // (tp * pp)):
+                if seq_len % (2 * cp) or cp > 16:
+                    continue
+                dp = num_gpus // (tp * pp * cp)
+                if global_batch_sequences % dp:
+                    continue
+                local = global_batch_sequences // dp
+                for dp_shard in _divisors(dp):
+                    eps = [1]
+                    if cfg.family == "moe":
+                        eps = [e for e in _divisors(cfg.num_experts) if (dp_shard * cp) % e == 0]
+                    for ep in eps:
+                        for mbs in [m for m in _divisors(local) if m <= 64]:
+                            if pp > 1 and local // mbs < pp:
+                                continue
+                            for ac in AC_CHOICES:
+                                out.append(
+                                    Layout(
+                                        dp_replicate=dp // dp_shard,
+                                        dp_shard=dp_shard,
+                                        tp=tp,
+                                        pp=pp,
+                                        cp=cp,
+                                        ep=ep,
+                                        micro_batch_sequences=mbs,
+                                        activation_checkpoint=ac,
+                                        pp_microbatches=local // mbs if pp > 1 else 0,
+                                    )
+                                )
+    return out
+
+
+def _axis_bandwidth(lay: Layout, axis: str, hw: Hardware, consts: CostConstants) -> float:
+    """Bytes/s of one GPU in a collective over `axis` (intra-node when the group fits in a node)."""
+    inner = {
+        "tp": 1,
+        "cp": lay.tp,
+        "dp_shard": lay.tp * lay.cp,
+        "ep": lay.tp,
+        "dp_replicate": lay.tp * lay.cp * lay.dp_shard,
+    }
+    inner["pp"] = inner["dp_replicate"] * lay.dp_replicate
+    size = {"ep": lay.ep, "dp_shard": lay.dp_shard * lay.cp // max(1, lay.cp)}.get(axis, getattr(lay, axis, 1))
+    span = inner[axis] * size
+    bw = hw.intra_node_bytes_per_s if span <= hw.gpus_per_node else hw.inter_node_bytes_per_s
+    return bw * consts.comm_efficiency
+
+
+def estimate(
+    cfg, lay: Layout, *, seq_len: int, global_batch_sequences: int, hw: Hardware, consts: CostConstants
+) -> Plan:
+    """Memory, communication and step time of one layout (see the module docstring)."""
+    tokens_step = global_batch_sequences * seq_len
+    local_sequences = global_batch_sequences // lay.dp_size
+    num_micro = local_sequences // lay.micro_batch_sequences
+    tokens_micro = lay.micro_batch_sequences * seq_len / lay.cp  # per GPU per micro-batch
+    # --- memory
+    state = state_bytes(cfg, lay, seq_len=seq_len)
+    saved, transient = activation_bytes(cfg, lay, seq_len, kernels="fused", act=2)
+    block_params = layer_param_count(cfg, lay)
+    buffers = 2 * 2 * block_params + 4 * block_params + transient + consts.overhead_bytes
+    if lay.dp_shard * lay.cp == 1:
+        buffers -= 2 * 2 * block_params + 4 * block_params  # no FSDP: nothing gathered
+    acts = saved * consts.activation_scale
+    memory = {
+        "params": float(state.param_bytes),
+        "grads": float(state.grad_bytes),
+        "optimizer": float(state.optim_bytes),
+        "activations": float(acts),
+        "buffers": float(buffers),
+    }
+    memory["total"] = sum(memory.values())
+    # --- compute
+    fpt = flops_per_token(cfg, seq_len)
+    model_flops = fpt.exact_causal * tokens_step
+    hw_flops = model_flops
+    if lay.activation_checkpoint == "full":
+        hw_flops += fpt.matmul / 3 * tokens_step  # one more forward of every matmul
+    elif lay.activation_checkpoint == "selective":
+        hw_flops *= 1.02
+    compute = hw_flops / lay.world_size / (hw.peak_flops * consts.mfu)
+    bubble = compute * (lay.pp - 1) / num_micro if lay.pp > 1 else 0.0
+    # --- communication (bytes per GPU per step)
+    comm: dict[str, float] = {}
+    times: dict[str, float] = {}
+    layers = cfg.num_layers / lay.pp
+    d = cfg.d_model
+    fsdp_n = lay.dp_shard * lay.cp
+    stage_params = state.param_bytes / 4 * fsdp_n  # this rank's stage, unsharded by FSDP (after TP)
+    if fsdp_n > 1:
+        passes = num_micro if lay.pp == 1 else 1
+        gather = 2 * (fsdp_n - 1) / fsdp_n * stage_params * 2  # bf16, forward + backward
+        reduce = (fsdp_n - 1) / fsdp_n * stage_params * 4  # fp32 reduce-scatter
+        comm["fsdp"] = passes * (gather + reduce)
+        times["fsdp"] = comm["fsdp"] / _axis_bandwidth(lay, "dp_shard", hw, consts)
+    if lay.dp_replicate > 1:
+        r = lay.dp_replicate
+        comm["dp_replicate"] = 2 * (r - 1) / r * state.grad_bytes
+        times["dp_replicate"] = comm["dp_replicate"] / _axis_bandwidth(lay, "dp_replicate", hw, consts)
+    if lay.tp > 1:
+        per = (6 if lay.activation_checkpoint == "full" else 4) * 2 * (lay.tp - 1) / lay.tp * tokens_micro * d * 2
+        comm["tp"] = per * layers * num_micro
+        times["tp"] = comm["tp"] / _axis_bandwidth(lay, "tp", hw, consts)
+    if lay.cp > 1:
+        kv = 2 * cfg.num_kv_heads / lay.tp * cfg.head_dim * 2  # bytes of K and V per token (bf16)
+        per = 2 * (lay.cp - 1) / lay.cp * lay.micro_batch_sequences * seq_len * kv  # AG + RS
+        comm["cp"] = per * layers * num_micro
+        times["cp"] = comm["cp"] / _axis_bandwidth(lay, "cp", hw, consts)
+    if lay.ep > 1 and cfg.family == "moe":
+        per = 4 * (lay.ep - 1) / lay.ep * cfg.num_experts_per_tok * tokens_micro * d * 2
+        comm["ep"] = per * layers * num_micro
+        times["ep"] = comm["ep"] / _axis_bandwidth(lay, "ep", hw, consts)
+    if lay.pp > 1:
+        comm["pp"] = 2 * tokens_micro * d * 2 * num_micro * (2 if lay.pp_schedule != "1f1b" else 1)
+        times["pp"] = comm["pp"] / _axis_bandwidth(lay, "pp", hw, consts)
+    exposed = {k: v for k, v in times.items()}
+    if "fsdp" in exposed:
+        exposed["fsdp"] = max(0.0, times["fsdp"] - consts.fsdp_overlap * compute)
+    step = compute + bubble + sum(exposed.values())
+    time_parts = {"compute": compute, "bubble": bubble} | {f"comm_{k}": v for k, v in exposed.items()}
+    return Plan(
+        layout=lay,
+        fits=memory["total"] <= hw.gpu_memory_bytes,
+        step_time_s=step,
+        tokens_per_s_per_gpu=tokens_step / step / lay.world_size,
+        mfu=model_flops / lay.world_size / hw.peak_flops / step,
+        memory=memory,
+        comm_bytes=comm,
+        time_parts=time_parts,
+    )
+
+
+def plan_layouts(
+    cfg,
+    *,
+    num_gpus: int,
+    seq_len: int,
+    global_batch_tokens: int,
+    hw: Hardware | None = None,
+    consts: CostConstants | None = None,
+    include_unfit: bool = False,
+) -> list[Plan]:
+    """All candidate layouts, fastest first (those that fit memory; then the rest if asked)."""
+    hw = hw or Hardware()
+    consts = consts or CostConstants()
+    if global_batch_tokens % seq_len:
+        raise ValueError(f"global_batch_tokens={global_batch_tokens} is not a multiple of seq_len={seq_len}")
+    sequences = global_batch_tokens // seq_len
+    plans = [
+        estimate(cfg, lay, seq_len=seq_len, global_batch_sequences=sequences, hw=hw, consts=consts)
+        for lay in candidate_layouts(cfg, num_gpus, seq_len, sequences, hw)
+    ]
+    fit = sorted((p for p in plans if p.fits), key=lambda p: p.step_time_s)
+    if not include_unfit:
+        return fit
+    return fit + sorted((p for p in plans if not p.fits), key=lambda p: p.memory["total"])
+
+
+# --- calibration ---------------------------------------------------------------------------------------
+@dataclass(kw_only=True, slots=True)
+class Measurement:
+    """One measured run: the model, its layout and batch, and what was observed."""
+
+    cfg: object  # ModelConfig
+    layout: Layout
+    seq_len: int
+    global_batch_sequences: int
+    step_time_s: float | None = None
+    peak_memory_bytes: float | None = None
+    hw: Hardware = field(default_factory=Hardware)
+
+
+def calibrate(measurements: list[Measurement], consts: CostConstants | None = None) -> CostConstants:
+    """Refit the constants from measured runs.
+
+    Step time: mfu, comm_efficiency and fsdp_overlap by least squares on log(step time) (bounded;
+    with fewer than 3 timed runs only mfu is fitted). Memory: activation_scale and overhead_bytes
+    by least squares on measured peak − exact state − FSDP buffers = scale × activations + overhead
+    (overhead alone with one run). Returns a new CostConstants; the input is not modified.
+    """
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    consts = consts or CostConstants()
+    timed = [m for m in measurements if m.step_time_s]
+    if timed:
+        names = ["mfu", "comm_efficiency", "fsdp_overlap"] if len(timed) >= 3 else ["mfu"]
+        lo = {"mfu": 0.02, "comm_efficiency": 0.05, "fsdp_overlap": 0.0}
+        hi = {"mfu": 1.0, "comm_efficiency": 1.0, "fsdp_overlap": 1.0}
+
+        def residuals(x):
+            c = replace(consts, **dict(zip(names, x)))
+            return [
+                math.log(
+                    estimate(
+                        m.cfg,
+                        m.layout,
+                        seq_len=m.seq_len,
+                        global_batch_sequences=m.global_batch_sequences,
+                        hw=m.hw,
+                        consts=c,
+                    ).step_time_s
+                    / m.step_time_s
+                )
+                for m in timed
+            ]
+
+        x0 = [min(max(getattr(consts, n), lo[n] + 1e-3), hi[n] - 1e-3) for n in names]
+        fit = least_squares(residuals, x0, bounds=([lo[n] for n in names], [hi[n] for n in names]))
+        consts = replace(consts, **dict(zip(names, (float(v) for v in fit.x))))
+    sized = [m for m in measurements if m.peak_memory_bytes]
+    if sized:
+        base = replace(consts, activation_scale=1.0, overhead_bytes=0.0)
+        acts, rest = [], []
+        for m in sized:
+            p = estimate(
+                m.cfg,
+                m.layout,
+                seq_len=m.seq_len,
+                global_batch_sequences=m.global_batch_sequences,
+                hw=m.hw,
+                consts=base,
+            )
+            fixed = p.memory["params"] + p.memory["grads"] + p.memory["optimizer"] + p.memory["buffers"]
+            acts.append(p.memory["activations"])
+            rest.append(m.peak_memory_bytes - fixed)
+        if len(sized) >= 2 and len(set(acts)) > 1:
+            a = np.stack([np.array(acts), np.ones(len(acts))], axis=1)
+            (scale, overhead), *_ = np.linalg.lstsq(a, np.array(rest), rcond=None)
+            consts = replace(consts, activation_scale=float(max(scale, 0.1)), overhead_bytes=float(max(overhead, 0.0)))
+        else:
+            overhead = float(np.mean(np.array(rest) - consts.activation_scale * np.array(acts)))
+            consts = replace(consts, overhead_bytes=max(overhead, 0.0))
+    return consts
+
+
+def measurements_from_runs(run_dirs, hw: Hardware | None = None, skip_steps: int = 2) -> list[Measurement]:
+    """Measurements from run records: config.json (model, parallel, data.seq_len, train batch) and
+    metrics.parquet (median step time from tokens_per_s after `skip_steps` warm-up steps; a
+    `peak_memory_bytes` column is used when the records have one)."""
+    import json
+    from pathlib import Path
+
+    import polars as pl
+
+    from scalelab.models.config import ModelConfig
+
+    out = []
+    for run_dir in run_dirs:
+        run_dir = Path(run_dir)
+        cfg_dict = json.loads((run_dir / "config.json").read_text())
+        metrics = pl.read_parquet(run_dir / "metrics.parquet").filter(pl.col("step") > skip_steps)
+        if metrics.is_empty():
+            continue
+        model = ModelConfig(**cfg_dict["model"])
+        par = cfg_dict.get("parallel", {})
+        seq_len = cfg_dict["data"]["seq_len"]
+        sequences = cfg_dict["train"]["global_batch_tokens"] // seq_len
+        dp = par.get("dp_replicate", 1) * par.get("dp_shard", 1)
+        mbs = cfg_dict["train"].get("micro_batch_sequences") or sequences // dp
+        lay = Layout(
+            **{k: par.get(k, 1) for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")},
+            micro_batch_sequences=mbs,
+            activation_checkpoint=par.get("activation_checkpoint", "none"),
+        )
+        tokens_step = sequences * seq_len
+        step_time = float(tokens_step / metrics["tokens_per_s"].median())
+        peak = float(metrics["peak_memory_bytes"].max()) if "peak_memory_bytes" in metrics.columns else None
+        out.append(
+            Measurement(
+                cfg=model,
+                layout=lay,
+                seq_len=seq_len,
+                global_batch_sequences=sequences,
+                step_time_s=step_time,
+                peak_memory_bytes=peak,
+                hw=hw or Hardware(),
+            )
+        )
+    return out
