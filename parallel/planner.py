@@ -131,6 +131,7 @@ def candidate_layouts(cfg, num_gpus: int, seq_len: int, global_batch_sequences: 
 
 def _axis_bandwidth(lay: Layout, axis: str, hw: Hardware, consts: CostConstants) -> float:
     """Bytes/s of one GPU in a collective over `axis` (intra-node when the group fits in a node)."""
+    # stride of each axis in the rank order (tp innermost, then cp, dp_shard, dp_replicate, pp)
     inner = {
         "tp": 1,
         "cp": lay.tp,
@@ -139,7 +140,8 @@ def _axis_bandwidth(lay: Layout, axis: str, hw: Hardware, consts: CostConstants)
         "dp_replicate": lay.tp * lay.cp * lay.dp_shard,
     }
     inner["pp"] = inner["dp_replicate"] * lay.dp_replicate
-    size = {"ep": lay.ep, "dp_shard": lay.dp_shard * lay.cp // max(1, lay.cp)}.get(axis, getattr(lay, axis, 1))
+    # FSDP's group is dp_shard x cp: stride tp, span tp*cp*dp_shard, the same as the dp_shard axis
+    size = getattr(lay, axis)
     span = inner[axis] * size
     bw = hw.intra_node_bytes_per_s if span <= hw.gpus_per_node else hw.inter_node_bytes_per_s
     return bw * consts.comm_efficiency
