@@ -44,6 +44,7 @@ from scalelab.sweeps import store
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
 
 Log = Callable[[str], None]
+TRIAL_CPU = 0.01  # what the trial of a multi-process run holds itself (Ray rejects empty bundles)
 LOCK_WAIT_S = 180.0  # how long a trial waits for a previous process of the same run to go away
 
 
@@ -159,7 +160,9 @@ def _train_multiworker(tc: dict, run_dir: Path, cfg) -> dict[str, Any]:
         scaling_config=ScalingConfig(
             num_workers=cfg.parallel.world_size,
             use_gpu=gpus > 0,
-            resources_per_worker={"CPU": tc.get("cpus_per_worker", 1)} | ({"GPU": gpus} if gpus else {}),
+            # each worker gives up TRIAL_CPU of its share so the trial's own bundle still fits
+            resources_per_worker={"CPU": float(tc.get("cpus_per_worker", 1)) - TRIAL_CPU}
+            | ({"GPU": gpus} if gpus else {}),
         ),
         run_config=TrainRunConfig(name=f"train-{tc['run_id']}", storage_path=str(run_dir / ".ray_train")),
     )
@@ -217,7 +220,7 @@ def _trial_resources(trial_config: dict[str, Any]):
 
     tc = trial_config["trial"]
     if _world_size(tc["config"]) > 1:
-        return PlacementGroupFactory([{"CPU": 0.01}])  # the TorchTrainer's workers hold the resources
+        return PlacementGroupFactory([{"CPU": TRIAL_CPU}])  # the TorchTrainer's workers hold the resources
     bundle = {"CPU": float(tc["cpus_per_run"])}
     if tc.get("gpus_per_run"):
         bundle["GPU"] = float(tc["gpus_per_run"])

@@ -153,3 +153,13 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
     df = store.load_runs(out)
     assert df.height == 4 and df["status"].to_list() == ["done"] * 4 and df["loss"].is_finite().all()
     assert not list(out.rglob("*.tmp"))
+
+
+@pytest.mark.slow
+def test_multiworker_run_is_a_torchtrainer_inside_its_trial(ray_local, tmp_path):
+    """world_size 2 (FSDP over 2 CPU processes): the trial starts a Ray Train TorchTrainer (~15-60 s)."""
+    spec = {"name": "mw", "base": {**BASE, "parallel": {"dp_shard": 2}}, "grid": {"optim.lr": [3e-3]}}
+    result = _launch(spec, tmp_path / "root" / "mw")
+    assert set(result["states"].values()) == {"done"}
+    df = store.load_runs(tmp_path / "root" / "mw")
+    assert df["loss"].is_finite().all() and df["tokens"].to_list() == [5120]
