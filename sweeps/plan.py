@@ -9,9 +9,10 @@ costs only its tail), the layout, memory (estimate) and the estimated time. Time
 with the run's thread count (training steps only: evals and checkpoints add a few percent), and
 runs of the same shape share the figure. `measure=False` skips that and shows no times.
 
-Memory: 16 bytes per parameter (fp32 weights, gradients, two AdamW moments) plus activations of
-one micro-batch (~34 bytes x d_model x layers per token, plus fp32 logits and their gradient);
-a rough figure to catch a run that cannot fit, not a planner.
+Memory (per rank, the fullest one): scalelab.parallel.planner_memory's model of the layout (exact
+fp32 parameter, gradient and AdamW state bytes; activations saved for backward per micro-batch);
+a run whose figure exceeds this machine's RAM (CPU) is flagged in the warnings. Without that
+module: 16 bytes per parameter plus a rough activation term.
 """
 
 from __future__ import annotations
@@ -73,12 +74,34 @@ def measure_tokens_per_s(config: dict[str, Any], steps: int = 3) -> float:
 
 
 def memory_bytes(run: RunSpec) -> float:
-    m, t = run.config["model"], run.config["train"]
+    """Bytes on the fullest rank: scalelab.parallel.planner_memory's exact state + activation model
+    when that module is present, else 16 B/param + a rough activation term."""
+    m, t, p = run.config["model"], run.config["train"], run.config.get("parallel") or {}
     seq = run.config["data"]["seq_len"]
-    seqs = t["micro_batch_sequences"] or t["global_batch_tokens"] // seq
-    tokens = seqs * seq
-    acts = tokens * (34 * m["d_model"] * m["num_layers"] + 8 * m["vocab_size"])
-    return 16 * run.params + acts
+    dp = p.get("dp_replicate", 1) * p.get("dp_shard", 1)
+    local = t["global_batch_tokens"] // seq // max(dp, 1)
+    micro = t["micro_batch_sequences"] or local
+    try:
+        from scalelab.models.config import ModelConfig
+        from scalelab.parallel.planner_memory import Layout, activation_bytes, state_bytes
+    except ImportError:
+        return 16 * run.params + micro * seq * (34 * m["d_model"] * m["num_layers"] + 8 * m["vocab_size"])
+    lay_keys = (
+        "dp_replicate",
+        "dp_shard",
+        "tp",
+        "pp",
+        "cp",
+        "ep",
+        "activation_checkpoint",
+        "pp_schedule",
+        "pp_microbatches",
+        "sequence_parallel",
+    )
+    lay = Layout(micro_batch_sequences=micro, **{k: p[k] for k in lay_keys if k in p})
+    cfg = ModelConfig(**m)
+    saved, transient = activation_bytes(cfg, lay, seq_len=seq)
+    return state_bytes(cfg, lay, seq_len=seq).total_bytes + saved + transient
 
 
 def layout(run: RunSpec, cpus: int, gpus: float) -> str:
@@ -126,6 +149,15 @@ def plan_sweep(sweep: Sweep, *, measure: bool = True) -> tuple[list[dict[str, An
         warnings=list(sweep.warnings),
     )
     return rows, totals
+
+
+def _machine_ram_bytes() -> float | None:
+    try:
+        import os
+
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _label(labels: dict[str, Any]) -> str:
