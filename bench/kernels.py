@@ -203,7 +203,6 @@ def build_cases(args, device: str, dtype: torch.dtype) -> list[Case]:
                 shape=f"N={n} D={hid} V={vocab} z=1e-4",
                 leaves=[h, w],
                 impls=impls,
-                floor=1e-3,
             )
         )
     if not args.no_compile:
