@@ -184,12 +184,15 @@ def run_predict(args: argparse.Namespace) -> int:
     else:
         lvl = int(round(100 * out["level"]))
         keys = [k for k in ("params", "tokens", "unique_tokens", "flops") if k in out]
-        print("".join(f"{k:>14}" for k in keys) + f"{'loss':>10}   {lvl}% interval")
+        head = f"{'loss':>10}   {lvl}% CI (parameters)   {lvl}% PI (new run)"
+        print("".join(f"{k:>14}" for k in keys) + head)
         ivs = out["loss_interval"] or [None] * len(out["loss"])
+        pis = out["loss_prediction_interval"] or [None] * len(out["loss"])
         for i, loss in enumerate(out["loss"]):
-            print("".join(f"{_fmt(out[k][i]):>14}" for k in keys) + f"{_fmt(loss):>10}   {_iv(ivs[i])}")
+            row = f"{_fmt(loss):>10}   {_iv(ivs[i]):<22}{_iv(pis[i])}"
+            print("".join(f"{_fmt(out[k][i]):>14}" for k in keys) + row)
         if out["loss_interval"] is None:
-            print("no intervals: the fit has no samples (refit with --bootstrap B --out FIT.json)")
+            print("no intervals: the saved fit holds no parameter samples (refit with --out FIT.json)")
     return 0
 
 

@@ -195,6 +195,8 @@ def _fit_approach3(table, law_name, *, bootstrap, seed, objective, delta, level,
         "warnings": warnings,
         "samples": samples,
         "interval_method": f"bootstrap percentile (B={bootstrap})" if bootstrap > 0 else "delta method",
+        # robust sd of the log-loss residuals: the run-to-run noise a prediction interval adds
+        "residual_scale": _finite(fit.residual_scale),
     }
     if backtest:
         # Refits start from a thinned grid plus the full-data optimum: the optimum only shortens
@@ -403,7 +405,9 @@ def fit_table(
     report["level"] = level
     report["inputs"] = {"flops": table.flops_source, "tokens": table.tokens_source, "n_rows": len(table)}
     report["code_version"] = code_version()
-    if not keep_samples:
+    if keep_samples:
+        report["run_ids"] = [str(r) for r in table.run_id]
+    else:
         report.pop("samples")
     return report
 
@@ -416,6 +420,10 @@ def _samples_of(fit: dict) -> list[dict[str, float]]:
 def _quantiles(values: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
     q = np.nanquantile(values, [0.5 - level / 2.0, 0.5 + level / 2.0], axis=0)
     return q[0], q[1]
+
+
+def _pairs(lo, hi) -> list[list[float]]:
+    return [[float(a), float(b)] for a, b in zip(np.atleast_1d(lo), np.atleast_1d(hi))]
 
 
 def predict_from_fit(
@@ -433,7 +441,8 @@ def predict_from_fit(
     allocation at that budget (laws of flops alone predict directly). Approaches 1/2: only
     --flops, giving N*(C) and D*(C).
     Returns:
-        dict of lists: inputs, "loss" (Approach 3), "loss_interval" [[lo, hi], ...] or None.
+        dict of lists: inputs, "loss" (Approach 3), "loss_interval" [[lo, hi], ...] (parameter
+        uncertainty) and "loss_prediction_interval" (plus run-to-run noise), None without samples.
     """
     level = fit.get("level", LEVEL) if level is None else level
     if fit["approach"] != 3:
@@ -447,17 +456,25 @@ def predict_from_fit(
         if not (np.all(np.isfinite(v)) and np.all(v > 0)):
             raise UsageError(f"--{k} must be positive numbers")
     if all(k in given for k in law.inputs):
-        x = {k: given[k] for k in law.inputs}
+        try:
+            arrays = np.broadcast_arrays(*(given[k] for k in law.inputs))
+        except ValueError:
+            raise UsageError("--params/--tokens take one value each or equally many values") from None
+        x = dict(zip(law.inputs, (np.array(a) for a in arrays)))
         point = law.predict(fit["params"], **x)
         out = {k: v.tolist() for k, v in x.items()}
         out["loss"] = np.atleast_1d(point).tolist()
         rows = _samples_of(fit)
+        out["loss_interval"] = out["loss_prediction_interval"] = None
         if rows:
+            # Confidence interval: parameter uncertainty only (the law's mean loss). Prediction
+            # interval: each draw also times exp(sigma z), sigma the fit's residual scale (a new run).
             vals = np.array([law.predict(r, **x) for r in rows])
-            lo, hi = _quantiles(vals, level)
-            out["loss_interval"] = [[float(a), float(b)] for a, b in zip(np.atleast_1d(lo), np.atleast_1d(hi))]
-        else:
-            out["loss_interval"] = None
+            out["loss_interval"] = _pairs(*_quantiles(vals, level))
+            sigma = fit.get("residual_scale")
+            if sigma:
+                noise = np.exp(sigma * np.random.default_rng(0).standard_normal(vals.shape))
+                out["loss_prediction_interval"] = _pairs(*_quantiles(vals * noise, level))
         out["level"] = level
         return out
     if "flops" in given and set(law.inputs) == {"params", "tokens"}:

@@ -67,6 +67,7 @@ def test_fit_json_contract(saved_fit, capsys):
     assert hold["n_test"] == 7 and hold["mare"] < 0.02  # noise is 0.5%
     assert report["n_points"] == 28
     assert report["code_version"].startswith("scalelab")
+    assert report["run_ids"][0] == "r0" and len(report["run_ids"]) == 28
     assert len(report["samples"]["alpha"]) > 100  # what predict/allocate need for intervals
 
 
@@ -101,6 +102,10 @@ def test_predict_and_allocate_from_saved_fit(saved_fit, capsys):
     assert out["loss"][0] == pytest.approx(true, rel=0.02)
     lo, hi = out["loss_interval"][0]
     assert lo <= out["loss"][0] <= hi
+    plo, phi = out["loss_prediction_interval"][0]
+    assert plo < lo and phi > hi  # run-to-run noise widens it
+    assert main(["predict", str(saved_fit), "--params", "1e9", "2e9", "--tokens", "2e10"]) == 0
+    assert "PI (new run)" in capsys.readouterr().out
     alloc = run_json(capsys, ["allocate", str(saved_fit), "--flops", "1e22", "--json"])["allocations"][0]
     assert alloc["n_opt_interval"][0] <= alloc["n_opt"] <= alloc["n_opt_interval"][1]
     assert 6 * alloc["n_opt"] * alloc["d_opt"] == pytest.approx(1e22)
