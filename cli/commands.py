@@ -14,4 +14,5 @@ COMMANDS: list[tuple[str, str]] = [
     ("demo_cmd", "demo"),
     ("parity_cmd", "parity"),
     ("analysis_cmd", "noise"),  # also registers predict-task, compare, plot, report
+    ("plan_cmd", "plan-layout"),
 ]

@@ -165,3 +165,26 @@ def test_measurements_from_run_records(tmp_path):
     assert m.layout.dp_shard == 2 and m.layout.activation_checkpoint == "full"
     assert m.layout.micro_batch_sequences == 2 and m.global_batch_sequences == 8
     assert m.step_time_s == pytest.approx(1.0)  # 1024 tokens at the median 1024 tokens/s
+
+
+def test_plan_layout_cli(capsys, tmp_path):
+    from scalelab.cli.main import main
+
+    args = ["plan-layout", "--model", "1b", "--gpus", "8", "--gpu-memory", "80GiB", "--seq-len", "4096"]
+    assert main([*args, "--global-batch-tokens", "1M", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "params" in out and "fits" in out and len(out.strip().splitlines()) == 5
+    assert main([*args, "--global-batch-tokens", "1M", "--top", "2", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert len(rows) == 2 and rows[0]["step_time_s"] <= rows[1]["step_time_s"] and rows[0]["fits"]
+    # a model file with an MoE config
+    (tmp_path / "m.yaml").write_text(
+        "model:\n  family: moe\n  vocab_size: 32000\n  num_layers: 8\n  d_model: 1024\n  num_heads: 16\n"
+        "  num_kv_heads: 8\n  d_ff: 2816\n  max_seq_len: 4096\n  num_experts: 8\n  moe_d_ff: 704\n"
+    )
+    assert main(["plan-layout", "--model", str(tmp_path / "m.yaml"), "--gpus", "8", "--seq-len", "4096",
+                 "--global-batch-tokens", "512K", "--top", "1", "--json"]) == 0  # fmt: skip
+    row = json.loads(capsys.readouterr().out)
+    assert row["ep"] >= 1 and row["fits"]
+    assert main([*args, "--global-batch-tokens", "1000"]) == 2  # not a multiple of the sequence
+    assert "multiple" in capsys.readouterr().err
