@@ -204,6 +204,9 @@ def reference_run(spec: ParitySpec, accumulation: int = 1) -> tuple[list[float],
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+_MESHES: dict = {}  # per worker process: mesh shape -> DeviceMesh
+
+
 def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path) -> None:
     """One layout inside an initialised process group; every rank writes its results file."""
     import torch.distributed as dist
@@ -223,7 +226,10 @@ def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path)
         seq_len=spec.seq_len,
         global_batch_sequences=spec.global_batch_sequences,
     )
-    mesh = dims.build_mesh("cpu")
+    shape = dims.mesh_shape()
+    if shape not in _MESHES:  # building a mesh creates process groups: reuse it across jobs
+        _MESHES[shape] = dims.build_mesh("cpu")
+    mesh = _MESHES[shape]
     cfg = SimpleNamespace(
         parallel=pcfg,
         model=spec.model,
