@@ -167,3 +167,26 @@ def test_bad_fit_file_and_missing_inputs_exit_2(saved_fit, tmp_path, capsys):
     assert main(["allocate", str(saved_fit), "--flops", "-5"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 3
+
+
+def test_approach1_on_training_curves(tmp_path, capsys):
+    # Grid design: every size trained to every token count = a loss-vs-FLOPs curve per size.
+    data = simulate(
+        "chinchilla",
+        CHINCHILLA_HOFFMANN,
+        design="grid",
+        n_sizes=12,
+        n_tokens=30,
+        params_range=(1e7, 1e10),
+        tokens_range=(1e8, 1e12),
+        noise_sigma=0.002,
+        seed=3,
+    )
+    path = tmp_path / "curves.parquet"
+    pl.DataFrame(data).write_parquet(path)
+    report = run_json(capsys, ["fit", str(path), "--approach", "1", "--json"])
+    assert report["approach"] == 1 and KEYS <= set(report)
+    assert abs(report["params"]["n_exponent"] - 0.28 / 0.62) < 0.05
+    lo, hi = report["intervals"]["n_exponent"]
+    assert lo < report["params"]["n_exponent"] < hi
+    assert report["backtest"]["holdout"]["n_test"] >= 1
