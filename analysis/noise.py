@@ -10,7 +10,9 @@ bits-per-byte and averaging the last checkpoints fixes much of it. Per (task, me
     seed_std     seed variance: sqrt of the mean over seed groups (runs that differ only by seed)
                  of the variance (ddof=1) of final_r within the group; NaN without such groups
     signal       spread across the sweep: max - min of the seed-averaged finals of the configs
-    noise        sqrt(seed_std^2 + ckpt_std^2) (the terms that are known)
+    noise        sqrt(seed_std^2 + ckpt_std^2) (the terms that are known); with neither (one seed,
+                 one checkpoint per run) the evaluation's own reported stderr (eval_se, the
+                 finite-example noise: a lower bound), as the column noise_source says
     snr          signal / noise
     tau          monotonicity: mean over runs of Kendall's tau between step and the metric,
                  signed so that improving with training is +1
@@ -60,10 +62,13 @@ def _finals(ev: pl.DataFrame, last_n: int) -> pl.DataFrame:
         tau = float("nan")
         if values.size >= 3 and np.ptp(values) > 0:
             tau = float(stats.kendalltau(steps, values).statistic)
+        se = grp["stderr"].to_numpy()[-last_n:] if "stderr" in grp.columns else np.array([np.nan])
+        se = se[np.isfinite(se.astype(float))] if se.size else se
         rows.append(
             dict(
                 run_id=run_id,
                 final=float(tail.mean()),
+                eval_se=float(np.mean(se)) if se.size else float("nan"),
                 ckpt_std=ckpt_std,
                 n_ckpt=int(tail.size),
                 tau=tau,
@@ -126,7 +131,11 @@ def noise_table(
             float(per_run["ckpt_std"].drop_nans().mean()) if per_run["ckpt_std"].drop_nans().len() else float("nan")
         )
         parts = [x for x in (seed_std, ckpt_std) if not math.isnan(x)]
-        noise = math.sqrt(sum(x * x for x in parts)) if parts else float("nan")
+        eval_se = float(per_run["eval_se"].drop_nans().mean()) if per_run["eval_se"].drop_nans().len() else math.nan
+        noise_source = "seed+ckpt" if parts else ("eval stderr" if not math.isnan(eval_se) else "none")
+        # without seeds or checkpoints the evaluation's own standard error (finite example set) is
+        # the only noise estimate: a lower bound on the real noise
+        noise = math.sqrt(sum(x * x for x in parts)) if parts else eval_se
         snr = signal / noise if noise and not math.isnan(noise) and noise > 0 else float("nan")
         tau = float((sign * per_run["tau"].drop_nans()).mean()) if per_run["tau"].drop_nans().len() else float("nan")
         dec, n_dec = _decision_accuracy(per_run)
@@ -139,7 +148,9 @@ def noise_table(
                 signal=signal,
                 seed_std=seed_std,
                 ckpt_std=ckpt_std,
+                eval_se=eval_se,
                 noise=noise,
+                noise_source=noise_source,
                 snr=snr,
                 tau=tau,
                 decision_acc=dec,
@@ -191,8 +202,9 @@ def fit_weights(
     """(final value, weight = 1 / variance) per row of `runs`, for weighting a law fit.
 
     variance = seed_std^2 + ckpt_std_r^2 / n_r: the spread between seeds plus the checkpoint noise of
-    the mean of the run's last n values. Weights are normalised to mean 1. Runs without the metric
-    get NaN values and weight 0.
+    the mean of the run's last n values (the eval's own stderr stands in for ckpt_std_r when a run
+    has fewer than 3 checkpoints). Weights are normalised to mean 1; when some run has no noise
+    estimate at all, every run gets weight 1. Runs without the metric get NaN and weight 0.
     """
     ev = evals.filter((pl.col("task") == task) & (pl.col("metric") == metric))
     per_run = {r["run_id"]: r for r in _finals(ev, last_n).iter_rows(named=True)} if ev.height else {}
@@ -207,15 +219,18 @@ def fit_weights(
             values.append(float("nan"))
             var.append(float("inf"))
             continue
-        ck = 0.0 if math.isnan(r["ckpt_std"]) else r["ckpt_std"] ** 2 / r["n_ckpt"]
+        # checkpoint noise of the tail mean; else the eval's own stderr; else unknown (0)
+        sd = r["ckpt_std"] if not math.isnan(r["ckpt_std"]) else r["eval_se"]
+        ck = 0.0 if math.isnan(sd) else sd**2 / r["n_ckpt"]
         values.append(r["final"])
         var.append(seed_var + ck)
     var_arr = np.asarray(var)
-    finite = np.isfinite(var_arr) & (var_arr > 0)
+    has = np.isfinite(var_arr)
     w = np.zeros_like(var_arr)
-    w[finite] = 1.0 / var_arr[finite]
-    if not finite.any():  # no noise estimate at all: equal weights for the runs that have values
-        w = np.isfinite(var_arr).astype(float)
+    if has.any() and np.all(var_arr[has] > 0):
+        w[has] = 1.0 / var_arr[has]
+    else:  # some run has no noise estimate at all: equal weights for the runs that have values
+        w = has.astype(float)
     if w.sum() > 0:
         w = w / w[w > 0].mean()
     return np.asarray(values), w
@@ -225,14 +240,14 @@ def format_table(table: pl.DataFrame) -> str:
     """The table `scalelab noise` prints."""
     head = (
         f"{'task':<28} {'metric':<9} {'runs':>4} {'mean':>8} {'signal':>8} {'seed sd':>8} {'ckpt sd':>8} "
-        f"{'SNR':>7} {'tau':>6} {'decision':>9}"
+        f"{'eval se':>8} {'SNR':>7} {'tau':>6} {'decision':>9}  noise from"
     )
     lines = [head, "-" * len(head)]
     for r in table.iter_rows(named=True):
         lines.append(
             f"{r['task'][:28]:<28} {r['metric']:<9} {r['n_runs']:>4} {r['mean']:>8.4f} {_num(r['signal'])} "
-            f"{_num(r['seed_std'])} {_num(r['ckpt_std'])} {_num(r['snr'], 7, 2)} {_num(r['tau'], 6, 2)} "
-            f"{_pct(r['decision_acc']):>5} ({r['decision_pairs']})"
+            f"{_num(r['seed_std'])} {_num(r['ckpt_std'])} {_num(r['eval_se'])} {_num(r['snr'], 7, 2)} "
+            f"{_num(r['tau'], 6, 2)} {_pct(r['decision_acc']):>5} ({r['decision_pairs']})  {r['noise_source']}"
         )
     return "\n".join(lines)
 

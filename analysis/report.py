@@ -198,7 +198,20 @@ def _noise_section(runs: pl.DataFrame) -> tuple[str, object | None]:
         table = noise_table(runs, load_evals(runs))
     except UsageError as e:
         return f'<h2>Evaluation noise</h2><div class="warn">{html.escape(str(e))}</div>', None
-    cols = ["task", "metric", "n_runs", "mean", "signal", "seed_std", "ckpt_std", "snr", "tau", "decision_acc"]
+    cols = [
+        "task",
+        "metric",
+        "n_runs",
+        "mean",
+        "signal",
+        "seed_std",
+        "ckpt_std",
+        "eval_se",
+        "noise_source",
+        "snr",
+        "tau",
+        "decision_acc",
+    ]
     rows = [[r[c] for c in cols] for r in table.iter_rows(named=True)]
     notes = recommendations(table)
     out = ["<h2>Evaluation noise</h2>", _table(cols, rows, left=2)]
