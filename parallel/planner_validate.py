@@ -44,9 +44,9 @@ def _measure_first_stage(cfg, lay: Layout, seq_len: int) -> int:
     model.norm = model.output = None
     apply_ac(model, lay.activation_checkpoint)
     total = 0
-    for micro in range(lay.pp):  # 1F1B keeps pp micro-batches in flight on the first stage
+    for _ in range(lay.pp):  # 1F1B keeps pp micro-batches in flight on the first stage
         x = torch.randint(0, cfg.vocab_size, (lay.micro_batch_sequences, seq_len))
-        measured, out = measure_saved_bytes(model, lambda x=x: model(x))
+        measured, _out = measure_saved_bytes(model, lambda x=x: model(x))
         total += measured
     return total
 
@@ -70,7 +70,7 @@ def local_rows(quick: bool = False) -> list[dict]:
 
     rows = []
     sizes = ("debug", "tiny-1m") if quick else ("debug", "tiny-1m", "tiny-3m")
-    seqs = (64,) if quick else (64, 256)
+    seqs = (64,) if quick else (64, 128)
     for name in sizes:
         cfg = get_preset(name, kernels="torch")
         for seq_len in seqs:
