@@ -256,6 +256,11 @@ def _run_backtests(table: RunTable, fitter, holdout_frac, warnings: list[str]) -
             out["leave_one_budget_out"] = leave_one_budget_out(table, fitter, min_train=3).to_dict()
         except UsageError as e:
             warnings.append(f"leave-one-budget-out skipped: {e}")
+    elif num_budgets > MAX_LOBO_BUDGETS:
+        warnings.append(
+            f"leave-one-budget-out skipped: {num_budgets} FLOP budgets (> {MAX_LOBO_BUDGETS} refits); "
+            "give a 'group' column to define fewer budgets"
+        )
     return out
 
 
