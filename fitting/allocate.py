@@ -83,9 +83,7 @@ def numeric_optimum(
     if not hi > lo:
         raise UsageError(f"flops={flops:.3g} is too small to allocate (search range empty)")
     f = lambda x: float(np.asarray(loss_fn(np.exp(x), flops / (6.0 * np.exp(x)))))  # noqa: E731
-    res = optimize.minimize_scalar(
-        f, bounds=(np.log(lo), np.log(hi)), method="bounded", options={"xatol": 1e-6}
-    )
+    res = optimize.minimize_scalar(f, bounds=(np.log(lo), np.log(hi)), method="bounded", options={"xatol": 1e-6})
     x = float(res.x)
     at_bound = bool(min(x - np.log(lo), np.log(hi) - x) < 1e-3)
     n_opt = float(np.exp(x))

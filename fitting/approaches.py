@@ -232,9 +232,7 @@ def approach2(
         idx = np.flatnonzero(labels == lab)
         x = np.log(params[idx])
         if np.unique(x).size < min_runs_per_budget:
-            warnings.append(
-                f"budget C={np.median(flops[idx]):.3g}: only {np.unique(x).size} distinct sizes, skipped"
-            )
+            warnings.append(f"budget C={np.median(flops[idx]):.3g}: only {np.unique(x).size} distinct sizes, skipped")
             continue
         budget = float(np.exp(np.mean(np.log(flops[idx]))))
         design = np.column_stack([np.ones_like(x), x, x * x])
@@ -278,8 +276,7 @@ def approach2(
             warnings.append(f"budget C={budget:.3g}: flat IsoFLOP curve (curvature not significant)")
         elif boundary:
             warnings.append(
-                f"budget C={budget:.3g}: minimum at or beyond the sampled sizes (N*≈{n_opt:.3g}); "
-                "extend the size range"
+                f"budget C={budget:.3g}: minimum at or beyond the sampled sizes (N*≈{n_opt:.3g}); extend the size range"
             )
     return _finish(2, minima, warnings, level)
 
@@ -320,9 +317,7 @@ def approach1(
         order = idx[np.argsort(flops[idx])]
         curves.append((float(size), np.log(flops[order]), np.log(loss[order]), np.log(tokens[order])))
     if len(curves) < 2:
-        raise UsageError(
-            "Approach 1 needs training curves: at least 2 model sizes with >= 2 checkpoints each"
-        )
+        raise UsageError("Approach 1 needs training curves: at least 2 model sizes with >= 2 checkpoints each")
     lo = min(c[1][0] for c in curves)
     hi = max(c[1][-1] for c in curves)
     grid = np.linspace(lo, hi, num_budgets)

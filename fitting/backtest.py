@@ -20,10 +20,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from scalelab.fitting.approaches import BUDGET_REL_TOL, group_budgets
-from scalelab.fitting.io import RunTable
 
 from scalelab.errors import UsageError
+from scalelab.fitting.approaches import BUDGET_REL_TOL, group_budgets
+from scalelab.fitting.io import RunTable
 
 Predictor = Callable[[RunTable], np.ndarray]
 Fitter = Callable[[RunTable], Predictor]
@@ -63,9 +63,7 @@ class BacktestResult:
                     "predicted": float(p),
                     "rel_error": float(e),
                 }
-                for r, c, o, p, e in zip(
-                    self.run_id, self.flops, self.observed, self.predicted, self.rel_error
-                )
+                for r, c, o, p, e in zip(self.run_id, self.flops, self.observed, self.predicted, self.rel_error)
             ],
             "per_budget": self.per_budget,
             "warnings": list(self.warnings),
@@ -132,9 +130,7 @@ def holdout_backtest(
     mask = holdout_mask(table.flops, holdout_frac)
     n_train = int((~mask).sum())
     if n_train < min_train:
-        raise UsageError(
-            f"backtest: only {n_train} runs remain below the held-out compute (need {min_train})"
-        )
+        raise UsageError(f"backtest: only {n_train} runs remain below the held-out compute (need {min_train})")
     train, test = table.subset(~mask), table.subset(mask)
     predictor = fitter(train)
     result = _score("holdout", test, predictor(test), n_train, [])

@@ -56,10 +56,7 @@ class SigmoidFit:
         dof = max(self.n_points - 4, 1)
         q = float(stats.t.ppf(0.5 + level / 2.0, dof))
         se = np.sqrt(np.clip(np.diag(self.cov), 0.0, None))
-        return {
-            n: (float(v - q * s), float(v + q * s))
-            for n, v, s in zip(SIGMOID_PARAMS, self.params.values(), se)
-        }
+        return {n: (float(v - q * s), float(v + q * s)) for n, v, s in zip(SIGMOID_PARAMS, self.params.values(), se)}
 
     def to_dict(self) -> dict:
         return {**self.params, "rmse": self.rmse, "n_points": self.n_points}

@@ -174,9 +174,7 @@ def optimal_per_budget(
         u, l_sorted = np.log10(h[order]), loss[order]
         best = int(np.argmin(l_sorted))
         budget = float(np.exp(np.mean(np.log(c[idx]))))
-        point = BudgetOptimum(
-            flops=budget, h_opt=float(10 ** u[best]), loss_opt=float(l_sorted[best]), interior=False
-        )
+        point = BudgetOptimum(flops=budget, h_opt=float(10 ** u[best]), loss_opt=float(l_sorted[best]), interior=False)
         if 0 < best < u.size - 1 and np.unique(u).size >= 3:
             lo, hi = max(best - 2, 0), min(best + 3, u.size)  # local window around the best run
             q2, q1, q0 = np.polyfit(u[lo:hi], l_sorted[lo:hi], 2)

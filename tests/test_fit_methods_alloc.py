@@ -6,6 +6,8 @@ number can be checked by hand; the real fitter is exercised in test_fit_cli.py.
 
 import numpy as np
 import pytest
+
+from scalelab.errors import UsageError
 from scalelab.fitting.allocate import (
     allocate,
     chinchilla_exponents,
@@ -15,8 +17,6 @@ from scalelab.fitting.allocate import (
 )
 from scalelab.fitting.backtest import holdout_backtest, holdout_mask, leave_one_budget_out, relative_errors
 from scalelab.fitting.io import read_runs
-
-from scalelab.errors import UsageError
 
 CHIN = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
 
@@ -106,8 +106,7 @@ def test_chinchilla_allocation_closed_form(flops):
 def test_allocation_intervals_from_samples():
     rng = np.random.default_rng(0)
     samples = [
-        {**CHIN, "alpha": CHIN["alpha"] + e1, "beta": CHIN["beta"] + e2}
-        for e1, e2 in rng.normal(0, 0.01, (200, 2))
+        {**CHIN, "alpha": CHIN["alpha"] + e1, "beta": CHIN["beta"] + e2} for e1, e2 in rng.normal(0, 0.01, (200, 2))
     ]
     alloc = allocate(chinchilla_optimum, CHIN, 1e23, samples=samples)
     lo, hi = alloc.n_opt_interval
