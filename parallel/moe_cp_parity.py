@@ -185,6 +185,10 @@ def _ep_run(name: str, spec: EPSpec, out_dir: Path) -> None:
                 if ".router." in n:
                     out["grads"][n] = p.grad.full_tensor().detach().clone()
         opt.step()
+        if step == spec.steps - 1:
+            from scalelab.parallel.memory import measured_memory
+
+            out["memory"] = measured_memory(model, opt).as_dict()  # rank 0's, saved below
         opt.zero_grad(set_to_none=True)
     params = {}
     for n, p in model.named_parameters():
@@ -255,7 +259,19 @@ def ep_parity(layouts: list[str], spec: EPSpec | None = None) -> list[dict]:
             dp_shard, _, option = parse_ep_layout(name)
             ref = ep_reference(spec, dp_shard, option)
             got = torch.load(Path(tmp) / f"{name}.pt", weights_only=True)
-            rows.append(compare_ep(name, ref, got, dp_shard, spec.tolerance))
+            row = compare_ep(name, ref, got, dp_shard, spec.tolerance)
+            # the planner's exact state accounting for rank 0 (largest shards) vs what it held
+            from scalelab.parallel.planner_memory import Layout, state_bytes
+
+            _, ep, _ = parse_ep_layout(name)
+            lay = Layout(dp_shard=dp_shard, ep=ep)
+            row["memory_expected"] = state_bytes(
+                _model_for(spec, option), lay, seq_len=spec.seq_len, optimizer="sgd"
+            ).as_dict()
+            row["memory_measured"] = got["memory"]
+            row["memory_ok"] = row["memory_expected"] == row["memory_measured"]
+            row["ok"] = row["ok"] and row["memory_ok"]
+            rows.append(row)
     return rows
 
 

@@ -22,6 +22,7 @@ def _check(rows):
         assert row["max_aux_diff"] <= 1e-5, row
         assert row["max_expert_grad_diff"] <= 1e-5, row
         assert row["max_param_diff"] <= 1e-5, row
+        assert row["memory_ok"], row  # planner state bytes == what rank 0 holds
         assert row["ok"], row
 
 
