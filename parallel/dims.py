@@ -95,7 +95,7 @@ class ParallelDims:
             )
 
     def validate_model(self, model, pcfg=None, seq_len: int | None = None) -> None:
-        """Shape rules: heads and kv-heads by tp, vocab/ffn by tp, layers by pp stages, seq by cp."""
+        """Shape rules: heads, kv-heads, vocab, ffn (and seq under SP) by tp; layers by pp stages; seq by cp."""
         tp = self.tp
         if tp > 1:
             for key in ("num_heads", "num_kv_heads"):
@@ -106,7 +106,7 @@ class ParallelDims:
                         f"{tp} does not divide model.{key}={n}",
                         f"pick tp from the divisors of {key} ({_divisors(n)})",
                     )
-            for key in ("d_ff", "vocab_size", "d_model"):
+            for key in ("d_ff", "vocab_size"):
                 n = getattr(model, key)
                 if n % tp:
                     raise ConfigError(
@@ -114,6 +114,13 @@ class ParallelDims:
                         f"{tp} does not divide model.{key}={n}",
                         f"pick tp from the divisors of {key} ({_divisors(n)[:8]}...) or pad model.{key}",
                     )
+            sp = pcfg is None or getattr(pcfg, "sequence_parallel", True)
+            if sp and seq_len is not None and seq_len % tp:
+                raise ConfigError(
+                    "parallel.tp",
+                    f"sequence parallel splits data.seq_len={seq_len} over tp={tp} unevenly",
+                    "choose seq_len as a multiple of tp, or set parallel.sequence_parallel=false",
+                )
             if getattr(model, "tied_embeddings", False):
                 raise ConfigError(
                     "parallel.tp",

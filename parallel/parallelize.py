@@ -43,10 +43,17 @@ def dp_mesh_of(dims: ParallelDims, mesh):
     return None
 
 
-def parallelize(model: nn.Module, dims: ParallelDims, cfg, mesh, *, device: torch.device | None = None) -> Parallelized:
-    """Apply `cfg.parallel` (a RunConfig's section) to `model` in place; see the module docstring."""
+def parallelize(
+    model: nn.Module, dims: ParallelDims, cfg, mesh=None, *, device: torch.device | None = None
+) -> Parallelized:
+    """Apply `cfg.parallel` (a RunConfig's section) to `model` in place; see the module docstring.
+
+    mesh: the DeviceMesh of `dims` (built over the default process group when None).
+    """
     pcfg = cfg.parallel
     device = device or next(model.parameters()).device
+    if mesh is None:
+        mesh = dims.build_mesh(device.type)
     pipeline = None
     chunks = [model]
     if dims.pp > 1:

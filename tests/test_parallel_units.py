@@ -41,11 +41,13 @@ def test_world_size_mismatch_names_the_product_and_the_fix():
         (dict(pp=2, pp_schedule="bogus"), "parallel.pp_schedule", "use one of"),
         (dict(activation_checkpoint="most"), "parallel.activation_checkpoint", "selective"),
         (dict(dp_shard=0), "parallel.dp_shard", ">= 1"),
+        (dict(tp=2, seq=31), "parallel.tp", "seq_len=31 over tp=2 unevenly"),
     ],
 )
 def test_model_shape_rules(kw, key, words):
+    seq_len = kw.pop("seq", 32)
     with pytest.raises(ConfigError) as e:
-        _dims(model=debug_model(4), **kw)
+        _dims(model=debug_model(4), seq_len=seq_len, **kw)
     assert e.value.key == key and words in str(e.value)
 
 
