@@ -235,3 +235,10 @@ def summarize_stats(per_layer: list[dict[str, torch.Tensor]]) -> dict[str, float
         "moe_imbalance_max": max(imb),
         "moe_dropped_frac": dropped / max(routed, 1.0),
     }
+
+
+def step_row(model) -> dict[str, float]:
+    """Router columns for the run records from the model's last forward (empty for dense models or
+    modules without `moe_stats`, e.g. a pipeline stage container)."""
+    stats = model.moe_stats() if hasattr(model, "moe_stats") else []
+    return summarize_stats(stats)

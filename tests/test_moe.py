@@ -216,3 +216,28 @@ def test_aux_loss_reduces_imbalance_in_a_short_run():
     assert off["imbalance_first"] == on["imbalance_first"]  # same start
     assert off["imbalance_last10"] > on["imbalance_last10"] + 0.1
     assert off["aux_loss_last10"] > on["aux_loss_last10"]
+
+
+def test_moe_run_writes_router_records(tmp_path):
+    import polars as pl
+
+    from scalelab.train.config import build_run_config
+    from scalelab.train.loop import train_run
+
+    cfg = build_run_config(
+        {
+            "name": "moe",
+            "model": {"preset": "debug", "family": "moe", "num_experts": 4, "moe_d_ff": 64},
+            "data": {"seq_len": 32, "val_sequences": 8},
+            "train": {"num_tokens": 4 * 256, "global_batch_tokens": 256, "micro_batch_sequences": 4, "seed": 3},
+            "eval": {"interval_steps": 4, "val_batch_sequences": 4},
+            "checkpoint": {"interval_steps": 4, "keep_last": 1},
+            "logging": {"wandb": "disabled", "progress": "off"},
+        }
+    )
+    assert train_run(cfg, tmp_path)["status"] == "done"
+    metrics = pl.read_parquet(tmp_path / "metrics.parquet")
+    router = pl.read_parquet(tmp_path / "router.parquet")
+    assert router["step"].to_list() == metrics["step"].to_list() == [1, 2, 3, 4]
+    assert (router["moe_imbalance"] >= 1.0).all() and (router["moe_dropped_frac"] == 0.0).all()
+    assert router["moe_aux_loss"].is_between(0.5, 4.0).all()

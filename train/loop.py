@@ -29,6 +29,7 @@ import torch.distributed as dist
 from scalelab.models.accounting import flops_per_token, num_params, num_params_nonembedding
 from scalelab.models.llama import build_model
 from scalelab.models.loss import lm_loss
+from scalelab.models.moe import step_row as moe_step_row
 from scalelab.train import checkpoint as ckpt
 from scalelab.train.config import RunConfig, config_hash, to_dict
 from scalelab.train.data.bundle import build_data
@@ -174,6 +175,8 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
     micro = cfg.train.micro_batch_sequences or local_sequences
     num_micro = local_sequences // micro
     model.train()
+    if hasattr(model, "set_moe_loss_scale"):  # MoE aux losses get the LM loss's 1/num_micro too
+        model.set_moe_loss_scale(1.0 / num_micro)
     step = start_step
     step_delay = float(os.environ.get(_STEP_DELAY_ENV, "0") or 0)
     t_last = time.perf_counter()
@@ -213,6 +216,7 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
         _check_divergence(loss_val, best_loss, tokens_before, cfg)
         best_loss = min(best_loss, loss_val)
         if writer is not None and (step % cfg.logging.interval_steps == 0 or step == cfg.num_steps):
+            row.update(moe_step_row(model))  # router statistics (MoE only) -> router.parquet
             writer.log_metrics(row)
             _emit(callbacks, "step", row)
             if logger is not None:

@@ -4,6 +4,7 @@
     <run>/status.json       {"status": pending|running|done|failed|diverged, ...}
     <run>/metrics.parquet   per step: step, tokens, flops, loss, lr, grad_norm, tokens_per_s
     <run>/evals.parquet     per eval: step, tokens, flops, task, metric, value, stderr
+    <run>/router.parquet    MoE runs: per logged step, moe_aux_loss, moe_z_loss, moe_imbalance(_max), moe_dropped_frac
 
 Every file is written to a temporary name in the same directory and renamed over the target, so a
 reader (a sweep scan, polars) never sees a half-written file, whatever happens to the writer.
@@ -30,6 +31,15 @@ METRICS_SCHEMA = {
     "lr": pl.Float64,
     "grad_norm": pl.Float64,
     "tokens_per_s": pl.Float64,
+}
+# MoE runs only: router statistics of each logged step (last micro-batch on rank 0), router.parquet
+ROUTER_SCHEMA = {
+    "step": pl.Int64,
+    "moe_aux_loss": pl.Float64,
+    "moe_z_loss": pl.Float64,
+    "moe_imbalance": pl.Float64,
+    "moe_imbalance_max": pl.Float64,
+    "moe_dropped_frac": pl.Float64,
 }
 EVALS_SCHEMA = {
     "step": pl.Int64,
@@ -101,12 +111,16 @@ class RecordWriter:
         self.run_dir = Path(run_dir)
         self.metrics: list[dict] = []
         self.evals: list[dict] = []
+        self.router: list[dict] = []
         if resume_step is not None:
             self.metrics = _load_rows(self.run_dir / "metrics.parquet", resume_step, inclusive=True)
             self.evals = _load_rows(self.run_dir / "evals.parquet", resume_step, inclusive=True)
+            self.router = _load_rows(self.run_dir / "router.parquet", resume_step, inclusive=True)
 
     def log_metrics(self, row: dict) -> None:
         self.metrics.append({k: row.get(k) for k in METRICS_SCHEMA})
+        if "moe_imbalance" in row:
+            self.router.append({k: row.get(k) for k in ROUTER_SCHEMA})
 
     def log_eval(self, row: dict) -> None:
         self.evals.append({k: row.get(k) for k in EVALS_SCHEMA})
@@ -116,6 +130,8 @@ class RecordWriter:
             self.run_dir / "metrics.parquet", pl.DataFrame(self.metrics, schema=METRICS_SCHEMA)
         )
         atomic_write_parquet(self.run_dir / "evals.parquet", pl.DataFrame(self.evals, schema=EVALS_SCHEMA))
+        if self.router:
+            atomic_write_parquet(self.run_dir / "router.parquet", pl.DataFrame(self.router, schema=ROUTER_SCHEMA))
 
 
 def _load_rows(path: Path, max_step: int, inclusive: bool) -> list[dict]:
