@@ -41,7 +41,7 @@ def demo_spec(quick: bool = False) -> dict[str, Any]:
             "logging": {"wandb": "disabled", "progress": "off"},
         },
         "isoflop": {
-            "budgets": [float(f"{b * scale:.3g}") for b in (2e10, 6e10, 1.8e11)],
+            "budgets": [float(f"{b * scale:.3g}") for b in (3e10, 1e11, 3e11)],
             "num_sizes": 4,
             "params": [3.4e4, 1.5e5],
             "tolerance": 0.05,

@@ -17,10 +17,10 @@ What it does, in order:
    carries a little information from the held-out runs; the optimum is the training runs' own).
 3. Uncertainty. R bootstrap replicates: each reweights the runs by a multinomial resample
    (fit_law takes the counts as weights; duplicate rows are not allowed) and refits, warm-started
-   from the full fit plus a few grid starts. The interval of the loss at C* is the 2.5-97.5
-   percentile of the replicates' compute-optimal loss L*(C*). Warm starts keep each refit in the
-   full fit's basin: fast (tens of ms), but a second basin the resample might prefer is not
-   explored, so read the interval as the local (within-basin) uncertainty.
+   from the full fit plus grid starts. The interval of the loss at C* is the 2.5-97.5
+   percentile of the replicates' compute-optimal loss L*(C*). Each refit starts from the full fit
+   and from `BOOT_EXTRA_STARTS` grid points of its own: warm starts alone keep every replicate in
+   the full fit's basin and understate the uncertainty (see the constant's comment).
 4. (a) The compute-optimal run at the next budget C_next = min(step x largest budget done, C*):
    N* from the fit's allocation, rounded to a shape by the shape rule, D = C_next / 6N.
 5. (b) Runs within the budget that most narrow the interval at C*. Candidates: budgets between the
@@ -51,7 +51,10 @@ from scalelab.sweeps import store
 from scalelab.sweeps.spec import FitSpec, _Context, dump_spec, read_spec
 
 FIT_STARTS = 200  # starts drawn from the law's init grid for the full fit
-BOOT_EXTRA_STARTS = 0  # grid starts added to the warm start in each bootstrap refit (0: warm start only)
+# Grid starts added to the warm start in each bootstrap refit. With 0, every replicate stays in the
+# full fit's basin and the interval comes out too narrow (demo store: [1.643, 1.757] vs [1.643, 1.843]
+# with 8, which holds the measured 1.782); 8 finds the other basins a resample may prefer.
+BOOT_EXTRA_STARTS = 8
 BACKTEST_STARTS = 8  # grid starts added to the warm start in each backtest refit
 LEVEL = 0.95
 

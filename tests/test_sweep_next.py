@@ -59,7 +59,7 @@ def _fake_sweep(root, pending: int = 0):
 
 def test_next_round_proposals_and_spec(tmp_path):
     sd = _fake_sweep(tmp_path)
-    p = propose_next(sd, target_flops=1e13, budget_flops=6e12, replicates=8, fit_starts=24, log=lambda m: None)
+    p = propose_next(sd, target_flops=1e13, budget_flops=6e12, replicates=8, fit_starts=200, log=lambda m: None)
     assert p["n_points"] == 12 and p["warnings"] == []
     lo, hi = p["loss_at_target_interval"]
     assert lo < p["loss_at_target"] < hi or lo <= hi
@@ -82,7 +82,7 @@ def test_next_round_proposals_and_spec(tmp_path):
 
 def test_partial_grid_is_named(tmp_path):
     sd = _fake_sweep(tmp_path, pending=2)
-    p = propose_next(sd, target_flops=1e13, budget_flops=3e12, replicates=4, fit_starts=16, log=lambda m: None)
+    p = propose_next(sd, target_flops=1e13, budget_flops=3e12, replicates=4, fit_starts=200, log=lambda m: None)
     assert p["n_points"] == 10
     assert any("partial grid: the fit uses 10 of 12" in w for w in p["warnings"])
     assert any("budget 1e+12: 2 of 4 runs done" in w for w in p["warnings"])
