@@ -87,7 +87,7 @@ def fit_point(law, data: Mapping[str, np.ndarray], *, weights: np.ndarray | None
         if len(distinct) < n_starts and all(np.max(np.abs(e - o)) > 1e-3 for o in distinct):
             distinct.append(e)
     starts = np.asarray(distinct) if distinct else None
-    return fit_law(law, {**x, "loss": loss}, starts=starts, weights=weights, diagnose=False)
+    return fit_law(law, {**x, "loss": loss}, starts=starts, weights=weights, diagnose=True)
 
 
 def bootstrap_params(point, *, n_boot: int = 200, seed: int = 0, weights: np.ndarray | None = None) -> np.ndarray:

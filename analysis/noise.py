@@ -171,9 +171,12 @@ def recommendations(table: pl.DataFrame, snr_decide: float = SNR_DECIDE) -> list
             if bpb is None or acc is None or math.isnan(bpb["snr"]) or math.isnan(acc["snr"]):
                 continue
             if bpb["snr"] > acc["snr"]:
+                dec = ""
+                if not (math.isnan(bpb["decision_acc"]) and math.isnan(acc["decision_acc"])):
+                    dec = f", decision accuracy {_pct(bpb['decision_acc'])} vs {_pct(acc['decision_acc'])}"
+                src = "" if bpb["noise_source"] == "seed+ckpt" else f"; noise = {bpb['noise_source']} only"
                 notes.append(
-                    f"{task}: decide with bpb, not {acc_name} (SNR {bpb['snr']:.1f} vs {acc['snr']:.1f}, "
-                    f"decision accuracy {_pct(bpb['decision_acc'])} vs {_pct(acc['decision_acc'])})"
+                    f"{task}: decide with bpb, not {acc_name} (SNR {bpb['snr']:.1f} vs {acc['snr']:.1f}{dec}{src})"
                 )
             else:
                 notes.append(f"{task}: {acc_name} has the higher SNR here ({acc['snr']:.1f} vs bpb {bpb['snr']:.1f})")

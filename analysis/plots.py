@@ -85,8 +85,8 @@ def plot_isoflop(runs: pl.DataFrame, fit=None, *, loss_col: str = "loss", ax=Non
             coef = np.polyfit(np.log(n[sel]), loss[sel], 2)
             xs = np.linspace(np.log(n[sel]).min() - 0.2, np.log(n[sel]).max() + 0.2, 60)
             ax.plot(np.exp(xs), np.polyval(coef, xs), color=color, lw=1)
-            if coef[0] > 0:
-                x0 = -coef[1] / (2 * coef[0])
+            x0 = -coef[1] / (2 * coef[0]) if coef[0] > 0 else math.nan
+            if np.log(n[sel]).min() <= x0 <= np.log(n[sel]).max():  # a minimum the sizes bracket
                 ax.plot(math.exp(x0), np.polyval(coef, x0), marker="*", color=color, ms=11, mec="k")
         if fit is not None:
             ns = np.geomspace(n[sel].min() / 1.5, n[sel].max() * 1.5, 60)
@@ -94,7 +94,7 @@ def plot_isoflop(runs: pl.DataFrame, fit=None, *, loss_col: str = "loss", ax=Non
     ax.set_xscale("log")
     ax.set_xlabel("parameters N")
     ax.set_ylabel(f"final {loss_col}")
-    ax.set_title("IsoFLOP curves (parabola in ln N, * = minimum; dotted = fitted law)")
+    ax.set_title("IsoFLOP curves (parabola in ln N, * = bracketed minimum; dotted = law)", fontsize=10)
     ax.legend(fontsize=7)
     return fig
 

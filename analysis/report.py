@@ -215,7 +215,7 @@ def _noise_section(runs: pl.DataFrame) -> tuple[str, object | None]:
     rows = [[r[c] for c in cols] for r in table.iter_rows(named=True)]
     notes = recommendations(table)
     out = ["<h2>Evaluation noise</h2>", _table(cols, rows, left=2)]
-    out.extend(f'<div class="ok">{html.escape(n)}</div>' for n in notes)
+    out.extend(f'<div class="{"warn" if "do not rank" in n else "ok"}">{html.escape(n)}</div>' for n in notes)
     return "\n".join(out), table
 
 
