@@ -6,7 +6,7 @@
 gloo on torch 2.13 (see ARCHITECTURE.md, "Known platform facts"):
   - it silently corrupts a scatter into a non-contiguous tensor, so every tensor handed to a
     collective must be contiguous. Our own collectives (loss broadcast, pipeline eval P2P,
-    grad-norm all-reduce) pass `.contiguous()` tensors; DTensor/FSDP2 pack into contiguous buffers.
+    grad-norm all-reduce) go through `for_collective`; DTensor/FSDP2 pack into contiguous buffers.
   - `split_group` fails: DeviceMesh only takes that path for a process group bound to an
     accelerator (NCCL with device_id), so on gloo it already builds sub-groups with new_group.
   - list-form all_gather/all_to_all with uneven sizes fail: nothing here uses them (FSDP2 pads
@@ -42,6 +42,14 @@ def init_distributed(backend: str = "auto", device: torch.device | str | None = 
         torch.cuda.set_device(local)
         kwargs["device_id"] = torch.device("cuda", local)
     dist.init_process_group(backend=name, timeout=timedelta(seconds=timeout_s), **kwargs)
+
+
+def for_collective(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor to hand to a collective (gloo corrupts non-contiguous ones silently).
+
+    Returns `t` itself when already contiguous, so in-place collectives still write into it.
+    """
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def destroy_distributed() -> None:

@@ -32,6 +32,7 @@ from torch.distributed.pipelining.schedules import (
     ScheduleZBVZeroBubble,
 )
 
+from scalelab.parallel.backend import for_collective
 from scalelab.parallel.dims import num_microbatches, stages_per_rank
 from scalelab.parallel.step import loss_from_logits
 
@@ -193,7 +194,7 @@ class Pipeline:
 
     def _share_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Broadcast the last stage's loss to every rank of the pipeline group."""
-        loss = loss.detach().float().reshape(()).contiguous()
+        loss = for_collective(loss.detach().float().reshape(()))
         dist.broadcast(loss, src=dist.get_global_rank(self.group, self.last_stage_rank), group=self.group)
         return loss
 
@@ -235,7 +236,7 @@ class Pipeline:
                     next_owner = rank_of_stage(s + 1, self.pp, self.schedule_name)
                     if next_owner != self.pp_rank:
                         dist.send(
-                            x.float().contiguous(), dist.get_global_rank(self.group, next_owner), group=self.group
+                            for_collective(x.float()), dist.get_global_rank(self.group, next_owner), group=self.group
                         )
         return self._share_loss(loss)
 

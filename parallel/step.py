@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from scalelab.parallel.backend import for_collective
+
 
 def loss_from_logits(
     logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0, ignore_index: int = -100
@@ -68,6 +70,7 @@ def global_grad_norm(params: list[torch.Tensor], pp_group=None) -> torch.Tensor:
             norm = norm.full_tensor()
         total_sq = total_sq + norm.float().pow(2)
     if pp_group is not None:
+        total_sq = for_collective(total_sq)
         dist.all_reduce(total_sq, group=pp_group)
     return total_sq.sqrt()
 

@@ -14,21 +14,37 @@ Each layout also checks the per-rank memory accounting (params, grads, optimizer
 
 import pytest
 import torch
+
 from scalelab.parallel.parity import ParitySpec, run_parity_jobs
 
 FP32_TOL = 1e-5
 BF16_TOL = 2e-3
 
-WORLD2 = ["single-accum2", "dp2", "fsdp2", "fsdp2-zero2", "tp2", "tp2sp", "pp2-gpipe", "pp2-1f1b",
-          "pp2-interleaved", "pp2-zb", "tp2sp+sac", "fsdp2+ac"]
+WORLD2 = [
+    "single-accum2",
+    "dp2",
+    "fsdp2",
+    "fsdp2-zero2",
+    "tp2",
+    "tp2sp",
+    "pp2-gpipe",
+    "pp2-1f1b",
+    "pp2-interleaved",
+    "pp2-zb",
+    "tp2sp+sac",
+    "fsdp2+ac",
+]
 WORLD2_BF16 = ["fsdp2+bf16", "tp2sp+bf16", "pp2-1f1b+bf16"]
 WORLD4 = ["dp2xfsdp2", "dp2xtp2", "fsdp2xtp2", "fsdp2xtp2sp", "fsdp2xpp2", "pp2xtp2sp", "fsdp2-zero2xpp2-zb"]
 WORLD8 = ["dp2xpp2xtp2sp"]
 
 
 def _check(report):
-    bad = [(r.layout, r.optimizer, r.dtype, r.max_loss_diff, r.max_param_diff, r.worst_param, r.memory_ok)
-           for r in report.rows if not r.ok]
+    bad = [
+        (r.layout, r.optimizer, r.dtype, r.max_loss_diff, r.max_param_diff, r.worst_param, r.memory_ok)
+        for r in report.rows
+        if not r.ok
+    ]
     assert not bad, bad
     for r in report.rows:
         assert r.max_loss_diff <= r.tolerance and r.max_param_diff <= r.tolerance
@@ -56,12 +72,16 @@ def test_world2_layouts_fp32_sgd_adamw_and_bf16():
 
 
 def test_world4_hsdp_ddp_fsdp_tp_pp_compositions():
-    jobs = [(WORLD4, ParitySpec(optimizer="sgd", tolerance=FP32_TOL)),
-            (WORLD4, ParitySpec(optimizer="adamw", tolerance=FP32_TOL))]
+    jobs = [
+        (WORLD4, ParitySpec(optimizer="sgd", tolerance=FP32_TOL)),
+        (WORLD4, ParitySpec(optimizer="adamw", tolerance=FP32_TOL)),
+    ]
     _check(run_parity_jobs(jobs))
 
 
 def test_world8_three_d_layouts():
-    jobs = [(WORLD8, ParitySpec(optimizer="sgd", tolerance=FP32_TOL)),
-            (WORLD8, ParitySpec(optimizer="adamw", tolerance=FP32_TOL))]
+    jobs = [
+        (WORLD8, ParitySpec(optimizer="sgd", tolerance=FP32_TOL)),
+        (WORLD8, ParitySpec(optimizer="adamw", tolerance=FP32_TOL)),
+    ]
     _check(run_parity_jobs(jobs))

@@ -9,6 +9,7 @@ through `scalelab.parallel.launch` (the processes `scalelab run` starts) and `tr
 import polars as pl
 import pytest
 import torch
+
 from scalelab.parallel.launch import spawn, train_worker
 from scalelab.train.config import build_run_config
 from scalelab.train.loop import train_run
@@ -60,6 +61,7 @@ def test_fsdp4_checkpoint_resumes_under_tp2_and_single_device(tmp_path):
 @pytest.mark.parametrize("override", ["parallel.tp=3", "parallel.pp=4", "parallel.dp_shard=3"])
 def test_bad_layouts_exit_2_before_spawning(tmp_path, capsys, override, monkeypatch):
     import yaml
+
     from scalelab.cli.main import main
     from scalelab.parallel import launch
 
