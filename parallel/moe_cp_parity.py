@@ -321,15 +321,18 @@ class CPSpec:
     tolerance: float = 1e-5
 
 
-_CP = re.compile(r"^(?:fsdp(\d+)x)?cp(\d+)(-ring)?$")
+_CP = re.compile(r"^(?:fsdp(\d+)x)?(?:tp(\d+)x)?cp(\d+)(-ring)?$")
 
 
-def parse_cp_layout(name: str) -> tuple[int, int, str]:
-    """(dp_shard, cp, variant) of a CP layout name; UsageError when malformed."""
+def parse_cp_layout(name: str) -> tuple[int, int, str, int]:
+    """(dp_shard, cp, variant, tp) of a CP layout name; UsageError when malformed."""
     m = _CP.match(name)
-    if not m or int(m.group(2)) < 2:
-        raise UsageError(f"CP layout {name!r}: use cpN, cpN-ring, fsdpMxcpN (N >= 2)")
-    return int(m.group(1) or 1), int(m.group(2)), "ring" if m.group(3) else "allgather"
+    if not m or int(m.group(3)) < 2:
+        raise UsageError(f"CP layout {name!r}: use cpN, cpN-ring, fsdpMxcpN, tpKxcpN (N >= 2)")
+    dp, tp = int(m.group(1) or 1), int(m.group(2) or 1)
+    if dp > 1 and tp > 1:
+        raise UsageError(f"CP layout {name!r}: combine cp with fsdp or with tp, not both")
+    return dp, int(m.group(3)), "ring" if m.group(4) else "allgather", tp
 
 
 def cp_reference(spec: CPSpec) -> dict:
@@ -353,9 +356,12 @@ def _cp_run(name: str, spec: CPSpec, out_dir: Path) -> None:
     from scalelab.parallel.context_parallel import apply_cp, local_positions, shard_sequence_batch
     from scalelab.parallel.data_parallel import apply_fsdp
 
-    dp, cp, variant = parse_cp_layout(name)
+    dp, cp, variant, tp = parse_cp_layout(name)
     rank = dist.get_rank()
-    if dp > 1:
+    if tp > 1:  # TP inside each cp rank (no sequence parallel), FSDP over cp
+        mesh = init_device_mesh("cpu", (cp, tp), mesh_dim_names=("cp", "tp"))
+        fsdp_mesh, dp_rank = mesh["cp"], 0
+    elif dp > 1:
         mesh = init_device_mesh("cpu", (dp, cp), mesh_dim_names=("dp_shard", "cp"))
         fsdp_mesh = mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
         dp_rank = mesh["dp_shard"].get_local_rank()
@@ -364,6 +370,10 @@ def _cp_run(name: str, spec: CPSpec, out_dir: Path) -> None:
         fsdp_mesh, dp_rank = mesh["cp"], 0
     cp_rank = mesh["cp"].get_local_rank()
     model = build_model(spec.model, seed=spec.seed)
+    if tp > 1:
+        from scalelab.parallel.tp import apply_tp
+
+        apply_tp(model, mesh["tp"], sequence_parallel=False, loss_parallel=False)
     apply_cp(model, mesh["cp"], variant)
     apply_fsdp(model, fsdp_mesh, reshard_after_forward=True, mixed_precision="fp32", device_type="cpu")
     batch = _batches(spec.model.vocab_size, 1, spec.batch_sequences, spec.seq_len, spec.seed)[0]
@@ -399,18 +409,18 @@ def cp_parity(layouts: list[str], spec: CPSpec | None = None) -> list[dict]:
     spec = spec or CPSpec()
     by_world: dict[int, list[str]] = {}
     for name in layouts:
-        dp, cp, _ = parse_cp_layout(name)
+        dp, cp, _, tp = parse_cp_layout(name)
         if spec.seq_len % (2 * cp) or spec.batch_sequences % dp:
             raise UsageError(f"{name}: seq_len must be a multiple of 2*cp and the batch of dp")
-        by_world.setdefault(dp * cp, []).append(name)
+        by_world.setdefault(dp * cp * tp, []).append(name)
     ref = cp_reference(spec)
     rows = []
     with tempfile.TemporaryDirectory(prefix="scalelab-cp-") as tmp:
         for world, names in sorted(by_world.items()):
             spawn(_cp_group, world, (names, spec, tmp), backend="gloo")
         for name in layouts:
-            dp, cp, variant = parse_cp_layout(name)
-            results = [torch.load(Path(tmp) / f"{name}.rank{r}.pt", weights_only=True) for r in range(dp * cp)]
+            dp, cp, variant, tp = parse_cp_layout(name)
+            results = [torch.load(Path(tmp) / f"{name}.rank{r}.pt", weights_only=True) for r in range(dp * cp * tp)]
             fwd = 0.0
             for res in results:
                 start, count = res["rows"]
@@ -425,7 +435,7 @@ def cp_parity(layouts: list[str], spec: CPSpec | None = None) -> list[dict]:
             rows.append(
                 dict(
                     layout=name,
-                    world_size=dp * cp,
+                    world_size=dp * cp * tp,
                     variant=variant,
                     max_logit_diff=fwd,
                     loss_diff=loss,

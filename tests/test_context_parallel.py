@@ -1,6 +1,7 @@
 """Context parallel (all-gather KV and ring) vs one device on CPU/gloo (scalelab.parallel.context_parallel).
 
-Causal attention with head-tail load balancing; the logits of every rank's rows, the loss and every
+Causal attention with head-tail load balancing (alone, with FSDP over dp_shard x cp, with TP inside each
+cp rank); the logits of every rank's rows, the loss and every
 parameter gradient (FSDP over dp_shard x cp) must match one device within 1e-5 in fp32.
 """
 
@@ -34,6 +35,6 @@ def test_cp_world2_allgather_and_ring():
     _check(cp_parity(["cp2", "cp2-ring"], CPSpec()))
 
 
-def test_cp_world4_allgather_ring_and_fsdp():
+def test_cp_world4_allgather_ring_fsdp_and_tp():
     torch.set_num_threads(1)
-    _check(cp_parity(["cp4", "cp4-ring", "fsdp2xcp2"], CPSpec()))
+    _check(cp_parity(["cp4", "cp4-ring", "fsdp2xcp2", "tp2xcp2-ring"], CPSpec()))
