@@ -13,14 +13,29 @@ bootstrap refit starts from the point optimum and from a least-squares refit of 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from scipy import optimize
 
 from scalelab.errors import UsageError
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Torch on one intra-op thread: the fit's tensors are (starts x runs), far too small to share,
+    and on a loaded machine extra threads only spin (measured 30x slower with 2 threads under load)."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
 
 _COARSE = {  # per fit-space name: a few starting values for the pre-fit
     "e": [0.0, 1.0],
@@ -67,7 +82,7 @@ def _least_squares(law, x, loss, starts: np.ndarray, weights: np.ndarray | None)
     return [x for _, x in found]
 
 
-def fit_point(law, data: Mapping[str, np.ndarray], *, weights: np.ndarray | None = None, n_starts: int = 2):
+def _fit_point(law, data: Mapping[str, np.ndarray], *, weights: np.ndarray | None = None, n_starts: int = 2):
     """The robust fit (fit_law) started from the best `n_starts` distinct least-squares pre-fits.
 
     Distinct: end points closer than 1e-3 in every fit-space coordinate count once (the batched
@@ -90,7 +105,7 @@ def fit_point(law, data: Mapping[str, np.ndarray], *, weights: np.ndarray | None
     return fit_law(law, {**x, "loss": loss}, starts=starts, weights=weights, diagnose=True)
 
 
-def bootstrap_params(point, *, n_boot: int = 200, seed: int = 0, weights: np.ndarray | None = None) -> np.ndarray:
+def _bootstrap_params(point, *, n_boot: int = 200, seed: int = 0, weights: np.ndarray | None = None) -> np.ndarray:
     """(n_boot, P) natural parameters from refits on runs resampled with replacement.
 
     Each refit starts from the point optimum and from a least-squares refit of the resample that
@@ -119,6 +134,18 @@ def bootstrap_params(point, *, n_boot: int = 200, seed: int = 0, weights: np.nda
         res = fit_law(law, sub, starts=starts, weights=w, diagnose=False, n_polish=1)
         out.append([res.params[p] for p in law.param_names])
     return np.asarray(out, dtype=float)
+
+
+def fit_point(law, data: Mapping[str, np.ndarray], **kwargs):
+    """See _fit_point; runs with one torch thread."""
+    with _one_thread():
+        return _fit_point(law, data, **kwargs)
+
+
+def bootstrap_params(point, **kwargs) -> np.ndarray:
+    """See _bootstrap_params; runs with one torch thread."""
+    with _one_thread():
+        return _bootstrap_params(point, **kwargs)
 
 
 @dataclass(kw_only=True, slots=True)
