@@ -36,6 +36,9 @@ def add_parser(sub) -> None:
         help="bf16: autocast everywhere and bf16 FSDP params (use a looser --tolerance)",
     )
     p.add_argument("--tolerance", type=float, default=1e-5, help="max |Δ| in loss and parameters (default 1e-5)")
+    p.add_argument(
+        "--accumulation", type=int, default=1, help="loop micro-batches per rank and step under the layouts (default 1)"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
@@ -61,6 +64,7 @@ def run(args) -> int:
             lr=args.lr,
             seed=args.seed,
             dtype=args.dtype,
+            accumulation=args.accumulation,
             tolerance=args.tolerance,
         )
         for opt in optimizers

@@ -81,6 +81,9 @@ class ParitySpec:
     seed: int = 0
     dtype: str = "fp32"  # fp32 | bf16 (autocast on every side, FSDP bf16 params)
     tolerance: float = 1e-5  # max |Δ| allowed in losses and in parameters
+    # loop micro-batches per rank and step under the layouts (gradient accumulation, as
+    # train.micro_batch_sequences does); the reference always takes the whole batch at once
+    accumulation: int = 1
 
 
 def parse_layout(name: str) -> ParallelConfig:
@@ -144,6 +147,7 @@ def check_layouts(layouts: list[str], spec: ParitySpec) -> dict[str, ParallelCon
             model=spec.model,
             seq_len=spec.seq_len,
             global_batch_sequences=spec.global_batch_sequences,
+            micro_batch_sequences=_micro(spec, pcfg.dp_replicate * pcfg.dp_shard),
         )
         out[name] = pcfg
     return out
@@ -204,6 +208,16 @@ def reference_run(spec: ParitySpec, accumulation: int = 1) -> tuple[list[float],
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def _micro(spec: ParitySpec, dp: int) -> int:
+    """Sequences per loop micro-batch on a rank (0 = the whole local batch), checked to divide."""
+    if spec.accumulation < 1 or (spec.global_batch_sequences // dp) % spec.accumulation:
+        raise UsageError(
+            f"accumulation {spec.accumulation} does not divide the {spec.global_batch_sequences // dp} "
+            "sequences per data-parallel rank"
+        )
+    return 0 if spec.accumulation == 1 else spec.global_batch_sequences // dp // spec.accumulation
+
+
 _MESHES: dict = {}  # per worker process: mesh shape -> DeviceMesh
 
 
@@ -225,6 +239,7 @@ def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path)
         model=spec.model,
         seq_len=spec.seq_len,
         global_batch_sequences=spec.global_batch_sequences,
+        micro_batch_sequences=_micro(spec, pcfg.dp_replicate * pcfg.dp_shard),
     )
     shape = dims.mesh_shape()
     if shape not in _MESHES:  # building a mesh creates process groups: reuse it across jobs
@@ -244,8 +259,11 @@ def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path)
     losses, memory = [], None
     for i, batch in enumerate(_batches(spec)):
         mine = batch[dp_rank * local : (dp_rank + 1) * local]  # the sampler's contiguous dp chunk
-        with _autocast(spec):
-            ce = par.step.forward_backward(mine[:, :-1], mine[:, 1:], 1.0)
+        ce = torch.zeros(())
+        for chunk in mine.split(local // spec.accumulation):  # as the loop's micro-batches
+            with _autocast(spec):
+                ce = ce + par.step.forward_backward(chunk[:, :-1], chunk[:, 1:], 1.0 / spec.accumulation)
+        ce = ce / spec.accumulation
         par.step.clip_grad_norm(par.model, spec.grad_clip)
         opt.step()
         if i == spec.steps - 1:
@@ -446,7 +464,7 @@ def format_report(report: ParityReport) -> str:
     for s in report.specs:
         lines.append(
             f"{s['optimizer']}: {s['steps']} steps, lr {s['lr'] or ('1e-4' if s['optimizer'] == 'adamw' else '0.1')}, "
-            f"{s['dtype']}, tolerance {s['tolerance']:.0e}"
+            f"{s['dtype']}, {s['accumulation']} loop micro-batch(es), tolerance {s['tolerance']:.0e}"
         )
     lines.append(f"wall time {report.wall_seconds:.1f} s")
     return "\n".join(lines)

@@ -179,14 +179,17 @@ class Pipeline:
         ]
         cls = _SCHEDULES[self.schedule_name]
         stages = self.stages[0] if stages_per_rank(self.schedule_name) == 1 else self.stages
-        self.schedule = cls(stages, n_microbatches=self.n_microbatches, loss_fn=self._loss, scale_grads=True)
+        # scale_grads=False: the schedule would divide the whole .grad by n_microbatches after each
+        # step, including gradients accumulated by earlier loop micro-batches; the 1/n goes into
+        # the loss instead (_loss), which is exact and accumulation-safe.
+        self.schedule = cls(stages, n_microbatches=self.n_microbatches, loss_fn=self._loss, scale_grads=False)
         self.model_parts = ModelParts(self.stage_modules)
         return self.model_parts
 
     def _loss(self, output, target):
         loss, ce = loss_from_logits(output, target, self._z_loss)
         self._ces.append(ce.float())
-        return loss * self._scale
+        return loss * (self._scale / self.n_microbatches)
 
     @property
     def last_stage_rank(self) -> int:

@@ -10,6 +10,8 @@ Tolerances (absolute, max over steps and over every parameter element on every r
   2e-3 in loss and params; measured ~1e-4 loss / ~4e-4 params, the same order as the
   single-device floor (batch split in two) of ~2e-5 / ~3e-4.
 Each layout also checks the per-rank memory accounting (params, grads, optimizer state) exactly.
+Gradient accumulation (2 loop micro-batches per step, as train.micro_batch_sequences does) is
+checked against the unsplit single-device batch (SGD, 1e-5).
 """
 
 import pytest
@@ -35,6 +37,7 @@ WORLD2 = [
     "fsdp2+ac",
 ]
 WORLD2_BF16 = ["fsdp2+bf16", "tp2sp+bf16", "pp2-1f1b+bf16"]
+WORLD2_ACCUM = ["fsdp2", "tp2sp", "pp2-1f1b", "pp2-interleaved"]
 WORLD4 = ["dp2xfsdp2", "dp2xtp2", "fsdp2xtp2", "fsdp2xtp2sp", "fsdp2xpp2", "pp2xtp2sp", "fsdp2-zero2xpp2-zb"]
 WORLD8 = ["dp2xpp2xtp2sp"]
 
@@ -62,9 +65,11 @@ def test_world2_layouts_fp32_sgd_adamw_and_bf16():
         (WORLD2, ParitySpec(optimizer="sgd", tolerance=FP32_TOL)),
         (WORLD2, ParitySpec(optimizer="adamw", tolerance=FP32_TOL)),
         (WORLD2_BF16, ParitySpec(optimizer="adamw", dtype="bf16", tolerance=BF16_TOL)),
+        # gradient accumulation over 2 loop micro-batches (each a whole pipeline step under PP)
+        (WORLD2_ACCUM, ParitySpec(optimizer="sgd", accumulation=2, tolerance=FP32_TOL)),
     ]
     report = run_parity_jobs(jobs)
-    assert len(report.rows) == 2 * len(WORLD2) + len(WORLD2_BF16)
+    assert len(report.rows) == 2 * len(WORLD2) + len(WORLD2_BF16) + len(WORLD2_ACCUM)
     _check(report)
     # the check can fail: parameters really moved, so a dropped update would show
     ref = report.reference_losses["sgd/fp32"]
