@@ -39,6 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--accumulation", type=int, default=1, help="loop micro-batches per rank and step under the layouts (default 1)"
     )
+    p.add_argument("--z-loss", type=float, default=0.0, help="z-loss weight (default 0)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
@@ -65,6 +66,7 @@ def run(args) -> int:
             seed=args.seed,
             dtype=args.dtype,
             accumulation=args.accumulation,
+            z_loss=args.z_loss,
             tolerance=args.tolerance,
         )
         for opt in optimizers

@@ -40,11 +40,43 @@ def loss_from_logits(
     if isinstance(ce, DTensor):
         ce = ce.full_tensor()
     if z_loss:
-        lse = torch.logsumexp(flat, dim=-1)
-        if isinstance(lse, DTensor):
-            lse = lse.full_tensor()
+        if isinstance(flat, DTensor):  # vocab-sharded: logsumexp across the tp ranks by hand
+            lse = _sharded_logsumexp(flat)
+            loss = loss.to_local()  # replicated scalar; the z-term below is a plain tensor
+        else:
+            lse = torch.logsumexp(flat, dim=-1)
         loss = loss + z_loss * (lse.pow(2) * valid).sum() / n_valid
     return loss, ce
+
+
+class _SumOverGroup(torch.autograd.Function):
+    """all_reduce(SUM) forward, identity backward (Megatron's vocab-parallel pattern).
+
+    Every rank then computes the same (replicated) loss from the sum, so each partial's gradient
+    is the sum's gradient as is; summing it over ranks in backward would count it tp times.
+    """
+
+    @staticmethod
+    def forward(ctx, x, group):
+        out = for_collective(x.clone())
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def _sharded_logsumexp(flat: DTensor) -> torch.Tensor:
+    """logsumexp over the last dim of a Shard(-1) DTensor [N, V] -> plain tensor [N] on every rank."""
+    mesh = flat.device_mesh
+    group = mesh.get_group()
+    local = flat.to_local()  # [N, V / tp]; its gradient flows back into the DTensor
+    with torch.no_grad():  # the max only stabilises exp(); any constant gives the same value
+        shift = for_collective(local.amax(dim=-1))
+        dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=group)
+    partial = torch.exp(local - shift[:, None]).sum(dim=-1)
+    return shift + torch.log(_SumOverGroup.apply(partial, group))
 
 
 def global_grad_norm(params: list[torch.Tensor], pp_group=None) -> torch.Tensor:
