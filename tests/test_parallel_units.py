@@ -152,3 +152,21 @@ def test_parity_cli_bad_layouts_exit_2_before_spawning(capsys, monkeypatch, layo
     monkeypatch.setattr(launch, "spawn", lambda *a, **k: pytest.fail("spawned despite a bad layout"))
     code, out = _cli(capsys, "--layouts", f"single,{layout}")
     assert code == 2 and "error" in out.err and "Traceback" not in out.err
+
+
+def test_torchrun_world_mismatch_exits_before_joining(monkeypatch):
+    from scalelab.parallel import launch
+    from scalelab.train.config import build_run_config
+
+    cfg = build_run_config(
+        {
+            "model": {"preset": "debug"},
+            "data": {"seq_len": 32},
+            "train": {"num_tokens": 1024, "global_batch_tokens": 256},
+            "parallel": {"dp_shard": 2},
+        }
+    )
+    monkeypatch.setenv("WORLD_SIZE", "4")  # as torchrun --nproc_per_node 4 would set it
+    monkeypatch.setattr(launch, "init_distributed", lambda *a, **k: pytest.fail("joined a group"))
+    with pytest.raises(ConfigError, match="torchrun started 4"):
+        launch.launch_local(cfg, "/nonexistent")
