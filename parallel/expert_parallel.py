@@ -148,13 +148,26 @@ def apply_ep(model: nn.Module, ep_mesh) -> None:
         moe.experts = ExpertParallelExperts.from_full(moe.experts, group)
 
 
+def expert_shard_dim(shape: tuple[int, ...], fsdp_size: int) -> int:
+    """The dim FSDP shards an expert weight [E_local, a, b] on: 0 (experts) unless there are fewer
+    local experts than FSDP ranks, then 1 (so every rank holds a slice, not some ranks nothing)."""
+    return 0 if shape[0] >= fsdp_size else 1
+
+
 def apply_ep_fsdp(model: nn.Module, dp_mod_ep_mesh, **fsdp_kwargs) -> None:
     """fully_shard each expert shard over the ranks holding the same experts (size 1 is fine: it
     only marks the parameters as managed, so the blocks' FSDP over the whole dp mesh skips them)."""
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
 
+    size = dp_mod_ep_mesh.size()
     for moe in [m for m in model.modules() if isinstance(m, MoE)]:
-        fully_shard(moe.experts, mesh=dp_mod_ep_mesh, **fsdp_kwargs)
+        fully_shard(
+            moe.experts,
+            mesh=dp_mod_ep_mesh,
+            shard_placement_fn=lambda p: Shard(expert_shard_dim(tuple(p.shape), size)),
+            **fsdp_kwargs,
+        )
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,8 @@ CP: a dense model's loss and every parameter gradient with the sequence sharded 
 the cp ranks' gradients done by hand (all-reduce / cp of the mean losses' gradients).
 
 Layout names: epN (dp_shard=N, ep=N), fsdpMxepN (dp_shard=M, ep=N, experts FSDP-sharded over M/N),
-optional `-grouped` (batched-GEMM experts) or `-cf` (capacity factor 1.0); cpN (all-gather KV),
+optional `-grouped` (batched-GEMM experts), `-cf` (capacity factor 1.0) or `-e2` (2 experts, top-1:
+expert weights FSDP-sharded on dim 1 under fsdp4xep2); cpN (all-gather KV),
 cpN-ring (ring attention).
 """
 
@@ -67,14 +68,14 @@ class EPSpec:
     tolerance: float = 1e-5
 
 
-_EP = re.compile(r"^(?:fsdp(\d+)x)?ep(\d+)(-grouped|-cf)?$")
+_EP = re.compile(r"^(?:fsdp(\d+)x)?ep(\d+)(-grouped|-cf|-e2)?$")
 
 
 def parse_ep_layout(name: str) -> tuple[int, int, str]:
     """(dp_shard, ep, option) of an EP layout name; UsageError when malformed."""
     m = _EP.match(name)
     if not m:
-        raise UsageError(f"EP layout {name!r}: use epN, fsdpMxepN, with optional -grouped or -cf")
+        raise UsageError(f"EP layout {name!r}: use epN, fsdpMxepN, with optional -grouped, -cf or -e2")
     ep = int(m.group(2))
     dp_shard = int(m.group(1) or ep)
     if ep < 2 or dp_shard % ep:
@@ -87,6 +88,8 @@ def _model_for(spec: EPSpec, option: str) -> ModelConfig:
         return replace(spec.model, moe_expert_method="grouped")
     if option == "cf":
         return replace(spec.model, capacity_factor=1.0)
+    if option == "e2":  # 2 experts, top-1: fewer local experts than FSDP ranks under fsdp4xep2
+        return replace(spec.model, num_experts=2, num_experts_per_tok=1)
     return spec.model
 
 

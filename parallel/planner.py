@@ -33,7 +33,13 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from scalelab.models.accounting import flops_per_token
-from scalelab.parallel.planner_memory import Layout, activation_bytes, layer_param_count, state_bytes
+from scalelab.parallel.planner_memory import (
+    Layout,
+    activation_bytes,
+    layer_param_count,
+    layer_param_split,
+    state_bytes,
+)
 
 GIB = 2**30
 AC_CHOICES = ("none", "selective", "full")
@@ -113,20 +119,33 @@ def candidate_layouts(cfg, num_gpus: int, seq_len: int, global_batch_sequences: 
                             if pp > 1 and local // mbs < pp:
                                 continue
                             for ac in AC_CHOICES:
-                                out.append(
-                                    Layout(
-                                        dp_replicate=dp // dp_shard,
-                                        dp_shard=dp_shard,
-                                        tp=tp,
-                                        pp=pp,
-                                        cp=cp,
-                                        ep=ep,
-                                        micro_batch_sequences=mbs,
-                                        activation_checkpoint=ac,
-                                        pp_microbatches=local // mbs if pp > 1 else 0,
-                                    )
+                                lay = Layout(
+                                    dp_replicate=dp // dp_shard,
+                                    dp_shard=dp_shard,
+                                    tp=tp,
+                                    pp=pp,
+                                    cp=cp,
+                                    ep=ep,
+                                    micro_batch_sequences=mbs,
+                                    activation_checkpoint=ac,
+                                    pp_microbatches=local // mbs if pp > 1 else 0,
+                                    sequence_parallel=cp == 1,  # CP is built with TP but not with SP
                                 )
+                                if _buildable(lay, cfg):
+                                    out.append(lay)
     return out
+
+
+def _buildable(lay: Layout, cfg) -> bool:
+    """Only layouts `parallelize` builds (see scalelab.parallel.ep_cp_hooks.check_supported)."""
+    from scalelab.errors import ConfigError
+    from scalelab.parallel.ep_cp_hooks import check_supported
+
+    try:
+        check_supported(lay, cfg)
+    except ConfigError:
+        return False
+    return True
 
 
 def _axis_bandwidth(lay: Layout, axis: str, hw: Hardware, consts: CostConstants) -> float:
@@ -187,11 +206,17 @@ def estimate(
     layers = cfg.num_layers / lay.pp
     d = cfg.d_model
     fsdp_n = lay.dp_shard * lay.cp
-    stage_params = state.param_bytes / 4 * fsdp_n  # this rank's stage, unsharded by FSDP (after TP)
     if fsdp_n > 1:
+        # elements a rank receives in one all-gather of its stage: dense block parameters are
+        # sharded over dp_shard×cp, experts (already split by ep) over dp_shard×cp/ep only
+        dense, expert = layer_param_split(cfg, lay)
+        layers_rank = math.ceil(cfg.num_layers / lay.pp)
+        embed = cfg.vocab_size * d * (1 if cfg.tied_embeddings else 2) / lay.tp
+        m = fsdp_n // lay.ep
+        stage = layers_rank * (dense * (fsdp_n - 1) / fsdp_n + expert * (m - 1) / m) + embed * (fsdp_n - 1) / fsdp_n
         passes = num_micro if lay.pp == 1 else 1
-        gather = 2 * (fsdp_n - 1) / fsdp_n * stage_params * 2  # bf16, forward + backward
-        reduce = (fsdp_n - 1) / fsdp_n * stage_params * 4  # fp32 reduce-scatter
+        gather = 2 * stage * 2  # bf16, forward + backward
+        reduce = stage * 4  # fp32 reduce-scatter
         comm["fsdp"] = passes * (gather + reduce)
         times["fsdp"] = comm["fsdp"] / _axis_bandwidth(lay, "dp_shard", hw, consts)
     if lay.dp_replicate > 1:

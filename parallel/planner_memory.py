@@ -167,7 +167,9 @@ def local_numel(name: str, shape: tuple[int, ...], lay: Layout) -> int:
         shape[0] //= lay.ep
         fsdp //= lay.ep
     if fsdp > 1:
-        shape[0] = _chunk0(shape[0], fsdp)
+        # EP experts with fewer local experts than FSDP ranks are sharded on dim 1 (expert_parallel)
+        dim = 1 if expert and lay.ep > 1 and shape[0] < fsdp else 0
+        shape[dim] = _chunk0(shape[dim], fsdp)
     return math.prod(shape)
 
 
@@ -247,6 +249,20 @@ def state_bytes(cfg, lay: Layout, *, seq_len: int, optimizer: str = "adamw", pp_
     return best
 
 
+def layer_param_split(cfg, lay: Layout) -> tuple[int, int]:
+    """(dense, expert) parameters of one block on this rank after TP/EP, before FSDP sharding."""
+    shapes = param_shapes(cfg)
+    unsharded = Layout(tp=lay.tp, ep=lay.ep)
+    dense = expert = 0
+    for n, s in shapes.items():
+        if n.startswith("layers.0."):
+            if ".experts." in n:
+                expert += local_numel(n, s, unsharded)
+            else:
+                dense += local_numel(n, s, unsharded)
+    return dense, expert
+
+
 def layer_param_count(cfg, lay: Layout) -> int:
     """Parameters of one block on this rank before FSDP sharding (what FSDP gathers per block)."""
     shapes = param_shapes(cfg)
@@ -314,7 +330,12 @@ def checkpointed_layer_bytes(cfg, lay: Layout, seq_len: int, act: int = 4) -> fl
     """Per token and block under selective checkpointing: matmul/attention outputs + the input."""
     d, hd, tp = cfg.d_model, cfg.head_dim, lay.tp
     heads, kv = cfg.num_heads / tp, cfg.num_kv_heads / tp
-    mm = heads * hd + 2 * kv * hd + d + (3 * cfg.d_ff / tp if cfg.family != "moe" else 0)
+    if cfg.family == "moe":  # routed copies' w1/w3/w2 outputs, shared experts', fp32 router logits
+        k, fe = cfg.num_experts_per_tok, cfg.expert_d_ff
+        ffn = k * (2 * fe + d) + cfg.num_shared_experts * (2 * fe) + d + 4 / act * cfg.num_experts
+    else:
+        ffn = 3 * cfg.d_ff / tp
+    mm = heads * hd + 2 * kv * hd + d + ffn
     return act * (d + mm + heads * hd) + 4 * heads
 
 

@@ -33,7 +33,7 @@ def test_ep_world2_matches_single_device():
 
 def test_ep_world4_and_fsdp_composition_match_single_device():
     torch.set_num_threads(1)
-    _check(ep_parity(["ep4", "fsdp4xep2"], EPSpec()))
+    _check(ep_parity(["ep4", "fsdp4xep2", "fsdp4xep2-e2"], EPSpec()))
 
 
 def test_layout_names():
