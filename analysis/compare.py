@@ -73,8 +73,11 @@ def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
     v = v[~np.isnan(v)]
     if v.size < 2:
         return (math.nan, math.nan)
-    lo, hi = np.quantile(v, [0.5 - level / 2, 0.5 + level / 2])  # inf sorts last: an open upper end
-    return float(lo), float(hi)
+    # +inf (A never reaches B's loss) must survive the quantile: interpolating between two infs
+    # gives NaN, so clip to a huge finite value and map it back
+    big = 1e300
+    lo, hi = np.quantile(np.minimum(v, big), [0.5 - level / 2, 0.5 + level / 2])
+    return (math.inf if lo >= big else float(lo)), (math.inf if hi >= big else float(hi))
 
 
 @dataclass(kw_only=True, slots=True)

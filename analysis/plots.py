@@ -22,6 +22,7 @@ import matplotlib
 matplotlib.use("Agg")  # noqa: E402 - before pyplot; no display needed
 
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
@@ -274,7 +275,8 @@ def plot_noise(table: pl.DataFrame, ax=None):
     ax.set_yticks(y, labels, fontsize=8)
     ax.axvline(SNR_DECIDE, color="k", lw=0.8, ls="--")
     ax.set_xscale("log")
-    ax.set_xlabel("signal-to-noise ratio (spread across runs / seed+checkpoint noise)")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decade labels only
+    ax.set_xlabel("SNR (spread across runs / noise)")
     ax.set_title("Evaluation noise")
     return fig
 
