@@ -449,17 +449,18 @@ def _spec_dict(spec: ParitySpec) -> dict:
 
 
 def format_report(report: ParityReport) -> str:
-    """A fixed-width table: one row per (layout, optimizer)."""
+    """A fixed-width table: one row per (layout, spec); `s` is rank 0's build + steps time."""
     lines = [
         f"{'layout':<22} {'optim':<6} {'dtype':<5} {'world':>5} {'max|Δloss|':>11} {'max|Δparam|':>12} {'memory':>7} "
-        f"{'s':>6}  result",
-        "-" * 89,
+        f"{'s':>6}  result  |Δloss| per step",
+        "-" * 112,
     ]
     for r in report.rows:
-        mem = "ok" if r.memory_ok else "WRONG"
+        mem = "-" if not r.memory_per_rank else "ok" if r.memory_ok else "WRONG"  # "-": one process, not checked
+        per_step = " ".join(f"{d:.1e}" for d in r.loss_diffs)
         lines.append(
             f"{r.layout:<22} {r.optimizer:<6} {r.dtype:<5} {r.world_size:>5} {r.max_loss_diff:>11.2e} "
-            f"{r.max_param_diff:>12.2e} {mem:>7} {r.seconds:>6.2f}  {'ok' if r.ok else 'FAIL'}"
+            f"{r.max_param_diff:>12.2e} {mem:>7} {r.seconds:>6.2f}  {'ok  ' if r.ok else 'FAIL'}    {per_step}"
         )
     for s in report.specs:
         lines.append(
