@@ -118,7 +118,7 @@ def test_grouped_experts_match_loop(gating):
     losses = []
     for method in ("loop", "grouped"):
         model = build_model(moe_cfg(router_gating=gating, moe_expert_method=method), seed=1)
-        losses.append(float(lm_loss(model, x_tokens[:, :-1], x_tokens[:, 1:])[0]))
+        losses.append(float(lm_loss(model, x_tokens[:, :-1], x_tokens[:, 1:])[0].detach()))
     assert losses[0] == pytest.approx(losses[1], abs=1e-6)
 
 
@@ -241,3 +241,14 @@ def test_moe_run_writes_router_records(tmp_path):
     assert router["step"].to_list() == metrics["step"].to_list() == [1, 2, 3, 4]
     assert (router["moe_imbalance"] >= 1.0).all() and (router["moe_dropped_frac"] == 0.0).all()
     assert router["moe_aux_loss"].is_between(0.5, 4.0).all()
+
+
+def test_moe_presets_match_published_counts():
+    from scalelab.models.presets import get_preset
+
+    mixtral = get_preset("mixtral-8x7b")
+    assert num_params(mixtral) == 46_702_792_704 and round(num_params_active(mixtral) / 1e9, 2) == 12.88
+    olmoe = get_preset("olmoe-1b-7b")
+    assert round(num_params(olmoe) / 1e9, 2) == 6.92 and round(num_params_active(olmoe) / 1e9, 2) == 1.28
+    debug = build_model(get_preset("moe-debug", kernels="torch"), seed=0)
+    assert sum(p.numel() for p in debug.parameters()) == num_params(get_preset("moe-debug"))
