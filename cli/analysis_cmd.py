@@ -14,6 +14,20 @@ import json
 
 from scalelab.errors import UsageError
 
+# analysis.plots.KINDS + "comparison", spelled out so that building the parser (every `scalelab`
+# command) does not import matplotlib; tests/test_report.py checks they agree
+PLOT_KINDS = (
+    "curves",
+    "isoflop",
+    "frontier",
+    "allocation",
+    "residuals",
+    "backtest",
+    "sensitivity",
+    "noise",
+    "comparison",
+)
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -60,11 +74,9 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_compare)
 
-    from scalelab.analysis.plots import KINDS
-
     p = sub.add_parser("plot", help="one figure of a store", description="Draw one figure of a sweep store.")
     p.add_argument("store")
-    p.add_argument("--kind", required=True, choices=KINDS + ("comparison",))
+    p.add_argument("--kind", required=True, choices=PLOT_KINDS)
     p.add_argument("-o", "--out", required=True, help="output image (.png, .pdf, .svg)")
     p.add_argument("--law", default="chinchilla")
     p.add_argument("--bootstrap", type=int, default=100)

@@ -64,6 +64,10 @@ def test_plot_cli_kinds(report, tmp_path):
         assert main(["plot", str(store), "--kind", kind, "-o", str(out), "--bootstrap", "0"]) == 0
         assert mpimg.imread(out).shape[0] > 100
     assert main(["plot", str(store / "nope"), "--kind", "isoflop", "-o", str(tmp_path / "x.png")]) == 2
+    from scalelab.analysis.plots import KINDS
+    from scalelab.cli.analysis_cmd import PLOT_KINDS
+
+    assert PLOT_KINDS == KINDS + ("comparison",)
 
 
 @pytest.mark.chromium
