@@ -6,7 +6,8 @@ bits-per-byte and averaging the last checkpoints fixes much of it. Per (task, me
 
     final_r      mean of run r's last `last_n` checkpoint values (the value decisions use)
     ckpt_std     checkpoint-to-checkpoint noise: mean over runs of the std of the last `last_n`
-                 values about a straight line in step (ddof=2; the training trend is not noise)
+                 values about a straight line in step (ddof=2; the training trend is not noise;
+                 NoiseOptions(detrend=False) gives the plain std, ddof=1, of Signal and Noise)
     seed_std     seed variance: sqrt of the mean over seed groups (runs that differ only by seed)
                  of the variance (ddof=1) of final_r within the group; NaN without such groups
     signal       spread across the sweep: max - min of the seed-averaged finals of the configs
@@ -44,9 +45,10 @@ SNR_DECIDE = 2.0  # below this the spread of the sweep is within ~2 noise sd: to
 class NoiseOptions:
     last_n: int = 5  # checkpoints averaged for a run's final value and used for checkpoint noise
     snr_decide: float = SNR_DECIDE
+    detrend: bool = True  # checkpoint noise about a straight line in step (False: plain std, ddof=1)
 
 
-def _finals(ev: pl.DataFrame, last_n: int) -> pl.DataFrame:
+def _finals(ev: pl.DataFrame, last_n: int, detrend: bool = True) -> pl.DataFrame:
     """Per run: final (mean of last n), ckpt_std (std of last n), n_ckpt, tau vs step."""
     rows = []
     for (run_id,), grp in ev.sort("step").group_by(["run_id"], maintain_order=True):
@@ -54,7 +56,9 @@ def _finals(ev: pl.DataFrame, last_n: int) -> pl.DataFrame:
         steps = grp["step"].to_numpy()
         tail = values[-last_n:]
         ckpt_std = float("nan")
-        if tail.size >= 3:
+        if not detrend and tail.size >= 2:
+            ckpt_std = float(tail.std(ddof=1))
+        elif tail.size >= 3:
             # residuals about a straight line in step: the training trend over the tail is not noise
             t = steps[-last_n:].astype(float)
             resid = tail - np.polyval(np.polyfit(t, tail, 1), t)
@@ -118,7 +122,7 @@ def noise_table(
     keys = runs.select("run_id", "seed_group", "scale", "candidate", pl.col("flops").cast(pl.Float64))
     out = []
     for (task, metric), ev in evals.group_by(["task", "metric"], maintain_order=True):
-        per_run = _finals(ev, opts.last_n).join(keys, on="run_id", how="inner")
+        per_run = _finals(ev, opts.last_n, opts.detrend).join(keys, on="run_id", how="inner")
         if per_run.is_empty():
             continue
         sign = -1.0 if lower_is_better(metric) else 1.0

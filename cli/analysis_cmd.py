@@ -38,6 +38,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument("store", help="a sweep directory (or a store root)")
     p.add_argument("--last-n", type=int, default=5, help="checkpoints averaged per run (default 5)")
+    p.add_argument(
+        "--no-detrend",
+        action="store_true",
+        help="checkpoint noise as the plain std of the last n values (default: about a line in step)",
+    )
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(func=run_noise)
 
@@ -112,7 +117,9 @@ def run_noise(args) -> int:
 
     if args.last_n < 1:
         raise UsageError(f"--last-n must be >= 1, got {args.last_n}")
-    table = noise_table(load_store_runs(args.store), options=NoiseOptions(last_n=args.last_n))
+    table = noise_table(
+        load_store_runs(args.store), options=NoiseOptions(last_n=args.last_n, detrend=not args.no_detrend)
+    )
     if args.json:
         print(json.dumps(table.to_dicts(), indent=2))
         return 0

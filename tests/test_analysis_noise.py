@@ -83,6 +83,13 @@ def test_noise_table_matches_hand_computation(store):
     # bpb is the continuous metric: higher SNR than accuracy, and the advice says so
     assert got[("synthetic/mc", "bpb")]["snr"] > got[("synthetic/mc", "acc")]["snr"]
     assert got[("val", "loss")]["tau"] > 0.9  # loss falls monotonically with training
+    plain = noise_table(runs, options=NoiseOptions(last_n=5, detrend=False))
+    stds = []
+    for run in sorted((store / "runs").iterdir()):
+        ev = pl.read_parquet(run / "evals.parquet").filter((pl.col("task") == "val") & (pl.col("metric") == "loss"))
+        stds.append(np.std(ev.sort("step")["value"].to_numpy()[-5:], ddof=1))
+    row = plain.filter((pl.col("task") == "val") & (pl.col("metric") == "loss"))
+    assert row["ckpt_std"][0] == pytest.approx(np.mean(stds), rel=1e-9)
     notes = recommendations(table)
     assert any(n.startswith("synthetic/mc: decide with bpb") for n in notes)
 
