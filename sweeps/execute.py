@@ -72,6 +72,17 @@ def _run_lock(run_dir: Path):
         os.close(fd)
 
 
+def _remove_stale_temp_files(run_dir: Path) -> None:
+    """Temp files of a writer that died mid-write (records, a half-saved checkpoint). Holding the
+    run's lock means no live process writes here, so whatever temp file exists is garbage."""
+    import shutil
+
+    for tmp in run_dir.glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+    for tmp in (run_dir / "checkpoints").glob("*.tmp"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 class InjectedFault(RuntimeError):
     """Raised by the fault-injection hook (tests and `--inject-fault`): a run crash mid-training."""
 
@@ -100,6 +111,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
     run_dir = store.run_path(sweep_dir, run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
     with _run_lock(run_dir):
+        _remove_stale_temp_files(run_dir)
         state = store.run_state(run_dir)
         if state in store.TERMINAL:  # finished by an earlier attempt whose driver died before seeing it
             tune.report({"status": state, "skipped": True})

@@ -98,7 +98,7 @@ def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path, capsys)
 def test_driver_sigkill_then_resume(ray_local, tmp_path):
     spec = {
         "name": "kill",
-        "base": {**BASE, "train": {"global_batch_tokens": 256, "num_tokens": 25600}},
+        "base": {**BASE, "train": {"global_batch_tokens": 256, "num_tokens": 15360}},
         "grid": {"optim.lr": [1e-3, 2e-3, 3e-3, 4e-3]},
         "execution": {"max_concurrent": 2},
     }
