@@ -170,7 +170,11 @@ def ring_attention(q, k, v, causal: bool = True, *, group, cp_rank: int, cp: int
             kv = _RingShift.apply(kv, group)
         src = (cp_rank - hop) % cp
         k_pos = local_positions(seq_len, src, cp, q.device)
-        mask = k_pos[None, :] <= q_pos[:, None] if causal else torch.ones(seq_local, seq_local, dtype=torch.bool)
+        mask = (
+            k_pos[None, :] <= q_pos[:, None]
+            if causal
+            else torch.ones(seq_local, seq_local, dtype=torch.bool, device=q.device)
+        )
         if not bool(mask.any()):
             continue  # nothing visible from this block (cannot happen with head-tail; kept general)
         k_blk, v_blk = _repeat_kv(q, kv[0], kv[1])

@@ -93,10 +93,11 @@ class ExpertParallelExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         ep, num_local = self.ep_size, self.num_experts // self.ep_size
-        send_counts = torch.tensor(counts, dtype=torch.int64)
+        send_counts = torch.tensor(counts, dtype=torch.int64, device=x.device)  # NCCL wants device tensors
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts, group=self.group)  # [source rank, local expert]
-        recv_counts = recv_counts.view(ep, num_local)
+        recv_counts = recv_counts.view(ep, num_local).cpu()  # the split sizes are host integers anyway
+        send_counts = send_counts.cpu()
         in_splits = send_counts.view(ep, num_local).sum(1).tolist()
         out_splits = recv_counts.sum(1).tolist()
         rows = all_to_all(x, out_splits, in_splits, self.group)
