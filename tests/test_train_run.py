@@ -134,3 +134,20 @@ def test_debug_preset_learns_below_unigram_entropy(tmp_path):
     p = counts[counts > 0] / counts.sum()
     unigram_nats = float(-(p * np.log(p)).sum())  # ~3.2 nats for the stdlib's bytes
     assert summary["final_val_loss"] < unigram_nats - 0.3, (summary["final_val_loss"], unigram_nats)
+
+
+def test_multiple_choice_tasks_are_scored_at_eval_steps(tmp_path):
+    cfg = _cfg("eval.tasks=[bundled:stdlib_nextline@12]", "train.num_tokens=1024", "eval.interval_steps=2")
+    train_run(cfg, tmp_path)
+    evals = pl.read_parquet(tmp_path / "evals.parquet").filter(pl.col("task") == "bundled/stdlib_nextline")
+    assert sorted(set(evals["metric"])) == ["acc", "acc_norm", "bpb"]
+    assert sorted(set(evals["step"])) == [2, 4]
+    acc = evals.filter(pl.col("metric") == "acc")["value"].to_list()
+    assert all(0.0 <= a <= 1.0 for a in acc)
+
+
+def test_unknown_task_is_a_config_error():
+    from scalelab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.tasks"):
+        _cfg("eval.tasks=[/no/such/task.jsonl]")

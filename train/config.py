@@ -71,6 +71,10 @@ class TrainLoopConfig:
 class EvalConfig:
     interval_steps: int = 50  # validation every this many steps (and at the end); 0 = only at the end
     val_batch_sequences: int = 16
+    # Multiple-choice tasks scored at every eval step (acc, acc_norm, bpb of the correct answer):
+    # "bundled:stdlib_nextline", a JSONL path, or "olmes:arc_easy" (see scalelab.train.eval_tasks).
+    tasks: list[str] = field(default_factory=list)
+    task_limit: int = 0  # examples per task; 0 = all
 
 
 @dataclass(kw_only=True, slots=True)
@@ -291,6 +295,16 @@ def validate_run_config(cfg: RunConfig) -> None:
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) < 0:
             raise ConfigError(key, "must be >= 0", "use 0 to disable")
+    if cfg.eval.tasks and cfg.parallel.pp > 1:
+        raise ConfigError("eval.tasks", "task scoring needs the whole model on each rank (pp > 1)",
+                          "score the checkpoints afterwards with `scalelab eval RUN --tasks ...`")
+    if cfg.eval.tasks:
+        from scalelab.train.eval_tasks import load_tasks
+
+        try:
+            load_tasks(cfg.eval.tasks, limit=1)
+        except (ValueError, OSError) as e:  # ConfigError included: re-keyed to the config path
+            raise ConfigError("eval.tasks", str(e).splitlines()[0]) from None
     if cfg.logging.interval_steps < 1:
         raise ConfigError("logging.interval_steps", "must be >= 1", "e.g. 1 or 10")
 

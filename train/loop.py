@@ -138,6 +138,11 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
         val_batch_size=cfg.eval.val_batch_sequences,
     )
     data.sampler.check_budget(cfg.num_steps * cfg.tokens_per_step)
+    tasks = []
+    if cfg.eval.tasks:
+        from scalelab.train.eval_tasks import evaluate_tasks, load_tasks
+
+        tasks = load_tasks(cfg.eval.tasks, cfg.eval.task_limit or None)
     static = run_summary_fields(cfg)
     flops_per_step = static["flops_per_token_6n"] * cfg.tokens_per_step
 
@@ -238,6 +243,8 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
             rows = evaluate_sources(
                 model, data.val_sets, runtime.extra.get("loss_fn") or _loss_fn(cfg), runtime
             )
+            if tasks:  # every rank runs it: under FSDP/TP the forward is collective
+                rows += evaluate_tasks(model, data.tokenizer, tasks, max_seq_len=cfg.model.max_seq_len)
             if writer is not None:
                 for r in rows:
                     writer.log_eval(dict(r, step=step, tokens=tokens, flops=flops_per_step * step))
