@@ -278,7 +278,9 @@ def ep_parity(layouts: list[str], spec: EPSpec | None = None) -> list[dict]:
     return rows
 
 
-def aux_balance_run(aux_weight: float, steps: int = 40, seed: int = 0, lr: float = 3e-3) -> dict[str, float]:
+def aux_balance_run(
+    aux_weight: float, steps: int = 40, seed: int = 0, lr: float = 3e-3, capacity_factor: float = 0.0
+) -> dict[str, float]:
     """Train the EP debug MoE (8 experts, top-2, no shared expert) on random tokens with AdamW and
     the given load-balancing weight; returns the router imbalance (max/mean tokens per expert,
     mean over layers) at the first step and averaged over the last 10 steps, plus the aux loss.
@@ -287,7 +289,12 @@ def aux_balance_run(aux_weight: float, steps: int = 40, seed: int = 0, lr: float
     from scalelab.models.loss import lm_loss
     from scalelab.models.moe import summarize_stats
 
-    cfg = moe_debug_model(router_aux_loss_weight=aux_weight, router_z_loss_weight=0.0, num_shared_experts=0)
+    cfg = moe_debug_model(
+        router_aux_loss_weight=aux_weight,
+        router_z_loss_weight=0.0,
+        num_shared_experts=0,
+        capacity_factor=capacity_factor,
+    )
     model = build_model(cfg, seed=seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -305,6 +312,7 @@ def aux_balance_run(aux_weight: float, steps: int = 40, seed: int = 0, lr: float
         "imbalance_first": rows[0]["moe_imbalance"],
         "imbalance_last10": sum(r["moe_imbalance"] for r in tail) / len(tail),
         "aux_loss_last10": sum(r["moe_aux_loss"] for r in tail) / len(tail),
+        "dropped_frac_last10": sum(r["moe_dropped_frac"] for r in tail) / len(tail),
     }
 
 
