@@ -104,7 +104,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
     """Tune function trainable: train one run of the store (resuming whatever is on disk)."""
     from ray import tune
 
-    from scalelab.train.config import build_run_config, config_hash
+    from scalelab.train.config import build_run_config
 
     tc = trial_config["trial"]
     sweep_dir, run_id = Path(tc["sweep_dir"]), tc["run_id"]
@@ -117,8 +117,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
             tune.report({"status": state, "skipped": True})
             return
         cfg = build_run_config(tc["config"])
-        if config_hash(cfg) != run_id:
-            raise RuntimeError(f"run {run_id}: config hashes to {config_hash(cfg)}; the store and code disagree")
+        _check_same_run(tc["config"], cfg, run_id)
         os.chdir(run_dir)  # cooldown branches name their stable run's checkpoint relative to the run dir
         prev = (store.read_status(run_dir) or {}) if state != "pending" else {}
         store.append_event(
@@ -144,6 +143,30 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
             raise
         store.append_event(sweep_dir, "end", run_id, status=summary.get("status"), train_s=time.perf_counter() - t0)
     tune.report({k: v for k, v in summary.items() if isinstance(v, int | float | str) and v is not None})
+
+
+def _check_same_run(stored: dict[str, Any], cfg, run_id: str) -> None:
+    """The config rebuilt by today's code must be the stored run: same hash, or (code that gained
+    config fields since the sweep was resolved) every stored key unchanged."""
+    from scalelab.train.config import config_hash, to_dict
+
+    if config_hash(cfg) == run_id:
+        return
+
+    def changed(old: Any, new: Any, path: str) -> str | None:
+        if isinstance(old, dict) and isinstance(new, dict):
+            for k, v in old.items():
+                hit = changed(v, new.get(k), f"{path}.{k}" if path else k) if k in new else f"{path}.{k} (removed)"
+                if hit:
+                    return hit
+            return None
+        return None if old == new else path
+
+    diff = changed(stored, to_dict(cfg), "")
+    if diff:
+        raise RuntimeError(
+            f"run {run_id}: today's code resolves its config differently at {diff}; launch the spec into a new sweep"
+        )
 
 
 def multiworker_available() -> bool:

@@ -123,13 +123,46 @@ def find_finished_elsewhere(sweep_dir: str | Path, run_id: str) -> Path | None:
     return None
 
 
+def renamed_runs(root: str | Path) -> dict[str, Path]:
+    """Terminal runs of the store root whose id changed with the code: {id under today's code: dir}.
+
+    A run's id is the hash of its resolved config, so a new config field (with its default) changes
+    every id. Each stored config.json is re-resolved with today's code; if that reproduces a run we
+    are about to train, the stored run *is* that run (its stored keys are explicit, so a changed
+    default does not match). Costs one config resolution per stored run.
+    """
+    from scalelab.train.config import build_run_config, config_hash
+
+    index: dict[str, Path] = {}
+    for sweep in sorted(p for p in Path(root).iterdir() if is_sweep_dir(p)):
+        rdir = runs_dir(sweep)
+        for d in sorted(rdir.iterdir()) if rdir.is_dir() else []:
+            if d.is_symlink() or not d.is_dir() or run_state(d) not in TERMINAL:
+                continue
+            try:
+                current = config_hash(build_run_config(json.loads((d / "config.json").read_text())))
+            except Exception:  # noqa: BLE001 - a config today's code rejects matches nothing
+                continue
+            if current != d.name:
+                index.setdefault(current, d)
+    return index
+
+
 def attach_runs(sweep_dir: str | Path, run_ids: list[str]) -> dict[str, str]:
-    """State of each run, linking terminal runs found in sibling sweeps; {run_id: state}."""
-    states = {}
+    """State of each run, linking terminal runs found elsewhere in the store root; {run_id: state}.
+
+    Looked up by id in sibling sweeps, then among runs stored under an older id of the same config
+    (see renamed_runs); a match is linked as runs/<id> -> its directory (relative symlink).
+    """
+    sweep_dir = Path(sweep_dir)
+    states, renamed = {}, None
     for run_id in run_ids:
         here = run_path(sweep_dir, run_id)
         if not here.exists():
             other = find_finished_elsewhere(sweep_dir, run_id)
+            if other is None:
+                renamed = renamed_runs(sweep_dir.resolve().parent) if renamed is None else renamed
+                other = renamed.get(run_id)
             if other is not None:
                 here.parent.mkdir(parents=True, exist_ok=True)
                 os.symlink(os.path.relpath(other, here.parent), here)

@@ -210,3 +210,31 @@ def test_bad_specs_exit_2_before_ray(spec, match, tmp_path, capsys, monkeypatch)
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and re.search(match, err), err
     assert not (tmp_path / "o").exists()
+
+
+def test_runs_stored_by_older_code_are_found_and_resumable(tmp_path):
+    """A new config field changes every run id; the store still finds a finished run by re-resolving
+    its stored config, and a trial accepts a stored config that lacks only the new fields."""
+    import json
+
+    from scalelab.sweeps import store
+    from scalelab.sweeps.execute import _check_same_run
+    from scalelab.train.config import build_run_config
+
+    run = expand_sweep({"base": BASE, "grid": {"optim.lr": [1e-3]}}).runs[0]
+    old = json.loads(json.dumps(run.config))
+    del old["optim"]["z_loss"]  # as if written before the field existed (its default is 0.0)
+    a = tmp_path / "root" / "a"
+    d = store.run_path(a, "0ld0ld0ld0ld")
+    d.mkdir(parents=True)
+    (a / "sweep.yaml").write_text("name: a\n")
+    (d / "config.json").write_text(json.dumps(old))
+    (d / "status.json").write_text(json.dumps({"status": "done"}))
+    b = tmp_path / "root" / "b"
+    assert store.attach_runs(b, [run.run_id]) == {run.run_id: "done"}
+    assert store.run_path(b, run.run_id).resolve() == d.resolve()
+    _check_same_run(old, build_run_config(old), "0ld0ld0ld0ld")  # only a field was added: accepted
+    changed = json.loads(json.dumps(old))
+    changed["optim"]["lr"] = 2e-3
+    with pytest.raises(RuntimeError, match="optim.lr"):
+        _check_same_run(old, build_run_config(changed), "0ld0ld0ld0ld")
