@@ -334,8 +334,8 @@ def checkpointed_layer_bytes(cfg, lay: Layout, seq_len: int, act: int = 4) -> fl
         k, fe = cfg.num_experts_per_tok, cfg.expert_d_ff
         ffn = k * (2 * fe + d) + cfg.num_shared_experts * (2 * fe) + d + 4 / act * cfg.num_experts
     else:
-        ffn = 3 * cfg.d_ff / tp
-    mm = heads * hd + 2 * kv * hd + d + ffn
+        ffn = 2 * cfg.d_ff / tp + d  # w1 and w3 outputs, w2 output
+    mm = heads * hd + 2 * kv * hd + d + ffn  # + q, k, v, wo outputs
     return act * (d + mm + heads * hd) + 4 * heads
 
 

@@ -29,8 +29,62 @@ def _measure_single(cfg, lay: Layout, seq_len: int, seed: int = 0) -> int:
     apply_ac(model, lay.activation_checkpoint)
     gen = torch.Generator().manual_seed(seed)
     x = torch.randint(0, cfg.vocab_size, (lay.micro_batch_sequences, seq_len + 1), generator=gen)
-    measured, _ = measure_saved_bytes(model, lambda: lm_loss(model, x[:, :-1], x[:, 1:]))
-    return measured
+    if lay.activation_checkpoint != "selective":
+        measured, _ = measure_saved_bytes(model, lambda: lm_loss(model, x[:, :-1], x[:, 1:]))
+        return measured
+    # Selective AC keeps the outputs of its MUST_SAVE ops in its own cache, out of the hooks' sight:
+    # count those outputs (inside the blocks) with a dispatch mode, plus what the hooks see.
+    with _SacOutputs(model) as sac:
+        measured, _ = measure_saved_bytes(model, lambda: lm_loss(model, x[:, :-1], x[:, 1:]))
+    return measured + sac.bytes
+
+
+class _SacOutputs:
+    """Bytes of distinct storages produced by selective checkpointing's saved ops inside the blocks."""
+
+    def __init__(self, model):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        from scalelab.parallel.checkpointing import _SAVE_OPS
+
+        owner = self
+        self.seen: dict[int, int] = {}
+        self.inside = 0
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if owner.inside and func in _SAVE_OPS:
+                    for t in out if isinstance(out, tuple | list) else [out]:
+                        if isinstance(t, torch.Tensor):
+                            st = t.untyped_storage()
+                            owner.seen[st.data_ptr()] = st.nbytes()
+                return out
+
+        self.mode = Mode()
+        self.handles = []
+        for block in model.layers.values():
+            self.handles.append(block.register_forward_pre_hook(lambda m, a: self._enter()))
+            self.handles.append(block.register_forward_hook(lambda m, a, o: self._leave()))
+
+    def _enter(self):
+        self.inside += 1
+
+    def _leave(self):
+        self.inside -= 1
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.seen.values())
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+        for h in self.handles:
+            h.remove()
 
 
 def _measure_first_stage(cfg, lay: Layout, seq_len: int) -> int:
@@ -74,7 +128,7 @@ def local_rows(quick: bool = False) -> list[dict]:
     for name in sizes:
         cfg = get_preset(name, kernels="torch")
         for seq_len in seqs:
-            for ac in ("none", "full"):
+            for ac in ("none", "full", "selective") if not quick else ("none", "full"):
                 for mbs in (1, 2) if not quick else (2,):
                     lay = Layout(micro_batch_sequences=mbs, activation_checkpoint=ac)
                     rows.append(_row(name, cfg, lay, seq_len, _measure_single(cfg, lay, seq_len)))
