@@ -318,7 +318,15 @@ def _sweep_rows(sweep_dir: Path) -> list[dict[str, Any]]:
     rdir = runs_dir(sweep_dir)
     on_disk = sorted(p.name for p in rdir.iterdir() if not p.name.startswith(".")) if rdir.is_dir() else []
     ids = list(entries) + [i for i in on_disk if i not in entries]
-    return [_row(rdir / i, sweep_dir.name, entries.get(i, {})) for i in ids]
+    rows, seen = [], set()
+    for i in ids:
+        # One physical run can sit under two ids (linked after the code added config fields): once.
+        real = os.path.realpath(rdir / i) if (rdir / i).exists() else str(rdir / i)
+        if real in seen:
+            continue
+        seen.add(real)
+        rows.append(_row(rdir / i, sweep_dir.name, entries.get(i, {})))
+    return rows
 
 
 def load_runs(path: str | Path) -> pl.DataFrame:
