@@ -99,7 +99,15 @@ def _jacobian(law: Law, x: Mapping[str, np.ndarray], theta: np.ndarray) -> np.nd
 
     xt = {k: torch.as_tensor(np.asarray(v, dtype=np.float64)) for k, v in x.items()}
     t = torch.as_tensor(np.asarray(theta, dtype=np.float64))
-    jac = torch.autograd.functional.jacobian(lambda th: law.log_predict_fit(th.reshape(1, -1), xt)[0], t)
+    # Exact Jacobian with P double-backward passes (no per-point loop, no functorch start-up):
+    # g(v) = J' v; then d g_j / d v = J[:, j].
+    t = t.reshape(1, -1).requires_grad_(True)
+    with torch.enable_grad():
+        out = law.log_predict_fit(t, xt)[0]
+        v = torch.zeros_like(out, requires_grad=True)
+        (g,) = torch.autograd.grad(out, t, grad_outputs=v, create_graph=True)
+        cols = [torch.autograd.grad(g[0, j], v, retain_graph=True, allow_unused=True)[0] for j in range(t.shape[1])]
+    jac = torch.stack([c if c is not None else torch.zeros_like(out) for c in cols], dim=1).detach()
     return jac.numpy()
 
 

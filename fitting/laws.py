@@ -180,20 +180,23 @@ class Chinchilla(Law):
     def log_predict_vjp(
         self, theta: torch.Tensor, x: Mapping[str, torch.Tensor]
     ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
-        # Analytic: with p_k the softmax weights of the three LSE terms,
-        # d logL/de = p_E, d/da = p_A, d/db = p_B, d/dalpha = -p_A log N, d/dbeta = -p_B log D.
-        e, a, b, alpha, beta = (theta[:, i : i + 1] for i in range(5))
+        # Analytic, with L = E + P_A + P_B, P_A = exp(a - alpha log N), P_B = exp(b - beta log D):
+        # d logL/de = E/L, d/da = P_A/L, d/db = P_B/L, d/dalpha = -log N P_A/L, d/dbeta = -log D P_B/L.
+        # No max-shift is needed: inside the fit bounds every exponent stays far from float64
+        # overflow, and a non-finite trial value is rejected by the line search. Few full-size ops:
+        # this is the hot loop of the 4500-start fit.
         log_n, log_d = torch.log(x["params"]), torch.log(x["tokens"])
-        t_a, t_b = a - alpha * log_n, b - beta * log_d
-        m = torch.maximum(torch.maximum(t_a, t_b), e)
-        p_a, p_b, p_e = torch.exp(t_a - m), torch.exp(t_b - m), torch.exp(e - m)
-        total = p_a + p_b + p_e
-        out = m + torch.log(total)
+        big_e = torch.exp(theta[:, 0:1])
+        p_a = torch.addcmul(theta[:, 1:2], theta[:, 3:4], log_n, value=-1.0).exp_()
+        p_b = torch.addcmul(theta[:, 2:3], theta[:, 4:5], log_d, value=-1.0).exp_()
+        total = torch.add(p_a, p_b).add_(big_e)
+        out = torch.log(total)
 
         def vjp(w: torch.Tensor) -> torch.Tensor:
             ws = w / total
-            q_a, q_b = ws * p_a, ws * p_b
-            cols = [(ws * p_e).sum(1), q_a.sum(1), q_b.sum(1), -(q_a @ log_n), -(q_b @ log_d)]
+            ws_sum = ws.sum(1)
+            q_a, q_b = ws.mul(p_a), ws.mul_(p_b)  # ws is consumed in place by the second product
+            cols = [big_e[:, 0] * ws_sum, q_a.sum(1), q_b.sum(1), -(q_a @ log_n), -(q_b @ log_d)]
             return torch.stack(cols, dim=1)
 
         return out, vjp
@@ -361,10 +364,8 @@ class DataConstrained(Law):
         rs = [0.0, 1.5, 3.0, 4.5]  # ln R*: R* from 1 to 90 epochs
         if self.base is not None:
             return _grid(rs, rs)
-        # A reduced Hoffmann grid for the base keeps the joint fit at ~4000 starts.
-        return _grid(
-            [-0.5, 0.0, 0.5], [0.0, 5.0, 10.0, 20.0], [0.0, 5.0, 10.0, 20.0], [0.25, 0.5, 1.0], [0.25, 0.5, 1.0], rs, rs
-        )
+        # A reduced Hoffmann grid for the base keeps the joint fit at 1152 starts (7 parameters).
+        return _grid([-0.5, 0.5], [0.0, 10.0, 20.0], [0.0, 10.0, 20.0], [0.25, 0.5], [0.25, 0.5], rs, rs)
 
 
 _REGISTRY: dict[str, type[Law]] = {

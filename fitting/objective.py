@@ -102,9 +102,15 @@ class BatchObjective:
         """
         self.n_evals += theta.shape[0]
         log_pred, vjp = self.law.log_predict_vjp(theta.detach(), self.x)
-        r = log_pred - self.log_y
-        h = elementwise_loss(r, self.objective, self.delta)
-        psi = r.clamp(-self.delta, self.delta) if self.objective == "huber" else r
+        r = log_pred - self.log_y  # not in place: autograd may have saved log_pred
+        if self.objective == "huber":
+            # psi = clip(r, -delta, delta) = dh/dr and h = psi (r - psi/2): both branches of the
+            # Huber loss in three in-place ops.
+            psi = r.clamp(-self.delta, self.delta)
+            h = r.sub_(psi, alpha=0.5).mul_(psi)
+        else:
+            psi = r.clone()
+            h = r.mul_(r).mul_(0.5)
         w = self._weights_for(idx)
         if w is not None:
             h, psi = h * w, psi * w
@@ -131,9 +137,3 @@ class BatchObjective:
         with torch.no_grad():
             t = torch.from_numpy(np.asarray(theta, dtype=np.float64)).reshape(1, -1)
             return (self.law.log_predict_fit(t, self.x) - self.log_y)[0].numpy()
-
-    def jacobian(self, theta: np.ndarray) -> np.ndarray:
-        """d log_predict / d theta at one parameter vector: (n, P)."""
-        t = torch.from_numpy(np.asarray(theta, dtype=np.float64))
-        jac = torch.autograd.functional.jacobian(lambda th: self.law.log_predict_fit(th.reshape(1, -1), self.x)[0], t)
-        return jac.numpy()

@@ -1,0 +1,215 @@
+"""Nonparametric bootstrap of a law fit: percentile intervals for parameters, derived quantities
+and predictions.
+
+Each replicate resamples the runs with replacement (or, with `groups`, whole groups such as all
+runs of one model size) and refits. A resample is a vector of integer counts w_i over the original
+runs, so replicate b minimises sum_i w_bi h(r_i(theta)) - and all replicates run together as rows
+of one batched L-BFGS (fitting/optim.py). Each replicate starts from the full-data optimum (the
+warm start) plus `n_extra_starts` points of the law's init grid, not from the full 4500-point grid:
+the resampled optimum is close to the full-data one. Because the warm start is close, the
+stopping rules must be tight (gtol 1e-9, ftol 1e-14); see `bootstrap`.
+
+    boot = bootstrap("chinchilla", data, fit, n_boot=1000)
+    boot.interval("alpha")                 # 95% percentile interval
+    boot.interval("a_opt")                 # compute-optimal exponent beta / (alpha + beta)
+    boot.prediction_interval(0.95, params=7e10, tokens=1.4e12)   # (median, lo, hi) for L
+
+Percentile interval at level 1 - 2q: the q and 1 - q quantiles of the replicate estimates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from scalelab.errors import UsageError
+from scalelab.fitting import diagnostics
+from scalelab.fitting.fit import MAX_THREADS, FitResult
+from scalelab.fitting.intervals import default_derived, percentile_interval
+from scalelab.fitting.laws import Law, get_law
+from scalelab.fitting.objective import BatchObjective
+from scalelab.fitting.optim import lbfgs_batched
+
+
+@dataclass(kw_only=True)
+class BootstrapResult:
+    """Replicate estimates (natural parameters and derived quantities) and their intervals."""
+
+    law: str
+    law_config: dict[str, Any]
+    param_names: tuple[str, ...]
+    estimates: dict[str, float]  # full-data fit, parameters and derived quantities
+    samples: dict[str, np.ndarray]  # name -> (n_boot,) replicate values
+    theta_samples: np.ndarray  # (n_boot, P) fit-space replicate optima
+    converged: np.ndarray  # (n_boot,) bool: the replicate's best start met a stopping tolerance
+    n_boot: int
+    grouped: bool
+    seed: int
+    residual_scale: float  # robust sd of the full-data log residuals (noise for prediction intervals)
+    seconds: float = 0.0
+    derived_names: tuple[str, ...] = field(default_factory=tuple)
+
+    def interval(self, name: str, level: float = 0.95) -> tuple[float, float]:
+        """Percentile interval of a parameter or derived quantity."""
+        if name not in self.samples:
+            raise UsageError(f"bootstrap has no quantity {name!r}; known: {sorted(self.samples)}")
+        return percentile_interval(self.samples[name], level)
+
+    def intervals(self, level: float = 0.95) -> dict[str, tuple[float, float]]:
+        return {k: self.interval(k, level) for k in self.samples}
+
+    def param_samples(self) -> list[dict[str, float]]:
+        """Replicates as natural-parameter dicts (e.g. for allocation intervals)."""
+        return [{p: float(self.samples[p][b]) for p in self.param_names} for b in range(self.n_boot)]
+
+    def prediction_interval(
+        self, level: float = 0.95, *, include_noise: bool = True, seed: int = 0, **inputs: Any
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(median, lo, hi) of the predicted loss at the inputs.
+
+        With include_noise (a prediction interval for a new run) each replicate's prediction is
+        multiplied by exp(sigma z), sigma the fit's robust log-residual scale; without it, the
+        interval covers the law's mean loss only (a confidence interval).
+        """
+        law = get_law(self.law, **self.law_config)
+        preds = np.stack([law.predict(th, **inputs) for th in law.to_natural_array(self.theta_samples)])
+        if include_noise:
+            rng = np.random.default_rng(seed)
+            preds = preds * np.exp(self.residual_scale * rng.standard_normal(preds.shape))
+        q = (1.0 - level) / 2.0
+        lo, med, hi = np.nanquantile(preds, [q, 0.5, 1.0 - q], axis=0)
+        return med, lo, hi
+
+    def to_dict(self, level: float = 0.95) -> dict[str, Any]:
+        """JSON-safe summary: estimates and percentile intervals (not the samples)."""
+        return {
+            "n_boot": self.n_boot,
+            "grouped": self.grouped,
+            "seed": self.seed,
+            "level": level,
+            "estimates": dict(self.estimates),
+            "intervals": {k: list(v) for k, v in self.intervals(level).items()},
+            "converged_fraction": float(np.mean(self.converged)),
+        }
+
+
+def resample_counts(n: int, n_boot: int, rng: np.random.Generator, groups: np.ndarray | None = None) -> np.ndarray:
+    """(n_boot, n) integer counts: rows drawn with replacement, or whole groups when groups is given."""
+    if groups is None:
+        idx = rng.integers(0, n, size=(n_boot, n))
+        counts = np.zeros((n_boot, n))
+        np.add.at(counts, (np.repeat(np.arange(n_boot), n), idx.reshape(-1)), 1.0)
+        return counts
+    labels, inverse = np.unique(np.asarray(groups), return_inverse=True)
+    g = labels.size
+    if g < 2:
+        raise UsageError("grouped bootstrap needs at least 2 distinct groups")
+    draws = rng.integers(0, g, size=(n_boot, g))
+    gcounts = np.zeros((n_boot, g))
+    np.add.at(gcounts, (np.repeat(np.arange(n_boot), g), draws.reshape(-1)), 1.0)
+    return gcounts[:, inverse]
+
+
+def bootstrap(
+    law: Law | str,
+    data: Mapping[str, Any],
+    fit: FitResult,
+    n_boot: int = 1000,
+    groups: Sequence[Any] | np.ndarray | str | None = None,
+    seed: int = 0,
+    derived: Mapping[str, Callable[[Mapping[str, float]], float]] | None = None,
+    *,
+    n_extra_starts: int = 2,
+    flops_budgets: Sequence[float] = (),
+    max_iter: int = 2000,
+    gtol: float = 1e-9,
+    ftol: float = 1e-14,
+) -> BootstrapResult:
+    """Bootstrap a fit: resample runs (or groups), refit every replicate in one batched L-BFGS.
+
+    Args:
+        law: the law the fit used (name or object; the fit's law_config is applied to a name).
+        data: the fit's data (law.inputs + "loss").
+        fit: the full-data FitResult (warm start; its objective settings are reused).
+        n_boot: number of replicates.
+        groups: None (resample runs), an array of labels (n,), or the name of an input column
+            (e.g. "params" to resample whole model sizes).
+        seed: random seed of the resampling.
+        derived: extra quantities fn(natural params) -> float; defaults per law (Chinchilla:
+            a_opt, b_opt and tokens_per_param at `flops_budgets`).
+        n_extra_starts: init-grid points added to the warm start per replicate.
+        max_iter, gtol, ftol: stopping rules of the batched optimiser. Deliberately much tighter
+            than scipy's defaults: a warm-started replicate begins next to its optimum, and with
+            ftol = 2.2e-9 it stops almost at once, so the replicates barely move and the intervals
+            come out ~10x too narrow (measured: sd(alpha) 0.001 vs 0.013 on 240 runs, 1% noise).
+
+    Returns:
+        BootstrapResult.
+
+    Raises:
+        UsageError: bad data (as fit_law), groups of the wrong length or fewer than 2 groups.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    law = get_law(law, **fit.law_config) if isinstance(law, str) else law
+    x, loss, w_fit = diagnostics.validate_data(law, data, fit.weights)
+    n = loss.size
+    if isinstance(groups, str):
+        if groups not in data:
+            raise UsageError(f"groups={groups!r} is not a data column; columns: {list(data.keys())}")
+        groups = np.asarray(data[groups])
+    if groups is not None and np.asarray(groups).shape != (n,):
+        raise UsageError(f"groups must have one label per run ({n}), got shape {np.asarray(groups).shape}")
+    rng = np.random.default_rng(seed)
+    counts = resample_counts(n, n_boot, rng, None if groups is None else np.asarray(groups))
+    if w_fit is not None:
+        counts = counts * w_fit[None, :]
+    grid = law.init_grid()
+    k = 1 + min(n_extra_starts, grid.shape[0])
+    starts = np.empty((n_boot, k, law.n_params))
+    starts[:, 0] = np.asarray(fit.theta)
+    if k > 1:
+        starts[:, 1:] = grid[rng.integers(0, grid.shape[0], size=(n_boot, k - 1))]
+    rows_w = np.repeat(counts, k, axis=0)  # row b*k + j belongs to replicate b
+    obj = BatchObjective(
+        law, x, loss, weights=rows_w, objective=fit.objective_name, delta=fit.delta, reduction=fit.reduction
+    )
+    lo, hi = (np.array(b, dtype=np.float64) for b in zip(*law.fit_bounds))
+    prev = torch.get_num_threads()
+    torch.set_num_threads(MAX_THREADS)
+    try:
+        res = lbfgs_batched(obj, starts.reshape(-1, law.n_params), lo, hi, max_iter=max_iter, gtol=gtol, ftol=ftol)
+    finally:
+        torch.set_num_threads(prev)
+    f = np.where(np.isfinite(res.f), res.f, np.inf).reshape(n_boot, k)
+    best = np.argmin(f, axis=1)
+    pick = np.arange(n_boot) * k + best
+    theta_s = res.x[pick]
+    converged = np.isin(res.status[pick], (0, 1)) | ((res.status[pick] == 3) & (res.grad_norm[pick] <= 1e-3))
+    nat = law.to_natural_array(theta_s)
+    samples = {p: nat[:, j] for j, p in enumerate(law.param_names)}
+    dfun = dict(default_derived(law, flops_budgets)) if derived is None else dict(derived)
+    estimates = dict(fit.params)
+    for name, fn in dfun.items():
+        samples[name] = np.array([fn(dict(zip(law.param_names, row))) for row in nat], dtype=np.float64)
+        estimates[name] = float(fn(fit.params))
+    return BootstrapResult(
+        law=law.name,
+        law_config=law.config(),
+        param_names=law.param_names,
+        estimates=estimates,
+        samples=samples,
+        theta_samples=theta_s,
+        converged=converged,
+        n_boot=n_boot,
+        grouped=groups is not None,
+        seed=seed,
+        residual_scale=fit.residual_scale,
+        seconds=time.perf_counter() - t0,
+        derived_names=tuple(dfun),
+    )
