@@ -18,7 +18,8 @@ each of its runs is looked up in this sweep and then in every sibling sweep of t
 directory with a sweep.yaml): a run that is `done` (or `diverged`) anywhere in the root is linked
 into this sweep (`runs/<id>` -> `../../<other>/runs/<id>`, a relative symlink) and never trained
 again. Unfinished runs of another sweep are not adopted (their driver may still be alive); they
-are trained here.
+are trained here. Ids change when the code gains a config field; `renamed_runs` re-resolves stored
+configs so a finished run is still found under its new id (and listed once by load_runs).
 
     from scalelab.sweeps.store import load_runs
     df = load_runs("results/isoflop")        # one row per run (a sweep dir or a whole store root)
