@@ -20,7 +20,7 @@ tokens of all ep ranks (they came through the all_to_all), so it is scaled by 1/
 is the gradient of the mean loss over the global batch, as for every other parameter.
 
 Gradient norm: ranks of one ep group hold different experts, so the squared norms of expert
-gradients are summed over `ep` (`grad_norm`), not taken from one rank.
+gradients are summed over `ep` (`scalelab.parallel.ep_cp_hooks.clip_grad_norm_ep`).
 The model code stays single-device: only `feed_forward.experts` is swapped from outside.
 """
 
@@ -171,36 +171,8 @@ def apply_ep_fsdp(model: nn.Module, dp_mod_ep_mesh, **fsdp_kwargs) -> None:
         )
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def expert_params(model: nn.Module) -> list[nn.Parameter]:
     return [p for m in model.modules() if isinstance(m, ExpertParallelExperts) for p in m.parameters()]
-
-
-def grad_norm(model: nn.Module, ep_mesh, dp_mesh=None) -> torch.Tensor:
-    """Global gradient 2-norm of an EP (+FSDP) model: expert shards summed over ep (and dp_mod_ep),
-    dense FSDP shards summed over the dp mesh."""
-    experts = {id(p) for p in expert_params(model)}
-    expert_sq = torch.zeros(())
-    dense_sq = torch.zeros(())
-    for p in model.parameters():
-        if p.grad is None:
-            continue
-        sq = _local(p.grad).float().pow(2).sum()
-        if id(p) in experts:
-            expert_sq += sq
-        elif hasattr(p.grad, "to_local") or dp_mesh is None:
-            dense_sq += sq
-        else:  # a plain (replicated) tensor: count it once
-            dense_sq += sq / dp_mesh.size()
-    # Expert grads are disjoint over the whole dp_shard×cp group (ep × dp_mod_ep shards); dense
-    # FSDP shards are disjoint over the dp mesh.
-    group_all = None  # default group: every rank's shards of both kinds are disjoint pieces
-    total = torch.stack([expert_sq, dense_sq])
-    dist.all_reduce(total, group=group_all)
-    return total.sum().sqrt()
 
 
 def gather_full_experts(module: ExpertParallelExperts) -> dict[str, torch.Tensor]:
