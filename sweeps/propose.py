@@ -25,12 +25,12 @@ What it does, in order:
    N* from the fit's allocation, rounded to a shape by the shape rule, D = C_next / 6N.
 5. (b) Runs within the budget that most narrow the interval at C*. Candidates: budgets between the
    largest done and C_next, sizes N*(c) x {0.4, 1, 2.5}. For each candidate the same R replicates
-   are refitted with the candidate added at its predicted loss times a residual drawn from the
-   fit's own log-residuals (so the new point is as noisy as the old ones); the drop in the
-   interval's width, per FLOP, ranks the candidates (common random numbers: every candidate sees
-   the same resamples). They are taken greedily while the round's budget lasts (ranked
-   one at a time, not jointly: two candidates that constrain the same direction are not
-   discounted against each other).
+   are refitted with the compute-optimal run (a) and the candidate added, each at its predicted
+   loss times a residual drawn from the fit's own log-residuals (so new points are as noisy as
+   the old ones); the drop in the interval's width relative to (a) alone, per FLOP, ranks the
+   candidates (common random numbers: every candidate sees the same resamples). They are taken
+   greedily while the round's budget lasts (each scored beside (a) only, not beside the other
+   picks: two candidates that constrain the same direction are not discounted against each other).
 
 The new spec uses the sweep's base config and the `points` generator with explicit shapes, so the
 proposed run is exactly the one that was evaluated; its labels carry the prediction and interval.
@@ -57,6 +57,7 @@ FIT_STARTS = 200  # starts drawn from the law's init grid for the full fit
 BOOT_EXTRA_STARTS = 8
 BACKTEST_STARTS = 8  # grid starts added to the warm start in each backtest refit
 LEVEL = 0.95
+MAX_EXTRA_POINTS = 2  # the compute-optimal run plus one candidate at a time
 
 
 def _fit(law, data: dict[str, np.ndarray], starts, weights=None):
@@ -91,7 +92,7 @@ class _Fitter:
         self.log_resid = np.log(self.loss) - np.log(self.predict(self.x["params"], self.x["tokens"]))
         n = len(self.loss)
         self.weights = [np.bincount(self.rng.integers(0, n, n), minlength=n) for _ in range(replicates)]
-        self.noise = [float(self.rng.choice(self.log_resid)) for _ in range(replicates)]
+        self.noise = [self.rng.choice(self.log_resid, size=MAX_EXTRA_POINTS) for _ in range(replicates)]
         self.extra = [
             self.grid[self.rng.choice(len(self.grid), BOOT_EXTRA_STARTS, replace=False)] for _ in range(replicates)
         ]
@@ -101,20 +102,17 @@ class _Fitter:
             theta or self.params, params=np.asarray(params, float), tokens=np.asarray(tokens, float)
         )
 
-    def replicates(self, extra_point: tuple[float, float] | None = None) -> list[dict[str, float]]:
-        """Bootstrap parameter draws; with extra_point (N, D), that run is added at its predicted loss x noise."""
+    def replicates(self, extra_points: list[tuple[float, float]] = ()) -> list[dict[str, float]]:
+        """Bootstrap parameter draws; each extra (N, D) run is added at its predicted loss x a residual."""
         out = []
-        pred = float(self.predict(*extra_point)) if extra_point else None
+        preds = [float(self.predict(n, d)) for n, d in extra_points]
         for w, eps, extra in zip(self.weights, self.noise, self.extra):
             keep = w > 0
             data = {k: v[keep] for k, v in self.x.items()}
             loss, weights = self.loss[keep], w[keep].astype(float)
-            if extra_point is not None:
-                data = {
-                    "params": np.append(data["params"], extra_point[0]),
-                    "tokens": np.append(data["tokens"], extra_point[1]),
-                }
-                loss, weights = np.append(loss, pred * math.exp(eps)), np.append(weights, 1.0)
+            for j, ((n, d), pred) in enumerate(zip(extra_points, preds)):
+                data = {"params": np.append(data["params"], n), "tokens": np.append(data["tokens"], d)}
+                loss, weights = np.append(loss, pred * math.exp(eps[j])), np.append(weights, 1.0)
             starts = np.vstack([self.law.to_fit(self.params)[None, :], extra])
             try:
                 out.append(dict(_fit(self.law, {**data, "loss": loss}, starts, weights).params))
@@ -230,11 +228,14 @@ def propose_next(
                 ):
                     candidates.append(pt)
         log(f"scoring {len(candidates)} candidate run(s) by how much they narrow the interval at C*={target:.3g}")
+        # Candidates are scored on top of the compute-optimal run, which the round runs anyway.
+        first_point = (first["params"], first["tokens"])
+        with_first = _interval(f.loss_at_target(f.replicates([first_point]), target))
         for pt in candidates:
-            draws = f.replicates((pt["params"], pt["tokens"]))
+            draws = f.replicates([first_point, (pt["params"], pt["tokens"])])
             lo, hi = _interval(f.loss_at_target(draws, target))
             pt["interval_at_target_with_run"] = [lo, hi]
-            pt["width_reduction"] = (base_interval[1] - base_interval[0]) - (hi - lo)
+            pt["width_reduction"] = (with_first[1] - with_first[0]) - (hi - lo)
         for pt in sorted(candidates, key=lambda p: -p["width_reduction"] / p["flops"]):
             if len(proposals) >= max_runs or pt["width_reduction"] <= 0 or spent + pt["flops"] > budget:
                 continue
