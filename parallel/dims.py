@@ -57,7 +57,7 @@ class ParallelDims:
             dims.validate_model(model, pcfg, seq_len=seq_len)
         if global_batch_sequences is not None:
             dims.validate_batch(global_batch_sequences, pcfg, micro_batch_sequences)
-        dims.check_supported()
+        dims.check_supported(model)
         return dims
 
     # --- arithmetic ---------------------------------------------------------------------------
@@ -173,20 +173,12 @@ class ParallelDims:
                     "pick pp_microbatches dividing them (or change train.global_batch_tokens)",
                 )
 
-    def check_supported(self) -> None:
-        """Axes that the arithmetic allows but this build of parallelize() does not apply."""
-        if self.cp > 1:
-            raise ConfigError(
-                "parallel.cp",
-                "context parallel is not implemented for dense models yet",
-                "set parallel.cp=1 (shard the batch with dp_shard instead)",
-            )
-        if self.ep > 1:
-            raise ConfigError(
-                "parallel.ep",
-                "expert parallel needs an MoE model; the dense family has no experts",
-                "set parallel.ep=1",
-            )
+    def check_supported(self, model=None) -> None:
+        """Combinations the arithmetic allows but parallelize() does not build (cp/ep rules live
+        with their implementation in scalelab.parallel.ep_cp_hooks)."""
+        from scalelab.parallel.ep_cp_hooks import check_supported
+
+        check_supported(self, model)
 
     # --- mesh ---------------------------------------------------------------------------------
     def mesh_shape(self) -> tuple[tuple[str, ...], tuple[int, ...]]:

@@ -8,7 +8,7 @@ The rules (fp32 state; FSDP2 keeps its sharded parameters in fp32 even under bf1
   - pipeline: a rank holds only its stages' blocks (+ embedding on stage 0, norm/output on the last);
   - tensor parallel: wq/wk/wv/w1/w3 and `output` split dim 0 by tp, wo/w2 split dim 1, the
     embedding splits its rows (vocabulary); norms are replicated;
-  - FSDP2: then dim 0 of that local tensor is split over dp_shard like torch.chunk (ceil-size
+  - FSDP2: then dim 0 of that local tensor is split over dp_shard × cp like torch.chunk (ceil-size
     chunks, the last ones shorter or empty); dp_replicate copies do not shrink anything;
   - gradients after backward have exactly the parameters' local shapes;
   - AdamW: exp_avg + exp_avg_sq (parameter-sized) + one fp32 `step` scalar per parameter tensor;
@@ -86,8 +86,10 @@ def local_shape(name: str, shape: tuple[int, ...], dims, coords: dict[str, int])
             shape[0] //= dims.tp
         elif module.endswith(_ROWWISE):
             shape[1] //= dims.tp
-    if dims.dp_shard > 1:
-        shape[0] = _chunk_len(shape[0], dims.dp_shard, coords.get("dp_shard", 0))
+    shards = dims.dp_shard * dims.cp  # FSDP2 shards over dp_shard × cp (flattened, cp inner)
+    if shards > 1:
+        index = coords.get("dp_shard", 0) * dims.cp + coords.get("cp", 0)
+        shape[0] = _chunk_len(shape[0], shards, index)
     return tuple(shape)
 
 

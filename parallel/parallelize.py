@@ -1,7 +1,8 @@
 """parallelize(model, dims, cfg, mesh): apply a layout to a single-device model from outside.
 
 Fixed order (torchtitan's): pipeline split → tensor + sequence parallel (+ loss parallel) →
-activation checkpointing → torch.compile → FSDP2 (ZeRO-3 / ZeRO-2 / HSDP / DDP, mixed precision).
+context / expert parallel (scalelab.parallel.ep_cp_hooks) → activation checkpointing →
+torch.compile → FSDP2 (ZeRO-3 / ZeRO-2 / HSDP / DDP, mixed precision).
 Each pipeline chunk gets the same treatment. The model code never sees a process group: it gets
 DTensor parameters and hooks, and the returned `ParallelStep` knows how to run a step.
 
@@ -20,6 +21,7 @@ import torch.nn as nn
 from scalelab.parallel.checkpointing import apply_ac
 from scalelab.parallel.data_parallel import apply_fsdp
 from scalelab.parallel.dims import ParallelDims
+from scalelab.parallel.ep_cp_hooks import apply_ep_cp, fsdp_mesh
 from scalelab.parallel.pipeline import Pipeline
 from scalelab.parallel.step import ParallelStep
 from scalelab.parallel.tp import apply_tp
@@ -61,10 +63,11 @@ def parallelize(
         chunks = pipeline.stage_modules
         if dims.tp > 1 and pcfg.sequence_parallel:
             pipeline._seq_divisor = dims.tp
-    dp_mesh = dp_mesh_of(dims, mesh)
+    dp_mesh = fsdp_mesh(dims, mesh) or dp_mesh_of(dims, mesh)  # FSDP over dp_shard × cp under cp
     for chunk in chunks:
         if dims.tp > 1:
             apply_tp(chunk, mesh["tp"], sequence_parallel=pcfg.sequence_parallel, loss_parallel=pcfg.loss_parallel)
+        apply_ep_cp(chunk, dims, mesh, pcfg, device.type)  # no-op unless cp > 1 or ep > 1
         apply_ac(chunk, pcfg.activation_checkpoint)
         if pcfg.compile:
             for block in chunk.layers.values():

@@ -16,6 +16,8 @@ Layout names: `x`-joined parts, each an axis and a size, with options:
     fsdpN-zero2       FSDP2 without reshard after forward tpN       tensor parallel
     tpNsp             TP + sequence parallel + loss-parallel cross-entropy
     ppN[-schedule]    pipeline; schedule gpipe | 1f1b (default) | interleaved | zb (zero-bubble V)
+    cpN               context parallel (sequence sharded, all-gather KV; scalelab.parallel.context_parallel)
+    (expert parallel: its own parity harness, scalelab.parallel.moe_cp_parity)
     +ac / +sac / +compile / +bf16   full / selective activation checkpointing, torch.compile, bf16
 e.g. dp2xfsdp2 (HSDP), fsdp2xtp2sp, dp2xpp2xtp2, pp2-zb+ac.
 """
@@ -45,7 +47,7 @@ _SCHEDULE_ALIASES = {
     "zbv": "zero-bubble",
     "zero-bubble": "zero-bubble",
 }
-_PART = re.compile(r"^(dp|fsdp|tp|pp)(\d+)(.*)$")
+_PART = re.compile(r"^(dp|fsdp|tp|pp|cp)(\d+)(.*)$")
 _ACCUM = re.compile(r"^single(-accum(\d+))?$")
 
 
@@ -112,6 +114,8 @@ def parse_layout(name: str) -> ParallelConfig:
             elif axis == "tp" and opt in ("", "sp"):
                 cfg.tp = size
                 cfg.sequence_parallel = cfg.loss_parallel = opt == "sp"
+            elif axis == "cp" and not opt:
+                cfg.cp = size
             elif axis == "pp" and (not opt or opt[1:] in _SCHEDULE_ALIASES):
                 cfg.pp = size
                 cfg.pp_schedule = _SCHEDULE_ALIASES[opt[1:]] if opt else "1f1b"
@@ -275,15 +279,18 @@ def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path)
     elapsed = time.perf_counter() - t0
     sd = get_model_state_dict(par.model, options=StateDictOptions(full_state_dict=True))
     sd = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in sd.items()}
-    expected = expected_memory(
-        spec.model, dims, pcfg, mesh_coords(mesh), optimizer=spec.optimizer, seq_len=spec.seq_len
-    )
+    if spec.model.family == "llama":
+        expected = expected_memory(
+            spec.model, dims, pcfg, mesh_coords(mesh), optimizer=spec.optimizer, seq_len=spec.seq_len
+        ).as_dict()
+    else:  # the formula covers the dense family (MoE state: scalelab.parallel.planner_memory)
+        expected, memory = None, None
     torch.save(
         {
             "losses": losses,
             "params": sd,
-            "memory": memory.as_dict(),
-            "expected_memory": expected.as_dict(),
+            "memory": memory.as_dict() if memory is not None else None,
+            "expected_memory": expected,
             "seconds": elapsed,
         },
         out_dir / f"{key}.rank{rank}.pt",

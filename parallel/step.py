@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from scalelab.parallel.backend import for_collective
+from scalelab.parallel.ep_cp_hooks import clip_grad_norm_ep, mean_over_cp, shard_batch
 
 
 def loss_from_logits(
@@ -139,10 +140,16 @@ class ParallelStep:
             with self._loss_ctx():
                 loss = self.pipeline.step(inputs, targets, scale, self.z_loss)
             return loss
+        inputs, targets, kwargs = self._shard(inputs, targets)
         with self._loss_ctx():
-            loss, ce = loss_from_logits(self.model(inputs), targets, self.z_loss)
+            loss, ce = loss_from_logits(self.model(inputs, **kwargs), targets, self.z_loss)
             (loss * scale).backward()
-        return ce
+        return mean_over_cp(ce, self.dims, self.mesh)
+
+    def _shard(self, inputs, targets):
+        """This context-parallel rank's rows and positions (the batch as is without cp)."""
+        inputs, targets, positions = shard_batch(inputs, targets, self.dims, self.mesh)
+        return inputs, targets, ({} if positions is None else {"positions": positions})
 
     @torch.no_grad()
     def eval_loss(self, model, inputs: torch.Tensor, targets: torch.Tensor):
@@ -151,9 +158,14 @@ class ParallelStep:
             with self._loss_ctx():
                 loss = self.pipeline.forward_loss(inputs, targets)
         else:
+            inputs, targets, kwargs = self._shard(inputs, targets)
             with self._loss_ctx():
-                loss, _ = loss_from_logits(model(inputs), targets, 0.0)
+                loss, _ = loss_from_logits(model(inputs, **kwargs), targets, 0.0)
+            loss = mean_over_cp(loss, self.dims, self.mesh)
         return loss, {"ce": loss}
 
     def clip_grad_norm(self, model, max_norm: float) -> float:
-        return clip_grad_norm_([p for p in model.parameters()], max_norm, self.pp_group)
+        params = list(model.parameters())
+        if self.dims.ep > 1:  # expert shards: their squared norms are summed over the ep group
+            return clip_grad_norm_ep(model, params, max_norm, self.pp_group)
+        return clip_grad_norm_(params, max_norm, self.pp_group)

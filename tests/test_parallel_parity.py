@@ -9,6 +9,7 @@ Tolerances (absolute, max over steps and over every parameter element on every r
   bf16 (autocast + FSDP2 bf16 params, fp32 reduce; reference = one device under bf16 autocast):
   2e-3 in loss and params; measured <= 1.2e-4 loss / <= 3.3e-4 params (fsdp2xtp2sp, AdamW),
   the same order as the single-device floor (batch split in two) of 3.7e-5 / 1.0e-4.
+Context parallel (cp2, fsdp2xcp2) runs through the same parallelize/ParallelStep hooks.
 Each layout also checks the per-rank memory accounting (params, grads, optimizer state) exactly.
 Gradient accumulation (2 loop micro-batches per step, as train.micro_batch_sequences does) is
 checked against the unsplit single-device batch, with z-loss 1e-2 (SGD, 1e-5).
@@ -35,10 +36,20 @@ WORLD2 = [
     "pp2-zb",
     "tp2sp+sac",
     "fsdp2+ac",
+    "cp2",
 ]
 WORLD2_BF16 = ["fsdp2+bf16", "tp2sp+bf16", "pp2-1f1b+bf16"]
 WORLD2_ACCUM = ["fsdp2", "tp2sp", "pp2-1f1b", "pp2-interleaved"]
-WORLD4 = ["dp2xfsdp2", "dp2xtp2", "fsdp2xtp2", "fsdp2xtp2sp", "fsdp2xpp2", "pp2xtp2sp", "fsdp2-zero2xpp2-zb"]
+WORLD4 = [
+    "dp2xfsdp2",
+    "dp2xtp2",
+    "fsdp2xtp2",
+    "fsdp2xtp2sp",
+    "fsdp2xpp2",
+    "pp2xtp2sp",
+    "fsdp2-zero2xpp2-zb",
+    "fsdp2xcp2",
+]
 WORLD8 = ["dp2xpp2xtp2sp"]
 
 
