@@ -137,7 +137,7 @@ def run_launch(args) -> int:
         proposal = propose_next(out, target_flops=target, budget_flops=args.budget_flops, log=print)
         spec_path = Path(proposal["spec_path"])
         nxt = load_sweep(spec_path)
-        print(f"round {k}: {len(nxt.runs)} proposed run(s) from {spec_path}")
+        print(f"round {k} of {args.rounds - 1}: {len(nxt.runs)} proposed run(s) from {spec_path}")
         result = launch(
             nxt,
             out,
