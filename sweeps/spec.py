@@ -28,11 +28,8 @@ Design labels (generator, budget, tokens per parameter, seed index, branch point
 sweep.resolved.json, not in the config, so the same run reached from two sweeps has one id and is
 trained once per store root (see scalelab.sweeps.store).
 
-Cooldowns (WSD-S): each generated run becomes the long "stable" run of its size; for each fraction
-f a branch of f x D tokens starts from the stable run's checkpoint at (or just before) the branch's
-own decay start and decays. Both share the absolute warmup (schedule.warmup_tokens), so up to the
-branch point the lr, weights, optimizer state and data order are identical: a branch costs only its
-tail. The branch's `train.init_from` is relative to its own run directory (`../<stable id>/...`).
+Cooldowns (WSD-S, scalelab.sweeps.cooldowns): each generated run becomes the long "stable" run of
+its size, and decay branches of f x D tokens start from its checkpoints; a branch costs its tail.
 
 Every problem raises ConfigError naming the key (`isoflop.budgets[0]`, `grid.optim.lr`) before Ray
 starts; the CLI prints it as one line with exit code 2.
@@ -220,7 +217,9 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         seen.add(run.run_id)
         runs.append(run)
     if raw.get("cooldowns") is not None:
-        runs = _cooldowns(raw["cooldowns"], ctx, runs)
+        from scalelab.sweeps.cooldowns import expand_cooldowns
+
+        runs = expand_cooldowns(raw["cooldowns"], runs)
     if gen == "isoflop":
         _check_isoflop_tolerance(raw[gen], runs)
     name = str(raw.get("name") or default_name)
@@ -594,74 +593,6 @@ def _seeds(section: Any, ctx: _Context) -> list[Point]:
         k = int(_number(section, "seeds"))
         seeds = [base_seed + i for i in range(k)]
     return [({"train.seed": s}, {"seed": s}) for s in seeds]
-
-
-# ---------------------------------------------------------------------------------------------
-# Cooldown branches (WSD-S)
-# ---------------------------------------------------------------------------------------------
-
-
-def _cooldowns(section: Any, ctx: _Context, runs: list[RunSpec]) -> list[RunSpec]:
-    _check_keys(section, ("fractions", "max_checkpoints"), "cooldowns")
-    fracs = sorted(
-        _number(v, f"cooldowns.fractions[{i}]")
-        for i, v in enumerate(_list(section.get("fractions"), "cooldowns.fractions"))
-    )
-    if fracs[-1] >= 1:
-        raise ConfigError("cooldowns.fractions", f"{fracs[-1]} >= 1", "fractions of the stable run's tokens, each < 1")
-    max_ckpts = int(_number(section.get("max_checkpoints", 32), "cooldowns.max_checkpoints"))
-    out: list[RunSpec] = []
-    for run in runs:
-        cfg = run.config
-        sched, tr = cfg["schedule"], cfg["train"]
-        if sched["name"] != "wsd":
-            raise ConfigError(
-                "cooldowns",
-                f"needs schedule.name: wsd (run {run.run_id} uses {sched['name']})",
-                "set base.schedule.name: wsd",
-            )
-        tps = tr["global_batch_tokens"] // cfg["data"]["seq_len"] * cfg["data"]["seq_len"]
-        main_steps = run.num_tokens // tps
-        warmup = sched["warmup_tokens"] or int(sched["warmup_fraction"] * run.num_tokens)
-        decay_frac = sched["decay_fraction"]
-        main_decay_start = run.num_tokens - int(decay_frac * run.num_tokens)
-        interval = max(1, main_steps // max_ckpts)
-        branches = []
-        for f in fracs:
-            # branch of ~f*D tokens; it leaves the stable run at a checkpoint step at or before its decay start
-            start = max(interval, int(f * (1 - decay_frac) * main_steps) // interval * interval)
-            steps = start
-            while steps * tps - int(decay_frac * steps * tps) < start * tps:
-                steps += 1
-            if start * tps < warmup or start * tps > main_decay_start or steps >= main_steps:
-                raise ConfigError(
-                    "cooldowns.fractions",
-                    f"{f} puts a branch of run {run.run_id} at step {start}, "
-                    "inside the warmup or the stable run's own decay",
-                    "use fractions in (warmup, 1 - decay_fraction)",
-                )
-            branches.append((f, start, steps))
-        main_over = dict(run.labels)
-        stable_tree = copy.deepcopy(cfg)
-        stable_tree["schedule"]["warmup_tokens"] = warmup
-        stable_tree["checkpoint"]["interval_steps"] = interval
-        stable_tree["checkpoint"]["keep_last"] = 0  # every branch point must survive
-        main = _from_tree(stable_tree, dict(main_over, cooldown="stable"))
-        out.append(main)
-        for f, start, steps in branches:
-            tree = copy.deepcopy(stable_tree)
-            tree["train"]["num_tokens"] = steps * tps
-            tree["train"]["init_from"] = f"../{main.run_id}/checkpoints/step_{start}"
-            tree["checkpoint"]["keep_last"] = 2
-            tree["checkpoint"]["interval_steps"] = cfg["checkpoint"]["interval_steps"]
-            branch = _from_tree(
-                tree,
-                dict(main_over, cooldown="branch", branch_of=main.run_id, branch_fraction=f, branch_step=start),
-            )
-            branch.depends_on = main.run_id
-            branch.cost_flops = branch.flops_6n * (steps - start) / steps
-            out.append(branch)
-    return out
 
 
 def _from_tree(tree: dict[str, Any], labels: dict[str, Any]) -> RunSpec:
