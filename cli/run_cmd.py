@@ -41,12 +41,15 @@ def run(args) -> int:
             f"--out {out} already holds a run (status {status.get('status')}); "
             "pass --resume to continue it or choose another --out"
         )
-    if args.resume and status is not None:
-        saved = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else None
-        from scalelab.train.config import to_dict
+    if args.resume and status is not None and (out / "config.json").exists():
+        from scalelab.train.config import build_run_config, identity_dict
 
-        if saved is not None and saved != to_dict(cfg):
-            raise UsageError(f"--resume: the config differs from {out}/config.json; resume with that file")
+        saved = build_run_config(json.loads((out / "config.json").read_text()))
+        if identity_dict(saved) != identity_dict(cfg):  # parallel/logging may change on resume
+            raise UsageError(
+                f"--resume: the config differs from {out}/config.json beyond parallel/logging; "
+                "resume with that file (a new layout may be given with --set parallel.*)"
+            )
     if cfg.parallel.world_size > 1:
         from scalelab.parallel.launch import launch_local
 

@@ -81,3 +81,11 @@ def test_relative_data_paths_are_resolved(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = build_run_config(BASE, ["data.sources.0.path=corpus"])
     assert cfg.data.sources[0].path == str(tmp_path / "corpus")
+
+
+def test_layout_and_logging_are_not_part_of_the_run_identity():
+    from scalelab.train.config import config_hash
+
+    base = build_run_config(BASE)
+    assert config_hash(base) == config_hash(build_run_config(BASE, ["parallel.dp_shard=2", "logging.wandb=online"]))
+    assert config_hash(base) != config_hash(build_run_config(BASE, ["optim.lr=1e-4"]))

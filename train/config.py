@@ -309,9 +309,20 @@ def validate_run_config(cfg: RunConfig) -> None:
         raise ConfigError("logging.interval_steps", "must be >= 1", "e.g. 1 or 10")
 
 
+# Sections that do not change what a run computes: the layout (scalelab parity checks that it does
+# not) and logging. They are left out of the run's identity, so a run resumes under another layout
+# and a sweep never retrains a finished run because the cluster shape changed.
+_NOT_IDENTITY = ("parallel", "logging")
+
+
+def identity_dict(cfg: RunConfig) -> dict[str, Any]:
+    """The resolved config without the sections that do not change the numbers."""
+    return {k: v for k, v in to_dict(cfg).items() if k not in _NOT_IDENTITY}
+
+
 def config_hash(cfg: RunConfig, length: int = 12) -> str:
-    """Stable id of a resolved config: sha256 of its canonical JSON (the store's run_id)."""
-    blob = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"))
+    """Stable id of a resolved config (the store's run_id): sha256 of its canonical identity JSON."""
+    blob = json.dumps(identity_dict(cfg), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:length]
 
 
@@ -325,6 +336,7 @@ __all__ = [
     "TrainLoopConfig",
     "build_run_config",
     "config_hash",
+    "identity_dict",
     "load_run_config",
     "padded_vocab_size",
     "to_dict",
