@@ -227,6 +227,7 @@ def compare_ep(name: str, ref: dict, got: dict, world: int, tolerance: float) ->
     counts_equal = all(torch.equal(a, b) for a, b in zip(ref["tokens_per_expert"], got["tokens_per_expert"]))
     aux = max(float((a - b).abs().max()) for a, b in zip(ref["aux_loss"], got["aux_loss"]))
     grad, grad_where = _max_diff(ref["grads"], got["grads"])
+    grad_scale = max(float(g.abs().max()) for g in ref["grads"].values())  # for a relative check
     param, param_where = _max_diff(ref["params"], got["params"])
     ok = max(loss, aux, grad, param) <= tolerance and counts_equal
     return dict(
@@ -236,6 +237,7 @@ def compare_ep(name: str, ref: dict, got: dict, world: int, tolerance: float) ->
         router_counts_equal=counts_equal,
         max_aux_diff=aux,
         max_expert_grad_diff=grad,
+        expert_grad_scale=grad_scale,
         worst_grad=grad_where,
         max_param_diff=param,
         worst_param=param_where,

@@ -21,6 +21,8 @@ def _check(rows):
         assert row["max_loss_diff"] <= 1e-5, row
         assert row["max_aux_diff"] <= 1e-5, row
         assert row["max_expert_grad_diff"] <= 1e-5, row
+        # relative too: the gradients are ~1e-4, so a wrong 1/ep scale could hide under 1e-5 alone
+        assert row["max_expert_grad_diff"] <= 1e-3 * row["expert_grad_scale"], row
         assert row["max_param_diff"] <= 1e-5, row
         assert row["memory_ok"], row  # planner state bytes == what rank 0 holds
         assert row["ok"], row
