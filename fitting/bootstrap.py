@@ -5,7 +5,8 @@ Each replicate resamples the runs with replacement (or, with `groups`, whole gro
 runs of one model size) and refits. A resample is a vector of integer counts w_i over the original
 runs, so replicate b minimises sum_i w_bi h(r_i(theta)) - and all replicates run together as rows
 of one batched L-BFGS (fitting/optim.py). Each replicate starts from the full-data optimum (the
-warm start) plus `n_extra_starts` points of the law's init grid, not from the full 4500-point grid:
+warm start) plus `n_extra_starts` more (the full fit's next-best distinct end points, else init-grid
+points), not from the full 4500-point grid:
 the resampled optimum is close to the full-data one. Because the warm start is close, the
 stopping rules must be tight (gtol 1e-9, ftol 1e-14); see `bootstrap`.
 
@@ -141,7 +142,8 @@ def bootstrap(
         seed: random seed of the resampling.
         derived: extra quantities fn(natural params) -> float; defaults per law (Chinchilla:
             a_opt, b_opt and tokens_per_param at `flops_budgets`).
-        n_extra_starts: init-grid points added to the warm start per replicate.
+        n_extra_starts: starts added to the warm start per replicate: the full fit's next-best
+            distinct end points (FitResult.alt_thetas), then random init-grid points.
         max_iter, gtol, ftol: stopping rules of the batched optimiser. Deliberately much tighter
             than scipy's defaults: a warm-started replicate begins next to its optimum, and with
             ftol = 2.2e-9 it stops almost at once, so the replicates barely move and the intervals
@@ -169,12 +171,17 @@ def bootstrap(
     counts = resample_counts(n, n_boot, rng, None if groups is None else np.asarray(groups))
     if w_fit is not None:
         counts = counts * w_fit[None, :]
+    # Extra starts: the full fit's other distinct end points (other basins), then grid points.
+    extra = [np.asarray(t) for t in fit.alt_thetas[1:]]
     grid = law.init_grid()
-    k = 1 + min(n_extra_starts, grid.shape[0])
+    k = 1 + n_extra_starts
     starts = np.empty((n_boot, k, law.n_params))
     starts[:, 0] = np.asarray(fit.theta)
-    if k > 1:
-        starts[:, 1:] = grid[rng.integers(0, grid.shape[0], size=(n_boot, k - 1))]
+    for j in range(1, k):
+        if j - 1 < len(extra):
+            starts[:, j] = extra[j - 1]
+        else:
+            starts[:, j] = grid[rng.integers(0, grid.shape[0], size=n_boot)]
     rows_w = np.repeat(counts, k, axis=0)  # row b*k + j belongs to replicate b
     obj = BatchObjective(
         law, x, loss, weights=rows_w, objective=fit.objective_name, delta=fit.delta, reduction=fit.reduction

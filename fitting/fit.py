@@ -66,6 +66,7 @@ class FitResult:
     residual_scale: float = float("nan")  # robust sd of log residuals (1.4826 MAD)
     status: str = ""
     seconds: float = 0.0
+    alt_thetas: list[list[float]] = field(default_factory=list)  # best distinct end points (fit space)
 
     def law_object(self) -> Law:
         return get_law(self.law, **self.law_config)
@@ -101,6 +102,7 @@ class FitResult:
             "residual_scale": float(self.residual_scale),
             "status": self.status,
             "seconds": float(self.seconds),
+            "alt_thetas": [[float(t) for t in th] for th in self.alt_thetas],
         }
 
     @classmethod
@@ -130,6 +132,8 @@ def _starts_array(law: Law, starts: Any) -> np.ndarray:
 def _distinct_best(x: np.ndarray, f: np.ndarray, k: int) -> list[int]:
     """Indices of the k lowest-objective rows whose end points differ (rounded to 1e-4)."""
     picked, seen = [], set()
+    if k <= 0:
+        return picked
     for i in np.argsort(np.where(np.isfinite(f), f, np.inf)):
         if not np.isfinite(f[i]):
             break
@@ -263,4 +267,5 @@ def fit_law(
         residual_scale=robust_scale(resid),
         status=STATUS_TEXT[status],
         seconds=time.perf_counter() - t0,
+        alt_thetas=[[float(t) for t in xs[i]] for i in _distinct_best(xs, fs, 5)],
     )

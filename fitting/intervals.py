@@ -151,7 +151,9 @@ def delta_method(
         if law.log_fit[j]:
             # se of exp(t) by the delta method; the interval is exp of the fit-space interval.
             se[name] = nat[name] * se_fit[j]
-            intervals[name] = (float(np.exp(theta[j] - z * se_fit[j])), float(np.exp(theta[j] + z * se_fit[j])))
+            # min(., 709): exp overflows float64 beyond; an unidentified parameter gets (.., 8e307).
+            lo_t, hi_t = (min(theta[j] + s * z * se_fit[j], 709.0) for s in (-1.0, 1.0))
+            intervals[name] = (float(np.exp(lo_t)), float(np.exp(hi_t)))
         else:
             se[name] = float(se_fit[j])
             intervals[name] = (float(theta[j] - z * se_fit[j]), float(theta[j] + z * se_fit[j]))

@@ -1,0 +1,101 @@
+"""Bootstrap, delta-method and prediction intervals; the simulator's planning helper; and the smoke
+version of the calibration study (the full 200-dataset one is bench/fit_calibration.py)."""
+
+import numpy as np
+import pytest
+
+from scalelab.errors import UsageError
+from scalelab.fitting.bootstrap import bootstrap, resample_counts
+from scalelab.fitting.fit import fit_law
+from scalelab.fitting.intervals import delta_method_intervals, huber_variance_factor
+from scalelab.fitting.laws import get_law
+from scalelab.fitting.simulate import CHINCHILLA_EPOCH, precision_vs_runs, simulate
+
+LAW = get_law("chinchilla")
+STARTS = LAW.init_grid()[::45]  # 100 of Hoffmann's starts: same optimum on these designs, 45x cheaper
+
+
+def _data(seed, n_sizes=8, n_tokens=8, noise=0.01):
+    return simulate("chinchilla", CHINCHILLA_EPOCH, noise_sigma=noise, seed=seed, n_sizes=n_sizes, n_tokens=n_tokens)
+
+
+def test_resample_counts_rows_and_groups():
+    rng = np.random.default_rng(0)
+    c = resample_counts(10, 50, rng)
+    assert c.shape == (50, 10) and (c.sum(axis=1) == 10).all()
+    groups = np.repeat([1, 2, 3, 4], 3)
+    g = resample_counts(12, 50, rng, groups)
+    # Runs of one group always get the same count; the number of groups drawn is 4.
+    assert (g.reshape(50, 4, 3).std(axis=2) == 0).all()
+    assert (g.reshape(50, 4, 3)[:, :, 0].sum(axis=1) == 4).all()
+    with pytest.raises(UsageError, match="2 distinct groups"):
+        resample_counts(3, 5, rng, np.zeros(3))
+
+
+def test_bootstrap_intervals_derived_and_prediction():
+    data = _data(0)
+    fit = fit_law(LAW, data, starts=STARTS)
+    boot = bootstrap(LAW, data, fit, n_boot=200, seed=0, flops_budgets=[1e22])
+    assert boot.converged.mean() > 0.95
+    for name in ("E", "A", "B", "alpha", "beta", "a_opt", "b_opt", "tokens_per_param@1e+22"):
+        lo, hi = boot.interval(name)
+        assert lo < boot.estimates[name] < hi, name
+    np.testing.assert_allclose(boot.samples["a_opt"] + boot.samples["b_opt"], 1.0)
+    # Bootstrap and delta method agree on the spread of the exponents (within a factor 1.6).
+    dm = delta_method_intervals(LAW, data, fit)
+    for name in ("alpha", "beta"):
+        ratio = np.diff(boot.interval(name))[0] / np.diff(dm.interval(name))[0]
+        assert 1 / 1.6 < ratio < 1.6, (name, ratio)
+    med, lo, hi = boot.prediction_interval(0.95, params=np.array([1e11]), tokens=np.array([2e12]))
+    truth = LAW.predict(CHINCHILLA_EPOCH, params=1e11, tokens=2e12)
+    assert lo[0] < med[0] < hi[0]
+    assert lo[0] < truth < hi[0]
+    _, lo_c, hi_c = boot.prediction_interval(
+        0.95, include_noise=False, params=np.array([1e11]), tokens=np.array([2e12])
+    )
+    assert hi_c[0] - lo_c[0] < hi[0] - lo[0]  # the mean's interval is narrower than a new run's
+    assert boot.to_dict()["n_boot"] == 200
+
+
+def test_grouped_bootstrap_by_model_size():
+    data = _data(1)
+    fit = fit_law(LAW, data, starts=STARTS)
+    boot = bootstrap(LAW, data, fit, n_boot=100, groups="params", seed=1)
+    assert boot.grouped
+    lo, hi = boot.interval("alpha")
+    assert lo < fit.params["alpha"] < hi
+    with pytest.raises(UsageError, match="groups"):
+        bootstrap(LAW, data, fit, n_boot=10, groups=np.arange(3))
+
+
+def test_huber_variance_factor_limits():
+    sigma = 0.01
+    assert huber_variance_factor(sigma, None) == pytest.approx(sigma**2)
+    assert huber_variance_factor(sigma, 1.0) == pytest.approx(sigma**2, rel=1e-6)  # delta >> sigma: least squares
+    assert huber_variance_factor(sigma, 1e-7) == pytest.approx(np.pi / 2 * sigma**2, rel=1e-3)  # -> LAD
+
+
+def test_bootstrap_coverage_smoke():
+    """Smoke version of the calibration (bench/fit_calibration.py runs 200 datasets): over 12 small
+    synthetic sweeps the 95% bootstrap intervals for alpha and beta cover the truth in most cases."""
+    hits = []
+    for seed in range(12):
+        data = _data(100 + seed, n_sizes=6, n_tokens=6)
+        fit = fit_law(LAW, data, starts=LAW.init_grid()[::150])
+        boot = bootstrap(LAW, data, fit, n_boot=100, seed=seed, n_extra_starts=0)
+        for name in ("alpha", "beta"):
+            lo, hi = boot.interval(name)
+            hits.append(lo <= CHINCHILLA_EPOCH[name] <= hi)
+    assert np.mean(hits) >= 0.75, np.mean(hits)  # wide tolerance: 24 intervals, nominal 0.95
+
+
+def test_precision_vs_runs_shrinks_with_more_runs():
+    rows = precision_vs_runs(
+        "power_law_no_e",
+        designs=[{"n_points": 8}, {"n_points": 64}],
+        n_datasets=6,
+        noise_sigma=0.02,
+        fit_kwargs={"n_polish": 1, "starts": get_law("power_law_no_e").init_grid()[::4]},
+    )
+    assert [r["n_runs"] for r in rows] == [8, 64]
+    assert rows[1]["std"]["alpha"] < rows[0]["std"]["alpha"]
