@@ -236,3 +236,25 @@ def test_mixture_discrepancy_below_one_sample(sources, weights):
         s.next_batch(1)
         for c, w in zip(s.source_counts, weights):
             assert abs(c - n * w / total) < 1, (n, s.source_counts)
+
+
+def test_unique_tokens_cap_repeats_only_the_first_tokens(sources):
+    """Data-constrained runs: a cap of U tokens means every window lies in the first U tokens and
+    the run repeats them; the epoch budget counts against the cap."""
+    src = sources["letters"]
+    seq_len = 16
+    cap = 20 * seq_len + 1  # exactly 20 windows
+    s = MixtureSampler([src], [1.0], [3.0], seq_len, seed=0, unique_tokens=[cap])
+    assert s.num_windows == [20]
+    first = np.asarray(src.train[:cap], dtype=np.int64)
+    starts = set()
+    for _ in range(60 // 4):  # 3 epochs of 20 windows, 4 per batch
+        for row in s.next_batch(4).numpy():
+            hits = [i for i in range(0, cap - seq_len, seq_len) if np.array_equal(first[i : i + seq_len + 1], row)]
+            assert hits, "a window came from beyond the unique-token cap"
+            starts.add(hits[0])
+    assert len(starts) == 20  # every window of the capped prefix seen (3 times each)
+    with pytest.raises(ConfigError, match="max_epochs"):
+        s.check_budget(61 * seq_len)
+    with pytest.raises(ConfigError, match="unique_tokens"):
+        MixtureSampler([src], [1.0], [3.0], seq_len, seed=0, unique_tokens=[10**12])

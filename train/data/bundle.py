@@ -66,6 +66,7 @@ def build_data(
         seed,
         dp_rank=dp_rank,
         dp_size=dp_size,
+        unique_tokens=[s.unique_tokens for s in cfg.sources],
     )
     val_sets: list[ValSet] = []
     if cfg.val_sequences > 0:

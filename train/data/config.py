@@ -29,6 +29,9 @@ class SourceConfig:
     path: str = "default"
     weight: float = 1.0  # mixture weight (normalised over sources)
     max_epochs: float = 4.0  # cap on repeated passes over this source's train split
+    # > 0: train on only the first this-many tokens of the train split (whole windows), so a run of
+    # num_tokens repeats them num_tokens / unique_tokens times: the data-constrained axis of a sweep.
+    unique_tokens: int = 0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -75,6 +78,10 @@ class DataConfig:
                     f"{key}.path",
                     f"{src.path!r} does not exist",
                     "give a prepared shard dir, a text file/folder/JSONL, or 'default'",
+                )
+            if not isinstance(src.unique_tokens, int) or src.unique_tokens < 0:
+                raise ConfigError(
+                    f"{key}.unique_tokens", f"{src.unique_tokens!r} must be an integer >= 0", "0 = the whole split"
                 )
             if not (isinstance(src.weight, int | float) and math.isfinite(src.weight) and src.weight > 0):
                 raise ConfigError(f"{key}.weight", f"{src.weight!r} must be a finite number > 0", "e.g. 1.0")

@@ -91,6 +91,7 @@ class MixtureSampler:
         seed: int,
         dp_rank: int = 0,
         dp_size: int = 1,
+        unique_tokens: Sequence[int] | None = None,
     ) -> None:
         if not sources:
             raise ConfigError("data.sources", "is empty", "add at least one source")
@@ -122,6 +123,16 @@ class MixtureSampler:
         self._parts = _integer_weights(self.weights)
         self._parts_total = sum(self._parts)
         self.num_windows = [max(0, (s.num_tokens("train") - 1) // self.seq_len) for s in self.sources]
+        for i, cap in enumerate(unique_tokens or []):
+            if cap > 0:  # data-constrained: only the first `cap` tokens (whole windows) are ever seen
+                if cap // self.seq_len > self.num_windows[i]:
+                    raise ConfigError(
+                        f"data.sources[{i}].unique_tokens",
+                        f"{cap:,} exceeds the {self.num_windows[i] * self.seq_len:,} train tokens of "
+                        f"source {names[i]!r}",
+                        "lower it or add data",
+                    )
+                self.num_windows[i] = max(1, (cap - 1) // self.seq_len)
         for i, (s, w) in enumerate(zip(self.sources, self.num_windows)):
             if w == 0:
                 raise ConfigError(
