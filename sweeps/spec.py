@@ -301,7 +301,11 @@ def _set(tree: dict, dotted: str, value: Any) -> None:
 
 
 def _resolve(ctx: _Context, overrides: dict[str, Any], labels: dict[str, Any], where: str) -> RunSpec:
-    tree = copy.deepcopy(ctx.base)
+    from scalelab.train.config import merge_defaults
+
+    # Defaults filled in first, so a point may index into sections the base left out
+    # (data.sources.0.unique_tokens).
+    tree = merge_defaults(copy.deepcopy(ctx.base))
     model = tree.setdefault("model", {})
     model_keys = {k.split(".")[1] for k in overrides if k.startswith("model.")}
     if "target_params" in model_keys or model_keys >= set(SHAPE_KEYS):

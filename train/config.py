@@ -160,7 +160,8 @@ def padded_vocab_size(tokenizer_vocab: int, multiple: int = 64) -> int:
     return -(-tokenizer_vocab // multiple) * multiple
 
 
-def _merge_defaults(data: dict[str, Any]) -> dict[str, Any]:
+def merge_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """The given plain tree with every default section filled in (model and tags stay as given)."""
     defaults = {
         name: to_dict(f.default_factory())
         for name, f in RunConfig.__dataclass_fields__.items()
@@ -181,7 +182,7 @@ def build_run_config(data: dict[str, Any], overrides: list[str] | None = None) -
     # Overrides may index into defaults the YAML left out (data.sources.0.weight), so the
     # overrides apply to the defaults merged with the given tree; the model section stays raw
     # because a preset or target size is expanded after the overrides.
-    data = _merge_defaults(json.loads(json.dumps(data)))
+    data = merge_defaults(json.loads(json.dumps(data)))
     data = apply_overrides(data, overrides or [])
     unknown_top = set(data) - {f for f in RunConfig.__dataclass_fields__}
     if unknown_top:
