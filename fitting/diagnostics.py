@@ -10,7 +10,7 @@ Warnings (strings in FitResult.warnings):
 - the objective is flat along a direction: an exponent whose delta-method standard error is
   comparable to its value, or a near-singular information matrix (e.g. an IsoFLOP design
   whose minima do not pin down the exponent);
-- starts disagree: starts within 1% of the best objective end at exponents more than 0.05 apart.
+- starts disagree: starts within 0.1% of the best objective end at exponents more than 0.05 apart.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from scalelab.errors import UsageError
 from scalelab.fitting.laws import Law
 
 BOUND_RTOL = 1e-6  # a fit parameter within this (relative) of a bound counts as on it
-DISAGREE_REL_OBJECTIVE = 1e-2  # starts within 1% of the best objective are compared
+DISAGREE_REL_OBJECTIVE = 1e-3  # starts within 0.1% of the best objective are compared
 DISAGREE_EXPONENT = 0.05  # ... and warned about when their exponents differ by more than this
 FLAT_SE_RATIO = 0.5  # an exponent with SE > 0.5 * max(|value|, 0.05) is called unidentified
 FLAT_EIG_RATIO = 1e-12  # smallest / largest eigenvalue of the scaled information matrix
@@ -115,7 +115,7 @@ def stall_warning(status: int, n_iter: int, grad_norm: float, status_text: str) 
 
 
 def disagreement_warning(law: Law, thetas: np.ndarray, values: np.ndarray) -> list[str]:
-    """Warn when near-best starts (within 1% of the best objective) disagree on an exponent."""
+    """Warn when near-best starts (within 0.1% of the best objective) disagree on an exponent."""
     finite = np.isfinite(values)
     if not finite.any():
         return []
@@ -127,7 +127,7 @@ def disagreement_warning(law: Law, thetas: np.ndarray, values: np.ndarray) -> li
         v = thetas[near, j]
         if v.size > 1 and v.max() - v.min() > DISAGREE_EXPONENT:
             out.append(
-                f"starts disagree: {int(near.sum())} starts within 1% of the best objective end with "
+                f"starts disagree: {int(near.sum())} starts within 0.1% of the best objective end with "
                 f"{name} in [{v.min():.3f}, {v.max():.3f}]; the optimum is poorly determined"
             )
     return out

@@ -140,3 +140,13 @@ def test_isoflop_design_has_constant_compute():
     c = 6 * x["params"] * x["tokens"]
     np.testing.assert_allclose(c[:5], 1e19, rtol=1e-12)
     np.testing.assert_allclose(c[5:], 1e20, rtol=1e-12)
+
+
+def test_data_constrained_joint_recovery():
+    """All seven parameters at once (Chinchilla base + R_D*, R_N*), on runs repeating data 1-256x."""
+    truth = DEFAULT_PARAMS["data_constrained"]
+    law = get_law("data_constrained")
+    data = simulate(law, truth, noise_sigma=0.005, seed=5, n_sizes=6, n_tokens=6, epochs=(1, 4, 16, 64, 256))
+    fit = fit_law(law, data, starts=law.init_grid()[::8])
+    assert abs(fit.params["alpha"] - truth["alpha"]) < 0.02 and abs(fit.params["beta"] - truth["beta"]) < 0.02
+    assert _rel(fit, truth, "R_D_star") < 0.2 and _rel(fit, truth, "R_N_star") < 0.5, fit.params
