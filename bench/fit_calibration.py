@@ -12,6 +12,11 @@ The issue's target: 93-97% over >= 200 datasets.
 Cost savers, stated in the output: the full-data fit uses every 9th point of Hoffmann's grid
 (500 starts; --grid-stride) - the optimum is the same as with 4500 on these designs - and each
 replicate is warm-started plus --extra-starts of the fit's other distinct end points.
+
+Measured 2026-12-02 (`--datasets 200 --n-boot 400`, 1% noise, 228 s): bootstrap coverage alpha
+95.5%, beta 98.0%, a_opt 98.5% (binomial SE 1.5%); delta method 91.5%, 96.0%, 92.0%. With 2% noise
+(`--n-boot 200 --grid-stride 45 --noise 0.02`): bootstrap 94.5%, 98.0%, 98.0%. alpha is in the
+93-97% target; beta and a_opt intervals are conservative (over-cover).
 """
 
 from __future__ import annotations
