@@ -4,10 +4,13 @@ Runs the same model, data and seed for N steps under each layout on this machine
 and prints, per layout, the max |Δloss| over the steps and the max |Δparameter| at the end against
 the single-device run. Exit 0 when every layout is within --tolerance, 1 when one is not, 2 for a
 bad layout (checked before any process starts). Logic: scalelab.parallel.parity.
+Expert-parallel (MoE) layouts and the ones the dense harness does not take (ep2, fsdp4xep2,
+cp2-ring, ...) run in scalelab.parallel.moe_cp_parity and print a second table.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 
 DEFAULT_LAYOUTS = "single,dp2,fsdp2,tp2,tp2sp,pp2-1f1b,fsdp2xtp2,dp2xpp2xtp2"
@@ -46,11 +49,22 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from scalelab.errors import UsageError
-    from scalelab.parallel.parity import ParitySpec, debug_model, format_report, run_parity
+    from scalelab.parallel.moe_cp_parity import (
+        check_moe_cp_layouts,
+        format_moe_cp_rows,
+        is_moe_cp_layout,
+        run_moe_cp_parity,
+    )
+    from scalelab.parallel.parity import ParitySpec, debug_model, format_report, parse_layout, run_parity
 
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     if not layouts:
         raise UsageError("--layouts is empty; e.g. --layouts single,dp2,fsdp2")
+    # Expert-parallel (MoE) and ring / TP x CP layouts run in their own harness
+    # (scalelab.parallel.moe_cp_parity): ep2, fsdp4xep2, cp2-ring, tp2xcp2 ...
+    ep_cp = [x for x in layouts if is_moe_cp_layout(x) and not _parses(parse_layout, x)]
+    layouts = [x for x in layouts if x not in ep_cp]
+    check_moe_cp_layouts(ep_cp)  # bad names fail before any process starts
     optimizers = [x.strip() for x in args.optimizer.split(",") if x.strip()]
     for opt in optimizers:
         if opt not in ("adamw", "sgd"):
@@ -73,7 +87,24 @@ def run(args) -> int:
     ]
     if args.dtype == "bf16":
         layouts = [x if "+bf16" in x or x.startswith("single") else x + "+bf16" for x in layouts]
-    report = run_parity(layouts, specs)
-    print(report.to_json() if args.json else format_report(report))
+    ok = True
+    if layouts:
+        report = run_parity(layouts, specs)
+        print(report.to_json() if args.json else format_report(report))
+        ok = report.ok
+    if ep_cp:
+        rows = run_moe_cp_parity(ep_cp, seed=args.seed, tolerance=args.tolerance)
+        print(json.dumps({"ep_cp_layouts": rows}, indent=2) if args.json else format_moe_cp_rows(rows))
+        ok = ok and all(r["ok"] for r in rows)
     sys.stdout.flush()
-    return 0 if report.ok else 1
+    return 0 if ok else 1
+
+
+def _parses(parse_layout, name: str) -> bool:
+    from scalelab.errors import UsageError
+
+    try:
+        parse_layout(name)
+    except UsageError:
+        return False
+    return True

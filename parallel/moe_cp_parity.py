@@ -466,6 +466,12 @@ def is_moe_cp_layout(name: str) -> bool:
     return bool(_EP.match(name) or _CP.match(name))
 
 
+def check_moe_cp_layouts(names: list[str]) -> None:
+    """UsageError for a malformed EP/CP layout name (before any process starts)."""
+    for n in names:
+        parse_ep_layout(n) if _EP.match(n) else parse_cp_layout(n)
+
+
 def run_moe_cp_parity(names: list[str], *, seed: int = 0, tolerance: float = 1e-5, steps: int = 2) -> list[dict]:
     """EP layouts against the MoE debug model, CP layouts against the dense one (one group per world)."""
     ep = [n for n in names if _EP.match(n)]

@@ -44,3 +44,10 @@ def test_layout_names():
     for bad in ("ep1", "fsdp3xep2", "ep2-fast", "tp2"):
         with pytest.raises(UsageError):
             parse_ep_layout(bad)
+
+
+def test_parity_command_checks_ep_layout_names_first(capsys):
+    from scalelab.cli.main import main
+
+    assert main(["parity", "--layouts", "single,ep1"]) == 2  # before any process starts
+    assert "ep must be >= 2" in capsys.readouterr().err
