@@ -17,6 +17,7 @@ class ParallelConfig:
     tp: int = 1  # tensor parallel (+ sequence parallel when sequence_parallel)
     pp: int = 1  # pipeline stages
     cp: int = 1  # context parallel (sequence sharded)
+    cp_variant: str = "allgather"  # context-parallel attention: allgather (K/V all-gathered) | ring (send/recv)
     ep: int = 1  # expert parallel (MoE only)
     sequence_parallel: bool = True  # with tp > 1: shard norms/residual over the sequence
     loss_parallel: bool = True  # with tp > 1: cross-entropy on vocab-sharded logits

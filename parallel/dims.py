@@ -246,6 +246,8 @@ def validate_options(pcfg) -> None:
             f"{pcfg.activation_checkpoint!r} unknown",
             f"use one of {', '.join(AC_MODES)}",
         )
+    if getattr(pcfg, "cp_variant", "allgather") not in ("allgather", "ring"):
+        raise ConfigError("parallel.cp_variant", f"{pcfg.cp_variant!r} unknown", "use allgather or ring")
     if pcfg.backend not in BACKENDS:
         raise ConfigError("parallel.backend", f"{pcfg.backend!r} unknown", f"use one of {', '.join(BACKENDS)}")
     if pcfg.mixed_precision not in MIXED_PRECISION:

@@ -3,7 +3,7 @@
 The training loop's own multi-process path: ParallelDims -> parallelize (CP attention, EP experts
 with their FSDP) -> ParallelStep (sequence sharding, loss averaged over cp, EP gradient norm).
 Losses per step must match the single-device run of the same config within 1e-5 (fp32, 3 steps):
-  cp2 (dense, all-gather K/V: the default variant; the ring is checked by test_context_parallel) vs single;
+  cp2 with ring attention (dense; parallel.cp_variant=ring) vs single;
   MoE fsdp2 x ep2 vs single with micro-batches of one rank's share (each rank's aux loss is that of
   its own tokens, as for the single run's micro-batches).
 """
@@ -33,11 +33,11 @@ def _losses(run_dir) -> list[float]:
     return pl.read_parquet(run_dir / "metrics.parquet")["loss"].to_list()
 
 
-def test_run_cp2_matches_single(tmp_path):
+def test_run_cp2_ring_matches_single(tmp_path):
     torch.set_num_threads(1)
     single = build_run_config(BASE)
     train_run(single, tmp_path / "single")
-    cp = build_run_config(BASE, ["parallel.cp=2", "parallel.backend=gloo"])
+    cp = build_run_config(BASE, ["parallel.cp=2", "parallel.cp_variant=ring", "parallel.backend=gloo"])
     assert launch_local(cp, tmp_path / "cp") == 0
     ref, got = _losses(tmp_path / "single"), _losses(tmp_path / "cp")
     assert len(got) == 3 and max(abs(a - b) for a, b in zip(ref, got)) <= 1e-5, (ref, got)
@@ -54,3 +54,13 @@ def test_run_moe_fsdp2_ep2_matches_single(tmp_path):
     assert len(got) == 3 and max(abs(a - b) for a, b in zip(ref, got)) <= 1e-5, (ref, got)
     router = pl.read_parquet(tmp_path / "ep" / "router.parquet")
     assert router.height == 3 and (router["moe_imbalance"] >= 1).all()
+
+
+def test_bad_cp_variant_fails_before_launch():
+    import pytest
+
+    from scalelab.errors import ConfigError
+
+    cfg = build_run_config(BASE, ["parallel.cp=2", "parallel.cp_variant=spiral", "parallel.backend=gloo"])
+    with pytest.raises(ConfigError, match="parallel.cp_variant"):
+        launch_local(cfg, "/nonexistent-never-used")
