@@ -9,6 +9,8 @@ import time
 
 import numpy as np
 import pytest
+
+from scalelab.errors import UsageError
 from scalelab.train.data import prepare as prep
 from scalelab.train.data.corpus import default_corpus_files, iter_documents
 from scalelab.train.data.prepare import (
@@ -20,8 +22,6 @@ from scalelab.train.data.prepare import (
 )
 from scalelab.train.data.shards import PreparedSource
 from scalelab.train.data.tokenizer import ByteTokenizer
-
-from scalelab.errors import UsageError
 
 
 def _folder(root):
@@ -202,7 +202,9 @@ def test_ensure_prepared_concurrent_processes(tmp_path):
     _folder(tmp_path / "in")
     ctx = mp.get_context("spawn")
     with ctx.Pool(3) as pool:
-        got = pool.map(_ensure_in_subprocess, [(str(tmp_path / "in"), str(tmp_path / "cache"))] * 3)
+        # A timeout, not a hang, if a worker dies (Pool.map waits forever for a lost task).
+        job = pool.map_async(_ensure_in_subprocess, [(str(tmp_path / "in"), str(tmp_path / "cache"))] * 3)
+        got = job.get(timeout=120)
     assert len(set(got)) == 1
     entries = [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")]
     assert entries == [os.path.basename(got[0][0])] and entries[0].startswith("in-")
