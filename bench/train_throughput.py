@@ -13,6 +13,7 @@ import argparse
 import time
 
 import torch
+
 from scalelab.models.accounting import flops_per_token, num_params
 from scalelab.models.llama import build_model
 from scalelab.models.loss import lm_loss

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from scalelab.models.config import ModelConfig
 
 from scalelab.errors import ConfigError
+from scalelab.models.config import ModelConfig
 
 # (scalelab name inside layers.{i}., HF name inside model.layers.{i}.)
 _LAYER_KEYS = (

@@ -33,6 +33,7 @@ import math
 
 import torch
 import torch.nn as nn
+
 from scalelab.kernels import get_ops
 from scalelab.kernels.reference import rope_cos_sin
 from scalelab.models.config import ModelConfig

@@ -11,6 +11,7 @@ states and `output.weight` (on CUDA the Triton kernel never materialises them al
 from __future__ import annotations
 
 import torch
+
 from scalelab.models.llama import Transformer
 
 

@@ -18,9 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from scalelab.models.config import ModelConfig
-
 from scalelab.errors import ConfigError
+from scalelab.models.config import ModelConfig
 
 _CPU = dict(vocab_size=320, rope_theta=10000.0)
 _GPT3 = dict(vocab_size=50304, max_seq_len=2048, tied_embeddings=True, rope_theta=10000.0)

@@ -32,10 +32,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from scalelab.errors import ConfigError
 from scalelab.models.accounting import num_params, num_params_nonembedding
 from scalelab.models.config import ModelConfig
-
-from scalelab.errors import ConfigError
 
 SHAPE_TOLERANCE = 0.15  # |N / target - 1| guaranteed by tests for 1e5..7e10 (see tests/test_models.py)
 _GOOD_ENOUGH = 0.05  # counts within 5% are equally good; then the aspect rule decides

@@ -6,14 +6,14 @@ import math
 import numpy as np
 import pytest
 import torch
+
+from scalelab.errors import ConfigError, UsageError
 from scalelab.train.data.bundle import build_data
 from scalelab.train.data.config import DataConfig, SourceConfig
 from scalelab.train.data.prepare import prepare
 from scalelab.train.data.sampler import MixtureSampler, validation_batches
 from scalelab.train.data.shards import PreparedSource
 from scalelab.train.data.tokenizer import ByteTokenizer
-
-from scalelab.errors import ConfigError, UsageError
 
 SEQ = 16
 

@@ -4,6 +4,8 @@ import json
 
 import numpy as np
 import pytest
+
+from scalelab.errors import ConfigError
 from scalelab.train.data.tokenizer import (
     EOT_TEXT,
     BPETokenizer,
@@ -11,8 +13,6 @@ from scalelab.train.data.tokenizer import (
     load_tokenizer,
     train_bpe,
 )
-
-from scalelab.errors import ConfigError
 
 TEXTS = [
     "def f(x):\n    return x + 1\n",

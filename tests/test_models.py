@@ -12,6 +12,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from scalelab.errors import ConfigError
 from scalelab.kernels.reference import rope_cos_sin
 from scalelab.models.accounting import (
     flops_per_token,
@@ -24,10 +28,6 @@ from scalelab.models.llama import Transformer, build_model
 from scalelab.models.loss import lm_loss
 from scalelab.models.presets import get_preset, list_presets
 from scalelab.models.shapes import SHAPE_TOLERANCE, preferred_width, shape_for_params
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
-
-from scalelab.errors import ConfigError
 
 
 @pytest.fixture(autouse=True, scope="module")

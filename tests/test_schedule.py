@@ -3,6 +3,7 @@
 import math
 
 import pytest
+
 from scalelab.train.schedule import lr_at
 
 KW = dict(peak_lr=1.0, total_tokens=1000, warmup_tokens=100, min_lr_ratio=0.1)

@@ -3,10 +3,10 @@
 import json
 
 import pytest
-from scalelab.train.config import build_run_config, load_run_config, to_dict
-from scalelab.train.config_tree import apply_overrides
 
 from scalelab.errors import ConfigError
+from scalelab.train.config import build_run_config, load_run_config, to_dict
+from scalelab.train.config_tree import apply_overrides
 
 BASE = {
     "model": {"preset": "debug"},

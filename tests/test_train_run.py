@@ -15,6 +15,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+
 from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.loop import train_run
 from scalelab.train.records import read_status
@@ -115,6 +116,7 @@ def test_cli_rejects_bad_config_with_one_line(tmp_path):
 def test_debug_preset_learns_below_unigram_entropy(tmp_path):
     """Validation loss falls well below the corpus's unigram entropy (the best context-free model)."""
     import numpy as np
+
     from scalelab.train.data.bundle import build_data
 
     cfg = build_run_config(

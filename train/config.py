@@ -23,12 +23,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalelab.errors import ConfigError
 from scalelab.models.config import ModelConfig
 from scalelab.parallel.config import ParallelConfig
 from scalelab.train.config_tree import apply_overrides, from_dict, load_yaml, to_dict
 from scalelab.train.data.config import DataConfig
-
-from scalelab.errors import ConfigError
 
 SCHEDULES = ("cosine", "wsd", "constant")
 

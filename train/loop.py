@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from scalelab.models.accounting import flops_per_token, num_params, num_params_nonembedding
 from scalelab.models.llama import build_model
 from scalelab.models.loss import lm_loss

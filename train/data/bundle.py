@@ -14,13 +14,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from scalelab.errors import ConfigError, UsageError
 from scalelab.train.data.config import DataConfig
 from scalelab.train.data.prepare import ensure_prepared
 from scalelab.train.data.sampler import MixtureSampler, ValSet, validation_batches
 from scalelab.train.data.shards import PreparedSource
 from scalelab.train.data.tokenizer import Tokenizer, load_tokenizer
-
-from scalelab.errors import ConfigError, UsageError
 
 
 @dataclass(slots=True)

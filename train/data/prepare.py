@@ -42,11 +42,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from scalelab.errors import UsageError
 from scalelab.train.data.corpus import Document, inputs_fingerprint, iter_documents, resolve_inputs
 from scalelab.train.data.shards import FORMAT, PreparedSource, is_prepared_dir
 from scalelab.train.data.tokenizer import Tokenizer, load_tokenizer
-
-from scalelab.errors import UsageError
 
 _VAL_RULE = "val-rule-2"  # bump when the val split rule changes, so caches are rebuilt
 _CHUNK_BYTES = 4 << 20  # tokenize this much text per encode_documents call (bounds peak memory)

@@ -39,9 +39,9 @@ from fractions import Fraction
 
 import numpy as np
 import torch
-from scalelab.train.data.shards import PreparedSource
 
 from scalelab.errors import ConfigError, UsageError
+from scalelab.train.data.shards import PreparedSource
 
 
 def _name_seed(name: str) -> int:

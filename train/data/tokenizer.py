@@ -178,9 +178,10 @@ def train_bpe(
     the JSON syntax). vocab_size counts the 256 byte symbols and <|endoftext|>; it must exceed 257.
     The file is written atomically (temp file + rename).
     """
-    from scalelab.train.data.corpus import iter_documents
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from scalelab.train.data.corpus import iter_documents
 
     if vocab_size < 258:
         raise ConfigError(
