@@ -25,9 +25,8 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from scalelab.parallel.dims import stages_per_rank
+from scalelab.parallel.planner_memory import _COLWISE, _ROWWISE, param_shapes
 
-_COLWISE = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3")
-_ROWWISE = ("attention.wo", "feed_forward.w2")
 _FP32_BYTES = 4
 
 
@@ -47,28 +46,11 @@ class MemoryReport:
 
 
 def full_param_shapes(model_cfg) -> dict[str, tuple[int, ...]]:
-    """Every parameter of the single-device model with its full shape (single-device names)."""
-    d, v, f, hd = model_cfg.d_model, model_cfg.vocab_size, model_cfg.d_ff, model_cfg.head_dim
-    shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (v, d)}
-    for i in range(model_cfg.num_layers):
-        p = f"layers.{i}."
-        shapes |= {
-            p + "attention_norm.weight": (d,),
-            p + "attention.wq.weight": (model_cfg.num_heads * hd, d),
-            p + "attention.wk.weight": (model_cfg.num_kv_heads * hd, d),
-            p + "attention.wv.weight": (model_cfg.num_kv_heads * hd, d),
-            p + "attention.wo.weight": (d, model_cfg.num_heads * hd),
-            p + "ffn_norm.weight": (d,),
-            p + "feed_forward.w1.weight": (f, d),
-            p + "feed_forward.w2.weight": (d, f),
-            p + "feed_forward.w3.weight": (f, d),
-        }
-        if model_cfg.qk_norm:
-            shapes |= {p + "attention.q_norm.weight": (hd,), p + "attention.k_norm.weight": (hd,)}
-    shapes["norm.weight"] = (d,)
-    if not model_cfg.tied_embeddings:
-        shapes["output.weight"] = (v, d)
-    return shapes
+    """Every parameter of the single-device model with its full shape (single-device names).
+
+    One table serves both this per-rank check and the planner (scalelab.parallel.planner_memory).
+    """
+    return param_shapes(model_cfg)
 
 
 def _chunk_len(n: int, parts: int, index: int) -> int:
