@@ -13,8 +13,12 @@ if ! python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then
     $PIP install "torch>=2.6"
   else
-    $PIP install "torch==2.13.0" --no-index 2>/dev/null \
-      || $PIP install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+    if $PIP install --no-index --no-deps "torch==2.13.0" >/dev/null 2>&1; then
+      $PIP install "torch==2.13.0"  # the local CPU wheel is in place; this adds its dependencies
+    else
+      $PIP install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu \
+        --extra-index-url https://pypi.org/simple
+    fi
   fi
 fi
 extras=""
