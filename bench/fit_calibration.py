@@ -21,9 +21,9 @@ bootstrap 94.5%, 98.0%, 98.0%.
 
 Why beta and a_opt over-cover (investigated 2026-12-02; no code defect found):
 - Replicates are at their own optimum (60 datasets, 200 replicates each): re-running every
-  replicate from its end point with
-  ftol = 0, gtol = 1e-12 (4 restarts) lowers no objective by more than 3e-8 and leaves every
-  bootstrap sd unchanged to 3 digits; no replicate sits at a bound (200 datasets); all converged.
+  replicate from its end point with ftol = 0, gtol = 1e-12 (4 restarts) lowers no objective by
+  more than 3e-8 and leaves every bootstrap sd unchanged to 3 digits; no replicate sits at a
+  bound (200 datasets); all converged.
 - The 200-dataset Monte-Carlo sd is itself noisy (SE ~5%): over 1000 datasets (seeds 1000-1999)
   sd(alpha) = 0.0128, sd(beta) = 0.0229, sd(a_opt) = 0.0183. Against these the bootstrap sd is
   ~7% wide for ALL three (1.07, 1.07, 1.07), while the delta-method se / MC sd is 0.99 for all three.
