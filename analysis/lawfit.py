@@ -13,29 +13,15 @@ bootstrap refit starts from the point optimum and from a least-squares refit of 
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from scipy import optimize
 
 from scalelab.errors import UsageError
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """Torch on one intra-op thread: the fit's tensors are (starts x runs), far too small to share,
-    and on a loaded machine extra threads only spin (measured 30x slower with 2 threads under load)."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(prev)
-
+from scalelab.fitting.pipeline import one_torch_thread
 
 _COARSE = {  # per fit-space name: a few starting values for the pre-fit
     "e": [0.0, 1.0],
@@ -138,13 +124,13 @@ def _bootstrap_params(point, *, n_boot: int = 200, seed: int = 0, weights: np.nd
 
 def fit_point(law, data: Mapping[str, np.ndarray], **kwargs):
     """See _fit_point; runs with one torch thread."""
-    with _one_thread():
+    with one_torch_thread():
         return _fit_point(law, data, **kwargs)
 
 
 def bootstrap_params(point, **kwargs) -> np.ndarray:
     """See _bootstrap_params; runs with one torch thread."""
-    with _one_thread():
+    with one_torch_thread():
         return _bootstrap_params(point, **kwargs)
 
 
