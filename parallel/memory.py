@@ -19,30 +19,17 @@ the transient gathered parameters of forward/backward are not state and are not 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
 import torch
 from torch.distributed.tensor import DTensor
 
 from scalelab.parallel.dims import stages_per_rank
-from scalelab.parallel.planner_memory import _COLWISE, _ROWWISE, param_shapes
+from scalelab.parallel.planner_memory import _COLWISE, _ROWWISE, StateBytes, param_shapes
 
 _FP32_BYTES = 4
 
 
-@dataclass(kw_only=True, slots=True)
-class MemoryReport:
-    param_bytes: int
-    grad_bytes: int
-    optim_bytes: int
-    num_param_tensors: int
-
-    @property
-    def total_bytes(self) -> int:
-        return self.param_bytes + self.grad_bytes + self.optim_bytes
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+# One record type for expected and measured state bytes, shared with the planner.
+MemoryReport = StateBytes
 
 
 def full_param_shapes(model_cfg) -> dict[str, tuple[int, ...]]:
