@@ -22,8 +22,14 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
-from scalelab.parallel.dims import stages_per_rank
-from scalelab.parallel.planner_memory import _COLWISE, _ROWWISE, StateBytes, param_shapes
+from scalelab.parallel.planner_memory import (
+    _COLWISE,
+    _ROWWISE,
+    Layout,
+    StateBytes,
+    param_shapes,
+    params_of_pp_rank,
+)
 
 _FP32_BYTES = 4
 
@@ -64,27 +70,8 @@ def local_shape(name: str, shape: tuple[int, ...], dims, coords: dict[str, int])
 
 def params_on_pp_rank(model_cfg, dims, pcfg, pp_rank: int, seq_len: int) -> list[str]:
     """Names of the parameters held by pipeline rank `pp_rank` (all of them without pp)."""
-    names = list(full_param_shapes(model_cfg))
-    if dims.pp == 1:
-        return names
-    from scalelab.parallel.pipeline import layer_costs, split_layers, stage_ids_for_rank
-
-    num_stages = dims.pp * stages_per_rank(pcfg.pp_schedule)
-    costs, first, last = layer_costs(model_cfg, seq_len)
-    layers_of_stage = split_layers(costs, num_stages, first, last)
-    mine = stage_ids_for_rank(pp_rank, dims.pp, pcfg.pp_schedule)
-    keep_layers = {str(i) for s in mine for i in layers_of_stage[s]}
-    out = []
-    for n in names:
-        if n.startswith("layers."):
-            if n.split(".")[1] in keep_layers:
-                out.append(n)
-        elif n.startswith("tok_embeddings."):
-            if 0 in mine:
-                out.append(n)
-        elif num_stages - 1 in mine:
-            out.append(n)
-    return out
+    layout = Layout(pp=dims.pp, pp_schedule=pcfg.pp_schedule)
+    return params_of_pp_rank(model_cfg, layout, pp_rank, seq_len)
 
 
 def expected_memory(model_cfg, dims, pcfg, coords: dict[str, int], *, optimizer: str, seq_len: int) -> MemoryReport:

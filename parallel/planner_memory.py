@@ -173,17 +173,22 @@ def local_numel(name: str, shape: tuple[int, ...], lay: Layout) -> int:
     return math.prod(shape)
 
 
-def _layers_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> tuple[int, bool, bool]:
-    """(blocks held, holds the embedding, holds the final norm/output) of pipeline rank `pp_rank`."""
-    if lay.pp == 1:
-        return cfg.num_layers, True, True
+def _stages_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> tuple[list[list[int]], list[int], int]:
+    """(layers of every stage, the stage ids pipeline rank `pp_rank` runs, number of stages)."""
     from scalelab.parallel.dims import stages_per_rank
     from scalelab.parallel.pipeline import layer_costs, stage_ids_for_rank
 
     num_stages = lay.pp * stages_per_rank(lay.pp_schedule)
     costs, first, last = layer_costs(cfg, seq_len)
     stages = _split(tuple(costs), num_stages, first, last)
-    mine = stage_ids_for_rank(pp_rank, lay.pp, lay.pp_schedule)
+    return stages, stage_ids_for_rank(pp_rank, lay.pp, lay.pp_schedule), num_stages
+
+
+def _layers_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> tuple[int, bool, bool]:
+    """(blocks held, holds the embedding, holds the final norm/output) of pipeline rank `pp_rank`."""
+    if lay.pp == 1:
+        return cfg.num_layers, True, True
+    stages, mine, num_stages = _stages_of_pp_rank(cfg, lay, pp_rank, seq_len)
     return sum(len(stages[s]) for s in mine), 0 in mine, num_stages - 1 in mine
 
 
@@ -192,13 +197,7 @@ def params_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> list[str]
     names = list(param_shapes(cfg))
     if lay.pp == 1:
         return names
-    from scalelab.parallel.dims import stages_per_rank
-    from scalelab.parallel.pipeline import layer_costs, stage_ids_for_rank
-
-    num_stages = lay.pp * stages_per_rank(lay.pp_schedule)
-    costs, first, last = layer_costs(cfg, seq_len)
-    stages = _split(tuple(costs), num_stages, first, last)
-    mine = stage_ids_for_rank(pp_rank, lay.pp, lay.pp_schedule)
+    stages, mine, num_stages = _stages_of_pp_rank(cfg, lay, pp_rank, seq_len)
     keep = {str(i) for s in mine for i in stages[s]}
     out = []
     for n in names:
