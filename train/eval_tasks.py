@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from scalelab.errors import ConfigError, UsageError
+from scalelab.train.data.corpus import iter_jsonl
 
 BUNDLED_TASKS = ("stdlib_nextline", "stdlib_completion")
 MC_METRICS = ("acc", "acc_norm", "bpb")
@@ -84,17 +85,10 @@ def load_jsonl_task(path: str | os.PathLike, name: str | None = None, limit: int
     if not path.is_file():
         raise ConfigError("--tasks", f"{str(path)!r} is not a file", "give a JSONL path, bundled:NAME or olmes:TASK")
     examples = []
-    with open(path, encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{line_no}", f"not JSON ({e.msg})") from None
-            examples.append(_example_from_dict(d, f"{path}:{line_no}"))
-            if limit is not None and len(examples) >= limit:
-                break
+    for line_no, d in iter_jsonl(path):
+        examples.append(_example_from_dict(d, f"{path}:{line_no}"))
+        if limit is not None and len(examples) >= limit:
+            break
     if not examples:
         raise ConfigError(str(path), "holds no examples")
     return MCTask(name=name or path.stem, examples=examples)

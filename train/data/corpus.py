@@ -75,7 +75,8 @@ def _walk(folder: Path, patterns: Sequence[str]) -> list[Path]:
     return out
 
 
-def _jsonl_documents(path: Path, text_field: str) -> Iterator[Document]:
+def iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
+    """(line number, parsed record) for every non-blank line; bad JSON is a one-line UsageError."""
     with open(path, "rb") as fh:
         for line_no, line in enumerate(fh, start=1):
             if not line.strip():
@@ -84,14 +85,18 @@ def _jsonl_documents(path: Path, text_field: str) -> Iterator[Document]:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise UsageError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-            text = record.get(text_field) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise UsageError(
-                    f"{path}:{line_no}: no string field {text_field!r}; pass the right field name "
-                    "(--text-field)"
-                )
-            if text:
-                yield Document(f"{path.name}:{line_no}", text.encode("utf-8", errors="replace"))
+            yield line_no, record
+
+
+def _jsonl_documents(path: Path, text_field: str) -> Iterator[Document]:
+    for line_no, record in iter_jsonl(path):
+        text = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            raise UsageError(
+                f"{path}:{line_no}: no string field {text_field!r}; pass the right field name (--text-field)"
+            )
+        if text:
+            yield Document(f"{path.name}:{line_no}", text.encode("utf-8", errors="replace"))
 
 
 def _file_documents(path: Path, key: str, text_field: str) -> Iterator[Document]:
