@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import sys
 import time
 import traceback
@@ -36,7 +35,7 @@ from scalelab.train.config import RunConfig, config_hash, to_dict
 from scalelab.train.data.bundle import build_data
 from scalelab.train.evaluate import _autocast, evaluate_sources
 from scalelab.train.optim import build_optimizer, set_lr
-from scalelab.train.records import RecordWriter, atomic_write_json, read_status, write_status
+from scalelab.train.records import RecordWriter, atomic_write_json, read_status, rows_through, write_status
 from scalelab.train.runtime import Runtime, make_runtime
 from scalelab.train.schedule import schedule_for
 
@@ -242,7 +241,7 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
         last = step == cfg.num_steps
         if last or (cfg.eval.interval_steps and step % cfg.eval.interval_steps == 0):
             rows = evaluate_sources(
-                model, data.val_sets, runtime.extra.get("loss_fn") or _loss_fn(cfg), runtime
+                model, data.val_sets, runtime.extra.get("loss_fn") or _val_loss, runtime
             )
             if tasks:  # every rank runs it: under FSDP/TP the forward is collective
                 rows += evaluate_tasks(model, data.tokenizer, tasks, max_seq_len=cfg.model.max_seq_len)
@@ -296,9 +295,9 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
     return dict(summary, status="done")
 
 
-def _loss_fn(cfg):
+def _val_loss(model, inputs, targets):
     """Validation loss: plain cross-entropy (no z-loss), whatever the training objective."""
-    return lambda model, inputs, targets: lm_loss(model, inputs, targets, z_loss=0.0)
+    return lm_loss(model, inputs, targets, z_loss=0.0)
 
 
 def _clip(model, max_norm: float) -> float:
@@ -327,9 +326,7 @@ def _emit(callbacks, kind: str, record: dict) -> None:
 
 def _prefix_rows(src_ckpt: Path, max_step: int) -> list[dict]:
     """A branch started from another run's checkpoint inherits that run's metrics up to the step."""
-    from scalelab.train.records import _load_rows
-
-    return _load_rows(src_ckpt.parent.parent / "metrics.parquet", max_step, inclusive=True)
+    return rows_through(src_ckpt.parent.parent / "metrics.parquet", max_step)
 
 
 def _summary(cfg, run_dir: Path, writer: RecordWriter, static: dict, best_loss: float) -> dict[str, Any]:
@@ -392,8 +389,3 @@ def _open_wandb(cfg, run_dir: Path, runtime: Runtime):
         settings=wandb.Settings(silent=True, console="off"),
     )
     return _Wandb(run)
-
-
-def clean_run_dir(run_dir: str | Path) -> None:
-    """Remove a run's records and checkpoints (used by --restart)."""
-    shutil.rmtree(run_dir, ignore_errors=True)

@@ -113,9 +113,9 @@ class RecordWriter:
         self.evals: list[dict] = []
         self.router: list[dict] = []
         if resume_step is not None:
-            self.metrics = _load_rows(self.run_dir / "metrics.parquet", resume_step, inclusive=True)
-            self.evals = _load_rows(self.run_dir / "evals.parquet", resume_step, inclusive=True)
-            self.router = _load_rows(self.run_dir / "router.parquet", resume_step, inclusive=True)
+            self.metrics = rows_through(self.run_dir / "metrics.parquet", resume_step)
+            self.evals = rows_through(self.run_dir / "evals.parquet", resume_step)
+            self.router = rows_through(self.run_dir / "router.parquet", resume_step)
 
     def log_metrics(self, row: dict) -> None:
         self.metrics.append({k: row.get(k) for k in METRICS_SCHEMA})
@@ -134,9 +134,8 @@ class RecordWriter:
             atomic_write_parquet(self.run_dir / "router.parquet", pl.DataFrame(self.router, schema=ROUTER_SCHEMA))
 
 
-def _load_rows(path: Path, max_step: int, inclusive: bool) -> list[dict]:
+def rows_through(path: Path, max_step: int) -> list[dict]:
+    """The rows of a records file with step <= max_step (none if the file does not exist)."""
     if not path.exists():
         return []
-    df = pl.read_parquet(path)
-    df = df.filter(pl.col("step") <= max_step) if inclusive else df.filter(pl.col("step") < max_step)
-    return df.to_dicts()
+    return pl.read_parquet(path).filter(pl.col("step") <= max_step).to_dicts()
