@@ -113,19 +113,16 @@ def load_checkpoint(
 ) -> dict[str, Any]:
     """Load a checkpoint into (possibly differently parallelized) model/optimizer; returns train_state."""
     path = Path(path)
-    model_sd, optim_sd = (
-        get_state_dict(model, optimizer) if optimizer is not None else (get_state_dict(model, [])[0], None)
-    )
-    state = {"model": model_sd}
-    if optimizer is not None:
-        state["optim"] = optim_sd
+    optimizers = [optimizer] if optimizer is not None else []  # no optimizer: weights only (evaluation)
+    model_sd, optim_sd = get_state_dict(model, optimizers)
+    state = {"model": model_sd, "optim": optim_sd} if optimizers else {"model": model_sd}
     with _single_process_ok():
         dcp.load(state, checkpoint_id=str(path))
     set_state_dict(
         model,
-        optimizer if optimizer is not None else [],
+        optimizers,
         model_state_dict=state["model"],
-        optim_state_dict=state.get("optim") or {},
+        optim_state_dict=state.get("optim", {}),
         options=StateDictOptions(strict=True),
     )
     rng_file = path / f"rng_rank{_rank()}.pt"
