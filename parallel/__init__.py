@@ -14,6 +14,6 @@ Dense models (one file per piece):
     backend.py        process-group setup and the gloo notes
     memory.py         per-rank bytes of params, grads and optimizer state (exact)
     parity.py         layout parity against one device (`scalelab parity` and the tests)
-MoE and long context: expert_parallel.py, context_parallel.py, moe_cp_parity.py; the layout
-planner: planner*.py.
+MoE and long context: expert_parallel.py, context_parallel.py, ep_cp_hooks.py (how parallelize applies
+them), ep_parity.py / cp_parity.py / moe_cp_parity.py (their parity); the layout planner: planner*.py.
 """

@@ -42,6 +42,18 @@ import torch.nn.functional as F
 VARIANTS = ("allgather", "ring")
 
 
+def check_cp_supported(dims) -> None:
+    """ConfigError for the layouts with cp > 1 that parallelize does not build."""
+    from scalelab.errors import ConfigError
+
+    if dims.cp > 1:
+        for axis, why in (("pp", "pipeline stages"), ("dp_replicate", "HSDP replicas")):
+            if getattr(dims, axis) > 1:
+                raise ConfigError(
+                    "parallel.cp", f"context parallel with {why} ({axis}>1) is not built", f"set parallel.{axis}=1"
+                )
+
+
 # --- sequence sharding -------------------------------------------------------------------------
 def chunk_ids(cp_rank: int, cp: int) -> tuple[int, int]:
     """The two (head, tail) chunks of 2·cp that rank `cp_rank` holds."""

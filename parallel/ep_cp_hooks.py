@@ -23,32 +23,13 @@ from scalelab.errors import ConfigError
 
 
 def check_supported(dims, model_cfg=None) -> None:
-    """ConfigError for ep/cp combinations that parallelize does not build."""
-    if dims.cp > 1:
-        for axis, why in (("pp", "pipeline stages"), ("dp_replicate", "HSDP replicas")):
-            if getattr(dims, axis) > 1:
-                raise ConfigError(
-                    "parallel.cp", f"context parallel with {why} ({axis}>1) is not built", f"set parallel.{axis}=1"
-                )
-    if dims.ep > 1:
-        family = getattr(model_cfg, "family", None)
-        if model_cfg is not None and family != "moe":
-            raise ConfigError(
-                "parallel.ep",
-                "expert parallel needs an MoE model; the dense family has no experts",
-                "set parallel.ep=1 or model.family=moe",
-            )
-        if model_cfg is not None and model_cfg.num_experts % dims.ep:
-            raise ConfigError(
-                "parallel.ep",
-                f"{dims.ep} does not divide model.num_experts={model_cfg.num_experts}",
-                "pick ep dividing num_experts",
-            )
-        for axis in ("tp", "pp"):
-            if getattr(dims, axis) > 1:
-                raise ConfigError(
-                    "parallel.ep", f"expert parallel with {axis}>1 is not built", f"set parallel.{axis}=1"
-                )
+    """ConfigError for ep/cp combinations that parallelize does not build (each family's rules live
+    with its implementation)."""
+    from scalelab.parallel.context_parallel import check_cp_supported
+    from scalelab.parallel.expert_parallel import check_ep_supported
+
+    check_cp_supported(dims)
+    check_ep_supported(dims, model_cfg)
 
 
 def fsdp_mesh(dims, mesh):

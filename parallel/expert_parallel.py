@@ -33,6 +33,29 @@ import torch.nn as nn
 from scalelab.models.moe import MoE, grouped_swiglu
 
 
+def check_ep_supported(dims, model_cfg=None) -> None:
+    """ConfigError for the layouts with ep > 1 that parallelize does not build."""
+    from scalelab.errors import ConfigError
+
+    if dims.ep == 1:
+        return
+    if model_cfg is not None and getattr(model_cfg, "family", None) != "moe":
+        raise ConfigError(
+            "parallel.ep",
+            "expert parallel needs an MoE model; the dense family has no experts",
+            "set parallel.ep=1 or model.family=moe",
+        )
+    if model_cfg is not None and model_cfg.num_experts % dims.ep:
+        raise ConfigError(
+            "parallel.ep",
+            f"{dims.ep} does not divide model.num_experts={model_cfg.num_experts}",
+            "pick ep dividing num_experts",
+        )
+    for axis in ("tp", "pp"):
+        if getattr(dims, axis) > 1:
+            raise ConfigError("parallel.ep", f"expert parallel with {axis}>1 is not built", f"set parallel.{axis}=1")
+
+
 class _AllToAll(torch.autograd.Function):
     """all_to_all_single with uneven splits; backward is the reverse exchange."""
 

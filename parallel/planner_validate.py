@@ -120,7 +120,7 @@ def _row(model_name, cfg, lay: Layout, seq_len: int, measured: int) -> dict:
 def local_rows(quick: bool = False) -> list[dict]:
     """Single-process combinations (quick: a subset for the tests)."""
     from scalelab.models.presets import get_preset
-    from scalelab.parallel.moe_cp_parity import moe_debug_model
+    from scalelab.parallel.ep_parity import moe_debug_model
 
     rows = []
     sizes = ("debug", "tiny-1m") if quick else ("debug", "tiny-1m", "tiny-3m")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from scalelab.parallel.context_parallel import local_positions, shard_sequence
-from scalelab.parallel.moe_cp_parity import CPSpec, cp_parity
+from scalelab.parallel.cp_parity import CPSpec, cp_parity
 
 
 def test_head_tail_sharding_covers_the_sequence_once():

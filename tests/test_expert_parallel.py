@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from scalelab.errors import UsageError
-from scalelab.parallel.moe_cp_parity import EPSpec, ep_parity, parse_ep_layout
+from scalelab.parallel.ep_parity import EPSpec, ep_parity, parse_ep_layout
 
 
 def _check(rows):

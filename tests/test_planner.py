@@ -19,8 +19,8 @@ from scalelab.models.llama import build_model
 from scalelab.models.presets import get_preset
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.dims import ParallelDims
+from scalelab.parallel.ep_parity import moe_debug_model
 from scalelab.parallel.memory import expected_memory, measured_memory
-from scalelab.parallel.moe_cp_parity import moe_debug_model
 from scalelab.parallel.planner import (
     CostConstants,
     Hardware,

@@ -1,0 +1,168 @@
+"""Context-parallel parity: a dense model's loss and gradients with the sequence sharded over cp.
+
+    rows = cp_parity(["cp2", "cp2-ring", "cp4", "cp4-ring"], CPSpec())
+
+One forward+backward with the sequence sharded over cp ranks (all-gather-KV or ring attention,
+head-tail load balancing) against one device, with FSDP over the cp ranks' gradients (the mean
+losses' gradients averaged over dp_shard × cp).
+
+Layout names: cpN (all-gather KV), cpN-ring (ring attention), fsdpMxcpN, tpKxcpN.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from scalelab.errors import UsageError
+from scalelab.models.config import ModelConfig
+from scalelab.parallel.moe_cp_parity import batches, cross_entropy, max_diff
+
+
+def cp_debug_model() -> ModelConfig:
+    return ModelConfig(
+        vocab_size=128, num_layers=2, d_model=32, num_heads=4, num_kv_heads=2, d_ff=64, max_seq_len=64, kernels="torch"
+    )
+
+
+@dataclass(kw_only=True, slots=True)
+class CPSpec:
+    model: ModelConfig = field(default_factory=cp_debug_model)
+    seq_len: int = 32  # multiple of 2*cp
+    batch_sequences: int = 4
+    seed: int = 0
+    tolerance: float = 1e-5
+
+
+_CP = re.compile(r"^(?:fsdp(\d+)x)?(?:tp(\d+)x)?cp(\d+)(-ring)?$")
+
+
+def is_cp_layout(name: str) -> bool:
+    return bool(_CP.match(name))
+
+
+def parse_cp_layout(name: str) -> tuple[int, int, str, int]:
+    """(dp_shard, cp, variant, tp) of a CP layout name; UsageError when malformed."""
+    m = _CP.match(name)
+    if not m or int(m.group(3)) < 2:
+        raise UsageError(f"CP layout {name!r}: use cpN, cpN-ring, fsdpMxcpN, tpKxcpN (N >= 2)")
+    dp, tp = int(m.group(1) or 1), int(m.group(2) or 1)
+    if dp > 1 and tp > 1:
+        raise UsageError(f"CP layout {name!r}: combine cp with fsdp or with tp, not both")
+    return dp, int(m.group(3)), "ring" if m.group(4) else "allgather", tp
+
+
+def cp_reference(spec: CPSpec) -> dict:
+    """Logits, loss and every parameter gradient of one forward+backward on one device."""
+    from scalelab.models.llama import build_model
+
+    model = build_model(spec.model, seed=spec.seed)
+    batch = batches(spec.model.vocab_size, 1, spec.batch_sequences, spec.seq_len, spec.seed)[0]
+    logits = model(batch[:, :-1])
+    loss = cross_entropy(logits, batch[:, 1:])
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    return {"logits": logits.detach(), "loss": float(loss.detach()), "grads": grads}
+
+
+def _cp_run(name: str, spec: CPSpec, out_dir: Path) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from scalelab.models.llama import build_model
+    from scalelab.parallel.context_parallel import apply_cp, local_positions, shard_sequence_batch
+    from scalelab.parallel.data_parallel import apply_fsdp
+
+    dp, cp, variant, tp = parse_cp_layout(name)
+    rank = dist.get_rank()
+    if tp > 1:  # TP inside each cp rank (no sequence parallel), FSDP over cp
+        mesh = init_device_mesh("cpu", (cp, tp), mesh_dim_names=("cp", "tp"))
+        fsdp_mesh, dp_rank = mesh["cp"], 0
+    elif dp > 1:
+        mesh = init_device_mesh("cpu", (dp, cp), mesh_dim_names=("dp_shard", "cp"))
+        fsdp_mesh = mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
+        dp_rank = mesh["dp_shard"].get_local_rank()
+    else:
+        mesh = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))
+        fsdp_mesh, dp_rank = mesh["cp"], 0
+    cp_rank = mesh["cp"].get_local_rank()
+    model = build_model(spec.model, seed=spec.seed)
+    if tp > 1:
+        from scalelab.parallel.tp import apply_tp
+
+        apply_tp(model, mesh["tp"], sequence_parallel=False, loss_parallel=False)
+    apply_cp(model, mesh["cp"], variant)
+    apply_fsdp(model, fsdp_mesh, reshard_after_forward=True, mixed_precision="fp32", device_type="cpu")
+    batch = batches(spec.model.vocab_size, 1, spec.batch_sequences, spec.seq_len, spec.seed)[0]
+    local = spec.batch_sequences // dp
+    mine = batch[dp_rank * local : (dp_rank + 1) * local]
+    tokens, targets, positions = shard_sequence_batch(mine[:, :-1], mine[:, 1:], cp_rank, cp)
+    logits = model(tokens, positions)
+    loss = cross_entropy(logits, targets)
+    loss.backward()  # FSDP averages the gradients over dp_shard × cp: the mean over all tokens
+    value = loss.detach().reshape(1).clone()
+    dist.all_reduce(value)
+    grads = {n: p.grad.full_tensor().detach().clone() for n, p in model.named_parameters()}
+    result = {
+        "logits": logits.detach(),
+        "rows": (dp_rank * local, local),
+        "positions": local_positions(spec.seq_len, cp_rank, cp),
+        "loss": float(value) / dist.get_world_size(),
+        "grads": grads,
+    }
+    torch.save(result, out_dir / f"{name}.rank{rank}.pt")
+    dist.barrier()
+
+
+def _cp_group(names: list[str], spec: CPSpec, out_dir: str) -> None:
+    for name in names:
+        _cp_run(name, spec, Path(out_dir))
+
+
+def cp_parity(layouts: list[str], spec: CPSpec | None = None) -> list[dict]:
+    """Run every CP layout (one process group per world size) and compare with one device."""
+    from scalelab.parallel.launch import spawn
+
+    spec = spec or CPSpec()
+    by_world: dict[int, list[str]] = {}
+    for name in layouts:
+        dp, cp, _, tp = parse_cp_layout(name)
+        if spec.seq_len % (2 * cp) or spec.batch_sequences % dp:
+            raise UsageError(f"{name}: seq_len must be a multiple of 2*cp and the batch of dp")
+        by_world.setdefault(dp * cp * tp, []).append(name)
+    ref = cp_reference(spec)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="scalelab-cp-") as tmp:
+        for world, names in sorted(by_world.items()):
+            spawn(_cp_group, world, (names, spec, tmp), backend="gloo")
+        for name in layouts:
+            dp, cp, variant, tp = parse_cp_layout(name)
+            results = [torch.load(Path(tmp) / f"{name}.rank{r}.pt", weights_only=True) for r in range(dp * cp * tp)]
+            fwd = 0.0
+            for res in results:
+                start, count = res["rows"]
+                expect = ref["logits"][start : start + count].index_select(1, res["positions"])
+                fwd = max(fwd, float((expect - res["logits"]).abs().max()))
+            grad, where = 0.0, ""
+            for res in results:
+                d, w = max_diff(ref["grads"], res["grads"])
+                if d >= grad:
+                    grad, where = d, w
+            loss = abs(results[0]["loss"] - ref["loss"])
+            rows.append(
+                dict(
+                    layout=name,
+                    world_size=dp * cp * tp,
+                    variant=variant,
+                    max_logit_diff=fwd,
+                    loss_diff=loss,
+                    max_grad_diff=grad,
+                    worst_grad=where,
+                    ok=max(fwd, loss, grad) <= spec.tolerance,
+                )
+            )
+    return rows
