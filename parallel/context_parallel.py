@@ -16,13 +16,15 @@ Variants (the attention op of each Attention module is swapped through its `ops`
              reduce-scatter of their gradients), reordered into sequence order, and the local
              queries attend to them with a causal mask on absolute positions (SDPA). Memory: the
              full K/V of one layer; communication: (cp-1)/cp of K/V per layer, forward and backward.
-  ring       K/V blocks travel around the ring with send/recv (batch_isend_irecv), cp-1 hops; each
-             hop computes a block of attention with its log-sum-exp and merges it online
-             (flash-attention's rescaling). The hops are autograd functions whose backward sends
-             the K/V gradients the other way round, so backward is exact. Backward keeps each hop's
-             K/V block for the gradient (autograd saves them), i.e. this reference ring trades the
-             O(1)-block memory of a hand-fused ring backward for simplicity; the communication
-             volume and pattern are those of ring attention.
+  ring       K/V blocks travel around the ring with send/recv (batch_isend_irecv, the next block
+             posted before the current one is computed), cp-1 hops; each hop computes a block of
+             attention with its log-sum-exp and merges it online (flash-attention's rescaling).
+             The whole ring is ONE autograd function: it saves only the local q, k, v, the output
+             and the merged lse (local rows only, however many hops), and its backward recomputes each hop's block from
+             the lse while the K/V blocks travel the ring again, with a dK/dV accumulator (fp32)
+             travelling beside each block; one last shift hands every accumulator to its owner.
+             Memory: one K/V block in flight; communication: K/V (cp-1) hops forward, K/V (cp-1)
+             plus dK/dV cp hops backward. `attention_saved_bytes` gives both variants' saved bytes.
 Both are exact up to floating point (tests: loss and every gradient within 1e-5 of one device).
 Gradients of parameters are per-rank partial sums of the local tokens' losses; FSDP (or an
 all-reduce) over the cp ranks averages them like data parallel does (`fsdp over dp_shard×cp`).
@@ -102,26 +104,19 @@ class _AllGatherSeq(torch.autograd.Function):
         return out, None
 
 
-class _RingShift(torch.autograd.Function):
-    """Send x to the next rank of the ring, receive the previous rank's; backward shifts back."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
-        ctx.group = group
-        return _shift(x.contiguous(), group, +1)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return _shift(grad.contiguous(), ctx.group, -1), None
-
-
-def _shift(x: torch.Tensor, group, direction: int) -> torch.Tensor:
+def _start_shift(x: torch.Tensor, out: torch.Tensor, group, direction: int) -> list:
+    """Post send of x to rank+direction and receive into `out` from rank-direction (async)."""
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     dst = dist.get_global_rank(group, (rank + direction) % world)
     src = dist.get_global_rank(group, (rank - direction) % world)
-    out = torch.empty_like(x)
     ops = [dist.P2POp(dist.isend, x, dst, group=group), dist.P2POp(dist.irecv, out, src, group=group)]
-    for req in dist.batch_isend_irecv(ops):
+    return dist.batch_isend_irecv(ops)
+
+
+def _shift(x: torch.Tensor, group, direction: int = 1) -> torch.Tensor:
+    """x of rank-direction (blocking ring shift)."""
+    out = torch.empty_like(x)
+    for req in _start_shift(x.contiguous(), out, group, direction):
         req.wait()
     return out
 
@@ -156,48 +151,130 @@ def allgather_attention(q, k, v, causal: bool = True, *, group, cp_rank: int, cp
     return F.scaled_dot_product_attention(q, k_full, v_full, attn_mask=mask)
 
 
-def _block_attention(q, k, v, mask):
-    """(out, lse) of q against one K/V block with boolean mask [Sq, Sk]; fully masked rows give
-    out = 0, lse = -inf (so merging ignores them)."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = (q @ k.transpose(-2, -1)) * scale
-    scores = scores.masked_fill(~mask, float("-inf"))
-    row_max = scores.detach().amax(dim=-1, keepdim=True).clamp_min(-1e30)  # no autograd: saves nothing
-    p = torch.exp(scores - row_max)
-    denom = p.sum(dim=-1, keepdim=True)
-    out = (p @ v) / denom.clamp_min(1e-30)
-    lse = row_max + torch.log(denom.clamp_min(1e-30))  # clamped: no inf * 0 = nan in backward
-    return out, lse
+def _ring_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> torch.Tensor | None:
+    """Boolean [Sq, Sk] visibility of one K/V block (None: all visible)."""
+    return k_pos[None, :] <= q_pos[:, None] if causal else None
+
+
+def _block_scores(q5: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """fp32 scores [B, Hk, rep, Sq, Sk] of grouped queries q5 [B, Hk, rep, Sq, Dh] against k [B, Hk, Sk, Dh]
+    (GQA by broadcasting over rep: no repeated K/V copy); masked entries are -inf."""
+    scores = (q5.float() @ k.float().unsqueeze(2).transpose(-2, -1)) * scale
+    return scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+
+
+class _RingAttention(torch.autograd.Function):
+    """Ring attention as one autograd function (flash-attention style backward).
+
+    Forward: cp hops; at hop h this rank holds the K/V block of rank (r - h) mod cp, computes its
+    block of attention with the block's log-sum-exp and merges it online, while the next block is
+    already in flight (send/recv posted before the compute). Saved for backward: only the local
+    q, k, v, the output and the merged lse (fp32) -- constant in cp.
+    Backward: the K/V blocks travel the same way again; each hop recomputes P = exp(S - lse) of its
+    block, adds to dQ, and adds the block's dK/dV to an fp32 accumulator that travels with the block;
+    after the last hop one more shift hands each accumulator to the block's owner.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, group, cp_rank: int, cp: int):
+        bsz, heads, seq_local, head_dim = q.shape
+        kv_heads = k.shape[1]
+        scale = 1.0 / math.sqrt(head_dim)
+        seq_len = seq_local * cp
+        q5 = q.view(bsz, kv_heads, heads // kv_heads, seq_local, head_dim)
+        q_pos = local_positions(seq_len, cp_rank, cp, q.device)
+        kv = torch.stack([k, v])  # the one tensor that travels the ring: [2, B, Hk, S, Dh]
+        out = lse = None
+        for hop in range(cp):
+            reqs, nxt = [], None
+            if hop < cp - 1:  # prefetch the next block while this one is computed
+                nxt = torch.empty_like(kv)
+                reqs = _start_shift(kv, nxt, group, +1)
+            mask = _ring_mask(q_pos, local_positions(seq_len, (cp_rank - hop) % cp, cp, q.device), causal)
+            if mask is None or bool(mask.any()):  # head-tail blocks always have a visible key; kept general
+                scores = _block_scores(q5, kv[0], mask, scale)
+                row_max = scores.amax(dim=-1, keepdim=True).clamp_min(-1e30)  # fully masked rows: finite
+                p = torch.exp(scores - row_max)
+                denom = p.sum(dim=-1, keepdim=True)
+                blk_out = (p @ kv[1].float().unsqueeze(2)) / denom.clamp_min(1e-30)
+                blk_lse = row_max + torch.log(denom)  # -inf for a fully masked row: ignored by the merge
+                if out is None:
+                    out, lse = blk_out, blk_lse
+                else:
+                    new_lse = torch.logaddexp(lse, blk_lse)
+                    out = out * torch.exp(lse - new_lse) + blk_out * torch.exp(blk_lse - new_lse)
+                    lse = new_lse
+            for req in reqs:
+                req.wait()
+            kv = nxt if nxt is not None else kv
+        # laid out as [B, S, H, Dh] (like SDPA's output): the caller's transpose(1, 2).reshape is a view
+        out = out.to(q.dtype).view(bsz, heads, seq_local, head_dim).transpose(1, 2).contiguous().transpose(1, 2)
+        ctx.save_for_backward(q, k, v, out, lse.view(bsz, heads, seq_local))
+        ctx.group, ctx.cp_rank, ctx.cp, ctx.causal = group, cp_rank, cp, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        group, cp_rank, cp = ctx.group, ctx.cp_rank, ctx.cp
+        bsz, heads, seq_local, head_dim = q.shape
+        kv_heads, rep = k.shape[1], heads // k.shape[1]
+        scale = 1.0 / math.sqrt(head_dim)
+        seq_len = seq_local * cp
+        grouped = (bsz, kv_heads, rep, seq_local, head_dim)
+        q5 = q.view(grouped)
+        do5 = grad_out.float().reshape(grouped)
+        lse5 = lse.view(bsz, kv_heads, rep, seq_local, 1)
+        delta = (do5 * out.float().view(grouped)).sum(dim=-1, keepdim=True)  # rowsum(dO ∘ O)
+        q_pos = local_positions(seq_len, cp_rank, cp, q.device)
+        dq = torch.zeros(grouped, dtype=torch.float32, device=q.device)
+        kv = torch.stack([k, v])
+        dkv = None  # fp32 [2, B, Hk, S, Dh]: gradient of the block held now, summed over the ranks so far
+        for hop in range(cp):
+            reqs, nxt = [], None
+            if hop < cp - 1:
+                nxt = torch.empty_like(kv)
+                reqs = _start_shift(kv, nxt, group, +1)
+            mask = _ring_mask(q_pos, local_positions(seq_len, (cp_rank - hop) % cp, cp, q.device), causal=ctx.causal)
+            blk = torch.zeros((2,) + tuple(k.shape), dtype=torch.float32, device=q.device)
+            if mask is None or bool(mask.any()):
+                p = torch.exp(_block_scores(q5, kv[0], mask, scale) - lse5)  # masked entries: exp(-inf) = 0
+                blk[1] = (p.transpose(-2, -1) @ do5).sum(dim=2)  # dV = P^T dO, summed over the query group
+                dp = do5 @ kv[1].float().unsqueeze(2).transpose(-2, -1)
+                ds = p * (dp - delta) * scale
+                dq += ds @ kv[0].float().unsqueeze(2)
+                blk[0] = (ds.transpose(-2, -1) @ q5.float()).sum(dim=2)
+            dkv = blk if dkv is None else dkv + blk
+            for req in reqs:
+                req.wait()
+            kv = nxt if nxt is not None else kv
+            dkv = _shift(dkv, group, +1)  # travels with its block; after the last hop it reaches the owner
+        dq = dq.view(q.shape).to(q.dtype)
+        return dq, dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None, None, None
 
 
 def ring_attention(q, k, v, causal: bool = True, *, group, cp_rank: int, cp: int) -> torch.Tensor:
     """Ring attention on head-tail shards: same signature and result as allgather_attention."""
-    seq_local = q.shape[2]
-    seq_len = seq_local * cp
-    q_pos = local_positions(seq_len, cp_rank, cp, q.device)
-    kv = torch.stack([k, v])  # one tensor travels the ring: [2, B, Hk, S, Dh]
-    out = lse = None
-    for hop in range(cp):
-        if hop:
-            kv = _RingShift.apply(kv, group)
-        src = (cp_rank - hop) % cp
-        k_pos = local_positions(seq_len, src, cp, q.device)
-        mask = (
-            k_pos[None, :] <= q_pos[:, None]
-            if causal
-            else torch.ones(seq_local, seq_local, dtype=torch.bool, device=q.device)
-        )
-        if not bool(mask.any()):
-            continue  # nothing visible from this block (cannot happen with head-tail; kept general)
-        k_blk, v_blk = _repeat_kv(q, kv[0], kv[1])
-        blk_out, blk_lse = _block_attention(q, k_blk, v_blk, mask)
-        if out is None:
-            out, lse = blk_out, blk_lse
-            continue
-        new_lse = torch.logaddexp(lse, blk_lse)
-        out = out * torch.exp(lse - new_lse) + blk_out * torch.exp(blk_lse - new_lse)
-        lse = new_lse
-    return out
+    return _RingAttention.apply(q, k, v, causal, group, cp_rank, cp)
+
+
+def attention_saved_bytes(
+    variant: str, *, batch: int, heads: int, kv_heads: int, head_dim: int, seq_len: int, cp: int, act_bytes: int = 4
+) -> int:
+    """Bytes one rank's context-parallel attention call saves for backward (causal; CPU, torch 2.13).
+
+    ring:      q, k, v (local rows, kv_heads), the output and the fp32 lse -- independent of cp.
+    allgather: q, the output and lse; the gathered K/V repeated to `heads` (seq_len rows each); the
+               causal mask, which SDPA saves as an fp32 additive [rows, seq_len] mask; the int64
+               sequence-order index [seq_len].
+    """
+    rows = seq_len // cp
+    q_out_lse = 2 * act_bytes * batch * heads * rows * head_dim + 4 * batch * heads * rows
+    if variant == "ring":
+        return q_out_lse + 2 * act_bytes * batch * kv_heads * rows * head_dim
+    if variant == "allgather":
+        return q_out_lse + 2 * act_bytes * batch * heads * seq_len * head_dim + 4 * rows * seq_len + 8 * seq_len
+    raise ValueError(f"context-parallel variant {variant!r} unknown; use one of {VARIANTS}")
 
 
 def apply_cp(model: nn.Module, cp_mesh, variant: str = "allgather") -> None:

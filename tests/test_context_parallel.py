@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from scalelab.parallel.context_parallel import local_positions, shard_sequence
-from scalelab.parallel.cp_parity import CPSpec, cp_parity
+from scalelab.parallel.context_parallel import attention_saved_bytes, local_positions, shard_sequence
+from scalelab.parallel.cp_parity import CPAttentionSpec, CPSpec, cp_attention_rows, cp_parity
 
 
 def test_head_tail_sharding_covers_the_sequence_once():
@@ -38,3 +38,32 @@ def test_cp_world2_allgather_and_ring():
 def test_cp_world4_allgather_ring_fsdp_and_tp():
     torch.set_num_threads(1)
     _check(cp_parity(["cp4", "cp4-ring", "fsdp2xcp2", "tp2xcp2-ring"], CPSpec()))
+
+
+def test_cp4_attention_op_exact_and_ring_saves_less_than_allgather():
+    """The op alone with O(1) inputs (a debug model's near-uniform attention hides dK errors): output,
+    dQ, dK, dV within 1e-5; saved-for-backward bytes equal the formula; ring keeps only the local
+    q/k/v/out/lse, all-gather the whole sequence's K/V (repeated to the query heads) and its mask."""
+    torch.set_num_threads(1)
+    spec = CPAttentionSpec()
+    rows = cp_attention_rows(4, spec)
+    assert len(rows) == 4
+    for row in rows:
+        assert row["max_diff"] <= 1e-5, row
+    saved = {r["variant"]: r["saved_bytes"] for r in rows if r["causal"]}
+    assert saved == {r["variant"]: r["expected_saved_bytes"] for r in rows if r["causal"]}
+    # B=2, Hq=4, Hk=2, Dh=16, T=64, cp=4 (16 rows per rank), fp32:
+    # ring 2*4*(2*4*16*16) + 4*(2*4*16) + 2*4*(2*2*16*16) = 25088;
+    # allgather 16384 + 512 + 2*4*(2*4*64*16) + 4*16*64 + 8*64 = 87040
+    assert saved == {"ring": 25088, "allgather": 87040}
+    assert saved["ring"] < saved["allgather"] and saved["ring"] / saved["allgather"] < 0.29
+
+
+def test_attention_saved_bytes_ring_shrinks_with_cp_allgather_does_not():
+    shape = dict(batch=1, heads=32, kv_heads=8, head_dim=128, seq_len=131072, act_bytes=2)
+    ring = [attention_saved_bytes("ring", cp=cp, **shape) for cp in (2, 4, 8)]
+    gather = [attention_saved_bytes("allgather", cp=cp, **shape) for cp in (2, 4, 8)]
+    assert ring[0] == 2 * ring[1] == 4 * ring[2]  # local rows only
+    full_kv = 2 * 2 * 32 * 131072 * 128  # K and V of the whole sequence, repeated to 32 heads, bf16
+    assert all(g > full_kv for g in gather)  # all-gather keeps them whatever cp is
+    assert ring[2] < full_kv / 3  # cp=8: q, out (32 heads) and k, v (8 heads) of 16384 rows
