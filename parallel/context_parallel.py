@@ -49,11 +49,25 @@ def check_cp_supported(dims) -> None:
     from scalelab.errors import ConfigError
 
     if dims.cp > 1:
+        # dp_replicate: the HSDP mesh is built (cp_fsdp_mesh; parity layout hsdp2xcp2) but the training
+        # path takes its FSDP mesh from ep_cp_hooks.fsdp_mesh, which must delegate to cp_fsdp_mesh first.
         for axis, why in (("pp", "pipeline stages"), ("dp_replicate", "HSDP replicas")):
             if getattr(dims, axis) > 1:
                 raise ConfigError(
                     "parallel.cp", f"context parallel with {why} ({axis}>1) is not built", f"set parallel.{axis}=1"
                 )
+
+
+def cp_fsdp_mesh(dims, mesh):
+    """The mesh FSDP shards parameters over when cp > 1 (the cp ranks hold the same parameters and
+    see different tokens, so they are data parallel for the gradients): dp_shard × cp flattened
+    ("dp_shard_cp", built by ParallelDims.build_mesh), or "cp" alone; with dp_replicate > 1 the 2-D
+    HSDP mesh (dp_replicate, dp_shard_cp): sharded over dp_shard × cp, replicated across replicas."""
+    names = mesh.mesh_dim_names or ()
+    shard = "dp_shard_cp" if "dp_shard" in names else "cp"
+    if dims.dp_replicate > 1:
+        return mesh[("dp_replicate", shard)]
+    return mesh[shard]
 
 
 # --- sequence sharding -------------------------------------------------------------------------

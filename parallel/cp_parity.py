@@ -3,10 +3,12 @@
     rows = cp_parity(["cp2", "cp2-ring", "cp4", "cp4-ring"], CPSpec())
 
 One forward+backward with the sequence sharded over cp ranks (all-gather-KV or ring attention,
-head-tail load balancing) against one device, with FSDP over the cp ranks' gradients (the mean
-losses' gradients averaged over dp_shard × cp).
+head-tail load balancing) against one device, on the training loop's mesh
+(ParallelDims.build_mesh) with FSDP over dp_shard × cp, or HSDP (dp_replicate, dp_shard × cp):
+the mean losses' gradients averaged over all data-parallel and cp ranks.
+`cp_attention_rows` checks the attention op alone (O(1) inputs) and the bytes it saves for backward.
 
-Layout names: cpN (all-gather KV), cpN-ring (ring attention), fsdpMxcpN, tpKxcpN.
+Layout names: cpN (all-gather KV), cpN-ring (ring attention), fsdpMxcpN, hsdpRxcpN, tpKxcpN.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from scalelab.errors import UsageError
 from scalelab.models.config import ModelConfig
+from scalelab.parallel.dims import ParallelDims
 from scalelab.parallel.moe_cp_parity import batches, cross_entropy, max_diff
 
 
@@ -38,22 +41,27 @@ class CPSpec:
     tolerance: float = 1e-5
 
 
-_CP = re.compile(r"^(?:fsdp(\d+)x)?(?:tp(\d+)x)?cp(\d+)(-ring)?$")
+_CP = re.compile(r"^(?:hsdp(\d+)x)?(?:fsdp(\d+)x)?(?:tp(\d+)x)?cp(\d+)(-ring)?$")
 
 
 def is_cp_layout(name: str) -> bool:
     return bool(_CP.match(name))
 
 
-def parse_cp_layout(name: str) -> tuple[int, int, str, int]:
-    """(dp_shard, cp, variant, tp) of a CP layout name; UsageError when malformed."""
+def parse_cp_layout(name: str) -> tuple[ParallelDims, str]:
+    """(dims, variant) of a CP layout name; UsageError when malformed.
+
+    hsdpR (dp_replicate), fsdpM (dp_shard) and tpK (tensor parallel without sequence parallel) may
+    prefix cpN; tp does not combine with the data-parallel prefixes here (kept to the tested cases).
+    """
     m = _CP.match(name)
-    if not m or int(m.group(3)) < 2:
-        raise UsageError(f"CP layout {name!r}: use cpN, cpN-ring, fsdpMxcpN, tpKxcpN (N >= 2)")
-    dp, tp = int(m.group(1) or 1), int(m.group(2) or 1)
-    if dp > 1 and tp > 1:
-        raise UsageError(f"CP layout {name!r}: combine cp with fsdp or with tp, not both")
-    return dp, int(m.group(3)), "ring" if m.group(4) else "allgather", tp
+    if not m or int(m.group(4)) < 2:
+        raise UsageError(f"CP layout {name!r}: use cpN, cpN-ring, fsdpMxcpN, hsdpRxcpN, tpKxcpN (N >= 2)")
+    rep, dp, tp = (int(g or 1) for g in m.group(1, 2, 3))
+    if tp > 1 and rep * dp > 1:
+        raise UsageError(f"CP layout {name!r}: combine cp with fsdp/hsdp or with tp, not both")
+    dims = ParallelDims(dp_replicate=rep, dp_shard=dp, tp=tp, cp=int(m.group(4)))
+    return dims, "ring" if m.group(5) else "allgather"
 
 
 def cp_reference(spec: CPSpec) -> dict:
@@ -71,39 +79,30 @@ def cp_reference(spec: CPSpec) -> dict:
 
 def _cp_run(name: str, spec: CPSpec, out_dir: Path) -> None:
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
     from scalelab.models.llama import build_model
-    from scalelab.parallel.context_parallel import apply_cp, local_positions, shard_sequence_batch
+    from scalelab.parallel.context_parallel import apply_cp, cp_fsdp_mesh, local_positions, shard_sequence_batch
     from scalelab.parallel.data_parallel import apply_fsdp
 
-    dp, cp, variant, tp = parse_cp_layout(name)
-    rank = dist.get_rank()
-    if tp > 1:  # TP inside each cp rank (no sequence parallel), FSDP over cp
-        mesh = init_device_mesh("cpu", (cp, tp), mesh_dim_names=("cp", "tp"))
-        fsdp_mesh, dp_rank = mesh["cp"], 0
-    elif dp > 1:
-        mesh = init_device_mesh("cpu", (dp, cp), mesh_dim_names=("dp_shard", "cp"))
-        fsdp_mesh = mesh[("dp_shard", "cp")]._flatten("dp_shard_cp")
-        dp_rank = mesh["dp_shard"].get_local_rank()
-    else:
-        mesh = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))
-        fsdp_mesh, dp_rank = mesh["cp"], 0
+    dims, variant = parse_cp_layout(name)
+    rank, cp = dist.get_rank(), dims.cp
+    mesh = dims.build_mesh("cpu")  # the training loop's mesh (with its flattened dp_shard_cp view)
+    dp_rank, dp_size = dims.dp_coords(mesh)
     cp_rank = mesh["cp"].get_local_rank()
     model = build_model(spec.model, seed=spec.seed)
-    if tp > 1:
+    if dims.tp > 1:  # TP inside each cp rank (no sequence parallel), FSDP over cp
         from scalelab.parallel.tp import apply_tp
 
         apply_tp(model, mesh["tp"], sequence_parallel=False, loss_parallel=False)
     apply_cp(model, mesh["cp"], variant)
-    apply_fsdp(model, fsdp_mesh, reshard_after_forward=True, mixed_precision="fp32", device_type="cpu")
+    apply_fsdp(model, cp_fsdp_mesh(dims, mesh), reshard_after_forward=True, mixed_precision="fp32", device_type="cpu")
     batch = batches(spec.model.vocab_size, 1, spec.batch_sequences, spec.seq_len, spec.seed)[0]
-    local = spec.batch_sequences // dp
+    local = spec.batch_sequences // dp_size
     mine = batch[dp_rank * local : (dp_rank + 1) * local]
     tokens, targets, positions = shard_sequence_batch(mine[:, :-1], mine[:, 1:], cp_rank, cp)
     logits = model(tokens, positions)
     loss = cross_entropy(logits, targets)
-    loss.backward()  # FSDP averages the gradients over dp_shard × cp: the mean over all tokens
+    loss.backward()  # FSDP/HSDP averages the gradients over dp_replicate × dp_shard × cp: the mean over all tokens
     value = loss.detach().reshape(1).clone()
     dist.all_reduce(value)
     grads = {n: p.grad.full_tensor().detach().clone() for n, p in model.named_parameters()}
@@ -130,18 +129,18 @@ def cp_parity(layouts: list[str], spec: CPSpec | None = None) -> list[dict]:
     spec = spec or CPSpec()
     by_world: dict[int, list[str]] = {}
     for name in layouts:
-        dp, cp, _, tp = parse_cp_layout(name)
-        if spec.seq_len % (2 * cp) or spec.batch_sequences % dp:
-            raise UsageError(f"{name}: seq_len must be a multiple of 2*cp and the batch of dp")
-        by_world.setdefault(dp * cp * tp, []).append(name)
+        dims, _ = parse_cp_layout(name)
+        if spec.seq_len % (2 * dims.cp) or spec.batch_sequences % dims.dp_size:
+            raise UsageError(f"{name}: seq_len must be a multiple of 2*cp and the batch of dp_replicate*dp_shard")
+        by_world.setdefault(dims.world_size, []).append(name)
     ref = cp_reference(spec)
     rows = []
     with tempfile.TemporaryDirectory(prefix="scalelab-cp-") as tmp:
         for world, names in sorted(by_world.items()):
             spawn(_cp_group, world, (names, spec, tmp), backend="gloo")
         for name in layouts:
-            dp, cp, variant, tp = parse_cp_layout(name)
-            results = [torch.load(Path(tmp) / f"{name}.rank{r}.pt", weights_only=True) for r in range(dp * cp * tp)]
+            dims, variant = parse_cp_layout(name)
+            results = [torch.load(Path(tmp) / f"{name}.rank{r}.pt", weights_only=True) for r in range(dims.world_size)]
             fwd = 0.0
             for res in results:
                 start, count = res["rows"]
@@ -156,7 +155,7 @@ def cp_parity(layouts: list[str], spec: CPSpec | None = None) -> list[dict]:
             rows.append(
                 dict(
                     layout=name,
-                    world_size=dp * cp * tp,
+                    world_size=dims.world_size,
                     variant=variant,
                     max_logit_diff=fwd,
                     loss_diff=loss,
