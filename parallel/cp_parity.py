@@ -8,7 +8,8 @@ head-tail load balancing) against one device, on the training loop's mesh
 the mean losses' gradients averaged over all data-parallel and cp ranks.
 `cp_attention_rows` checks the attention op alone (O(1) inputs) and the bytes it saves for backward.
 
-Layout names: cpN (all-gather KV), cpN-ring (ring attention), fsdpMxcpN, hsdpRxcpN, tpKxcpN.
+Layout names: cpN (all-gather KV), cpN-ring (ring attention), fsdpMxcpN, hsdpRxcpN, tpKxcpN, tpKspxcpN
+(tensor parallel with sequence parallel inside each cp rank).
 """
 
 from __future__ import annotations
@@ -41,27 +42,38 @@ class CPSpec:
     tolerance: float = 1e-5
 
 
-_CP = re.compile(r"^(?:hsdp(\d+)x)?(?:fsdp(\d+)x)?(?:tp(\d+)x)?cp(\d+)(-ring)?$")
+_CP = re.compile(r"^(?:hsdp(\d+)x)?(?:fsdp(\d+)x)?(?:tp(\d+)(sp)?x)?cp(\d+)(-ring)?$")
 
 
 def is_cp_layout(name: str) -> bool:
     return bool(_CP.match(name))
 
 
-def parse_cp_layout(name: str) -> tuple[ParallelDims, str]:
-    """(dims, variant) of a CP layout name; UsageError when malformed.
+@dataclass(kw_only=True, slots=True)
+class CPLayout:
+    dims: ParallelDims
+    variant: str  # allgather | ring
+    sequence_parallel: bool = False  # with tp > 1
 
-    hsdpR (dp_replicate), fsdpM (dp_shard) and tpK (tensor parallel without sequence parallel) may
-    prefix cpN; tp does not combine with the data-parallel prefixes here (kept to the tested cases).
+
+def parse_cp_layout(name: str) -> CPLayout:
+    """The layout of a CP layout name; UsageError when malformed.
+
+    hsdpR (dp_replicate), fsdpM (dp_shard) and tpK or tpKsp (tensor parallel without / with sequence
+    parallel) may prefix cpN; tp does not combine with the data-parallel prefixes here (kept to the
+    tested cases).
     """
     m = _CP.match(name)
-    if not m or int(m.group(4)) < 2:
-        raise UsageError(f"CP layout {name!r}: use cpN, cpN-ring, fsdpMxcpN, hsdpRxcpN, tpKxcpN (N >= 2)")
+    if not m or int(m.group(5)) < 2:
+        raise UsageError(f"CP layout {name!r}: use cpN, cpN-ring, fsdpMxcpN, hsdpRxcpN, tpKxcpN, tpKspxcpN (N >= 2)")
     rep, dp, tp = (int(g or 1) for g in m.group(1, 2, 3))
     if tp > 1 and rep * dp > 1:
         raise UsageError(f"CP layout {name!r}: combine cp with fsdp/hsdp or with tp, not both")
-    dims = ParallelDims(dp_replicate=rep, dp_shard=dp, tp=tp, cp=int(m.group(4)))
-    return dims, "ring" if m.group(5) else "allgather"
+    return CPLayout(
+        dims=ParallelDims(dp_replicate=rep, dp_shard=dp, tp=tp, cp=int(m.group(5))),
+        variant="ring" if m.group(6) else "allgather",
+        sequence_parallel=bool(m.group(4)),
+    )
 
 
 def cp_reference(spec: CPSpec) -> dict:
@@ -84,16 +96,17 @@ def _cp_run(name: str, spec: CPSpec, out_dir: Path) -> None:
     from scalelab.parallel.context_parallel import apply_cp, cp_fsdp_mesh, local_positions, shard_sequence_batch
     from scalelab.parallel.data_parallel import apply_fsdp
 
-    dims, variant = parse_cp_layout(name)
+    layout = parse_cp_layout(name)
+    dims, variant = layout.dims, layout.variant
     rank, cp = dist.get_rank(), dims.cp
     mesh = dims.build_mesh("cpu")  # the training loop's mesh (with its flattened dp_shard_cp view)
     dp_rank, dp_size = dims.dp_coords(mesh)
     cp_rank = mesh["cp"].get_local_rank()
     model = build_model(spec.model, seed=spec.seed)
-    if dims.tp > 1:  # TP inside each cp rank (no sequence parallel), FSDP over cp
+    if dims.tp > 1:  # TP (and SP: the residual stream a Shard(1) DTensor of this cp rank's rows) inside each cp rank
         from scalelab.parallel.tp import apply_tp
 
-        apply_tp(model, mesh["tp"], sequence_parallel=False, loss_parallel=False)
+        apply_tp(model, mesh["tp"], sequence_parallel=layout.sequence_parallel, loss_parallel=False)
     apply_cp(model, mesh["cp"], variant)
     apply_fsdp(model, cp_fsdp_mesh(dims, mesh), reshard_after_forward=True, mixed_precision="fp32", device_type="cpu")
     batch = batches(spec.model.vocab_size, 1, spec.batch_sequences, spec.seq_len, spec.seed)[0]
@@ -129,7 +142,7 @@ def cp_parity(layouts: list[str], spec: CPSpec | None = None) -> list[dict]:
     spec = spec or CPSpec()
     by_world: dict[int, list[str]] = {}
     for name in layouts:
-        dims, _ = parse_cp_layout(name)
+        dims = parse_cp_layout(name).dims
         if spec.seq_len % (2 * dims.cp) or spec.batch_sequences % dims.dp_size:
             raise UsageError(f"{name}: seq_len must be a multiple of 2*cp and the batch of dp_replicate*dp_shard")
         by_world.setdefault(dims.world_size, []).append(name)
@@ -139,7 +152,8 @@ def cp_parity(layouts: list[str], spec: CPSpec | None = None) -> list[dict]:
         for world, names in sorted(by_world.items()):
             spawn(_cp_group, world, (names, spec, tmp), backend="gloo")
         for name in layouts:
-            dims, variant = parse_cp_layout(name)
+            layout = parse_cp_layout(name)
+            dims, variant = layout.dims, layout.variant
             results = [torch.load(Path(tmp) / f"{name}.rank{r}.pt", weights_only=True) for r in range(dims.world_size)]
             fwd = 0.0
             for res in results:

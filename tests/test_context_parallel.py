@@ -1,9 +1,10 @@
 """Context parallel (all-gather KV and ring) vs one device on CPU/gloo (scalelab.parallel.context_parallel).
 
 Causal attention with head-tail load balancing (alone, with FSDP over dp_shard x cp, with HSDP over
-(dp_replicate, dp_shard x cp), with TP inside each cp rank): the logits of every rank's rows, the loss
-and every parameter gradient must match one device within 1e-5 in fp32. The attention op alone (O(1)
-inputs) must match too, and ring must save less for backward than all-gather (bytes = the formula).
+(dp_replicate, dp_shard x cp), with TP with or without SP inside each cp rank): the logits of every
+rank's rows, the loss and every parameter gradient must match one device within 1e-5 in fp32. The
+attention op alone (O(1) inputs) must match too, and ring must save less for backward than
+all-gather (bytes = the formula).
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ def test_cp_world2_allgather_and_ring():
     _check(cp_parity(["cp2", "cp2-ring"], CPSpec()))
 
 
-def test_cp_world4_allgather_ring_fsdp_hsdp_and_tp():
+def test_cp_world4_allgather_ring_fsdp_hsdp_tp_and_sp():
     torch.set_num_threads(1)
-    rows = cp_parity(["cp4", "cp4-ring", "fsdp2xcp2", "hsdp2xcp2-ring", "tp2xcp2-ring"], CPSpec())
+    layouts = ["cp4", "cp4-ring", "fsdp2xcp2", "hsdp2xcp2-ring", "tp2xcp2-ring", "tp2spxcp2"]
+    rows = cp_parity(layouts, CPSpec())
     _check(rows)
-    assert [r["world_size"] for r in rows] == [4] * 5
+    assert [r["world_size"] for r in rows] == [4] * len(layouts)
 
 
 def test_cp4_attention_op_exact_and_ring_saves_less_than_allgather():
