@@ -27,12 +27,20 @@ Variants (the attention op of each Attention module is swapped through its `ops`
              plus dK/dV cp hops backward. `attention_saved_bytes` gives both variants' saved bytes.
 Both are exact up to floating point (tests: loss and every gradient within 1e-5 of one device).
 Gradients of parameters are per-rank partial sums of the local tokens' losses; FSDP (or an
-all-reduce) over the cp ranks averages them like data parallel does (`fsdp over dp_shard×cp`).
+all-reduce) over the cp ranks averages them like data parallel does (`cp_fsdp_mesh`: FSDP over
+dp_shard×cp, HSDP (dp_replicate, dp_shard×cp) with replicas).
+
+Composition: TP with or without sequence parallel inside each cp rank (SP shards this rank's rows
+further; attention sees them whole after SP's all-gather; the parity harness runs it, the training
+path still rejects it in ep_cp_hooks.apply_ep_cp); pipeline stages (the chunks take their
+positions from apply_cp's forward pre-hook; Pipeline shards each batch and averages the loss over
+cp; not with the zero-bubble schedule).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import partial
 from types import SimpleNamespace
 
@@ -48,14 +56,14 @@ def check_cp_supported(dims) -> None:
     """ConfigError for the layouts with cp > 1 that parallelize does not build."""
     from scalelab.errors import ConfigError
 
-    if dims.cp > 1:
-        # dp_replicate: the HSDP mesh is built (cp_fsdp_mesh; parity layout hsdp2xcp2) but the training
-        # path takes its FSDP mesh from ep_cp_hooks.fsdp_mesh, which must delegate to cp_fsdp_mesh first.
-        for axis, why in (("pp", "pipeline stages"), ("dp_replicate", "HSDP replicas")):
-            if getattr(dims, axis) > 1:
-                raise ConfigError(
-                    "parallel.cp", f"context parallel with {why} ({axis}>1) is not built", f"set parallel.{axis}=1"
-                )
+    # dp_replicate: the HSDP mesh is built (cp_fsdp_mesh; parity layout hsdp2xcp2) but the training
+    # path takes its FSDP mesh from ep_cp_hooks.fsdp_mesh, which must delegate to cp_fsdp_mesh first.
+    if dims.cp > 1 and dims.dp_replicate > 1:
+        raise ConfigError(
+            "parallel.cp",
+            "context parallel with HSDP replicas (dp_replicate>1) is not built",
+            "set parallel.dp_replicate=1",
+        )
 
 
 def cp_fsdp_mesh(dims, mesh):
@@ -291,10 +299,42 @@ def attention_saved_bytes(
     raise ValueError(f"context-parallel variant {variant!r} unknown; use one of {VARIANTS}")
 
 
+@dataclass(frozen=True, slots=True)
+class CPShard:
+    """What apply_cp leaves on the model (`model.scalelab_cp`): the cp group and this rank's place."""
+
+    group: object
+    rank: int
+    size: int
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a [B, T, ...] batch (tokens or targets)."""
+        return shard_sequence(x, self.rank, self.size)
+
+    def mean(self, value: torch.Tensor) -> torch.Tensor:
+        """A detached per-rank mean averaged over the cp group (every rank holds as many tokens)."""
+        out = value.detach().float().reshape(()).clone().contiguous()
+        dist.all_reduce(out, group=self.group)
+        return out / self.size
+
+
+def _default_positions(module: nn.Module, args: tuple, kwargs: dict):
+    """Forward pre-hook: `positions` default to this cp rank's rows (a pipeline stage is called
+    with its input alone); the local length T/cp is the input's dim 1 (its global length under SP)."""
+    given = args[1] if len(args) > 1 else kwargs.get("positions")
+    if given is not None or not args:
+        return None
+    shard = module.scalelab_cp
+    x = args[0]
+    positions = local_positions(x.shape[1] * shard.size, shard.rank, shard.size, x.device)
+    return args[:1], {**kwargs, "positions": positions}
+
+
 def apply_cp(model: nn.Module, cp_mesh, variant: str = "allgather") -> None:
     """Swap every Attention module's attention op for the context-parallel one (in place).
 
-    The forward must then get this rank's rows and their `positions` (shard_sequence_batch).
+    The forward must then get this rank's rows (shard_sequence_batch); their `positions` default to
+    this rank's head-tail positions when not given. `model.scalelab_cp` (a CPShard) records the group.
     """
     from scalelab.models.llama import Attention
 
@@ -307,3 +347,5 @@ def apply_cp(model: nn.Module, cp_mesh, variant: str = "allgather") -> None:
     for mod in model.modules():
         if isinstance(mod, Attention):
             mod.ops = SimpleNamespace(**{**vars(mod.ops), "attention": attention, "name": f"cp-{variant}"})
+    model.scalelab_cp = CPShard(group=group, rank=cp_rank, size=cp)
+    model.register_forward_pre_hook(_default_positions, with_kwargs=True)

@@ -72,3 +72,31 @@ def test_attention_saved_bytes_ring_shrinks_with_cp_allgather_does_not():
     full_kv = 2 * 2 * 32 * 131072 * 128  # K and V of the whole sequence, repeated to 32 heads, bf16
     assert all(g > full_kv for g in gather)  # all-gather keeps them whatever cp is
     assert ring[2] < full_kv / 3  # cp=8: q, out (32 heads) and k, v (8 heads) of 16384 rows
+
+
+def test_run_pp2_cp2_ring_matches_single(tmp_path):
+    """Through the training loop: pipeline stages (1F1B) whose blocks run ring attention on this cp
+    rank's rows (positions supplied by apply_cp's hook), losses and validation losses as on one device."""
+    import polars as pl
+
+    from scalelab.parallel.launch import launch_local
+    from scalelab.train.config import build_run_config
+    from scalelab.train.loop import train_run
+
+    torch.set_num_threads(1)
+    base = {
+        "name": "cp-pp",
+        "model": {"preset": "debug", "kernels": "torch"},
+        "data": {"seq_len": 32, "val_sequences": 8},
+        "train": {"num_tokens": 3 * 256, "global_batch_tokens": 256, "seed": 3},
+        "eval": {"interval_steps": 2, "val_batch_sequences": 4},
+        "checkpoint": {"interval_steps": 100, "keep_last": 1},
+        "logging": {"wandb": "disabled", "progress": "off"},
+        "optim": {"lr": 1e-3},
+    }
+    train_run(build_run_config(base), tmp_path / "single")
+    layout = ["parallel.pp=2", "parallel.cp=2", "parallel.cp_variant=ring", "parallel.backend=gloo"]
+    assert launch_local(build_run_config(base, layout), tmp_path / "pp2cp2") == 0
+    for table, column in (("metrics", "loss"), ("evals", "value")):
+        ref, got = (pl.read_parquet(tmp_path / d / f"{table}.parquet")[column].to_list() for d in ("single", "pp2cp2"))
+        assert len(got) == len(ref) >= 3 and max(abs(a - b) for a, b in zip(ref, got, strict=True)) <= 1e-5, table
