@@ -34,7 +34,7 @@ Composition: TP with or without sequence parallel inside each cp rank (SP shards
 further; attention sees them whole after SP's all-gather; the parity harness runs it, the training
 path still rejects it in ep_cp_hooks.apply_ep_cp); pipeline stages (the chunks take their
 positions from apply_cp's forward pre-hook; Pipeline shards each batch and averages the loss over
-cp; not with the zero-bubble schedule).
+cp; the zero-bubble schedule only with parallel.fsdp_reshard_after_forward=false).
 """
 
 from __future__ import annotations
