@@ -212,20 +212,21 @@ class _RingAttention(torch.autograd.Function):
             if hop < cp - 1:  # prefetch the next block while this one is computed
                 nxt = torch.empty_like(kv)
                 reqs = _start_shift(kv, nxt, group, +1)
+            # every block has a visible key for every rank under head-tail (rank r's tail chunk comes
+            # after all head chunks), so no block is skipped; single rows may be fully masked
             mask = _ring_mask(q_pos, local_positions(seq_len, (cp_rank - hop) % cp, cp, q.device), causal)
-            if mask is None or bool(mask.any()):  # head-tail blocks always have a visible key; kept general
-                scores = _block_scores(q5, kv[0], mask, scale)
-                row_max = scores.amax(dim=-1, keepdim=True).clamp_min(-1e30)  # fully masked rows: finite
-                p = torch.exp(scores - row_max)
-                denom = p.sum(dim=-1, keepdim=True)
-                blk_out = (p @ kv[1].float().unsqueeze(2)) / denom.clamp_min(1e-30)
-                blk_lse = row_max + torch.log(denom)  # -inf for a fully masked row: ignored by the merge
-                if out is None:
-                    out, lse = blk_out, blk_lse
-                else:
-                    new_lse = torch.logaddexp(lse, blk_lse)
-                    out = out * torch.exp(lse - new_lse) + blk_out * torch.exp(blk_lse - new_lse)
-                    lse = new_lse
+            scores = _block_scores(q5, kv[0], mask, scale)
+            row_max = scores.amax(dim=-1, keepdim=True).clamp_min(-1e30)  # fully masked rows: finite
+            p = torch.exp(scores - row_max)
+            denom = p.sum(dim=-1, keepdim=True)
+            blk_out = (p @ kv[1].float().unsqueeze(2)) / denom.clamp_min(1e-30)
+            blk_lse = row_max + torch.log(denom)  # -inf for a fully masked row: ignored by the merge
+            if out is None:  # hop 0, the diagonal block: every row sees itself, so lse is finite
+                out, lse = blk_out, blk_lse
+            else:
+                new_lse = torch.logaddexp(lse, blk_lse)
+                out = out * torch.exp(lse - new_lse) + blk_out * torch.exp(blk_lse - new_lse)
+                lse = new_lse
             for req in reqs:
                 req.wait()
             kv = nxt if nxt is not None else kv
@@ -258,14 +259,12 @@ class _RingAttention(torch.autograd.Function):
                 nxt = torch.empty_like(kv)
                 reqs = _start_shift(kv, nxt, group, +1)
             mask = _ring_mask(q_pos, local_positions(seq_len, (cp_rank - hop) % cp, cp, q.device), causal=ctx.causal)
-            blk = torch.zeros((2,) + tuple(k.shape), dtype=torch.float32, device=q.device)
-            if mask is None or bool(mask.any()):
-                p = torch.exp(_block_scores(q5, kv[0], mask, scale) - lse5)  # masked entries: exp(-inf) = 0
-                blk[1] = (p.transpose(-2, -1) @ do5).sum(dim=2)  # dV = P^T dO, summed over the query group
-                dp = do5 @ kv[1].float().unsqueeze(2).transpose(-2, -1)
-                ds = p * (dp - delta) * scale
-                dq += ds @ kv[0].float().unsqueeze(2)
-                blk[0] = (ds.transpose(-2, -1) @ q5.float()).sum(dim=2)
+            p = torch.exp(_block_scores(q5, kv[0], mask, scale) - lse5)  # masked entries: exp(-inf) = 0
+            dv = (p.transpose(-2, -1) @ do5).sum(dim=2)  # dV = P^T dO, summed over the query group
+            ds = p * (do5 @ kv[1].float().unsqueeze(2).transpose(-2, -1) - delta) * scale  # P ∘ (dP - Δ)
+            dq += ds @ kv[0].float().unsqueeze(2)
+            dk = (ds.transpose(-2, -1) @ q5.float()).sum(dim=2)
+            blk = torch.stack([dk, dv])
             dkv = blk if dkv is None else dkv + blk
             for req in reqs:
                 req.wait()
