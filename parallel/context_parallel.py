@@ -191,7 +191,7 @@ class _RingAttention(torch.autograd.Function):
     Forward: cp hops; at hop h this rank holds the K/V block of rank (r - h) mod cp, computes its
     block of attention with the block's log-sum-exp and merges it online, while the next block is
     already in flight (send/recv posted before the compute). Saved for backward: only the local
-    q, k, v, the output and the merged lse (fp32) -- constant in cp.
+    q, k, v, the output and the merged lse (fp32), however many hops.
     Backward: the K/V blocks travel the same way again; each hop recomputes P = exp(S - lse) of its
     block, adds to dQ, and adds the block's dK/dV to an fp32 accumulator that travels with the block;
     after the last hop one more shift hands each accumulator to the block's owner.
