@@ -15,6 +15,7 @@ gloo on torch 2.13 (see ARCHITECTURE.md, "Known platform facts"):
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import timedelta
 
@@ -42,6 +43,9 @@ def init_distributed(backend: str = "auto", device: torch.device | str | None = 
         torch.cuda.set_device(local)
         kwargs["device_id"] = torch.device("cuda", local)
     dist.init_process_group(backend=name, timeout=timedelta(seconds=timeout_s), **kwargs)
+    # DTensor warns (once per rank and pattern, at WARNING) that reducing a scalar norm over a 2-3-D
+    # mesh takes sequential all-reduces; for one scalar per step that costs nothing worth a warning.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
 def for_collective(t: torch.Tensor) -> torch.Tensor:

@@ -52,20 +52,6 @@ import torch.nn.functional as F
 VARIANTS = ("allgather", "ring")
 
 
-def check_cp_supported(dims) -> None:
-    """ConfigError for the layouts with cp > 1 that parallelize does not build."""
-    from scalelab.errors import ConfigError
-
-    # dp_replicate: the HSDP mesh is built (cp_fsdp_mesh; parity layout hsdp2xcp2) but the training
-    # path takes its FSDP mesh from ep_cp_hooks.fsdp_mesh, which must delegate to cp_fsdp_mesh first.
-    if dims.cp > 1 and dims.dp_replicate > 1:
-        raise ConfigError(
-            "parallel.cp",
-            "context parallel with HSDP replicas (dp_replicate>1) is not built",
-            "set parallel.dp_replicate=1",
-        )
-
-
 def cp_fsdp_mesh(dims, mesh):
     """The mesh FSDP shards parameters over when cp > 1 (the cp ranks hold the same parameters and
     see different tokens, so they are data parallel for the gradients): dp_shard × cp flattened

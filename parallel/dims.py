@@ -114,11 +114,19 @@ class ParallelDims:
                         f"{tp} does not divide model.{key}={n}",
                         f"pick tp from the divisors of {key} ({_divisors(n)[:8]}...) or pad model.{key}",
                     )
-            sp = pcfg is None or getattr(pcfg, "sequence_parallel", True)
-            if sp and seq_len is not None and seq_len % tp:
+            if getattr(model, "family", "dense") == "moe" and model.expert_d_ff % tp:
                 raise ConfigError(
                     "parallel.tp",
-                    f"sequence parallel splits data.seq_len={seq_len} over tp={tp} unevenly",
+                    f"{tp} does not divide the experts' hidden width {model.expert_d_ff} (model.moe_d_ff)",
+                    f"pick tp from the divisors of {model.expert_d_ff} ({_divisors(model.expert_d_ff)[:8]}...)",
+                )
+            sp = pcfg is None or getattr(pcfg, "sequence_parallel", True)
+            if sp and seq_len is not None and (seq_len // self.cp) % tp:  # SP splits a cp rank's rows
+                raise ConfigError(
+                    "parallel.tp",
+                    f"sequence parallel splits data.seq_len={seq_len}"
+                    + (f" / cp={self.cp}" if self.cp > 1 else "")
+                    + f" over tp={tp} unevenly",
                     "choose seq_len as a multiple of tp, or set parallel.sequence_parallel=false",
                 )
             if getattr(model, "tied_embeddings", False):

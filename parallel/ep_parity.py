@@ -9,9 +9,16 @@ same mathematics: every rank's router statistics and aux loss are those of its o
 Compared: per-step mean loss, per-layer tokens-per-expert (summed over ranks), aux loss, the first
 step's gradients of every expert weight and of the routers, and all parameters at the end.
 
+Each layout is applied by `scalelab.parallel.parallelize` (the training loop's path), so TP of the
+MoE block (router replicated, shared experts column/row-parallel, routed experts split over tp by
+their hidden width) is checked with EP and FSDP together.
+
 Layout names: epN (dp_shard=N, ep=N), fsdpMxepN (dp_shard=M, ep=N, experts FSDP-sharded over M/N),
-optional `-grouped` (batched-GEMM experts), `-cf` (capacity factor 1.0) or `-e2` (2 experts, top-1:
-expert weights FSDP-sharded on dim 1 under fsdp4xep2).
+optionally prefixed dpRx (R HSDP replicas: experts and dense parameters all-reduced across them), then
+optionally `xtpK` (tensor parallel K inside each data-parallel rank: world = M·K; ep1xtpK is
+TP of the MoE without EP) and suffixes `-sp` (sequence parallel), `-grouped` (batched-GEMM experts),
+`-cf` (capacity factor 1.0) or `-e2` (2 experts, top-1: expert weights FSDP-sharded on dim 1 under
+fsdp4xep2). Examples: ep2xtp2, fsdp2xep2xtp2-sp, ep1xtp2-sp, dp2xep2.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from scalelab.errors import UsageError
 from scalelab.models.config import ModelConfig
@@ -62,23 +70,46 @@ class EPSpec:
     tolerance: float = 1e-5
 
 
-_EP = re.compile(r"^(?:fsdp(\d+)x)?ep(\d+)(-grouped|-cf|-e2)?$")
+_EP = re.compile(r"^(?:dp(\d+)x)?(?:fsdp(\d+)x)?ep(\d+)(?:xtp(\d+))?(-sp)?(-grouped|-cf|-e2)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class EPLayout:
+    dp_shard: int
+    ep: int
+    tp: int = 1
+    dp_replicate: int = 1
+    sp: bool = False
+    option: str = ""  # "", "grouped", "cf" or "e2"
+
+    @property
+    def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def dp_size(self) -> int:
+        return self.dp_replicate * self.dp_shard
 
 
 def is_ep_layout(name: str) -> bool:
     return bool(_EP.match(name))
 
 
-def parse_ep_layout(name: str) -> tuple[int, int, str]:
-    """(dp_shard, ep, option) of an EP layout name; UsageError when malformed."""
+def parse_ep_layout(name: str) -> EPLayout:
+    """The EPLayout of a layout name (see the module docstring); UsageError when malformed."""
     m = _EP.match(name)
     if not m:
-        raise UsageError(f"EP layout {name!r}: use epN, fsdpMxepN, with optional -grouped, -cf or -e2")
-    ep = int(m.group(2))
-    dp_shard = int(m.group(1) or ep)
-    if ep < 2 or dp_shard % ep:
-        raise UsageError(f"EP layout {name!r}: ep must be >= 2 and divide the fsdp size")
-    return dp_shard, ep, (m.group(3) or "")[1:]
+        raise UsageError(
+            f"EP layout {name!r}: use [dpRx]epN or [dpRx]fsdpMxepN, optionally xtpK, then -sp and/or -grouped|-cf|-e2"
+        )
+    dp_replicate, ep, tp = int(m.group(1) or 1), int(m.group(3)), int(m.group(4) or 1)
+    dp_shard = int(m.group(2) or ep)
+    if ep < 1 or dp_shard % ep or (ep == 1 and tp < 2) or tp < 1:
+        raise UsageError(f"EP layout {name!r}: ep must be >= 2 (or 1 with tp >= 2) and divide the fsdp size")
+    if m.group(5) and tp < 2:
+        raise UsageError(f"EP layout {name!r}: -sp needs xtpK with K >= 2")
+    option = (m.group(6) or "")[1:]
+    return EPLayout(dp_shard=dp_shard, ep=ep, tp=tp, dp_replicate=dp_replicate, sp=bool(m.group(5)), option=option)
 
 
 def _model_for(spec: EPSpec, option: str) -> ModelConfig:
@@ -118,7 +149,9 @@ def ep_reference(spec: EPSpec, dp: int, option: str = "") -> dict:
         out["aux_loss"].append(aux)
         if step == 0:
             out["grads"] = {
-                n: p.grad.detach().clone() for n, p in model.named_parameters() if ".experts." in n or ".router." in n
+                n: p.grad.detach().clone()
+                for n, p in model.named_parameters()
+                if ".experts." in n or ".router." in n or ".shared_experts." in n
             }
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -126,71 +159,80 @@ def ep_reference(spec: EPSpec, dp: int, option: str = "") -> dict:
     return out
 
 
-def _ep_run(name: str, spec: EPSpec, out_dir: Path) -> None:
-    """One EP layout inside the spawned group (world == dp_shard); rank 0 writes the results."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
+def _parallel_cfg(spec: EPSpec, lay: EPLayout, model_cfg: ModelConfig) -> SimpleNamespace:
+    """The parts of a RunConfig that `parallelize` reads, for one EP layout (fp32, no loss parallel)."""
+    from scalelab.parallel.config import ParallelConfig
 
-    from scalelab.models.llama import build_model
-    from scalelab.parallel.data_parallel import apply_fsdp
-    from scalelab.parallel.expert_parallel import (
-        ExpertParallelExperts,
-        apply_ep,
-        apply_ep_fsdp,
-        build_ep_mesh,
-        gather_full_experts,
+    pcfg = ParallelConfig(
+        dp_replicate=lay.dp_replicate,
+        dp_shard=lay.dp_shard,
+        tp=lay.tp,
+        ep=lay.ep,
+        sequence_parallel=lay.sp,
+        loss_parallel=False,
+        mixed_precision="fp32",
+        backend="gloo",
+    )
+    return SimpleNamespace(
+        parallel=pcfg, model=model_cfg, optim=SimpleNamespace(z_loss=0.0), data=SimpleNamespace(seq_len=spec.seq_len)
     )
 
-    dp_shard, ep, option = parse_ep_layout(name)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = _model_for(spec, option)
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
-    emesh = build_ep_mesh(SimpleNamespace(dp_shard=dp_shard, cp=1, ep=ep), mesh)
-    model = build_model(cfg, seed=spec.seed)
-    apply_ep(model, emesh["ep"])
-    apply_ep_fsdp(model, emesh["dp_mod_ep"])
-    apply_fsdp(model, mesh["dp_shard"], reshard_after_forward=True, mixed_precision="fp32", device_type="cpu")
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+
+
+def _ep_run(name: str, spec: EPSpec, out_dir: Path) -> None:
+    """One EP layout inside the spawned group (world == dp_shard × tp); rank 0 writes the results."""
+    import torch.distributed as dist
+
+    from scalelab.models.llama import build_model
+    from scalelab.parallel.dims import ParallelDims
+    from scalelab.parallel.expert_parallel import ShardedExperts, gather_full_experts
+    from scalelab.parallel.memory import measured_memory
+    from scalelab.parallel.parallelize import parallelize
+
+    lay = parse_ep_layout(name)
+    cfg = _model_for(spec, lay.option)
+    run_cfg = _parallel_cfg(spec, lay, cfg)
+    dims = ParallelDims.from_config(run_cfg.parallel, world_size=dist.get_world_size(), model=cfg, seq_len=spec.seq_len)
+    mesh = dims.build_mesh("cpu")
+    model = parallelize(build_model(cfg, seed=spec.seed), dims, run_cfg, mesh, device=torch.device("cpu")).model
+    dp_rank, dp_size = dims.dp_coords(mesh)
+    dp_group = mesh["dp" if dims.dp_replicate > 1 else "dp_shard"].get_group() if dp_size > 1 else None
     opt = torch.optim.SGD(model.parameters(), lr=spec.lr)
-    local = spec.global_batch_sequences // world
+    local = spec.global_batch_sequences // dp_size
     out = {"losses": [], "tokens_per_expert": [], "aux_loss": [], "grads": {}}
-    moe_names = [(n, m) for n, m in model.named_modules() if isinstance(m, ExpertParallelExperts)]
+    moe_names = [(n, m) for n, m in model.named_modules() if isinstance(m, ShardedExperts)]
     steps = batches(cfg.vocab_size, spec.steps, spec.global_batch_sequences, spec.seq_len, spec.seed)
     for step, batch in enumerate(steps):
-        mine = batch[rank * local : (rank + 1) * local]
+        mine = batch[dp_rank * local : (dp_rank + 1) * local]
         loss = cross_entropy(model(mine[:, :-1]), mine[:, 1:])
         loss.backward()
-        stats = model.moe_stats()
+        stats = model.moe_stats()  # the same on every tp rank: each sees its dp rank's tokens
         counts = torch.stack([s["tokens_per_expert"] for s in stats]).contiguous()
         aux = torch.stack([s["aux_loss"] for s in stats]).contiguous()
         value = loss.detach().reshape(1).clone()
-        for t in (counts, aux, value):
-            dist.all_reduce(t)
-        out["losses"].append(float(value) / world)
+        if dp_group is not None:
+            for t in (counts, aux, value):
+                dist.all_reduce(t, group=dp_group)
+        out["losses"].append(float(value) / dp_size)
         out["tokens_per_expert"].append(counts)
-        out["aux_loss"].append(aux / world)
+        out["aux_loss"].append(aux / dp_size)
         if step == 0:
             for mname, mod in moe_names:
                 for key, t in gather_full_experts(mod).items():
                     if key.endswith(".grad"):
                         out["grads"][f"{mname}.{key[:-5]}"] = t
             for n, p in model.named_parameters():
-                if ".router." in n:
-                    out["grads"][n] = p.grad.full_tensor().detach().clone()
+                if ".router." in n or ".shared_experts." in n:
+                    out["grads"][n] = _full(p.grad)
         opt.step()
         if step == spec.steps - 1:
-            from scalelab.parallel.memory import measured_memory
-
             out["memory"] = measured_memory(model, opt).as_dict()  # rank 0's, saved below
         opt.zero_grad(set_to_none=True)
-    params = {}
-    for n, p in model.named_parameters():
-        if ".experts." not in n:
-            params[n] = p.full_tensor().detach().clone()
-    for mname, mod in moe_names:
-        for key, t in gather_full_experts(mod).items():
-            params[f"{mname}.{key}"] = t
-    out["params"] = params
-    if rank == 0:
+    out["params"] = {n: _full(p) for n, p in model.named_parameters()}
+    if dist.get_rank() == 0:
         torch.save(out, out_dir / f"{name}.pt")
     dist.barrier()
 
@@ -230,26 +272,25 @@ def ep_parity(layouts: list[str], spec: EPSpec | None = None) -> list[dict]:
     spec = spec or EPSpec()
     by_world: dict[int, list[str]] = {}
     for name in layouts:
-        dp_shard, _, _ = parse_ep_layout(name)
-        if spec.global_batch_sequences % dp_shard:
-            raise UsageError(f"{name}: {dp_shard} ranks do not split {spec.global_batch_sequences} sequences")
-        by_world.setdefault(dp_shard, []).append(name)
+        lay = parse_ep_layout(name)
+        if spec.global_batch_sequences % lay.dp_size:
+            raise UsageError(f"{name}: {lay.dp_size} ranks do not split {spec.global_batch_sequences} sequences")
+        by_world.setdefault(lay.world_size, []).append(name)
     rows = []
     with tempfile.TemporaryDirectory(prefix="scalelab-ep-") as tmp:
         for world, names in sorted(by_world.items()):
             spawn(_ep_group, world, (names, spec, tmp), backend="gloo")
         for name in layouts:
-            dp_shard, _, option = parse_ep_layout(name)
-            ref = ep_reference(spec, dp_shard, option)
+            lay = parse_ep_layout(name)
+            ref = ep_reference(spec, lay.dp_size, lay.option)
             got = torch.load(Path(tmp) / f"{name}.pt", weights_only=True)
-            row = compare_ep(name, ref, got, dp_shard, spec.tolerance)
+            row = compare_ep(name, ref, got, lay.world_size, spec.tolerance)
             # the planner's exact state accounting for rank 0 (largest shards) vs what it held
             from scalelab.parallel.planner_memory import Layout, state_bytes
 
-            _, ep, _ = parse_ep_layout(name)
-            lay = Layout(dp_shard=dp_shard, ep=ep)
+            plan = Layout(dp_replicate=lay.dp_replicate, dp_shard=lay.dp_shard, ep=lay.ep, tp=lay.tp)
             row["memory_expected"] = state_bytes(
-                _model_for(spec, option), lay, seq_len=spec.seq_len, optimizer="sgd"
+                _model_for(spec, lay.option), plan, seq_len=spec.seq_len, optimizer="sgd"
             ).as_dict()
             row["memory_measured"] = got["memory"]
             row["memory_ok"] = row["memory_expected"] == row["memory_measured"]

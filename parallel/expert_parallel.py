@@ -1,27 +1,38 @@
-"""Expert parallel: MoE experts sharded over an `ep` mesh axis, tokens moved with all_to_all_single.
+"""Expert parallel (and expert tensor parallel): MoE experts sharded over `ep` (and `tp`) mesh axes.
 
-    emesh = build_ep_mesh(dims, mesh)       # axes (..., "dp_mod_ep", "ep") over the dp_shard×cp ranks
-    apply_ep(model, emesh["ep"])            # each rank keeps experts [r*E/ep, (r+1)*E/ep)
-    apply_ep_fsdp(model, emesh["dp_mod_ep"])   # FSDP2 over the ranks that hold the same experts
-    apply_fsdp(model, dp_mesh, ...)         # then the usual FSDP of blocks and root (dense params)
+    emesh = build_ep_mesh(dims, mesh)    # axes (pp, dp_replicate, dp_mod_ep, ep, tp) over the same ranks
+    apply_ep(model, emesh)               # experts -> ShardedExperts: DTensors on emesh[(ep[, tp])]
+    apply_ep_fsdp(model, emesh)          # FSDP2 (HSDP) of the expert shards over (dp_replicate,) dp_mod_ep
+    apply_fsdp(model, dp_mesh, ...)      # then the usual FSDP of blocks and root (dense params)
 
-How a step flows (module `ExpertParallelExperts`, a drop-in for `models.moe.GroupedExperts`):
-  the MoE block sorts its local token copies by global expert id and hands (rows, counts[E]) to
-  `experts`; counts are exchanged with one all_to_all_single ([ep × E/ep] ints), rows are sent to
-  the rank owning their expert with all_to_all_single with uneven splits (gloo supports it; the
-  list form does not), regrouped by local expert, computed, un-permuted and sent back with the
-  reverse all_to_all. Both all_to_alls are autograd functions whose backward is the reverse
-  exchange, so input gradients return to the tokens' ranks.
+Sharding: the weights w1/w3 [E, F, D] and w2 [E, D, F] are DTensors on the (ep, tp) sub-mesh with
+placements (Shard(0), Shard(F dim)): ep rank r keeps experts [r*E/ep, (r+1)*E/ep), and within a tp
+group each rank keeps F/tp of every local expert's hidden width (Megatron's expert tensor parallel
+with ETP = TP). Because they are DTensors with the single-device global shapes, checkpoints (DCP)
+hold each expert once and reshard to any other layout, FSDP2 composes its dp_mod_ep sharding on
+top (2-D EP+TP), and the gradient norm of the sharded weights is complete without special cases.
+
+A step (module `ShardedExperts`, a drop-in for `models.moe.GroupedExperts`): the MoE block sorts
+its token copies by global expert id and hands (rows, counts[E]) to `experts`; counts are exchanged
+with one all_to_all_single ([ep × E/ep] ints), rows go to the rank owning their expert with
+all_to_all_single with uneven splits (gloo supports it; the list form does not), are regrouped by
+local expert, computed, un-permuted and sent back with the reverse all_to_all. Both all_to_alls are
+autograd functions whose backward is the reverse exchange.
+
+Under TP the MoE block runs on the full (replicated, or all-gathered under SP) tokens of the tp
+group, so routing, router statistics and aux losses are those of one device. Each tp rank computes
+its F/tp slice of every routed copy; the partial outputs are summed over tp (all-reduce forward,
+identity backward) before the router weights multiply them, and the rows entering the experts go
+through the conjugate (identity forward, all-reduce of their gradient backward). The sum happens on
+the k routed copies per token rather than once on the combined output (as Megatron does): it costs
+k× the volume but keeps the router weights' gradient complete on every tp rank, so the model code
+stays single-device. Shared experts and the router are handled by `scalelab.parallel.tp`.
 
 Gradient scaling: each rank backpropagates the mean loss of its own tokens; dense parameters are
 averaged over dp by FSDP. An expert's gradient, however, already sums the contributions of the
-tokens of all ep ranks (they came through the all_to_all), so it is scaled by 1/ep in backward
-(`_ScaleGrad` on the weight in forward); FSDP over `dp_mod_ep` then averages the rest. The result
-is the gradient of the mean loss over the global batch, as for every other parameter.
-
-Gradient norm: ranks of one ep group hold different experts, so the squared norms of expert
-gradients are summed over `ep` (`scalelab.parallel.ep_cp_hooks.clip_grad_norm_ep`).
-The model code stays single-device: only `feed_forward.experts` is swapped from outside.
+tokens of all ep ranks (they came through the all_to_all), so it is scaled by 1/ep in backward;
+FSDP over dp_mod_ep (and dp_replicate) then averages the rest. The result is the gradient of the
+mean loss over the global batch, as for every other parameter.
 """
 
 from __future__ import annotations
@@ -29,8 +40,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.tensor import DTensor, Shard
 
 from scalelab.models.moe import MoE, grouped_swiglu
+from scalelab.parallel.backend import for_collective
+from scalelab.parallel.step import _SumOverGroup
 
 
 def check_ep_supported(dims, model_cfg=None) -> None:
@@ -51,9 +65,8 @@ def check_ep_supported(dims, model_cfg=None) -> None:
             f"{dims.ep} does not divide model.num_experts={model_cfg.num_experts}",
             "pick ep dividing num_experts",
         )
-    for axis in ("tp", "pp"):
-        if getattr(dims, axis) > 1:
-            raise ConfigError("parallel.ep", f"expert parallel with {axis}>1 is not built", f"set parallel.{axis}=1")
+    if dims.pp > 1:
+        raise ConfigError("parallel.ep", "expert parallel with pp>1 is not built", "set parallel.pp=1")
 
 
 class _AllToAll(torch.autograd.Function):
@@ -80,6 +93,21 @@ def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], gro
     return _AllToAll.apply(x, out_splits, in_splits, group)
 
 
+class _CopyToGroup(torch.autograd.Function):
+    """Identity forward; all-reduce (sum) of the gradient over `group` backward (Megatron's f)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = for_collective(grad.clone())
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
 class _ScaleGrad(torch.autograd.Function):
     """Identity forward; multiplies the gradient by `scale` in backward."""
 
@@ -93,37 +121,56 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-class ExpertParallelExperts(nn.Module):
-    """This rank's E/ep experts (w1/w2/w3 [E/ep, ...]) behind the GroupedExperts interface."""
+_F_DIM = {"w1": 1, "w2": 2, "w3": 1}  # the hidden (F) dim of each expert weight, split over tp
 
-    def __init__(self, w1, w2, w3, *, num_experts: int, ep_rank: int, group, method: str = "loop"):
+
+class ShardedExperts(nn.Module):
+    """The experts of one MoE block as DTensors on the (ep[, tp]) mesh, behind GroupedExperts' interface."""
+
+    def __init__(self, experts: nn.Module, mesh):
         super().__init__()
-        self.w1, self.w2, self.w3 = nn.Parameter(w1), nn.Parameter(w2), nn.Parameter(w3)
-        self.num_experts = num_experts
-        self.ep_size = dist.get_world_size(group)
-        self.ep_rank = ep_rank
-        self.group = group
-        self.method = method
-
-    @classmethod
-    def from_full(cls, experts: nn.Module, group) -> ExpertParallelExperts:
-        """Slice a full GroupedExperts: rank r keeps experts [r*E/ep, (r+1)*E/ep)."""
-        ep, rank = dist.get_world_size(group), dist.get_rank(group)
-        num_local = experts.num_experts // ep
-        sl = slice(rank * num_local, (rank + 1) * num_local)
-        w = [getattr(experts, n).detach()[sl].clone() for n in ("w1", "w2", "w3")]
-        return cls(*w, num_experts=experts.num_experts, ep_rank=rank, group=group, method=experts.method)
+        names = mesh.mesh_dim_names
+        self.num_experts = experts.num_experts
+        self.method = experts.method
+        self.ep_size, self.ep_rank = mesh["ep"].size(), mesh["ep"].get_local_rank()
+        self.ep_group = mesh["ep"].get_group()
+        self.tp_group = mesh["tp"].get_group() if "tp" in names and mesh["tp"].size() > 1 else None
+        tp, tp_rank = (mesh["tp"].size(), mesh["tp"].get_local_rank()) if "tp" in names else (1, 0)
+        num_local = self.num_experts // self.ep_size
+        for name in ("w1", "w2", "w3"):
+            full = getattr(experts, name).detach()
+            local = full[self.ep_rank * num_local : (self.ep_rank + 1) * num_local]
+            placements = [Shard(0)]
+            if "tp" in names:
+                local = local.chunk(tp, dim=_F_DIM[name])[tp_rank]
+                placements.append(Shard(_F_DIM[name]))
+            weight = DTensor.from_local(local.clone(), mesh, placements, run_check=False)
+            setattr(self, name, nn.Parameter(weight))
 
     def forward(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         ep, num_local = self.ep_size, self.num_experts // self.ep_size
+        # to_local: its backward hands the gradient back as a DTensor with the weight's placements;
+        # the 1/ep is the gradient scaling of the module docstring.
+        w1, w2, w3 = (_ScaleGrad.apply(getattr(self, n).to_local(), 1.0 / ep) for n in ("w1", "w2", "w3"))
+        if self.tp_group is not None:
+            x = _CopyToGroup.apply(x, self.tp_group)
+        if ep == 1:
+            out = grouped_swiglu(x, counts, w1, w2, w3, self.method)
+        else:
+            out = self._dispatch_compute_combine(x, counts, w1, w2, w3, ep, num_local)
+        if self.tp_group is not None:
+            out = _SumOverGroup.apply(out, self.tp_group)  # partial over F/tp slices -> full rows
+        return out
+
+    def _dispatch_compute_combine(self, x, counts, w1, w2, w3, ep: int, num_local: int) -> torch.Tensor:
         send_counts = torch.tensor(counts, dtype=torch.int64, device=x.device)  # NCCL wants device tensors
         recv_counts = torch.empty_like(send_counts)
-        dist.all_to_all_single(recv_counts, send_counts, group=self.group)  # [source rank, local expert]
+        dist.all_to_all_single(recv_counts, send_counts, group=self.ep_group)  # [source rank, local expert]
         recv_counts = recv_counts.view(ep, num_local).cpu()  # the split sizes are host integers anyway
         send_counts = send_counts.cpu()
         in_splits = send_counts.view(ep, num_local).sum(1).tolist()
         out_splits = recv_counts.sum(1).tolist()
-        rows = all_to_all(x, out_splits, in_splits, self.group)
+        rows = all_to_all(x, out_splits, in_splits, self.ep_group)
         # Received rows are ordered (source rank, local expert); the experts want (local expert, source).
         starts = (recv_counts.flatten().cumsum(0) - recv_counts.flatten()).view(ep, num_local)
         perm = [
@@ -133,82 +180,87 @@ class ExpertParallelExperts(nn.Module):
         ]
         perm = torch.cat(perm).to(x.device) if perm else torch.zeros(0, dtype=torch.long, device=x.device)
         local_counts = recv_counts.sum(0).tolist()
-        scale = 1.0 / ep
-        w1, w2, w3 = (_ScaleGrad.apply(w, scale) for w in (self.w1, self.w2, self.w3))
         out = grouped_swiglu(rows.index_select(0, perm), local_counts, w1, w2, w3, self.method)
         out = out.index_select(0, torch.argsort(perm))  # back to (source rank, local expert) order
-        return all_to_all(out, in_splits, out_splits, self.group)
+        return all_to_all(out, in_splits, out_splits, self.ep_group)
 
 
 def build_ep_mesh(dims, mesh):
-    """A DeviceMesh over all ranks whose last two axes split dp_shard×cp into (dp_mod_ep, ep).
+    """A DeviceMesh over the ranks of `mesh` with axes (pp, dp_replicate, dp_mod_ep, ep, tp).
 
-    ep is the inner (adjacent-rank) factor. Other axes of `mesh` (pp, dp_replicate, tp) stay in
-    front, so every (pp, dp_replicate, tp) coordinate gets its own ep and dp_mod_ep groups.
+    dp_shard×cp (flattened, cp inner) is split into (dp_mod_ep, ep) with ep the inner factor, so an
+    ep group is made of adjacent shard ranks; axes of `mesh` that are absent stay absent, and ep and
+    dp_mod_ep are always present (size 1 allowed). Every (pp, dp_replicate, tp) coordinate gets its
+    own ep and dp_mod_ep groups; tp stays innermost, so (ep, tp) is a valid 2-D sub-mesh.
     """
     from torch.distributed.device_mesh import DeviceMesh
 
     names = list(mesh.mesh_dim_names or ())
-    ranks = mesh.mesh
     shard_axes = [n for n in ("dp_shard", "cp") if n in names]
-    other = [n for n in names if n not in shard_axes]
-    order = [names.index(n) for n in other + shard_axes]
-    ranks = ranks.permute(*order) if order else ranks
+    front = [n for n in ("pp", "dp_replicate") if n in names]
+    back = [n for n in ("tp",) if n in names]
+    ranks = mesh.mesh.permute(*[names.index(n) for n in front + shard_axes + back])
     shard = dims.dp_shard * dims.cp
     if shard % dims.ep:
         raise ValueError(f"ep={dims.ep} does not divide dp_shard*cp={shard}")
-    lead = [ranks.shape[i] for i in range(len(other))]
-    ranks = ranks.reshape(*lead, shard // dims.ep, dims.ep)
-    return DeviceMesh(mesh.device_type, ranks, mesh_dim_names=(*other, "dp_mod_ep", "ep"))
+    lead = [mesh[n].size() for n in front]
+    tail = [mesh[n].size() for n in back]
+    ranks = ranks.reshape(*lead, shard // dims.ep, dims.ep, *tail)
+    return DeviceMesh(mesh.device_type, ranks, mesh_dim_names=(*front, "dp_mod_ep", "ep", *back))
 
 
-def apply_ep(model: nn.Module, ep_mesh) -> None:
-    """Replace the experts of every MoE block by this rank's shard (call after init, before FSDP)."""
-    group = ep_mesh.get_group()
-    ep = ep_mesh.size()
-    for moe in [m for m in model.modules() if isinstance(m, MoE)]:
+def moe_blocks(model: nn.Module) -> list[MoE]:
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def apply_ep(model: nn.Module, emesh) -> None:
+    """Replace the experts of every MoE block by this rank's shard (call after init, before FSDP).
+
+    `emesh` comes from `build_ep_mesh`; the experts are sharded over its ep axis and, when it has
+    one, its tp axis."""
+    names = emesh.mesh_dim_names
+    mesh = emesh[("ep", "tp")] if "tp" in names else emesh["ep"]
+    ep = emesh["ep"].size()
+    for moe in moe_blocks(model):
         if moe.num_experts % ep:
             raise ValueError(f"ep={ep} does not divide num_experts={moe.num_experts}")
-        moe.experts = ExpertParallelExperts.from_full(moe.experts, group)
+        moe.experts = ShardedExperts(moe.experts, mesh)
 
 
-def expert_shard_dim(shape: tuple[int, ...], fsdp_size: int) -> int:
-    """The dim FSDP shards an expert weight [E_local, a, b] on: 0 (experts) unless there are fewer
-    local experts than FSDP ranks, then 1 (so every rank holds a slice, not some ranks nothing)."""
-    return 0 if shape[0] >= fsdp_size else 1
+def expert_shard_dim(local_shape: tuple[int, ...], fsdp_size: int) -> int:
+    """The dim FSDP shards an expert weight's local shard [E_local, a, b] on: 0 (experts) unless
+    there are fewer local experts than FSDP ranks, then 1 (so every rank holds a slice)."""
+    return 0 if local_shape[0] >= fsdp_size else 1
 
 
-def apply_ep_fsdp(model: nn.Module, dp_mod_ep_mesh, **fsdp_kwargs) -> None:
+def expert_fsdp_mesh(emesh):
+    """The mesh FSDP2 uses for expert shards: dp_mod_ep, or (dp_replicate, dp_mod_ep) for HSDP."""
+    if "dp_replicate" in emesh.mesh_dim_names:
+        return emesh[("dp_replicate", "dp_mod_ep")]
+    return emesh["dp_mod_ep"]
+
+
+def apply_ep_fsdp(model: nn.Module, emesh, **fsdp_kwargs) -> None:
     """fully_shard each expert shard over the ranks holding the same experts (size 1 is fine: it
     only marks the parameters as managed, so the blocks' FSDP over the whole dp mesh skips them)."""
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Shard
 
-    size = dp_mod_ep_mesh.size()
-    for moe in [m for m in model.modules() if isinstance(m, MoE)]:
-        fully_shard(
-            moe.experts,
-            mesh=dp_mod_ep_mesh,
-            shard_placement_fn=lambda p: Shard(expert_shard_dim(tuple(p.shape), size)),
-            **fsdp_kwargs,
-        )
+    size = emesh["dp_mod_ep"].size()
 
+    def placement(p):
+        local = p.to_local() if isinstance(p, DTensor) else p
+        return Shard(expert_shard_dim(tuple(local.shape), size))
 
-def expert_params(model: nn.Module) -> list[nn.Parameter]:
-    return [p for m in model.modules() if isinstance(m, ExpertParallelExperts) for p in m.parameters()]
+    for moe in moe_blocks(model):
+        fully_shard(moe.experts, mesh=expert_fsdp_mesh(emesh), shard_placement_fn=placement, **fsdp_kwargs)
 
 
-def gather_full_experts(module: ExpertParallelExperts) -> dict[str, torch.Tensor]:
-    """The full [E, ...] weights (and grads when present) of one expert-parallel module, on every rank."""
+def gather_full_experts(module: ShardedExperts) -> dict[str, torch.Tensor]:
+    """The full [E, ...] weights (and grads when present) of one sharded-experts module, on every rank."""
     out = {}
     for name in ("w1", "w2", "w3"):
         p = getattr(module, name)
         for key, t in ((name, p), (name + ".grad", p.grad)):
-            if t is None:
-                continue
-            full = t.full_tensor() if hasattr(t, "full_tensor") else t
-            full = full.detach().contiguous()
-            buf = full.new_empty((module.ep_size * full.shape[0],) + tuple(full.shape[1:]))
-            dist.all_gather_into_tensor(buf, full, group=module.group)
-            out[key] = buf
+            if t is not None:
+                out[key] = t.full_tensor().detach().clone()
     return out

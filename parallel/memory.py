@@ -7,9 +7,11 @@
 The rules (fp32 state; FSDP2 keeps its sharded parameters in fp32 even under bf16 compute):
   - pipeline: a rank holds only its stages' blocks (+ embedding on stage 0, norm/output on the last);
   - tensor parallel: wq/wk/wv/w1/w3 and `output` split dim 0 by tp, wo/w2 split dim 1, the
-    embedding splits its rows (vocabulary); norms are replicated;
+    embedding splits its rows (vocabulary), routed experts their hidden dim; norms and routers are
+    replicated; expert parallel splits the experts' dim 0 by ep;
   - FSDP2: then dim 0 of that local tensor is split over dp_shard × cp like torch.chunk (ceil-size
-    chunks, the last ones shorter or empty); dp_replicate copies do not shrink anything;
+    chunks, the last ones shorter or empty; experts over dp_shard × cp / ep, see
+    scalelab.parallel.planner_memory.local_shape); dp_replicate copies do not shrink anything;
   - gradients after backward have exactly the parameters' local shapes;
   - AdamW: exp_avg + exp_avg_sq (parameter-sized) + one fp32 `step` scalar per parameter tensor;
     SGD without momentum keeps nothing.
@@ -23,13 +25,12 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from scalelab.parallel.planner_memory import (
-    _COLWISE,
-    _ROWWISE,
     Layout,
     StateBytes,
     param_shapes,
     params_of_pp_rank,
 )
+from scalelab.parallel.planner_memory import local_shape as planner_local_shape
 
 _FP32_BYTES = 4
 
@@ -46,26 +47,10 @@ def full_param_shapes(model_cfg) -> dict[str, tuple[int, ...]]:
     return param_shapes(model_cfg)
 
 
-def _chunk_len(n: int, parts: int, index: int) -> int:
-    """Length of torch.chunk(range(n), parts)[index] (0 when that chunk does not exist)."""
-    size = -(-n // parts)
-    return max(0, min(size, n - index * size))
-
-
 def local_shape(name: str, shape: tuple[int, ...], dims, coords: dict[str, int]) -> tuple[int, ...]:
-    """The shape of parameter `name` on the rank at mesh coordinates `coords` (axis -> local rank)."""
-    shape = list(shape)
-    if dims.tp > 1:
-        module = name.rsplit(".", 1)[0]
-        if module.endswith(_COLWISE) or module in ("output", "tok_embeddings"):
-            shape[0] //= dims.tp
-        elif module.endswith(_ROWWISE):
-            shape[1] //= dims.tp
-    shards = dims.dp_shard * dims.cp  # FSDP2 shards over dp_shard × cp (flattened, cp inner)
-    if shards > 1:
-        index = coords.get("dp_shard", 0) * dims.cp + coords.get("cp", 0)
-        shape[0] = _chunk_len(shape[0], shards, index)
-    return tuple(shape)
+    """The shape of parameter `name` on the rank at mesh coordinates `coords` (axis -> local rank);
+    the one rule set, shared with the planner (scalelab.parallel.planner_memory.local_shape)."""
+    return planner_local_shape(name, shape, dims, coords)
 
 
 def params_on_pp_rank(model_cfg, dims, pcfg, pp_rank: int, seq_len: int) -> list[str]:

@@ -34,6 +34,7 @@ from torch.distributed.pipelining.schedules import (
     ScheduleZBVZeroBubble,
 )
 
+from scalelab.models.moe import MoE
 from scalelab.parallel.backend import for_collective
 from scalelab.parallel.dims import num_microbatches, stages_per_rank
 from scalelab.parallel.step import loss_from_logits
@@ -147,6 +148,14 @@ class ModelParts(nn.Module):
     def forward(self, *args, **kwargs):
         raise RuntimeError("a pipelined model runs through its schedule (ParallelStep), not model(x)")
 
+    def moe_layers(self) -> list[nn.Module]:
+        return [b.feed_forward for b in self.layers.values() if isinstance(b.feed_forward, MoE)]
+
+    def moe_stats(self) -> list[dict[str, torch.Tensor]]:
+        """Router statistics of the MoE layers THIS pipeline rank holds, from the last pipeline
+        micro-batch (the run records are written by rank 0: its stages' layers)."""
+        return [m.last_stats for m in self.moe_layers() if m.last_stats]
+
 
 class Pipeline:
     """The stages of this rank, the schedule, and the loss plumbing (see module docstring)."""
@@ -229,6 +238,8 @@ class Pipeline:
         """One pipelined forward+backward of a batch (split into micro-batches); the mean loss."""
         self._scale, self._z_loss, self._ces = scale, z_loss, []
         inputs, targets = self._cp_rows(inputs, targets)
+        for moe in self.model_parts.moe_layers():  # aux losses scaled like each micro-batch's LM loss
+            moe.loss_scale = scale / self.n_microbatches
         losses: list[torch.Tensor] = []
         has_first = 0 in self.stage_ids
         has_last = self.num_stages - 1 in self.stage_ids

@@ -20,7 +20,7 @@ Step time: compute = exact causal training FLOPs (+ one forward of the matmuls u
 +2% under selective) / (peak × mfu), × (1 + pipeline bubble (pp-1)/micro-batches); plus exposed
 communication: FSDP all-gathers (forward and backward, bf16) and reduce-scatters (fp32) per
 micro-batch, minus what overlaps compute (`fsdp_overlap` × compute); HSDP all-reduce; TP/SP 4
-activation collectives per block per micro-batch (6 with full AC); CP K/V all-gather +
+activation collectives per block per micro-batch (6 with full AC; MoE blocks: `tp_units`); CP K/V all-gather +
 reduce-scatter (or ring hops) per block; EP 4 all-to-alls per MoE block; PP activations per stage
 boundary. A collective's bandwidth is the intra-node one when its group fits in a node (axes are
 laid out tp innermost, then cp, dp_shard, dp_replicate, pp), else the inter-node one, × comm_efficiency.
@@ -96,8 +96,8 @@ def candidate_layouts(cfg, num_gpus: int, seq_len: int, global_batch_sequences: 
         for t in _divisors(num_gpus)
         if t <= hw.gpus_per_node
         and all(getattr(cfg, k) % t == 0 for k in ("num_heads", "num_kv_heads", "d_model", "vocab_size"))
-        and (cfg.family == "moe" or cfg.d_ff % t == 0)
-        and (t == 1 or (not cfg.tied_embeddings and cfg.family != "moe"))  # TP of experts: not built
+        and (cfg.d_ff % t == 0 if cfg.family != "moe" else cfg.expert_d_ff % t == 0)
+        and (t == 1 or not cfg.tied_embeddings)
     ]
     for tp in tp_ok:
         for pp in _divisors(num_gpus // tp):
@@ -129,7 +129,7 @@ def candidate_layouts(cfg, num_gpus: int, seq_len: int, global_batch_sequences: 
                                     micro_batch_sequences=mbs,
                                     activation_checkpoint=ac,
                                     pp_microbatches=local // mbs if pp > 1 else 0,
-                                    sequence_parallel=cp == 1,  # CP is built with TP but not with SP
+                                    sequence_parallel=True,
                                 )
                                 if _buildable(lay, cfg):
                                     out.append(lay)
@@ -146,6 +146,25 @@ def _buildable(lay: Layout, cfg) -> bool:
     except ConfigError:
         return False
     return True
+
+
+def tp_units(cfg, lay: Layout) -> float:
+    """TP traffic of one block per micro-batch, in units of (tp-1)/tp × tokens × d_model elements
+    (an all-gather or reduce-scatter of the block's activations is 1 unit, an all-reduce 2).
+
+    Dense block: attention and MLP each one all-reduce forward and one backward (or AG + RS under
+    SP): 8 units, 12 under full AC (forward replayed). MoE block (scalelab.parallel.expert_parallel):
+    attention as dense; the routed experts all-reduce their k output rows per token forward and the
+    rows' input gradients backward (2k + 2k), shared experts one all-reduce each way (2 + 2), and
+    under SP the block's input all-gather forward and the output-gradient all-gather backward (1 + 1).
+    """
+    replay = lay.activation_checkpoint == "full"
+    if cfg.family != "moe":
+        return 12.0 if replay else 8.0
+    k, shared, sp = cfg.num_experts_per_tok, 2.0 if cfg.num_shared_experts else 0.0, float(lay.sequence_parallel)
+    forward = 2.0 + 2 * k + shared + sp  # attention all-reduce + the MoE block's forward collectives
+    backward = 2.0 + 2 * k + shared + sp
+    return forward * (2 if replay else 1) + backward
 
 
 def _axis_bandwidth(lay: Layout, axis: str, hw: Hardware, consts: CostConstants) -> float:
@@ -224,12 +243,14 @@ def estimate(
         comm["dp_replicate"] = 2 * (r - 1) / r * state.grad_bytes
         times["dp_replicate"] = comm["dp_replicate"] / _axis_bandwidth(lay, "dp_replicate", hw, consts)
     if lay.tp > 1:
-        per = (6 if lay.activation_checkpoint == "full" else 4) * 2 * (lay.tp - 1) / lay.tp * tokens_micro * d * 2
+        per = tp_units(cfg, lay) * (lay.tp - 1) / lay.tp * tokens_micro * d * 2
         comm["tp"] = per * layers * num_micro
         times["tp"] = comm["tp"] / _axis_bandwidth(lay, "tp", hw, consts)
     if lay.cp > 1:
         kv = 2 * cfg.num_kv_heads / lay.tp * cfg.head_dim * 2  # bytes of K and V per token (bf16)
         per = 2 * (lay.cp - 1) / lay.cp * lay.micro_batch_sequences * seq_len * kv  # AG + RS
+        if lay.cp_variant == "ring":  # K/V hops forward and again backward, fp32 dK/dV for cp hops
+            per = (2 * (lay.cp - 1) + 2 * lay.cp) / lay.cp * lay.micro_batch_sequences * seq_len * kv
         comm["cp"] = per * layers * num_micro
         times["cp"] = comm["cp"] / _axis_bandwidth(lay, "cp", hw, consts)
     if lay.ep > 1 and cfg.family == "moe":

@@ -42,8 +42,16 @@ from functools import lru_cache
 
 import torch
 
-_COLWISE = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3")
-_ROWWISE = ("attention.wo", "feed_forward.w2")
+_COLWISE = (
+    "attention.wq",
+    "attention.wk",
+    "attention.wv",
+    "feed_forward.w1",
+    "feed_forward.w3",
+    "shared_experts.w1",
+    "shared_experts.w3",
+)
+_ROWWISE = ("attention.wo", "feed_forward.w2", "shared_experts.w2")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -147,30 +155,50 @@ def _param_shapes(cls, items: tuple) -> tuple:
     return tuple(shapes.items())
 
 
-def _chunk0(n: int, parts: int) -> int:
-    """Length of torch.chunk(range(n), parts)[0]: the largest FSDP shard."""
-    return -(-n // parts) if n else 0
+def _chunk_len(n: int, parts: int, index: int) -> int:
+    """Length of torch.chunk(range(n), parts)[index] (0 when that chunk does not exist)."""
+    size = -(-n // parts)
+    return max(0, min(size, n - index * size))
 
 
-def local_numel(name: str, shape: tuple[int, ...], lay: Layout) -> int:
-    """Elements of parameter `name` on the rank with the largest shard (rank 0 of every axis)."""
+_EXPERT_F_DIM = {"w1": 1, "w2": 2, "w3": 1}  # routed experts: the hidden dim tp splits
+
+
+def local_shape(name: str, shape: tuple[int, ...], lay, coords: dict[str, int] | None = None) -> tuple[int, ...]:
+    """Shape of parameter `name` on the rank at mesh `coords` (axis -> local rank; None = rank 0 of
+    every axis, which holds the largest FSDP shards). `lay` is a Layout or ParallelDims.
+
+    Tensor parallel splits wq/wk/wv/w1/w3 (also the shared experts') and `output` on dim 0, wo/w2 on
+    dim 1, the embedding's rows, and the routed experts' hidden dim; expert parallel splits the
+    experts' dim 0 by ep. FSDP2 then chunks dim 0 over dp_shard×cp like torch.chunk; for experts over
+    dp_shard×cp/ep, on dim 1 when there are fewer local experts than those ranks.
+    """
+    coords = coords or {}
     shape = list(shape)
-    module = name.rsplit(".", 1)[0]
-    expert = ".experts." in name
-    if lay.tp > 1 and not expert:
-        if module.endswith(_COLWISE) or module in ("output", "tok_embeddings"):
+    module, leaf = name.rsplit(".", 1)
+    expert = ".experts." in name and ".shared_experts." not in name
+    if lay.tp > 1:
+        if expert:
+            shape[_EXPERT_F_DIM[leaf]] //= lay.tp
+        elif module.endswith(_COLWISE) or module in ("output", "tok_embeddings"):
             shape[0] //= lay.tp
         elif module.endswith(_ROWWISE):
             shape[1] //= lay.tp
     fsdp = lay.dp_shard * lay.cp
-    if expert and lay.ep > 1:
+    index = coords.get("dp_shard", 0) * lay.cp + coords.get("cp", 0)  # flattened, cp inner
+    dim = 0
+    if expert:
         shape[0] //= lay.ep
-        fsdp //= lay.ep
+        fsdp, index = fsdp // lay.ep, index // lay.ep  # ep is the inner factor of dp_shard×cp
+        dim = 0 if shape[0] >= fsdp else 1  # scalelab.parallel.expert_parallel.expert_shard_dim
     if fsdp > 1:
-        # EP experts with fewer local experts than FSDP ranks are sharded on dim 1 (expert_parallel)
-        dim = 1 if expert and lay.ep > 1 and shape[0] < fsdp else 0
-        shape[dim] = _chunk0(shape[dim], fsdp)
-    return math.prod(shape)
+        shape[dim] = _chunk_len(shape[dim], fsdp, index)
+    return tuple(shape)
+
+
+def local_numel(name: str, shape: tuple[int, ...], lay: Layout) -> int:
+    """Elements of parameter `name` on the rank with the largest shard (rank 0 of every axis)."""
+    return math.prod(local_shape(name, shape, lay))
 
 
 def _stages_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> tuple[list[list[int]], list[int], int]:
@@ -290,16 +318,14 @@ def layer_activation_bytes(cfg, lay: Layout, seq_len: int, kernels: str = "torch
     q_bytes = act * heads * hd
     kv_bytes = 2 * act * kv_width * hd
     if lay.cp > 1 and lay.cp_variant == "ring":
-        # reference ring: per hop the K/V block, the probabilities against it (fp32, T/cp keys), the
-        # block output and its normaliser/lse, the bool mask; merging keeps two outputs and lse's
-        keys = seq_len / lay.cp
-        hop = kv_bytes + 4 * heads * keys + act * heads * hd + 4 * 3 * heads + keys
-        merge = 2 * act * heads * hd + 4 * 4 * heads
-        total += q_bytes + lay.cp * hop + (lay.cp - 1) * merge
+        # ring attention (one autograd function, flash-style backward): only the local q, k, v (K/V
+        # heads not repeated), the output and the merged lse; hops are recomputed in backward
+        total += q_bytes + 2 * act * kv * hd + act * heads * hd + 4 * heads
     else:
         if lay.cp > 1:
             kv_bytes *= lay.cp  # all-gather: every rank keeps the whole sequence's K/V
-            total += seq_len  # and the [rows, seq_len] bool causal mask
+            # and SDPA's fp32 [rows, seq_len] causal mask, shared by the micro-batch's sequences
+            total += 4 * seq_len / lay.micro_batch_sequences
         total += q_bytes + kv_bytes + act * heads * hd + 4 * heads  # q, k, v, out, lse
     total += act * d / sp  # h = x + attn (saved by ffn_norm)
     total += _norm_bytes(d / sp, act, kernels) + act * d  # ffn_norm (+ output)
@@ -307,8 +333,9 @@ def layer_activation_bytes(cfg, lay: Layout, seq_len: int, kernels: str = "torch
         e, k, fe = cfg.num_experts, cfg.num_experts_per_tok, cfg.expert_d_ff
         ff_act = 4 if kernels == "torch" else 2
         total += 2 * 4 * e + 4 + 3 * 8 * k + 4 * k  # logits, probs, lse (fp32); 3 int64 index sets; weights
-        total += k * act * (d + ff_act * fe + 2 * d)  # gathered rows, expert internals, outputs, weighted
-        total += act * ff_act * cfg.num_shared_experts * fe
+        # gathered rows, expert internals (hidden width split over tp), outputs, weighted
+        total += k * act * (d + ff_act * fe / tp + 2 * d)
+        total += act * ff_act * cfg.num_shared_experts * fe / tp
     else:
         total += act * (4 if kernels == "torch" else 2) * cfg.d_ff / tp
     return total
@@ -331,7 +358,7 @@ def checkpointed_layer_bytes(cfg, lay: Layout, seq_len: int, act: int = 4) -> fl
     heads, kv = cfg.num_heads / tp, cfg.num_kv_heads / tp
     if cfg.family == "moe":  # routed copies' w1/w3/w2 outputs, shared experts', fp32 router logits
         k, fe = cfg.num_experts_per_tok, cfg.expert_d_ff
-        ffn = k * (2 * fe + d) + cfg.num_shared_experts * (2 * fe) + d + 4 / act * cfg.num_experts
+        ffn = k * (2 * fe / tp + d) + cfg.num_shared_experts * (2 * fe / tp) + d + 4 / act * cfg.num_experts
     else:
         ffn = 2 * cfg.d_ff / tp + d  # w1 and w3 outputs, w2 output
     mm = heads * hd + 2 * kv * hd + d + ffn  # + q, k, v, wo outputs

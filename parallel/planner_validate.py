@@ -1,7 +1,8 @@
 """Check the planner's activation formula against the bytes autograd actually saves (CPU).
 
     rows = local_rows()             # single process: sizes × seq_len × micro-batch × AC, MoE, pp stages
-    rows += spawned_rows()          # a 2-process gloo group: tp2, tp2+sp, cp2 (all-gather), cp2-ring
+    rows += spawned_rows()          # a 2-process gloo group: tp2, tp2+sp, cp2 (all-gather), cp2-ring,
+                                    # and an MoE under tp2 / tp2+sp
     print(format_rows(rows))        # estimate vs measured, relative error
 
 Measured = distinct storages passed to autograd's saved-tensor hooks during one forward (parameters
@@ -194,9 +195,54 @@ def _spawned_worker(model_name: str, seq_len: int, out_dir: str) -> None:
         with ctx() if ctx else torch.enable_grad():
             loss.backward()
         results[label] = measured
+    results.update(_moe_tp_measurements(seq_len))
     if dist.get_rank() == 0:
         torch.save(results, Path(out_dir) / "spawned.pt")
     dist.barrier()
+
+
+# MoE blocks under TP (router replicated, shared experts column/row-parallel, routed experts split by
+# hidden width over tp): a wider MoE than the parity one, so the experts' internals dominate.
+def _moe_tp_cfg():
+    from scalelab.parallel.ep_parity import moe_debug_model
+
+    return moe_debug_model(d_model=64, moe_d_ff=128, num_heads=4, num_kv_heads=2, max_seq_len=256)
+
+
+_SPAWNED_MOE = (
+    ("moe-tp2", Layout(tp=2, sequence_parallel=False, micro_batch_sequences=2)),
+    ("moe-tp2sp", Layout(tp=2, sequence_parallel=True, micro_batch_sequences=2)),
+)
+
+
+def _moe_tp_measurements(seq_len: int) -> dict[str, int]:
+    import torch.nn.functional as F
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from scalelab.models.llama import build_model
+    from scalelab.parallel.dims import ParallelDims
+    from scalelab.parallel.expert_parallel import apply_ep, build_ep_mesh
+    from scalelab.parallel.tp import apply_tp
+
+    cfg = _moe_tp_cfg()
+    dims = ParallelDims(tp=2)
+    mesh = dims.build_mesh("cpu")
+    out = {}
+    for label, lay in _SPAWNED_MOE:
+        model = build_model(cfg, seed=0)
+        apply_tp(model, mesh["tp"], sequence_parallel=lay.sequence_parallel, loss_parallel=lay.sequence_parallel)
+        apply_ep(model, build_ep_mesh(dims, mesh))  # no FSDP: its gathered parameters would count as saved
+        x = torch.randint(0, cfg.vocab_size, (lay.micro_batch_sequences, seq_len + 1), generator=torch.Generator())
+
+        def run(model=model, x=x):
+            logits = model(x[:, :-1])
+            return F.cross_entropy(logits.flatten(0, 1).float(), x[:, 1:].flatten())
+
+        with loss_parallel() if lay.sequence_parallel else torch.enable_grad():
+            measured, loss = measure_saved_bytes(model, run)
+            loss.backward()
+        out[label] = measured
+    return out
 
 
 def spawned_rows(model_name: str = "tiny-1m", seq_len: int = 128) -> list[dict]:
@@ -207,7 +253,8 @@ def spawned_rows(model_name: str = "tiny-1m", seq_len: int = 128) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="scalelab-act-") as tmp:
         spawn(_spawned_worker, 2, (model_name, seq_len, tmp), backend="gloo")
         measured = torch.load(Path(tmp) / "spawned.pt", weights_only=True)
-    return [_row(model_name, cfg, lay, seq_len, measured[label]) for label, lay in _SPAWNED]
+    rows = [_row(model_name, cfg, lay, seq_len, measured[label]) for label, lay in _SPAWNED]
+    return rows + [_row("moe-tp", _moe_tp_cfg(), lay, seq_len, measured[label]) for label, lay in _SPAWNED_MOE]
 
 
 def format_rows(rows: list[dict]) -> str:

@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from scalelab.parallel.backend import for_collective
-from scalelab.parallel.ep_cp_hooks import clip_grad_norm_ep, mean_over_cp, shard_batch
+from scalelab.parallel.ep_cp_hooks import mean_over_cp, shard_batch
 
 
 def loss_from_logits(
@@ -160,12 +160,10 @@ class ParallelStep:
         else:
             inputs, targets, kwargs = self._shard(inputs, targets)
             with self._loss_ctx():
-                loss, _ = loss_from_logits(model(inputs, **kwargs), targets, 0.0)
-            loss = mean_over_cp(loss, self.dims, self.mesh)
+                _, ce = loss_from_logits(model(inputs, **kwargs), targets, 0.0)  # ce: a plain tensor
+            loss = mean_over_cp(ce, self.dims, self.mesh)
         return loss, {"ce": loss}
 
     def clip_grad_norm(self, model, max_norm: float) -> float:
-        params = list(model.parameters())
-        if self.dims.ep > 1:  # expert shards: their squared norms are summed over the ep group
-            return clip_grad_norm_ep(model, params, max_norm, self.pp_group)
-        return clip_grad_norm_(params, max_norm, self.pp_group)
+        # Expert shards are DTensors over (dp_mod_ep, ep, tp): their norm is complete like any other.
+        return clip_grad_norm_(list(model.parameters()), max_norm, self.pp_group)

@@ -13,6 +13,9 @@ Loss parallel (`loss_parallel=True`): the output projection is column-sharded ov
 and its logits stay a Shard(-1) DTensor; cross-entropy then runs under
 `torch.distributed.tensor.parallel.loss_parallel()` without gathering [B, T, V] logits.
 
+MoE blocks (family "moe"): see `_moe_plan`; the routed experts' own split over tp lives with
+expert parallel (`scalelab.parallel.expert_parallel`).
+
 Kernels: on DTensor activations (norms under SP) the torch reference ops are used, since a fused
 Triton kernel cannot take a DTensor; attention and SwiGLU see local tensors and keep their kernels.
 """
@@ -24,6 +27,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -31,6 +35,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from scalelab.kernels import get_ops
+from scalelab.models.moe import MoE
 
 
 def apply_tp(model: nn.Module, tp_mesh, *, sequence_parallel: bool, loss_parallel: bool) -> None:
@@ -81,13 +86,22 @@ def apply_tp(model: nn.Module, tp_mesh, *, sequence_parallel: bool, loss_paralle
             "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate(), use_local_output=not sp),
-            "feed_forward": PrepareModuleInput(
-                input_layouts=(Shard(1) if sp else Replicate(),), desired_input_layouts=(Replicate(),)
-            ),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate(), use_local_output=not sp),
         }
+        if isinstance(block.feed_forward, MoE):
+            plan.update(_moe_plan(block.feed_forward, sp))
+        else:
+            plan.update(
+                {
+                    "feed_forward": PrepareModuleInput(
+                        input_layouts=(Shard(1) if sp else Replicate(),), desired_input_layouts=(Replicate(),)
+                    ),
+                    "feed_forward.w1": ColwiseParallel(),
+                    "feed_forward.w3": ColwiseParallel(),
+                    "feed_forward.w2": RowwiseParallel(
+                        output_layouts=Shard(1) if sp else Replicate(), use_local_output=not sp
+                    ),
+                }
+            )
         if sp:
             plan["attention_norm"] = SequenceParallel(use_local_output=False)
             plan["ffn_norm"] = SequenceParallel(use_local_output=False)
@@ -98,6 +112,29 @@ def apply_tp(model: nn.Module, tp_mesh, *, sequence_parallel: bool, loss_paralle
             block.ffn_norm.ops = torch_ops
     if sp and model.norm is not None:
         model.norm.ops = get_ops("torch")
+
+
+def _moe_plan(moe: MoE, sp: bool) -> dict:
+    """TP of an MoE block: it runs on the tp group's full tokens as local tensors (all-gathered under
+    SP), so routing and router statistics are those of one device; the router is replicated, the
+    shared experts are column/row-parallel with a replicated output, and the routed experts are split
+    over tp by `scalelab.parallel.expert_parallel.ShardedExperts` (applied next). The block's output
+    is complete on every tp rank; under SP each rank keeps its sequence shard of it."""
+    plan = {
+        "feed_forward": PrepareModuleInputOutput(
+            input_layouts=(Shard(1) if sp else Replicate(),),
+            desired_input_layouts=(Replicate(),),
+            use_local_input=True,
+            output_layouts=(Replicate(),),
+            desired_output_layouts=(Shard(1) if sp else Replicate(),),
+            use_local_output=not sp,
+        )
+    }
+    if moe.shared_experts is not None:
+        plan["feed_forward.shared_experts.w1"] = ColwiseParallel()
+        plan["feed_forward.shared_experts.w3"] = ColwiseParallel()
+        plan["feed_forward.shared_experts.w2"] = RowwiseParallel()
+    return plan
 
 
 def _grad_like_param(param) -> None:

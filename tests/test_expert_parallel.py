@@ -1,9 +1,13 @@
-"""Expert parallel vs one device on CPU/gloo (scalelab.parallel.expert_parallel).
+"""Expert parallel (and its composition with FSDP and TP) vs one device on CPU/gloo.
 
-One spawned process group per world size runs every layout of that size: loss per step, router
-statistics (tokens per expert, aux loss), the first step's expert and router gradients and all
-final parameters must match the single-device run within 1e-5 (SGD, fp32), and the routed counts
-exactly. ~15-40 s in total on a loaded 2-core machine.
+One spawned process group per world size runs every layout of that size through `parallelize`:
+loss per step, router statistics (tokens per expert, aux loss), the first step's expert, router and
+shared-expert gradients and all final parameters must match the single-device run within 1e-5
+(SGD, fp32), and the routed counts exactly. Layouts: ep2, ep2 with capacity factor, MoE under TP
+alone (ep1xtp2-sp), ep4, fsdp4xep2 (experts FSDP-sharded over 2), 2 experts sharded on dim 1,
+ep2xtp2 with and without sequence parallel (experts split over ep and over tp by hidden width),
+dp2xep2 (HSDP: expert shards all-reduced across the 2 replicas).
+~30-60 s in total on a loaded 2-core machine.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import pytest
 import torch
 
 from scalelab.errors import UsageError
-from scalelab.parallel.ep_parity import EPSpec, ep_parity, parse_ep_layout
+from scalelab.parallel.ep_parity import EPLayout, EPSpec, ep_parity, parse_ep_layout
 
 
 def _check(rows):
@@ -30,18 +34,20 @@ def _check(rows):
 
 def test_ep_world2_matches_single_device():
     torch.set_num_threads(1)
-    _check(ep_parity(["ep2", "ep2-cf"], EPSpec()))
+    _check(ep_parity(["ep2", "ep2-cf", "ep1xtp2-sp"], EPSpec()))
 
 
 def test_ep_world4_and_fsdp_composition_match_single_device():
     torch.set_num_threads(1)
-    _check(ep_parity(["ep4", "fsdp4xep2", "fsdp4xep2-e2"], EPSpec()))
+    _check(ep_parity(["ep4", "fsdp4xep2", "fsdp4xep2-e2", "ep2xtp2", "ep2xtp2-sp", "dp2xep2"], EPSpec()))
 
 
 def test_layout_names():
-    assert parse_ep_layout("ep2") == (2, 2, "")
-    assert parse_ep_layout("fsdp4xep2-grouped") == (4, 2, "grouped")
-    for bad in ("ep1", "fsdp3xep2", "ep2-fast", "tp2"):
+    assert parse_ep_layout("ep2") == EPLayout(dp_shard=2, ep=2)
+    assert parse_ep_layout("fsdp4xep2-grouped") == EPLayout(dp_shard=4, ep=2, option="grouped")
+    lay = parse_ep_layout("fsdp2xep2xtp2-sp-cf")
+    assert lay == EPLayout(dp_shard=2, ep=2, tp=2, sp=True, option="cf") and lay.world_size == 4
+    for bad in ("ep1", "fsdp3xep2", "ep2-fast", "tp2", "ep2-sp", "ep1xtp1"):
         with pytest.raises(UsageError):
             parse_ep_layout(bad)
 

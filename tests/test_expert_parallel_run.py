@@ -5,7 +5,11 @@ with their FSDP) -> ParallelStep (sequence sharding, loss averaged over cp, EP g
 Losses per step must match the single-device run of the same config within 1e-5 (fp32, 3 steps):
   cp2 with ring attention (dense; parallel.cp_variant=ring) vs single;
   MoE fsdp2 x ep2 vs single with micro-batches of one rank's share (each rank's aux loss is that of
-  its own tokens, as for the single run's micro-batches).
+  its own tokens, as for the single run's micro-batches);
+  MoE checkpointed at step 2 under dp_shard 2 x ep 2 x tp 2 (+SP, loss parallel; world 4) and
+  continued from that checkpoint on one device and under TP 2 alone: steps 3-4 match an
+  uninterrupted single-device run (the experts are DTensors with their global shapes, so DCP
+  stores each expert once and reshards them).
 """
 
 from __future__ import annotations
@@ -54,6 +58,29 @@ def test_run_moe_fsdp2_ep2_matches_single(tmp_path):
     assert len(got) == 3 and max(abs(a - b) for a, b in zip(ref, got)) <= 1e-5, (ref, got)
     router = pl.read_parquet(tmp_path / "ep" / "router.parquet")
     assert router.height == 3 and (router["moe_imbalance"] >= 1).all()
+
+
+def test_moe_ep2_tp2_checkpoint_resumes_on_other_layouts(tmp_path):
+    from scalelab.parallel.launch import spawn, train_worker
+
+    torch.set_num_threads(1)
+    moe = ["model.preset=moe-debug", "train.micro_batch_sequences=4", "train.num_tokens=1024"]
+    moe += ["checkpoint.interval_steps=2", "checkpoint.keep_last=2"]
+    train_run(build_run_config(BASE, moe), tmp_path / "ref")
+    expected = _losses(tmp_path / "ref")
+    assert len(expected) == 4
+    big = build_run_config(BASE, [*moe, "parallel.dp_shard=2", "parallel.ep=2", "parallel.tp=2"])
+    spawn(train_worker, 4, (big, str(tmp_path / "ep2tp2"), False, 2), backend="gloo")
+    first = _losses(tmp_path / "ep2tp2")
+    assert len(first) == 2 and max(abs(a - b) for a, b in zip(first, expected)) <= 1e-5, (first, expected)
+    step2 = tmp_path / "ep2tp2" / "checkpoints" / "step_2"
+    tp = build_run_config(BASE, [*moe, "parallel.tp=2", f"train.init_from={step2}"])
+    spawn(train_worker, 2, (tp, str(tmp_path / "tp2")), backend="gloo")
+    train_run(build_run_config(BASE, [*moe, f"train.init_from={step2}"]), tmp_path / "single")
+    for name in ("tp2", "single"):
+        got = _losses(tmp_path / name)
+        assert len(got) == 4, name
+        assert max(abs(a - b) for a, b in zip(got[2:], expected[2:])) <= 1e-5, (name, got, expected)
 
 
 def test_bad_cp_variant_fails_before_launch():
