@@ -3,7 +3,8 @@
 The training loop's own multi-process path: ParallelDims -> parallelize (CP attention, EP experts
 with their FSDP) -> ParallelStep (sequence sharding, loss averaged over cp, EP gradient norm).
 Losses per step must match the single-device run of the same config within 1e-5 (fp32, 3 steps):
-  cp2 with ring attention (dense; parallel.cp_variant=ring) vs single;
+  cp2 with ring attention (dense; parallel.cp_variant=ring) vs single; tp2 with sequence parallel x cp2,
+  and 2 HSDP replicas x cp2 ring (world 4);
   MoE fsdp2 x ep2 vs single with micro-batches of one rank's share (each rank's aux loss is that of
   its own tokens, as for the single run's micro-batches);
   MoE checkpointed at step 2 under dp_shard 2 x ep 2 x tp 2 (+SP, loss parallel; world 4) and
@@ -15,6 +16,7 @@ Losses per step must match the single-device run of the same config within 1e-5 
 from __future__ import annotations
 
 import polars as pl
+import pytest
 import torch
 
 from scalelab.parallel.launch import launch_local
@@ -44,6 +46,23 @@ def test_run_cp2_ring_matches_single(tmp_path):
     cp = build_run_config(BASE, ["parallel.cp=2", "parallel.cp_variant=ring", "parallel.backend=gloo"])
     assert launch_local(cp, tmp_path / "cp") == 0
     ref, got = _losses(tmp_path / "single"), _losses(tmp_path / "cp")
+    assert len(got) == 3 and max(abs(a - b) for a, b in zip(ref, got)) <= 1e-5, (ref, got)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["parallel.tp=2", "parallel.cp=2", "parallel.sequence_parallel=true"],  # SP inside each cp rank
+        ["parallel.dp_replicate=2", "parallel.cp=2", "parallel.cp_variant=ring"],  # HSDP over dp_shard x cp
+    ],
+    ids=["tp2sp-cp2", "hsdp2-cp2-ring"],
+)
+def test_run_cp_world4_layouts_match_single(tmp_path, layout):
+    torch.set_num_threads(1)
+    train_run(build_run_config(BASE), tmp_path / "single")
+    cfg = build_run_config(BASE, [*layout, "parallel.backend=gloo"])
+    assert launch_local(cfg, tmp_path / "par") == 0
+    ref, got = _losses(tmp_path / "single"), _losses(tmp_path / "par")
     assert len(got) == 3 and max(abs(a - b) for a, b in zip(ref, got)) <= 1e-5, (ref, got)
 
 
@@ -84,8 +103,6 @@ def test_moe_ep2_tp2_checkpoint_resumes_on_other_layouts(tmp_path):
 
 
 def test_bad_cp_variant_fails_before_launch():
-    import pytest
-
     from scalelab.errors import ConfigError
 
     cfg = build_run_config(BASE, ["parallel.cp=2", "parallel.cp_variant=spiral", "parallel.backend=gloo"])
