@@ -79,9 +79,14 @@ def grouped_swiglu(
     experts, rows padded to the largest count (CPU), or torch._grouped_mm on CUDA.
     """
     num_experts = w1.shape[0]
-    if method == "loop" or x.shape[0] == 0:
+    if x.shape[0] == 0:
+        # No rows: still an op of x and the weights, so that backward runs the same autograd nodes
+        # (and collectives, e.g. expert parallel's all_to_all) on every rank and the weights get a
+        # (zero) gradient rather than None (FSDP reduces the same gradients on every rank).
+        return swiglu_rows(x, w1[0], w2[0], w3[0])
+    if method == "loop":
         outs = [swiglu_rows(rows, w1[e], w2[e], w3[e]) for e, rows in enumerate(x.split(counts)) if counts[e]]
-        return torch.cat(outs) if outs else x.new_zeros(x.shape)
+        return torch.cat(outs)
     if method != "grouped":
         raise ValueError(f"unknown expert method {method!r}; use 'loop' or 'grouped'")
     if x.is_cuda and hasattr(torch, "_grouped_mm"):

@@ -65,8 +65,6 @@ def check_ep_supported(dims, model_cfg=None) -> None:
             f"{dims.ep} does not divide model.num_experts={model_cfg.num_experts}",
             "pick ep dividing num_experts",
         )
-    if dims.pp > 1:
-        raise ConfigError("parallel.ep", "expert parallel with pp>1 is not built", "set parallel.pp=1")
 
 
 class _AllToAll(torch.autograd.Function):

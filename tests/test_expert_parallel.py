@@ -57,3 +57,48 @@ def test_parity_command_checks_ep_layout_names_first(capsys):
 
     assert main(["parity", "--layouts", "single,ep1"]) == 2  # before any process starts
     assert "ep must be >= 2" in capsys.readouterr().err
+
+
+def _zero_rows_worker(out_dir: str) -> None:
+    """Rank 1's experts receive no rows: backward must still run the same all_to_alls on both ranks."""
+    import torch.distributed as dist
+
+    from scalelab.models.moe import GroupedExperts, grouped_swiglu
+    from scalelab.parallel.dims import ParallelDims
+    from scalelab.parallel.expert_parallel import ShardedExperts, build_ep_mesh
+
+    torch.manual_seed(0)
+    full = GroupedExperts(num_experts=4, d_model=8, d_ff=16)
+    for w in full.parameters():
+        torch.nn.init.normal_(w, std=0.3)
+    dims = ParallelDims(dp_shard=2, ep=2)
+    emesh = build_ep_mesh(dims, dims.build_mesh("cpu"))
+    experts = ShardedExperts(full, emesh["ep"])
+    rank = dist.get_rank()
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(rank + 1), requires_grad=True)
+    counts = [3, 3, 0, 0]  # experts 2, 3 (rank 1's) get nothing from either rank
+    experts(x, counts).pow(2).sum().backward()
+    ref_x = x.detach().clone().requires_grad_(True)
+    ref_w = [w.detach().clone().requires_grad_(True) for w in (full.w1, full.w2, full.w3)]
+    grouped_swiglu(ref_x, counts, *ref_w, "loop").pow(2).sum().backward()
+    grads = {n: getattr(experts, n).grad.full_tensor() for n in ("w1", "w2", "w3")}  # 1/ep of the sum
+    torch.save({"x": (x.grad, ref_x.grad), "w": (grads, [w.grad for w in ref_w])}, f"{out_dir}/rank{rank}.pt")
+
+
+def test_ep_rank_without_rows_runs_backward_collectives(tmp_path):
+    """Regression: with no rows the experts used to return a fresh zeros tensor, so that rank skipped
+    the dispatch all_to_all in backward and the other rank waited forever (seen at pipeline start-up,
+    whose shape inference runs on uninitialised inputs, and possible under extreme imbalance)."""
+    from scalelab.parallel.launch import spawn
+
+    torch.set_num_threads(1)
+    spawn(_zero_rows_worker, 2, (str(tmp_path),), backend="gloo")
+    res = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    for r in res:
+        got, ref = r["x"]
+        assert torch.allclose(got, ref, atol=1e-6)
+    grads = res[0]["w"][0]
+    for k, name in enumerate(("w1", "w2", "w3")):
+        expected = (res[0]["w"][1][k] + res[1]["w"][1][k]) / 2  # each rank's tokens, scaled by 1/ep
+        assert torch.allclose(grads[name], expected, atol=1e-6), name
+        assert float(grads[name][2:].abs().max()) == 0.0  # rank 1's experts saw no rows: zero, not None

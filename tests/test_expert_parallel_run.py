@@ -6,7 +6,7 @@ Losses per step must match the single-device run of the same config within 1e-5 
   cp2 with ring attention (dense; parallel.cp_variant=ring) vs single; tp2 with sequence parallel x cp2,
   and 2 HSDP replicas x cp2 ring (world 4);
   MoE fsdp2 x ep2 vs single with micro-batches of one rank's share (each rank's aux loss is that of
-  its own tokens, as for the single run's micro-batches);
+  its own tokens, as for the single run's micro-batches); MoE ep2 inside 2 pipeline stages;
   MoE checkpointed at step 2 under dp_shard 2 x ep 2 x tp 2 (+SP, loss parallel; world 4) and
   continued from that checkpoint on one device and under TP 2 alone: steps 3-4 match an
   uninterrupted single-device run (the experts are DTensors with their global shapes, so DCP
@@ -77,6 +77,21 @@ def test_run_moe_fsdp2_ep2_matches_single(tmp_path):
     assert len(got) == 3 and max(abs(a - b) for a, b in zip(ref, got)) <= 1e-5, (ref, got)
     router = pl.read_parquet(tmp_path / "ep" / "router.parquet")
     assert router.height == 3 and (router["moe_imbalance"] >= 1).all()
+
+
+def test_run_moe_ep2_pp2_matches_single(tmp_path):
+    """EP inside each pipeline stage; the single run's micro-batches are the pipeline's (2 sequences)
+    so that every aux loss is over the same tokens."""
+    torch.set_num_threads(1)
+    train_run(build_run_config(BASE, ["model.preset=moe-debug", "train.micro_batch_sequences=2"]), tmp_path / "single")
+    layout = ["parallel.pp=2", "parallel.pp_microbatches=2", "parallel.dp_shard=2", "parallel.ep=2"]
+    cfg = build_run_config(
+        BASE, ["model.preset=moe-debug", "train.micro_batch_sequences=4", *layout, "parallel.backend=gloo"]
+    )
+    assert launch_local(cfg, tmp_path / "par") == 0
+    ref, got = _losses(tmp_path / "single"), _losses(tmp_path / "par")
+    assert len(got) == 3 and max(abs(a - b) for a, b in zip(ref, got)) <= 1e-5, (ref, got)
+    assert pl.read_parquet(tmp_path / "par" / "router.parquet").height == 3  # rank 0's stage's layers
 
 
 def test_moe_ep2_tp2_checkpoint_resumes_on_other_layouts(tmp_path):
