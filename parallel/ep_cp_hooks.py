@@ -10,8 +10,8 @@ Every function is a no-op (or returns its input) when cp == ep == 1 and the mode
 dense path is unchanged. What is built: cp with FSDP (dp_shard) and TP (without sequence parallel),
 both variants (all-gather KV by default; `parallel.cp_variant=ring`); MoE experts sharded over ep
 (inside dp_shard × cp) and tp (their hidden width), with FSDP/HSDP of the expert shards over the
-remaining data-parallel ranks; both inside pipeline stages too. What is not built is rejected with a ConfigError before any process
-starts (`check_cp_supported` / `check_ep_supported`, next to each implementation).
+remaining data-parallel ranks; both inside pipeline stages too. What is not built is rejected with
+a ConfigError before any process starts (`check_ep_supported`, next to its implementation).
 """
 
 from __future__ import annotations

@@ -167,7 +167,6 @@ class Pipeline:
         self.schedule_name = pcfg.pp_schedule
         self.num_stages = self.pp * stages_per_rank(self.schedule_name)
         self.n_microbatches = num_microbatches(pcfg, self.pp)
-        self._reshard_after_forward = pcfg.fsdp_reshard_after_forward  # for the zero-bubble x cp check
         self.device = device
         self.d_model = model_cfg.d_model
         costs, first_extra, last_extra = layer_costs(model_cfg, seq_len)
@@ -199,16 +198,6 @@ class Pipeline:
         # context parallel (apply_cp marked the chunks): every stage sees this cp rank's rows of each
         # micro-batch, the chunks supply their own positions, and the loss is averaged over cp
         self.cp = getattr(self.stage_modules[0], "scalelab_cp", None)
-        if self.cp is not None and self.schedule_name == "zero-bubble" and self._reshard_after_forward:
-            from scalelab.errors import ConfigError
-
-            # measured (scalelab parity): pp2-zb x cp2 and fsdp2 x pp2-zb drift from one device
-            # (|Δloss| ~8e-3 after 3 AdamW steps) with ZeRO-3, match it with ZeRO-2; cp always uses FSDP
-            raise ConfigError(
-                "parallel.pp_schedule",
-                "zero-bubble with context parallel and FSDP resharding after forward gives wrong gradients",
-                "set parallel.fsdp_reshard_after_forward=false, or use 1f1b, gpipe or interleaved-1f1b",
-            )
         return self.model_parts
 
     def _cp_rows(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

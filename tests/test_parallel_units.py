@@ -58,6 +58,9 @@ def test_batch_rules_and_unsupported_axes():
         _dims(batch=8, dp_shard=2, pp=2, pp_microbatches=8)
     with pytest.raises(ConfigError, match="seq_len=30 is not divisible by 2\\*cp=4"):
         _dims(model=debug_model(4), seq_len=30, cp=2)
+    with pytest.raises(ConfigError, match="zero-bubble with FSDP resharding after forward"):
+        _dims(dp_shard=2, pp=2, pp_schedule="zero-bubble")
+    assert _dims(dp_shard=2, pp=2, pp_schedule="zero-bubble", fsdp_reshard_after_forward=False).pp == 2
     assert _dims(seq_len=32, cp=2, pp=2).pp == 2  # cp composes with pp and HSDP
     assert _dims(seq_len=32, cp=2, dp_replicate=2).dp_replicate == 2
     with pytest.raises(ConfigError, match="expert parallel needs an MoE model"):
