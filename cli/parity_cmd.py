@@ -4,8 +4,8 @@ Runs the same model, data and seed for N steps under each layout on this machine
 and prints, per layout, the max |Δloss| over the steps and the max |Δparameter| at the end against
 the single-device run. Exit 0 when every layout is within --tolerance, 1 when one is not, 2 for a
 bad layout (checked before any process starts). Logic: scalelab.parallel.parity.
-Expert-parallel (MoE) layouts and the ones the dense harness does not take (ep2, fsdp4xep2,
-cp2-ring, ...) run in scalelab.parallel.moe_cp_parity and print a second table.
+Expert-parallel (MoE) layouts and the ones the dense harness does not take (ep2, ep2xtp2-sp, dp2xep2,
+cp2-ring, ...) run in scalelab.parallel.ep_parity / cp_parity and print a second table.
 """
 
 from __future__ import annotations
