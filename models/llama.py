@@ -148,7 +148,8 @@ class Transformer(nn.Module):
         self._ops_device = device_type
         for mod in self.modules():
             if isinstance(mod, RMSNorm | Attention | FeedForward):
-                mod.ops = self.ops
+                override = getattr(mod, "ops_override", None)
+                mod.ops = override(self.ops) if override is not None else self.ops
 
     def tie_weights(self) -> None:
         """With tied_embeddings, make output.weight the same Parameter as tok_embeddings.weight.
@@ -302,17 +303,31 @@ def _normal_(weight: torch.Tensor, std: float, seed: int | None, name: str) -> N
         from torch.distributed.tensor import distribute_tensor
 
         # src_data_rank=None: every rank holds the same `full`, so each slices its shard locally.
-        local.copy_(
-            distribute_tensor(full, weight.device_mesh, weight.placements, src_data_rank=None).to_local()
-        )
+        local.copy_(distribute_tensor(full, weight.device_mesh, weight.placements, src_data_rank=None).to_local())
     else:
         weight.copy_(full)
 
 
+def override_ops(module: nn.Module, override) -> None:
+    """Make `module` use `override(base_ops)` whenever kernels are (re-)resolved, and now.
+
+    The hook through which parallel code swaps an op from outside (context-parallel attention, the
+    torch norm on sequence-parallel DTensors) so that it survives `to_empty`/`.to()`/`init_weights`,
+    which re-resolve `cfg.kernels` for the device (e.g. a model sharded on the meta device first)."""
+    module.ops_override = override
+    module.ops = override(module.ops)
+
+
 def build_model(cfg: ModelConfig, device: str | torch.device = "cpu", seed: int | None = None) -> Transformer:
-    """Build on the meta device, materialise on `device`, and initialise (see init_weights)."""
+    """Build on the meta device, materialise on `device`, and initialise (see init_weights).
+
+    device="meta" returns the uninitialised meta model: a parallel layout shards it first and then
+    allocates and initialises only this rank's shards (`Parallelized.materialize`)."""
     with torch.device("meta"):
         model = Transformer(cfg)
+    if torch.device(device).type == "meta":
+        model.tie_weights()
+        return model
     model.to_empty(device=device)
     model.init_weights(seed)
     return model

@@ -321,7 +321,7 @@ def apply_cp(model: nn.Module, cp_mesh, variant: str = "allgather") -> None:
     The forward must then get this rank's rows (shard_sequence_batch); their `positions` default to
     this rank's head-tail positions when not given. `model.scalelab_cp` (a CPShard) records the group.
     """
-    from scalelab.models.llama import Attention
+    from scalelab.models.llama import Attention, override_ops
 
     if variant not in VARIANTS:
         raise ValueError(f"context-parallel variant {variant!r} unknown; use one of {VARIANTS}")
@@ -331,6 +331,8 @@ def apply_cp(model: nn.Module, cp_mesh, variant: str = "allgather") -> None:
     attention = partial(fn, group=group, cp_rank=cp_rank, cp=cp)
     for mod in model.modules():
         if isinstance(mod, Attention):
-            mod.ops = SimpleNamespace(**{**vars(mod.ops), "attention": attention, "name": f"cp-{variant}"})
+            override_ops(
+                mod, lambda ops: SimpleNamespace(**{**vars(ops), "attention": attention, "name": f"cp-{variant}"})
+            )
     model.scalelab_cp = CPShard(group=group, rank=cp_rank, size=cp)
     model.register_forward_pre_hook(_default_positions, with_kwargs=True)

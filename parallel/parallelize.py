@@ -7,6 +7,9 @@ Each pipeline chunk gets the same treatment. The model code never sees a process
 DTensor parameters and hooks, and the returned `ParallelStep` knows how to run a step.
 
     par = parallelize(build_model(cfg.model, device, seed), dims, cfg, mesh)
+    # or, never holding the whole model on a rank (what the training loop does):
+    par = parallelize(build_model(cfg.model, "meta"), dims, cfg, mesh, device=device)
+    par.materialize(device, seed)
     par.model          # the module to give the optimizer and the checkpointer
     par.step.forward_backward(inputs, targets, scale)
 """
@@ -34,6 +37,18 @@ class Parallelized:
     dims: ParallelDims
     mesh: object
     pipeline: Pipeline | None = None
+    chunks: list[nn.Module] | None = None  # the Transformer (stages) that were parallelized
+
+    def materialize(self, device: torch.device, seed: int | None) -> None:
+        """Allocate this rank's shards of a model parallelized on the meta device and initialise them.
+
+        Each parameter is drawn full-size from its own (seed, name) generator and sliced to the
+        local shard (`Transformer.init_weights`), so the values equal the single-device model's
+        while a rank never holds more than one full parameter at a time.
+        """
+        for chunk in self.chunks:
+            chunk.to_empty(device=device)
+            chunk.init_weights(seed)
 
 
 def dp_mesh_of(dims: ParallelDims, mesh):
@@ -83,4 +98,4 @@ def parallelize(
     if pipeline is not None:
         model = pipeline.finalize()
     step = ParallelStep(model, dims, mesh, pcfg, z_loss=cfg.optim.z_loss, pipeline=pipeline)
-    return Parallelized(model=model, step=step, dims=dims, mesh=mesh, pipeline=pipeline)
+    return Parallelized(model=model, step=step, dims=dims, mesh=mesh, pipeline=pipeline, chunks=chunks)

@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from scalelab.kernels import get_ops
+from scalelab.models.llama import override_ops
 from scalelab.models.moe import MoE
 
 
@@ -107,11 +108,14 @@ def apply_tp(model: nn.Module, tp_mesh, *, sequence_parallel: bool, loss_paralle
             plan["ffn_norm"] = SequenceParallel(use_local_output=False)
         parallelize_module(block, tp_mesh, plan)
         if sp:
-            torch_ops = get_ops("torch")
-            block.attention_norm.ops = torch_ops
-            block.ffn_norm.ops = torch_ops
+            override_ops(block.attention_norm, _torch_ops)
+            override_ops(block.ffn_norm, _torch_ops)
     if sp and model.norm is not None:
-        model.norm.ops = get_ops("torch")
+        override_ops(model.norm, _torch_ops)
+
+
+def _torch_ops(_base):
+    return get_ops("torch")  # a fused Triton kernel cannot take the DTensor activations under SP
 
 
 def _moe_plan(moe: MoE, sp: bool) -> dict:

@@ -65,12 +65,16 @@ def run_summary_fields(cfg: RunConfig) -> dict[str, Any]:
     )
 
 
-def _parallelize(model, cfg: RunConfig, runtime: Runtime):
+def _build_and_parallelize(cfg: RunConfig, runtime: Runtime, seed: int):
     if cfg.parallel.world_size == 1 and runtime.world_size == 1:
-        return model
+        return build_model(cfg.model, device=runtime.device, seed=seed)
     from scalelab.parallel.apply import apply_parallelism  # only needed for multi-process layouts
 
-    return apply_parallelism(model, cfg, runtime)
+    # Sharded on the meta device, then only this rank's shards are allocated and initialised
+    # (the same values as the single-device init): no rank ever holds the whole model.
+    model = apply_parallelism(build_model(cfg.model, device="meta"), cfg, runtime)
+    runtime.extra["parallelized"].materialize(runtime.device, seed)
+    return model
 
 
 def _seed_everything(seed: int) -> None:
@@ -126,8 +130,7 @@ def train_run(
 def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_after_steps) -> dict[str, Any]:
     seed = cfg.train.seed
     _seed_everything(seed)
-    model = build_model(cfg.model, device=runtime.device, seed=seed)
-    model = _parallelize(model, cfg, runtime)
+    model = _build_and_parallelize(cfg, runtime, seed)
     optimizer = build_optimizer(model, cfg.optim, runtime.device.type)
     lr_of = schedule_for(cfg)
     data = build_data(
