@@ -202,17 +202,30 @@ class Transformer(nn.Module):
         return self(tokens, positions, return_hidden=True)
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor | None = None, *, return_hidden: bool = False
-    ) -> torch.Tensor:
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        *,
+        return_hidden: bool = False,
+        targets: torch.Tensor | None = None,
+        z_loss: float = 0.0,
+    ):
         """tokens [B, T] (or hidden [B, T, D] without tok_embeddings) -> logits [B, T, V] (or hidden).
 
         positions: optional LongTensor [T] of absolute positions (rows of the RoPE tables), for
         context-parallel shards; default arange(T).
         return_hidden: stop before `output` (the normed hidden states; see hidden_states).
+        targets: [B, T] ids -> returns (loss, metrics) of `models.loss.fused_lm_loss` instead of
+        logits: the fused output projection + cross-entropy runs inside forward, where FSDP2 holds
+        `output.weight` gathered, so sharded layouts never materialise [B, T, V] logits either.
         """
         h = self._trunk(tokens, positions)
         if self.norm is not None:
             h = self.norm(h)
+        if targets is not None:
+            from scalelab.models.loss import fused_lm_loss  # loss.py imports this module
+
+            return fused_lm_loss(h, self.output.weight, targets, self.ops, z_loss)
         if return_hidden or self.output is None:
             return h
         return self.output(h)

@@ -40,17 +40,28 @@ def lm_loss(
     (one extra [N, D] x [D, V] matmul), because the kernel returns CE + z-term as one number.
     """
     hidden = model.hidden_states(tokens, positions)
-    ops = model.ops  # resolved by hidden_states for the activations' device
+    # model.ops: resolved by hidden_states for the activations' device
+    return fused_lm_loss(hidden, model.output.weight, targets, model.ops, z_loss, ignore_index=ignore_index)
+
+
+def fused_lm_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    ops,
+    z_loss: float = 0.0,
+    *,
+    ignore_index: int = -100,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`lm_loss` from final hidden states [B, T, D] and the output weight [V, D] (see lm_loss)."""
     flat_hidden = hidden.flatten(0, 1)
     flat_targets = targets.flatten()
-    loss = ops.fused_linear_cross_entropy(
-        flat_hidden, model.output.weight, flat_targets, z_loss, ignore_index=ignore_index
-    )
+    loss = ops.fused_linear_cross_entropy(flat_hidden, weight, flat_targets, z_loss, ignore_index=ignore_index)
     if z_loss:
         with torch.no_grad():
             ce = ops.fused_linear_cross_entropy(
                 flat_hidden.detach(),
-                model.output.weight.detach(),
+                weight.detach(),
                 flat_targets,
                 0.0,
                 ignore_index=ignore_index,

@@ -5,10 +5,11 @@
     grad_norm = ops.clip_grad_norm(model, max_norm=1.0)
     loss, metrics = ops.eval_loss(model, inputs, targets)
 
-Losses are computed from the model's logits (`model(tokens)`), not through the fused
-`lm_loss(model.hidden_states ...)` path: FSDP2 gathers parameters in the hooks of `forward`, and
-tensor/loss parallel shards the output projection, so the logits must come out of `output`. The
-value is the same mean cross-entropy (+ z-loss) as `scalelab.models.loss.lm_loss`, computed in fp32.
+Without tensor parallel the loss is the fused projection + cross-entropy of
+`scalelab.models.loss.lm_loss`, computed inside the model's forward (`model(x, targets=y)`), where
+FSDP2 holds `output.weight` gathered (a separate `lm_loss(model.hidden_states ...)` would find it
+resharded). Under TP the output projection is column-sharded, so the loss comes from its logits
+(vocab-sharded under loss parallel): the same mean cross-entropy (+ z-loss), in fp32.
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ class ParallelStep:
         self.z_loss = z_loss
         self.pipeline = pipeline  # scalelab.parallel.pipeline.Pipeline or None
         self.loss_parallel = dims.tp > 1 and pcfg.loss_parallel
+        # Without TP the output layer is whole on each rank (FSDP gathers it inside forward): the
+        # fused projection + cross-entropy then runs in the model's forward, never building logits.
+        self.fused_loss = dims.tp == 1
         self.pp_group = mesh["pp"].get_group() if dims.pp > 1 else None
 
     def _loss_ctx(self):
@@ -142,9 +146,16 @@ class ParallelStep:
             return loss
         inputs, targets, kwargs = self._shard(inputs, targets)
         with self._loss_ctx():
-            loss, ce = loss_from_logits(self.model(inputs, **kwargs), targets, self.z_loss)
+            loss, ce = self._loss(self.model, inputs, targets, kwargs, self.z_loss)
             (loss * scale).backward()
         return mean_over_cp(ce, self.dims, self.mesh)
+
+    def _loss(self, model, inputs, targets, kwargs, z_loss: float):
+        """(loss to backpropagate, detached mean CE) of this rank's rows."""
+        if self.fused_loss:
+            loss, metrics = model(inputs, targets=targets, z_loss=z_loss, **kwargs)
+            return loss, metrics["ce"]
+        return loss_from_logits(model(inputs, **kwargs), targets, z_loss)
 
     def _shard(self, inputs, targets):
         """This context-parallel rank's rows and positions (the batch as is without cp)."""
@@ -160,7 +171,7 @@ class ParallelStep:
         else:
             inputs, targets, kwargs = self._shard(inputs, targets)
             with self._loss_ctx():
-                _, ce = loss_from_logits(model(inputs, **kwargs), targets, 0.0)  # ce: a plain tensor
+                _, ce = self._loss(model, inputs, targets, kwargs, 0.0)  # ce: a plain tensor
             loss = mean_over_cp(ce, self.dims, self.mesh)
         return loss, {"ce": loss}
 
