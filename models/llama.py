@@ -268,7 +268,10 @@ class Transformer(nn.Module):
         std = self.cfg.init_std
         out_std = std / math.sqrt(2 * self.cfg.num_layers)
         done: set[int] = set()
-        for name, mod in self.named_modules():
+        for wrapped_name, mod in self.named_modules():
+            # activation checkpointing wraps blocks (`layers.0._checkpoint_wrapped_module.attention`):
+            # seed by the single-device name, so a model wrapped before init gets the same weights
+            name = wrapped_name.replace("._checkpoint_wrapped_module", "")
             if isinstance(mod, RMSNorm):
                 mod.weight.fill_(1.0)
             elif isinstance(mod, nn.Linear | nn.Embedding):

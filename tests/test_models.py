@@ -476,3 +476,22 @@ def test_seeded_init_of_fsdp_sharded_model_matches_single_device(tmp_path):
     import torch.multiprocessing as mp
 
     mp.spawn(_fsdp_init_worker, args=(2, str(tmp_path / "init")), nprocs=2, join=True)
+
+
+def test_init_under_activation_checkpointing_wrappers_matches_plain_init():
+    """A model wrapped before init (the meta-device path of parallel layouts) gets the single-device
+    weights: the checkpoint wrapper's `_checkpoint_wrapped_module` is not part of the seed name."""
+    from scalelab.models.llama import build_model
+    from scalelab.parallel.checkpointing import apply_ac
+
+    cfg = get_preset("moe-debug", kernels="torch")
+    plain = build_model(cfg, seed=3)
+    for mode in ("full", "selective"):
+        wrapped = build_model(cfg, device="meta")
+        apply_ac(wrapped, mode)
+        wrapped.to_empty(device="cpu")
+        wrapped.init_weights(3)
+        got = {n.replace("._checkpoint_wrapped_module", ""): p for n, p in wrapped.named_parameters()}
+        assert got.keys() == dict(plain.named_parameters()).keys()
+        for n, p in plain.named_parameters():
+            assert torch.equal(p, got[n]), (mode, n)
