@@ -26,6 +26,8 @@ _SAVE_OPS = {
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    # expert parallel's token exchange (and its counts): kept, not sent again in recompute
+    torch.ops._c10d_functional.all_to_all_single.default,
 }
 
 

@@ -38,6 +38,9 @@ def apply_fsdp(
     policy = mp_policy(mixed_precision, device_type)
     if policy is not None:
         kwargs["mp_policy"] = policy
+    ignored = getattr(model, "fsdp_ignored_params", None)  # set by expert parallel (see there)
+    if ignored:
+        kwargs["ignored_params"] = ignored
     for block in model.layers.values():
         fully_shard(block, **kwargs)
     # The root unit holds the embedding, the final norm and the output projection (whichever of

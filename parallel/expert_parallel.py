@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
 
@@ -67,28 +68,13 @@ def check_ep_supported(dims, model_cfg=None) -> None:
         )
 
 
-class _AllToAll(torch.autograd.Function):
-    """all_to_all_single with uneven splits; backward is the reverse exchange."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
-        ctx.splits = (out_splits, in_splits)
-        ctx.group = group
-        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        out_splits, in_splits = ctx.splits
-        back = grad.new_empty((sum(in_splits),) + tuple(grad.shape[1:]))
-        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
-        return back, None, None, None
-
-
 def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
-    """Differentiable all_to_all_single: rows x[in_splits[r] block] go to rank r; returns received rows."""
-    return _AllToAll.apply(x, out_splits, in_splits, group)
+    """Differentiable all_to_all_single with uneven splits: rows x[in_splits[r] block] go to rank r;
+    returns the received rows. Backward is the reverse exchange. A functional collective (an op of
+    its own, `_c10d_functional.all_to_all_single`), so that selective activation checkpointing can
+    save its output instead of communicating again in recompute (scalelab.parallel.checkpointing)."""
+    out = funcol.all_to_all_single_autograd(x.contiguous(), out_splits, in_splits, group)
+    return funcol.wait_tensor(out)
 
 
 class _CopyToGroup(torch.autograd.Function):
@@ -149,7 +135,8 @@ class ShardedExperts(nn.Module):
         ep, num_local = self.ep_size, self.num_experts // self.ep_size
         # to_local: its backward hands the gradient back as a DTensor with the weight's placements;
         # the 1/ep is the gradient scaling of the module docstring.
-        w1, w2, w3 = (_ScaleGrad.apply(getattr(self, n).to_local(), 1.0 / ep) for n in ("w1", "w2", "w3"))
+        # .to(x.dtype): weights outside FSDP (see apply_ep_fsdp) get no mixed-precision cast from it
+        w1, w2, w3 = (_ScaleGrad.apply(getattr(self, n).to_local().to(x.dtype), 1.0 / ep) for n in ("w1", "w2", "w3"))
         if self.tp_group is not None:
             x = _CopyToGroup.apply(x, self.tp_group)
         if ep == 1:
@@ -162,9 +149,8 @@ class ShardedExperts(nn.Module):
 
     def _dispatch_compute_combine(self, x, counts, w1, w2, w3, ep: int, num_local: int) -> torch.Tensor:
         send_counts = torch.tensor(counts, dtype=torch.int64, device=x.device)  # NCCL wants device tensors
-        recv_counts = torch.empty_like(send_counts)
-        dist.all_to_all_single(recv_counts, send_counts, group=self.ep_group)  # [source rank, local expert]
-        recv_counts = recv_counts.view(ep, num_local).cpu()  # the split sizes are host integers anyway
+        recv_counts = funcol.wait_tensor(funcol.all_to_all_single(send_counts, None, None, self.ep_group))
+        recv_counts = recv_counts.view(ep, num_local).cpu()  # [source rank, local expert], host integers
         send_counts = send_counts.cpu()
         in_splits = send_counts.view(ep, num_local).sum(1).tolist()
         out_splits = recv_counts.sum(1).tolist()
@@ -239,11 +225,19 @@ def expert_fsdp_mesh(emesh):
 
 
 def apply_ep_fsdp(model: nn.Module, emesh, **fsdp_kwargs) -> None:
-    """fully_shard each expert shard over the ranks holding the same experts (size 1 is fine: it
-    only marks the parameters as managed, so the blocks' FSDP over the whole dp mesh skips them)."""
+    """fully_shard each expert shard over the ranks holding the same experts.
+
+    When no other rank holds this rank's experts (dp_mod_ep of size 1, no replicas) there is
+    nothing to shard or reduce: the expert weights are left out of FSDP altogether
+    (`model.fsdp_ignored_params`, which the blocks' FSDP honours). A 1-rank FSDP unit nested in a
+    checkpointed block would also make selective activation checkpointing fail (its profiler
+    records differ between forward and recompute)."""
     from torch.distributed.fsdp import fully_shard
 
     size = emesh["dp_mod_ep"].size()
+    if size == 1 and "dp_replicate" not in emesh.mesh_dim_names:
+        model.fsdp_ignored_params = {p for moe in moe_blocks(model) for p in moe.experts.parameters()}
+        return
 
     def placement(p):
         local = p.to_local() if isinstance(p, DTensor) else p

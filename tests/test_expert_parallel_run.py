@@ -5,7 +5,8 @@ with their FSDP) -> ParallelStep (sequence sharding, loss averaged over cp, EP g
 Losses per step must match the single-device run of the same config within 1e-5 (fp32, 3 steps):
   cp2 with ring attention (dense; parallel.cp_variant=ring) vs single; tp2 with sequence parallel x cp2,
   and 2 HSDP replicas x cp2 ring (world 4);
-  MoE fsdp2 x ep2 vs single with micro-batches of one rank's share (each rank's aux loss is that of
+  MoE fsdp2 x ep2 (without and with selective activation checkpointing, whose recompute keeps
+  the all_to_all outputs) vs single with micro-batches of one rank's share (each rank's aux loss is that of
   its own tokens, as for the single run's micro-batches); MoE ep2 inside 2 pipeline stages;
   MoE checkpointed at step 2 under dp_shard 2 x ep 2 x tp 2 (+SP, loss parallel; world 4) and
   continued from that checkpoint on one device and under TP 2 alone: steps 3-4 match an
@@ -66,12 +67,14 @@ def test_run_cp_world4_layouts_match_single(tmp_path, layout):
     assert len(got) == 3 and max(abs(a - b) for a, b in zip(ref, got)) <= 1e-5, (ref, got)
 
 
-def test_run_moe_fsdp2_ep2_matches_single(tmp_path):
+@pytest.mark.parametrize("ac", ["none", "selective"])
+def test_run_moe_fsdp2_ep2_matches_single(tmp_path, ac):
     torch.set_num_threads(1)
     moe = ["model.preset=moe-debug", "train.micro_batch_sequences=4"]
     single = build_run_config(BASE, moe)
     train_run(single, tmp_path / "single")
-    ep = build_run_config(BASE, [*moe, "parallel.dp_shard=2", "parallel.ep=2", "parallel.backend=gloo"])
+    layout = ["parallel.dp_shard=2", "parallel.ep=2", f"parallel.activation_checkpoint={ac}"]
+    ep = build_run_config(BASE, [*moe, *layout, "parallel.backend=gloo"])
     assert launch_local(ep, tmp_path / "ep") == 0
     ref, got = _losses(tmp_path / "single"), _losses(tmp_path / "ep")
     assert len(got) == 3 and max(abs(a - b) for a, b in zip(ref, got)) <= 1e-5, (ref, got)
