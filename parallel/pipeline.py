@@ -144,6 +144,7 @@ class ModelParts(nn.Module):
         self.norm = next((c.norm for c in chunks if c.norm is not None), None)
         self.output = next((c.output for c in chunks if c.output is not None), None)
         self.chunks = chunks  # plain list: not registered twice
+        self._all_stats: list[dict[str, torch.Tensor]] | None = None
 
     def forward(self, *args, **kwargs):
         raise RuntimeError("a pipelined model runs through its schedule (ParallelStep), not model(x)")
@@ -152,9 +153,23 @@ class ModelParts(nn.Module):
         return [b.feed_forward for b in self.layers.values() if isinstance(b.feed_forward, MoE)]
 
     def moe_stats(self) -> list[dict[str, torch.Tensor]]:
-        """Router statistics of the MoE layers THIS pipeline rank holds, from the last pipeline
-        micro-batch (the run records are written by rank 0: its stages' layers)."""
+        """Router statistics of every MoE layer of the model from the last pipeline micro-batch:
+        gathered from all pipeline ranks after each step (`gather_moe_stats`), so rank 0, which
+        writes the run records, reports the layers of every stage."""
+        if self._all_stats is not None:
+            return self._all_stats
         return [m.last_stats for m in self.moe_layers() if m.last_stats]
+
+    def gather_moe_stats(self, group) -> None:
+        """all_gather the router statistics of this rank's MoE layers over the pipeline group."""
+        mine = [
+            (int(i), {k: v.detach().cpu() for k, v in b.feed_forward.last_stats.items()})
+            for i, b in self.layers.items()
+            if isinstance(b.feed_forward, MoE) and b.feed_forward.last_stats
+        ]
+        everyone: list = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, mine, group=group)
+        self._all_stats = [stats for _, stats in sorted((i for part in everyone for i in part), key=lambda t: t[0])]
 
 
 class Pipeline:
@@ -167,6 +182,7 @@ class Pipeline:
         self.schedule_name = pcfg.pp_schedule
         self.num_stages = self.pp * stages_per_rank(self.schedule_name)
         self.n_microbatches = num_microbatches(pcfg, self.pp)
+        self.is_moe = getattr(model_cfg, "family", "dense") == "moe"
         self.device = device
         self.d_model = model_cfg.d_model
         costs, first_extra, last_extra = layer_costs(model_cfg, seq_len)
@@ -234,6 +250,8 @@ class Pipeline:
         has_last = self.num_stages - 1 in self.stage_ids
         args = (inputs,) if has_first else ()
         self.schedule.step(*args, target=targets if has_last else None, losses=losses, return_outputs=False)
+        if self.is_moe:  # every rank takes part; rank 0 then reports all layers
+            self.model_parts.gather_moe_stats(self.group)
         if has_last:
             # cross-entropy alone, as the loop reports it; the last n entries are this step's
             # micro-batches (the schedule's first step may also call the loss while initialising)

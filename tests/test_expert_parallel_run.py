@@ -97,6 +97,20 @@ def test_run_moe_ep2_pp2_matches_single(tmp_path):
     assert pl.read_parquet(tmp_path / "par" / "router.parquet").height == 3  # rank 0's stage's layers
 
 
+def test_run_moe_pp2_router_records_cover_every_stage(tmp_path):
+    """Rank 0 holds only the first stage's layers; the router statistics it writes are gathered
+    from both stages and equal the single run's (same last micro-batch: sequences 6-7)."""
+    torch.set_num_threads(1)
+    train_run(build_run_config(BASE, ["model.preset=moe-debug", "train.micro_batch_sequences=2"]), tmp_path / "single")
+    layout = ["parallel.pp=2", "parallel.pp_microbatches=4", "train.micro_batch_sequences=8", "parallel.backend=gloo"]
+    assert launch_local(build_run_config(BASE, ["model.preset=moe-debug", *layout]), tmp_path / "par") == 0
+    ref = pl.read_parquet(tmp_path / "single" / "router.parquet")
+    got = pl.read_parquet(tmp_path / "par" / "router.parquet")
+    assert ref.columns == got.columns and ref.height == got.height == 3
+    for col in ref.columns:
+        assert max(abs(a - b) for a, b in zip(ref[col], got[col])) <= 1e-5, (col, ref[col], got[col])
+
+
 def test_moe_ep2_tp2_checkpoint_resumes_on_other_layouts(tmp_path):
     from scalelab.parallel.launch import spawn, train_worker
 
