@@ -155,14 +155,10 @@ class ShardedExperts(nn.Module):
         in_splits = send_counts.view(ep, num_local).sum(1).tolist()
         out_splits = recv_counts.sum(1).tolist()
         rows = all_to_all(x, out_splits, in_splits, self.ep_group)
-        # Received rows are ordered (source rank, local expert); the experts want (local expert, source).
-        starts = (recv_counts.flatten().cumsum(0) - recv_counts.flatten()).view(ep, num_local)
-        perm = [
-            torch.arange(int(starts[s, e]), int(starts[s, e] + recv_counts[s, e]))
-            for e in range(num_local)
-            for s in range(ep)
-        ]
-        perm = torch.cat(perm).to(x.device) if perm else torch.zeros(0, dtype=torch.long, device=x.device)
+        # Received rows are ordered (source rank, local expert); the experts want (local expert, source):
+        # a stable sort of every row's (expert, source) key.
+        group = torch.repeat_interleave(torch.arange(ep * num_local), recv_counts.flatten())  # s*L + e
+        perm = torch.argsort((group % num_local) * ep + group // num_local, stable=True).to(x.device)
         local_counts = recv_counts.sum(0).tolist()
         out = grouped_swiglu(rows.index_select(0, perm), local_counts, w1, w2, w3, self.method)
         out = out.index_select(0, torch.argsort(perm))  # back to (source rank, local expert) order

@@ -235,6 +235,9 @@ def _world_size(config: dict[str, Any]) -> int:
     return int(p.get("dp_replicate", 1) * p.get("dp_shard", 1) * p.get("tp", 1) * p.get("pp", 1) * p.get("cp", 1))
 
 
+_FORWARDED_ENV = ("SCALELAB_", "WANDB_", "HF_", "TRITON_")
+
+
 def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
     """Connect to `address` or start a local Ray; returns True when this call started it."""
     import ray
@@ -243,7 +246,10 @@ def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
         return False
     kw: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     if address:
-        ray.init(address=address, **kw)
+        # Workers of an existing cluster (other nodes included) do not see this shell's environment:
+        # hand them the variables runs read (SCALELAB_CACHE, WANDB_MODE / WANDB_API_KEY, HF_*, ...).
+        env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV)}
+        ray.init(address=address, runtime_env={"env_vars": env} if env else None, **kw)
     else:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private single-machine cluster
         ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)

@@ -105,7 +105,9 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
     spec_path = tmp_path / "kill.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "root" / "kill"
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    # Slow steps (0.05 s; the driver forwards SCALELAB_* to the cluster's workers) so that the partial
+    # run is still mid-way when Ray reaps the dead driver's trials: otherwise it could finish first.
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", SCALELAB_TEST_STEP_DELAY_S="0.05")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -147,6 +149,9 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
     starts = _starts(out)
     for run_id in done_before:
         assert starts[run_id] == 1, f"finished run {run_id} was trained again"
+        # trained by the killed driver's trials: the forwarded step delay reached the Ray workers
+        tps = pl.read_parquet(store.run_path(out, run_id) / "metrics.parquet")["tokens_per_s"].median()
+        assert tps <= 256 / 0.05 * 1.05, tps
     assert all(starts[i] >= starts_before.get(i, 0) for i in starts)
     resumed_partial = [e for e in store.read_events(out) if e["event"] == "start" and e["from_step"] > 0]
     assert resumed_partial, "no partial run resumed from a checkpoint"
