@@ -346,8 +346,11 @@ def head_activation_bytes(cfg, lay: Layout, kernels: str = "torch", act: int = 4
     d = cfg.d_model
     sp = lay.tp if (lay.tp > 1 and lay.sequence_parallel) else 1
     total = act * d / sp + _norm_bytes(d / sp, act, kernels) + act * d + 16
-    if kernels == "torch":
-        # fp32 log-softmax output; vocab-sharded under loss parallel (tied to sequence parallel here)
+    # Logits exist unless the fused projection + cross-entropy runs: with the torch reference, and in
+    # the layouts that compute the loss from logits (TP: vocab-sharded logits; the last pipeline
+    # stage; scalelab.parallel.step / pipeline). Then cross-entropy keeps its fp32 log-softmax output,
+    # vocab-sharded under loss parallel (tied to sequence parallel here).
+    if kernels == "torch" or lay.tp > 1 or lay.pp > 1:
         total += 4 * cfg.vocab_size / (lay.tp if lay.sequence_parallel else 1)
     return total
 
@@ -365,9 +368,12 @@ def checkpointed_layer_bytes(cfg, lay: Layout, seq_len: int, act: int = 4) -> fl
     return act * (d + mm + heads * hd) + 4 * heads
 
 
-def activation_bytes(cfg, lay: Layout, seq_len: int, kernels: str = "torch", act: int = 4) -> tuple[float, float]:
+def activation_bytes(
+    cfg, lay: Layout, seq_len: int, kernels: str = "torch", act: int = 4, pp_stage: str = "fullest"
+) -> tuple[float, float]:
     """(saved, transient): bytes saved for backward on the fullest pipeline rank with all its
-    micro-batches in flight, and the extra bytes live while one checkpointed block is recomputed."""
+    micro-batches in flight, and the extra bytes live while one checkpointed block is recomputed.
+    pp_stage: "first" or "last" picks that pipeline rank instead of the fuller one."""
     tokens = lay.micro_batch_sequences * seq_len / lay.cp
     from scalelab.parallel.dims import stages_per_rank
 
@@ -385,12 +391,16 @@ def activation_bytes(cfg, lay: Layout, seq_len: int, kernels: str = "torch", act
         recompute = layer_activation_bytes(cfg, lay, seq_len, kernels, act) - per_layer
     else:
         per_layer, recompute = layer_activation_bytes(cfg, lay, seq_len, kernels, act), 0.0
-    in_flight = 1
-    if lay.pp > 1:
-        micro = lay.pp_microbatches or 2 * lay.pp
-        in_flight = micro if lay.pp_schedule == "gpipe" else lay.pp
-    head = head_activation_bytes(cfg, lay, kernels, act) if lay.pp == 1 else 0.0
-    saved = tokens * (layers * per_layer * in_flight + head)
+    head = head_activation_bytes(cfg, lay, kernels, act)
+    if lay.pp == 1:
+        return tokens * (layers * per_layer + head), tokens * recompute
+    # The first stage keeps pp micro-batches in flight (all of them under GPipe); the last stage
+    # fewer, but also the head (logits) of each micro-batch in flight: the fuller of the two.
+    micro = lay.pp_microbatches or 2 * lay.pp
+    first = micro if lay.pp_schedule == "gpipe" else lay.pp
+    last = micro if lay.pp_schedule == "gpipe" else 1
+    by_stage = {"first": layers * per_layer * first, "last": (layers * per_layer + head) * last}
+    saved = tokens * (max(by_stage.values()) if pp_stage == "fullest" else by_stage[pp_stage])
     return saved, tokens * recompute
 
 

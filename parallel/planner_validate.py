@@ -106,12 +106,35 @@ def _measure_first_stage(cfg, lay: Layout, seq_len: int) -> int:
     return total
 
 
-def _row(model_name, cfg, lay: Layout, seq_len: int, measured: int) -> dict:
-    est, _ = activation_bytes(cfg, lay, seq_len, kernels="torch", act=4)
+def _measure_last_stage(cfg, lay: Layout, seq_len: int) -> int:
+    """Pipeline rank 1 of pp=2 (1F1B): the second half of the blocks and the head (final norm,
+    output, cross-entropy from logits as scalelab.parallel.pipeline computes it), one micro-batch."""
+    import torch.nn.functional as F
+
+    from scalelab.models.llama import build_model
+    from scalelab.parallel.checkpointing import apply_ac
+
+    model = build_model(cfg, seed=0)
+    for i in range(cfg.num_layers // 2):
+        del model.layers[str(i)]
+    model.tok_embeddings = None
+    apply_ac(model, lay.activation_checkpoint)
+    h = torch.randn(lay.micro_batch_sequences, seq_len, cfg.d_model, requires_grad=True)
+    y = torch.randint(0, cfg.vocab_size, (lay.micro_batch_sequences, seq_len))
+
+    def run():
+        return F.cross_entropy(model(h).flatten(0, 1).float(), y.flatten())
+
+    measured, _ = measure_saved_bytes(model, run)
+    return measured
+
+
+def _row(model_name, cfg, lay: Layout, seq_len: int, measured: int, pp_stage: str = "first") -> dict:
+    est, _ = activation_bytes(cfg, lay, seq_len, kernels="torch", act=4, pp_stage=pp_stage)
     return dict(
         model=model_name,
         seq_len=seq_len,
-        layout=lay.name,
+        layout=lay.name + (f" ({pp_stage} stage)" if lay.pp > 1 else ""),
         estimate_bytes=int(est),
         measured_bytes=int(measured),
         rel_error=est / measured - 1.0,
@@ -141,6 +164,7 @@ def local_rows(quick: bool = False) -> list[dict]:
     for ac in ("none",) if quick else ("none", "full"):
         lay = Layout(pp=2, micro_batch_sequences=1, activation_checkpoint=ac)
         rows.append(_row("tiny-1m", cfg, lay, 128, _measure_first_stage(cfg, lay, 128)))
+        rows.append(_row("tiny-1m", cfg, lay, 128, _measure_last_stage(cfg, lay, 128), pp_stage="last"))
     return rows
 
 
