@@ -5,7 +5,8 @@
 Builds the DeviceMesh for cfg.parallel over the existing process group, parallelizes the model,
 sets runtime.dp_rank / dp_size (which slice of the global batch this rank reads) and puts the
 layout's step functions into runtime.extra: "forward_backward", "loss_fn" (validation),
-"clip_grad_norm", plus "mesh", "dims" and "parallelized".
+"clip_grad_norm", plus "mesh", "dims" and "parallelized" (and, for MoE models, "router_row": the
+global batch's router statistics, a collective every rank calls at logging steps).
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ def apply_parallelism(model, cfg, runtime):
     mesh = dims.build_mesh(runtime.device.type)
     par = parallelize(model, dims, cfg, mesh, device=runtime.device)
     runtime.dp_rank, runtime.dp_size = dims.dp_coords(mesh)
+    if getattr(cfg.model, "family", "dense") == "moe":
+        from functools import partial
+
+        from scalelab.parallel.expert_parallel import global_router_row
+
+        runtime.extra["router_row"] = partial(global_router_row, dims=dims)  # a collective
     runtime.extra.update(
         mesh=mesh,
         dims=dims,

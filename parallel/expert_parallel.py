@@ -43,7 +43,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
 
-from scalelab.models.moe import MoE, grouped_swiglu
+from scalelab.models.moe import MoE, grouped_swiglu, summarize_stats
 from scalelab.parallel.backend import for_collective
 from scalelab.parallel.step import _SumOverGroup
 
@@ -241,6 +241,41 @@ def apply_ep_fsdp(model: nn.Module, emesh, **fsdp_kwargs) -> None:
 
     for moe in moe_blocks(model):
         fully_shard(moe.experts, mesh=expert_fsdp_mesh(emesh), shard_placement_fn=placement, **fsdp_kwargs)
+
+
+def global_router_row(model: nn.Module, dims) -> dict[str, float]:
+    """Router columns for the run records over the whole global batch (every rank calls it).
+
+    Every rank holds the statistics of all MoE layers for its tokens (pipeline stages gather them
+    after each step; tp ranks see the same tokens): one all-reduce over the world sums them, the
+    tp × pp copies are divided out, so tokens per expert and dropped copies are the global batch's
+    (their imbalance is the global one) and the aux/z losses the mean over data-parallel ranks.
+    """
+    stats = model.moe_stats() if hasattr(model, "moe_stats") else []
+    if not stats:
+        return {}
+    counts = torch.stack([s["tokens_per_expert"].double().cpu() for s in stats])  # [layers, E]
+    scalars = torch.stack(
+        [
+            torch.stack([s[k].double().cpu() for k in ("dropped_tokens", "aux_loss", "z_loss", "num_tokens")])
+            for s in stats
+        ]
+    )
+    packed = for_collective(torch.cat([counts, scalars], dim=1))
+    dist.all_reduce(packed)
+    world, copies = dist.get_world_size(), dims.tp * dims.pp
+    counts, scalars = packed[:, : counts.shape[1]] / copies, packed[:, counts.shape[1] :]
+    summed = [
+        {
+            "tokens_per_expert": counts[i],
+            "dropped_tokens": scalars[i, 0] / copies,
+            "aux_loss": scalars[i, 1] / world,
+            "z_loss": scalars[i, 2] / world,
+            "num_tokens": scalars[i, 3] / copies,
+        }
+        for i in range(len(stats))
+    ]
+    return summarize_stats(summed)
 
 
 def gather_full_experts(module: ShardedExperts) -> dict[str, torch.Tensor]:

@@ -97,6 +97,19 @@ def test_run_moe_ep2_pp2_matches_single(tmp_path):
     assert pl.read_parquet(tmp_path / "par" / "router.parquet").height == 3  # rank 0's stage's layers
 
 
+def test_run_moe_router_records_are_the_global_batch(tmp_path):
+    """dp2 x ep2: the router row sums both ranks' tokens. At step 1 (same weights) its imbalance
+    equals a single run that routes the whole 8-sequence batch in one micro-batch."""
+    torch.set_num_threads(1)
+    train_run(build_run_config(BASE, ["model.preset=moe-debug", "train.micro_batch_sequences=8"]), tmp_path / "single")
+    layout = ["parallel.dp_shard=2", "parallel.ep=2", "train.micro_batch_sequences=4", "parallel.backend=gloo"]
+    assert launch_local(build_run_config(BASE, ["model.preset=moe-debug", *layout]), tmp_path / "par") == 0
+    ref = pl.read_parquet(tmp_path / "single" / "router.parquet").row(0, named=True)
+    got = pl.read_parquet(tmp_path / "par" / "router.parquet").row(0, named=True)
+    for col in ("moe_imbalance", "moe_imbalance_max", "moe_dropped_frac"):
+        assert abs(ref[col] - got[col]) <= 1e-9, (col, ref[col], got[col])
+
+
 def test_run_moe_pp2_router_records_cover_every_stage(tmp_path):
     """Rank 0 holds only the first stage's layers; the router statistics it writes are gathered
     from both stages and equal the single run's (same last micro-batch: sequences 6-7)."""

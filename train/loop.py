@@ -223,8 +223,11 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
         )
         _check_divergence(loss_val, best_loss, tokens_before, cfg)
         best_loss = min(best_loss, loss_val)
-        if writer is not None and (step % cfg.logging.interval_steps == 0 or step == cfg.num_steps):
-            row.update(moe_step_row(model))  # router statistics (MoE only) -> router.parquet
+        log_step = step % cfg.logging.interval_steps == 0 or step == cfg.num_steps
+        # router statistics (MoE only) -> router.parquet; under a layout a collective over all ranks
+        router = runtime.extra.get("router_row", moe_step_row)(model) if log_step else {}
+        if writer is not None and log_step:
+            row.update(router)
             writer.log_metrics(row)
             _emit(callbacks, "step", row)
             if logger is not None:
