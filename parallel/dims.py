@@ -265,8 +265,9 @@ def validate_options(pcfg) -> None:
     if pcfg.pp > 1 and pcfg.pp_schedule == "zero-bubble" and pcfg.dp_shard * pcfg.cp > 1:
         if pcfg.fsdp_reshard_after_forward:
             # measured (scalelab parity): fsdp2xpp2-zb drifts from one device (|Δloss| 7.8e-3 after
-            # 3 AdamW steps) while fsdp2-zero2xpp2-zb matches (9.5e-7): ZB-V's separate weight-grad
-            # pass runs after FSDP2 has resharded and reduced the stage's gradients
+            # 3 AdamW steps) while fsdp2-zero2xpp2-zb matches (9.5e-7); from the second step the
+            # last stage's parameters end the step without gradients (cause in torch's ZB-V + FSDP2
+            # interplay not found)
             raise ConfigError(
                 "parallel.pp_schedule",
                 "zero-bubble with FSDP resharding after forward (ZeRO-3) gives wrong gradients",
