@@ -233,9 +233,9 @@ class Transformer(nn.Module):
     # --- MoE hooks (no-ops for the dense family) ---------------------------------------------------
     def moe_layers(self) -> list[nn.Module]:
         """The MoE feed-forward modules present in this (stage of the) model, in layer order."""
-        from scalelab.models.moe import MoE
+        from scalelab.models.moe import moe_modules  # moe.py imports this module
 
-        return [m for m in self.modules() if isinstance(m, MoE)]
+        return moe_modules(self)
 
     def moe_stats(self) -> list[dict[str, torch.Tensor]]:
         """Router statistics of the last forward, one dict per MoE layer (see models.moe)."""

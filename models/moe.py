@@ -216,6 +216,11 @@ class MoE(nn.Module):
         return out.view(shape)
 
 
+def moe_modules(module: nn.Module) -> list[MoE]:
+    """The MoE blocks inside `module` (a model, a pipeline stage, ...), in module order."""
+    return [m for m in module.modules() if isinstance(m, MoE)]
+
+
 def imbalance(tokens_per_expert: torch.Tensor) -> float:
     """max / mean of the routed copies per expert (1.0 = perfectly balanced)."""
     counts = tokens_per_expert.double()
@@ -243,7 +248,6 @@ def summarize_stats(per_layer: list[dict[str, torch.Tensor]]) -> dict[str, float
 
 
 def step_row(model) -> dict[str, float]:
-    """Router columns for the run records from the model's last forward (empty for dense models or
-    modules without `moe_stats`, e.g. a pipeline stage container)."""
+    """Router columns for the run records from the model's last forward (empty for dense models)."""
     stats = model.moe_stats() if hasattr(model, "moe_stats") else []
     return summarize_stats(stats)

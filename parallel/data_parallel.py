@@ -30,14 +30,23 @@ def mp_policy(mode: str, device_type: str) -> MixedPrecisionPolicy | None:
     return None  # fp32: parameters, compute and reductions all in fp32
 
 
+def fsdp_options(*, reshard_after_forward: bool, mixed_precision: str, device_type: str) -> dict:
+    """The fully_shard keyword arguments every FSDP unit of a layout shares (resharding, precision)."""
+    kwargs: dict = dict(reshard_after_forward=reshard_after_forward)
+    policy = mp_policy(mixed_precision, device_type)
+    if policy is not None:
+        kwargs["mp_policy"] = policy
+    return kwargs
+
+
 def apply_fsdp(
     model: nn.Module, dp_mesh, *, reshard_after_forward: bool, mixed_precision: str, device_type: str
 ) -> None:
     """fully_shard every block, then the root, over `dp_mesh` (1-D: FSDP; 2-D: HSDP/DDP)."""
-    kwargs = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-    policy = mp_policy(mixed_precision, device_type)
-    if policy is not None:
-        kwargs["mp_policy"] = policy
+    kwargs = fsdp_options(
+        reshard_after_forward=reshard_after_forward, mixed_precision=mixed_precision, device_type=device_type
+    )
+    kwargs["mesh"] = dp_mesh
     ignored = getattr(model, "fsdp_ignored_params", None)  # set by expert parallel (see there)
     if ignored:
         kwargs["ignored_params"] = ignored

@@ -182,11 +182,11 @@ class ParallelDims:
                 )
 
     def check_supported(self, model=None) -> None:
-        """Combinations the arithmetic allows but parallelize() does not build (cp/ep rules live
-        with their implementation in scalelab.parallel.ep_cp_hooks)."""
-        from scalelab.parallel.ep_cp_hooks import check_supported
+        """Combinations the arithmetic allows but parallelize() does not build (the ep rules live
+        with their implementation in scalelab.parallel.expert_parallel)."""
+        from scalelab.parallel.expert_parallel import check_ep_supported
 
-        check_supported(self, model)
+        check_ep_supported(self, model)  # every cp combination is built
 
     # --- mesh ---------------------------------------------------------------------------------
     def mesh_shape(self) -> tuple[tuple[str, ...], tuple[int, ...]]:

@@ -1,31 +1,23 @@
 """The hooks through which `parallelize` and `ParallelStep` apply expert and context parallel.
 
-    check_supported(dims, model_cfg)              # ConfigError for combinations not built yet
     dp_mesh = fsdp_mesh(dims, mesh)               # FSDP over dp_shard × cp when cp > 1
     apply_ep_cp(chunk, dims, mesh, pcfg, device_type)   # CP attention, EP expert shards (+ their FSDP)
     inputs, targets, positions = shard_batch(inputs, targets, dims, mesh)   # this cp rank's rows
     ce = mean_over_cp(ce, dims, mesh)             # the loss of the whole sequence, on every cp rank
 
 Every function is a no-op (or returns its input) when cp == ep == 1 and the model is dense, so the
-dense path is unchanged. What is built: cp with FSDP (dp_shard) and TP (without sequence parallel),
-both variants (all-gather KV by default; `parallel.cp_variant=ring`); MoE experts sharded over ep
+dense path is unchanged. What is built: cp with FSDP/HSDP, TP (+SP) and pipeline stages, both
+variants (all-gather KV by default; `parallel.cp_variant=ring`); MoE experts sharded over ep
 (inside dp_shard × cp) and tp (their hidden width), with FSDP/HSDP of the expert shards over the
 remaining data-parallel ranks; both inside pipeline stages too. What is not built is rejected with
-a ConfigError before any process starts (`check_ep_supported`, next to its implementation).
+a ConfigError before any process starts (`expert_parallel.check_ep_supported`, called by
+`ParallelDims.check_supported`).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-
-
-def check_supported(dims, model_cfg=None) -> None:
-    """ConfigError for ep/cp combinations that parallelize does not build (each family's rules live
-    with its implementation)."""
-    from scalelab.parallel.expert_parallel import check_ep_supported
-
-    check_ep_supported(dims, model_cfg)  # every cp combination is built
 
 
 def fsdp_mesh(dims, mesh):
@@ -43,18 +35,20 @@ def apply_ep_cp(chunk, dims, mesh, pcfg, device_type: str) -> None:
         from scalelab.parallel.context_parallel import apply_cp
 
         apply_cp(chunk, mesh["cp"], getattr(pcfg, "cp_variant", "allgather"))
-    from scalelab.parallel.expert_parallel import apply_ep, apply_ep_fsdp, build_ep_mesh, moe_blocks
+    from scalelab.models.moe import moe_modules
+    from scalelab.parallel.expert_parallel import apply_ep, apply_ep_fsdp, build_ep_mesh
 
-    if dims.ep > 1 or (dims.tp > 1 and moe_blocks(chunk)):  # experts sharded over ep and/or tp
-        from scalelab.parallel.data_parallel import mp_policy
+    if dims.ep > 1 or (dims.tp > 1 and moe_modules(chunk)):  # experts sharded over ep and/or tp
+        from scalelab.parallel.data_parallel import fsdp_options
 
         emesh = build_ep_mesh(dims, mesh)
         apply_ep(chunk, emesh)
-        kwargs = dict(reshard_after_forward=pcfg.fsdp_reshard_after_forward)
-        policy = mp_policy(pcfg.mixed_precision, device_type)
-        if policy is not None:
-            kwargs["mp_policy"] = policy
-        apply_ep_fsdp(chunk, emesh, **kwargs)
+        options = fsdp_options(
+            reshard_after_forward=pcfg.fsdp_reshard_after_forward,
+            mixed_precision=pcfg.mixed_precision,
+            device_type=device_type,
+        )
+        apply_ep_fsdp(chunk, emesh, **options)
 
 
 def shard_batch(inputs: torch.Tensor, targets: torch.Tensor, dims, mesh):

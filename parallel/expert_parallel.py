@@ -43,7 +43,7 @@ import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
 
-from scalelab.models.moe import MoE, grouped_swiglu, summarize_stats
+from scalelab.models.moe import grouped_swiglu, moe_modules, summarize_stats
 from scalelab.parallel.backend import for_collective
 from scalelab.parallel.step import _SumOverGroup
 
@@ -189,10 +189,6 @@ def build_ep_mesh(dims, mesh):
     return DeviceMesh(mesh.device_type, ranks, mesh_dim_names=(*front, "dp_mod_ep", "ep", *back))
 
 
-def moe_blocks(model: nn.Module) -> list[MoE]:
-    return [m for m in model.modules() if isinstance(m, MoE)]
-
-
 def apply_ep(model: nn.Module, emesh) -> None:
     """Replace the experts of every MoE block by this rank's shard (call after init, before FSDP).
 
@@ -201,7 +197,7 @@ def apply_ep(model: nn.Module, emesh) -> None:
     names = emesh.mesh_dim_names
     mesh = emesh[("ep", "tp")] if "tp" in names else emesh["ep"]
     ep = emesh["ep"].size()
-    for moe in moe_blocks(model):
+    for moe in moe_modules(model):
         if moe.num_experts % ep:
             raise ValueError(f"ep={ep} does not divide num_experts={moe.num_experts}")
         moe.experts = ShardedExperts(moe.experts, mesh)
@@ -232,14 +228,14 @@ def apply_ep_fsdp(model: nn.Module, emesh, **fsdp_kwargs) -> None:
 
     size = emesh["dp_mod_ep"].size()
     if size == 1 and "dp_replicate" not in emesh.mesh_dim_names:
-        model.fsdp_ignored_params = {p for moe in moe_blocks(model) for p in moe.experts.parameters()}
+        model.fsdp_ignored_params = {p for moe in moe_modules(model) for p in moe.experts.parameters()}
         return
 
     def placement(p):
         local = p.to_local() if isinstance(p, DTensor) else p
         return Shard(expert_shard_dim(tuple(local.shape), size))
 
-    for moe in moe_blocks(model):
+    for moe in moe_modules(model):
         fully_shard(moe.experts, mesh=expert_fsdp_mesh(emesh), shard_placement_fn=placement, **fsdp_kwargs)
 
 

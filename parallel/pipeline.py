@@ -34,7 +34,7 @@ from torch.distributed.pipelining.schedules import (
     ScheduleZBVZeroBubble,
 )
 
-from scalelab.models.moe import MoE
+from scalelab.models.moe import MoE, moe_modules
 from scalelab.parallel.backend import for_collective
 from scalelab.parallel.dims import num_microbatches, stages_per_rank
 from scalelab.parallel.step import loss_from_logits
@@ -134,7 +134,7 @@ class ModelParts(nn.Module):
     the pipeline schedule runs the chunks.
     """
 
-    def __init__(self, chunks: list[nn.Module]):
+    def __init__(self, chunks: list[nn.Module], pp_group=None):
         super().__init__()
         self.tok_embeddings = next((c.tok_embeddings for c in chunks if c.tok_embeddings is not None), None)
         layers = {}
@@ -144,32 +144,26 @@ class ModelParts(nn.Module):
         self.norm = next((c.norm for c in chunks if c.norm is not None), None)
         self.output = next((c.output for c in chunks if c.output is not None), None)
         self.chunks = chunks  # plain list: not registered twice
-        self._all_stats: list[dict[str, torch.Tensor]] | None = None
+        self.pp_group = pp_group
 
     def forward(self, *args, **kwargs):
         raise RuntimeError("a pipelined model runs through its schedule (ParallelStep), not model(x)")
 
     def moe_layers(self) -> list[nn.Module]:
-        return [b.feed_forward for b in self.layers.values() if isinstance(b.feed_forward, MoE)]
+        return moe_modules(self)
 
     def moe_stats(self) -> list[dict[str, torch.Tensor]]:
-        """Router statistics of every MoE layer of the model from the last pipeline micro-batch:
-        gathered from all pipeline ranks after each step (`gather_moe_stats`), so rank 0, which
-        writes the run records, reports the layers of every stage."""
-        if self._all_stats is not None:
-            return self._all_stats
-        return [m.last_stats for m in self.moe_layers() if m.last_stats]
-
-    def gather_moe_stats(self, group) -> None:
-        """all_gather the router statistics of this rank's MoE layers over the pipeline group."""
+        """Router statistics of every MoE layer of the model from the last pipeline micro-batch,
+        gathered from all pipeline ranks: a collective over the pipeline group, which every rank
+        calls at logging steps (the training loop's router row), so rank 0 reports every stage."""
         mine = [
             (int(i), {k: v.detach().cpu() for k, v in b.feed_forward.last_stats.items()})
             for i, b in self.layers.items()
             if isinstance(b.feed_forward, MoE) and b.feed_forward.last_stats
         ]
-        everyone: list = [None] * dist.get_world_size(group)
-        dist.all_gather_object(everyone, mine, group=group)
-        self._all_stats = [stats for _, stats in sorted((i for part in everyone for i in part), key=lambda t: t[0])]
+        everyone: list = [None] * dist.get_world_size(self.pp_group)
+        dist.all_gather_object(everyone, mine, group=self.pp_group)
+        return [stats for _, stats in sorted((i for part in everyone for i in part), key=lambda t: t[0])]
 
 
 class Pipeline:
@@ -182,7 +176,6 @@ class Pipeline:
         self.schedule_name = pcfg.pp_schedule
         self.num_stages = self.pp * stages_per_rank(self.schedule_name)
         self.n_microbatches = num_microbatches(pcfg, self.pp)
-        self.is_moe = getattr(model_cfg, "family", "dense") == "moe"
         self.device = device
         self.d_model = model_cfg.d_model
         costs, first_extra, last_extra = layer_costs(model_cfg, seq_len)
@@ -210,7 +203,7 @@ class Pipeline:
         # step, including gradients accumulated by earlier loop micro-batches; the 1/n goes into
         # the loss instead (_loss), which is exact and accumulation-safe.
         self.schedule = cls(stages, n_microbatches=self.n_microbatches, loss_fn=self._loss, scale_grads=False)
-        self.model_parts = ModelParts(self.stage_modules)
+        self.model_parts = ModelParts(self.stage_modules, self.group)
         # context parallel (apply_cp marked the chunks): every stage sees this cp rank's rows of each
         # micro-batch, the chunks supply their own positions, and the loss is averaged over cp
         self.cp = getattr(self.stage_modules[0], "scalelab_cp", None)
@@ -250,8 +243,6 @@ class Pipeline:
         has_last = self.num_stages - 1 in self.stage_ids
         args = (inputs,) if has_first else ()
         self.schedule.step(*args, target=targets if has_last else None, losses=losses, return_outputs=False)
-        if self.is_moe:  # every rank takes part; rank 0 then reports all layers
-            self.model_parts.gather_moe_stats(self.group)
         if has_last:
             # cross-entropy alone, as the loop reports it; the last n entries are this step's
             # micro-batches (the schedule's first step may also call the loss while initialising)

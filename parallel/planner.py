@@ -137,12 +137,12 @@ def candidate_layouts(cfg, num_gpus: int, seq_len: int, global_batch_sequences: 
 
 
 def _buildable(lay: Layout, cfg) -> bool:
-    """Only layouts `parallelize` builds (see scalelab.parallel.ep_cp_hooks.check_supported)."""
+    """Only layouts `parallelize` builds (see scalelab.parallel.expert_parallel.check_ep_supported)."""
     from scalelab.errors import ConfigError
-    from scalelab.parallel.ep_cp_hooks import check_supported
+    from scalelab.parallel.expert_parallel import check_ep_supported
 
     try:
-        check_supported(lay, cfg)
+        check_ep_supported(lay, cfg)
     except ConfigError:
         return False
     return True
