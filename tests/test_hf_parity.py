@@ -16,14 +16,7 @@ from scalelab.models.config import ModelConfig  # noqa: E402
 from scalelab.models.hf_llama import from_hf_state_dict, to_hf_config, to_hf_model, to_hf_state_dict  # noqa: E402
 from scalelab.models.llama import Transformer, build_model  # noqa: E402
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread is ~25x faster than two under load."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread per module
 
 
 def _cfg(tied: bool, rope_theta: float = 10000.0) -> ModelConfig:

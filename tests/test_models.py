@@ -29,14 +29,7 @@ from scalelab.models.loss import lm_loss
 from scalelab.models.presets import get_preset, list_presets
 from scalelab.models.shapes import SHAPE_TOLERANCE, preferred_width, shape_for_params
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread is ~25x faster than two under load."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread per module
 
 
 def small_cfg(**kw) -> ModelConfig:

@@ -19,34 +19,14 @@ from scalelab.models.config import ModelConfig
 from scalelab.models.llama import build_model
 from scalelab.models.loss import lm_loss
 from scalelab.models.moe import MoE, grouped_swiglu, imbalance, summarize_stats
+from scalelab.parallel.ep_parity import moe_debug_model
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread per module
 
 
 def moe_cfg(**kw) -> ModelConfig:
-    fields = dict(
-        family="moe",
-        vocab_size=96,
-        num_layers=2,
-        d_model=32,
-        num_heads=4,
-        num_kv_heads=2,
-        d_ff=64,
-        max_seq_len=32,
-        kernels="torch",
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_d_ff=16,
-        num_shared_experts=1,
-    )
-    fields.update(kw)
-    return ModelConfig(**fields)
+    """The EP parity MoE (scalelab.parallel.ep_parity), smaller: 4 experts of width 16, vocab 96."""
+    return moe_debug_model(**{"vocab_size": 96, "max_seq_len": 32, "num_experts": 4, "moe_d_ff": 16, **kw})
 
 
 @pytest.mark.parametrize(

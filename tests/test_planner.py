@@ -33,13 +33,7 @@ from scalelab.parallel.planner import (
 from scalelab.parallel.planner_memory import Layout, param_shapes, state_bytes
 from scalelab.parallel.planner_validate import local_rows
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread per module
 
 
 @pytest.mark.parametrize("cfg", [get_preset("debug", kernels="torch"), moe_debug_model()], ids=["dense", "moe"])
