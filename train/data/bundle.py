@@ -37,7 +37,7 @@ def open_sources(
     out = []
     for i, sc in enumerate(cfg.sources):
         try:
-            out.append(ensure_prepared(sc.path, tokenizer, cache_dir, name=sc.name))
+            out.append(ensure_prepared(sc.path, tokenizer, cache_dir, name=sc.name, val_fraction=cfg.val_fraction))
         except ConfigError:
             raise
         except UsageError as e:

@@ -4,6 +4,7 @@
       tokenizer: byte                  # or a path to a tokenizer.json made by `scalelab data tokenizer`
       seq_len: 256
       val_sequences: 64
+      val_fraction: 0.01               # share of raw sources' documents held out for validation
       sources:
         - {name: stdlib, path: default, weight: 1.0, max_epochs: 4}
 
@@ -40,6 +41,9 @@ class DataConfig:
     sources: list[SourceConfig] = field(default_factory=lambda: [SourceConfig()])
     seq_len: int = 256  # tokens per training sequence (the model sees seq_len inputs and targets)
     val_sequences: int = 64  # held-out sequences per source used for validation loss/bpb
+    # share of a raw source's documents held out for validation when it is prepared (a prepared
+    # shard dir keeps its own split); more documents make a less idiosyncratic validation loss
+    val_fraction: float = 0.01
 
     def validate(self, prefix: str = "data") -> None:
         """Check every field; raise ConfigError(key, problem, fix) on the first bad one."""
@@ -57,6 +61,8 @@ class DataConfig:
                 f"{self.val_sequences!r} must be an integer >= 0",
                 "e.g. 64, or 0 to skip validation",
             )
+        if not isinstance(self.val_fraction, float | int) or not 0.0 < self.val_fraction < 0.5:
+            raise ConfigError(f"{prefix}.val_fraction", f"{self.val_fraction!r} must be in (0, 0.5)", "e.g. 0.01")
         if not self.sources:
             raise ConfigError(
                 f"{prefix}.sources", "is empty", "add at least one source, e.g. {path: default}"

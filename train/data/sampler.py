@@ -25,8 +25,8 @@ G samples but reads only its rows, so the ranks' batches concatenated equal the 
 batch. The state is global (samples seen, per-source counts), so a run may resume on a different
 number of ranks.
 
-Validation: `validation_batches` takes the first windows of a source's val split — fixed, the same
-on every call and rank — and counts the UTF-8 bytes behind their targets for bits per byte.
+Validation: `validation_batches` takes windows spread evenly over a source's val split — fixed, the
+same on every call and rank — and counts the UTF-8 bytes behind their targets for bits per byte.
 """
 
 from __future__ import annotations
@@ -297,7 +297,10 @@ def validation_batches(
     batch_size: int,
     token_byte_lengths: np.ndarray | None = None,
 ) -> ValSet:
-    """The first min(num_sequences, available) windows of the val split, in batches.
+    """min(num_sequences, available) windows of the val split spread evenly over it, in batches.
+
+    Evenly spaced rather than the first ones: the split is a handful of whole documents, and a
+    validation loss over the first few of them measures those documents, not the model.
 
     token_byte_lengths (from Tokenizer.token_byte_lengths()) makes the byte count exact for these
     windows; without it the split's average bytes per token is used. UsageError when the val split
@@ -312,8 +315,10 @@ def validation_batches(
             f"source {source.name!r} has {source.num_tokens('val')} val tokens, fewer than seq_len + 1 = "
             f"{seq_len + 1}; prepare it with a larger val fraction or set data.val_sequences=0"
         )
-    val = np.asarray(source.val[: n * seq_len + 1], dtype=np.int64)
-    windows = np.stack([val[w * seq_len : w * seq_len + seq_len + 1] for w in range(n)])
+    picks = np.unique(np.round(np.linspace(0, available - 1, n)).astype(np.int64))
+    val = source.val
+    windows = np.stack([np.asarray(val[w * seq_len : w * seq_len + seq_len + 1], dtype=np.int64) for w in picks])
+    n = len(picks)
     if token_byte_lengths is not None:
         num_bytes = int(token_byte_lengths[windows[:, 1:]].sum())
     else:
