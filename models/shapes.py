@@ -9,8 +9,9 @@ The rule (all sizes derive from (num_layers L, d_model d)):
               32 -> 3072, 80 -> 9216, between Llama-3 8B 32 x 4096 and 70B 80 x 8192). Kaplan et
               al. (2020) find the loss within a few % for d/L between ~20 and ~200, so d may
               deviate from d*(L) by up to 2x to hit the count.
-  heads       head_dim 16 for d < 128, 32 for d < 256, 64 for d < 2048, 128 above.
-  widths      d is a multiple of 16 / 32 below 128 / 256 (whole heads); of 128 below 2048 (an even
+  heads       head_dim 8 for d < 32, 16 for d < 128, 32 for d < 256, 64 for d < 2048, 128 above.
+  widths      d is a multiple of 8 / 16 / 32 below 32 / 128 / 256 (whole heads; widths under 32
+              only when min_width allows them, for CPU-sized designs); of 128 below 2048 (an even
               number of heads, so TP=2 shards them); from 2048 a multiple of 512 (num_heads a
               multiple of 4).
   GQA         num_kv_heads = num_heads for d < 2048, else gcd(num_heads, 8) (4 or 8; Llama-3: 8).
@@ -42,13 +43,15 @@ _ASPECT_BAND = 2.0  # d may deviate from d*(L) by this factor
 _MAX_LAYERS = 512
 
 
-def preferred_width(num_layers: int) -> int:
-    """d*(L): 64 L up to 16 layers, then 128 more per layer."""
-    return 64 * num_layers if num_layers <= 16 else 1024 + 128 * (num_layers - 16)
+def preferred_width(num_layers: int, width_per_layer: int = 64) -> int:
+    """d*(L): width_per_layer * L up to 16 layers, then 128 more per layer."""
+    if num_layers <= 16:
+        return width_per_layer * num_layers
+    return width_per_layer * 16 + 128 * (num_layers - 16)
 
 
 def head_dim_for_width(d_model: int) -> int:
-    return 16 if d_model < 128 else 32 if d_model < 256 else 64 if d_model < 2048 else 128
+    return 8 if d_model < 32 else 16 if d_model < 128 else 32 if d_model < 256 else 64 if d_model < 2048 else 128
 
 
 def ffn_width(d_model: int) -> int:
@@ -77,19 +80,27 @@ def shape_for_width(num_layers: int, d_model: int, vocab_size: int, **fields: An
 
 
 def width_step(d_model: int) -> int:
-    """Allowed d_model are multiples of this: 16 / 32 below 128 / 256 (one head_dim), then an even
-    number of 64-wide heads (TP=2), and from 2048 a multiple of 8 heads of 128 (TP up to 8)."""
-    return 16 if d_model < 128 else 32 if d_model < 256 else 128 if d_model < 2048 else 512
+    """Allowed d_model are multiples of this: 8 / 16 / 32 below 32 / 128 / 256 (one head_dim), then an
+    even number of 64-wide heads (TP=2), and from 2048 a multiple of 8 heads of 128 (TP up to 8)."""
+    return 8 if d_model < 32 else 16 if d_model < 128 else 32 if d_model < 256 else 128 if d_model < 2048 else 512
 
 
-def _width_grid(lo: float, hi: float) -> list[int]:
-    """Every allowed d_model (a multiple of its head_dim) in [lo, hi]."""
-    start = max(32, math.ceil(lo / 16) * 16)
-    return [d for d in range(start, int(hi) + 1, 16) if d % width_step(d) == 0]
+def _width_grid(lo: float, hi: float, min_width: int = 32) -> list[int]:
+    """Every allowed d_model (a multiple of its head_dim) in [lo, hi], from min_width up."""
+    start = max(min_width, math.ceil(lo / 8) * 8)
+    return [d for d in range(start, int(hi) + 1, 8) if d % width_step(d) == 0]
 
 
 def shape_for_params(
-    target_params: float, vocab_size: int, *, count: str = "total", **fields: Any
+    target_params: float,
+    vocab_size: int,
+    *,
+    count: str = "total",
+    min_layers: int = 1,
+    width_per_layer: int = 64,
+    min_width: int = 32,
+    exclude: frozenset[tuple[int, int]] = frozenset(),
+    **fields: Any,
 ) -> ModelConfig:
     """The ModelConfig the shape rule (module docstring) gives to `target_params`.
 
@@ -97,6 +108,12 @@ def shape_for_params(
         target_params: wanted parameter count (total, or non-embedding with count="nonembedding").
         vocab_size: embedding rows.
         count: "total" (num_params) or "nonembedding" (num_params_nonembedding).
+        min_layers: the shallowest depth considered (a design of tiny models may ask for 2: one
+            layer cannot form induction heads).
+        width_per_layer: d*(L) = width_per_layer * L up to 16 layers (64: GPT-3's 12 x 768; tiny CPU
+            ladders may ask for less so that small sizes keep 2+ layers within the aspect band).
+        min_width: the narrowest d_model considered (16 allows one 16-wide head).
+        exclude: (num_layers, d_model) pairs not to return (so a design's sizes stay distinct).
         fields: other ModelConfig keys (max_seq_len=2048 by default, tied_embeddings, qk_norm,
             rope_theta, norm_eps, init_std, kernels); tied_embeddings and qk_norm change the count.
     Raises:
@@ -108,14 +125,16 @@ def shape_for_params(
         raise ConfigError("model.target_params", f"{target_params} must be > 0", "e.g. 1e7")
     counter = num_params if count == "total" else num_params_nonembedding
     best: tuple[float, float, ModelConfig] | None = None  # (count miss, aspect miss, cfg)
-    for num_layers in range(1, _MAX_LAYERS + 1):
-        d_star = preferred_width(num_layers)
-        widths = _width_grid(d_star / _ASPECT_BAND, d_star * _ASPECT_BAND)
+    for num_layers in range(max(1, min_layers), _MAX_LAYERS + 1):
+        d_star = preferred_width(num_layers, width_per_layer)
+        widths = _width_grid(d_star / _ASPECT_BAND, d_star * _ASPECT_BAND, min_width)
         smallest = None
         for d_model in widths:
             cfg = shape_for_width(num_layers, d_model, vocab_size, **fields)
             n = counter(cfg)
             smallest = n if smallest is None else min(smallest, n)
+            if (num_layers, d_model) in exclude:
+                continue
             miss = abs(math.log(n / target_params))
             aspect_miss = abs(math.log(d_model / d_star))
             key = (max(miss, math.log1p(_GOOD_ENOUGH)), aspect_miss)
@@ -123,7 +142,8 @@ def shape_for_params(
                 best = (key[0], key[1], cfg)
         if smallest is not None and smallest > 2 * target_params:
             break  # deeper shapes only grow
-    assert best is not None
+    if best is None:
+        raise ConfigError("model.target_params", f"{target_params:.3g}: every shape is excluded", "widen the range")
     cfg = best[2]
     n = counter(cfg)
     if abs(n / target_params - 1) > SHAPE_TOLERANCE:
