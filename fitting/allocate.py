@@ -90,6 +90,19 @@ def numeric_optimum(
     return n_opt, flops / (6.0 * n_opt), float(res.fun), at_bound
 
 
+def optimum_for_law(law) -> Callable[[dict[str, float], float], tuple]:
+    """(params, flops) -> (N*, D*, L*[, at_bound]) for a law object of params and tokens under C = 6ND:
+    the closed form for Chinchilla, else the numeric optimum in ln N."""
+    if law.name == "chinchilla":
+        return chinchilla_optimum
+    if set(law.inputs) != {"params", "tokens"}:
+        raise UsageError(
+            f"law {law.name} has inputs {list(law.inputs)}; compute-optimal allocation needs a law of "
+            "params and tokens (chinchilla or kaplan)"
+        )
+    return lambda p, c: numeric_optimum(lambda n, d: law.predict(p, params=n, tokens=d), c)
+
+
 def _percentile(values: np.ndarray, level: float) -> tuple[float, float] | None:
     values = values[np.isfinite(values)]
     if values.size < 2:

@@ -191,6 +191,59 @@ def _check_arrays(params, tokens, loss, flops) -> tuple[np.ndarray, ...]:
     return params, tokens, loss, flops
 
 
+def budget_minimum(
+    params: np.ndarray, loss: np.ndarray, flops: np.ndarray, *, curvature_z: float = 2.0, level: float = 0.95
+) -> BudgetMinimum | None:
+    """The IsoFLOP parabola of one budget: loss = p2 (ln N)^2 + p1 ln N + p0 by OLS, and its vertex.
+
+    Flat when p2 is not significantly positive (p2 / se(p2) < curvature_z, or no residual dof and
+    p2 <= 0); boundary when the vertex falls outside [min ln N, max ln N]. The vertex interval is
+    the delta method on the parabola's covariance (t quantile). None with fewer than 3 distinct sizes.
+    """
+    from scipy import stats
+
+    params, loss, flops = (np.asarray(a, dtype=float) for a in (params, loss, flops))
+    x = np.log(params)
+    if np.unique(x).size < 3:
+        return None
+    budget = float(np.exp(np.mean(np.log(flops))))
+    design = np.column_stack([np.ones_like(x), x, x * x])
+    res = sm.OLS(loss, design).fit()
+    p0, p1, p2 = (float(v) for v in res.params)
+    dof = x.size - 3
+    if dof > 0:
+        cov = np.asarray(res.cov_params())
+        se2 = float(np.sqrt(max(cov[2, 2], 0.0)))
+        flat = not (p2 > 0 and (se2 == 0 or p2 / se2 >= curvature_z))
+    else:
+        cov, flat = None, p2 <= 0
+    if p2 > 0:
+        x_star = -p1 / (2.0 * p2)
+    else:  # no vertex: report the best measured run so the table still shows something
+        x_star = float(x[np.argmin(loss)])
+    boundary = bool(x_star <= x.min() or x_star >= x.max())
+    interval = None
+    if cov is not None and p2 > 0:
+        # d x*/d(p1, p2) = (-1/(2 p2), p1/(2 p2^2)); p0 does not enter.
+        grad = np.array([0.0, -1.0 / (2.0 * p2), p1 / (2.0 * p2**2)])
+        se_x = float(np.sqrt(max(grad @ cov @ grad, 0.0)))
+        t = float(stats.t.ppf(0.5 + level / 2.0, dof))
+        interval = (float(np.exp(x_star - t * se_x)), float(np.exp(x_star + t * se_x)))
+    n_opt = float(np.exp(x_star))
+    loss_opt = float(p0 + p1 * x_star + p2 * x_star**2) if p2 > 0 else float(loss.min())
+    return BudgetMinimum(
+        flops=budget,
+        n_opt=n_opt,
+        d_opt=budget / (6.0 * n_opt),
+        loss_opt=loss_opt,
+        n_opt_interval=interval,
+        num_runs=int(x.size),
+        flat=bool(flat),
+        boundary=boundary,
+        used=not (flat or boundary),
+    )
+
+
 def approach2(
     *,
     params: np.ndarray,
@@ -224,59 +277,21 @@ def approach2(
     """
     params, tokens, loss, flops = _check_arrays(params, tokens, loss, flops)
     labels = group_budgets(flops) if budget_labels is None else np.asarray(budget_labels)
-    from scipy import stats
-
     minima: list[BudgetMinimum] = []
     warnings: list[str] = []
     for lab in np.unique(labels):
         idx = np.flatnonzero(labels == lab)
-        x = np.log(params[idx])
-        if np.unique(x).size < min_runs_per_budget:
-            warnings.append(f"budget C={np.median(flops[idx]):.3g}: only {np.unique(x).size} distinct sizes, skipped")
+        m = budget_minimum(params[idx], loss[idx], flops[idx], curvature_z=curvature_z, level=level)
+        if m is None or np.unique(params[idx]).size < min_runs_per_budget:
+            n_sizes = np.unique(params[idx]).size
+            warnings.append(f"budget C={np.median(flops[idx]):.3g}: only {n_sizes} distinct sizes, skipped")
             continue
-        budget = float(np.exp(np.mean(np.log(flops[idx]))))
-        design = np.column_stack([np.ones_like(x), x, x * x])
-        res = sm.OLS(loss[idx], design).fit()
-        p0, p1, p2 = (float(v) for v in res.params)
-        dof = idx.size - 3
-        if dof > 0:
-            cov = np.asarray(res.cov_params())
-            se2 = float(np.sqrt(max(cov[2, 2], 0.0)))
-            flat = not (p2 > 0 and (se2 == 0 or p2 / se2 >= curvature_z))
-        else:
-            cov, flat = None, p2 <= 0
-        if p2 > 0:
-            x_star = -p1 / (2.0 * p2)
-        else:  # no vertex: report the best measured run so the table still shows something
-            x_star = float(x[np.argmin(loss[idx])])
-        boundary = bool(x_star <= x.min() or x_star >= x.max())
-        interval = None
-        if cov is not None and p2 > 0:
-            # d x*/d(p1, p2) = (-1/(2 p2), p1/(2 p2^2)); p0 does not enter.
-            grad = np.array([0.0, -1.0 / (2.0 * p2), p1 / (2.0 * p2**2)])
-            se_x = float(np.sqrt(max(grad @ cov @ grad, 0.0)))
-            t = float(stats.t.ppf(0.5 + level / 2.0, dof))
-            interval = (float(np.exp(x_star - t * se_x)), float(np.exp(x_star + t * se_x)))
-        n_opt = float(np.exp(x_star))
-        loss_opt = float(p0 + p1 * x_star + p2 * x_star**2) if p2 > 0 else float(loss[idx].min())
-        minima.append(
-            BudgetMinimum(
-                flops=budget,
-                n_opt=n_opt,
-                d_opt=budget / (6.0 * n_opt),
-                loss_opt=loss_opt,
-                n_opt_interval=interval,
-                num_runs=int(idx.size),
-                flat=bool(flat),
-                boundary=boundary,
-                used=not (flat or boundary),
-            )
-        )
-        if flat:
-            warnings.append(f"budget C={budget:.3g}: flat IsoFLOP curve (curvature not significant)")
-        elif boundary:
+        minima.append(m)
+        if m.flat:
+            warnings.append(f"budget C={m.flops:.3g}: flat IsoFLOP curve (curvature not significant)")
+        elif m.boundary:
             warnings.append(
-                f"budget C={budget:.3g}: minimum at or beyond the sampled sizes (N*≈{n_opt:.3g}); extend the size range"
+                f"budget C={m.flops:.3g}: minimum at or beyond the sampled sizes (N*≈{m.n_opt:.3g}); extend the size range"
             )
     return _finish(2, minima, warnings, level)
 

@@ -67,6 +67,7 @@ class FitResult:
     status: str = ""
     seconds: float = 0.0
     alt_thetas: list[list[float]] = field(default_factory=list)  # best distinct end points (fit space)
+    alt_objectives: list[float] = field(default_factory=list)  # their objective values
 
     def law_object(self) -> Law:
         return get_law(self.law, **self.law_config)
@@ -103,6 +104,7 @@ class FitResult:
             "status": self.status,
             "seconds": float(self.seconds),
             "alt_thetas": [[float(t) for t in th] for th in self.alt_thetas],
+            "alt_objectives": [float(v) for v in self.alt_objectives],
         }
 
     @classmethod
@@ -247,6 +249,7 @@ def fit_law(
         dm = delta_method(law, x, loss, theta, weights=w, delta=delta if objective == "huber" else None, derived={})
         warns += diagnostics.flatness_warnings(law, theta, dm.information, dm.se)
     resid = obj.residuals(theta)
+    alt = _distinct_best(xs, fs, 5)
     return FitResult(
         law=law.name,
         law_config=law.config(),
@@ -267,5 +270,6 @@ def fit_law(
         residual_scale=robust_scale(resid),
         status=STATUS_TEXT[status],
         seconds=time.perf_counter() - t0,
-        alt_thetas=[[float(t) for t in xs[i]] for i in _distinct_best(xs, fs, 5)],
+        alt_thetas=[[float(t) for t in xs[i]] for i in alt],
+        alt_objectives=[float(fs[i]) for i in alt],
     )

@@ -139,14 +139,7 @@ def _derived(law, params: dict[str, float]) -> dict[str, float]:
 
 def _optimum_fn(law):
     """(params, flops) -> (N*, D*, L*[, at_bound]) for a law of params and tokens."""
-    if law.name == "chinchilla":
-        return alloc.chinchilla_optimum
-    if set(law.inputs) != {"params", "tokens"}:
-        raise UsageError(
-            f"law {law.name} has inputs {list(law.inputs)}; compute-optimal allocation needs a law of "
-            "params and tokens (chinchilla or kaplan)"
-        )
-    return lambda p, c: alloc.numeric_optimum(lambda n, d: law.predict(p, params=n, tokens=d), c)
+    return alloc.optimum_for_law(law)
 
 
 def _fit_approach3(table, law_name, *, bootstrap, seed, objective, delta, level, holdout_frac, backtest, max_starts):

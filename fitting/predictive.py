@@ -1,0 +1,125 @@
+"""Prediction intervals for a run the law has not seen: parameter, noise and extrapolation error.
+
+A bootstrap over runs resamples the points the law was fitted to, so its interval on a
+prediction reflects only how the fit moves with that resampling. A run at 3x or 10x the largest
+budget is also off by (a) its own run-to-run noise and (b) the law's error out of sample, which
+grows with the distance it extrapolates. The backtests measure (b): fitted without a budget, the
+law misses that budget's runs by rel_i at a distance of d_i decades of compute beyond (or below)
+the budgets it was fitted on. Assuming the miss grows linearly with the distance (a law with a
+slightly wrong exponent drifts linearly in log C), the out-of-sample error per decade is
+
+    k = sqrt(mean_i (rel_i / d_i)^2)          over backtest runs with d_i > 0,
+
+the RMS over every fold that extrapolates (hold-out-the-largest, and the outer folds of
+leave-one-budget-out). It includes the held-out runs' own noise, so it errs wide at short range.
+At a target d_t decades from the fitted budgets the three parts add in log space,
+
+    sd = sqrt(s_boot^2 + sigma_noise^2 + (k d_t)^2),     interval = point * exp(+-z sd),
+
+with s_boot the bootstrap replicates' spread (their 95% half-width / z, in log space), sigma_noise
+the robust scale of the fit's log residuals, and z the normal quantile of the level. With no
+extrapolating backtest (fewer than 3 budgets), k is unknown and the interval says so (k = None).
+The ledger (scalelab.sweeps.ledger) scores these intervals against measured runs: that is the
+test of the method, not this derivation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from scipy import stats
+
+
+@dataclass(kw_only=True, slots=True)
+class ExtrapolationError:
+    per_decade: float | None  # k: RMS relative error per decade of extrapolation; None if unmeasured
+    n_runs: int  # backtest runs it rests on
+    max_decades: float  # the farthest backtest distance measured
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(kw_only=True, slots=True)
+class PredictionInterval:
+    point: float
+    lo: float
+    hi: float
+    level: float
+    parts: dict[str, float]  # log-space sds: bootstrap, noise, extrapolation (and decades)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _budget_edges(flops: np.ndarray) -> tuple[float, float]:
+    return float(np.min(flops)), float(np.max(flops))
+
+
+def extrapolation_error(backtests: Iterable[dict], train_flops_by_fold: Iterable[tuple[float, float]] | None = None) -> ExtrapolationError:
+    """k from backtest dicts (BacktestResult.to_dict()) whose runs carry `flops` and `rel_error`.
+
+    Each dict may carry `train_range` = [min, max] training FLOPs of its fold(s); for
+    leave-one-budget-out, `folds` = [{"flops": C, "train_range": [lo, hi]}] gives it per budget.
+    Runs whose FLOPs lie inside their training range (interpolation) do not enter.
+    """
+    ratios, dmax = [], 0.0
+    for bt in backtests:
+        ranges = {round(math.log10(f["flops"]), 3): f["train_range"] for f in bt.get("folds", [])}
+        for r in bt.get("runs", []):
+            rng = ranges.get(round(math.log10(r["flops"]), 3), bt.get("train_range"))
+            if rng is None:
+                continue
+            d = decades_outside(r["flops"], rng)
+            if d > 0.05:  # within ~12% of the fitted range is interpolation, not extrapolation
+                ratios.append(r["rel_error"] / d)
+                dmax = max(dmax, d)
+    if not ratios:
+        return ExtrapolationError(per_decade=None, n_runs=0, max_decades=0.0)
+    return ExtrapolationError(
+        per_decade=float(np.sqrt(np.mean(np.square(ratios)))), n_runs=len(ratios), max_decades=dmax
+    )
+
+
+def decades_outside(flops: float, train_range) -> float:
+    """Distance in decades of compute from `flops` to the interval [lo, hi] (0 inside)."""
+    lo, hi = train_range
+    if flops > hi:
+        return math.log10(flops / hi)
+    if flops < lo:
+        return math.log10(lo / flops)
+    return 0.0
+
+
+def prediction_interval(
+    point: float,
+    replicate_values: np.ndarray,
+    *,
+    residual_scale: float,
+    extrapolation: ExtrapolationError,
+    decades: float,
+    level: float = 0.95,
+) -> PredictionInterval:
+    """The interval of module docstring for one prediction (point = the fit's prediction)."""
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    vals = np.asarray(replicate_values, dtype=float)
+    vals = vals[np.isfinite(vals) & (vals > 0)]
+    if vals.size >= 2:
+        lo_b, hi_b = np.quantile(np.log(vals), [0.5 - level / 2, 0.5 + level / 2])
+        s_boot = float(hi_b - lo_b) / (2 * z)
+    else:
+        s_boot = 0.0
+    s_noise = float(residual_scale) if residual_scale and math.isfinite(residual_scale) else 0.0
+    k = extrapolation.per_decade
+    s_ext = (k * max(decades, 0.0)) if k is not None else float("nan")
+    sd = math.sqrt(s_boot**2 + s_noise**2 + (s_ext if math.isfinite(s_ext) else 0.0) ** 2)
+    return PredictionInterval(
+        point=float(point),
+        lo=float(point * math.exp(-z * sd)),
+        hi=float(point * math.exp(z * sd)),
+        level=level,
+        parts={"bootstrap": s_boot, "noise": s_noise, "extrapolation": s_ext, "decades": float(decades)},
+    )
