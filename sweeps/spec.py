@@ -49,6 +49,7 @@ import numpy as np
 import yaml
 
 from scalelab.errors import ConfigError, UsageError
+from scalelab.sweeps.recipe import Recipe, parse_recipe
 
 GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
 TOP_KEYS = (
@@ -62,6 +63,7 @@ TOP_KEYS = (
     "cooldowns",
     "execution",
     "fit",
+    "recipe",
 )
 SHAPE_KEYS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff")
 # model keys the shape rule passes through unchanged when a generator picks the size
@@ -200,7 +202,7 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
     if fit.flops not in ("6n", "exact"):
         raise ConfigError("fit.flops", f"{fit.flops!r} unknown", "use 6n or exact")
-    ctx = _Context.from_base(base, execution)
+    ctx = _Context.from_base(base, execution, raw.get("recipe"))
     gen = gens[0]
     points = _GENERATOR_FNS[gen](raw[gen], ctx, gen)
     points = _cross(points, _axes(raw.get("axes"), "axes"))
@@ -238,9 +240,10 @@ class _Context:
     seq_len: int
     tokens_per_step: int
     execution: ExecutionConfig
+    recipe: Recipe | None = None  # the spec's `recipe:` (scalelab.sweeps.recipe), None = base config as is
 
     @classmethod
-    def from_base(cls, base: dict[str, Any], execution: ExecutionConfig) -> _Context:
+    def from_base(cls, base: dict[str, Any], execution: ExecutionConfig, recipe: Any = None) -> _Context:
         from scalelab.train.config import DataConfig, TrainLoopConfig, padded_vocab_size
         from scalelab.train.data.tokenizer import load_tokenizer
 
@@ -264,17 +267,31 @@ class _Context:
             seq_len=seq_len,
             tokens_per_step=(batch // seq_len) * seq_len,
             execution=execution,
+            recipe=None if recipe is None else parse_recipe(recipe),
         )
 
-    def shape(self, target_params: float, key: str) -> dict[str, Any]:
-        """Model fields for a target size by the shape rule, keeping the base's pass-through keys."""
+    def round_tokens(self, target_tokens: float) -> int:
+        """Tokens of a generated run: the target as is under a recipe (it picks the batch and rounds
+        to whole steps itself), else rounded to whole steps of the base's batch."""
+        if self.recipe is not None:
+            return int(round(target_tokens))
+        return max(int(round(target_tokens / self.tokens_per_step)), 0) * self.tokens_per_step
+
+    def shape(self, target_params: float, key: str, exclude: frozenset = frozenset()) -> dict[str, Any]:
+        """Model fields for a target size by the shape rule, keeping the base's pass-through keys.
+
+        `exclude`: (num_layers, d_model) pairs already used, so a design's sizes stay distinct."""
+        from scalelab.models.accounting import num_params
         from scalelab.models.shapes import shape_for_params
         from scalelab.train.config_tree import to_dict
 
         model = self.base.get("model") or {}
         extra = {k: model[k] for k in SHAPE_PASSTHROUGH if k in model}
         extra.setdefault("max_seq_len", max(self.seq_len, 128))
-        from scalelab.models.accounting import num_params
+        if self.recipe is not None:
+            r = self.recipe.shape
+            extra |= dict(min_layers=r.min_layers, width_per_layer=r.width_per_layer, min_width=r.min_width)
+        extra["exclude"] = exclude
 
         # Tiny sizes are coarse (one layer or 16 channels is a big step): when the rule cannot meet
         # a target within its tolerance, take the buildable shape nearest to it (within ~35%).
@@ -318,9 +335,26 @@ def _resolve(ctx: _Context, overrides: dict[str, Any], labels: dict[str, Any], w
             continue
         _set(tree, key, value)
     try:
+        if ctx.recipe is not None:
+            _apply_recipe(ctx, tree, labels, keep_lr="optim.lr" in overrides, where=where)
         return _from_tree(tree, labels)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e.key}", str(e).split(": ", 1)[-1]) from None
+
+
+def _apply_recipe(ctx: _Context, tree: dict, labels: dict[str, Any], *, keep_lr: bool, where: str) -> None:
+    """Set batch, whole-step length, warmup and LR of a run by the spec's recipe (sweeps/recipe.py)."""
+    from scalelab.models.accounting import num_params
+    from scalelab.sweeps.recipe import plan_run
+    from scalelab.train.config import build_run_config
+
+    cfg = build_run_config(tree)
+    n = num_params(cfg.model)
+    target = float(cfg.train.num_tokens)
+    budget = float(labels.get("flops_budget") or 6.0 * n * target)
+    plan = plan_run(ctx.recipe, params=n, target_tokens=target, flops_budget=budget, seq_len=cfg.seq_len, where=where)
+    for key, value in plan.overrides(keep_lr=keep_lr).items():
+        _set(tree, key, value)
 
 
 def _apply_mixture(tree: dict, mixture: dict[str, float], key: str) -> None:
@@ -401,10 +435,6 @@ def _random(section: Any, ctx: _Context, key: str) -> list[Point]:
     return [({name: draws[name][i] for name in draws}, {"sample": i}) for i in range(n)]
 
 
-def _steps_for(tokens: float, ctx: _Context) -> int:
-    return max(int(round(tokens / ctx.tokens_per_step)), 0)
-
-
 def _ladder(section: Any, ctx: _Context, key: str) -> list[Point]:
     _check_keys(section, ("sizes", "tokens_per_param"), key)
     sizes = [_number(v, f"{key}.sizes[{i}]") for i, v in enumerate(_list(section.get("sizes"), f"{key}.sizes"))]
@@ -420,16 +450,67 @@ def _ladder(section: Any, ctx: _Context, key: str) -> list[Point]:
         shape = ctx.shape(target, f"{key}.sizes[{i}]")
         n = num_params(ModelConfig(**shape))
         for j, tpp in enumerate(tpps):
-            steps = _steps_for(tpp * n, ctx)
-            if steps < 1:
+            tokens = ctx.round_tokens(tpp * n)
+            if tokens < 1:
                 raise ConfigError(
                     f"{key}.tokens_per_param[{j}]",
                     f"{tpp} x {n:,} params is less than one step ({ctx.tokens_per_step} tokens)",
                     "raise it or lower train.global_batch_tokens",
                 )
-            over = {f"model.{k}": v for k, v in shape.items()} | {"train.num_tokens": steps * ctx.tokens_per_step}
+            over = {f"model.{k}": v for k, v in shape.items()} | {"train.num_tokens": tokens}
             out.append((over, {"target_params": target, "tokens_per_param": tpp}))
     return out
+
+
+def _isoflop_targets(section: dict, budgets: list[float], num_sizes: int, key: str) -> list[list[float]]:
+    """Target sizes per budget from exactly one of `center`, `params` or `tokens_per_param`."""
+    given = [k for k in ("center", "params", "tokens_per_param") if k in section]
+    if len(given) != 1:
+        raise ConfigError(
+            f"{key}.center",
+            "give exactly one of center: {tokens_per_param: T} | {params: [...]}, params: [lo, hi] or "
+            "tokens_per_param: [lo, hi]",
+            "e.g. center: {tokens_per_param: 20} with span: 3",
+        )
+    if given[0] == "center":
+        center, ckey = section["center"], f"{key}.center"
+        _check_keys(center, ("tokens_per_param", "params"), ckey)
+        span = _number(section.get("span", 3.0), f"{key}.span")
+        if span <= 1:
+            raise ConfigError(f"{key}.span", f"{span:g} must be > 1", "e.g. 3 (sizes from N*/3 to 3 N*)")
+        if ("tokens_per_param" in center) == ("params" in center):
+            raise ConfigError(ckey, "give one of tokens_per_param or params", "e.g. center: {tokens_per_param: 20}")
+        if "tokens_per_param" in center:
+            tpp = _number(center["tokens_per_param"], f"{ckey}.tokens_per_param")
+            centers = [math.sqrt(c / (6 * tpp)) for c in budgets]  # C = 6 N (tpp N)
+        else:
+            raw = _list(center["params"], f"{ckey}.params", min_len=len(budgets))
+            if len(raw) != len(budgets):
+                raise ConfigError(f"{ckey}.params", f"{len(raw)} centres for {len(budgets)} budgets", "one per budget")
+            centers = [_number(v, f"{ckey}.params[{i}]") for i, v in enumerate(raw)]
+        offsets = np.linspace(-1.0, 1.0, num_sizes) if num_sizes > 1 else np.zeros(1)
+        return [[float(n * span**o) for o in offsets] for n in centers]
+    if "span" in section:
+        raise ConfigError(f"{key}.span", "only applies with center", "remove it or use center: {...}")
+    range_key = given[0]
+    lo, hi = (_number(v, f"{key}.{range_key}") for v in _list(section[range_key], f"{key}.{range_key}", min_len=2)[:2])
+    if hi < lo:
+        raise ConfigError(f"{key}.{range_key}", f"[{lo:g}, {hi:g}] is reversed", "give [low, high]")
+    if range_key == "tokens_per_param":  # C = 6 N (t N)  =>  N = sqrt(C / 6t); high t = small N
+        return [[math.sqrt(c / (6 * t)) for t in np.geomspace(hi, lo, num_sizes)] for c in budgets]
+    return [list(np.geomspace(lo, hi, num_sizes)) for _ in budgets]
+
+
+def distinct_shapes(ctx: _Context, targets: list[float], key: str) -> list[dict[str, Any]]:
+    """One shape per target, all distinct: each target takes the shape rule's pick among the shapes
+    not yet used (so two nearby targets get neighbouring shapes instead of one)."""
+    used: set[tuple[int, int]] = set()
+    shapes = []
+    for target in sorted(targets):
+        shape = ctx.shape(target, key, exclude=frozenset(used))
+        used.add((shape["num_layers"], shape["d_model"]))
+        shapes.append(shape)
+    return shapes
 
 
 def _isoflop(section: Any, ctx: _Context, key: str) -> list[Point]:
@@ -438,7 +519,7 @@ def _isoflop(section: Any, ctx: _Context, key: str) -> list[Point]:
 
     _check_keys(
         section,
-        ("budgets", "num_sizes", "tokens_per_param", "params", "flops", "tolerance", "min_steps"),
+        ("budgets", "num_sizes", "tokens_per_param", "params", "center", "span", "flops", "tolerance", "min_steps"),
         key,
     )
     budgets = [_number(v, f"{key}.budgets[{i}]") for i, v in enumerate(_list(section.get("budgets"), f"{key}.budgets"))]
@@ -446,52 +527,36 @@ def _isoflop(section: Any, ctx: _Context, key: str) -> list[Point]:
     flops_kind = section.get("flops", "6n")
     if flops_kind not in ("6n", "exact"):
         raise ConfigError(f"{key}.flops", f"{flops_kind!r} unknown", "use 6n or exact")
+    if ctx.recipe is not None and "min_steps" in section:
+        raise ConfigError(f"{key}.min_steps", "the spec has a recipe", "set recipe.min_steps instead")
     min_steps = int(_number(section.get("min_steps", 4), f"{key}.min_steps"))
-    if ("tokens_per_param" in section) == ("params" in section):
-        raise ConfigError(
-            f"{key}.tokens_per_param",
-            "give exactly one of tokens_per_param: [lo, hi] or params: [lo, hi]",
-            "e.g. tokens_per_param: [4, 64]",
-        )
-    range_key = "tokens_per_param" if "tokens_per_param" in section else "params"
-    lo, hi = (_number(v, f"{key}.{range_key}") for v in _list(section[range_key], f"{key}.{range_key}", min_len=2)[:2])
-    if hi < lo:
-        raise ConfigError(f"{key}.{range_key}", f"[{lo:g}, {hi:g}] is reversed", "give [low, high]")
+    targets_per_budget = _isoflop_targets(section, budgets, num_sizes, key)
     out = []
-    for b, budget in enumerate(budgets):
+    for b, (budget, targets) in enumerate(zip(budgets, targets_per_budget)):
         bkey = f"{key}.budgets[{b}]"
-        if range_key == "tokens_per_param":  # C = 6 N (t N)  =>  N = sqrt(C / 6t); high t = small N
-            targets = [math.sqrt(budget / (6 * t)) for t in np.geomspace(hi, lo, num_sizes)]
-        else:
-            targets = list(np.geomspace(lo, hi, num_sizes))
-        seen_shapes = set()
-        for s, target in enumerate(targets):
-            try:
-                shape = ctx.shape(target, bkey)
-            except ConfigError as e:
-                why = str(e).split(": ", 2)[-1].split(";")[0]
-                if range_key == "params":
-                    raise ConfigError(f"{key}.params", why, "narrow the size range") from None
-                raise ConfigError(
-                    bkey,
-                    f"budget {budget:.3g} is too small for the smallest size ({why})",
-                    "raise the budget or lower the tokens_per_param range",
-                ) from None
-            sig = tuple(sorted(shape.items()))
-            if sig in seen_shapes:
-                continue  # two targets rounded to one shape
-            seen_shapes.add(sig)
+        try:
+            shapes = distinct_shapes(ctx, targets, bkey)
+        except ConfigError as e:
+            why = str(e).split(": ", 2)[-1].split(";")[0]
+            if "params" in section:
+                raise ConfigError(f"{key}.params", why, "narrow the size range") from None
+            raise ConfigError(
+                bkey,
+                f"budget {budget:.3g} is too small for the smallest size ({why})",
+                "raise the budget or lower the tokens_per_param range",
+            ) from None
+        for s, (target, shape) in enumerate(zip(sorted(targets), shapes)):
             fpt = flops_per_token(ModelConfig(**shape), ctx.seq_len)
             per_token = fpt.six_n if flops_kind == "6n" else fpt.exact
-            steps = _steps_for(budget / per_token, ctx)
-            if steps < min_steps:
+            tokens = ctx.round_tokens(budget / per_token)
+            if ctx.recipe is None and tokens // ctx.tokens_per_step < min_steps:
                 raise ConfigError(
                     bkey,
                     f"budget {budget:.3g} is too small for size {fpt.six_n / 6:,.0f}: "
-                    f"{steps} step(s) of {ctx.tokens_per_step} tokens (min_steps={min_steps})",
+                    f"{tokens // ctx.tokens_per_step} step(s) of {ctx.tokens_per_step} tokens (min_steps={min_steps})",
                     "raise the budget, narrow the size range or lower train.global_batch_tokens",
                 )
-            over = {f"model.{k}": v for k, v in shape.items()} | {"train.num_tokens": steps * ctx.tokens_per_step}
+            over = {f"model.{k}": v for k, v in shape.items()} | {"train.num_tokens": tokens}
             out.append((over, {"flops_budget": budget, "target_params": round(target), "size_index": s}))
     return out
 

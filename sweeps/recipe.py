@@ -1,0 +1,224 @@
+"""The small-scale training recipe: batch, run length, warmup and learning rate of every run in a design.
+
+A scaling law is fitted to final losses, so each run must measure its *size*, not its schedule
+(Porian et al. 2024 trace the Kaplan/Chinchilla disagreement to warmup that is too long for small
+budgets and to hyperparameters not tuned per size). A sweep spec opts in with a `recipe:` section:
+
+    recipe:
+      min_steps: 250                   # every run takes at least this many optimizer steps
+      shape: {min_layers: 2, width_per_layer: 32, min_width: 32}   # options of the shape rule
+      warmup: {fraction: 0.05, max_steps: 50}
+      batch: {ref_flops: 1e12, ref_tokens: 1024, exponent: 0.0, min_sequences: 4, max_tokens: 0}
+      lr: {ref_params: 5e4, ref_lr: 6e-3, exponent: -0.35}
+
+For a run of N parameters asked to train on about D tokens at FLOP budget C (the IsoFLOP label, or
+6ND when the run has none):
+
+  batch     B(C) = ref_tokens * (C / ref_flops)^exponent tokens, rounded down to a power-of-two number
+            of sequences and clamped to [min_sequences, max_tokens] (max_tokens 0: no cap). One rule
+            per budget, so every size of an IsoFLOP slice sees the same batch. When a run would get
+            fewer than `min_steps` steps, its batch is halved until it does (down to min_sequences);
+            a run that still falls short is rejected, naming the run and the fix.
+  length    the number of steps is round(D / B); the run's tokens are steps * B (whole steps).
+  warmup    linear, in steps: clamp(round(fraction * steps), 1, max_steps). A fixed fraction makes
+            warmup a large share of a small run's updates; the cap keeps long runs' warmup short.
+  lr        peak LR = ref_lr * (N / ref_params)^exponent (total parameters), a power law fitted to
+            the best LR of an LR sweep at several sizes (scalelab.fitting.hyperparams; see
+            `lr_law_from_sweep` and bench/lr_sweep.py, whose table is in the docstring of DEFAULTS).
+
+A point that sets `optim.lr` itself (an LR sweep's grid axis) keeps its LR; the rest still applies.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from scalelab.errors import ConfigError
+
+
+@dataclass(kw_only=True, slots=True)
+class WarmupRule:
+    fraction: float = 0.05  # of the run's steps
+    max_steps: int = 50  # cap: warmup never exceeds this many steps
+
+
+@dataclass(kw_only=True, slots=True)
+class BatchRule:
+    ref_flops: float = 1e12  # at this budget the batch is ref_tokens
+    ref_tokens: int = 1024  # tokens per optimizer step at ref_flops
+    exponent: float = 0.0  # B ~ C^exponent (DeepSeek LLM 2024 fit 0.33 at large scale)
+    min_sequences: int = 4  # never fewer sequences per step
+    max_tokens: int = 0  # cap on tokens per step; 0 = none
+
+
+@dataclass(kw_only=True, slots=True)
+class LRRule:
+    ref_params: float = 5e4  # N (total parameters) where the peak LR is ref_lr
+    ref_lr: float = 6e-3
+    exponent: float = -0.35  # lr ~ N^exponent
+
+
+@dataclass(kw_only=True, slots=True)
+class ShapeRule:
+    """Options of the shape rule (scalelab.models.shapes.shape_for_params) for generated sizes."""
+
+    min_layers: int = 1
+    width_per_layer: int = 64
+    min_width: int = 32
+
+
+@dataclass(kw_only=True, slots=True)
+class Recipe:
+    min_steps: int = 250
+    shape: ShapeRule = field(default_factory=ShapeRule)
+    warmup: WarmupRule = field(default_factory=WarmupRule)
+    batch: BatchRule = field(default_factory=BatchRule)
+    lr: LRRule = field(default_factory=LRRule)
+
+
+@dataclass(kw_only=True, slots=True)
+class RunPlan:
+    """What the recipe sets for one run."""
+
+    batch_sequences: int
+    tokens_per_step: int
+    num_steps: int
+    num_tokens: int
+    warmup_steps: int
+    lr: float
+    halvings: int  # times the budget's batch was halved to reach min_steps
+
+    def overrides(self, *, keep_lr: bool = False) -> dict[str, Any]:
+        out = {
+            "train.global_batch_tokens": self.tokens_per_step,
+            "train.num_tokens": self.num_tokens,
+            "schedule.warmup_tokens": self.warmup_steps * self.tokens_per_step,
+        }
+        if not keep_lr:
+            out["optim.lr"] = float(f"{self.lr:.4g}")
+        return out
+
+
+def parse_recipe(section: Any, key: str = "recipe") -> Recipe:
+    """A Recipe from the spec's `recipe:` mapping (True or {} = the defaults); ConfigError names the key."""
+    from scalelab.train.config_tree import from_dict
+
+    if section is True:
+        section = {}
+    if not isinstance(section, dict):
+        raise ConfigError(key, f"expected a mapping, got {section!r}", "e.g. recipe: {min_steps: 250}")
+    recipe = from_dict(Recipe, section, prefix=key)
+    checks = [
+        ("min_steps", recipe.min_steps >= 1, "an integer >= 1"),
+        ("shape.min_layers", recipe.shape.min_layers >= 1, ">= 1"),
+        ("shape.width_per_layer", recipe.shape.width_per_layer >= 8, ">= 8"),
+        ("shape.min_width", recipe.shape.min_width >= 16 and recipe.shape.min_width % 16 == 0, "a multiple of 16"),
+        ("warmup.fraction", 0 <= recipe.warmup.fraction < 1, "in [0, 1)"),
+        ("warmup.max_steps", recipe.warmup.max_steps >= 1, ">= 1"),
+        ("batch.ref_flops", recipe.batch.ref_flops > 0 and math.isfinite(recipe.batch.ref_flops), "> 0"),
+        ("batch.ref_tokens", recipe.batch.ref_tokens >= 1, ">= 1"),
+        ("batch.exponent", math.isfinite(recipe.batch.exponent), "finite"),
+        ("batch.min_sequences", recipe.batch.min_sequences >= 1, ">= 1"),
+        ("batch.max_tokens", recipe.batch.max_tokens >= 0, ">= 0 (0 = no cap)"),
+        ("lr.ref_params", recipe.lr.ref_params > 0, "> 0"),
+        ("lr.ref_lr", 0 < recipe.lr.ref_lr < 1, "in (0, 1)"),
+        ("lr.exponent", math.isfinite(recipe.lr.exponent), "finite"),
+    ]
+    for name, ok, want in checks:
+        if not ok:
+            raise ConfigError(f"{key}.{name}", f"must be {want}", "fix the value")
+    return recipe
+
+
+def _pow2_floor(x: float) -> int:
+    return 1 << max(0, int(math.floor(math.log2(max(x, 1.0)))))
+
+
+def budget_batch_sequences(recipe: Recipe, flops_budget: float, seq_len: int) -> int:
+    """Sequences per step at a budget before the min-steps rule (a power of two, clamped)."""
+    b = recipe.batch
+    tokens = b.ref_tokens * (flops_budget / b.ref_flops) ** b.exponent
+    if b.max_tokens:
+        tokens = min(tokens, b.max_tokens)
+    return max(b.min_sequences, _pow2_floor(tokens / seq_len))
+
+
+def peak_lr(recipe: Recipe, params: float) -> float:
+    r = recipe.lr
+    return r.ref_lr * (params / r.ref_params) ** r.exponent
+
+
+def warmup_steps(recipe: Recipe, num_steps: int) -> int:
+    w = recipe.warmup
+    return int(min(max(round(w.fraction * num_steps), 1), w.max_steps, max(num_steps - 1, 1)))
+
+
+def plan_run(
+    recipe: Recipe, *, params: int, target_tokens: float, flops_budget: float, seq_len: int, where: str
+) -> RunPlan:
+    """Batch, length, warmup and LR of one run (module docstring); ConfigError when min_steps fails."""
+    seqs = budget_batch_sequences(recipe, flops_budget, seq_len)
+    halvings = 0
+    while round(target_tokens / (seqs * seq_len)) < recipe.min_steps and seqs > recipe.batch.min_sequences:
+        seqs = max(recipe.batch.min_sequences, seqs // 2)
+        halvings += 1
+    tokens_per_step = seqs * seq_len
+    steps = int(round(target_tokens / tokens_per_step))
+    if steps < recipe.min_steps:
+        raise ConfigError(
+            where,
+            f"{params:,} params on {target_tokens:,.0f} tokens gives {steps} steps of {tokens_per_step} tokens "
+            f"(the smallest batch, {recipe.batch.min_sequences} sequences), below recipe.min_steps="
+            f"{recipe.min_steps}",
+            "raise the budget, drop the largest sizes, or lower recipe.min_steps / recipe.batch.min_sequences",
+        )
+    return RunPlan(
+        batch_sequences=seqs,
+        tokens_per_step=tokens_per_step,
+        num_steps=steps,
+        num_tokens=steps * tokens_per_step,
+        warmup_steps=warmup_steps(recipe, steps),
+        lr=peak_lr(recipe, params),
+        halvings=halvings,
+    )
+
+
+@dataclass(kw_only=True, slots=True)
+class LRSweepResult:
+    """An LR sweep reduced to the best LR per size and the power law through them."""
+
+    sizes: list[float]  # N, ascending
+    best_lr: list[float]  # parabola vertex in log LR (or the best measured LR when at an edge)
+    interior: list[bool]  # vertex inside the swept LRs
+    rule: LRRule  # lr = ref_lr (N / ref_params)^exponent through the best LRs
+    exponent_interval: tuple[float, float]
+
+
+def lr_law_from_runs(params, lr, loss, *, ref_params: float | None = None) -> LRSweepResult:
+    """Fit the recipe's LR law to an LR sweep (several LRs at each of >= 3 sizes).
+
+    Per size the best LR is the vertex of a parabola of loss in log10 LR through the best run and
+    its neighbours (scalelab.fitting.hyperparams.optimal_per_budget, grouping runs by N); the law
+    is the OLS line of log10 best LR on log10 N (fit_hyperparam_law).
+    """
+    import numpy as np
+
+    from scalelab.fitting.hyperparams import fit_hyperparam_law, optimal_per_budget
+
+    n, h, y = (np.asarray(a, dtype=float) for a in (params, lr, loss))
+    optima = optimal_per_budget(n, h, y, rel_tol=0.01)  # one "budget" per size
+    if len(optima) < 3:
+        raise ConfigError("recipe.lr", f"an LR sweep at {len(optima)} size(s)", "sweep the LR at 3 or more sizes")
+    sizes = np.array([o.flops for o in optima])
+    best = np.array([o.h_opt for o in optima])
+    law = fit_hyperparam_law(sizes, best)
+    ref = float(ref_params or math.exp(np.mean(np.log(sizes))))
+    return LRSweepResult(
+        sizes=sizes.tolist(),
+        best_lr=best.tolist(),
+        interior=[o.interior for o in optima],
+        rule=LRRule(ref_params=ref, ref_lr=float(10 ** (law.intercept + law.slope * math.log10(ref))), exponent=law.slope),
+        exponent_interval=tuple(law.slope_interval),
+    )
