@@ -213,3 +213,26 @@ def fit_store(
         backtest=bt,
         warnings=warnings,
     )
+
+
+def store_fit_from_record(record: dict) -> StoreFit:
+    """The StoreFit the plots draw, from a loop fit's record (scalelab.fitting.loopfit.LoopFit.to_dict:
+    what `sweep next` saves in fits/round_K.json), so the report shows exactly the round's fit."""
+    from scalelab.fitting.laws import get_law
+
+    law = get_law(record["law"])
+    pts = record["points"]
+    draws = np.array([[d[name] for name in law.param_names] for d in record.get("draws", [])], dtype=float)
+    holdout = record.get("backtest", {}).get("holdout")
+    return StoreFit(
+        law=law.name,
+        params=dict(record["params"]),
+        draws=draws.reshape(-1, law.n_params),
+        n=np.array(pts["params"], dtype=float),
+        d=np.array(pts["tokens"], dtype=float),
+        loss=np.array(pts["loss"], dtype=float),
+        flops=np.array(pts["budgets"], dtype=float),
+        run_id=list(record.get("run_ids", [])),
+        backtest=holdout if holdout and "runs" in holdout else None,
+        warnings=list(record.get("warnings", [])),
+    )

@@ -287,3 +287,56 @@ KINDS = ("curves", "isoflop", "frontier", "allocation", "residuals", "backtest",
 def save(fig, path) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_demo(sweep_dir, proposal: dict, measured: float | None, png) -> None:
+    """The demo's figure: IsoFLOP curves with the fitted law along each budget, the proposed run's
+    prediction and interval against its measured loss, and the frontier N*(C) with the best runs."""
+    from pathlib import Path
+
+    from scalelab.fitting.allocate import optimum_for_law
+    from scalelab.fitting.laws import get_law
+    from scalelab.sweeps import store
+
+    law, params = get_law(proposal["law"]), proposal["params"]
+    optimum = optimum_for_law(law)
+    df = store.load_runs(sweep_dir).filter((pl.col("status") == "done") & pl.col("flops_budget").is_not_null())
+    p = proposal["proposals"][0]
+    df = df.filter(pl.col("run_id") != p["run_id"])
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    budgets = sorted(set(df["flops_budget"].to_list()))
+    colors = plt.cm.viridis(np.linspace(0.1, 0.85, len(budgets) + 1))
+    best_n, best_c = [], []
+    for color, c in zip(colors, budgets):
+        sub = df.filter(pl.col("flops_budget") == c).sort("params")
+        ax1.scatter(sub["params"], sub["final_val_loss"], color=color, label=f"C={c:.2g}")
+        n = np.geomspace(sub["params"].min() / 1.5, sub["params"].max() * 1.5, 60)
+        ax1.plot(n, law.predict(params, params=n, tokens=c / (6 * n)), color=color, lw=1)
+        i = int(np.argmin(sub["final_val_loss"].to_numpy()))
+        best_n.append(sub["params"][i])
+        best_c.append(c)
+    c_next = p["budget"]
+    n = np.geomspace(min(df["params"].min(), p["params"]) / 1.5, max(df["params"].max(), p["params"]) * 1.5, 60)
+    ax1.plot(n, law.predict(params, params=n, tokens=c_next / (6 * n)), color=colors[-1], lw=1, ls="--",
+             label=f"C={c_next:.2g} (predicted)")  # fmt: skip
+    lo, hi = p["predicted_interval"]
+    yerr = [[p["predicted_loss"] - lo], [hi - p["predicted_loss"]]]
+    ax1.errorbar([p["params"]], [p["predicted_loss"]], yerr=yerr, fmt="D", color="black", mfc="none", capsize=4,
+                 label="proposed: predicted 95%")  # fmt: skip
+    if measured is not None:
+        ax1.scatter([p["params"]], [measured], marker="*", s=140, color="crimson", zorder=5, label="proposed: measured")
+    ax1.set(xscale="log", xlabel="parameters N", ylabel="final val loss (nats/token)", title="IsoFLOP curves")
+    ax1.legend(fontsize=7)
+    cs = np.geomspace(min(best_c) / 2, c_next * 3, 50)
+    ax2.plot(cs, [optimum(params, c)[0] for c in cs], color="black", lw=1, label="fit: N*(C)")
+    ax2.scatter(best_c, best_n, color=colors[: len(best_c)], label="best run per budget")
+    ax2.scatter([c_next], [p["params"]], marker="*", s=140, color="crimson", label="proposed run")
+    ax2.set(xscale="log", yscale="log", xlabel="FLOPs C (6ND)", ylabel="N", title="compute-optimal frontier")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    png = Path(png)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    tmp = png.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(png)
+    plt.close(fig)

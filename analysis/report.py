@@ -3,11 +3,16 @@
     path = write_report("results/iso", "report.html", compare_by="arch", n_boot=100)
 
 Sections: the sweep summary (runs by status, sizes, budgets, the FLOP convention), the law fit with
-bootstrap intervals, the hold-out-the-largest-budget backtest, warnings, the proposed next round
-(from `scalelab sweep next`'s fits/*.json when present, else the fit's compute-optimal run at 3x
-the largest budget), the evaluation-noise table with its advice, comparisons (between tags of the
+bootstrap intervals, the hold-out-the-largest-budget backtest, warnings, the identification gates
+with their values and each budget's bracketing, the proposed next round (from `scalelab sweep
+next`'s fits/*.json when present, else the fit's compute-optimal run at 3x the largest budget), the
+ledger of every round's predictions against the measured runs with the intervals' coverage, the evaluation-noise table with its advice, comparisons (between tags of the
 store, or against other stores), and the plots. Images are PNGs embedded as base64 data URIs and
 the CSS is inline: the file opens offline, from anywhere, with no network access.
+
+The fit is the closed loop's (scalelab.fitting.loopfit): in a sweep with `sweep next` rounds it is
+the latest round's fit itself, read from fits/round_K.json (runs finished after it are named, not
+silently refitted); otherwise the same fit made on the store's done runs.
 """
 
 from __future__ import annotations
@@ -97,14 +102,54 @@ def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: Path) -> str:
     return f"<h2>Sweep summary</h2><table>{body}</table>"
 
 
-def _fit_section(fit, note: str, level: float = 0.95) -> str:
+def _loop_fit(store: Path, runs: pl.DataFrame, note: str, *, law: str, n_boot: int, seed: int, latest_round: bool):
+    """(loop-fit record, note): the latest `sweep next` round's own fit, or the same fit of `runs`."""
+    from scalelab.fitting.loopfit import fit_for_loop
+
+    rounds = sorted(store.glob("fits/round_*.json"), key=lambda p: int(p.stem.split("_")[1])) if store.is_dir() else []
+    for path in rounds[-1:] if latest_round else []:
+        saved = json.loads(path.read_text())
+        record = saved.get("fit")
+        if not record or "points" not in record:
+            break
+        used = set(record.get("run_ids", []))
+        later = [r for r in runs["run_id"].to_list() if r not in used]
+        note = f"the fit of {path.stem} (what `sweep next` proposed from), {len(used)} runs"
+        if later:
+            note += (
+                f"; {len(later)} run(s) finished after it and are not in it (the round's own proposals among "
+                "them): `scalelab sweep next` refits with them"
+            )
+        return record, note
+    df = runs.filter(pl.col("loss").is_not_null() & pl.col("params").is_not_null())
+    if df.height < 6:
+        raise UsageError(f"{df.height} runs with a loss; a law fit needs at least 6")
+    flops = df["flops"].cast(pl.Float64).to_numpy()
+    if "flops_budget" in df.columns and df["flops_budget"].dtype.is_numeric():
+        label = df["flops_budget"].cast(pl.Float64).to_numpy()
+        flops = np.where(np.isfinite(label), label, flops)
+    lf = fit_for_loop(
+        params=df["params"].to_numpy(),
+        tokens=df["tokens"].to_numpy(),
+        loss=df["loss"].to_numpy(),
+        budgets=flops,
+        law=law,
+        replicates=n_boot,
+        seed=seed,
+        run_ids=df["run_id"].to_list(),
+    )
+    return lf.to_dict(), note
+
+
+def _fit_section(fit, note: str, record: dict, level: float = 0.95) -> str:
     law = fit.law_object()
     rows = []
-    for j, name in enumerate(law.param_names):
-        lo, hi = (
-            np.quantile(fit.draws[:, j], [0.5 - level / 2, 0.5 + level / 2]) if len(fit.draws) else (math.nan, math.nan)
-        )
+    intervals = record.get("intervals") or {}
+    for name in law.param_names:
+        lo, hi = (intervals.get(name) or [math.nan, math.nan])[:2]
         rows.append([name, fit.params[name], float(lo), float(hi)])
+    if record.get("a") is not None and "a" in intervals:
+        rows.append(["a = beta/(alpha+beta)", record["a"], *intervals["a"]])
     out = [
         f"<h2>Fit: {html.escape(fit.law)}</h2>",
         f'<p class="muted">{len(fit.loss)} runs ({html.escape(note)}); Huber on log loss (scalelab.fitting); '
@@ -114,6 +159,13 @@ def _fit_section(fit, note: str, level: float = 0.95) -> str:
     if law.name == "chinchilla":
         a, b = fit.params["alpha"], fit.params["beta"]
         out.append(f'<p class="muted">compute-optimal N* ∝ C^{b / (a + b):.3f}, D* ∝ C^{a / (a + b):.3f}</p>')
+    ext = record.get("extrapolation") or {}
+    if ext.get("per_decade") is not None:
+        out.append(
+            f'<p class="muted">out-of-sample error {100 * ext["per_decade"]:.2f}% per decade of extrapolation '
+            f"(RMS over {ext['n_runs']} backtest runs that extrapolate); prediction intervals add it, scaled to "
+            "their distance, to the bootstrap spread and the run noise</p>"
+        )
     bt = fit.backtest
     if bt:
         out.append("<h2>Backtest</h2>")
@@ -190,6 +242,86 @@ def _proposal_section(store: Path, fit) -> str:
     return "\n".join(out)
 
 
+def _gates_section(record: dict) -> str:
+    gates = record.get("gates")
+    if not gates:
+        return ""
+    out = ["<h2>Identification gates</h2>"]
+    verdict = "every gate passes: the law may be extrapolated" if gates["passed"] else (
+        "failed: " + ", ".join(gates["failed"]) + " — no compute-optimal run is proposed from this fit"
+    )
+    out.append(f'<div class="{"ok" if gates["passed"] else "warn"}">{html.escape(verdict)}</div>')
+    rows = [[g["name"], "pass" if g["passed"] else "FAIL", g["value"], g["threshold"]] for g in gates["gates"]]
+    out.append(_table(["gate", "result", "value", "passes when"], rows, left=4))
+    rows = []
+    for b in gates["brackets"]:
+        iv = b.get("vertex_interval")
+        rows.append(
+            [
+                b["flops"],
+                ", ".join(f"{s:,.0f}" for s in b["sizes"]),
+                b["best_size"],
+                b["vertex"] if b["vertex"] is not None else math.nan,
+                f"[{iv[0]:.3g}, {iv[1]:.3g}]" if iv else "n/a",
+                "yes" if b["bracketed"] else f"no ({b['edge'] or ('flat' if b['flat'] else 'vertex outside')})",
+            ]
+        )
+    out.append(_table(["budget C", "sizes N", "best N", "Approach 2 vertex", "vertex interval", "bracketed"], rows))
+    return "\n".join(out)
+
+
+def _ledger_section(store: Path) -> str:
+    from scalelab.sweeps.ledger import coverage, read_ledger, score
+
+    if not (store / "ledger.json").exists():
+        return ""
+    score(store)
+    book = read_ledger(store)
+    out = ["<h2>Ledger: predictions against measured runs</h2>"]
+    rows = []
+    for f in book["fits"]:
+        g = f.get("gates") or {}
+        drift = ", ".join(f"{k} moved outside the previous interval" for k in (f.get("drift") or {}))
+        rows.append(
+            [
+                f["round"],
+                len(f.get("run_ids", [])),
+                "pass" if g.get("passed") else "FAIL " + ",".join(g.get("failed", [])),
+                ", ".join(f"{k}={v:.4g}" for k, v in f["params"].items()),
+                drift or "none",
+            ]
+        )
+    out.append(_table(["round", "runs", "gates", "parameters", "drift"], rows, left=5))
+    rows = []
+    for p in book["predictions"]:
+        lo, hi = p["interval"]
+        rows.append(
+            [
+                p["round"],
+                p["run_id"],
+                p["kind"],
+                p["params"],
+                p["tokens"],
+                p["flops"],
+                p["predicted"],
+                f"[{lo:.4f}, {hi:.4f}]",
+                p["measured"] if p.get("measured") is not None else "pending",
+                f"{100 * p['rel_error']:+.2f}%" if p.get("rel_error") is not None else "",
+                "" if p.get("covered") is None else ("yes" if p["covered"] else "NO"),
+            ]
+        )
+    out.append(
+        _table(["round", "run", "kind", "N", "D", "C", "predicted", "interval", "measured", "error", "covered"], rows, left=3)
+    )
+    c = coverage(book["predictions"])
+    if c["n_scored"]:
+        out.append(
+            f'<p class="muted">coverage: {c["n_covered"]} of {c["n_scored"]} scored predictions inside their '
+            f"interval ({100 * c['rate']:.0f}%); mean |error| {100 * c['mare']:.2f}%</p>"
+        )
+    return "\n".join(out)
+
+
 def _noise_section(runs: pl.DataFrame) -> tuple[str, object | None]:
     from scalelab.analysis.noise import noise_table, recommendations
     from scalelab.analysis.store import load_evals
@@ -247,7 +379,7 @@ def build_report(
     """The report's HTML text (see module docstring)."""
     from scalelab.analysis import plots
     from scalelab.analysis.compare import compare_sweeps, split_by_tag
-    from scalelab.analysis.lawfit import fit_store
+    from scalelab.analysis.lawfit import store_fit_from_record
     from scalelab.analysis.store import load_metrics, load_store_runs
 
     store = Path(store)
@@ -260,13 +392,16 @@ def build_report(
     if groups:  # one law per side: the headline fit is the first value's runs (the baseline)
         first = next(iter(groups))
         fit_runs, fit_note = groups[first], f"the runs with {compare_by}={first}"
-    fit = fit_store(fit_runs, law=law, n_boot=n_boot, seed=seed)
+    record, fit_note = _loop_fit(store, fit_runs, fit_note, law=law, n_boot=n_boot, seed=seed, latest_round=not groups)
+    fit = store_fit_from_record(record)
     parts = [
         f"<h1>scalelab report: {html.escape(store.name)}</h1>",
         f'<p class="muted">generated {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}</p>',
         _summary(runs_all, runs, store),
-        _fit_section(fit, fit_note),
+        _fit_section(fit, fit_note, record),
+        _gates_section(record),
         _proposal_section(store, fit),
+        _ledger_section(store),
     ]
     figs = [
         _img(plots.plot_isoflop(fit_runs, fit), "IsoFLOP curves with fitted parabolas and minima"),

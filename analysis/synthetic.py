@@ -261,3 +261,52 @@ def write_synthetic_sweep(
                 ),
             )
     return run_ids
+
+
+def simulate_runs(sweep_dir: str | Path, runs, law: SyntheticLaw, *, noise_std: float = 0.005, noise_seed: int = 0) -> None:
+    """Finish resolved runs (scalelab.sweeps.spec.RunSpec) of a sweep as if trained: each gets its
+    config.json and a done status.json whose final_val_loss is law.loss(N, D) times exp(noise),
+    the noise a pure function of (noise_seed, run id). What `sweep next`, the ledger and the gates
+    are tested and benchmarked on, with the truth known."""
+    for run in runs:
+        run_dir = Path(sweep_dir) / "runs" / run.run_id
+        rng = _rng(noise_seed, "sim", run.run_id)
+        loss = float(law.loss(run.params, run.num_tokens)) * math.exp(float(rng.normal(0.0, noise_std)))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(run_dir / "config.json", run.config)
+        atomic_write_json(
+            run_dir / "status.json",
+            dict(
+                status="done",
+                run_id=run.run_id,
+                params=run.params,
+                params_nonembed=run.params_nonembed,
+                num_tokens=run.num_tokens,
+                flops_6n=run.flops_6n,
+                flops_exact=run.flops_exact,
+                final_val_loss=loss,
+                final_train_loss=loss,
+                synthetic=True,
+            ),
+        )
+
+
+def launch_synthetic(spec: dict | str | Path, sweep_dir: str | Path, law: SyntheticLaw, **noise) -> list[str]:
+    """`sweep launch` with the training replaced by `simulate_runs`: the spec (a mapping, or a spec
+    file such as a round written by `sweep next`) is expanded and recorded in the store exactly as
+    a real launch records it. Returns the run ids."""
+    import yaml
+
+    from scalelab.sweeps import store
+    from scalelab.sweeps.spec import expand_sweep, read_spec
+
+    if isinstance(spec, dict):
+        text, name = yaml.safe_dump(spec, sort_keys=False), str(spec.get("name", "sweep"))
+    else:
+        text, name, spec = Path(spec).read_text(), Path(spec).stem, read_spec(spec)
+    sweep = expand_sweep(spec, default_name=name)
+    entries = [r.to_dict() for r in sweep.runs]
+    store.init_sweep(sweep_dir, text, name, entries, sweep.name)
+    todo = [r for r in sweep.runs if store.run_state(store.run_path(sweep_dir, r.run_id)) != "done"]
+    simulate_runs(sweep_dir, todo, law, **noise)
+    return [r.run_id for r in sweep.runs]

@@ -6,6 +6,7 @@
     scalelab sweep status results/iso [--json]
     scalelab sweep export results/iso --csv runs.csv
     scalelab sweep next results/iso --target-flops 1e13 [--budget-flops 3e12]
+    scalelab sweep ledger results/iso [--json]                        # every fit and prediction, scored
 
 Specs are validated before Ray starts; a bad spec exits 2 with one line naming the key.
 """
@@ -74,6 +75,11 @@ def add_parser(sub) -> None:
     q.add_argument("--replicates", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_next)
+
+    q = s.add_parser("ledger", help="every fit the loop made and its predictions against the measured runs")
+    q.add_argument("sweep_dir")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=run_ledger)
 
 
 def _ray_args(q) -> None:
@@ -191,4 +197,16 @@ def run_next(args) -> int:
         print(json.dumps(proposal, indent=2, default=str))
     else:
         print(format_proposal(proposal))
+    return 0
+
+
+def run_ledger(args) -> int:
+    from scalelab.sweeps import store
+    from scalelab.sweeps.ledger import format_ledger, read_ledger, score
+
+    if not store.is_sweep_dir(args.sweep_dir):
+        raise UsageError(f"{args.sweep_dir} is not a sweep directory (no sweep.yaml)")
+    score(args.sweep_dir)
+    book = read_ledger(args.sweep_dir)
+    print(json.dumps(book, indent=2) if args.json else format_ledger(book))
     return 0

@@ -1,12 +1,17 @@
 """`scalelab demo`: the closed loop end to end on a laptop CPU (local Ray), in under 10 minutes.
 
 1. An IsoFLOP sweep of tiny Llama models (byte tokenizer, the default stdlib corpus): 3 FLOP budgets
-   x 4 sizes, every run a Ray Tune trial.
-2. The fit (Chinchilla, Approach 3) with backtest and bootstrap intervals, and the proposal of the
-   next round: one compute-optimal run at 3x the largest budget (`sweep next`).
-3. That run, launched into the same sweep.
-4. Predicted vs measured loss of that run with the 95% interval, and a PNG of the IsoFLOP curves
-   (points: runs; lines: the fitted law along each budget) and the frontier N*(C).
+   spanning 10x, 5 sizes each centred on a prior N*(C) (20 tokens per parameter) and spanning
+   3x on each side, 2+ layers, every run built by the small-scale recipe (DEMO_RECIPE: a
+   per-budget batch, at least 250 optimizer steps, short warmup, a per-size LR from the measured
+   LR law). Every run is a Ray Tune trial.
+2. The fit (Chinchilla, Approach 3) with bootstrap intervals, backtests and the identification
+   gates (`sweep next`). If a gate fails (a minimum not bracketed, say), the round it writes holds
+   the runs that would pass it; the demo launches them and fits again (at most MAX_ROUNDS).
+3. Once every gate passes, the compute-optimal run at 3x the largest budget, launched into the
+   same sweep; the ledger records its measured loss beside the prediction made before it ran.
+4. Predicted vs measured with the interval, the ledger, and a PNG of the IsoFLOP curves (points:
+   runs; lines: the fitted law along each budget) and the frontier N*(C).
 
     run_demo("results/demo")      # prints as it goes; returns the numbers it printed
 
@@ -16,34 +21,48 @@ nothing it has already trained. wandb is disabled in the demo (it costs seconds 
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from scalelab.sweeps import store
+from scalelab.sweeps import ledger, store
+
+MAX_ROUNDS = 3  # fits (and remedial rounds) before the demo gives up on identification
+
+# The small-scale recipe of the demo (scalelab.sweeps.recipe); constants from bench/lr_sweep.py.
+DEMO_RECIPE: dict[str, Any] = {
+    "min_steps": 250,
+    "shape": {"min_layers": 2, "width_per_layer": 16, "min_width": 16},
+    "warmup": {"fraction": 0.05, "max_steps": 50},
+    "batch": {"ref_flops": 1e12, "ref_tokens": 512, "exponent": 0.0, "min_sequences": 4},
+    "lr": {"ref_params": 5e4, "ref_lr": 5e-3, "exponent": -0.3},
+}
+DEMO_BUDGETS = (2e11, 6.3e11, 2e12)
 
 
 def demo_spec(quick: bool = False) -> dict[str, Any]:
-    """The demo's IsoFLOP spec. Budgets in FLOPs (6ND); quick = 1/6 of the compute (smoke tests)."""
-    scale = 1 / 6 if quick else 1.0
+    """The demo's IsoFLOP spec. Budgets in FLOPs (6ND); quick = 1/10 of the compute (smoke tests)."""
+    scale = 0.1 if quick else 1.0
     return {
         "name": "demo-isoflop",
-        "description": "scalelab demo: tiny IsoFLOP sweep on CPU",
+        "description": "scalelab demo: IsoFLOP sweep of tiny models on CPU",
         "base": {
-            "data": {"seq_len": 64, "val_sequences": 64},
-            "train": {"global_batch_tokens": 1024, "seed": 0},
-            "optim": {"lr": 3e-3, "weight_decay": 0.1},
-            "schedule": {"name": "cosine", "warmup_fraction": 0.05},
-            "eval": {"interval_steps": 0, "val_batch_sequences": 32},
+            "data": {"seq_len": 64, "val_sequences": 2048, "val_fraction": 0.02},
+            "train": {"seed": 0},
+            "schedule": {"name": "cosine"},
+            "eval": {"interval_steps": 0, "val_batch_sequences": 128},
             "checkpoint": {"interval_steps": 0, "keep_last": 1},
             "logging": {"wandb": "disabled", "progress": "off"},
         },
+        "recipe": DEMO_RECIPE,
         "isoflop": {
-            "budgets": [float(f"{b * scale:.3g}") for b in (3e10, 1e11, 3e11)],
+            "budgets": [float(f"{b * scale:.3g}") for b in DEMO_BUDGETS],
             "num_sizes": 4,
-            "params": [3.4e4, 1.5e5],
+            "center": {"tokens_per_param": 20},
+            "span": 3.0,
             "tolerance": 0.05,
         },
         "execution": {"max_failures": 2, "cpus_per_run": 1},
@@ -60,16 +79,19 @@ def run_demo(
     log=print,
 ) -> dict[str, Any]:
     from scalelab.sweeps.execute import launch
-    from scalelab.sweeps.propose import format_proposal, propose_next
+    from scalelab.sweeps.propose import format_gates, propose_next
     from scalelab.sweeps.spec import expand_sweep, load_sweep
 
     t0 = time.time()
     sweep_dir = Path(out) / "isoflop"
     spec = demo_spec(quick)
-    text = yaml.safe_dump(spec, sort_keys=False)
     sweep = expand_sweep(spec, default_name="demo")
     log(f"[1/4] IsoFLOP sweep: {len(sweep.runs)} runs at budgets {spec['isoflop']['budgets']} -> {sweep_dir}")
-    result = launch(sweep, sweep_dir, spec_text=text, spec_name="demo", address=address, num_cpus=num_cpus, log=log)
+    _print_design(sweep, log)
+    result = launch(
+        sweep, sweep_dir, spec_text=yaml.safe_dump(spec, sort_keys=False), spec_name="demo",
+        address=address, num_cpus=num_cpus, log=log,
+    )  # fmt: skip
     if any(s != "done" for s in result["states"].values()):
         log("some runs did not finish; see `scalelab sweep status " + str(sweep_dir) + "`")
         return {"ok": False}
@@ -77,127 +99,113 @@ def run_demo(
 
     largest = max(spec["isoflop"]["budgets"])
     next_budget = 3 * largest
-    log(f"[2/4] fit + proposal: one compute-optimal run at {next_budget:.3g} FLOPs (3x the largest budget)")
-    existing = _existing_round(sweep_dir)
-    if existing is None:
-        proposal = propose_next(sweep_dir, target_flops=next_budget, budget_flops=next_budget, step=3.0, log=log)
-    else:  # a rerun of the demo: keep the proposal made the first time
-        proposal = existing
-    log(format_proposal(proposal))
+    log(f"[2/4] fit, gates and proposal (the compute-optimal run at {next_budget:.3g} FLOPs = 3x the largest budget)")
+    proposal = None
+    for _ in range(MAX_ROUNDS):
+        proposal = _existing_round(sweep_dir) or propose_next(
+            sweep_dir, target_flops=next_budget, budget_flops=next_budget, step=3.0, log=log
+        )
+        if proposal["gates"]["passed"]:
+            break
+        log(format_gates(proposal["gates"]))
+        log(f"  -> launching the {len(proposal['proposals'])} run(s) that would pass the failed gate(s)")
+        _launch_round(proposal, sweep_dir, address, num_cpus, log, launch, load_sweep)
+    fit = proposal["fit"]
+    _print_fit(proposal, log)
     t_fit = time.time() - t0 - t_sweep
+    if not proposal["gates"]["passed"]:
+        log(f"the gates still fail after {MAX_ROUNDS} rounds; no compute-optimal run is proposed")
+        return {"ok": False, "gates": proposal["gates"], "fit": fit}
 
-    log("[3/4] the proposed run")
-    nxt = load_sweep(proposal["spec_path"])
-    launch(
-        nxt,
-        sweep_dir,
-        spec_text=Path(proposal["spec_path"]).read_text(),
-        spec_name=Path(proposal["spec_path"]).stem,
-        address=address,
-        num_cpus=num_cpus,
-        log=log,
-    )
-    run = nxt.runs[0]
-    status = store.read_status(store.run_path(sweep_dir, run.run_id)) or {}
+    log("[3/4] the proposed compute-optimal run")
+    _launch_round(proposal, sweep_dir, address, num_cpus, log, launch, load_sweep)
+    p = proposal["proposals"][0]
+    status = store.read_status(store.run_path(sweep_dir, p["run_id"])) or {}
     measured = status.get("final_val_loss")
-    predicted = proposal["proposals"][0]["predicted_loss"]
-    lo, hi = proposal["proposals"][0]["predicted_interval"]
+    predicted, (lo, hi) = p["predicted_loss"], p["predicted_interval"]
     png = sweep_dir / "demo_isoflop.png"
-    _plot(sweep_dir, proposal, run.run_id, measured, png)
+    from scalelab.analysis.plots import plot_demo
+
+    plot_demo(sweep_dir, proposal, measured, png)
     wall = time.time() - t0
     inside = measured is not None and lo <= measured <= hi
     log("[4/4] predicted vs measured")
-    log(f"  run {run.run_id}: N={run.params:,} params, D={run.num_tokens:,} tokens, C={run.flops_6n:.3g} FLOPs")
-    log(f"  predicted val loss {predicted:.4f}  95% interval [{lo:.4f}, {hi:.4f}]")
-    if measured is not None:
-        log(
-            f"  measured  val loss {measured:.4f}  ({(predicted - measured) / measured:+.2%} error; "
-            f"{'inside' if inside else 'OUTSIDE'} the interval)"
-        )
-    log(f"  plot: {png}")
+    log(f"  run {p['run_id']}: N={p['params']:,} params, D={p['tokens']:,} tokens, C={p['flops']:.3g} FLOPs")
+    parts = p["interval_parts"]
     log(
-        f"  wall time {wall:.0f} s (sweep {t_sweep:.0f} s, fit {t_fit:.0f} s, "
-        f"proposed run {wall - t_sweep - t_fit:.0f} s)"
+        f"  predicted val loss {predicted:.4f}  95% interval [{lo:.4f}, {hi:.4f}]  (log-sd parts: bootstrap "
+        f"{parts['bootstrap']:.4f}, run noise {parts['noise']:.4f}, extrapolation {parts['extrapolation']:.4f} "
+        f"at {parts['decades']:.2f} decades)"
     )
+    error = None
+    if measured is not None:
+        error = (predicted - measured) / measured
+        log(f"  measured  val loss {measured:.4f}  ({error:+.2%} error; {'inside' if inside else 'OUTSIDE'} the interval)")
+    log("ledger (scalelab sweep ledger " + str(sweep_dir) + "):")
+    log(ledger.format_ledger(ledger.read_ledger(sweep_dir)))
+    log(f"  plot: {png}")
+    log(f"  wall time {wall:.0f} s (sweep {t_sweep:.0f} s, fit {t_fit:.0f} s, proposed run {wall - t_sweep - t_fit:.0f} s)")
     return dict(
         ok=measured is not None,
         predicted=predicted,
         interval=[lo, hi],
         measured=measured,
+        error=error,
         inside=inside,
         wall_s=wall,
         png=str(png),
-        run_id=run.run_id,
+        run_id=p["run_id"],
+        params=fit["params"],
+        intervals=fit["intervals"],
+        gates=proposal["gates"],
     )
+
+
+def _print_design(sweep, log) -> None:
+    by_budget: dict[float, list] = {}
+    for r in sweep.runs:
+        by_budget.setdefault(r.labels["flops_budget"], []).append(r)
+    for c, runs in by_budget.items():
+        cfg = runs[0].config
+        log(
+            f"  C={c:.3g}: sizes "
+            + ", ".join(f"{r.params / 1e3:.0f}k" for r in runs)
+            + f"; {cfg['train']['global_batch_tokens']} tokens/step; steps "
+            + ", ".join(str(r.num_tokens // r.config["train"]["global_batch_tokens"]) for r in runs)
+        )
+
+
+def _print_fit(proposal: dict[str, Any], log) -> None:
+    from scalelab.sweeps.propose import format_gates
+
+    fit, iv = proposal["fit"], proposal["intervals"]
+    p = fit["params"]
+    log(f"  fit: {fit['law']} on {fit['n_points']} runs, {fit['replicates']} bootstrap replicates (95% percentile intervals)")
+    for name in ("alpha", "beta", "E", "A", "B"):
+        log(f"    {name:5s} = {p[name]:.4g}  [{iv[name][0]:.4g}, {iv[name][1]:.4g}]")
+    log(f"    a = beta/(alpha+beta) = {fit['a']:.3f}  [{iv['a'][0]:.3f}, {iv['a'][1]:.3f}]   (N* ~ C^a)")
+    for name, bt in fit["backtest"].items():
+        if "mare" in bt:
+            log(f"    backtest {name}: MARE {bt['mare']:.2%}, bias {bt['bias']:+.2%} on {bt['n_test']} runs")
+    ext = fit["extrapolation"]
+    if ext["per_decade"] is not None:
+        log(f"    out-of-sample error {ext['per_decade']:.2%} per decade of extrapolation (from {ext['n_runs']} backtest runs)")
+    log("  " + format_gates(proposal["gates"]).replace("\n", "\n  "))
+
+
+def _launch_round(proposal, sweep_dir: Path, address, num_cpus, log, launch, load_sweep) -> None:
+    spec_path = Path(proposal["spec_path"])
+    launch(
+        load_sweep(spec_path), sweep_dir, spec_text=spec_path.read_text(), spec_name=spec_path.stem,
+        address=address, num_cpus=num_cpus, log=log,
+    )  # fmt: skip
 
 
 def _existing_round(sweep_dir: Path) -> dict[str, Any] | None:
-    import json
-
-    fit = sweep_dir / "fits" / "round_1.json"
-    return json.loads(fit.read_text()) if fit.exists() else None
-
-
-def _plot(sweep_dir: Path, proposal: dict[str, Any], run_id: str, measured: float | None, png: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    import polars as pl
-
-    from scalelab.fitting.laws import get_law
-    from scalelab.sweeps.propose import _optimum
-
-    law, params = get_law(proposal["law"]), proposal["params"]
-    df = store.load_runs(sweep_dir).filter((pl.col("status") == "done") & pl.col("flops_budget").is_not_null())
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    budgets = sorted(set(df["flops_budget"].to_list()))
-    colors = plt.cm.viridis(np.linspace(0.1, 0.85, len(budgets) + 1))
-    best_n, best_c = [], []
-    for color, c in zip(colors, budgets):
-        sub = df.filter(pl.col("flops_budget") == c).sort("params")
-        ax1.scatter(sub["params"], sub["final_val_loss"], color=color, label=f"C={c:.2g}")
-        n = np.geomspace(sub["params"].min() / 1.5, sub["params"].max() * 1.5, 60)
-        ax1.plot(n, law.predict(params, params=n, tokens=c / (6 * n)), color=color, lw=1)
-        i = int(np.argmin(sub["final_val_loss"].to_numpy()))
-        best_n.append(sub["params"][i])
-        best_c.append(c)
-    p = proposal["proposals"][0]
-    c_next = p["budget"]
-    n = np.geomspace(min(df["params"].min(), p["params"]) / 1.5, df["params"].max() * 1.5, 60)
-    ax1.plot(
-        n,
-        law.predict(params, params=n, tokens=c_next / (6 * n)),
-        color=colors[-1],
-        lw=1,
-        ls="--",
-        label=f"C={c_next:.2g} (predicted)",
-    )
-    lo, hi = p["predicted_interval"]
-    ax1.errorbar(
-        [p["params"]],
-        [p["predicted_loss"]],
-        yerr=[[p["predicted_loss"] - lo], [hi - p["predicted_loss"]]],
-        fmt="D",
-        color="black",
-        mfc="none",
-        capsize=4,
-        label="proposed: predicted 95%",
-    )
-    if measured is not None:
-        ax1.scatter([p["params"]], [measured], marker="*", s=140, color="crimson", zorder=5, label="proposed: measured")
-    ax1.set(xscale="log", xlabel="parameters N", ylabel="final val loss (nats/token)", title="IsoFLOP curves")
-    ax1.legend(fontsize=7)
-    cs = np.geomspace(min(best_c) / 2, c_next * 3, 50)
-    ax2.plot(cs, [_optimum(law, params, c)[0] for c in cs], color="black", lw=1, label="fit: N*(C)")
-    ax2.scatter(best_c, best_n, color=colors[: len(best_c)], label="best run per budget")
-    ax2.scatter([c_next], [p["params"]], marker="*", s=140, color="crimson", label="proposed run")
-    ax2.set(xscale="log", yscale="log", xlabel="FLOPs C (6ND)", ylabel="N", title="compute-optimal frontier")
-    ax2.legend(fontsize=7)
-    fig.tight_layout()
-    png.parent.mkdir(parents=True, exist_ok=True)
-    tmp = png.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    tmp.replace(png)
-    plt.close(fig)
+    """A rerun of the demo keeps the last proposal whose runs are not all done yet."""
+    fits = sorted((sweep_dir / "fits").glob("round_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    if not fits:
+        return None
+    last = json.loads(fits[-1].read_text())
+    done = all(store.run_state(store.run_path(sweep_dir, p["run_id"])) == "done" for p in last["proposals"])
+    return None if done and not last["gates"]["passed"] else last

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.errors import ConfigError, UsageError
-from scalelab.sweeps import store
+from scalelab.sweeps import ledger, store
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
 
 Log = Callable[[str], None]
@@ -323,6 +323,8 @@ def execute(
         while True:
             todo = [r for r in runs if states[r["run_id"]] not in store.TERMINAL]
             ready = [r for r in todo if not r.get("depends_on") or states.get(r["depends_on"]) == "done"]
+            # Longest first (LPT): the costliest runs do not start last and leave a CPU idle at the end.
+            ready.sort(key=lambda r: -float(r.get("cost_flops") or 0.0))
             if not ready:
                 blocked = [r["run_id"] for r in todo]
                 if blocked:
@@ -370,6 +372,8 @@ def execute(
     finally:
         if started:
             ray.shutdown()
+    if ledger.score(sweep_dir):  # proposed runs that finished get their measured loss in the ledger
+        log("ledger: measured losses recorded beside their predictions (scalelab sweep ledger)")
     counts: dict[str, int] = {}
     for s in states.values():
         counts[s] = counts.get(s, 0) + 1

@@ -1,39 +1,32 @@
-"""The closed loop: fit the store, then propose the next round of runs as a spec file.
+"""The closed loop: fit the store, check that the law is identified, then write the next round.
 
-    proposal = propose_next("results/iso", target_flops=1e13, budget_flops=3e12)
-    proposal["spec_path"]        # <sweep>/rounds/round_1.yaml: launch it into the same sweep
-    proposal["fit_path"]         # <sweep>/fits/round_1.json: the fit, its backtest and the proposals
+    proposal = propose_next("results/iso", target_flops=1e13)
+    proposal["gates"]["passed"]    # may the law be extrapolated?
+    proposal["proposals"]          # the runs of the next round, each with its prediction
+    proposal["spec_path"]          # <sweep>/rounds/round_K.yaml: launch it into the same sweep
+    proposal["fit_path"]           # <sweep>/fits/round_K.json: the fit, gates, backtests, proposals
 
 What it does, in order:
 
-1. Fit. The done runs' (N, D, loss) are fitted with the spec's law (`fit.law`, Chinchilla by
-   default) by scalelab.fitting.fit.fit_law from a random subset of the law's start grid
-   (`FIT_STARTS` starts; the full 4500-start grid takes minutes on a laptop and finds the same
-   optimum on these tables). Incomplete budgets are named in the warnings: a fit from a partial
-   grid says so.
-2. Backtest. Hold out the largest budget, fit the rest, score the held-out losses
-   (scalelab.fitting.backtest: MARE and bias), plus leave-one-budget-out when there are >= 3.
-   Each backtest refit starts from the full fit and `BACKTEST_STARTS` grid points (the start
-   carries a little information from the held-out runs; the optimum is the training runs' own).
-3. Uncertainty. R bootstrap replicates: each reweights the runs by a multinomial resample
-   (fit_law takes the counts as weights; duplicate rows are not allowed) and refits, warm-started
-   from the full fit plus grid starts. The interval of the loss at C* is the 2.5-97.5
-   percentile of the replicates' compute-optimal loss L*(C*). Each refit starts from the full fit
-   and from `BOOT_EXTRA_STARTS` grid points of its own: warm starts alone keep every replicate in
-   the full fit's basin and understate the uncertainty (see the constant's comment).
-4. (a) The compute-optimal run at the next budget C_next = min(step x largest budget done, C*):
-   N* from the fit's allocation, rounded to a shape by the shape rule, D = C_next / 6N.
-5. (b) Runs within the budget that most narrow the interval at C*. Candidates: budgets between the
-   largest done and C_next, sizes N*(c) x {0.4, 1, 2.5}. For each candidate the same R replicates
-   are refitted with the compute-optimal run (a) and the candidate added, each at its predicted
-   loss times a residual drawn from the fit's own log-residuals (so new points are as noisy as
-   the old ones); the drop in the interval's width relative to (a) alone, per FLOP, ranks the
-   candidates (common random numbers: every candidate sees the same resamples). They are taken
-   greedily while the round's budget lasts (each scored beside (a) only, not beside the other
-   picks: two candidates that constrain the same direction are not discounted against each other).
-
-The new spec uses the sweep's base config and the `points` generator with explicit shapes, so the
-proposed run is exactly the one that was evaluated; its labels carry the prediction and interval.
+1. Score the ledger: proposed runs of earlier rounds that are now done get their measured loss
+   beside their prediction (scalelab.sweeps.ledger).
+2. Fit the done runs (scalelab.fitting.loopfit: the spec's law, Huber on log loss, bootstrap over
+   runs, hold-out and leave-one-budget-out backtests), and check the identification gates
+   (scalelab.fitting.gates): minima bracketed, exponents plausible and off their bounds, starts
+   agree, Approach 2 and Approach 3 agree.
+3a. Gates pass: the compute-optimal run at C_next = min(step x the largest budget, C*) (N* from the
+   fit, shaped by the shape rule, D = C_next / 6N), plus, within --budget-flops, the runs that most
+   narrow the interval of L*(C*) (each candidate scored by refitting the bootstrap replicates with
+   it added at its predicted loss times a residual drawn from the fit's own).
+3b. A gate fails: no compute-optimal run. The round holds the runs that would pass the failed gate:
+   sizes beyond the edge of a budget whose best run is its smallest or largest (`bracket`); a new
+   IsoFLOP slice at C_next centred on the measured minima's trend when the exponents or the starts
+   are not identified (`new_budget`); sizes at Approach 2's and Approach 3's N* where they disagree
+   (`densify`).
+4. Every proposed run is resolved exactly as it will be launched (the spec's recipe applied, its
+   run id hashed) and predicted with its interval (bootstrap + run noise + the backtests'
+   out-of-sample error at its extrapolation distance, scalelab.fitting.predictive). The fit,
+   gates and predictions go to fits/round_K.json and to the ledger, before anything runs.
 """
 
 from __future__ import annotations
@@ -47,92 +40,26 @@ import numpy as np
 import polars as pl
 
 from scalelab.errors import ConfigError, UsageError
-from scalelab.sweeps import store
-from scalelab.sweeps.spec import FitSpec, _Context, dump_spec, read_spec
+from scalelab.fitting.loopfit import FIT_STARTS, LoopFit, fit_for_loop
+from scalelab.sweeps import ledger, store
+from scalelab.sweeps.spec import (
+    ExecutionConfig,
+    FitSpec,
+    _Context,
+    distinct_shapes,
+    dump_spec,
+    expand_sweep,
+    read_spec,
+)
+from scalelab.train.config_tree import from_dict
 
-FIT_STARTS = 200  # starts drawn from the law's init grid for the full fit
-# Grid starts added to the warm start in each bootstrap refit. With 0, every replicate stays in the
-# full fit's basin and the interval comes out too narrow (demo store: [1.643, 1.757] vs [1.643, 1.843]
-# with 8, which holds the measured 1.782); 8 finds the other basins a resample may prefer.
-BOOT_EXTRA_STARTS = 8
-BACKTEST_STARTS = 8  # grid starts added to the warm start in each backtest refit
-LEVEL = 0.95
-MAX_EXTRA_POINTS = 2  # the compute-optimal run plus one candidate at a time
-
-
-def _fit(law, data: dict[str, np.ndarray], starts, weights=None):
-    from scalelab.fitting.fit import fit_law
-
-    return fit_law(law, data, starts=starts, weights=weights, diagnose=False, n_polish=1)
-
-
-def _optimum(law, params: dict[str, float], flops: float) -> tuple[float, float, float]:
-    from scalelab.fitting.pipeline import _optimum_fn
-
-    out = _optimum_fn(law)(params, flops)
-    return float(out[0]), float(out[1]), float(out[2])
+NUM_SIZES = 5  # sizes of a new IsoFLOP slice
+SPAN = 3.0  # a new slice spans N*/SPAN .. SPAN N*
+BRACKET_FACTOR = 1.7  # a bracketing run steps this far beyond the edge (at least; the slice's own step otherwise)
+MAX_NARROWING = 3  # narrowing candidates added at most
 
 
-class _Fitter:
-    """The full fit, its bootstrap replicates, and refits with one extra (candidate) point."""
-
-    def __init__(self, law_name: str, params, tokens, loss, replicates: int, seed: int, starts: int = FIT_STARTS):
-        from scalelab.fitting.laws import get_law
-
-        self.law = get_law(law_name)
-        if set(self.law.inputs) != {"params", "tokens"}:
-            raise UsageError(f"sweep next needs a law of params and tokens (chinchilla, kaplan); got {law_name}")
-        self.rng = np.random.default_rng(seed)
-        grid = self.law.init_grid()
-        self.grid = grid[self.rng.choice(len(grid), min(starts, len(grid)), replace=False)]
-        self.x = {"params": np.array(params, float), "tokens": np.array(tokens, float)}  # writable copies
-        self.loss = np.array(loss, float)
-        self.fit = _fit(self.law, {**self.x, "loss": self.loss}, self.grid)
-        self.params = dict(self.fit.params)
-        self.log_resid = np.log(self.loss) - np.log(self.predict(self.x["params"], self.x["tokens"]))
-        n = len(self.loss)
-        self.weights = [np.bincount(self.rng.integers(0, n, n), minlength=n) for _ in range(replicates)]
-        self.noise = [self.rng.choice(self.log_resid, size=MAX_EXTRA_POINTS) for _ in range(replicates)]
-        self.extra = [
-            self.grid[self.rng.choice(len(self.grid), BOOT_EXTRA_STARTS, replace=False)] for _ in range(replicates)
-        ]
-
-    def predict(self, params, tokens, theta=None) -> np.ndarray:
-        return self.law.predict(
-            theta or self.params, params=np.asarray(params, float), tokens=np.asarray(tokens, float)
-        )
-
-    def replicates(self, extra_points: list[tuple[float, float]] = ()) -> list[dict[str, float]]:
-        """Bootstrap parameter draws; each extra (N, D) run is added at its predicted loss x a residual."""
-        out = []
-        preds = [float(self.predict(n, d)) for n, d in extra_points]
-        for w, eps, extra in zip(self.weights, self.noise, self.extra):
-            keep = w > 0
-            data = {k: v[keep] for k, v in self.x.items()}
-            loss, weights = self.loss[keep], w[keep].astype(float)
-            for j, ((n, d), pred) in enumerate(zip(extra_points, preds)):
-                data = {"params": np.append(data["params"], n), "tokens": np.append(data["tokens"], d)}
-                loss, weights = np.append(loss, pred * math.exp(eps[j])), np.append(weights, 1.0)
-            starts = np.vstack([self.law.to_fit(self.params)[None, :], extra])
-            try:
-                out.append(dict(_fit(self.law, {**data, "loss": loss}, starts, weights).params))
-            except UsageError:
-                continue  # a degenerate resample (too few distinct points) is skipped
-        return out
-
-    def loss_at_target(self, draws: list[dict[str, float]], target_flops: float) -> np.ndarray:
-        return np.array([_optimum(self.law, p, target_flops)[2] for p in draws])
-
-
-def _interval(values: np.ndarray) -> tuple[float, float]:
-    values = values[np.isfinite(values)]
-    if values.size < 2:
-        return (float("nan"), float("nan"))
-    lo, hi = np.quantile(values, [0.5 - LEVEL / 2, 0.5 + LEVEL / 2])
-    return float(lo), float(hi)
-
-
-def _completeness(sweep_dir: Path, df: pl.DataFrame) -> list[str]:
+def _completeness(df: pl.DataFrame) -> list[str]:
     warnings = []
     not_done = df.filter(pl.col("status") != "done")
     if not_done.height:
@@ -148,8 +75,56 @@ def _completeness(sweep_dir: Path, df: pl.DataFrame) -> list[str]:
     return warnings
 
 
-def _budget_of(row: dict[str, Any]) -> float:
-    return float(row.get("flops_budget") or row["flops"])
+def _budgets(done: pl.DataFrame, flops_col: str) -> np.ndarray:
+    """Each run's FLOP budget: its IsoFLOP label when it has one, else its own FLOPs."""
+    flops = done[flops_col].cast(pl.Float64).to_numpy()
+    if "flops_budget" not in done.columns:
+        return flops
+    label = done["flops_budget"].cast(pl.Float64).to_numpy()
+    return np.where(np.isfinite(label), label, flops)
+
+
+def fit_sweep(
+    sweep_dir: str | Path,
+    *,
+    target_flops: float | None = None,
+    replicates: int | None = None,
+    seed: int = 0,
+    fit_starts: int = FIT_STARTS,
+) -> tuple[LoopFit, dict[str, Any], FitSpec, list[str]]:
+    """The loop's fit of a sweep's done runs: (LoopFit, raw spec, fit spec, warnings)."""
+    sweep_dir = Path(sweep_dir)
+    if not store.is_sweep_dir(sweep_dir):
+        raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
+    raw = read_spec(sweep_dir / "sweep.yaml")
+    fit_spec = from_dict(FitSpec, raw.get("fit") or {})
+    df = store.load_runs(sweep_dir)
+    warnings = _completeness(df)
+    loss_col = fit_spec.loss
+    flops_col = "flops" if fit_spec.flops == "6n" else "flops_exact"
+    done = (
+        df.filter((pl.col("status") == "done") & pl.col(loss_col).is_not_null())
+        if loss_col in df.columns
+        else df.clear()
+    )
+    if done.height < 6:
+        raise UsageError(
+            f"{sweep_dir}: {done.height} done run(s) with {loss_col}; a {fit_spec.law} fit needs at least 6"
+        )
+    lf = fit_for_loop(
+        params=done["params"].to_numpy(),
+        tokens=done["tokens"].to_numpy(),
+        loss=done[loss_col].to_numpy(),
+        budgets=_budgets(done, flops_col),
+        law=fit_spec.law,
+        replicates=fit_spec.bootstrap if replicates is None else replicates,
+        seed=seed,
+        target_flops=target_flops or fit_spec.target_flops or None,
+        starts=fit_starts,
+        run_ids=done["run_id"].to_list(),
+    )
+    warnings += [f"fit: {w}" for w in lf.fit.warnings]
+    return lf, raw, fit_spec, warnings
 
 
 def propose_next(
@@ -164,248 +139,359 @@ def propose_next(
     fit_starts: int = FIT_STARTS,
     log=print,
 ) -> dict[str, Any]:
-    """Fit the sweep's done runs and write the next round (spec + fit JSON); returns the proposal dict."""
+    """Fit the sweep's done runs, gate the fit, and write the next round (module docstring)."""
     sweep_dir = Path(sweep_dir)
-    if not store.is_sweep_dir(sweep_dir):
-        raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
-    raw = read_spec(sweep_dir / "sweep.yaml")
-    from scalelab.train.config_tree import from_dict
-
-    fit_spec = from_dict(FitSpec, raw.get("fit") or {})
-    target = target_flops or fit_spec.target_flops
+    ledger.score(sweep_dir)
+    raw_probe = read_spec(sweep_dir / "sweep.yaml") if store.is_sweep_dir(sweep_dir) else {}
+    target = target_flops or from_dict(FitSpec, raw_probe.get("fit") or {}).target_flops
     if not target:
         raise UsageError("sweep next needs --target-flops C* (or fit.target_flops in the spec)")
-    df = store.load_runs(sweep_dir)
-    warnings = _completeness(sweep_dir, df)
-    loss_col = fit_spec.loss
-    flops_col = "flops" if fit_spec.flops == "6n" else "flops_exact"
-    done = (
-        df.filter((pl.col("status") == "done") & pl.col(loss_col).is_not_null())
-        if loss_col in df.columns
-        else df.clear()
+    lf, raw, fit_spec, warnings = fit_sweep(
+        sweep_dir, target_flops=target, replicates=replicates, seed=seed, fit_starts=fit_starts
     )
-    if done.height < 6:
-        raise UsageError(
-            f"{sweep_dir}: {done.height} done run(s) with {loss_col}; a {fit_spec.law} fit needs at least 6"
-        )
-    reps = replicates or fit_spec.bootstrap
-    log(f"fitting {fit_spec.law} to {done.height} runs ({reps} bootstrap replicates)")
-    f = _Fitter(
-        fit_spec.law,
-        done["params"].to_numpy(),
-        done["tokens"].to_numpy(),
-        done[loss_col].to_numpy(),
-        reps,
-        seed,
-        fit_starts,
-    )
-    warnings += [f"fit: {w}" for w in getattr(f.fit, "warnings", [])]
-    backtest = _backtest(f, done, flops_col, loss_col)
-    base_draws = f.replicates()
-    base_interval = _interval(f.loss_at_target(base_draws, target))
-    n_t, d_t, l_t = _optimum(f.law, f.params, target)
-    rows = list(done.iter_rows(named=True))
-    largest = max(_budget_of(r) for r in rows)
+    log(f"fitted {fit_spec.law} to {lf.loss.size} runs ({len(lf.draws)} bootstrap replicates)")
+    largest = float(lf.budgets.max())
     c_next = min(step * largest, target)
     budget = budget_flops or 2 * c_next
-    ctx = _Context.from_base(raw.get("base") or {}, _execution(raw))
-
-    proposals = []
-    first = _make_point(ctx, f, c_next, _optimum(f.law, f.params, c_next)[0], base_draws, "compute_optimal")
-    proposals.append(first)
-    spent = first["flops"]
-    candidates = []
-    if budget - spent > 0:
-        for c in np.geomspace(largest, c_next, 3):
-            n_opt = _optimum(f.law, f.params, c)[0]
-            for mult in (0.4, 1.0, 2.5):
-                try:
-                    pt = _make_point(ctx, f, c, n_opt * mult, None, "narrow_interval")
-                except ConfigError:
-                    continue  # below the smallest shape the rule can build
-                if pt["flops"] <= budget - spent and not any(
-                    p["overrides"] == pt["overrides"] for p in proposals + candidates
-                ):
-                    candidates.append(pt)
-        log(f"scoring {len(candidates)} candidate run(s) by how much they narrow the interval at C*={target:.3g}")
-        # Candidates are scored on top of the compute-optimal run, which the round runs anyway.
-        first_point = (first["params"], first["tokens"])
-        with_first = _interval(f.loss_at_target(f.replicates([first_point]), target))
-        for pt in candidates:
-            draws = f.replicates([first_point, (pt["params"], pt["tokens"])])
-            lo, hi = _interval(f.loss_at_target(draws, target))
-            pt["interval_at_target_with_run"] = [lo, hi]
-            pt["width_reduction"] = (with_first[1] - with_first[0]) - (hi - lo)
-        for pt in sorted(candidates, key=lambda p: -p["width_reduction"] / p["flops"]):
-            if len(proposals) >= max_runs or pt["width_reduction"] <= 0 or spent + pt["flops"] > budget:
-                continue
-            pt["predicted_loss"], pt["predicted_interval"] = _predict(f, pt, base_draws)
-            proposals.append(pt)
-            spent += pt["flops"]
-    return _write_round(
-        sweep_dir,
-        raw,
-        ctx,
-        f,
-        fit_spec,
-        dict(
-            target_flops=target,
-            budget_flops=budget,
-            next_budget=c_next,
-            largest_done_budget=largest,
-            loss_at_target=l_t,
-            loss_at_target_interval=list(base_interval),
-            n_opt_at_target=n_t,
-            d_opt_at_target=d_t,
-            backtest=backtest,
-            warnings=warnings,
-            proposals=proposals,
-            candidates_scored=len(candidates),
-            run_ids=done["run_id"].to_list(),
-            loss_column=loss_col,
-            replicates=len(base_draws),
-        ),
+    ctx = _Context.from_base(raw.get("base") or {}, from_dict(ExecutionConfig, raw.get("execution") or {}), raw.get("recipe"))
+    if lf.gates.passed:
+        points = [_point(ctx, _size_for(lf, c_next), c_next, "compute_optimal")]
+    else:
+        log(f"gates failed: {', '.join(lf.gates.failed)}; proposing the runs that would pass them")
+        points = _remedies(lf, ctx, c_next)
+    k = _next_round(sweep_dir)
+    gains: dict[int, float] = {}
+    candidates_scored = 0
+    if lf.gates.passed and max_runs > 1 and budget > _flops_of(points[0]):
+        extra, gains, candidates_scored = _narrowing(lf, ctx, points[0], target, budget, max_runs, log)
+        points += extra
+    runs = _resolve_points(raw, points, k)
+    proposals = [_prediction(lf, r, fit_spec) for r in runs]
+    for i, gain in gains.items():
+        proposals[i]["width_reduction"] = gain
+    loss_at_target = lf.optimum_interval(target)
+    n_t, d_t, _ = lf.optimum(target)
+    info = dict(
+        target_flops=target,
+        budget_flops=budget,
+        next_budget=c_next,
+        largest_done_budget=largest,
+        loss_at_target=loss_at_target.point,
+        loss_at_target_interval=[loss_at_target.lo, loss_at_target.hi],
+        loss_at_target_parts=loss_at_target.parts,
+        n_opt_at_target=n_t,
+        d_opt_at_target=d_t,
+        backtest=lf.backtest,
+        gates=lf.gates.to_dict(),
+        warnings=warnings,
+        proposals=proposals,
+        candidates_scored=candidates_scored,
+        run_ids=lf.run_ids,
+        loss_column=fit_spec.loss,
+        replicates=len(lf.draws),
     )
+    return _write_round(sweep_dir, raw, lf, fit_spec, k, info, runs)
 
 
-def _execution(raw: dict[str, Any]):
-    from scalelab.sweeps.spec import ExecutionConfig
-    from scalelab.train.config_tree import from_dict
-
-    return from_dict(ExecutionConfig, raw.get("execution") or {})
+def _size_for(lf: LoopFit, flops: float) -> float:
+    return lf.optimum(flops)[0]
 
 
-def _predict(f: _Fitter, pt: dict[str, Any], draws: list[dict[str, float]]) -> tuple[float, list[float]]:
-    point = float(f.predict(pt["params"], pt["tokens"]))
-    vals = np.array([float(f.predict(pt["params"], pt["tokens"], theta=d)) for d in draws])
-    return point, list(_interval(vals))
-
-
-def _make_point(ctx: _Context, f: _Fitter, flops: float, n_target: float, draws, kind: str) -> dict[str, Any]:
+def _point(ctx: _Context, n_target: float, flops: float, kind: str, exclude=frozenset()) -> dict[str, Any]:
+    """A proposed run before resolution: shape for n_target, D = flops / 6N tokens."""
     from scalelab.models.accounting import num_params
     from scalelab.models.config import ModelConfig
 
-    shape = ctx.shape(max(n_target, 1.0), "proposal")
+    shape = ctx.shape(max(n_target, 1.0), "proposal", exclude=exclude)
     n = num_params(ModelConfig(**shape))
-    steps = max(1, round(flops / (6 * n) / ctx.tokens_per_step))
-    tokens = steps * ctx.tokens_per_step
-    pt = dict(
-        kind=kind,
-        budget=float(flops),
-        params=int(n),
-        tokens=int(tokens),
-        flops=6.0 * n * tokens,
-        overrides={**{f"model.{k}": v for k, v in shape.items()}, "train.num_tokens": int(tokens)},
-    )
-    if draws is not None:
-        pt["predicted_loss"], pt["predicted_interval"] = _predict(f, pt, draws)
-    return pt
+    tokens = ctx.round_tokens(flops / (6.0 * n))
+    return {
+        "overrides": {**{f"model.{k}": v for k, v in shape.items()}, "train.num_tokens": int(tokens)},
+        "labels": {"proposal": kind, "flops_budget": float(flops)},
+        "shape": (shape["num_layers"], shape["d_model"]),
+    }
 
 
-def _backtest(f: _Fitter, done: pl.DataFrame, flops_col: str, loss_col: str) -> dict[str, Any]:
-    from scalelab.fitting.backtest import holdout_backtest, leave_one_budget_out
-    from scalelab.fitting.io import ColumnMap, read_runs
+def _remedies(lf: LoopFit, ctx: _Context, c_next: float) -> list[dict[str, Any]]:
+    """Runs that would pass the failed gates (module docstring, 3b)."""
+    points: list[dict[str, Any]] = []
+    failed = set(lf.gates.failed)
+    brackets = lf.gates.brackets
+    for b in brackets:
+        if b.bracketed:
+            continue
+        sizes = np.array(b.sizes)
+        f = BRACKET_FACTOR if sizes.size < 2 else max(BRACKET_FACTOR, float(np.exp(np.median(np.diff(np.log(sizes))))))
+        if b.edge == "low":
+            targets = [sizes[0] / f, sizes[0] / f**2]
+        elif b.edge == "high":
+            targets = [sizes[-1] * f, sizes[-1] * f**2]
+        elif len(sizes) < 3:
+            targets = [sizes[0] / f, sizes[-1] * f]
+        else:  # flat, or the vertex outside the sizes although the best run is interior
+            targets = [sizes[0] / f, sizes[-1] * f]
+        points += _at_budget(ctx, lf, b.flops, targets, "bracket")
+    all_bracketed = all(b.bracketed for b in brackets)
+    if all_bracketed and failed & {"exponents", "starts_agree"}:
+        center = _trend_size(brackets, c_next)
+        targets = [center * SPAN**o for o in np.linspace(-1, 1, NUM_SIZES)]
+        points += _at_budget(ctx, lf, c_next, targets, "new_budget")
+    if all_bracketed and "approaches_agree" in failed:
+        disagree = set(lf.gates.gates[-1].detail.get("disagree", []))
+        for b in brackets:
+            if b.flops in disagree:
+                targets = [b.vertex, lf.optimum(b.flops)[0]]
+                points += _at_budget(ctx, lf, b.flops, targets, "densify")
+    if not points:  # every gate that failed is one no run of this kind fixes: widen the design
+        center = _trend_size(brackets, c_next)
+        points += _at_budget(ctx, lf, c_next, [center * SPAN**o for o in np.linspace(-1, 1, NUM_SIZES)], "new_budget")
+    return points
 
-    frame = done.select(
-        pl.col("run_id"),
-        pl.col("params"),
-        pl.col("tokens"),
-        pl.col(loss_col).alias("loss"),
-        pl.col(flops_col).alias("flops"),
-    )
-    table = read_runs(frame, columns=ColumnMap(), min_rows=2)
 
-    starts = np.vstack([f.law.to_fit(f.params)[None, :], f.grid[:BACKTEST_STARTS]])
+def _trend_size(brackets, flops: float) -> float:
+    """N at `flops` on the line through the budgets' measured minima (log-log), or the nearest one's."""
+    pts = [(b.flops, b.vertex if b.bracketed and b.vertex else b.best_size) for b in brackets]
+    c = np.log([p[0] for p in pts])
+    n = np.log([p[1] for p in pts])
+    if len(pts) >= 2 and np.ptp(c) > 0:
+        slope, icpt = np.polyfit(c, n, 1)
+        slope = min(max(slope, 0.3), 0.7)  # a sane allocation exponent while the fit is unidentified
+        return float(np.exp(n.mean() + slope * (math.log(flops) - c.mean())))
+    return float(np.exp(n[-1]) * (flops / pts[-1][0]) ** 0.5)
 
-    def fitter(train):
-        fit = _fit(f.law, {"params": train.params, "tokens": train.tokens, "loss": train.loss}, starts)
-        return lambda test: f.law.predict(fit.params, params=test.params, tokens=test.tokens)
 
-    out: dict[str, Any] = {}
-    for name, fn in (("holdout", holdout_backtest), ("leave_one_budget_out", leave_one_budget_out)):
+def _at_budget(ctx: _Context, lf: LoopFit, flops: float, targets, kind: str) -> list[dict[str, Any]]:
+    """Points at one budget for target sizes, skipping shapes the store already ran at that budget."""
+    at_budget = np.isclose(lf.budgets, flops, rtol=0.05)
+    have = set(np.round(lf.n[at_budget]).astype(int).tolist())
+    out, used = [], set()
+    for t in sorted(t for t in targets if t and t > 0):
         try:
-            res = fn(table, fitter, min_train=f.law.n_params + 1)
-            out[name] = {
-                "mare": float(res.mare),
-                "bias": float(res.bias),
-                "n_test": int(res.n_test),
-                "n_train": int(res.n_train),
-            }
-        except UsageError as e:
-            out[name] = {"skipped": str(e)}
-        if name == "holdout" and len(set(np.round(np.log(table.flops), 1))) < 3:
-            break  # leave-one-budget-out needs >= 3 budgets
+            p = _point(ctx, t, flops, kind, exclude=frozenset(used))
+        except ConfigError:
+            continue  # below the smallest shape the rule can build
+        n = _params_of(p)
+        if n in have or p["shape"] in used:
+            continue
+        used.add(p["shape"])
+        out.append(p)
     return out
 
 
-def _write_round(sweep_dir: Path, raw: dict, ctx: _Context, f: _Fitter, fit_spec: FitSpec, info: dict) -> dict:
+def _params_of(point: dict[str, Any]) -> int:
+    from scalelab.models.accounting import num_params
+    from scalelab.models.config import ModelConfig
+
+    shape = {k.split(".", 1)[1]: v for k, v in point["overrides"].items() if k.startswith("model.")}
+    return int(num_params(ModelConfig(**shape)))
+
+
+def _round_spec(raw: dict[str, Any], points: list[dict[str, Any]], k: int, predictions=None) -> dict[str, Any]:
+    out = []
+    for i, p in enumerate(points):
+        labels = dict(p["labels"], round=k)
+        if predictions is not None:
+            labels |= {"predicted_loss": predictions[i]["predicted_loss"], "predicted_interval": predictions[i]["predicted_interval"]}
+        out.append({**p["overrides"], "labels": labels})
+    spec = {"name": f"{raw.get('name', 'sweep')}-round_{k}", "base": raw.get("base") or {}, "points": out}
+    for key in ("execution", "fit", "recipe"):
+        if key in raw:
+            spec[key] = raw[key]
+    return spec
+
+
+def _resolve_points(raw: dict[str, Any], points: list[dict[str, Any]], k: int):
+    """The RunSpecs the round will launch (recipe applied, ids hashed); duplicates kept once."""
+    if not points:
+        return []
+    return expand_sweep(_round_spec(raw, points, k), default_name=f"round_{k}").runs
+
+
+def _prediction(lf: LoopFit, run, fit_spec: FitSpec) -> dict[str, Any]:
+    flops = run.flops_6n if fit_spec.flops == "6n" else run.flops_exact
+    budget = float(run.labels.get("flops_budget", flops))
+    pi = lf.predict_interval(run.params, run.num_tokens, flops=budget)
+    return dict(
+        kind=run.labels["proposal"],
+        run_id=run.run_id,
+        budget=budget,
+        params=int(run.params),
+        tokens=int(run.num_tokens),
+        flops=float(flops),
+        predicted_loss=pi.point,
+        predicted_interval=[pi.lo, pi.hi],
+        interval_parts=pi.parts,
+    )
+
+
+def _flops_of(point: dict[str, Any]) -> float:
+    return 6.0 * _params_of(point) * point["overrides"]["train.num_tokens"]
+
+
+def _narrowing(lf: LoopFit, ctx: _Context, first: dict[str, Any], target: float, budget: float, max_runs: int, log):
+    """Runs within the budget that most narrow the interval of L*(target) (module docstring, 3a).
+
+    Returns (points, {index in the round: width reduction}, candidates scored)."""
+    first_nd = (_params_of(first), first["overrides"]["train.num_tokens"])
+    spent = _flops_of(first)
+    cands: list[dict[str, Any]] = []
+    for c in np.geomspace(lf.budgets.max(), first["labels"]["flops_budget"], 3):
+        n_opt = lf.optimum(c)[0]
+        for mult in (0.4, 1.0, 2.5):
+            try:
+                p = _point(ctx, n_opt * mult, c, "narrow_interval")
+            except ConfigError:
+                continue
+            if _flops_of(p) <= budget - spent and all(q["overrides"] != p["overrides"] for q in [first, *cands]):
+                cands.append(p)
+    if not cands:
+        return [], {}, 0
+    log(f"scoring {len(cands)} candidate run(s) by how much they narrow the interval at C*={target:.3g}")
+    base_width = _width(lf, lf.replicates_with([first_nd]), target)
+    scored = []
+    for p in cands:
+        nd = (_params_of(p), p["overrides"]["train.num_tokens"])
+        scored.append((base_width - _width(lf, lf.replicates_with([first_nd, nd]), target), p))
+    picked, gains = [], {}
+    for gain, p in sorted(scored, key=lambda t: -t[0] / _flops_of(t[1])):
+        if 1 + len(picked) >= max_runs or len(picked) >= MAX_NARROWING or not gain > 0:
+            continue
+        if spent + _flops_of(p) > budget:
+            continue
+        gains[1 + len(picked)] = float(gain)
+        picked.append(p)
+        spent += _flops_of(p)
+    return picked, gains, len(cands)
+
+
+def _width(lf: LoopFit, draws: list[dict[str, float]], target: float) -> float:
+    vals = []
+    for p in draws:
+        try:
+            vals.append(lf.optimum(target, p)[2])
+        except UsageError:
+            continue
+    if len(vals) < 2:
+        return float("nan")
+    lo, hi = np.quantile(vals, [0.5 - lf.level / 2, 0.5 + lf.level / 2])
+    return float(hi - lo)
+
+
+def _next_round(sweep_dir: Path) -> int:
+    rounds = sweep_dir / "rounds"
+    return 1 + len(list(rounds.glob("round_*.yaml"))) if rounds.exists() else 1
+
+
+def _write_round(sweep_dir: Path, raw: dict, lf: LoopFit, fit_spec: FitSpec, k: int, info: dict, runs) -> dict:
     from scalelab.fitting.pipeline import code_version
     from scalelab.train.records import atomic_write_bytes, atomic_write_json
 
-    rounds = sweep_dir / "rounds"
-    k = 1 + len(list(rounds.glob("round_*.yaml"))) if rounds.exists() else 1
     name = f"round_{k}"
-    points = []
-    for p in info["proposals"]:
-        labels = {"proposal": p["kind"], "round": k}
-        if "predicted_loss" in p:
-            labels |= {"predicted_loss": p["predicted_loss"], "predicted_interval": p["predicted_interval"]}
-        points.append({**p["overrides"], "labels": labels})
-    spec = {"name": f"{raw.get('name', sweep_dir.name)}-{name}", "base": raw.get("base") or {}, "points": points}
-    for key in ("execution", "fit"):
-        if key in raw:
-            spec[key] = raw[key]
-    spec_path = rounds / f"{name}.yaml"
+    proposals = info["proposals"]
+    points = [{"overrides": _overrides_of(r), "labels": {kk: v for kk, v in r.labels.items() if kk in ("proposal", "flops_budget")}} for r in runs]
+    spec = _round_spec(raw, points, k, proposals)
+    spec_path = sweep_dir / "rounds" / f"{name}.yaml"
     atomic_write_bytes(spec_path, dump_spec(spec).encode())
     fit_path = sweep_dir / "fits" / f"{name}.json"
+    fit_record = dict(
+        lf.to_dict(),
+        round=k,
+        code_version=code_version(),
+        options={"law": fit_spec.law, "loss": fit_spec.loss, "flops": fit_spec.flops, "replicates": len(lf.draws)},
+    )
     report = dict(
         info,
         law=fit_spec.law,
-        params=f.params,
-        objective=float(f.fit.objective),
-        n_points=len(f.loss),
+        params=lf.params,
+        intervals=lf.intervals,
+        fit=fit_record,
+        objective=float(lf.fit.objective),
+        n_points=int(lf.loss.size),
         flops_convention=fit_spec.flops,
-        code_version=code_version(),
+        code_version=fit_record["code_version"],
         spec_path=str(spec_path),
         fit_path=str(fit_path),
         round=k,
-        level=LEVEL,
-        method="bootstrap reweighting, warm-started refits; candidates scored by refitting the same "
-        "replicates with the candidate at its predicted loss x a resampled residual",
+        level=lf.level,
     )
     atomic_write_json(fit_path, report)
+    ledger.record_round(
+        sweep_dir,
+        fit_record,
+        [
+            dict(
+                round=k,
+                run_id=p["run_id"],
+                kind=p["kind"],
+                params=p["params"],
+                tokens=p["tokens"],
+                flops=p["flops"],
+                predicted=p["predicted_loss"],
+                interval=p["predicted_interval"],
+                interval_parts=p["interval_parts"],
+                gates_passed=lf.gates.passed,
+                loss_column=fit_spec.loss,
+            )
+            for p in proposals
+        ],
+    )
     return report
 
 
+def _overrides_of(run) -> dict[str, Any]:
+    model = run.config["model"]
+    keys = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff", "vocab_size", "max_seq_len")
+    out = {f"model.{k}": model[k] for k in keys}
+    out["train.num_tokens"] = run.num_tokens
+    return out
+
+
 def format_proposal(p: dict[str, Any]) -> str:
+    fit = p["fit"]
+    lines = [f"fit: {p['law']} on {p['n_points']} runs ({p['loss_column']}), {p['replicates']} bootstrap replicates"]
+    iv = p["intervals"]
+    lines.append(
+        "  "
+        + ", ".join(f"{k}={v:.4g} [{iv[k][0]:.4g}, {iv[k][1]:.4g}]" for k, v in p["params"].items() if k in iv)
+    )
+    if fit.get("a") is not None and "a" in iv:
+        lines.append(f"  a = beta/(alpha+beta) = {fit['a']:.3f} [{iv['a'][0]:.3f}, {iv['a'][1]:.3f}]  (N* ~ C^a)")
     lo, hi = p["loss_at_target_interval"]
-    lines = [
-        f"fit: {p['law']} on {p['n_points']} runs ({p['loss_column']}), {p['replicates']} bootstrap replicates",
-        "  " + ", ".join(f"{k}={v:.4g}" for k, v in p["params"].items()),
-        f"  loss at C*={p['target_flops']:.3g}: {p['loss_at_target']:.4f}  [{lo:.4f}, {hi:.4f}] (95%)  "
-        f"N*={p['n_opt_at_target']:.3g} D*={p['d_opt_at_target']:.3g}",
-    ]
+    lines.append(
+        f"  loss at C*={p['target_flops']:.3g}: {p['loss_at_target']:.4f}  [{lo:.4f}, {hi:.4f}] ({p['level']:.0%})  "
+        f"N*={p['n_opt_at_target']:.3g} D*={p['d_opt_at_target']:.3g}"
+    )
     for name, bt in p["backtest"].items():
         lines.append(
             f"  backtest {name}: "
-            + (
-                f"MARE {bt['mare']:.2%}, bias {bt['bias']:+.2%} on {bt['n_test']} runs"
-                if "mare" in bt
-                else bt["skipped"]
-            )
+            + (f"MARE {bt['mare']:.2%}, bias {bt['bias']:+.2%} on {bt['n_test']} runs" if "mare" in bt else bt["skipped"])
         )
+    ext = fit["extrapolation"]
+    if ext["per_decade"] is not None:
+        lines.append(f"  out-of-sample error: {ext['per_decade']:.2%} per decade of extrapolation ({ext['n_runs']} backtest runs)")
+    lines.append(format_gates(p["gates"]))
     lines += [f"  warning: {w}" for w in p["warnings"]]
     lines.append(f"next round (budget {p['budget_flops']:.3g} FLOPs, next budget {p['next_budget']:.3g}):")
     for q in p["proposals"]:
-        extra = ""
-        if "predicted_loss" in q:
-            lo, hi = q["predicted_interval"]
-            extra = f"  predicted {q['predicted_loss']:.4f} [{lo:.4f}, {hi:.4f}]"
+        lo, hi = q["predicted_interval"]
+        extra = f"  predicted {q['predicted_loss']:.4f} [{lo:.4f}, {hi:.4f}]"
         if "width_reduction" in q:
             extra += f"  narrows the C* interval by {q['width_reduction']:.4f}"
-        lines.append(f"  {q['kind']:16s} N={q['params']:,} D={q['tokens']:,} C={q['flops']:.3g}{extra}")
+        lines.append(f"  {q['kind']:16s} {q['run_id']} N={q['params']:,} D={q['tokens']:,} C={q['flops']:.3g}{extra}")
     lines.append(f"spec: {p['spec_path']}   fit: {p['fit_path']}")
     lines.append(f"launch it: scalelab sweep launch {p['spec_path']} --out {Path(p['spec_path']).parent.parent}")
+    return "\n".join(lines)
+
+
+def format_gates(gates: dict[str, Any]) -> str:
+    lines = ["gates: " + ("all passed" if gates["passed"] else "FAILED " + ", ".join(gates["failed"]))]
+    for g in gates["gates"]:
+        lines.append(f"  [{'pass' if g['passed'] else 'FAIL'}] {g['name']:16s} {g['value']}")
+    for b in gates["brackets"]:
+        sizes = ", ".join(f"{s:,.0f}" for s in b["sizes"])
+        mark = "bracketed" if b["bracketed"] else f"NOT bracketed ({b['edge'] or ('flat' if b['flat'] else 'vertex outside')})"
+        vertex = f", A2 vertex {b['vertex']:,.0f}" if b["vertex"] else ""
+        lines.append(f"    C={b['flops']:.3g}: sizes [{sizes}], best {b['best_size']:,.0f}{vertex}: {mark}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,147 @@
+"""The ledger: every fit the closed loop makes, and every prediction it scored against a real run.
+
+    <sweep>/ledger.json = {"fits": [...], "predictions": [...]}
+
+A fit entry (one per `sweep next`) keeps what a reviewer needs to audit it later: the round, the
+run ids it used, the code version, the law and its options, the parameters with their intervals,
+the identification gates, and which constants moved outside the previous round's intervals
+(`drift`). A prediction entry is one proposed run: its run id (the hash of its resolved config, so
+the run that is trained is exactly the one predicted), N, D, C, the predicted loss and interval,
+and, once the run is done, the measured loss, the relative error and whether the interval covered it.
+
+Predictions are recorded before their runs start (`record_round`), and scored whenever the ledger
+is touched after a launch (`score`; sweeps/execute.py calls it at the end of every launch). The
+file is rewritten atomically; `scalelab sweep ledger DIR` prints it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from scalelab.sweeps import store
+from scalelab.train.records import atomic_write_json, read_status
+
+LEDGER = "ledger.json"
+
+
+def ledger_path(sweep_dir: str | Path) -> Path:
+    return Path(sweep_dir) / LEDGER
+
+
+def read_ledger(sweep_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
+    path = ledger_path(sweep_dir)
+    if not path.exists():
+        return {"fits": [], "predictions": []}
+    data = json.loads(path.read_text())
+    data.setdefault("fits", [])
+    data.setdefault("predictions", [])
+    return data
+
+
+def drift(previous: dict[str, Any] | None, params: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Constants of a refit that fall outside the previous round's intervals, {name: {...}}."""
+    if not previous:
+        return {}
+    out = {}
+    for name, value in params.items():
+        iv = (previous.get("intervals") or {}).get(name)
+        if not iv or iv[0] is None or iv[1] is None:
+            continue
+        if not iv[0] <= value <= iv[1]:
+            out[name] = {"value": float(value), "previous": float(previous["params"][name]), "interval": list(iv)}
+    return out
+
+
+def record_round(sweep_dir: str | Path, fit: dict[str, Any], predictions: list[dict[str, Any]]) -> dict[str, Any]:
+    """Append one fit and its predictions (written before the predicted runs start)."""
+    ledger = read_ledger(sweep_dir)
+    previous = ledger["fits"][-1] if ledger["fits"] else None
+    fit = dict(fit, drift=drift(previous, fit["params"]), recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    ledger["fits"].append(fit)
+    known = {(p["round"], p["run_id"]) for p in ledger["predictions"]}
+    for p in predictions:
+        if (p["round"], p["run_id"]) not in known:
+            ledger["predictions"].append(dict(p, measured=None, rel_error=None, covered=None))
+    atomic_write_json(ledger_path(sweep_dir), ledger)
+    score(sweep_dir)
+    return fit
+
+
+def score(sweep_dir: str | Path, loss_column: str | None = None) -> list[dict[str, Any]]:
+    """Fill in the measured loss of every prediction whose run is done; returns the newly scored."""
+    sweep_dir = Path(sweep_dir)
+    ledger = read_ledger(sweep_dir)
+    scored = []
+    for p in ledger["predictions"]:
+        if p.get("measured") is not None:
+            continue
+        status = read_status(store.run_path(sweep_dir, p["run_id"])) or {}
+        if status.get("status") != "done":
+            continue
+        measured = status.get(loss_column or p.get("loss_column") or "final_val_loss")
+        if measured is None or not math.isfinite(float(measured)):
+            continue
+        lo, hi = p["interval"]
+        p["measured"] = float(measured)
+        p["rel_error"] = (p["predicted"] - p["measured"]) / p["measured"]
+        p["covered"] = bool(lo <= p["measured"] <= hi)
+        scored.append(p)
+    if scored:
+        atomic_write_json(ledger_path(sweep_dir), ledger)
+    return scored
+
+
+def coverage(predictions: list[dict[str, Any]]) -> dict[str, Any]:
+    """How often the intervals held: {n_scored, n_covered, rate, mare}."""
+    done = [p for p in predictions if p.get("measured") is not None]
+    covered = sum(bool(p["covered"]) for p in done)
+    mare = sum(abs(p["rel_error"]) for p in done) / len(done) if done else None
+    return {"n_scored": len(done), "n_covered": covered, "rate": covered / len(done) if done else None, "mare": mare}
+
+
+def format_ledger(ledger: dict[str, list[dict[str, Any]]]) -> str:
+    """The ledger as text tables: fits by round, then predicted vs measured, then coverage."""
+    lines = ["fits:"]
+    lines.append(f"  {'round':>5} {'runs':>4}  {'law':10} {'gates':24} parameters (95% interval)")
+    for f in ledger["fits"]:
+        iv = f.get("intervals") or {}
+        parts = []
+        for name, value in f["params"].items():
+            lo, hi = (iv.get(name) or [None, None])[:2]
+            band = f" [{lo:.3g}, {hi:.3g}]" if lo is not None and hi is not None else ""
+            parts.append(f"{name}={value:.4g}{band}")
+        gates = f.get("gates") or {}
+        verdict = "pass" if gates.get("passed") else "FAIL: " + ",".join(gates.get("failed", []))
+        lines.append(f"  {f['round']:>5} {len(f.get('run_ids', [])):>4}  {f['law']:10} {verdict:24} " + ", ".join(parts))
+        for name, d in (f.get("drift") or {}).items():
+            lines.append(
+                f"        drift: {name}={d['value']:.4g} is outside the previous round's interval "
+                f"[{d['interval'][0]:.4g}, {d['interval'][1]:.4g}]"
+            )
+    lines.append("predictions:")
+    lines.append(
+        f"  {'round':>5} {'run':12} {'kind':16} {'N':>10} {'D':>12} {'C':>9} {'predicted':>9} "
+        f"{'interval':>19} {'measured':>9} {'error':>7} covered"
+    )
+    for p in ledger["predictions"]:
+        lo, hi = p["interval"]
+        measured = f"{p['measured']:.4f}" if p.get("measured") is not None else "pending"
+        err = f"{p['rel_error']:+.2%}" if p.get("rel_error") is not None else ""
+        cov = "" if p.get("covered") is None else ("yes" if p["covered"] else "NO")
+        lines.append(
+            f"  {p['round']:>5} {p['run_id']:12} {p['kind']:16} {p['params']:>10,} {p['tokens']:>12,} "
+            f"{p['flops']:>9.3g} {p['predicted']:>9.4f} [{lo:.4f}, {hi:.4f}] {measured:>9} {err:>7} {cov}"
+        )
+    c = coverage(ledger["predictions"])
+    if c["n_scored"]:
+        lines.append(
+            f"coverage: {c['n_covered']} of {c['n_scored']} scored predictions inside their interval "
+            f"({c['rate']:.0%}); mean |error| {c['mare']:.2%}"
+        )
+    else:
+        lines.append("coverage: no prediction scored yet")
+    return "\n".join(lines)
