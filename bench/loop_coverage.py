@@ -26,13 +26,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from scipy import optimize
 
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.fitting.allocate import chinchilla_optimum
 from scalelab.sweeps import ledger
 from scalelab.sweeps.propose import propose_next
 
-BUDGETS = [3e11, 1e12, 3e12]
 
 
 def _law(rng: np.random.Generator, misspecify: float) -> SyntheticLaw:
@@ -59,27 +59,36 @@ class _CurvedLaw:
         return self.law.params_dict()
 
 
+def _budget_for(truth: dict, n_opt: float) -> float:
+    """The FLOP budget whose true compute-optimal size is n_opt."""
+    return math.exp(optimize.brentq(lambda lc: math.log(chinchilla_optimum(truth, math.exp(lc))[0] / n_opt), 0, 80))
+
+
 def trial(i: int, root: Path, misspecify: float) -> list[dict]:
     rng = np.random.default_rng(1000 + i)
     law = _law(rng, misspecify)
+    while not 1e11 <= _budget_for(law.params_dict(), 1.5e5) <= 1e15:  # a design this repo's shapes can build
+        law = _law(rng, misspecify)
     noise = float(rng.uniform(0.003, 0.015))
     truth = law.params_dict()
-    n_mid = chinchilla_optimum(truth, BUDGETS[1])[0]
-    off = math.exp(rng.uniform(-0.47, 0.47))  # prior off by up to x1.6
-    tpp = BUDGETS[1] / (6 * (n_mid * off) ** 2)
+    # budgets where the true N* of the smallest is 1.5e5 (so N*/3 is buildable), spanning 10x
+    c0 = _budget_for(truth, 1.5e5)
+    budgets = [float(f"{c0 * m:.3g}") for m in (1.0, 10**0.5, 10.0)]
+    off = math.exp(rng.uniform(-0.47, 0.47))  # the prior's N* is off by up to x1.6
+    centers = [chinchilla_optimum(truth, c)[0] * off for c in budgets]
     spec = {
         "name": f"cov{i}",
-        "base": {"data": {"seq_len": 64}, "train": {"global_batch_tokens": 512}},
-        "isoflop": {"budgets": BUDGETS, "num_sizes": 5, "center": {"tokens_per_param": tpp}, "span": 3},
+        "base": {"data": {"seq_len": 64}, "train": {"global_batch_tokens": 64}},
+        "isoflop": {"budgets": budgets, "num_sizes": 5, "center": {"params": centers}, "span": 3},
         "fit": {"bootstrap": 16},
     }
     sd = root / f"t{i}"
     kw = dict(noise_std=noise, noise_seed=i)
     launch_synthetic(spec, sd, law, **kw)
     quiet = lambda m: None  # noqa: E731
-    target = 30 * BUDGETS[-1]
+    target = 30 * budgets[-1]
     for _ in range(3):
-        p = propose_next(sd, target_flops=target, budget_flops=3 * BUDGETS[-1], log=quiet)
+        p = propose_next(sd, target_flops=target, budget_flops=3 * budgets[-1], log=quiet)
         launch_synthetic(p["spec_path"], sd, law, **kw)
         if p["gates"]["passed"]:
             break
@@ -90,7 +99,7 @@ def trial(i: int, root: Path, misspecify: float) -> list[dict]:
     ledger.score(sd)
     preds = [q for q in ledger.read_ledger(sd)["predictions"] if q["kind"] == "compute_optimal"]
     for q in preds:
-        q["trial"], q["noise"] = i, noise
+        q["trial"], q["noise"], q["multiple"] = i, noise, q["flops"] / budgets[-1]
     return preds
 
 
@@ -106,7 +115,7 @@ def main() -> None:
             got = trial(i, Path(d), args.misspecify)
             rows += got
             for q in got:
-                mult = q["flops"] / 3e12
+                mult = q["multiple"]
                 print(
                     f"trial {i:3d} noise {q['noise']:.2%} C={q['flops']:.3g} ({mult:.0f}x) predicted {q['predicted']:.4f} "
                     f"[{q['interval'][0]:.4f}, {q['interval'][1]:.4f}] measured {q['measured']:.4f} "
@@ -114,8 +123,8 @@ def main() -> None:
                     flush=True,
                 )
     print(f"\n{args.trials} trials, misspecification {args.misspecify}, {time.time() - t0:.0f} s")
-    for label, lo, hi in (("3x", 2, 4), ("10x", 8, 12)):
-        sel = [q for q in rows if lo <= q["flops"] / 3e12 <= hi and q["measured"] is not None]
+    for label, lo, hi in (("3x", 2, 4), ("10x", 25, 35)):  # the 10x run: 10x the 3x run's budget
+        sel = [q for q in rows if lo <= q["multiple"] <= hi and q["measured"] is not None]
         if not sel:
             continue
         k = sum(q["covered"] for q in sel)

@@ -3,9 +3,10 @@
 A law fitted to IsoFLOP runs is only a basis for extrapolation when the runs identify it. The
 gates (what a reviewer checks first, shared/SCALING-METHOD.md):
 
-  bracketed         every budget's minimum is measured: the best run is not the smallest or the
-                    largest size of its budget, and Approach 2's parabola in ln N has significant
-                    upward curvature with its vertex inside the sampled sizes.
+  bracketed         every IsoFLOP slice's minimum is measured (a slice: a budget with 3+ sizes;
+                    single proposed runs are points, not slices): the best run is not the smallest
+                    or the largest size of its slice, and Approach 2's parabola in ln N has
+                    significant upward curvature with its vertex inside the sampled sizes.
   exponents         alpha and beta lie in a plausible range (default [0.1, 1.0]: published
                     Chinchilla-form fits give 0.27-0.76) and no parameter sits on its fit bound.
   starts_agree      the fit's distinct end points within 0.1% of the best objective agree on the
@@ -92,13 +93,18 @@ class GateReport:
 def budget_brackets(
     params: np.ndarray, loss: np.ndarray, flops: np.ndarray, budget_labels: np.ndarray | None = None
 ) -> list[BudgetBracket]:
-    """Per-budget bracketing facts: where the best run sits, and Approach 2's parabola vertex."""
+    """Per-budget bracketing facts: where the best run sits, and Approach 2's parabola vertex.
+
+    Only IsoFLOP slices are judged: a budget with fewer than MIN_SIZES distinct sizes (a proposed
+    compute-optimal run, a narrowing run) measures a point, not a minimum, and is left out."""
     params, loss, flops = (np.asarray(a, dtype=float) for a in (params, loss, flops))
     labels = group_budgets(flops) if budget_labels is None else np.asarray(budget_labels)
     out = []
     for lab in np.unique(labels):
         idx = np.flatnonzero(labels == lab)
         sizes = sorted(set(params[idx].tolist()))
+        if len(sizes) < MIN_SIZES:
+            continue
         best = float(params[idx][np.argmin(loss[idx])])
         edge = None
         if len(sizes) >= 2 and best == sizes[0]:
@@ -139,9 +145,10 @@ def bracketing_gate(brackets: Sequence[BudgetBracket]) -> Gate:
         parts.append(f"C={b.flops:.3g}: {why}")
     return Gate(
         name="bracketed",
-        passed=not bad and bool(brackets),
+        passed=not bad and len(brackets) >= 2,
         value=f"{len(brackets) - len(bad)} of {len(brackets)} budgets bracketed ({'; '.join(parts)})",
-        threshold=f"every budget: >= {MIN_SIZES} sizes, best run interior, parabola curved with its vertex inside",
+        threshold=f"2+ IsoFLOP slices (budgets with >= {MIN_SIZES} sizes), each with its best run interior and a "
+        "curved parabola whose vertex lies inside its sizes",
         detail={"unbracketed": [b.flops for b in bad]},
     )
 

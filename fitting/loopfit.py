@@ -83,7 +83,10 @@ class LoopFit:
 
     @property
     def residual_scale(self) -> float:
-        return float(self.fit.residual_scale)
+        """Robust sd of the log residuals, scaled by sqrt(n / (n - p)): a law of p parameters fitted
+        to n runs sits closer to them than a new run will."""
+        n, p = self.loss.size, self.law.n_params
+        return float(self.fit.residual_scale) * math.sqrt(n / max(n - p, 1))
 
     def optimum(self, flops: float, params: dict[str, float] | None = None) -> tuple[float, float, float]:
         n, d, loss = optimum_fn(self.law)(params or self.params, flops)[:3]

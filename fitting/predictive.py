@@ -17,7 +17,8 @@ At a target d_t decades from the fitted budgets the three parts add in log space
     sd = sqrt(s_boot^2 + sigma_noise^2 + (k d_t)^2),     interval = point * exp(+-z sd),
 
 with s_boot the bootstrap replicates' spread (their 95% half-width / z, in log space), sigma_noise
-the robust scale of the fit's log residuals, and z the normal quantile of the level. With no
+the robust scale of the fit's log residuals (times sqrt(n / (n - p)) for the p
+parameters fitted to n runs), and z the normal quantile of the level. With no
 extrapolating backtest (fewer than 3 budgets), k is unknown and the interval says so (k = None).
 The ledger (scalelab.sweeps.ledger) scores these intervals against measured runs: that is the
 test of the method, not this derivation.

@@ -37,7 +37,7 @@ DEMO_RECIPE: dict[str, Any] = {
     "min_steps": 250,
     "shape": {"min_layers": 2, "width_per_layer": 16, "min_width": 16},
     "warmup": {"fraction": 0.05, "max_steps": 50},
-    "batch": {"ref_flops": 1e12, "ref_tokens": 512, "exponent": 0.0, "min_sequences": 4},
+    "batch": {"ref_flops": 2e12, "ref_tokens": 1024, "exponent": 0.33, "min_sequences": 4},
     "lr": {"ref_params": 5e4, "ref_lr": 5e-3, "exponent": -0.3},
 }
 DEMO_BUDGETS = (2e11, 6.3e11, 2e12)

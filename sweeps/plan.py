@@ -145,6 +145,10 @@ def plan_sweep(sweep: Sweep, *, measure: bool = True) -> tuple[list[dict[str, An
                 est_s=own_tokens / tps if tps else None,
                 tokens_per_s=tps,
                 label=_label(run.labels),
+                steps=run.num_tokens // run.config["train"]["global_batch_tokens"],
+                batch_tokens=run.config["train"]["global_batch_tokens"],
+                warmup_steps=_warmup_steps(run),
+                lr=run.config["optim"]["lr"],
             )
         )
     serial = sum(r["est_s"] for r in rows if r["est_s"] is not None) if measure else None
@@ -155,6 +159,12 @@ def plan_sweep(sweep: Sweep, *, measure: bool = True) -> tuple[list[dict[str, An
         warnings=list(sweep.warnings),
     )
     return rows, totals
+
+
+def _warmup_steps(run: RunSpec) -> int:
+    sched, batch = run.config["schedule"], run.config["train"]["global_batch_tokens"]
+    tokens = sched["warmup_tokens"] or int(sched["warmup_fraction"] * run.config["train"]["num_tokens"])
+    return tokens // batch
 
 
 def _machine_ram_bytes() -> float | None:
@@ -190,11 +200,15 @@ def _fmt_s(s: float | None) -> str:
 
 
 def format_plan(rows: list[dict[str, Any]], totals: dict[str, Any], slots: int | None = None) -> str:
-    head = f"{'run_id':12s}  {'N':>10s}  {'D':>10s}  {'C (6ND)':>9s}  {'layout':14s}  {'mem':>7s}  {'est':>6s}  design"
+    head = (
+        f"{'run_id':12s}  {'N':>10s}  {'D':>10s}  {'C (6ND)':>9s}  {'steps':>6s}  {'batch':>6s}  {'warm':>4s}  "
+        f"{'lr':>7s}  {'layout':14s}  {'mem':>7s}  {'est':>6s}  design"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['run_id']:12s}  {r['params']:>10,d}  {r['tokens']:>10,d}  {r['flops']:>9.3g}  {r['layout']:14s}  "
+            f"{r['run_id']:12s}  {r['params']:>10,d}  {r['tokens']:>10,d}  {r['flops']:>9.3g}  {r['steps']:>6d}  "
+            f"{r['batch_tokens']:>6d}  {r['warmup_steps']:>4d}  {r['lr']:>7.2g}  {r['layout']:14s}  "
             f"{r['memory_gib'] * 1024:>5.0f}Mi  {_fmt_s(r['est_s']):>6s}  {r['label']}"
         )
     total = f"{totals['num_runs']} runs, {totals['cost_flops']:.3g} FLOPs (6ND, branches count their tail only)"

@@ -221,13 +221,11 @@ def _remedies(lf: LoopFit, ctx: _Context, c_next: float) -> list[dict[str, Any]]
         if b.bracketed:
             continue
         sizes = np.array(b.sizes)
-        f = BRACKET_FACTOR if sizes.size < 2 else max(BRACKET_FACTOR, float(np.exp(np.median(np.diff(np.log(sizes))))))
+        f = max(BRACKET_FACTOR, float(np.exp(np.median(np.diff(np.log(sizes))))))
         if b.edge == "low":
             targets = [sizes[0] / f, sizes[0] / f**2]
         elif b.edge == "high":
             targets = [sizes[-1] * f, sizes[-1] * f**2]
-        elif len(sizes) < 3:
-            targets = [sizes[0] / f, sizes[-1] * f]
         else:  # flat, or the vertex outside the sizes although the best run is interior
             targets = [sizes[0] / f, sizes[-1] * f]
         points += _at_budget(ctx, lf, b.flops, targets, "bracket")

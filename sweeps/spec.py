@@ -468,19 +468,21 @@ def _isoflop_targets(section: dict, budgets: list[float], num_sizes: int, key: s
     if len(given) != 1:
         raise ConfigError(
             f"{key}.center",
-            "give exactly one of center: {tokens_per_param: T} | {params: [...]}, params: [lo, hi] or "
+            "give exactly one of center: {tokens_per_param: T} | {params: [...]} | {fit: SWEEP_DIR}, params: [lo, hi] or "
             "tokens_per_param: [lo, hi]",
             "e.g. center: {tokens_per_param: 20} with span: 3",
         )
     if given[0] == "center":
         center, ckey = section["center"], f"{key}.center"
-        _check_keys(center, ("tokens_per_param", "params"), ckey)
+        _check_keys(center, ("tokens_per_param", "params", "fit"), ckey)
         span = _number(section.get("span", 3.0), f"{key}.span")
         if span <= 1:
             raise ConfigError(f"{key}.span", f"{span:g} must be > 1", "e.g. 3 (sizes from N*/3 to 3 N*)")
-        if ("tokens_per_param" in center) == ("params" in center):
-            raise ConfigError(ckey, "give one of tokens_per_param or params", "e.g. center: {tokens_per_param: 20}")
-        if "tokens_per_param" in center:
+        if len(center) != 1:
+            raise ConfigError(ckey, "give one of tokens_per_param, params or fit", "e.g. center: {tokens_per_param: 20}")
+        if "fit" in center:
+            centers = _fit_centers(center["fit"], budgets, f"{ckey}.fit")
+        elif "tokens_per_param" in center:
             tpp = _number(center["tokens_per_param"], f"{ckey}.tokens_per_param")
             centers = [math.sqrt(c / (6 * tpp)) for c in budgets]  # C = 6 N (tpp N)
         else:
@@ -499,6 +501,30 @@ def _isoflop_targets(section: dict, budgets: list[float], num_sizes: int, key: s
     if range_key == "tokens_per_param":  # C = 6 N (t N)  =>  N = sqrt(C / 6t); high t = small N
         return [[math.sqrt(c / (6 * t)) for t in np.geomspace(hi, lo, num_sizes)] for c in budgets]
     return [list(np.geomspace(lo, hi, num_sizes)) for _ in budgets]
+
+
+def _fit_centers(source: Any, budgets: list[float], key: str) -> list[float]:
+    """N*(C) at each budget from a sweep's latest `sweep next` fit (a sweep dir) or a fit JSON file."""
+    import json
+
+    from scalelab.fitting.allocate import optimum_for_law
+    from scalelab.fitting.laws import get_law
+
+    path = Path(str(source)).expanduser()
+    if path.is_dir():
+        fits = sorted(path.glob("fits/round_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+        if not fits:
+            raise ConfigError(key, f"{path} has no fits/round_*.json", "run `scalelab sweep next` on it first")
+        path = fits[-1]
+    if not path.is_file():
+        raise ConfigError(key, f"{source!r} is neither a sweep directory nor a fit file", "give a sweep directory")
+    try:
+        fit = json.loads(path.read_text())
+        fit = fit.get("fit", fit)
+        optimum = optimum_for_law(get_law(fit["law"]))
+        return [float(optimum(fit["params"], c)[0]) for c in budgets]
+    except (ValueError, KeyError, UsageError) as e:
+        raise ConfigError(key, f"{path}: not a fit with law and params ({e})", "give a sweep directory") from None
 
 
 def distinct_shapes(ctx: _Context, targets: list[float], key: str) -> list[dict[str, Any]]:

@@ -191,3 +191,14 @@ def test_ledger_drift_flags_constants_outside_the_previous_interval():
     assert ledger.drift(prev, {"alpha": 0.31}) == {}
     assert set(ledger.drift(prev, {"alpha": 0.4})) == {"alpha"}
 
+
+
+def test_isoflop_centres_on_the_sweeps_current_fit(well_designed):
+    sd, p = well_designed
+    fitted = chinchilla_optimum(p["params"], 1e13)[0]
+    spec = {"base": BASE, "isoflop": {"budgets": [1e13], "num_sizes": 5, "center": {"fit": str(sd)}, "span": 3}}
+    sizes = sorted(r.params for r in expand_sweep(spec).runs)
+    assert sizes[0] < fitted / 2 and sizes[-1] > fitted * 2
+    assert min(sizes, key=lambda n: abs(math.log(n / fitted))) == sizes[2]
+    with pytest.raises(ConfigError, match="center.fit"):
+        expand_sweep({**spec, "isoflop": {**spec["isoflop"], "center": {"fit": str(sd / "runs")}}})
