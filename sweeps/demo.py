@@ -2,9 +2,9 @@
 
 1. An IsoFLOP sweep of tiny Llama models (byte tokenizer, the default stdlib corpus): 3 FLOP budgets
    spanning 10x, 5 sizes each centred on a prior N*(C) (20 tokens per parameter) and spanning
-   3x on each side, 2+ layers, every run built by the small-scale recipe (DEMO_RECIPE: a
-   per-budget batch, at least 250 optimizer steps, short warmup, a per-size LR from the measured
-   LR law). Every run is a Ray Tune trial.
+   3x on each side, 2+ layers, every run built by the small-scale recipe (DEMO_RECIPE: a batch
+   that grows with the run's tokens, at least 250 optimizer steps, short warmup, a per-size LR
+   from the measured LR law). Every run is a Ray Tune trial.
 2. The fit (Chinchilla, Approach 3) with bootstrap intervals, backtests and the identification
    gates (`sweep next`). If a gate fails (a minimum not bracketed, say), the round it writes holds
    the runs that would pass it; the demo launches them and fits again (at most MAX_ROUNDS).
@@ -37,7 +37,7 @@ DEMO_RECIPE: dict[str, Any] = {
     "min_steps": 250,
     "shape": {"min_layers": 2, "width_per_layer": 16, "min_width": 16},
     "warmup": {"fraction": 0.05, "max_steps": 50},
-    "batch": {"ref_flops": 2e12, "ref_tokens": 1024, "exponent": 0.33, "min_sequences": 4},
+    "batch": {"by": "tokens", "ref": 1.2e6, "ref_tokens": 512, "exponent": 0.5, "min_sequences": 4},
     "lr": {"ref_params": 5e4, "ref_lr": 5e-3, "exponent": -0.3},
 }
 DEMO_BUDGETS = (2e11, 6.3e11, 2e12)
@@ -66,7 +66,7 @@ def demo_spec(quick: bool = False) -> dict[str, Any]:
             "tolerance": 0.05,
         },
         "execution": {"max_failures": 2, "cpus_per_run": 1},
-        "fit": {"law": "chinchilla", "loss": "final_val_loss", "bootstrap": 48},
+        "fit": {"law": "chinchilla", "loss": "final_val_loss", "bootstrap": 32},
     }
 
 

@@ -8,15 +8,20 @@ budgets and to hyperparameters not tuned per size). A sweep spec opts in with a 
       min_steps: 250                   # every run takes at least this many optimizer steps
       shape: {min_layers: 2, width_per_layer: 32, min_width: 32}   # options of the shape rule
       warmup: {fraction: 0.05, max_steps: 50}
-      batch: {ref_flops: 1e12, ref_tokens: 1024, exponent: 0.0, min_sequences: 4, max_tokens: 0}
+      batch: {by: tokens, ref: 1.2e6, ref_tokens: 512, exponent: 0.5, min_sequences: 4, max_tokens: 0}
       lr: {ref_params: 5e4, ref_lr: 6e-3, exponent: -0.35}
 
 For a run of N parameters asked to train on about D tokens at FLOP budget C (the IsoFLOP label, or
 6ND when the run has none):
 
-  batch     B(C) = ref_tokens * (C / ref_flops)^exponent tokens, rounded down to a power-of-two number
-            of sequences and clamped to [min_sequences, max_tokens] (max_tokens 0: no cap). One rule
-            per budget, so every size of an IsoFLOP slice sees the same batch. When a run would get
+  batch     B = ref_tokens * (x / ref)^exponent tokens, rounded to the nearest power-of-two number of
+            sequences (in log2) and clamped to [min_sequences, max_tokens] (max_tokens 0: no cap),
+            with x the run's tokens D (`by: tokens`, the default) or its budget C (`by: flops`: one
+            batch per IsoFLOP slice). Tokens by default because the critical batch grows with the
+            data a run sees, not with its size (Zhang et al. 2024, "How Does Critical Batch Size
+            Scale in Pre-training?"); measured here (bench/lr_sweep.py's docstring): at D ~ 0.3M
+            tokens 4 sequences of 64 beat 8, at ~1M 8 beat 16 by 4%, at ~6M 16 beat 8 by 2%. So
+            within a slice the large sizes (few tokens) get smaller batches. When a run would get
             fewer than `min_steps` steps, its batch is halved until it does (down to min_sequences);
             a run that still falls short is rejected, naming the run and the fix.
   length    the number of steps is round(D / B); the run's tokens are steps * B (whole steps).
@@ -46,9 +51,10 @@ class WarmupRule:
 
 @dataclass(kw_only=True, slots=True)
 class BatchRule:
-    ref_flops: float = 1e12  # at this budget the batch is ref_tokens
-    ref_tokens: int = 1024  # tokens per optimizer step at ref_flops
-    exponent: float = 0.0  # B ~ C^exponent (DeepSeek LLM 2024 fit 0.33 at large scale)
+    by: str = "tokens"  # tokens: B follows the run's D; flops: B follows its budget C
+    ref: float = 1.2e6  # at this D (or C) the batch is ref_tokens
+    ref_tokens: int = 512  # tokens per optimizer step at ref
+    exponent: float = 0.5  # B ~ x^exponent (DeepSeek LLM 2024 fit B ~ C^0.33 at large scale)
     min_sequences: int = 4  # never fewer sequences per step
     max_tokens: int = 0  # cap on tokens per step; 0 = none
 
@@ -88,7 +94,7 @@ class RunPlan:
     num_tokens: int
     warmup_steps: int
     lr: float
-    halvings: int  # times the budget's batch was halved to reach min_steps
+    halvings: int  # times the rule's batch was halved to reach min_steps
 
     def overrides(self, *, keep_lr: bool = False) -> dict[str, Any]:
         out = {
@@ -117,7 +123,8 @@ def parse_recipe(section: Any, key: str = "recipe") -> Recipe:
         ("shape.min_width", recipe.shape.min_width >= 16 and recipe.shape.min_width % 16 == 0, "a multiple of 16"),
         ("warmup.fraction", 0 <= recipe.warmup.fraction < 1, "in [0, 1)"),
         ("warmup.max_steps", recipe.warmup.max_steps >= 1, ">= 1"),
-        ("batch.ref_flops", recipe.batch.ref_flops > 0 and math.isfinite(recipe.batch.ref_flops), "> 0"),
+        ("batch.by", recipe.batch.by in ("tokens", "flops"), "tokens or flops"),
+        ("batch.ref", recipe.batch.ref > 0 and math.isfinite(recipe.batch.ref), "> 0"),
         ("batch.ref_tokens", recipe.batch.ref_tokens >= 1, ">= 1"),
         ("batch.exponent", math.isfinite(recipe.batch.exponent), "finite"),
         ("batch.min_sequences", recipe.batch.min_sequences >= 1, ">= 1"),
@@ -132,17 +139,19 @@ def parse_recipe(section: Any, key: str = "recipe") -> Recipe:
     return recipe
 
 
-def _pow2_floor(x: float) -> int:
-    return 1 << max(0, int(math.floor(math.log2(max(x, 1.0)))))
+def _pow2(x: float) -> int:
+    """The power of two nearest to x in log2 (at least 1)."""
+    return 1 << max(0, int(round(math.log2(max(x, 1.0)))))
 
 
-def budget_batch_sequences(recipe: Recipe, flops_budget: float, seq_len: int) -> int:
-    """Sequences per step at a budget before the min-steps rule (a power of two, clamped)."""
+def batch_sequences(recipe: Recipe, *, flops_budget: float, target_tokens: float, seq_len: int) -> int:
+    """Sequences per step by the batch rule, before the min-steps rule (a power of two, clamped)."""
     b = recipe.batch
-    tokens = b.ref_tokens * (flops_budget / b.ref_flops) ** b.exponent
+    x = target_tokens if b.by == "tokens" else flops_budget
+    tokens = b.ref_tokens * (x / b.ref) ** b.exponent
     if b.max_tokens:
         tokens = min(tokens, b.max_tokens)
-    return max(b.min_sequences, _pow2_floor(tokens / seq_len))
+    return max(b.min_sequences, _pow2(tokens / seq_len))
 
 
 def peak_lr(recipe: Recipe, params: float) -> float:
@@ -159,7 +168,7 @@ def plan_run(
     recipe: Recipe, *, params: int, target_tokens: float, flops_budget: float, seq_len: int, where: str
 ) -> RunPlan:
     """Batch, length, warmup and LR of one run (module docstring); ConfigError when min_steps fails."""
-    seqs = budget_batch_sequences(recipe, flops_budget, seq_len)
+    seqs = batch_sequences(recipe, flops_budget=flops_budget, target_tokens=target_tokens, seq_len=seq_len)
     halvings = 0
     while round(target_tokens / (seqs * seq_len)) < recipe.min_steps and seqs > recipe.batch.min_sequences:
         seqs = max(recipe.batch.min_sequences, seqs // 2)

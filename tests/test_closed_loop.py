@@ -55,7 +55,7 @@ def test_recipe_sets_batch_steps_warmup_and_lr():
     recipe = {
         "min_steps": 200,
         "warmup": {"fraction": 0.05, "max_steps": 20},
-        "batch": {"ref_flops": 1e12, "ref_tokens": 1024, "exponent": 0.0, "min_sequences": 2},
+        "batch": {"by": "flops", "ref": 1e12, "ref_tokens": 1024, "exponent": 0.0, "min_sequences": 2},
         "lr": {"ref_params": 1e5, "ref_lr": 4e-3, "exponent": -0.5},
     }
     sweep = expand_sweep({**_spec(5.0), "recipe": recipe})
@@ -202,3 +202,14 @@ def test_isoflop_centres_on_the_sweeps_current_fit(well_designed):
     assert min(sizes, key=lambda n: abs(math.log(n / fitted))) == sizes[2]
     with pytest.raises(ConfigError, match="center.fit"):
         expand_sweep({**spec, "isoflop": {**spec["isoflop"], "center": {"fit": str(sd / "runs")}}})
+
+
+def test_recipe_batch_grows_with_the_runs_tokens():
+    recipe = {"min_steps": 10, "batch": {"by": "tokens", "ref": 1e6, "ref_tokens": 512, "exponent": 0.5}}
+    sweep = expand_sweep({**_spec(5.0), "recipe": recipe})
+    runs = sorted(sweep.runs, key=lambda r: r.num_tokens)
+    batches = [r.config["train"]["global_batch_tokens"] for r in runs]
+    assert batches == sorted(batches) and batches[0] < batches[-1]
+    for r in runs:  # the nearest power of two (in log2) to 512 (D / 1e6)^0.5 tokens, in sequences of 64
+        want = 2 ** round(math.log2(512 * (r.num_tokens / 1e6) ** 0.5 / 64)) * 64
+        assert r.config["train"]["global_batch_tokens"] == pytest.approx(want, rel=1.01)
