@@ -78,15 +78,20 @@ class LoopFit:
     budgets: np.ndarray
     run_ids: list[str] = field(default_factory=list)
     level: float = LEVEL
+    noise_floor: float = 0.0  # log-sd of run-to-run noise measured elsewhere (fit.noise_floor)
     boot_plan: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list, repr=False)
     # per replicate: (run weights, refit starts, log-residuals drawn for added points)
 
     @property
     def residual_scale(self) -> float:
-        """Robust sd of the log residuals, scaled by sqrt(n / (n - p)): a law of p parameters fitted
-        to n runs sits closer to them than a new run will."""
+        """The log-sd of a new run's loss around the law: the largest of the robust sd of the fit's
+        log residuals scaled by sqrt(n / (n - p)) (a law of p parameters fitted to n runs sits
+        closer to them than a new run will), the pooled sd of seed replicates in the table, and the
+        stated noise floor (a seed study's figure: runs of one sweep share their data order, so
+        their residuals understate the noise of a run that sees other data)."""
         n, p = self.loss.size, self.law.n_params
-        return float(self.fit.residual_scale) * math.sqrt(n / max(n - p, 1))
+        fitted = float(self.fit.residual_scale) * math.sqrt(n / max(n - p, 1))
+        return max(fitted, replicate_noise(self.n, self.d, self.loss), self.noise_floor)
 
     def optimum(self, flops: float, params: dict[str, float] | None = None) -> tuple[float, float, float]:
         n, d, loss = optimum_fn(self.law)(params or self.params, flops)[:3]
@@ -159,6 +164,7 @@ class LoopFit:
             "objective": float(self.fit.objective),
             "n_points": int(self.loss.size),
             "residual_scale": self.residual_scale,
+            "noise_floor": self.noise_floor,
             "warnings": list(self.fit.warnings),
             "backtest": self.backtest,
             "extrapolation": self.extrapolation.to_dict(),
@@ -178,6 +184,19 @@ class LoopFit:
             "of runs with warm + grid starts; intervals on predictions add run noise and the backtests' "
             "out-of-sample error per decade of extrapolation",
         }
+
+
+def replicate_noise(n: np.ndarray, d: np.ndarray, loss: np.ndarray) -> float:
+    """Pooled sd of log loss over runs sharing (N, D) (seed replicates); 0 when there are none."""
+    groups: dict[tuple[float, float], list[float]] = {}
+    for a, b, y in zip(n, d, loss):
+        groups.setdefault((float(a), float(b)), []).append(math.log(y))
+    sq, dof = 0.0, 0
+    for vals in groups.values():
+        if len(vals) > 1:
+            sq += float(np.sum((np.array(vals) - np.mean(vals)) ** 2))
+            dof += len(vals) - 1
+    return math.sqrt(sq / dof) if dof else 0.0
 
 
 def _percentile(values: np.ndarray, level: float) -> list[float]:
@@ -253,6 +272,7 @@ def fit_for_loop(
     run_ids=None,
     level: float = LEVEL,
     plausible=gates_mod.PLAUSIBLE_EXPONENTS,
+    noise_floor: float = 0.0,
 ) -> LoopFit:
     """Fit, bootstrap, backtest and gate a table of IsoFLOP runs (module docstring).
 
@@ -261,6 +281,8 @@ def fit_for_loop(
         budgets: per run FLOP budget labels (IsoFLOP); default 6 N D.
         replicates: bootstrap replicates (0 = none; intervals then cover noise and extrapolation only).
         target_flops: where the starts gate compares N* and L* (default: 3x the largest budget).
+        noise_floor: run-to-run log-sd from a seed study (the spec's fit.noise_floor), a lower
+            bound of the noise term of prediction intervals.
     Raises:
         UsageError: fewer runs than the law has parameters + 1, or a law not of (N, D).
     """
@@ -329,5 +351,6 @@ def fit_for_loop(
         budgets=c,
         run_ids=[str(r) for r in (run_ids if run_ids is not None else range(y.size))],
         level=level,
+        noise_floor=float(noise_floor),
         boot_plan=plan,
     )

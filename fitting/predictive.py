@@ -12,13 +12,17 @@ slightly wrong exponent drifts linearly in log C), the out-of-sample error per d
 
 the RMS over every fold that extrapolates (hold-out-the-largest, and the outer folds of
 leave-one-budget-out). It includes the held-out runs' own noise, so it errs wide at short range.
+The runs of one fold share that fold's fit, so k rests on as many independent estimates as there
+are folds (two with three budgets): its term is scaled by t/z, Student's t quantile with that many
+degrees of freedom over the normal one (x2.2 with two folds at 95%).
 At a target d_t decades from the fitted budgets the three parts add in log space,
 
-    sd = sqrt(s_boot^2 + sigma_noise^2 + (k d_t)^2),     interval = point * exp(+-z sd),
+    sd = sqrt(s_boot^2 + sigma_noise^2 + (t/z k d_t)^2),     interval = point * exp(+-z sd),
 
 with s_boot the bootstrap replicates' spread (their 95% half-width / z, in log space), sigma_noise
-the robust scale of the fit's log residuals (times sqrt(n / (n - p)) for the p
-parameters fitted to n runs), and z the normal quantile of the level. With no
+a new run's noise (scalelab.fitting.loopfit.LoopFit.residual_scale: the fit's residual scale
+corrected for its parameters, seed replicates, or a seed study's floor, whichever is largest), and
+z the normal quantile of the level. With no
 extrapolating backtest (fewer than 3 budgets), k is unknown and the interval says so (k = None).
 The ledger (scalelab.sweeps.ledger) scores these intervals against measured runs: that is the
 test of the method, not this derivation.
@@ -38,6 +42,7 @@ from scipy import stats
 class ExtrapolationError:
     per_decade: float | None  # k: RMS relative error per decade of extrapolation; None if unmeasured
     n_runs: int  # backtest runs it rests on
+    n_folds: int  # distinct fits behind them: the runs of one fold share its error, so k has ~n_folds dof
     max_decades: float  # the farthest backtest distance measured
 
     def to_dict(self) -> dict:
@@ -56,18 +61,17 @@ class PredictionInterval:
         return asdict(self)
 
 
-def _budget_edges(flops: np.ndarray) -> tuple[float, float]:
-    return float(np.min(flops)), float(np.max(flops))
+def extrapolation_error(backtests: Iterable[dict]) -> ExtrapolationError:
+    """k from backtest dicts whose runs carry `flops` and `rel_error`.
 
-
-def extrapolation_error(backtests: Iterable[dict], train_flops_by_fold: Iterable[tuple[float, float]] | None = None) -> ExtrapolationError:
-    """k from backtest dicts (BacktestResult.to_dict()) whose runs carry `flops` and `rel_error`.
-
-    Each dict may carry `train_range` = [min, max] training FLOPs of its fold(s); for
-    leave-one-budget-out, `folds` = [{"flops": C, "train_range": [lo, hi]}] gives it per budget.
-    Runs whose FLOPs lie inside their training range (interpolation) do not enter.
+    Each dict carries `train_range` = [min, max] training FLOPs of its fold, or, for
+    leave-one-budget-out, `folds` = [{"flops": C, "train_range": [lo, hi]}] per held-out budget.
+    Runs inside their training range (interpolation) do not enter; a fold seen by two protocols
+    (hold-out-the-largest is leave-one-budget-out's last fold) counts once.
     """
-    ratios, dmax = [], 0.0
+    seen: dict[tuple, float] = {}
+    folds: set[tuple] = set()
+    dmax = 0.0
     for bt in backtests:
         ranges = {round(math.log10(f["flops"]), 3): f["train_range"] for f in bt.get("folds", [])}
         for r in bt.get("runs", []):
@@ -76,12 +80,15 @@ def extrapolation_error(backtests: Iterable[dict], train_flops_by_fold: Iterable
                 continue
             d = decades_outside(r["flops"], rng)
             if d > 0.05:  # within ~12% of the fitted range is interpolation, not extrapolation
-                ratios.append(r["rel_error"] / d)
+                fold = (round(rng[0], -3), round(rng[1], -3))
+                seen[(fold, r["flops"], r.get("observed"), r.get("predicted"))] = r["rel_error"] / d
+                folds.add(fold)
                 dmax = max(dmax, d)
-    if not ratios:
-        return ExtrapolationError(per_decade=None, n_runs=0, max_decades=0.0)
+    if not seen:
+        return ExtrapolationError(per_decade=None, n_runs=0, n_folds=0, max_decades=0.0)
+    ratios = np.array(list(seen.values()))
     return ExtrapolationError(
-        per_decade=float(np.sqrt(np.mean(np.square(ratios)))), n_runs=len(ratios), max_decades=dmax
+        per_decade=float(np.sqrt(np.mean(np.square(ratios)))), n_runs=ratios.size, n_folds=len(folds), max_decades=dmax
     )
 
 
@@ -115,7 +122,9 @@ def prediction_interval(
         s_boot = 0.0
     s_noise = float(residual_scale) if residual_scale and math.isfinite(residual_scale) else 0.0
     k = extrapolation.per_decade
-    s_ext = (k * max(decades, 0.0)) if k is not None else float("nan")
+    # k is estimated from a few folds; its quantile is Student's t with that many dof, not z
+    t_over_z = float(stats.t.ppf(0.5 + level / 2, max(extrapolation.n_folds, 1))) / z if k is not None else 1.0
+    s_ext = (t_over_z * k * max(decades, 0.0)) if k is not None else float("nan")
     sd = math.sqrt(s_boot**2 + s_noise**2 + (s_ext if math.isfinite(s_ext) else 0.0) ** 2)
     return PredictionInterval(
         point=float(point),

@@ -66,7 +66,7 @@ def demo_spec(quick: bool = False) -> dict[str, Any]:
             "tolerance": 0.05,
         },
         "execution": {"max_failures": 2, "cpus_per_run": 1},
-        "fit": {"law": "chinchilla", "loss": "final_val_loss", "bootstrap": 32},
+        "fit": {"law": "chinchilla", "loss": "final_val_loss", "bootstrap": 32, "noise_floor": 0.0056},
     }
 
 

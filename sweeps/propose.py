@@ -122,6 +122,7 @@ def fit_sweep(
         target_flops=target_flops or fit_spec.target_flops or None,
         starts=fit_starts,
         run_ids=done["run_id"].to_list(),
+        noise_floor=fit_spec.noise_floor,
     )
     warnings += [f"fit: {w}" for w in lf.fit.warnings]
     return lf, raw, fit_spec, warnings

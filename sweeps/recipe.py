@@ -19,7 +19,7 @@ For a run of N parameters asked to train on about D tokens at FLOP budget C (the
             with x the run's tokens D (`by: tokens`, the default) or its budget C (`by: flops`: one
             batch per IsoFLOP slice). Tokens by default because the critical batch grows with the
             data a run sees, not with its size (Zhang et al. 2024, "How Does Critical Batch Size
-            Scale in Pre-training?"); measured here (bench/lr_sweep.py's docstring): at D ~ 0.3M
+            Scale in Pre-training?"); measured here (docs/closed-loop.md): at D ~ 0.3M
             tokens 4 sequences of 64 beat 8, at ~1M 8 beat 16 by 4%, at ~6M 16 beat 8 by 2%. So
             within a slice the large sizes (few tokens) get smaller batches. When a run would get
             fewer than `min_steps` steps, its batch is halved until it does (down to min_sequences);

@@ -93,6 +93,7 @@ class FitSpec:
     flops: str = "6n"  # 6n | exact: which FLOP count the fit and the proposals use
     target_flops: float = 0.0  # C* of `sweep next` when not given on the command line
     bootstrap: int = 64  # bootstrap replicates for intervals
+    noise_floor: float = 0.0  # run-to-run log-sd from a seed study: the least noise a prediction carries
 
 
 @dataclass(kw_only=True, slots=True)
@@ -202,6 +203,8 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
     if fit.flops not in ("6n", "exact"):
         raise ConfigError("fit.flops", f"{fit.flops!r} unknown", "use 6n or exact")
+    if not 0.0 <= fit.noise_floor < 0.5:
+        raise ConfigError("fit.noise_floor", f"{fit.noise_floor!r} must be in [0, 0.5)", "a log-sd, e.g. 0.01")
     ctx = _Context.from_base(base, execution, raw.get("recipe"))
     gen = gens[0]
     points = _GENERATOR_FNS[gen](raw[gen], ctx, gen)

@@ -213,3 +213,31 @@ def test_recipe_batch_grows_with_the_runs_tokens():
     for r in runs:  # the nearest power of two (in log2) to 512 (D / 1e6)^0.5 tokens, in sequences of 64
         want = 2 ** round(math.log2(512 * (r.num_tokens / 1e6) ** 0.5 / 64)) * 64
         assert r.config["train"]["global_batch_tokens"] == pytest.approx(want, rel=1.01)
+
+
+def test_noise_term_takes_seed_replicates_and_the_stated_floor():
+    from scalelab.fitting.loopfit import replicate_noise
+
+    n = [1e5, 1e5, 2e5, 2e5, 3e5]
+    d = [1e6, 1e6, 2e6, 2e6, 3e6]
+    loss = [2.0, 2.0 * math.exp(0.02), 1.5, 1.5 * math.exp(-0.02), 1.2]
+    # two pairs, each with log difference 0.02: pooled sd = 0.02 / sqrt(2)
+    assert replicate_noise(n, d, loss) == pytest.approx(0.02 / math.sqrt(2))
+    assert replicate_noise(n[:3], [1e6, 2e6, 3e6], loss[:3]) == 0.0
+    with pytest.raises(ConfigError, match="fit.noise_floor"):
+        expand_sweep({**_spec(5.0), "fit": {"noise_floor": -0.1}})
+
+
+def test_prediction_interval_carries_the_noise_floor():
+    from scalelab.fitting.loopfit import fit_for_loop
+
+    sweep = expand_sweep(_spec(5.0))
+    n = [r.params for r in sweep.runs]
+    d = [r.num_tokens for r in sweep.runs]
+    c = [r.labels["flops_budget"] for r in sweep.runs]
+    loss = LAW.loss(n, d)  # noiseless: the fit's own residuals are ~0
+    bare = fit_for_loop(params=n, tokens=d, loss=loss, budgets=c, replicates=0)
+    floored = fit_for_loop(params=n, tokens=d, loss=loss, budgets=c, replicates=0, noise_floor=0.013)
+    assert bare.residual_scale < 0.005 and floored.residual_scale == pytest.approx(0.013)
+    wide, tight = floored.predict_interval(2e5, 5e6), bare.predict_interval(2e5, 5e6)
+    assert wide.parts["noise"] == pytest.approx(0.013) and wide.hi - wide.lo > tight.hi - tight.lo
