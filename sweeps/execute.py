@@ -100,6 +100,25 @@ def _fault_callback(run_dir: Path, fail_at_step: int | None):
     return cb
 
 
+# Fault-injection tests: "STEP:PATH" holds every run at STEP (and after) while PATH exists, so a test
+# can kill the driver while a run is mid-way without racing the run to its end. Unset in normal use.
+_HOLD_ENV = "SCALELAB_TEST_HOLD"
+
+
+def _hold_callback():
+    spec = os.environ.get(_HOLD_ENV)
+    if not spec:
+        return None
+    step, _, path = spec.partition(":")
+    hold_step, hold_file = int(step), Path(path)
+
+    def cb(kind: str, record: dict) -> None:
+        while kind == "step" and record["step"] >= hold_step and hold_file.exists():
+            time.sleep(0.1)
+
+    return cb
+
+
 def sweep_trial(trial_config: dict[str, Any]) -> None:
     """Tune function trainable: train one run of the store (resuming whatever is on disk)."""
     from ray import tune
@@ -132,7 +151,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
             if cfg.parallel.world_size > 1:
                 summary = _train_multiworker(tc, run_dir, cfg)
             else:
-                cbs = [cb for cb in [_fault_callback(run_dir, tc.get("fail_at_step"))] if cb]
+                cbs = [cb for cb in [_fault_callback(run_dir, tc.get("fail_at_step")), _hold_callback()] if cb]
                 from scalelab.train.loop import train_run
 
                 summary = train_run(cfg, run_dir, resume=True, callbacks=cbs)

@@ -4,6 +4,7 @@ bit-exact resume, and a SIGKILLed driver followed by `sweep resume`.
 Runs are the debug model on 64-token sequences, a few thousand tokens each (~0.5-2 s of training).
 """
 
+import fcntl
 import json
 import os
 import signal
@@ -20,6 +21,8 @@ from scalelab.cli.main import main
 from scalelab.sweeps import store
 from scalelab.sweeps.execute import launch, resume
 from scalelab.sweeps.spec import expand_sweep
+from scalelab.train.checkpoint import latest_checkpoint
+from scalelab.train.records import read_status
 
 BASE = {
     "model": {"preset": "debug"},
@@ -95,54 +98,69 @@ def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path, capsys)
     assert s_resumed["attempts"] == 2
 
 
+def _lock_free(run_dir: Path) -> bool:
+    """Whether no process holds the run's lock (the OS drops it when its holder dies)."""
+    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def test_driver_sigkill_then_resume(ray_local, tmp_path):
+    """Three short runs and one long run, two at a time; the driver is SIGKILLed once a short run is
+    done and the long one holds a checkpoint. The long run is held at step 40 of 100 while a hold
+    file exists (SCALELAB_TEST_HOLD), so it is still mid-way when the driver dies however loaded
+    the machine is; the test waits for each state it needs instead of racing the clock."""
     spec = {
         "name": "kill",
-        "base": {**BASE, "train": {"global_batch_tokens": 256, "num_tokens": 15360}},
-        "grid": {"optim.lr": [1e-3, 2e-3, 3e-3, 4e-3]},
+        "base": {**BASE, "train": {"global_batch_tokens": 256, "num_tokens": 5120}},
+        "points": [
+            {"optim.lr": 1e-3},
+            {"optim.lr": 2e-3},
+            {"optim.lr": 3e-3},
+            {"optim.lr": 4e-3, "train.num_tokens": 25600},
+        ],
         "execution": {"max_concurrent": 2},
     }
+    long_id = next(r.run_id for r in expand_sweep(spec).runs if r.config["train"]["num_tokens"] == 25600)
     spec_path = tmp_path / "kill.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "root" / "kill"
-    # Slow steps (0.05 s; the driver forwards SCALELAB_* to the cluster's workers) so that the partial
-    # run is still mid-way when Ray reaps the dead driver's trials: otherwise it could finish first.
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", SCALELAB_TEST_STEP_DELAY_S="0.05")
+    long_dir = store.run_path(out, long_id)
+    hold = tmp_path / "hold"
+    hold.touch()
+    # Slow steps (0.05 s; the driver forwards SCALELAB_* to the cluster's workers) for the short runs.
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", SCALELAB_TEST_STEP_DELAY_S="0.05", SCALELAB_TEST_HOLD=f"40:{hold}")
+    cmd = [sys.executable, "-m", "scalelab.cli", "sweep", "launch", str(spec_path), "--out", str(out)]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "scalelab.cli",
-            "sweep",
-            "launch",
-            str(spec_path),
-            "--out",
-            str(out),
-            "--address",
-            ray_local,
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        cmd + ["--address", ray_local], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 300
         done_before: set[str] = set()
         while time.time() < deadline:
+            assert proc.poll() is None, "the driver ended before it was killed"
             states = {p.name: store.run_state(p) for p in store.runs_dir(out).glob("*")} if out.exists() else {}
             done_before = {i for i, s in states.items() if s == "done"}
-            partial = [
-                i for i, s in states.items() if s == "running" and (store.run_path(out, i) / "checkpoints").exists()
-            ]
-            if done_before and partial:
+            if done_before and latest_checkpoint(long_dir / "checkpoints") is not None:
                 break
             time.sleep(0.2)
         else:
-            pytest.fail("the sweep never reached a state with a finished and a partial run")
+            pytest.fail("the sweep never reached a state with a finished run and a checkpointed long run")
     finally:
         proc.send_signal(signal.SIGKILL)  # only the driver we started, by its pid
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    deadline = time.time() + 300
+    while not _lock_free(long_dir):  # Ray ends the dead driver's trials; the held one lets go of its lock
+        assert time.time() < deadline, "the killed driver's trial of the long run never ended"
+        time.sleep(0.2)
+    assert store.run_state(long_dir) == "running"  # held: it could not have finished
+    hold.unlink()
     starts_before = _starts(out)
     result = resume(out, log=lambda m: None)
     assert set(result["states"].values()) == {"done"} and len(result["states"]) == 4
@@ -153,8 +171,9 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
         tps = pl.read_parquet(store.run_path(out, run_id) / "metrics.parquet")["tokens_per_s"].median()
         assert tps <= 256 / 0.05 * 1.05, tps
     assert all(starts[i] >= starts_before.get(i, 0) for i in starts)
-    resumed_partial = [e for e in store.read_events(out) if e["event"] == "start" and e["from_step"] > 0]
-    assert resumed_partial, "no partial run resumed from a checkpoint"
+    assert starts[long_id] == 2
+    # the resumed attempt loaded a checkpoint of the killed one (at or before the hold step)
+    assert 5 <= read_status(long_dir)["started_steps"] <= 40
     df = store.load_runs(out)
     assert df.height == 4 and df["status"].to_list() == ["done"] * 4 and df["loss"].is_finite().all()
     assert not list(out.rglob("*.tmp"))
