@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -104,20 +105,6 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "auto") -> None:
         )
 
 
-def check_layout(cfg) -> None:
-    """Validate cfg.parallel against its own world, the model and the batch (ConfigError, exit 2)."""
-    from scalelab.parallel.dims import ParallelDims
-
-    ParallelDims.from_config(
-        cfg.parallel,
-        world_size=cfg.parallel.world_size,
-        model=cfg.model,
-        seq_len=cfg.data.seq_len,
-        global_batch_sequences=cfg.global_batch_sequences,
-        micro_batch_sequences=cfg.train.micro_batch_sequences,
-    )
-
-
 def train_worker(cfg, run_dir: str, resume: bool = False, stop_after_steps: int | None = None) -> None:
     """What every process of a local job runs (also used by tests to stop a job midway)."""
     from scalelab.train.loop import train_run
@@ -128,11 +115,14 @@ def train_worker(cfg, run_dir: str, resume: bool = False, stop_after_steps: int 
 def launch_local(cfg, out_dir: str | Path, resume: bool = False) -> int:
     """Train `cfg` with cfg.parallel.world_size processes on this machine; exit code 0 when done.
 
+    The layout was validated with the rest of the config (scalelab.train.config.build_run_config),
+    before any process starts.
+
     Under torchrun (WORLD_SIZE already set for this process) nothing is spawned: this process
     joins the group torchrun described and trains as its rank.
     """
-    check_layout(cfg)  # before any process starts
     env_world = int(os.environ.get("WORLD_SIZE", "1"))
+    crash = None
     if env_world > 1:
         if env_world != cfg.parallel.world_size:
             from scalelab.errors import ConfigError
@@ -151,11 +141,16 @@ def launch_local(cfg, out_dir: str | Path, resume: bool = False) -> int:
         if not rank0:
             return 0
     else:
-        spawn(train_worker, cfg.parallel.world_size, (cfg, str(out_dir), resume), backend=cfg.parallel.backend)
+        try:
+            spawn(train_worker, cfg.parallel.world_size, (cfg, str(out_dir), resume), backend=cfg.parallel.backend)
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            crash = e
     from scalelab.train.records import read_status
 
     status = read_status(Path(out_dir)) or {}
     state = status.get("status")
+    if crash is not None and state != "failed":  # not recorded by rank 0: the ranks' own report
+        print(str(crash), file=sys.stderr)
     if state == "done":
         loss = status.get("final_train_loss")
         print(f"done  world={cfg.parallel.world_size}  train_loss={loss:.4f}  -> {out_dir}")

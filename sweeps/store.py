@@ -76,6 +76,8 @@ def init_sweep(sweep_dir: str | Path, spec_text: str, spec_name: str, runs: list
     from `sweep next`) stores it under rounds/ and appends its runs to sweep.resolved.json.
     """
     sweep_dir = Path(sweep_dir)
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise UsageError(f"--out {sweep_dir} is a file; give a sweep directory (new, or one to extend)")
     if sweep_dir.exists() and not is_sweep_dir(sweep_dir) and any(sweep_dir.iterdir()):
         raise UsageError(f"--out {sweep_dir} exists and is not a sweep directory; choose an empty or new one")
     runs_dir(sweep_dir).mkdir(parents=True, exist_ok=True)
