@@ -16,7 +16,10 @@ Failures. `FailureConfig(max_failures)` retries a trial that raised; because the
 calls `train_run(resume=True)`, a retry continues from the run's latest checkpoint and (training
 being deterministic) ends bit for bit where an uninterrupted run would. A per-run file lock
 (`runs/<id>/.lock`, fcntl) makes a retry or a resumed sweep wait until a previous process of the
-same run is gone, so two processes never write one run.
+same run is gone, so two processes never write one run. The run directory is the store root's
+one copy of the run (scalelab.sweeps.store.claim_run), so the lock also covers sibling sweeps: a
+trial whose run another sweep claimed waits for that sweep's trial (holding its Ray slot) and
+then finds the run done, or resumes it if that trial died.
 
 Dedupe and resume: there is no hidden Tune state to restore. The store is the state: a run whose
 status.json says done/diverged (here or in a sibling sweep of the store root, see
@@ -54,18 +57,20 @@ LOCK_WAIT_S = 180.0  # how long a trial waits for a previous process of the same
 
 
 @contextlib.contextmanager
-def _run_lock(run_dir: Path):
-    """Hold an exclusive fcntl lock on <run>/.lock; the OS drops it when the holder dies."""
+def _run_lock(run_dir: Path, wait_s: float | None = LOCK_WAIT_S):
+    """Hold an exclusive fcntl lock on <run>/.lock; the OS drops it when the holder dies.
+
+    wait_s=None waits as long as the holder lives: a sibling sweep training this run."""
     fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + LOCK_WAIT_S
+    deadline = None if wait_s is None else time.monotonic() + wait_s
     try:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{run_dir} is locked by another process for {LOCK_WAIT_S:.0f} s") from None
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RuntimeError(f"{run_dir} is locked by another process for {wait_s:.0f} s") from None
                 time.sleep(0.2)
         yield
     finally:
@@ -127,9 +132,9 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
 
     tc = trial_config["trial"]
     sweep_dir, run_id = Path(tc["sweep_dir"]), tc["run_id"]
-    run_dir = store.run_path(sweep_dir, run_id)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with _run_lock(run_dir):
+    run_dir = store.claim_run(sweep_dir, run_id)  # the store root's one directory of this run
+    sibling = run_dir.is_symlink()  # claimed by another sweep, which may be training it now
+    with _run_lock(run_dir, wait_s=None if sibling else LOCK_WAIT_S):
         _remove_stale_temp_files(run_dir)
         state = store.run_state(run_dir)
         if state in store.TERMINAL:  # finished by an earlier attempt whose driver died before seeing it

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from subprocess import PIPE
 
 import polars as pl
 import pytest
@@ -177,6 +178,38 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
     df = store.load_runs(out)
     assert df.height == 4 and df["status"].to_list() == ["done"] * 4 and df["loss"].is_finite().all()
     assert not list(out.rglob("*.tmp"))
+
+
+def test_sibling_sweeps_launched_together_train_each_run_once(ray_local, tmp_path):
+    """Two specs with the same four runs, launched 0.5 s apart into two sweep directories of one
+    store root: every run is trained by exactly one of them and linked into the other."""
+    spec = {
+        "name": "twin",
+        "base": BASE,
+        "grid": {"optim.lr": [1e-3, 2e-3, 3e-3, 4e-3]},
+    }
+    spec_path = tmp_path / "twin.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    root = tmp_path / "root"
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    procs = []
+    for name in ("a", "b"):
+        cmd = [sys.executable, "-m", "scalelab.cli", "sweep", "launch", str(spec_path), "--out", str(root / name)]
+        procs.append(subprocess.Popen(cmd + ["--address", ray_local], env=env, stdout=PIPE, stderr=PIPE, text=True))
+        time.sleep(0.5)
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    run_ids = [r.run_id for r in expand_sweep(spec).runs]
+    starts = {i: _starts(root / "a").get(i, 0) + _starts(root / "b").get(i, 0) for i in run_ids}
+    assert starts == {i: 1 for i in run_ids}, starts
+    for i in run_ids:  # one physical directory per run, linked into the other sweep
+        paths = [store.run_path(root / name, i) for name in ("a", "b")]
+        assert sorted(p.is_symlink() for p in paths) == [False, True]
+        assert paths[0].resolve() == paths[1].resolve()
+    for name in ("a", "b"):
+        assert store.load_runs(root / name)["status"].to_list() == ["done"] * 4
+    assert store.load_runs(root).height == 4
 
 
 @pytest.mark.slow
