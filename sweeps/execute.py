@@ -37,13 +37,15 @@ import contextlib
 import fcntl
 import logging
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from scalelab.errors import ConfigError, UsageError
-from scalelab.sweeps import store
+from scalelab.sweeps import ray_reaper, store
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
 
 Log = Callable[[str], None]
@@ -261,22 +263,39 @@ def _world_size(config: dict[str, Any]) -> int:
 _FORWARDED_ENV = ("SCALELAB_", "WANDB_", "HF_", "TRITON_")
 
 
-def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
-    """Connect to `address` or start a local Ray; returns True when this call started it."""
+def _local_ray_on_loopback() -> None:
+    """Make the Ray cluster this process starts listen on 127.0.0.1 only.
+
+    Ray binds its servers (GCS, raylet, object manager, workers, agents) to the node's IP, which
+    for a new local cluster is the machine's outward address unless Ray's cluster mode is off:
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes the node IP 127.0.0.1 (what Ray does on macOS and
+    Windows). It is read when ray is imported, so it is set before the import and, if ray was
+    imported earlier in this process, on the module too.
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def _start_ray(address: str | None, num_cpus: int | None) -> subprocess.Popen | None:
+    """Connect to `address` or start a local Ray; returns the local cluster's reaper (ray_reaper)."""
     import ray
 
-    if ray.is_initialized():
-        return False
     kw: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     if address:
         # Workers of an existing cluster (other nodes included) do not see this shell's environment:
         # hand them the variables runs read (SCALELAB_CACHE, WANDB_MODE / WANDB_API_KEY, HF_*, ...).
+        # Authentication is the cluster's (RAY_AUTH_MODE / RAY_AUTH_TOKEN from this environment).
         env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV)}
         ray.init(address=address, runtime_env={"env_vars": env} if env else None, **kw)
-    else:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private single-machine cluster
-        ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
-    return True
+        return None
+    # A private cluster that listens on loopback only (_local_ray_on_loopback, called before ray
+    # was imported): token authentication is off unless RAY_AUTH_MODE says otherwise.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    before = ray_reaper.children(os.getpid()) if sys.platform.startswith("linux") else set()
+    ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
+    return ray_reaper.start_reaper(exclude=before)
 
 
 def _trial_resources(trial_config: dict[str, Any]):
@@ -329,6 +348,8 @@ def execute(
     Returns {"states": {run_id: state}, "trained": [...], "skipped": [...], "wall_s": ...}.
     """
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
+    if not address:
+        _local_ray_on_loopback()
     import ray
     from ray import tune
 
@@ -339,7 +360,7 @@ def execute(
     skipped = [i for i, s in states.items() if s in store.TERMINAL]
     if skipped:
         log(f"{len(skipped)} of {len(runs)} run(s) already finished in the store; not trained again")
-    started = False
+    started, reaper = False, None  # whether this call started (or joined) Ray, and the local reaper
     trained: list[str] = []
     wave = 0
     try:
@@ -353,7 +374,8 @@ def execute(
                 break
             if wave > 0 and set(r["run_id"] for r in ready) <= set(trained):
                 break  # everything runnable was tried this launch and did not finish
-            started = _ensure_ray(address, num_cpus) or started
+            if not ray.is_initialized():
+                reaper, started = _start_ray(address, num_cpus), True
             log(f"wave {wave}: {len(ready)} run(s) on Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)")
             trial_configs = [
                 dict(
@@ -392,6 +414,7 @@ def execute(
             wave += 1
     finally:
         if started:
+            ray_reaper.stop_reaper(reaper)
             ray.shutdown()
     counts: dict[str, int] = {}
     for s in states.values():

@@ -12,7 +12,7 @@ import os
 import socket
 from pathlib import Path
 
-LOOPBACK = ("127.0.0.1", "::1")
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")  # the last: IPv4 loopback on an IPv6 socket
 _LISTEN = "0A"  # TCP state code in /proc/net/tcp
 
 
