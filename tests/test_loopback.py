@@ -25,6 +25,9 @@ from netcheck import LOOPBACK, listening_sockets, process_tree
 from scalelab.parallel.launch import spawn
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+# How long a state may take before the test calls it a hang: on a 2-core machine at load ~45, a
+# local sweep took 5 minutes from launch to its run's first step (~20 s when the machine is quiet).
+STATE_WAIT_S = 900
 
 
 def _wait_for(predicate, timeout_s: float = 120.0, what: str = "") -> None:
@@ -98,7 +101,8 @@ def _held_local_sweep(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     cmd = [sys.executable, "-m", "scalelab.cli", "sweep", "launch", str(spec), "--out", str(out), "--num-cpus", "1"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: list(out.glob("runs/*/checkpoints/step_2")) or proc.poll() is not None, 300, "the run")
+        started = lambda: list(out.glob("runs/*/checkpoints/step_2")) or proc.poll() is not None
+        _wait_for(started, STATE_WAIT_S, "the run")
     except BaseException:
         proc.kill()
         raise
@@ -106,13 +110,14 @@ def _held_local_sweep(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     return proc, hold, out
 
 
+@pytest.mark.timeout(2 * STATE_WAIT_S + 300)
 def test_local_sweep_listens_only_on_loopback(tmp_path):
     proc, hold, out = _held_local_sweep(tmp_path)
     try:
         sockets = listening_sockets(process_tree(proc.pid))
     finally:
         hold.unlink()
-    _, err = proc.communicate(timeout=300)
+    _, err = proc.communicate(timeout=STATE_WAIT_S)
     assert proc.returncode == 0, err[-3000:]
     assert len({pid for _, _, pid in sockets}) >= 3, sockets  # the GCS, the raylet, workers, the driver
     assert {ip for ip, _, _ in sockets} <= set(LOOPBACK), sockets
@@ -125,6 +130,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.timeout(2 * STATE_WAIT_S + 300)
 def test_ray_processes_end_within_seconds_of_a_driver_sigkill(tmp_path):
     proc, hold, _ = _held_local_sweep(tmp_path)
 
@@ -133,7 +139,7 @@ def test_ray_processes_end_within_seconds_of_a_driver_sigkill(tmp_path):
         return tree, {p: Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:80] for p in tree}
 
     # the raylet and the agents it starts (the ones that used to outlive the driver by minutes)
-    _wait_for(lambda: sum(b"Agent" in n or b"raylet" in n for n in cluster()[1].values()) >= 3, 60, "Ray's agents")
+    _wait_for(lambda: sum(b"Agent" in n or b"raylet" in n for n in cluster()[1].values()) >= 3, STATE_WAIT_S, "agents")
     tree, names = cluster()
     proc.send_signal(signal.SIGKILL)  # only the driver we started, by its pid
     proc.wait()

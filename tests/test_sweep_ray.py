@@ -33,6 +33,8 @@ BASE = {
     "checkpoint": {"interval_steps": 5},
     "logging": {"wandb": "disabled", "progress": "off"},
 }
+# How long a state may take before a test calls it a hang (a loaded 2-core machine is slow, not stuck).
+STATE_WAIT_S = 900
 GRID = {
     "name": "six",
     "base": BASE,
@@ -111,6 +113,7 @@ def _lock_free(run_dir: Path) -> bool:
         os.close(fd)
 
 
+@pytest.mark.timeout(3 * STATE_WAIT_S)
 def test_driver_sigkill_then_resume(ray_local, tmp_path):
     """Three short runs and one long run, two at a time; the driver is SIGKILLed once a short run is
     done and the long one holds a checkpoint. The long run is held at step 40 of 100 while a hold
@@ -141,7 +144,7 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
         cmd + ["--address", ray_local], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.time() + 300
+        deadline = time.time() + STATE_WAIT_S
         done_before: set[str] = set()
         while time.time() < deadline:
             assert proc.poll() is None, "the driver ended before it was killed"
@@ -156,7 +159,7 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
         proc.send_signal(signal.SIGKILL)  # only the driver we started, by its pid
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    deadline = time.time() + 300
+    deadline = time.time() + STATE_WAIT_S
     while not _lock_free(long_dir):  # Ray ends the dead driver's trials; the held one lets go of its lock
         assert time.time() < deadline, "the killed driver's trial of the long run never ended"
         time.sleep(0.2)
@@ -180,6 +183,7 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
     assert not list(out.rglob("*.tmp"))
 
 
+@pytest.mark.timeout(2 * STATE_WAIT_S)
 def test_sibling_sweeps_launched_together_train_each_run_once(ray_local, tmp_path):
     """Two specs with the same four runs, launched 0.5 s apart into two sweep directories of one
     store root: every run is trained by exactly one of them and linked into the other."""
@@ -198,7 +202,7 @@ def test_sibling_sweeps_launched_together_train_each_run_once(ray_local, tmp_pat
         procs.append(subprocess.Popen(cmd + ["--address", ray_local], env=env, stdout=PIPE, stderr=PIPE, text=True))
         time.sleep(0.5)
     for p in procs:
-        out, err = p.communicate(timeout=600)
+        out, err = p.communicate(timeout=STATE_WAIT_S)
         assert p.returncode == 0, err[-3000:]
     run_ids = [r.run_id for r in expand_sweep(spec).runs]
     starts = {i: _starts(root / "a").get(i, 0) + _starts(root / "b").get(i, 0) for i in run_ids}
