@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+from scalelab.errors import UsageError
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -35,14 +37,23 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from scalelab.train.checkpoint import verify
     from scalelab.train.eval_tasks import evaluate_checkpoint, find_checkpoints, load_tasks, merge_eval_rows
 
+    _check_args(args)
     run_dir, ckpts = find_checkpoints(args.path)
+    for ckpt in ckpts:  # every checkpoint verified (and refused if crafted) before any work
+        verify(ckpt)
     tasks = load_tasks(args.tasks, args.limit)
     all_rows = []
     for ckpt in ckpts:
         rows = evaluate_checkpoint(
-            ckpt, tasks, with_val=not args.no_val, device=args.device, batch_sequences=args.batch_sequences
+            ckpt,
+            tasks,
+            with_val=not args.no_val,
+            device=args.device,
+            batch_sequences=args.batch_sequences,
+            verified=True,
         )
         all_rows += rows
         for r in rows:
@@ -52,3 +63,17 @@ def run(args) -> int:
         path = merge_eval_rows(run_dir, all_rows)
         print(f"{len(all_rows)} rows -> {path}")
     return 0
+
+
+def _check_args(args) -> None:
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit {args.limit}: must be >= 1 (examples per task); omit it for all")
+    if args.batch_sequences < 1:
+        raise UsageError(f"--batch-sequences {args.batch_sequences}: must be >= 1, e.g. 16")
+    if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
+        raise UsageError(f"--device {args.device!r}: use cpu or cuda")
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {args.device}: no GPU is visible to this torch build; use --device cpu")

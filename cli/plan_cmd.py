@@ -46,15 +46,12 @@ def load_model(spec: str):
     """A ModelConfig from a preset name or a YAML/JSON file."""
     from scalelab.models.config import ModelConfig
     from scalelab.models.presets import get_preset
+    from scalelab.train.config_tree import load_yaml
 
     path = Path(spec)
     if not path.exists():
         return get_preset(spec)
-    import yaml
-
-    data = yaml.safe_load(path.read_text())
-    if not isinstance(data, dict):
-        raise UsageError(f"--model {spec}: the file does not hold a mapping")
+    data = load_yaml(str(path))
     data = data.get("model", data)
     if "preset" in data:
         preset = data.pop("preset")

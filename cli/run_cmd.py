@@ -35,7 +35,12 @@ def run(args) -> int:
 
     cfg = load_run_config(args.config, args.overrides)
     out = Path(args.out)
-    status = read_status(out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a directory (new or holding this run)")
+    try:
+        status = read_status(out)
+    except (OSError, ValueError):
+        raise UsageError(f"--out {out}: status.json is unreadable; choose another --out") from None
     if status is not None and not args.resume:
         raise UsageError(
             f"--out {out} already holds a run (status {status.get('status')}); "
@@ -51,6 +56,7 @@ def run(args) -> int:
                 "resume with that file (a new layout may be given with --set parallel.*)"
             )
     if cfg.parallel.world_size > 1:
+        _check_sources(cfg, out, args.resume)  # in the ranks they would fail one by one, with tracebacks
         from scalelab.parallel.launch import launch_local
 
         return launch_local(cfg, out, resume=args.resume)
@@ -59,6 +65,16 @@ def run(args) -> int:
     summary = train_run(cfg, out, resume=args.resume)
     _print_summary(summary, out)
     return 0 if summary.get("status") == "done" else 1
+
+
+def _check_sources(cfg, out: Path, resume: bool) -> None:
+    """The checkpoint a multi-process run starts from, checked once here (CheckpointError, exit 2)."""
+    from scalelab.train import checkpoint as ckpt
+
+    if resume and ckpt.list_checkpoints(out / "checkpoints"):
+        ckpt.select_resume_checkpoint(out / "checkpoints")
+    elif cfg.train.init_from:
+        ckpt.verify(cfg.train.init_from)
 
 
 def _print_summary(summary: dict, out: Path) -> None:

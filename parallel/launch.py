@@ -4,30 +4,66 @@
     spawn(fn, world_size, args)          # run fn(*args) on N fresh processes with a process group
     ray_train_fn({"config": ..., "run_dir": ...})   # the same train function inside a Ray Train worker
 
-Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT (a
-free port) exactly as torchrun sets them, so `torchrun -m scalelab.parallel.launch` style entry
-points and this launcher run the same code. gloo on CPU (one intra-op thread per process: more
-oversubscribes the cores), NCCL on GPU (one device per local rank).
+Each process gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT
+exactly as torchrun sets them, so `torchrun -m scalelab.parallel.launch` style entry points and this
+launcher run the same code. gloo on CPU (one intra-op thread per process: more oversubscribes the
+cores), NCCL on GPU (one device per local rank).
+
+Nothing a local job opens listens beyond this machine: as torchrun's agent does, the launcher
+serves the rendezvous TCPStore itself (TORCHELASTIC_USE_AGENT_STORE: the ranks connect as clients)
+on a socket bound to 127.0.0.1 before its port is published, and gloo/NCCL bind the loopback
+interface. (A rank-0 store would listen on every interface, and a port picked free and bound
+later can be taken by another process in between.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from scalelab.parallel.backend import destroy_distributed, init_distributed
 
 
-def free_port() -> int:
-    """A TCP port that is free right now (bind to port 0 and read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@contextlib.contextmanager
+def loopback_store(timeout_s: float = 600.0) -> Iterator[int]:
+    """Serve a TCPStore from this process on 127.0.0.1 while the block runs; yields its port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+        store = dist.TCPStore(
+            "127.0.0.1",
+            port,
+            is_master=True,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            master_listen_fd=sock.fileno(),
+        )
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns (and closes) the listening socket now
+    try:
+        yield port
+    finally:
+        del store
+
+
+def loopback_interface() -> str | None:
+    """This machine's loopback interface name ("lo" on Linux, "lo0" on macOS), if there is one."""
+    names = [name for _, name in socket.if_nameindex()]
+    return next((n for n in names if n in ("lo", "lo0")), None)
 
 
 def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: tuple) -> None:
@@ -38,7 +74,12 @@ def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: 
         LOCAL_WORLD_SIZE=str(world_size),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",  # the launcher serves the store; every rank is a client
     )
+    lo = loopback_interface()
+    if lo:  # gloo's and NCCL's own sockets on loopback too (a user's setting wins)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
     use_cuda = torch.cuda.is_available() and backend != "gloo"
     if not use_cuda:
         torch.set_num_threads(1)
@@ -58,23 +99,10 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "auto") -> None:
             f"the layout needs {world_size} processes but only {torch.cuda.device_count()} GPUs "
             "are visible; use a smaller layout or parallel.backend=gloo"
         )
-    mp.start_processes(
-        _entry, args=(fn, world_size, free_port(), backend, args), nprocs=world_size, join=True, start_method="spawn"
-    )
-
-
-def check_layout(cfg) -> None:
-    """Validate cfg.parallel against its own world, the model and the batch (ConfigError, exit 2)."""
-    from scalelab.parallel.dims import ParallelDims
-
-    ParallelDims.from_config(
-        cfg.parallel,
-        world_size=cfg.parallel.world_size,
-        model=cfg.model,
-        seq_len=cfg.data.seq_len,
-        global_batch_sequences=cfg.global_batch_sequences,
-        micro_batch_sequences=cfg.train.micro_batch_sequences,
-    )
+    with loopback_store() as port:
+        mp.start_processes(
+            _entry, args=(fn, world_size, port, backend, args), nprocs=world_size, join=True, start_method="spawn"
+        )
 
 
 def train_worker(cfg, run_dir: str, resume: bool = False, stop_after_steps: int | None = None) -> None:
@@ -87,11 +115,14 @@ def train_worker(cfg, run_dir: str, resume: bool = False, stop_after_steps: int 
 def launch_local(cfg, out_dir: str | Path, resume: bool = False) -> int:
     """Train `cfg` with cfg.parallel.world_size processes on this machine; exit code 0 when done.
 
+    The layout was validated with the rest of the config (scalelab.train.config.build_run_config),
+    before any process starts.
+
     Under torchrun (WORLD_SIZE already set for this process) nothing is spawned: this process
     joins the group torchrun described and trains as its rank.
     """
-    check_layout(cfg)  # before any process starts
     env_world = int(os.environ.get("WORLD_SIZE", "1"))
+    crash = None
     if env_world > 1:
         if env_world != cfg.parallel.world_size:
             from scalelab.errors import ConfigError
@@ -110,11 +141,16 @@ def launch_local(cfg, out_dir: str | Path, resume: bool = False) -> int:
         if not rank0:
             return 0
     else:
-        spawn(train_worker, cfg.parallel.world_size, (cfg, str(out_dir), resume), backend=cfg.parallel.backend)
+        try:
+            spawn(train_worker, cfg.parallel.world_size, (cfg, str(out_dir), resume), backend=cfg.parallel.backend)
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            crash = e
     from scalelab.train.records import read_status
 
     status = read_status(Path(out_dir)) or {}
     state = status.get("status")
+    if crash is not None and state != "failed":  # not recorded by rank 0: the ranks' own report
+        print(str(crash), file=sys.stderr)
     if state == "done":
         loss = status.get("final_train_loss")
         print(f"done  world={cfg.parallel.world_size}  train_loss={loss:.4f}  -> {out_dir}")

@@ -6,7 +6,8 @@
     plan.py      the dry run: table of N, D, C, layout, memory, time from measured throughput
     execute.py   one Ray Tune trial per unfinished run; retries resume from checkpoints; resume
                  after a dead driver from the store alone; multi-process runs as a TorchTrainer
-    store.py     the on-disk store (atomic files), load_runs -> polars, cross-sweep dedupe
+    store.py     the on-disk store (atomic files), load_runs -> polars, cross-sweep dedupe and claims
+    ray_reaper.py ends a local Ray cluster's processes when the driver that started it is killed
     status.py    runs by state, progress, losses, failures
     propose.py   fit -> backtest -> bootstrap interval at C* -> next round's spec (the closed loop)
     demo.py      `scalelab demo`: the whole loop on a laptop CPU

@@ -16,7 +16,10 @@ Failures. `FailureConfig(max_failures)` retries a trial that raised; because the
 calls `train_run(resume=True)`, a retry continues from the run's latest checkpoint and (training
 being deterministic) ends bit for bit where an uninterrupted run would. A per-run file lock
 (`runs/<id>/.lock`, fcntl) makes a retry or a resumed sweep wait until a previous process of the
-same run is gone, so two processes never write one run.
+same run is gone, so two processes never write one run. The run directory is the store root's
+one copy of the run (scalelab.sweeps.store.claim_run), so the lock also covers sibling sweeps: a
+trial whose run another sweep claimed waits for that sweep's trial (holding its Ray slot) and
+then finds the run done, or resumes it if that trial died.
 
 Dedupe and resume: there is no hidden Tune state to restore. The store is the state: a run whose
 status.json says done/diverged (here or in a sibling sweep of the store root, see
@@ -34,13 +37,15 @@ import contextlib
 import fcntl
 import logging
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from scalelab.errors import ConfigError, UsageError
-from scalelab.sweeps import ledger, store
+from scalelab.sweeps import ledger, ray_reaper, store
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
 
 Log = Callable[[str], None]
@@ -54,18 +59,20 @@ LOCK_WAIT_S = 180.0  # how long a trial waits for a previous process of the same
 
 
 @contextlib.contextmanager
-def _run_lock(run_dir: Path):
-    """Hold an exclusive fcntl lock on <run>/.lock; the OS drops it when the holder dies."""
+def _run_lock(run_dir: Path, wait_s: float | None = LOCK_WAIT_S):
+    """Hold an exclusive fcntl lock on <run>/.lock; the OS drops it when the holder dies.
+
+    wait_s=None waits as long as the holder lives: a sibling sweep training this run."""
     fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + LOCK_WAIT_S
+    deadline = None if wait_s is None else time.monotonic() + wait_s
     try:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{run_dir} is locked by another process for {LOCK_WAIT_S:.0f} s") from None
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RuntimeError(f"{run_dir} is locked by another process for {wait_s:.0f} s") from None
                 time.sleep(0.2)
         yield
     finally:
@@ -100,6 +107,25 @@ def _fault_callback(run_dir: Path, fail_at_step: int | None):
     return cb
 
 
+# Fault-injection tests: "STEP:PATH" holds every run at STEP (and after) while PATH exists, so a test
+# can kill the driver while a run is mid-way without racing the run to its end. Unset in normal use.
+_HOLD_ENV = "SCALELAB_TEST_HOLD"
+
+
+def _hold_callback():
+    spec = os.environ.get(_HOLD_ENV)
+    if not spec:
+        return None
+    step, _, path = spec.partition(":")
+    hold_step, hold_file = int(step), Path(path)
+
+    def cb(kind: str, record: dict) -> None:
+        while kind == "step" and record["step"] >= hold_step and hold_file.exists():
+            time.sleep(0.1)
+
+    return cb
+
+
 def sweep_trial(trial_config: dict[str, Any]) -> None:
     """Tune function trainable: train one run of the store (resuming whatever is on disk)."""
     from ray import tune
@@ -108,9 +134,9 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
 
     tc = trial_config["trial"]
     sweep_dir, run_id = Path(tc["sweep_dir"]), tc["run_id"]
-    run_dir = store.run_path(sweep_dir, run_id)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with _run_lock(run_dir):
+    run_dir = store.claim_run(sweep_dir, run_id)  # the store root's one directory of this run
+    sibling = run_dir.is_symlink()  # claimed by another sweep, which may be training it now
+    with _run_lock(run_dir, wait_s=None if sibling else LOCK_WAIT_S):
         _remove_stale_temp_files(run_dir)
         state = store.run_state(run_dir)
         if state in store.TERMINAL:  # finished by an earlier attempt whose driver died before seeing it
@@ -132,7 +158,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
             if cfg.parallel.world_size > 1:
                 summary = _train_multiworker(tc, run_dir, cfg)
             else:
-                cbs = [cb for cb in [_fault_callback(run_dir, tc.get("fail_at_step"))] if cb]
+                cbs = [cb for cb in [_fault_callback(run_dir, tc.get("fail_at_step")), _hold_callback()] if cb]
                 from scalelab.train.loop import train_run
 
                 summary = train_run(cfg, run_dir, resume=True, callbacks=cbs)
@@ -223,11 +249,10 @@ def check_runnable(runs: list[dict[str, Any]]) -> None:
             "Ray Train worker (scalelab.parallel.launch.ray_train_fn)",
             "use a single-process layout for now",
         )
-    from scalelab.parallel.launch import check_layout
     from scalelab.train.config import build_run_config
 
     for r in multi:
-        check_layout(build_run_config(r["config"]))
+        build_run_config(r["config"])  # validates the layout against the model and the batch
 
 
 def _world_size(config: dict[str, Any]) -> int:
@@ -238,22 +263,39 @@ def _world_size(config: dict[str, Any]) -> int:
 _FORWARDED_ENV = ("SCALELAB_", "WANDB_", "HF_", "TRITON_")
 
 
-def _ensure_ray(address: str | None, num_cpus: int | None) -> bool:
-    """Connect to `address` or start a local Ray; returns True when this call started it."""
+def _local_ray_on_loopback() -> None:
+    """Make the Ray cluster this process starts listen on 127.0.0.1 only.
+
+    Ray binds its servers (GCS, raylet, object manager, workers, agents) to the node's IP, which
+    for a new local cluster is the machine's outward address unless Ray's cluster mode is off:
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes the node IP 127.0.0.1 (what Ray does on macOS and
+    Windows). It is read when ray is imported, so it is set before the import and, if ray was
+    imported earlier in this process, on the module too.
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def _start_ray(address: str | None, num_cpus: int | None) -> subprocess.Popen | None:
+    """Connect to `address` or start a local Ray; returns the local cluster's reaper (ray_reaper)."""
     import ray
 
-    if ray.is_initialized():
-        return False
     kw: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     if address:
         # Workers of an existing cluster (other nodes included) do not see this shell's environment:
         # hand them the variables runs read (SCALELAB_CACHE, WANDB_MODE / WANDB_API_KEY, HF_*, ...).
+        # Authentication is the cluster's (RAY_AUTH_MODE / RAY_AUTH_TOKEN from this environment).
         env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV)}
         ray.init(address=address, runtime_env={"env_vars": env} if env else None, **kw)
-    else:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private single-machine cluster
-        ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
-    return True
+        return None
+    # A private cluster that listens on loopback only (_local_ray_on_loopback, called before ray
+    # was imported): token authentication is off unless RAY_AUTH_MODE says otherwise.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    before = ray_reaper.children(os.getpid()) if sys.platform.startswith("linux") else set()
+    ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
+    return ray_reaper.start_reaper(exclude=before)
 
 
 def _trial_resources(trial_config: dict[str, Any]):
@@ -306,6 +348,8 @@ def execute(
     Returns {"states": {run_id: state}, "trained": [...], "skipped": [...], "wall_s": ...}.
     """
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
+    if not address:
+        _local_ray_on_loopback()
     import ray
     from ray import tune
 
@@ -316,7 +360,7 @@ def execute(
     skipped = [i for i, s in states.items() if s in store.TERMINAL]
     if skipped:
         log(f"{len(skipped)} of {len(runs)} run(s) already finished in the store; not trained again")
-    started = False
+    started, reaper = False, None  # whether this call started (or joined) Ray, and the local reaper
     trained: list[str] = []
     wave = 0
     try:
@@ -332,7 +376,8 @@ def execute(
                 break
             if wave > 0 and set(r["run_id"] for r in ready) <= set(trained):
                 break  # everything runnable was tried this launch and did not finish
-            started = _ensure_ray(address, num_cpus) or started
+            if not ray.is_initialized():
+                reaper, started = _start_ray(address, num_cpus), True
             log(f"wave {wave}: {len(ready)} run(s) on Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)")
             trial_configs = [
                 dict(
@@ -371,6 +416,7 @@ def execute(
             wave += 1
     finally:
         if started:
+            ray_reaper.stop_reaper(reaper)
             ray.shutdown()
     if ledger.score(sweep_dir):  # proposed runs that finished get their measured loss in the ledger
         log("ledger: measured losses recorded beside their predictions (scalelab sweep ledger)")

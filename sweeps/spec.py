@@ -145,13 +145,13 @@ def _check_keys(section: dict, known, prefix: str) -> None:
             raise _unknown(f"{prefix}.{key}" if prefix else str(key), known)
 
 
-def _number(value: Any, key: str, *, positive: bool = True) -> float:
+def _number(value: Any, key: str, *, positive: bool = True, example: str = "1e12") -> float:
     try:
         x = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(key, f"{value!r} is not a number", "write a number, e.g. 1e12") from None
+        raise ConfigError(key, f"{value!r} is not a number", f"write a number, e.g. {example}") from None
     if not math.isfinite(x) or (positive and x <= 0):
-        raise ConfigError(key, f"{value!r} must be a finite number > 0", "e.g. 1e12")
+        raise ConfigError(key, f"{value!r} must be a finite number > 0", f"e.g. {example}")
     return x
 
 
@@ -688,8 +688,10 @@ def _seeds(section: Any, ctx: _Context) -> list[Point]:
     if isinstance(section, list):
         seeds = [int(_number(s, "seeds", positive=False)) for s in section]
     else:
-        k = int(_number(section, "seeds"))
-        seeds = [base_seed + i for i in range(k)]
+        k = _number(section, "seeds", example="3")
+        if not k.is_integer():
+            raise ConfigError("seeds", f"{section!r} is not a whole number of seeds", "e.g. seeds: 3, or a list")
+        seeds = [base_seed + i for i in range(int(k))]
     return [({"train.seed": s}, {"seed": s}) for s in seeds]
 
 

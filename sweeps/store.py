@@ -13,13 +13,15 @@ Every file is written to a temporary name and renamed over the target (scalelab.
 so a scan never meets a half-written Parquet or JSON file whatever happens to the writer.
 
 Store root and dedupe: the *store root* is the directory that holds the sweep directories (the
-parent of `--out`). Runs are addressed by the hash of their resolved config. Before a sweep runs,
-each of its runs is looked up in this sweep and then in every sibling sweep of the root (a
-directory with a sweep.yaml): a run that is `done` (or `diverged`) anywhere in the root is linked
-into this sweep (`runs/<id>` -> `../../<other>/runs/<id>`, a relative symlink) and never trained
-again. Unfinished runs of another sweep are not adopted (their driver may still be alive); they
-are trained here. Ids change when the code gains a config field; `renamed_runs` re-resolves stored
-configs so a finished run is still found under its new id (and listed once by load_runs).
+parent of `--out`). Runs are addressed by the hash of their resolved config, and each run has one
+directory per store root: the first sweep to start a run claims it (`<root>/.claims/<run_id>`, an
+atomic symlink to its run directory, see claim_run), and every other sweep links its
+`runs/<id>` there (`../../<other>/runs/<id>`, a relative symlink). Whoever trains a run holds that
+directory's lock, so sibling sweeps launched together train each run once: the second waits for
+the first and finds it done (or, if the first died, resumes it from its checkpoints). Runs that
+are `done` anywhere in the root from before claims existed are linked the same way. Ids change
+when the code gains a config field; `renamed_runs` re-resolves stored configs so a finished run is
+still found under its new id (and listed once by load_runs).
 
     from scalelab.sweeps.store import load_runs
     df = load_runs("results/isoflop")        # one row per run (a sweep dir or a whole store root)
@@ -76,6 +78,8 @@ def init_sweep(sweep_dir: str | Path, spec_text: str, spec_name: str, runs: list
     from `sweep next`) stores it under rounds/ and appends its runs to sweep.resolved.json.
     """
     sweep_dir = Path(sweep_dir)
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise UsageError(f"--out {sweep_dir} is a file; give a sweep directory (new, or one to extend)")
     if sweep_dir.exists() and not is_sweep_dir(sweep_dir) and any(sweep_dir.iterdir()):
         raise UsageError(f"--out {sweep_dir} exists and is not a sweep directory; choose an empty or new one")
     runs_dir(sweep_dir).mkdir(parents=True, exist_ok=True)
@@ -150,17 +154,18 @@ def renamed_runs(root: str | Path) -> dict[str, Path]:
 
 
 def attach_runs(sweep_dir: str | Path, run_ids: list[str]) -> dict[str, str]:
-    """State of each run, linking terminal runs found elsewhere in the store root; {run_id: state}.
+    """State of each run, linking runs of the store root found elsewhere; {run_id: state}.
 
-    Looked up by id in sibling sweeps, then among runs stored under an older id of the same config
-    (see renamed_runs); a match is linked as runs/<id> -> its directory (relative symlink).
+    Looked up among the root's claims (a run another sweep trains or trained, see claim_run), by
+    id in sibling sweeps (terminal runs), then among runs stored under an older id of the same
+    config (see renamed_runs); a match is linked as runs/<id> -> its directory (relative symlink).
     """
     sweep_dir = Path(sweep_dir)
     states, renamed = {}, None
     for run_id in run_ids:
         here = run_path(sweep_dir, run_id)
         if not here.exists():
-            other = find_finished_elsewhere(sweep_dir, run_id)
+            other = claimed_elsewhere(sweep_dir, run_id) or find_finished_elsewhere(sweep_dir, run_id)
             if other is None:
                 renamed = renamed_runs(sweep_dir.resolve().parent) if renamed is None else renamed
                 other = renamed.get(run_id)
@@ -169,6 +174,61 @@ def attach_runs(sweep_dir: str | Path, run_ids: list[str]) -> dict[str, str]:
                 os.symlink(os.path.relpath(other, here.parent), here)
         states[run_id] = run_state(here)
     return states
+
+
+CLAIMS = ".claims"  # <root>/.claims/<run_id> -> the one physical directory of that run in the root
+
+
+def claim_run(sweep_dir: str | Path, run_id: str) -> Path:
+    """This sweep's directory for run_id, made the store root's one copy of that run; returns runs/<id>.
+
+    The first sweep of the root to claim a run creates `<root>/.claims/<run_id>`, a symlink to its
+    own run directory (os.symlink is atomic: of two sibling sweeps launched together exactly one
+    wins); every other sweep links its runs/<id> to that directory. So a run has one directory,
+    one lock and one training per store root; whoever trains it holds its lock. A run directory
+    that already holds progress of its own is kept (copies made before claims existed), and a
+    claim whose directory is gone (a deleted sweep) is taken over.
+    """
+    sweep_dir = Path(sweep_dir).absolute()
+    here = run_path(sweep_dir, run_id)
+    if here.is_symlink():
+        return here
+    claims = sweep_dir.parent / CLAIMS
+    claims.mkdir(exist_ok=True)
+    claim = claims / run_id
+    here.mkdir(parents=True, exist_ok=True)  # before the claim: a claim always points at a directory
+    for _ in range(3):
+        try:
+            os.symlink(os.path.relpath(here, claims), claim)
+            return here
+        except FileExistsError:
+            pass
+        owner = (claims / os.readlink(claim)).resolve() if claim.is_symlink() else None
+        if owner == here.resolve():
+            return here
+        if owner is not None and owner.is_dir():
+            if any(here.iterdir()):
+                return here  # progress of its own: never thrown away
+            here.rmdir()
+            os.symlink(os.path.relpath(owner, here.parent), here)
+            return here
+        stale = claims / f".{run_id}.{os.getpid()}.tmp"  # the claimed directory is gone: take over
+        stale.unlink(missing_ok=True)
+        os.symlink(os.path.relpath(here, claims), stale)
+        os.replace(stale, claim)
+    return here
+
+
+def claimed_elsewhere(sweep_dir: str | Path, run_id: str) -> Path | None:
+    """The directory of run_id claimed by another sweep of the root, if any (see claim_run)."""
+    sweep_dir = Path(sweep_dir).absolute()
+    claim = sweep_dir.parent / CLAIMS / run_id
+    if not claim.is_symlink():
+        return None
+    owner = (claim.parent / os.readlink(claim)).resolve()
+    if owner.is_dir() and owner != run_path(sweep_dir, run_id).resolve():
+        return owner
+    return None
 
 
 def append_event(sweep_dir: str | Path, event: str, run_id: str, **fields: Any) -> None:

@@ -4,7 +4,7 @@
   kernels run (slowly, exactly) on CPU.
 - SCALELAB_CACHE points at one temporary directory for the whole session, so the default corpus is
   prepared once per test session and never touches the user's ~/.cache.
-- wandb never talks to the network in tests.
+- wandb never talks to the network in tests; Ray listens on loopback without token auth.
 """
 
 import os
@@ -17,6 +17,9 @@ if not torch.cuda.is_available():
 os.environ.setdefault("SCALELAB_CACHE", tempfile.mkdtemp(prefix="scalelab-test-cache-"))
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# The session's Ray cluster listens on 127.0.0.1 only (as scalelab's own local clusters do, see
+# scalelab.sweeps.execute._local_ray_on_loopback); read by ray when it is imported.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 import pytest  # noqa: E402

@@ -4,6 +4,7 @@ bit-exact resume, and a SIGKILLed driver followed by `sweep resume`.
 Runs are the debug model on 64-token sequences, a few thousand tokens each (~0.5-2 s of training).
 """
 
+import fcntl
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from subprocess import PIPE
 
 import polars as pl
 import pytest
@@ -20,6 +22,8 @@ from scalelab.cli.main import main
 from scalelab.sweeps import store
 from scalelab.sweeps.execute import launch, resume
 from scalelab.sweeps.spec import expand_sweep
+from scalelab.train.checkpoint import latest_checkpoint
+from scalelab.train.records import read_status
 
 BASE = {
     "model": {"preset": "debug"},
@@ -29,6 +33,8 @@ BASE = {
     "checkpoint": {"interval_steps": 5},
     "logging": {"wandb": "disabled", "progress": "off"},
 }
+# How long a state may take before a test calls it a hang (a loaded 2-core machine is slow, not stuck).
+STATE_WAIT_S = 900
 GRID = {
     "name": "six",
     "base": BASE,
@@ -95,54 +101,70 @@ def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path, capsys)
     assert s_resumed["attempts"] == 2
 
 
+def _lock_free(run_dir: Path) -> bool:
+    """Whether no process holds the run's lock (the OS drops it when its holder dies)."""
+    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.timeout(3 * STATE_WAIT_S)
 def test_driver_sigkill_then_resume(ray_local, tmp_path):
+    """Three short runs and one long run, two at a time; the driver is SIGKILLed once a short run is
+    done and the long one holds a checkpoint. The long run is held at step 40 of 100 while a hold
+    file exists (SCALELAB_TEST_HOLD), so it is still mid-way when the driver dies however loaded
+    the machine is; the test waits for each state it needs instead of racing the clock."""
     spec = {
         "name": "kill",
-        "base": {**BASE, "train": {"global_batch_tokens": 256, "num_tokens": 15360}},
-        "grid": {"optim.lr": [1e-3, 2e-3, 3e-3, 4e-3]},
+        "base": {**BASE, "train": {"global_batch_tokens": 256, "num_tokens": 5120}},
+        "points": [
+            {"optim.lr": 1e-3},
+            {"optim.lr": 2e-3},
+            {"optim.lr": 3e-3},
+            {"optim.lr": 4e-3, "train.num_tokens": 25600},
+        ],
         "execution": {"max_concurrent": 2},
     }
+    long_id = next(r.run_id for r in expand_sweep(spec).runs if r.config["train"]["num_tokens"] == 25600)
     spec_path = tmp_path / "kill.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "root" / "kill"
-    # Slow steps (0.05 s; the driver forwards SCALELAB_* to the cluster's workers) so that the partial
-    # run is still mid-way when Ray reaps the dead driver's trials: otherwise it could finish first.
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", SCALELAB_TEST_STEP_DELAY_S="0.05")
+    long_dir = store.run_path(out, long_id)
+    hold = tmp_path / "hold"
+    hold.touch()
+    # Slow steps (0.05 s; the driver forwards SCALELAB_* to the cluster's workers) for the short runs.
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", SCALELAB_TEST_STEP_DELAY_S="0.05", SCALELAB_TEST_HOLD=f"40:{hold}")
+    cmd = [sys.executable, "-m", "scalelab.cli", "sweep", "launch", str(spec_path), "--out", str(out)]
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "scalelab.cli",
-            "sweep",
-            "launch",
-            str(spec_path),
-            "--out",
-            str(out),
-            "--address",
-            ray_local,
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        cmd + ["--address", ray_local], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + STATE_WAIT_S
         done_before: set[str] = set()
         while time.time() < deadline:
+            assert proc.poll() is None, "the driver ended before it was killed"
             states = {p.name: store.run_state(p) for p in store.runs_dir(out).glob("*")} if out.exists() else {}
             done_before = {i for i, s in states.items() if s == "done"}
-            partial = [
-                i for i, s in states.items() if s == "running" and (store.run_path(out, i) / "checkpoints").exists()
-            ]
-            if done_before and partial:
+            if done_before and latest_checkpoint(long_dir / "checkpoints") is not None:
                 break
             time.sleep(0.2)
         else:
-            pytest.fail("the sweep never reached a state with a finished and a partial run")
+            pytest.fail("the sweep never reached a state with a finished run and a checkpointed long run")
     finally:
         proc.send_signal(signal.SIGKILL)  # only the driver we started, by its pid
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    deadline = time.time() + STATE_WAIT_S
+    while not _lock_free(long_dir):  # Ray ends the dead driver's trials; the held one lets go of its lock
+        assert time.time() < deadline, "the killed driver's trial of the long run never ended"
+        time.sleep(0.2)
+    assert store.run_state(long_dir) == "running"  # held: it could not have finished
+    hold.unlink()
     starts_before = _starts(out)
     result = resume(out, log=lambda m: None)
     assert set(result["states"].values()) == {"done"} and len(result["states"]) == 4
@@ -153,11 +175,45 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
         tps = pl.read_parquet(store.run_path(out, run_id) / "metrics.parquet")["tokens_per_s"].median()
         assert tps <= 256 / 0.05 * 1.05, tps
     assert all(starts[i] >= starts_before.get(i, 0) for i in starts)
-    resumed_partial = [e for e in store.read_events(out) if e["event"] == "start" and e["from_step"] > 0]
-    assert resumed_partial, "no partial run resumed from a checkpoint"
+    assert starts[long_id] == 2
+    # the resumed attempt loaded a checkpoint of the killed one (at or before the hold step)
+    assert 5 <= read_status(long_dir)["started_steps"] <= 40
     df = store.load_runs(out)
     assert df.height == 4 and df["status"].to_list() == ["done"] * 4 and df["loss"].is_finite().all()
     assert not list(out.rglob("*.tmp"))
+
+
+@pytest.mark.timeout(2 * STATE_WAIT_S)
+def test_sibling_sweeps_launched_together_train_each_run_once(ray_local, tmp_path):
+    """Two specs with the same four runs, launched 0.5 s apart into two sweep directories of one
+    store root: every run is trained by exactly one of them and linked into the other."""
+    spec = {
+        "name": "twin",
+        "base": BASE,
+        "grid": {"optim.lr": [1e-3, 2e-3, 3e-3, 4e-3]},
+    }
+    spec_path = tmp_path / "twin.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    root = tmp_path / "root"
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    procs = []
+    for name in ("a", "b"):
+        cmd = [sys.executable, "-m", "scalelab.cli", "sweep", "launch", str(spec_path), "--out", str(root / name)]
+        procs.append(subprocess.Popen(cmd + ["--address", ray_local], env=env, stdout=PIPE, stderr=PIPE, text=True))
+        time.sleep(0.5)
+    for p in procs:
+        out, err = p.communicate(timeout=STATE_WAIT_S)
+        assert p.returncode == 0, err[-3000:]
+    run_ids = [r.run_id for r in expand_sweep(spec).runs]
+    starts = {i: _starts(root / "a").get(i, 0) + _starts(root / "b").get(i, 0) for i in run_ids}
+    assert starts == {i: 1 for i in run_ids}, starts
+    for i in run_ids:  # one physical directory per run, linked into the other sweep
+        paths = [store.run_path(root / name, i) for name in ("a", "b")]
+        assert sorted(p.is_symlink() for p in paths) == [False, True]
+        assert paths[0].resolve() == paths[1].resolve()
+    for name in ("a", "b"):
+        assert store.load_runs(root / name)["status"].to_list() == ["done"] * 4
+    assert store.load_runs(root).height == 4
 
 
 @pytest.mark.slow

@@ -20,11 +20,21 @@ from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.loop import train_run
 from scalelab.train.records import read_status
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: restores the thread count after the module
+
 BASE = {
     "name": "t",
     "model": {"preset": "debug"},
     "data": {"seq_len": 32, "val_sequences": 8},
-    "train": {"num_tokens": 12 * 256, "global_batch_tokens": 256, "micro_batch_sequences": 4, "seed": 3},
+    # one intra-op thread in-process and in the CLI subprocesses alike (bit-exact comparisons across
+    # them; and two OpenMP threads crawl on a loaded 2-core machine)
+    "train": {
+        "num_tokens": 12 * 256,
+        "global_batch_tokens": 256,
+        "micro_batch_sequences": 4,
+        "seed": 3,
+        "num_threads": 1,
+    },
     "eval": {"interval_steps": 4, "val_batch_sequences": 4},
     "checkpoint": {"interval_steps": 4, "keep_last": 2},
     "logging": {"wandb": "disabled", "progress": "off"},
@@ -124,7 +134,7 @@ def test_debug_preset_learns_below_unigram_entropy(tmp_path):
             "model": {"preset": "debug"},
             "data": {"seq_len": 128, "val_sequences": 32},
             "optim": {"lr": 1e-2},
-            "train": {"num_tokens": 40 * 4096, "global_batch_tokens": 4096},
+            "train": {"num_tokens": 40 * 4096, "global_batch_tokens": 4096, "num_threads": 1},
             "eval": {"interval_steps": 0},
             "checkpoint": {"interval_steps": 0, "final": False},
             "logging": {"wandb": "disabled", "progress": "off"},

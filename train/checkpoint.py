@@ -4,9 +4,15 @@ A checkpoint is a directory `<run>/checkpoints/step_<N>/` holding
   - the DCP files of {"model": ..., "optim": ...} from `get_state_dict` (DTensor/FSDP-aware, so a
     run saved under one layout loads under another);
   - train_state.json: step, tokens, the sampler position and anything else JSON-able;
-  - rng_rank<r>.pt: each rank's torch RNG state (loaded with weights_only=True).
+  - rng_rank<r>.pt: each rank's torch RNG state (loaded with weights_only=True);
+  - manifest.json, written last: every file's size and sha256 (scalelab.train.checkpoint_verify).
 It is written under `step_<N>.tmp` and renamed when complete, so a crash mid-save never leaves a
 directory that looks finished; `latest_checkpoint` only considers completed ones.
+
+Loading never trusts the files: every load verifies the checkpoint first (manifest, metadata read
+by a restricted unpickler, shard sizes) and reads it through checkpoint_verify's SafeReader and
+SafeLoadPlanner. `select_resume_checkpoint` picks the newest checkpoint that verifies, moves the
+ones that do not aside (`step_<N>.corrupt`, kept for inspection, never considered again) and says why.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import json
 import re
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +34,17 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+
+from scalelab.train.checkpoint_verify import (
+    TRAIN_STATE,
+    CheckpointError,
+    SafeLoadPlanner,
+    SafeReader,
+    file_entry,
+    verify_checkpoint,
+    write_manifest,
+)
+from scalelab.train.records import atomic_write_json
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -60,7 +78,7 @@ def list_checkpoints(ckpt_root: str | Path) -> list[tuple[int, Path]]:
     found = []
     for p in root.iterdir():
         m = _STEP_DIR.match(p.name)
-        if m and p.is_dir() and (p / "train_state.json").exists():
+        if m and p.is_dir():  # step_<N> appears by rename only once the save completed
             found.append((int(m.group(1)), p))
     return sorted(found)
 
@@ -94,8 +112,11 @@ def save_checkpoint(
         rng["cuda"] = torch.cuda.get_rng_state()
     torch.save(rng, tmp / f"rng_rank{_rank()}.pt")
     _barrier()
+    entries = _gather_entries(_own_files(tmp))  # each rank hashes the files it wrote
     if _rank() == 0:
-        (tmp / "train_state.json").write_text(json.dumps(train_state, indent=2, sort_keys=True))
+        atomic_write_json(tmp / TRAIN_STATE, train_state)
+        entries.update({name: file_entry(tmp / name) for name in (".metadata", TRAIN_STATE)})
+        write_manifest(tmp, step, entries)  # last: a checkpoint without it is incomplete or legacy
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -105,19 +126,114 @@ def save_checkpoint(
     return final
 
 
+def _own_files(tmp: Path) -> list[Path]:
+    """The files this rank wrote into a checkpoint being saved (DCP names shards __<rank>_<i>.distcp)."""
+    rank = _rank()
+    return sorted(tmp.glob(f"__{rank}_*.distcp")) + [tmp / f"rng_rank{rank}.pt"]
+
+
+def _gather_entries(files: list[Path]) -> dict[str, dict[str, Any]]:
+    entries = {p.name: file_entry(p) for p in files}
+    if not _is_dist():
+        return entries
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, entries)
+    return {k: v for part in gathered for k, v in part.items()}
+
+
+def _on_rank0(fn: Callable[[], Any]) -> Any:
+    """fn() on rank 0, its result (or its CheckpointError) on every rank."""
+    result: list[Any] = [None]
+    if _rank() == 0:
+        try:
+            result[0] = ("ok", fn())
+        except CheckpointError as e:
+            result[0] = ("error", (str(e.path), e.reason))
+    if _is_dist():
+        dist.broadcast_object_list(result, src=0)
+    kind, value = result[0]
+    if kind == "error":
+        raise CheckpointError(*value)
+    return value
+
+
+def select_resume_checkpoint(
+    ckpt_root: str | Path, log: Callable[[str], None] = print
+) -> tuple[Path | None, list[tuple[str, str]]]:
+    """The newest checkpoint under ckpt_root that verifies, and the (name, reason) of those skipped.
+
+    Collective under a process group (rank 0 verifies, every rank gets the answer). Skipped
+    checkpoints are renamed `step_<N>.corrupt` so that no later resume or keep_last pruning counts
+    them. Every checkpoint is looked at once, newest first: a resume never loops.
+
+    Raises:
+        CheckpointError: checkpoints exist but none verifies (starting over would discard the
+            run's progress silently; move them away to start from scratch).
+    """
+
+    def pick() -> tuple[str | None, list[tuple[str, str]]]:
+        skipped: list[tuple[str, str]] = []
+        ckpts = list_checkpoints(ckpt_root)
+        for _, path in reversed(ckpts):
+            try:
+                verify_checkpoint(path)
+            except CheckpointError as e:
+                skipped.append((_move_aside(path).name, e.reason))
+                continue
+            return str(path), skipped
+        if skipped:
+            reasons = "; ".join(f"{name}: {why}" for name, why in skipped)
+            raise CheckpointError(
+                ckpt_root,
+                f"no checkpoint verifies ({reasons}); they were moved to step_<N>.corrupt, "
+                "rerun --resume to start over",
+            )
+        return None, skipped
+
+    chosen, skipped = _on_rank0(pick)
+    if _rank() == 0:
+        for name, why in skipped:
+            log(f"resume: skipped {name.split('.')[0]} ({why}); moved to {name}")
+        if chosen:
+            log(f"resume: from {chosen}")
+    return (Path(chosen) if chosen else None), skipped
+
+
+def _move_aside(path: Path) -> Path:
+    target, n = path.with_name(path.name + ".corrupt"), 1
+    while target.exists():
+        target, n = path.with_name(f"{path.name}.corrupt{n}"), n + 1
+    path.rename(target)
+    return target
+
+
+def verify(path: str | Path) -> dict[str, Any]:
+    """verify_checkpoint on rank 0, its answer on every rank (collective under a process group)."""
+    return _on_rank0(lambda: verify_checkpoint(path))
+
+
 def load_checkpoint(
     path: str | Path,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
     restore_rng: bool = True,
+    verified: bool = False,
 ) -> dict[str, Any]:
-    """Load a checkpoint into (possibly differently parallelized) model/optimizer; returns train_state."""
+    """Load a checkpoint into (possibly differently parallelized) model/optimizer; returns train_state.
+
+    The checkpoint is verified first (skipped with verified=True when select_resume_checkpoint
+    just did) and read through the restricted reader: loading never executes what a file brings.
+
+    Raises:
+        CheckpointError: the checkpoint is missing, corrupt or refused (see verify_checkpoint).
+    """
     path = Path(path)
+    train_state = None if verified else verify(path)
     optimizers = [optimizer] if optimizer is not None else []  # no optimizer: weights only (evaluation)
     model_sd, optim_sd = get_state_dict(model, optimizers)
     state = {"model": model_sd, "optim": optim_sd} if optimizers else {"model": model_sd}
     with _single_process_ok():
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner(path))
     set_state_dict(
         model,
         optimizers,
@@ -131,4 +247,6 @@ def load_checkpoint(
         torch.set_rng_state(rng["cpu"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
-    return json.loads((path / "train_state.json").read_text())
+    if train_state is None:  # verified by the caller
+        train_state = json.loads((path / TRAIN_STATE).read_text())
+    return train_state

@@ -17,8 +17,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +28,7 @@ from typing import Any
 from scalelab.errors import ConfigError
 from scalelab.models.config import ModelConfig
 from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.dims import ParallelDims
 from scalelab.train.config_tree import apply_overrides, from_dict, load_yaml, to_dict
 from scalelab.train.data.config import DataConfig
 
@@ -211,8 +214,26 @@ def load_run_config(path: str, overrides: list[str] | None = None) -> RunConfig:
     return build_run_config(load_yaml(path), overrides)
 
 
+def _check_finite(node: Any, key: str) -> None:
+    """NaN or infinity in any number of the tree (`--set optim.lr=nan`) is a ConfigError naming it."""
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            _check_finite(getattr(node, f.name), f"{key}.{f.name}" if key else f.name)
+    elif isinstance(node, list | tuple):
+        for i, v in enumerate(node):
+            _check_finite(v, f"{key}.{i}")
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            _check_finite(v, f"{key}.{k}")
+    elif isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(key, f"{node} is not a finite number", "give a finite value")
+
+
 def validate_run_config(cfg: RunConfig) -> None:
     """Cross-field checks; each raises ConfigError with the key path and the fix."""
+    _check_finite(cfg, "")
+    # the degrees first: the batch arithmetic below divides by them
+    ParallelDims.from_config(cfg.parallel, world_size=cfg.parallel.world_size)
     cfg.model.validate("model")
     cfg.data.validate("data")
     from scalelab.train.data.tokenizer import load_tokenizer
@@ -231,24 +252,19 @@ def validate_run_config(cfg: RunConfig) -> None:
             "lower data.seq_len or raise model.max_seq_len",
         )
     t, o, s = cfg.train, cfg.optim, cfg.schedule
-    if t.global_batch_tokens < cfg.data.seq_len:
+    dp = cfg.parallel.dp_replicate * cfg.parallel.dp_shard
+    if t.global_batch_tokens < cfg.data.seq_len or t.global_batch_tokens % (cfg.data.seq_len * dp):
         raise ConfigError(
             "train.global_batch_tokens",
-            f"{t.global_batch_tokens} is smaller than one sequence (data.seq_len={cfg.data.seq_len})",
-            "use a multiple of data.seq_len",
+            f"{t.global_batch_tokens} is not a whole number of sequences of data.seq_len={cfg.data.seq_len}"
+            + (f" per data-parallel rank (dp_replicate*dp_shard={dp})" if dp > 1 else ""),
+            f"use {_nearest_multiples(t.global_batch_tokens, cfg.data.seq_len * dp)}",
         )
     if t.num_tokens < cfg.tokens_per_step:
         raise ConfigError(
             "train.num_tokens",
             f"{t.num_tokens} is less than one step ({cfg.tokens_per_step} tokens)",
             "raise train.num_tokens or lower train.global_batch_tokens",
-        )
-    dp = cfg.parallel.dp_replicate * cfg.parallel.dp_shard
-    if cfg.global_batch_sequences % dp:
-        raise ConfigError(
-            "train.global_batch_tokens",
-            f"{cfg.global_batch_sequences} sequences do not split over {dp} data-parallel ranks",
-            "make the sequence count a multiple of dp_replicate*dp_shard",
         )
     local = cfg.global_batch_sequences // dp
     if t.micro_batch_sequences < 0 or (t.micro_batch_sequences and local % t.micro_batch_sequences):
@@ -262,15 +278,11 @@ def validate_run_config(cfg: RunConfig) -> None:
     if t.dtype not in ("auto", "fp32", "bf16"):
         raise ConfigError("train.dtype", f"{t.dtype!r} unknown", "use auto, fp32 or bf16")
     if t.max_loss_spike and t.max_loss_spike <= 1:
-        raise ConfigError(
-            "train.max_loss_spike", f"{t.max_loss_spike} must be > 1", "e.g. 3.0, or 0 to disable"
-        )
+        raise ConfigError("train.max_loss_spike", f"{t.max_loss_spike} must be > 1", "e.g. 3.0, or 0 to disable")
     if o.lr <= 0:
         raise ConfigError("optim.lr", f"{o.lr} must be > 0", "e.g. 3e-4")
     if o.weight_decay < 0 or o.grad_clip < 0 or o.z_loss < 0:
-        raise ConfigError(
-            "optim", "weight_decay, grad_clip and z_loss must be >= 0", "fix the negative value"
-        )
+        raise ConfigError("optim", "weight_decay, grad_clip and z_loss must be >= 0", "fix the negative value")
     if not (0 <= o.beta1 < 1 and 0 <= o.beta2 < 1):
         raise ConfigError("optim.beta1", "betas must lie in [0, 1)", "e.g. beta1=0.9, beta2=0.95")
     if s.name not in SCHEDULES:
@@ -286,9 +298,7 @@ def validate_run_config(cfg: RunConfig) -> None:
     if cfg.warmup_tokens >= t.num_tokens:
         raise ConfigError("schedule.warmup_tokens", "warmup is as long as the run", "shorten the warmup")
     if cfg.logging.wandb not in ("offline", "disabled", "online"):
-        raise ConfigError(
-            "logging.wandb", f"{cfg.logging.wandb!r} unknown", "use offline, disabled or online"
-        )
+        raise ConfigError("logging.wandb", f"{cfg.logging.wandb!r} unknown", "use offline, disabled or online")
     if cfg.logging.progress not in ("auto", "on", "off"):
         raise ConfigError("logging.progress", f"{cfg.logging.progress!r} unknown", "use auto, on or off")
     for key in ("eval.interval_steps", "checkpoint.interval_steps", "checkpoint.keep_last"):
@@ -296,8 +306,11 @@ def validate_run_config(cfg: RunConfig) -> None:
         if getattr(getattr(cfg, section), name) < 0:
             raise ConfigError(key, "must be >= 0", "use 0 to disable")
     if cfg.eval.tasks and cfg.parallel.pp > 1:
-        raise ConfigError("eval.tasks", "task scoring needs the whole model on each rank (pp > 1)",
-                          "score the checkpoints afterwards with `scalelab eval RUN --tasks ...`")
+        raise ConfigError(
+            "eval.tasks",
+            "task scoring needs the whole model on each rank (pp > 1)",
+            "score the checkpoints afterwards with `scalelab eval RUN --tasks ...`",
+        )
     if cfg.eval.tasks:
         from scalelab.train.eval_tasks import load_tasks
 
@@ -307,6 +320,25 @@ def validate_run_config(cfg: RunConfig) -> None:
             raise ConfigError("eval.tasks", str(e).splitlines()[0]) from None
     if cfg.logging.interval_steps < 1:
         raise ConfigError("logging.interval_steps", "must be >= 1", "e.g. 1 or 10")
+    if cfg.eval.val_batch_sequences < 1:
+        raise ConfigError("eval.val_batch_sequences", f"{cfg.eval.val_batch_sequences} must be >= 1", "e.g. 16")
+    if t.num_threads < 0:
+        raise ConfigError("train.num_threads", f"{t.num_threads} must be >= 0", "0 keeps torch's default")
+    # the layout against the model shape and the batch (world-size-1 runs included)
+    ParallelDims.from_config(
+        cfg.parallel,
+        world_size=cfg.parallel.world_size,
+        model=cfg.model,
+        seq_len=cfg.data.seq_len,
+        global_batch_sequences=cfg.global_batch_sequences,
+        micro_batch_sequences=t.micro_batch_sequences,
+    )
+
+
+def _nearest_multiples(value: int, step: int) -> str:
+    """'64 or 128': the multiples of `step` around `value` (the smallest valid one when below it)."""
+    lo = value // step * step
+    return f"{lo} or {lo + step}" if lo > 0 else f"{step} (one sequence per data-parallel rank) or more"
 
 
 # Sections that do not change what a run computes: the layout (scalelab parity checks that it does

@@ -55,9 +55,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, tp):
             return value
         if not isinstance(value, dict):
-            raise ConfigError(
-                key, f"expected a mapping for {tp.__name__}, got {value!r}", "write it as a section"
-            )
+            raise ConfigError(key, f"expected a mapping for {tp.__name__}, got {value!r}", "write it as a section")
         return from_dict(tp, value, prefix=key)
     if origin is list:
         (item_tp,) = typing.get_args(tp) or (Any,)
@@ -159,7 +157,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
-        raise ConfigError(key, f"value {raw!r} is not valid YAML ({e.problem})", "quote it") from None
+        raise ConfigError(key, f"value {raw!r} is not valid YAML ({yaml_error_text(e)})", "quote it") from None
     return key.split("."), value
 
 
@@ -202,15 +200,30 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def yaml_error_text(e: yaml.YAMLError) -> str:
+    """'line L, column C: problem' for a YAML syntax error (1-based, as editors count)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    context = getattr(e, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}" + (f" ({context})" if context else "")
+
+
 def load_yaml(path: str) -> dict[str, Any]:
-    """Read a YAML mapping; missing file or bad YAML -> ConfigError naming the file."""
+    """Read a YAML mapping; missing file or bad YAML -> ConfigError naming the file (and line, column)."""
     try:
         with open(path) as f:
             data = yaml.safe_load(f)
     except FileNotFoundError:
         raise ConfigError(str(path), "config file not found", "check the path") from None
+    except IsADirectoryError:
+        raise ConfigError(str(path), "is a directory, not a config file", "give the YAML file's path") from None
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), "is not a text file", "give a YAML file") from None
+    except OSError as e:
+        raise ConfigError(str(path), f"cannot be read ({e.strerror})", "check the path and its permissions") from None
     except yaml.YAMLError as e:
-        raise ConfigError(str(path), f"invalid YAML: {str(e).splitlines()[0]}", "fix the syntax") from None
+        raise ConfigError(str(path), f"invalid YAML at {yaml_error_text(e)}", "fix the syntax") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -372,8 +372,11 @@ class _EvalRuntime:
         self.autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
 
 
-def load_checkpoint_model(checkpoint: Path, device: str | torch.device = "cpu"):
-    """(model in eval mode, run config, train_state) for one checkpoint of a run."""
+def load_checkpoint_model(checkpoint: Path, device: str | torch.device = "cpu", verified: bool = False):
+    """(model in eval mode, run config, train_state) for one checkpoint of a run.
+
+    The checkpoint is verified first unless `verified` (scalelab.train.checkpoint.load_checkpoint):
+    a crafted or corrupt one raises CheckpointError and nothing in it runs."""
     from scalelab.models.llama import build_model
     from scalelab.train.checkpoint import load_checkpoint
     from scalelab.train.config import load_run_config
@@ -382,7 +385,7 @@ def load_checkpoint_model(checkpoint: Path, device: str | torch.device = "cpu"):
     cfg = load_run_config(str(run_dir / "config.json"))
     device = torch.device(device)
     model = build_model(cfg.model, device=device, seed=0)
-    state = load_checkpoint(checkpoint, model, None, restore_rng=False)
+    state = load_checkpoint(checkpoint, model, None, restore_rng=False, verified=verified)
     model.eval()
     return model, cfg, state
 
@@ -405,13 +408,14 @@ def evaluate_checkpoint(
     with_val: bool = True,
     device: str | torch.device = "cpu",
     batch_sequences: int = 16,
+    verified: bool = False,
 ) -> list[dict]:
     """Evaluate one checkpoint: rows with step, tokens, flops, task, metric, value, stderr."""
     from scalelab.train.data.tokenizer import load_tokenizer
     from scalelab.train.loop import run_summary_fields
 
     checkpoint = Path(checkpoint)
-    model, cfg, state = load_checkpoint_model(checkpoint, device)
+    model, cfg, state = load_checkpoint_model(checkpoint, device, verified=verified)
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     rows = validation_rows(model, cfg, torch.device(device)) if with_val else []
     rows += evaluate_tasks(model, tokenizer, tasks, max_seq_len=cfg.model.max_seq_len, batch_sequences=batch_sequences)

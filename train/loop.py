@@ -77,6 +77,16 @@ def _build_and_parallelize(cfg: RunConfig, runtime: Runtime, seed: int):
     return model
 
 
+def _build_data(cfg: RunConfig, runtime: Runtime):
+    return build_data(
+        cfg.data,
+        seed=cfg.train.seed,
+        dp_rank=runtime.dp_rank,
+        dp_size=runtime.dp_size,
+        val_batch_size=cfg.eval.val_batch_sequences,
+    )
+
+
 def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
@@ -110,11 +120,18 @@ def train_run(
     run_dir = Path(run_dir)
     runtime = make_runtime(cfg)
     callbacks = callbacks or []
+    # Everything that can reject the inputs (data sources and their token budget, the checkpoint to
+    # start from) runs before the run directory exists: a rejected run leaves nothing behind that
+    # would block the corrected command.
+    data = _build_data(cfg, runtime)
+    data.sampler.check_budget(cfg.num_steps * cfg.tokens_per_step)
+    if cfg.train.init_from and not (resume and ckpt.list_checkpoints(run_dir / "checkpoints")):
+        ckpt.verify(cfg.train.init_from)
     if runtime.is_rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run_dir / "config.json", to_dict(cfg))
     try:
-        return _train(cfg, run_dir, runtime, resume, callbacks, stop_after_steps)
+        return _train(cfg, run_dir, runtime, data, resume, callbacks, stop_after_steps)
     except Diverged as e:
         summary = {"status": "diverged", "reason": str(e)}
         if runtime.is_rank0:
@@ -127,20 +144,14 @@ def train_run(
         raise
 
 
-def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_after_steps) -> dict[str, Any]:
+def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, stop_after_steps) -> dict[str, Any]:
     seed = cfg.train.seed
     _seed_everything(seed)
     model = _build_and_parallelize(cfg, runtime, seed)
+    if runtime.dp_size > 1:  # the layout is known now: this rank reads its slice of each batch
+        data = _build_data(cfg, runtime)
     optimizer = build_optimizer(model, cfg.optim, runtime.device.type)
     lr_of = schedule_for(cfg)
-    data = build_data(
-        cfg.data,
-        seed=seed,
-        dp_rank=runtime.dp_rank,
-        dp_size=runtime.dp_size,
-        val_batch_size=cfg.eval.val_batch_sequences,
-    )
-    data.sampler.check_budget(cfg.num_steps * cfg.tokens_per_step)
     tasks = []
     if cfg.eval.tasks:
         from scalelab.train.eval_tasks import evaluate_tasks, load_tasks
@@ -150,17 +161,17 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
     flops_per_step = static["flops_per_token_6n"] * cfg.tokens_per_step
 
     start_step = 0
-    resume_from = ckpt.latest_checkpoint(run_dir / "checkpoints") if resume else None
+    resume_from, skipped = None, []
+    if resume:
+        resume_from, skipped = ckpt.select_resume_checkpoint(run_dir / "checkpoints", log=_log)
     init_from = None if resume_from else cfg.train.init_from
     source = resume_from or (Path(init_from) if init_from else None)
     state: dict[str, Any] = {}
     if source is not None:
-        state = ckpt.load_checkpoint(source, model, optimizer)
+        state = ckpt.load_checkpoint(source, model, optimizer, verified=True)  # verified above
         data.sampler.load_state_dict(state["sampler"])
         start_step = int(state["step"])
-    writer = (
-        RecordWriter(run_dir, resume_step=start_step if resume_from else None) if runtime.is_rank0 else None
-    )
+    writer = RecordWriter(run_dir, resume_step=start_step if resume_from else None) if runtime.is_rank0 else None
     if writer is not None and init_from and not resume_from:
         writer.metrics = _prefix_rows(Path(init_from), start_step)
     best_loss = float(state.get("best_loss", math.inf))
@@ -173,6 +184,8 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
             "running",
             run_id=config_hash(cfg),
             started_steps=start_step,
+            started_from=str(source) if source is not None else None,
+            skipped_checkpoints=[f"{name}: {why}" for name, why in skipped],
             attempts=int(prev.get("attempts", 0)) + 1,
             **static,
         )
@@ -246,9 +259,7 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
             bar.set_postfix(loss=f"{loss_val:.3f}", tok_s=f"{tps:,.0f}")
         last = step == cfg.num_steps
         if last or (cfg.eval.interval_steps and step % cfg.eval.interval_steps == 0):
-            rows = evaluate_sources(
-                model, data.val_sets, runtime.extra.get("loss_fn") or _val_loss, runtime
-            )
+            rows = evaluate_sources(model, data.val_sets, runtime.extra.get("loss_fn") or _val_loss, runtime)
             if tasks:  # every rank runs it: under FSDP/TP the forward is collective
                 rows += evaluate_tasks(model, data.tokenizer, tasks, max_seq_len=cfg.model.max_seq_len)
             if writer is not None:
@@ -299,6 +310,10 @@ def _train(cfg, run_dir: Path, runtime: Runtime, resume: bool, callbacks, stop_a
         logger.summary_update(summary)
         logger.finish()
     return dict(summary, status="done")
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _val_loss(model, inputs, targets):
