@@ -133,8 +133,9 @@ def test_debug_preset_learns_below_unigram_entropy(tmp_path):
         {
             "model": {"preset": "debug"},
             "data": {"seq_len": 128, "val_sequences": 32},
-            "optim": {"lr": 1e-2},
-            "train": {"num_tokens": 40 * 4096, "global_batch_tokens": 4096, "num_threads": 1},
+            # 60 steps at 5e-3 reach ~2.70 nats on the default corpus (unigram ~3.22); 1e-2 is too hot here
+            "optim": {"lr": 5e-3},
+            "train": {"num_tokens": 60 * 4096, "global_batch_tokens": 4096, "num_threads": 1},
             "eval": {"interval_steps": 0},
             "checkpoint": {"interval_steps": 0, "final": False},
             "logging": {"wandb": "disabled", "progress": "off"},
