@@ -404,7 +404,11 @@ def fit_curves(
             grid = the_law.init_grid()
             starts = grid[np.unique(np.linspace(0, len(grid) - 1, min(len(grid), 200)).astype(int))]
         data = {**{k: pts[k] for k in the_law.inputs}, "loss": pts["loss"]}
-        res = fit_law(the_law, data, starts=starts, weights=pts["weight"], delta=delta, n_polish=2)
+        # Tight tolerances: a curve fit's objective is small (hundreds of ~1e-6 Huber terms), and
+        # scipy's default ftol stops it at twice its optimum (measured on a simulated ladder).
+        res = fit_law(
+            the_law, data, starts=starts, weights=pts["weight"], delta=delta, n_polish=2, gtol=1e-10, ftol=1e-15
+        )
         tried[decay] = float(res.objective)
         if best is None or res.objective < best.result.objective:
             best = CurveFit(
@@ -422,3 +426,47 @@ def fit_curves(
             "one model size: the size terms are not identified (predictions hold at this size only)"
         )
     return best
+
+
+CURVE_TABLE_COLUMNS = ("run_id", "step", "lr", "params", "loss")
+
+
+def is_curve_table(frame) -> bool:
+    """Whether a table holds loss curves (a row per logged step with its LR), not one row per run."""
+    return all(c in frame.columns for c in CURVE_TABLE_COLUMNS)
+
+
+def curves_from_table(frame) -> tuple[Any, list[RunCurve]]:
+    """(one row per run at its last step, RunCurves) from a table of logged steps.
+
+    The table (e.g. a metrics export of another framework) has a row per logged step with columns
+    run_id, step, lr, params, loss and optionally tokens (tokens seen after the step; default:
+    step x the run's tokens per step, 1 when unknown). The LR of steps that were not logged is
+    interpolated between logged ones, so the table should log the whole schedule of every run
+    (its last row is the run's last step). The per-run frame has run_id, params, tokens, loss (the
+    loss at the last step) for fitting.io.read_runs.
+
+    Raises:
+        UsageError: a missing column, a run without rows.
+    """
+    import polars as pl
+
+    missing = [c for c in CURVE_TABLE_COLUMNS if c not in frame.columns]
+    if missing:
+        raise UsageError(f"a curve table needs columns {list(CURVE_TABLE_COLUMNS)}; missing {missing}")
+    curves, rows = [], []
+    for (run_id,), g in frame.sort("step").group_by(["run_id"], maintain_order=True):
+        steps = np.asarray(g["step"].cast(pl.Int64).to_numpy(), dtype=np.int64)
+        lr_logged = np.asarray(g["lr"].cast(pl.Float64).to_numpy(), dtype=float)
+        total = int(steps.max())
+        lr = np.interp(np.arange(1, total + 1), steps, lr_logged)
+        tps = 1.0
+        if "tokens" in g.columns:
+            tps = float(g["tokens"].cast(pl.Float64).to_numpy()[-1]) / total
+        loss = np.asarray(g["loss"].cast(pl.Float64).to_numpy(), dtype=float)
+        params = float(g["params"].cast(pl.Float64).to_numpy()[-1])
+        curves.append(RunCurve(run_id=str(run_id), params=params, lr=lr, steps=steps, loss=loss, tokens_per_step=tps))
+        rows.append({"run_id": str(run_id), "params": params, "tokens": tps * total, "loss": float(loss[-1])})
+    if not rows:
+        raise UsageError("the curve table has no rows")
+    return pl.DataFrame(rows), curves

@@ -140,12 +140,12 @@ def _table_data(law, table: RunTable) -> dict[str, np.ndarray]:
 
 
 def _fit_table_law(name: str, table: RunTable):
-    from scalelab.fitting.pipeline import subsample_starts
-
     law = get_law(name)
     if len(table) <= law.n_params:
         raise UsageError(f"{len(table)} runs for {law.n_params} parameters")
-    return fit_law(law, _table_data(law, table), starts=subsample_starts(law, TABLE_STARTS))
+    grid = law.init_grid()
+    starts = grid[np.unique(np.linspace(0, len(grid) - 1, min(TABLE_STARTS, len(grid))).astype(int))]
+    return fit_law(law, _table_data(law, table), starts=starts, weights=table.weight)
 
 
 def _by_id(curves: Sequence[RunCurve]) -> dict[str, RunCurve]:
@@ -163,7 +163,7 @@ def _predict_final(name, fit, table, curves, factor: float) -> np.ndarray:
     return np.asarray(fit.predict(**{k: x[k] for k in law.inputs}), dtype=float)
 
 
-def _calibration(cf: CurveFit, table: RunTable, curves: Sequence[RunCurve]) -> float:
+def calibration_factor(cf: CurveFit, table: RunTable, curves: Sequence[RunCurve]) -> float:
     """exp(mean log(table loss / curve law's final prediction)) over the runs of `table`."""
     lookup = _by_id(curves)
     pred = np.array([cf.predict_final(lookup[str(r)]) for r in table.run_id])
@@ -282,7 +282,7 @@ def select_law(
                 p = _predict_final(name, fit, test_t, None, 1.0)
             elif score == "final":
                 cf = fit_curves(train_c, name, **ckw)
-                cand.calibration = _calibration(cf, train_t, train_c)
+                cand.calibration = calibration_factor(cf, train_t, train_c)
                 fit = cf
                 p = _predict_final(name, cf, test_t, curves, cand.calibration)
             else:
@@ -341,7 +341,7 @@ def _refit(sel: Selection, table, curves, ckw, scored: list[str]) -> None:
             cf = fit_curves(curves, name, **ckw)
             sel.fits[name] = cf
             if sel.score == "final" and name in CURVE_LAWS:
-                sel.calibration[name] = _calibration(cf, table, curves)
+                sel.calibration[name] = calibration_factor(cf, table, curves)
 
 
 def format_selection(sel: Selection) -> str:
