@@ -43,6 +43,7 @@ import numpy as np
 from scipy import optimize
 
 from scalelab.errors import UsageError
+from scalelab.fitting.bootstrap import bootstrap
 from scalelab.fitting.fit import FitResult, fit_law
 from scalelab.fitting.intervals import percentile_interval, robust_scale
 from scalelab.fitting.laws import Law, get_law
@@ -283,7 +284,7 @@ class CurveFit:
     run_ids: list[str]
     points: dict[str, np.ndarray]  # the fitted points (curve_points), with their weights
     decays_tried: dict[float, float] = field(default_factory=dict)  # decay -> objective
-    _boot: np.ndarray | None = field(default=None, repr=False)
+    _boot: tuple | None = field(default=None, repr=False)  # ((n_boot, seed, kept run), thetas)
 
     @property
     def params(self) -> dict[str, float]:
@@ -306,26 +307,39 @@ class CurveFit:
     def predict_final(self, curve: RunCurve) -> float:
         return float(self.predict(curve, np.array([curve.num_steps]))[0])
 
-    def bootstrap_thetas(self, n_boot: int = 64, seed: int = 0) -> np.ndarray:
-        """(n_boot, P) natural parameters refitted on resamples of whole runs (cached)."""
-        from scalelab.fitting.bootstrap import bootstrap
+    def bootstrap_thetas(self, n_boot: int = 64, seed: int = 0, keep: str | None = None) -> np.ndarray:
+        """(n_boot, P) natural parameters refitted on resamples of whole runs (cached).
 
-        if self._boot is None or self._boot.shape[0] != n_boot:
+        keep: a run_id present once in every replicate (the run a prediction is conditioned on).
+        """
+        if self._boot is None or self._boot[0] != (n_boot, seed, keep):
             data = {k: self.points[k] for k in (*self.law_object().inputs, "loss")}
             if np.unique(self.points["run"]).size < 2:
                 raise UsageError("an interval from resampled runs needs at least 2 runs in the fit")
+            kept = [self.run_ids.index(keep)] if keep in self.run_ids else []
             boot = bootstrap(
-                self.law_object(), data, self.result, n_boot=n_boot, groups=self.points["run"], seed=seed, derived={}
+                self.law_object(),
+                data,
+                self.result,
+                n_boot=n_boot,
+                groups=self.points["run"],
+                seed=seed,
+                derived={},
+                keep_groups=kept,
             )
-            self._boot = np.stack([boot.samples[p] for p in self.law_object().param_names], axis=1)
-        return self._boot
+            self._boot = ((n_boot, seed, keep), np.stack([boot.samples[p] for p in self.law_object().param_names], 1))
+        return self._boot[1]
 
     def final_interval(self, curve: RunCurve, *, level: float = 0.95, n_boot: int = 64, seed: int = 0):
-        """Percentile interval of the predicted final loss over run-resampling bootstrap refits."""
+        """Percentile interval of the predicted final loss over run-resampling bootstrap refits.
+
+        When `curve` is one of the fitted runs (e.g. a prefix), it stays in every replicate: the
+        interval is conditional on the run's own points, and the other runs are resampled.
+        """
         names = self.law_object().param_names
         draws = [
             self.predict(curve, np.array([curve.num_steps]), params=dict(zip(names, row)))[0]
-            for row in self.bootstrap_thetas(n_boot, seed)
+            for row in self.bootstrap_thetas(n_boot, seed, keep=curve.run_id)
         ]
         return percentile_interval(np.array(draws), level)
 
