@@ -184,6 +184,11 @@ def run_fit(args: argparse.Namespace) -> int:
     print(f"{'parameter':<28}{'value':>12}   {lvl}% interval")
     for name, val in {**report["params"], **report["derived"]}.items():
         print(f"{name:<28}{_fmt(val):>12}   {_iv(report['intervals'].get(name))}")
+    for member, fit in report.get("members", {}).items():  # curve laws and the average
+        params = ", ".join(f"{k}={_fmt(v)}" for k, v in fit["params"].items())
+        extra = f"  decay {fit['decay']}" if "decay" in fit and member == "lr_annealing" else ""
+        cal = report.get("calibration", {}).get(member)
+        print(f"  {member}: {params}{extra}" + (f"  (x{cal:.4f} to the table's loss)" if cal else ""))
     for proto, bt in report["backtest"].items():
         print(
             f"backtest {proto}: MARE {100 * bt['mare']:.2f}%  bias {100 * bt['bias']:+.2f}%  "

@@ -1,0 +1,266 @@
+"""Benchmark: the curve laws and early stopping on this machine's own small sweeps (not a test).
+
+    nice -n 10 python bench/curve_sweeps.py --out results/curves      # ~30-40 min on 2 shared cores
+
+Trains (or reuses, the store dedupes) four CPU sweeps of tiny models on the default corpus, 64-token
+sequences, then prints four tables:
+
+  1. IsoFLOP sweep (3 budgets x 4 sizes, cosine, validation every 25 steps): each run's final
+     validation loss predicted from its first 30% of steps, (a) with the other runs complete (what
+     early stopping sees) and (b) with every run seen only through its first 30%.
+  2. WSD cooldown branches (sweeps/cooldowns.py) predicted from their stable run alone.
+  3. Cosine runs predicted from constant-LR runs of the same sizes: from constant runs only, and
+     from constant runs plus WSD runs (a constant run with a 20% cooldown).
+  4. Early stopping on the same IsoFLOP sweep (a second store with `early_stop:`): runs stopped,
+     compute saved, the stopped runs' predicted vs. actual final loss (the full sweep's), and the
+     Chinchilla fit with and without the stopped runs next to the full sweep's, with intervals.
+
+Predictions use fitting/curves.py (lr_annealing: Tissue et al. 2024 with a size term; lr_area: the
+forward area only; chinchilla on every checkpoint for reference) on validation-loss curves. Errors
+are (predicted - observed) / observed of the final validation loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import pathlib
+import sys
+import time
+
+import numpy as np
+import polars as pl
+import yaml
+
+from scalelab.fitting.curves import fit_curves
+from scalelab.fitting.pipeline import fit_table
+from scalelab.sweeps import store
+from scalelab.sweeps.early_stop import runs_for_fit
+from scalelab.sweeps.execute import launch
+from scalelab.sweeps.run_curves import store_curves
+from scalelab.sweeps.spec import expand_sweep
+
+COMMON = {
+    "data": {"seq_len": 64, "val_sequences": 64},
+    "optim": {"lr": 3.0e-3},
+    "logging": {"wandb": "disabled"},
+}
+EXECUTION = {"max_failures": 2, "cpus_per_run": 1, "max_concurrent": 2}
+ISO = {
+    "name": "iso",
+    "base": {
+        **COMMON,
+        "train": {"global_batch_tokens": 512},
+        "schedule": {"name": "cosine"},
+        "eval": {"interval_steps": 25},
+        "checkpoint": {"interval_steps": 50, "keep_last": 1},
+    },
+    "isoflop": {"budgets": [1.8e11, 5.4e11, 1.6e12], "num_sizes": 4, "params": [3.5e4, 2.0e5], "flops": "6n"},
+    "execution": EXECUTION,
+}
+EARLY_STOP = {"tolerance": 0.01, "min_fraction": 0.3, "check_every": 0.1, "min_runs": 3, "n_boot": 32}
+COOLDOWNS = {
+    "name": "wsd",
+    "base": {
+        **COMMON,
+        "train": {"global_batch_tokens": 512},
+        "schedule": {"name": "wsd", "decay_fraction": 0.2},
+        "eval": {"interval_steps": 25},
+    },
+    "ladder": {"sizes": [5.0e4, 1.0e5], "tokens_per_param": [40]},
+    "cooldowns": {"fractions": [0.25, 0.5]},
+    "execution": EXECUTION,
+}
+SCHEDULES = {
+    "name": "schedules",
+    "base": {**COMMON, "train": {"global_batch_tokens": 512}, "eval": {"interval_steps": 25}},
+    "ladder": {"sizes": [3.5e4, 7.0e4, 1.4e5], "tokens_per_param": [20]},
+    "axes": {"schedule.name": ["constant", "wsd", "cosine"]},
+    "execution": EXECUTION,
+}
+LAWS = ("lr_annealing", "lr_area", "chinchilla")
+
+
+def run_sweep(spec: dict, out: pathlib.Path) -> None:
+    t0 = time.time()
+    res = launch(expand_sweep(spec), out, spec_text=yaml.safe_dump(spec), log=lambda m: None)
+    print(
+        f"# sweep {spec['name']}: {len(res['trained'])} run(s) trained, {len(res['skipped'])} reused "
+        f"({time.time() - t0:.0f} s) -> {out}"
+    )
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:+.2f}%" if math.isfinite(x) else "n/a"
+
+
+def summary(errors: dict[str, np.ndarray]) -> str:
+    return "  ".join(
+        f"{k}: mean |err| {100 * np.nanmean(np.abs(v)):.2f}%, max {100 * np.nanmax(np.abs(v)):.2f}%"
+        for k, v in errors.items()
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. final loss from the first 30%
+# ---------------------------------------------------------------------------------------------
+
+
+def prefix_table(sweep: pathlib.Path, fraction: float = 0.3) -> None:
+    runs, curves = store_curves(sweep, source="val")
+    finals = np.array([c.final_loss for c in curves])
+    pre = [c.prefix(fraction) for c in curves]
+    errs: dict[str, dict[str, np.ndarray]] = {"others complete": {}, "all at 30%": {}}
+    for law in LAWS:
+        loo = []
+        for i in range(len(curves)):
+            others = [c for j, c in enumerate(curves) if j != i]
+            cf = fit_curves([*others, pre[i]], law)
+            own = np.array([cf.predict_final(o) for o in others])
+            factor = np.exp(np.mean(np.log(finals[np.arange(len(curves)) != i] / own)))  # as early stopping does
+            loo.append(factor * cf.predict_final(curves[i]))
+        errs["others complete"][law] = (np.array(loo) - finals) / finals
+        cf = fit_curves([p for p in pre if p.steps.size], law)
+        errs["all at 30%"][law] = (np.array([cf.predict_final(c) for c in curves]) - finals) / finals
+    print(f"\n## 1. final validation loss from the first {fraction:.0%} of steps ({sweep})")
+    head = "".join(f"{f'{law} ({s[:6]})':>24}" for s in errs for law in LAWS)
+    print(f"{'run':<13}{'N':>8}{'steps':>7}{'C':>9}{'final':>8}{head}")
+    for i, (row, c) in enumerate(zip(runs.iter_rows(named=True), curves)):
+        cells = "".join(f"{pct(errs[s][law][i]):>24}" for s in errs for law in LAWS)
+        print(f"{c.run_id:<13}{c.params:>8.0f}{c.num_steps:>7}{row['flops']:>9.2g}{finals[i]:>8.4f}{cells}")
+    for s, e in errs.items():
+        print(f"{s:>16}: {summary(e)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. cooldown branches from the stable run; 3. cosine from constant-LR runs
+# ---------------------------------------------------------------------------------------------
+
+
+def cooldown_table(sweep: pathlib.Path) -> None:
+    runs, curves = store_curves(sweep, source="val")
+    by_id = dict(zip(runs["run_id"], curves))
+    print(f"\n## 2. WSD cooldown branches predicted from the stable run alone ({sweep})")
+    print(
+        f"{'branch':<13}{'N':>8}{'branch@':>8}{'steps':>7}{'observed':>10}" + "".join(f"{law:>16}" for law in LAWS[:2])
+    )
+    errs: dict[str, list[float]] = {law: [] for law in LAWS[:2]}
+    for row in runs.filter(pl.col("cooldown") == "stable").iter_rows(named=True):
+        stable = by_id[row["run_id"]]
+        fits = {law: fit_curves([stable], law) for law in LAWS[:2]}
+        for b in runs.filter(pl.col("branch_of") == row["run_id"]).sort("tokens").iter_rows(named=True):
+            c = by_id[b["run_id"]]
+            cells = ""
+            for law, cf in fits.items():
+                e = cf.predict_final(c) / c.final_loss - 1.0
+                errs[law].append(e)
+                cells += f"{pct(e):>16}"
+            print(f"{c.run_id:<13}{c.params:>8.0f}{b['branch_step']:>8}{c.num_steps:>7}{c.final_loss:>10.4f}{cells}")
+    print(f"{'':>16}{summary({k: np.array(v) for k, v in errs.items()})}")
+
+
+def schedule_table(sweep: pathlib.Path) -> None:
+    runs, curves = store_curves(sweep, source="val")
+    sched = runs["schedule"].to_list()
+    pick = lambda names: [c for c, s in zip(curves, sched) if s in names]  # noqa: E731
+    cosine = pick(("cosine",))
+    print(f"\n## 3. cosine runs predicted from constant-LR runs of the same sizes ({sweep})")
+    sources = {"constant only": pick(("constant",)), "constant + wsd": pick(("constant", "wsd"))}
+    print(
+        f"{'cosine run':<13}{'N':>8}{'steps':>7}{'observed':>10}"
+        + "".join(f"{f'{law} ({s})':>30}" for s in sources for law in LAWS[:2])
+    )
+    fits = {(s, law): fit_curves(train, law) for s, train in sources.items() for law in LAWS[:2]}
+    errs = {k: [] for k in fits}
+    for c in cosine:
+        cells = ""
+        for k, cf in fits.items():
+            e = cf.predict_final(c) / c.final_loss - 1.0
+            errs[k].append(e)
+            cells += f"{pct(e):>30}"
+        print(f"{c.run_id:<13}{c.params:>8.0f}{c.num_steps:>7}{c.final_loss:>10.4f}{cells}")
+    print("".join(f"  {s}/{law}: mean |err| {100 * np.mean(np.abs(v)):.2f}%" for (s, law), v in errs.items()))
+    for (s, law), cf in fits.items():
+        if law == "lr_annealing":
+            print(
+                f"  {s}: fitted C = {cf.params['C']:.3g} (annealing bonus), decay {cf.decay}; "
+                + ("; ".join(cf.warnings[:1]) or "no warnings")
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. early stopping
+# ---------------------------------------------------------------------------------------------
+
+
+def _fit_row(name: str, frame: pl.DataFrame, bootstrap: int) -> dict:
+    rep = fit_table(frame, law="chinchilla", bootstrap=bootstrap, backtest=False)
+    return {"name": name, "n": frame.height, "params": rep["params"], "intervals": rep["intervals"]}
+
+
+def early_stop_table(full: pathlib.Path, es: pathlib.Path, bootstrap: int) -> None:
+    runs_full = store.load_runs(full).filter(pl.col("status") == "done")
+    runs_es = store.load_runs(es)
+    actual = dict(zip(runs_full["run_id"], runs_full["loss"]))
+    total = float(runs_es["flops"].sum())
+    stopped = runs_es.filter(pl.col("status") == "stopped_early")
+    saved = 0.0
+    print(f"\n## 4. early stopping on the IsoFLOP sweep ({es}; the full sweep {full} trains every run)")
+    print(
+        f"{'run':<13}{'N':>8}{'C':>9}{'stopped at':>11}{'predicted':>10}{'95% interval':>20}{'actual':>9}{'error':>9}"
+    )
+    for row in stopped.sort("flops").iter_rows(named=True):
+        st = store.read_status(store.run_path(es, row["run_id"]))
+        lo, hi = st["predicted_loss_interval"]
+        saved += st.get("saved_flops") or 0.0
+        a = actual.get(row["run_id"], float("nan"))
+        print(
+            f"{row['run_id']:<13}{row['params']:>8.0f}{row['flops']:>9.2g}{st['stopped_fraction']:>10.0%} "
+            f"{st['predicted_loss']:>10.4f}  [{lo:.4f}, {hi:.4f}]{a:>9.4f}{pct(st['predicted_loss'] / a - 1):>9}"
+        )
+    print(
+        f"runs stopped: {stopped.height} of {runs_es.height}; training FLOPs (6ND) saved: {saved:.3g} of "
+        f"{total:.3g} ({saved / total:.1%})"
+    )
+    checks = [e for e in store.read_events(es) if e["event"] == "early_stop_check"]
+    if checks:
+        print(f"early-stop checks: {len(checks)}, fitting time {sum(e['seconds'] for e in checks):.0f} s in total")
+    rows = [
+        _fit_row("full sweep (no early stopping)", runs_for_fit(full), bootstrap),
+        _fit_row("early stopping, stopped runs included", runs_for_fit(es, stopped="include"), bootstrap),
+        _fit_row("early stopping, stopped runs excluded", runs_for_fit(es, stopped="exclude"), bootstrap),
+    ]
+    names = list(rows[0]["params"])
+    print(f"Chinchilla fits of final validation loss (Approach 3, {bootstrap}-replicate bootstrap 95% intervals):")
+    print(f"{'':<40}{'runs':>5}" + "".join(f"{n:>26}" for n in names))
+    for r in rows:
+        cells = ""
+        for n in names:
+            lo, hi = r["intervals"].get(n, (None, None))
+            iv = f"[{lo:.3g}, {hi:.3g}]" if lo is not None and hi is not None else ""
+            cells += f"{r['params'][n]:>9.3g} {iv:>16}"
+        print(f"{r['name']:<40}{r['n']:>5}{cells}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/curves"))
+    parser.add_argument("--bootstrap", type=int, default=200)
+    parser.add_argument("--skip-training", action="store_true", help="only analyse what the stores hold")
+    args = parser.parse_args(argv)
+    full, es = args.out / "full" / "iso", args.out / "early_stop" / "iso"
+    wsd, sch = args.out / "full" / "wsd", args.out / "full" / "schedules"
+    if not args.skip_training:
+        run_sweep(ISO, full)
+        run_sweep({**ISO, "early_stop": EARLY_STOP}, es)  # another store root: nothing is linked from `full`
+        run_sweep(COOLDOWNS, wsd)
+        run_sweep(SCHEDULES, sch)
+    prefix_table(full)
+    cooldown_table(wsd)
+    schedule_table(sch)
+    early_stop_table(full, es, args.bootstrap)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
