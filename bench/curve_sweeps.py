@@ -14,6 +14,10 @@ sequences, then prints four tables:
   4. Early stopping on the same IsoFLOP sweep (a second store with `early_stop:`): runs stopped,
      compute saved, the stopped runs' predicted vs. actual final loss (the full sweep's), and the
      Chinchilla fit with and without the stopped runs next to the full sweep's, with intervals.
+     Then a replay of the same decisions (sweeps/early_stop.decide) on the full sweep's records at
+     several tolerances: each run checked at its checkpoints in the order the runs started, with
+     the runs that had ended before it started as the finished ones (what the live sweep saw at
+     least); compute saved, errors of the stopped runs, and the fits with and without them.
 
 Predictions use fitting/curves.py (lr_annealing: Tissue et al. 2024 with a size term; lr_area: the
 forward area only; chinchilla on every checkpoint for reference) on validation-loss curves. Errors
@@ -35,7 +39,7 @@ import yaml
 from scalelab.fitting.curves import fit_curves
 from scalelab.fitting.pipeline import fit_table
 from scalelab.sweeps import store
-from scalelab.sweeps.early_stop import runs_for_fit
+from scalelab.sweeps.early_stop import STATUS, EarlyStopConfig, decide, runs_for_fit
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.run_curves import store_curves
 from scalelab.sweeps.spec import expand_sweep
@@ -222,15 +226,108 @@ def early_stop_table(full: pathlib.Path, es: pathlib.Path, bootstrap: int) -> No
         f"runs stopped: {stopped.height} of {runs_es.height}; training FLOPs (6ND) saved: {saved:.3g} of "
         f"{total:.3g} ({saved / total:.1%})"
     )
-    checks = [e for e in store.read_events(es) if e["event"] == "early_stop_check"]
+    checks = [e for e in store.read_events(es) if e["event"] == "early_stop_check" and np.isfinite(e["predicted_loss"])]
     if checks:
-        print(f"early-stop checks: {len(checks)}, fitting time {sum(e['seconds'] for e in checks):.0f} s in total")
+        print(f"early-stop checks with a fit: {len(checks)}, fitting time {sum(e['seconds'] for e in checks):.0f} s")
+        err = np.array([e["predicted_loss"] / actual[e["run_id"]] - 1 for e in checks])
+        cover = np.array([e["interval"][0] <= actual[e["run_id"]] <= e["interval"][1] for e in checks])
+        half = np.array([(e["interval"][1] - e["interval"][0]) / 2 / e["predicted_loss"] for e in checks])
+        frac = np.array([e["fraction"] for e in checks])
+        for lo, hi in ((0.3, 0.5), (0.5, 0.7), (0.7, 1.0)):
+            m = (frac >= lo) & (frac < hi)
+            if m.any():
+                print(
+                    f"  checks at {lo:.0%}-{hi:.0%} of a run: {int(m.sum()):>3}, |error| of the predicted final loss "
+                    f"{100 * np.mean(np.abs(err[m])):.2f}% (max {100 * np.max(np.abs(err[m])):.2f}%), interval "
+                    f"half-width {100 * np.mean(half[m]):.2f}%, intervals covering the actual {cover[m].mean():.0%}"
+                )
     rows = [
         _fit_row("full sweep (no early stopping)", runs_for_fit(full), bootstrap),
         _fit_row("early stopping, stopped runs included", runs_for_fit(es, stopped="include"), bootstrap),
         _fit_row("early stopping, stopped runs excluded", runs_for_fit(es, stopped="exclude"), bootstrap),
     ]
+    _print_fits(rows, list(rows[0]["params"]), bootstrap)
+
+
+def replay(full: pathlib.Path, tolerance: float) -> tuple[pl.DataFrame, list[dict]]:
+    """Early-stopping decisions replayed on a finished sweep; (fit frame with stopped runs, stops)."""
+    cfg = EarlyStopConfig(**{**EARLY_STOP, "tolerance": tolerance})
+    runs, curves = store_curves(full, source="val")
+    by_id = dict(zip(runs["run_id"], curves))
+    events = store.read_events(full)
+    start = {e["run_id"]: e["time"] for e in events if e["event"] == "start"}
+    end = {e["run_id"]: e["time"] for e in events if e["event"] == "end"}
+    ckpt = ISO["base"]["checkpoint"]["interval_steps"]
+    stops = []
+    frame = runs_for_fit(full)
+    for rid in sorted(start, key=start.get):
+        c = by_id[rid]
+        done = [r for r in end if end[r] < start[rid] and r in by_id]
+        finished = [by_id[r] for r in done]
+        losses = np.array([by_id[r].final_loss for r in done])
+        last = -math.inf
+        for step in range(ckpt, c.num_steps, ckpt):
+            frac = step / c.num_steps
+            if frac < cfg.min_fraction or frac - last < cfg.check_every - 1e-9:
+                continue
+            last = frac
+            d = decide(c.prefix(max_step=step), finished, losses, step, cfg)
+            if d.stop:
+                lo, hi = d.interval
+                z = 1.959964
+                s = (math.log(hi) - math.log(lo)) / (2 * z)
+                w = (tolerance / z) ** 2 / ((tolerance / z) ** 2 + s**2)
+                stops.append(
+                    {
+                        "run_id": rid,
+                        "fraction": d.fraction,
+                        "predicted": d.predicted_loss,
+                        "actual": c.final_loss,
+                        "flops": float(runs.filter(pl.col("run_id") == rid)["flops"][0]),
+                    }
+                )
+                frame = frame.with_columns(
+                    pl.when(pl.col("run_id") == rid)
+                    .then(pl.lit(d.predicted_loss))
+                    .otherwise(pl.col("loss"))
+                    .alias("loss"),
+                    pl.when(pl.col("run_id") == rid).then(pl.lit(w)).otherwise(pl.col("weight")).alias("weight"),
+                    pl.when(pl.col("run_id") == rid).then(pl.lit(STATUS)).otherwise(pl.col("status")).alias("status"),
+                )
+                break
+    return frame, stops
+
+
+def replay_table(full: pathlib.Path, tolerances: list[float], bootstrap: int) -> None:
+    total = float(store.load_runs(full)["flops"].sum())
+    print(f"\nreplayed on {full} (decisions at checkpoints every 50 steps, >= 30% and 10% apart):")
+    rows = [_fit_row("no early stopping", runs_for_fit(full), bootstrap)]
     names = list(rows[0]["params"])
+    summary_rows = []
+    for tol in tolerances:
+        frame, stops = replay(full, tol)
+        saved = sum(s["flops"] * (1 - s["fraction"]) for s in stops)
+        errs = [s["predicted"] / s["actual"] - 1 for s in stops]
+        summary_rows.append(
+            f"tolerance {tol:.0%}: {len(stops)} of {frame.height} runs stopped, FLOPs saved {saved:.3g} "
+            f"({saved / total:.1%})"
+            + (
+                f", stopped runs' error mean |e| {100 * np.mean(np.abs(errs)):.2f}% "
+                f"max {100 * np.max(np.abs(errs)):.2f}%"
+                if errs
+                else ""
+            )
+        )
+        if stops:
+            rows.append(_fit_row(f"tol {tol:.0%}, stopped runs included", frame, bootstrap))
+            rows.append(
+                _fit_row(f"tol {tol:.0%}, stopped runs excluded", frame.filter(pl.col("status") == "done"), bootstrap)
+            )
+    print("\n".join(summary_rows))
+    _print_fits(rows, names, bootstrap)
+
+
+def _print_fits(rows: list[dict], names: list[str], bootstrap: int) -> None:
     print(f"Chinchilla fits of final validation loss (Approach 3, {bootstrap}-replicate bootstrap 95% intervals):")
     print(f"{'':<40}{'runs':>5}" + "".join(f"{n:>26}" for n in names))
     for r in rows:
@@ -247,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/curves"))
     parser.add_argument("--bootstrap", type=int, default=200)
     parser.add_argument("--skip-training", action="store_true", help="only analyse what the stores hold")
+    parser.add_argument("--tolerances", type=float, nargs="+", default=[0.01, 0.02, 0.03, 0.05])
+    parser.add_argument("--tables", default="1234", help="which tables to print (digits)")
     args = parser.parse_args(argv)
     full, es = args.out / "full" / "iso", args.out / "early_stop" / "iso"
     wsd, sch = args.out / "full" / "wsd", args.out / "full" / "schedules"
@@ -255,10 +354,15 @@ def main(argv: list[str] | None = None) -> int:
         run_sweep({**ISO, "early_stop": EARLY_STOP}, es)  # another store root: nothing is linked from `full`
         run_sweep(COOLDOWNS, wsd)
         run_sweep(SCHEDULES, sch)
-    prefix_table(full)
-    cooldown_table(wsd)
-    schedule_table(sch)
-    early_stop_table(full, es, args.bootstrap)
+    if "1" in args.tables:
+        prefix_table(full)
+    if "2" in args.tables:
+        cooldown_table(wsd)
+    if "3" in args.tables:
+        schedule_table(sch)
+    if "4" in args.tables:
+        early_stop_table(full, es, args.bootstrap)
+        replay_table(full, args.tolerances, args.bootstrap)
     return 0
 
 

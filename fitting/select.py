@@ -32,7 +32,7 @@ on every run.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,8 +51,6 @@ TABLE_STARTS = 500  # evenly thinned init-grid starts per table-law fit (the ful
 TIE_MARE = 1e-6
 INCUMBENT = "chinchilla"
 MARGIN = 0.1  # a challenger must lower the incumbent's held-out MARE by this fraction
-
-Predictor = Callable[..., np.ndarray]
 
 
 @dataclass(kw_only=True)
