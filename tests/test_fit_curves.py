@@ -65,6 +65,16 @@ def test_lr_areas_anneal_area_is_the_delayed_lr_drop():
     assert np.all(s2m <= s2 + 1e-12) and s2m[-1] > 0.5 * s2[-1]
 
 
+def test_curve_laws_are_the_written_formulas():
+    from scalelab.fitting.laws import get_law
+
+    n, s1, s2 = np.array([2e4, 1e5]), np.array([3e5, 2e6]), np.array([0.0, 0.8])
+    want = TRUE["E"] + TRUE["A"] / n ** TRUE["alpha"] + TRUE["B"] / s1 ** TRUE["beta"] - TRUE["C"] * s2
+    np.testing.assert_allclose(get_law("lr_annealing").predict(TRUE, params=n, s1=s1, s2=s2), want, rtol=1e-12)
+    no_c = {k: v for k, v in TRUE.items() if k != "C"}
+    np.testing.assert_allclose(get_law("lr_area").predict(no_c, params=n, s1=s1), want + TRUE["C"] * s2, rtol=1e-12)
+
+
 def test_lr_areas_rejects_bad_input():
     with pytest.raises(UsageError, match="decay"):
         lr_areas(np.ones(3), decay=1.0)
