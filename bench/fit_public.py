@@ -51,8 +51,9 @@ Measured 2026-12-02 (2-core CPU shared, ~85 s in all), mean ARE on the largest m
     GPT-3   1.28%  1.13%       3.23%   3.99%   0.30%        0.44%   0.30% (lr_annealing)  -77%
     LM-1    1.17%  0.52%       0.87%   n/a     n/a          0.70%   0.52% (chinchilla)    -55%
 The issue's goal (auto at least 25% below Approach 3 on every family, never worse) holds on GPT-3
-and LM-1 and not on OPT (-8%): no candidate gets OPT-175B below 1.6% (its bias is +1.6% for every
-law: the largest model does better than any law fitted on the smaller ones says).
+and LM-1 and not on OPT (-8%): no candidate gets OPT-175B below 1.6%, and every candidate's error
+there is a positive bias (+1.6% to +2.8%): the largest model does better than any of these laws,
+fitted on the smaller ones, says.
 """
 
 from __future__ import annotations
