@@ -249,82 +249,88 @@ def early_stop_table(full: pathlib.Path, es: pathlib.Path, bootstrap: int) -> No
     _print_fits(rows, list(rows[0]["params"]), bootstrap)
 
 
-def replay(full: pathlib.Path, tolerance: float) -> tuple[pl.DataFrame, list[dict]]:
-    """Early-stopping decisions replayed on a finished sweep; (fit frame with stopped runs, stops)."""
-    cfg = EarlyStopConfig(**{**EARLY_STOP, "tolerance": tolerance})
+def replay_checks(full: pathlib.Path) -> tuple[pl.DataFrame, dict[str, list]]:
+    """Early-stopping checks replayed on a finished sweep: (runs, {run_id: [(fraction, pred, lo, hi)]}).
+
+    Each run is checked at its checkpoints (>= min_fraction, check_every apart) in the order the
+    runs started, with the runs that had ended before it started as the finished ones. The checks
+    do not depend on the tolerance, which only decides at which check a run stops.
+    """
+    cfg = EarlyStopConfig(**{**EARLY_STOP, "tolerance": 1e-9})
     runs, curves = store_curves(full, source="val")
     by_id = dict(zip(runs["run_id"], curves))
     events = store.read_events(full)
     start = {e["run_id"]: e["time"] for e in events if e["event"] == "start"}
     end = {e["run_id"]: e["time"] for e in events if e["event"] == "end"}
     ckpt = ISO["base"]["checkpoint"]["interval_steps"]
-    stops = []
-    frame = runs_for_fit(full)
+    checks: dict[str, list] = {}
     for rid in sorted(start, key=start.get):
         c = by_id[rid]
         done = [r for r in end if end[r] < start[rid] and r in by_id]
-        finished = [by_id[r] for r in done]
-        losses = np.array([by_id[r].final_loss for r in done])
-        last = -math.inf
+        finished, losses = [by_id[r] for r in done], np.array([by_id[r].final_loss for r in done])
+        last, checks[rid] = -math.inf, []
         for step in range(ckpt, c.num_steps, ckpt):
             frac = step / c.num_steps
             if frac < cfg.min_fraction or frac - last < cfg.check_every - 1e-9:
                 continue
             last = frac
             d = decide(c.prefix(max_step=step), finished, losses, step, cfg)
-            if d.stop:
-                lo, hi = d.interval
-                z = 1.959964
-                s = (math.log(hi) - math.log(lo)) / (2 * z)
-                w = (tolerance / z) ** 2 / ((tolerance / z) ** 2 + s**2)
-                stops.append(
-                    {
-                        "run_id": rid,
-                        "fraction": d.fraction,
-                        "predicted": d.predicted_loss,
-                        "actual": c.final_loss,
-                        "flops": float(runs.filter(pl.col("run_id") == rid)["flops"][0]),
-                    }
-                )
-                frame = frame.with_columns(
-                    pl.when(pl.col("run_id") == rid)
-                    .then(pl.lit(d.predicted_loss))
-                    .otherwise(pl.col("loss"))
-                    .alias("loss"),
-                    pl.when(pl.col("run_id") == rid).then(pl.lit(w)).otherwise(pl.col("weight")).alias("weight"),
-                    pl.when(pl.col("run_id") == rid).then(pl.lit(STATUS)).otherwise(pl.col("status")).alias("status"),
-                )
-                break
+            if math.isfinite(d.predicted_loss):
+                checks[rid].append((d.fraction, d.predicted_loss, *d.interval))
+    return runs, checks
+
+
+def replay_stops(runs: pl.DataFrame, checks: dict[str, list], full: pathlib.Path, tolerance: float):
+    """(fit frame with the stopped runs at their predicted loss and weight, stops) at `tolerance`."""
+    z = 1.959964
+    frame, stops = runs_for_fit(full), []
+    for rid, rows in checks.items():
+        for frac, pred, lo, hi in rows:
+            if (hi - lo) / 2 / pred > tolerance:
+                continue
+            s = (math.log(hi) - math.log(lo)) / (2 * z)
+            w = (tolerance / z) ** 2 / ((tolerance / z) ** 2 + s**2)
+            row = runs.filter(pl.col("run_id") == rid)
+            stops.append(
+                {
+                    "run_id": rid,
+                    "fraction": frac,
+                    "predicted": pred,
+                    "actual": float(row["loss"][0]),
+                    "flops": float(row["flops"][0]),
+                }
+            )
+            hit = pl.col("run_id") == rid
+            frame = frame.with_columns(
+                pl.when(hit).then(pl.lit(pred)).otherwise(pl.col("loss")).alias("loss"),
+                pl.when(hit).then(pl.lit(w)).otherwise(pl.col("weight")).alias("weight"),
+                pl.when(hit).then(pl.lit(STATUS)).otherwise(pl.col("status")).alias("status"),
+            )
+            break
     return frame, stops
 
 
 def replay_table(full: pathlib.Path, tolerances: list[float], bootstrap: int) -> None:
     total = float(store.load_runs(full)["flops"].sum())
-    print(f"\nreplayed on {full} (decisions at checkpoints every 50 steps, >= 30% and 10% apart):")
+    runs, checks = replay_checks(full)
+    print(f"\nreplayed on {full} ({sum(map(len, checks.values()))} checks at checkpoints, >= 30% and 10% apart):")
     rows = [_fit_row("no early stopping", runs_for_fit(full), bootstrap)]
-    names = list(rows[0]["params"])
     summary_rows = []
     for tol in tolerances:
-        frame, stops = replay(full, tol)
+        frame, stops = replay_stops(runs, checks, full, tol)
         saved = sum(s["flops"] * (1 - s["fraction"]) for s in stops)
-        errs = [s["predicted"] / s["actual"] - 1 for s in stops]
+        errs = np.abs([s["predicted"] / s["actual"] - 1 for s in stops])
         summary_rows.append(
             f"tolerance {tol:.0%}: {len(stops)} of {frame.height} runs stopped, FLOPs saved {saved:.3g} "
             f"({saved / total:.1%})"
-            + (
-                f", stopped runs' error mean |e| {100 * np.mean(np.abs(errs)):.2f}% "
-                f"max {100 * np.max(np.abs(errs)):.2f}%"
-                if errs
-                else ""
-            )
+            + (f", stopped runs' |error| mean {100 * errs.mean():.2f}%, max {100 * errs.max():.2f}%" if stops else "")
         )
         if stops:
             rows.append(_fit_row(f"tol {tol:.0%}, stopped runs included", frame, bootstrap))
-            rows.append(
-                _fit_row(f"tol {tol:.0%}, stopped runs excluded", frame.filter(pl.col("status") == "done"), bootstrap)
-            )
+            done = frame.filter(pl.col("status") == "done")
+            rows.append(_fit_row(f"tol {tol:.0%}, stopped runs excluded", done, bootstrap))
     print("\n".join(summary_rows))
-    _print_fits(rows, names, bootstrap)
+    _print_fits(rows, list(rows[0]["params"]), bootstrap)
 
 
 def _print_fits(rows: list[dict], names: list[str], bootstrap: int) -> None:
