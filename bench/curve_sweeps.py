@@ -27,6 +27,7 @@ are (predicted - observed) / observed of the final validation loss.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import pathlib
 import sys
@@ -36,6 +37,7 @@ import numpy as np
 import polars as pl
 import yaml
 
+from scalelab.errors import UsageError
 from scalelab.fitting.curves import fit_curves
 from scalelab.fitting.pipeline import fit_table
 from scalelab.sweeps import store
@@ -198,7 +200,10 @@ def schedule_table(sweep: pathlib.Path) -> None:
 
 
 def _fit_row(name: str, frame: pl.DataFrame, bootstrap: int) -> dict:
-    rep = fit_table(frame, law="chinchilla", bootstrap=bootstrap, backtest=False)
+    try:
+        rep = fit_table(frame, law="chinchilla", bootstrap=bootstrap, backtest=False)
+    except UsageError as e:  # e.g. too few runs left once the stopped ones are excluded
+        return {"name": name, "n": frame.height, "params": {}, "intervals": {}, "error": str(e)}
     return {"name": name, "n": frame.height, "params": rep["params"], "intervals": rep["intervals"]}
 
 
@@ -310,9 +315,13 @@ def replay_stops(runs: pl.DataFrame, checks: dict[str, list], full: pathlib.Path
     return frame, stops
 
 
-def replay_table(full: pathlib.Path, tolerances: list[float], bootstrap: int) -> None:
+def replay_table(full: pathlib.Path, tolerances: list[float], bootstrap: int, cache: pathlib.Path) -> None:
     total = float(store.load_runs(full)["flops"].sum())
-    runs, checks = replay_checks(full)
+    if cache.exists():  # the checks take minutes; the tolerances and fits below are cheap
+        runs, checks = store_curves(full, source="val")[0], json.loads(cache.read_text())
+    else:
+        runs, checks = replay_checks(full)
+        cache.write_text(json.dumps(checks))
     print(f"\nreplayed on {full} ({sum(map(len, checks.values()))} checks at checkpoints, >= 30% and 10% apart):")
     rows = [_fit_row("no early stopping", runs_for_fit(full), bootstrap)]
     summary_rows = []
@@ -337,6 +346,9 @@ def _print_fits(rows: list[dict], names: list[str], bootstrap: int) -> None:
     print(f"Chinchilla fits of final validation loss (Approach 3, {bootstrap}-replicate bootstrap 95% intervals):")
     print(f"{'':<40}{'runs':>5}" + "".join(f"{n:>26}" for n in names))
     for r in rows:
+        if "error" in r:
+            print(f"{r['name']:<40}{r['n']:>5}  no fit: {r['error']}")
+            continue
         cells = ""
         for n in names:
             lo, hi = r["intervals"].get(n, (None, None))
@@ -368,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         schedule_table(sch)
     if "4" in args.tables:
         early_stop_table(full, es, args.bootstrap)
-        replay_table(full, args.tolerances, args.bootstrap)
+        replay_table(full, args.tolerances, args.bootstrap, args.out / "replay_checks.json")
     return 0
 
 

@@ -222,6 +222,10 @@ def curve_points(
     if not cols["loss"]:
         raise UsageError(f"no run has a logged loss past its warmup and its first {drop_first:.0%} of steps")
     out = {k: np.concatenate(v) for k, v in cols.items()}
+    # Runs that share a prefix (a WSD branch and its stable run, a constant and a WSD run of one
+    # size and seed) log the same losses at the same areas: one measurement, kept once.
+    _, first = np.unique(np.stack([out[k] for k in (*CURVE_INPUTS, "loss")], axis=1), axis=0, return_index=True)
+    out = {k: v[np.sort(first)] for k, v in out.items()}
     w = 1.0 / (out["sigma"] ** 2 + out.pop("n_r") * sigma_run**2)
     out["weight"] = w / w.mean()
     out["run"] = out["run"].astype(np.int64)

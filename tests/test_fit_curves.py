@@ -123,6 +123,11 @@ def test_cooldown_branch_predicted_from_the_stable_run_alone():
     assert np.allclose(branch.lr[:800], stable.lr[:800])
     cf = fit_curves([stable], "lr_annealing")
     assert rel(cf.predict_final(branch), branch.final_loss) < 0.01
+    # a branch logs its stable run's points up to the branch point: fitted together, those count once
+    shared = run("stable", 5e4, schedule("wsd", 2000), seed=3)
+    shared.run_id = "copy"
+    both = fit_curves([stable, shared], "lr_area")
+    assert both.points["loss"].size == fit_curves([stable], "lr_area").points["loss"].size
     # the forward area alone cannot see the cooldown's drop: this is what the annealing term buys
     area = fit_curves([stable], "lr_area")
     assert rel(area.predict_final(branch), branch.final_loss) > 2 * rel(cf.predict_final(branch), branch.final_loss)
