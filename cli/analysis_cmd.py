@@ -1,7 +1,7 @@
 """Analysis commands over a sweep store: noise, predict-task, compare, plot, report.
 
 scalelab noise DIR [--last-n 5]                         SNR / seed & checkpoint noise / decisions
-scalelab predict-task DIR --task T --params N --tokens D  compute -> task bpb -> accuracy
+scalelab predict-task DIR|TABLE --task T --params N --tokens D  compute -> task bpb -> accuracy
 scalelab compare DIR_A DIR_B [--law chinchilla]         compute-efficiency multiplier of B over A
 scalelab compare DIR --by TAG                           ... between the values of a tag in one store
 scalelab plot DIR --kind isoflop -o FILE.png            one figure (kinds: see --help)
@@ -11,6 +11,7 @@ scalelab report DIR -o report.html                      one self-contained HTML 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from scalelab.errors import UsageError
 
@@ -49,9 +50,11 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "predict-task",
         help="two-step downstream prediction: (N, D) -> task bpb -> accuracy",
-        description="Fit task bpb vs (N, D), then the bpb-to-accuracy sigmoid, with intervals.",
+        description="Fit task bpb vs (N, D), then the bpb-to-accuracy sigmoid, with intervals. The data is a "
+        "sweep store, or a CSV/Parquet table from elsewhere with columns params, tokens, <task>/bpb, "
+        "<task>/acc (optional run_id, step, <task>/<metric>_stderr; see scalelab.analysis.tables).",
     )
-    p.add_argument("store")
+    p.add_argument("store", help="a sweep directory or store root, or a CSV/Parquet table")
     p.add_argument("--task", required=True, help="task name as in evals.parquet, e.g. bundled/stdlib_nextline")
     p.add_argument("--params", type=float, required=True, help="model parameters N")
     p.add_argument("--tokens", type=float, required=True, help="training tokens D")
@@ -136,10 +139,16 @@ def run_predict_task(args) -> int:
     from scalelab.analysis.store import load_evals, load_store_runs
 
     _check_positive("bootstrap", args.bootstrap)
-    runs = load_store_runs(args.store)
+    if Path(args.store).is_file():
+        from scalelab.analysis.tables import task_frames
+
+        runs, evals = task_frames(args.store, task=args.task)
+    else:
+        runs = load_store_runs(args.store)
+        evals = load_evals(runs)
     pred = predict_task(
         runs,
-        load_evals(runs),
+        evals,
         task=args.task,
         params=args.params,
         tokens=args.tokens,
@@ -154,8 +163,6 @@ def run_predict_task(args) -> int:
 
 
 def _sides(stores: list[str], by: str | None):
-    from pathlib import Path
-
     from scalelab.analysis.compare import split_by_tag
     from scalelab.analysis.store import load_store_runs
 

@@ -1,13 +1,20 @@
 """`scalelab fit`, `scalelab predict`, `scalelab allocate`: scaling-law fits from a run table.
 
     scalelab fit runs.csv --law chinchilla --approach 3 --bootstrap 200 --json --out fit.json
+    scalelab fit results/iso --law auto              # a sweep store: picks the law by backtest
+    scalelab fit metrics.csv --law lr_annealing      # a table of logged steps (run_id, step, lr, params, loss)
     scalelab predict fit.json --params 7e9 --tokens 1.4e12
     scalelab predict fit.json --flops 1e23          # compute-optimal loss and allocation
     scalelab allocate fit.json --flops 1e23 1e24
 
-DATA is CSV or Parquet with columns params, tokens, loss (optional flops, run_id, group); other
-names map with --params-col etc. tokens may be derived as flops / (6 params). The logic lives in
-scalelab.fitting.pipeline; this module parses arguments and prints.
+DATA is CSV or Parquet with columns params, tokens, loss (optional flops, run_id, group, weight);
+other names map with --params-col etc. tokens may be derived as flops / (6 params). DATA may also
+be a table of logged steps (columns run_id, step, lr, params, loss[, tokens]: an export of another
+framework's metrics), or a sweep directory / store root: its done runs, plus the runs stopped early
+at their predicted loss and weight (--stopped include, the default) or not (--stopped exclude), and
+their loss curves for the curve laws. --law auto fits every candidate law and picks one by the
+held-out-largest backtest (scalelab.fitting.select). The logic lives in scalelab.fitting.pipeline;
+this module parses arguments and prints.
 """
 
 from __future__ import annotations
@@ -23,7 +30,22 @@ from scalelab.errors import UsageError
 def add_parser(sub) -> None:
     p = sub.add_parser("fit", help="fit a scaling law to a run table (CSV/Parquet)")
     p.add_argument("data", help="CSV or Parquet file, one row per run/checkpoint")
-    p.add_argument("--law", default="chinchilla", help="law form for approach 3 (default chinchilla)")
+    p.add_argument(
+        "--law",
+        default="chinchilla",
+        help="law form for approach 3 (default chinchilla); auto: chosen by backtest; lr_annealing, lr_area: "
+        "curve laws (need curves: a sweep directory or a table of logged steps)",
+    )
+    p.add_argument(
+        "--stopped",
+        choices=("include", "exclude"),
+        default="include",
+        help="sweep stores: runs stopped early enter at their predicted loss, weighted by its precision (include) "
+        "or not at all (exclude)",
+    )
+    p.add_argument(
+        "--curve-source", choices=("auto", "val", "train"), default="auto", help="sweep stores: which loss curves"
+    )
     p.add_argument("--approach", type=int, choices=(1, 2, 3), default=3, help="Chinchilla approach (default 3)")
     p.add_argument("--bootstrap", type=int, default=0, metavar="B", help="bootstrap resamples (0: delta method)")
     p.add_argument("--holdout-frac", type=float, default=None, metavar="F", help="backtest hold-out fraction")
@@ -35,7 +57,7 @@ def add_parser(sub) -> None:
     p.add_argument("--level", type=float, default=0.95, help="interval level (default 0.95)")
     p.add_argument("--objective", choices=("huber", "squared"), default="huber")
     p.add_argument("--delta", type=float, default=1e-3, help="Huber threshold on log-loss residuals")
-    for role in ("params", "tokens", "loss", "flops", "run-id", "group", "unique-tokens"):
+    for role in ("params", "tokens", "loss", "flops", "run-id", "group", "unique-tokens", "weight"):
         p.add_argument(f"--{role}-col", default=role.replace("-", "_"), metavar="NAME")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", type=pathlib.Path, default=None, help="save the fit (with samples) here")
@@ -74,6 +96,7 @@ def _columns(args):
         run_id=args.run_id_col,
         group=args.group_col,
         unique_tokens=args.unique_tokens_col,
+        weight=args.weight_col,
     )
 
 
@@ -98,13 +121,40 @@ def _iv(iv) -> str:
     return f"[{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else "-"
 
 
+def _data(args: argparse.Namespace):
+    """(table or path, curves or None) from DATA: a sweep store, a table of logged steps, or a run table."""
+    from scalelab.fitting.laws import CURVE_LAWS
+
+    wants_curves = args.law == "auto" or args.law in CURVE_LAWS
+    path = pathlib.Path(args.data)
+    if path.is_dir():
+        from scalelab.sweeps.early_stop import runs_for_fit
+        from scalelab.sweeps.run_curves import store_curves
+
+        frame = runs_for_fit(path, stopped=args.stopped, loss_col=args.loss_col)
+        curves = None
+        if wants_curves:
+            statuses = ("done", "stopped_early") if args.stopped == "include" else ("done",)
+            curves = store_curves(path, source=args.curve_source, statuses=statuses)[1]
+        return frame, curves
+    if wants_curves and path.is_file():
+        from scalelab.analysis.tables import read_table
+        from scalelab.fitting.curves import curves_from_table, is_curve_table
+
+        frame = read_table(path)
+        if is_curve_table(frame):
+            return curves_from_table(frame)
+    return str(path), None
+
+
 def run_fit(args: argparse.Namespace) -> int:
     from scalelab.fitting.pipeline import fit_table
 
     if not 0.0 < args.level < 1.0:
         raise UsageError(f"--level must be in (0, 1), got {args.level}")
+    data, curves = _data(args)
     report = fit_table(
-        str(args.data),
+        data,
         law=args.law,
         approach=args.approach,
         bootstrap=args.bootstrap,
@@ -117,6 +167,7 @@ def run_fit(args: argparse.Namespace) -> int:
         backtest=not args.no_backtest,
         keep_samples=args.out is not None,
         max_starts=args.starts,
+        curves=curves,
     )
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -133,16 +184,34 @@ def run_fit(args: argparse.Namespace) -> int:
     print(f"{'parameter':<28}{'value':>12}   {lvl}% interval")
     for name, val in {**report["params"], **report["derived"]}.items():
         print(f"{name:<28}{_fmt(val):>12}   {_iv(report['intervals'].get(name))}")
+    for member, fit in report.get("members", {}).items():  # curve laws and the average
+        params = ", ".join(f"{k}={_fmt(v)}" for k, v in fit["params"].items())
+        extra = f"  decay {fit['decay']}" if "decay" in fit and member == "lr_annealing" else ""
+        cal = report.get("calibration", {}).get(member)
+        print(f"  {member}: {params}{extra}" + (f"  (x{cal:.4f} to the table's loss)" if cal else ""))
     for proto, bt in report["backtest"].items():
         print(
             f"backtest {proto}: MARE {100 * bt['mare']:.2f}%  bias {100 * bt['bias']:+.2f}%  "
             f"(train {bt['n_train']}, test {bt['n_test']})"
         )
+    if "selection" in report:
+        _print_selection(report["selection"])
     for w in report["warnings"]:
         print(f"warning: {w}")
     if args.out is not None:
         print(f"saved {args.out}")
     return 0
+
+
+def _print_selection(sel: dict) -> None:
+    print(f"law selection: {sel['protocol']}; {sel['rule']}; held out {len(sel['holdout'])} run(s)")
+    print(f"  {'candidate':<18}{'MARE':>9}{'bias':>9}  note")
+    for c in sel["candidates"]:
+        if "mare" in c:
+            mark = "chosen" if c["name"] == sel["chosen"] else ""
+            print(f"  {c['name']:<18}{100 * c['mare']:>8.2f}%{100 * c['bias']:>+8.2f}%  {mark}")
+        else:
+            print(f"  {c['name']:<18}{'-':>9}{'-':>9}  {c.get('skipped', '')}")
 
 
 def _load(path: pathlib.Path) -> dict:

@@ -98,20 +98,29 @@ class BootstrapResult:
         }
 
 
-def resample_counts(n: int, n_boot: int, rng: np.random.Generator, groups: np.ndarray | None = None) -> np.ndarray:
-    """(n_boot, n) integer counts: rows drawn with replacement, or whole groups when groups is given."""
+def resample_counts(
+    n: int, n_boot: int, rng: np.random.Generator, groups: np.ndarray | None = None, keep: Sequence[Any] = ()
+) -> np.ndarray:
+    """(n_boot, n) integer counts: rows drawn with replacement, or whole groups when groups is given.
+
+    Groups listed in `keep` enter every replicate once (a conditional bootstrap: e.g. the run whose
+    own prefix a prediction is conditioned on); the other groups are resampled among themselves.
+    """
     if groups is None:
         idx = rng.integers(0, n, size=(n_boot, n))
         counts = np.zeros((n_boot, n))
         np.add.at(counts, (np.repeat(np.arange(n_boot), n), idx.reshape(-1)), 1.0)
         return counts
     labels, inverse = np.unique(np.asarray(groups), return_inverse=True)
-    g = labels.size
-    if g < 2:
-        raise UsageError("grouped bootstrap needs at least 2 distinct groups")
-    draws = rng.integers(0, g, size=(n_boot, g))
-    gcounts = np.zeros((n_boot, g))
+    fixed = np.isin(labels, np.asarray(list(keep), dtype=labels.dtype)) if len(keep) else np.zeros(labels.size, bool)
+    free = np.flatnonzero(~fixed)
+    g = free.size
+    if g < 1 or labels.size < 2:
+        raise UsageError("grouped bootstrap needs at least 2 distinct groups, one of them resampled")
+    draws = free[rng.integers(0, g, size=(n_boot, g))]
+    gcounts = np.zeros((n_boot, labels.size))
     np.add.at(gcounts, (np.repeat(np.arange(n_boot), g), draws.reshape(-1)), 1.0)
+    gcounts[:, fixed] = 1.0
     return gcounts[:, inverse]
 
 
@@ -124,6 +133,7 @@ def bootstrap(
     seed: int = 0,
     derived: Mapping[str, Callable[[Mapping[str, float]], float]] | None = None,
     *,
+    keep_groups: Sequence[Any] = (),
     n_extra_starts: int = 2,
     flops_budgets: Sequence[float] = (),
     max_iter: int = 2000,
@@ -140,6 +150,7 @@ def bootstrap(
         groups: None (resample runs), an array of labels (n,), or the name of an input column
             (e.g. "params" to resample whole model sizes).
         seed: random seed of the resampling.
+        keep_groups: groups present once in every replicate (see resample_counts).
         derived: extra quantities fn(natural params) -> float; defaults per law (Chinchilla:
             a_opt, b_opt and tokens_per_param at `flops_budgets`).
         n_extra_starts: starts added to the warm start per replicate: the full fit's next-best
@@ -168,7 +179,7 @@ def bootstrap(
     if groups is not None and np.asarray(groups).shape != (n,):
         raise UsageError(f"groups must have one label per run ({n}), got shape {np.asarray(groups).shape}")
     rng = np.random.default_rng(seed)
-    counts = resample_counts(n, n_boot, rng, None if groups is None else np.asarray(groups))
+    counts = resample_counts(n, n_boot, rng, None if groups is None else np.asarray(groups), keep=keep_groups)
     if w_fit is not None:
         counts = counts * w_fit[None, :]
     # Extra starts: the full fit's other distinct end points (other basins), then grid points.

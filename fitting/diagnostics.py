@@ -62,10 +62,12 @@ def validate_data(
         raise UsageError(f"{law.name} fit: columns have different lengths {lengths}")
     n = arrays["loss"].size
     for c, a in arrays.items():
-        bad = np.flatnonzero(~np.isfinite(a) | (a <= 0))
+        floor_ok = c in law.nonnegative_inputs  # e.g. an annealing area, 0 before any decay
+        bad = np.flatnonzero(~np.isfinite(a) | ((a < 0) if floor_ok else (a <= 0)))
         if bad.size:
             raise UsageError(
-                f"{law.name} fit: column {c!r} has {bad.size} non-positive or NaN/inf value(s), "
+                f"{law.name} fit: column {c!r} has {bad.size} {'negative' if floor_ok else 'non-positive'} or "
+                f"NaN/inf value(s), "
                 f"first at row {bad[0]} ({a[bad[0]]}); drop or fix those runs"
             )
     n_free = law.n_params

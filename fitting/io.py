@@ -1,7 +1,7 @@
 """Reading run tables (CSV, Parquet, polars frames, dicts) into validated numpy arrays for fitting.
 
 One row per run (or per checkpoint): total parameters N, training tokens D, loss, and optionally
-FLOPs C, a run id and a group label. Column names are mapped, so any table works:
+FLOPs C, a run id, a group label and a fit weight. Column names are mapped, so any table works:
 
     table = read_runs("runs.parquet", params_col="N", tokens_col="D", loss_col="final_loss")
     table.params, table.tokens, table.loss, table.flops, table.flops_source   # "column" or "6ND"
@@ -33,6 +33,7 @@ class ColumnMap:
     run_id: str = "run_id"
     group: str = "group"
     unique_tokens: str = "unique_tokens"  # optional: the data-constrained law's U_D
+    weight: str = "weight"  # optional: per-run fit weights (e.g. runs stopped early, sweeps/early_stop.py)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -48,6 +49,7 @@ class RunTable:
     run_id: np.ndarray  # str; row numbers when the table has no run ids
     group: np.ndarray | None
     unique_tokens: np.ndarray | None = None
+    weight: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.params.size)
@@ -63,6 +65,7 @@ class RunTable:
             run_id=self.run_id[mask_or_idx],
             group=None if self.group is None else self.group[mask_or_idx],
             unique_tokens=None if self.unique_tokens is None else self.unique_tokens[mask_or_idx],
+            weight=None if self.weight is None else self.weight[mask_or_idx],
         )
 
     def law_inputs(self) -> dict[str, np.ndarray]:
@@ -170,8 +173,10 @@ def read_runs(source, *, columns: ColumnMap | None = None, min_rows: int = 1) ->
     )
     group = frame[cols.group].cast(pl.Utf8).to_numpy().astype(str) if cols.group in have else None
     unique = _numeric(frame, cols.unique_tokens, "unique_tokens") if cols.unique_tokens in have else None
+    weight = _numeric(frame, cols.weight, "weight") if cols.weight in have else None
     return RunTable(
         unique_tokens=unique,
+        weight=weight,
         params=params,
         tokens=tokens,
         loss=loss,

@@ -10,7 +10,9 @@ reported in natural form (`param_names`, e.g. E) via `to_natural` / `to_fit`.
     law.predict({"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28},
                 params=np.array([1e9]), tokens=np.array([2e10]))
 
-Registry names: "chinchilla", "kaplan", "power_law" (with E), "power_law_no_e", "data_constrained".
+Registry names: "chinchilla", "kaplan", "power_law" (with E), "power_law_no_e", "data_constrained",
+and the loss-curve laws "lr_annealing" and "lr_area" (inputs from fitting/lr_areas.py, fitted on
+every checkpoint of every run by fitting/curves.py).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Law:
         inputs: data columns the law reads besides "loss" (e.g. ("params", "tokens")).
         fit_bounds: (lo, hi) per fit parameter; the optimiser stays inside them.
         log_fit: which fit parameters are logs of their natural counterparts.
+        nonnegative_inputs: inputs allowed to be 0 (e.g. an annealing area before any decay).
     """
 
     name: str = ""
@@ -58,6 +61,7 @@ class Law:
     inputs: tuple[str, ...] = ()
     fit_bounds: tuple[tuple[float, float], ...] = ()
     log_fit: tuple[bool, ...] = ()
+    nonnegative_inputs: tuple[str, ...] = ()  # inputs that may be 0 (all others must be > 0)
 
     # -- parametrisation ---------------------------------------------------------------------
     @property
@@ -368,13 +372,103 @@ class DataConstrained(Law):
         return _grid([-0.5, 0.5], [0.0, 10.0, 20.0], [0.0, 10.0, 20.0], [0.25, 0.5], [0.25, 0.5], rs, rs)
 
 
+@dataclass(frozen=True, kw_only=True)
+class LRAnnealing(Law):
+    """Loss-curve law with LR annealing (Tissue et al. 2024) plus a Chinchilla size term:
+
+        L(N, s) = E + A / N^alpha + B / S1(s)^beta - C * S2(s)
+
+    S1 is the forward area in tokens at the run's peak LR and S2 the annealing area (the fraction
+    of the peak LR shed so far, through a momentum of 1 / (1 - decay) steps); see
+    fitting/lr_areas.py. At a constant LR S2 = 0 and S1 = D: Chinchilla on every checkpoint.
+    Fitted in log space with e, a, b, c the logs of E, A, B, C. `decay` is the momentum lambda the
+    S2 inputs were computed with (kept so a saved fit recomputes them); the curve fitter profiles it.
+    Inputs: params (N), s1, s2 (s2 >= 0; zero before any annealing).
+    """
+
+    name: str = "lr_annealing"
+    decay: float = 0.999
+    units: str = "peak_tokens"  # or "lr_steps": Tissue et al.'s raw LR x steps (see RunCurve.areas)
+    param_names: tuple[str, ...] = ("E", "A", "B", "C", "alpha", "beta")
+    fit_names: tuple[str, ...] = ("e", "a", "b", "c", "alpha", "beta")
+    inputs: tuple[str, ...] = ("params", "s1", "s2")
+    fit_bounds: tuple[tuple[float, float], ...] = (
+        (-5.0, 3.0),
+        (-10.0, 60.0),
+        (-10.0, 60.0),
+        (-20.0, 40.0),  # C spans ~0.1 (areas at the peak LR) to ~1e4 (raw LR areas)
+        (0.0, 3.0),
+        (0.0, 3.0),
+    )
+    log_fit: tuple[bool, ...] = (True, True, True, True, False, False)
+    nonnegative_inputs: tuple[str, ...] = ("s2",)
+
+    def log_predict_fit(self, theta: torch.Tensor, x: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        e, a, b, c, alpha, beta = (theta[:, i : i + 1] for i in range(6))
+        log_n, log_s1 = torch.log(x["params"]), torch.log(x["s1"])
+        total = torch.exp(e) + torch.exp(a - alpha * log_n) + torch.exp(b - beta * log_s1) - torch.exp(c) * x["s2"]
+        # A start can put the annealing bonus above the loss; the floor keeps the log finite and
+        # the objective there huge, so the search moves away (no gradient is lost elsewhere).
+        return torch.log(total.clamp_min(1e-6))
+
+    def init_grid(self) -> np.ndarray:
+        return _grid(
+            [-1.0, 0.0, 0.5],
+            [0.0, 5.0, 10.0, 20.0],
+            [0.0, 5.0, 10.0, 20.0],
+            [-4.0, -2.0, 0.0],
+            [0.1, 0.3, 0.7],
+            [0.1, 0.3, 0.7],
+        )
+
+    def config(self) -> dict[str, Any]:
+        return {"decay": self.decay, "units": self.units}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LRArea(Law):
+    """The forward-area law: Chinchilla with D replaced by the LR area S1 (no annealing term),
+
+        L(N, s) = E + A / N^alpha + B / S1(s)^beta,   log L = LSE(a - alpha log N, b - beta log S1, e)
+
+    i.e. LRAnnealing with C = 0: the schedule enters only through how much LR-weighted data a
+    checkpoint has seen. Kept as its own candidate so law selection can tell whether the annealing
+    term earns its parameter. Inputs: params (N), s1.
+    """
+
+    name: str = "lr_area"
+    units: str = "peak_tokens"
+    param_names: tuple[str, ...] = ("E", "A", "B", "alpha", "beta")
+    fit_names: tuple[str, ...] = ("e", "a", "b", "alpha", "beta")
+    inputs: tuple[str, ...] = ("params", "s1")
+    fit_bounds: tuple[tuple[float, float], ...] = Chinchilla.fit_bounds
+    log_fit: tuple[bool, ...] = (True, True, True, False, False)
+
+    def log_predict_fit(self, theta: torch.Tensor, x: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return Chinchilla.log_predict_fit(self, theta, {"params": x["params"], "tokens": x["s1"]})
+
+    def log_predict_vjp(
+        self, theta: torch.Tensor, x: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+        return Chinchilla.log_predict_vjp(self, theta, {"params": x["params"], "tokens": x["s1"]})
+
+    def init_grid(self) -> np.ndarray:
+        return Chinchilla.init_grid(self)
+
+    def config(self) -> dict[str, Any]:
+        return {"units": self.units}
+
+
 _REGISTRY: dict[str, type[Law]] = {
     "chinchilla": Chinchilla,
     "kaplan": Kaplan,
     "power_law": PowerLaw,
     "power_law_no_e": PowerLawNoE,
     "data_constrained": DataConstrained,
+    "lr_annealing": LRAnnealing,
+    "lr_area": LRArea,
 }
+CURVE_LAWS = ("lr_annealing", "lr_area")  # laws of LR areas: fitted on loss curves (fitting/curves.py)
 
 
 def get_law(name: str | Law, **config: Any) -> Law:

@@ -31,8 +31,10 @@ from scalelab.errors import UsageError
 from scalelab.fitting import allocate as alloc
 from scalelab.fitting import approaches as appr
 from scalelab.fitting.backtest import BacktestResult, holdout_backtest, holdout_mask, leave_one_budget_out
+from scalelab.fitting.curves import fit_curves
 from scalelab.fitting.io import ColumnMap, RunTable, read_runs
-from scalelab.fitting.laws import get_law
+from scalelab.fitting.laws import CURVE_LAWS, get_law
+from scalelab.fitting.select import calibration_factor, select_law
 
 LEVEL = 0.95
 MAX_LOBO_BUDGETS = 12  # leave-one-budget-out refits once per budget; above this it is skipped
@@ -113,7 +115,7 @@ def subsample_starts(law, max_starts: int | None, extra: np.ndarray | None = Non
 def _fit_law(law, table: RunTable, *, objective: str, delta: float, starts=None):
     from scalelab.fitting.fit import fit_law
 
-    return fit_law(law, _law_data(law, table), objective=objective, delta=delta, starts=starts)
+    return fit_law(law, _law_data(law, table), objective=objective, delta=delta, starts=starts, weights=table.weight)
 
 
 def _law_fitter(law, objective: str, delta: float, starts=None):
@@ -342,6 +344,71 @@ def _approach_backtest(approach, table, full, holdout_frac, level) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
+def _fit_selected(
+    table: RunTable, law: str, curves, *, bootstrap, seed, objective, delta, level, holdout_frac, backtest, max_starts
+) -> dict:
+    """`law` "auto" (fitting/select.py picks by backtest) or a curve law (fitted on `curves`)."""
+    if law in CURVE_LAWS and not curves:
+        raise UsageError(f"law {law} is fitted on loss curves: pass a sweep directory or a table of logged steps")
+    if law == "auto":
+        sel = select_law(table, curves, holdout_frac=holdout_frac, refit=False)
+    else:
+        sel = select_law(table, curves, holdout_frac=holdout_frac, candidates=[law], incumbent=None, refit=False)
+    chosen = sel.chosen
+    if chosen in ("chinchilla", "kaplan", "data_constrained"):
+        report = _fit_approach3(
+            table,
+            chosen,
+            bootstrap=bootstrap,
+            seed=seed,
+            objective=objective,
+            delta=delta,
+            level=level,
+            holdout_frac=holdout_frac,
+            backtest=backtest,
+            max_starts=max_starts,
+        )
+    else:
+        sel_full = (
+            select_law(
+                table, curves, holdout_frac=holdout_frac, candidates=[c.name for c in sel.ranking()], incumbent=None
+            )
+            if chosen == "average"
+            else None
+        )
+        members = sel_full.fits if sel_full is not None else {}
+        if chosen != "average":
+            cf = fit_curves(curves, chosen)
+            members = {chosen: cf}
+            calibration = {chosen: calibration_factor(cf, table, curves)}
+        else:
+            calibration = sel_full.calibration
+        cand = sel.candidates[chosen]
+        first = next(iter(members.values()))
+        report = {
+            "law": chosen,
+            "approach": 3,
+            "params": dict(first.params) if chosen != "average" else {},
+            "members": {
+                n: (f.to_dict() if hasattr(f, "points") else {"law": f.law, "params": dict(f.params)})
+                for n, f in members.items()
+            },
+            "calibration": calibration,
+            "objective": float(first.result.objective) if hasattr(first, "result") else float("nan"),
+            "n_points": int(
+                sum(len(f.points["loss"]) if hasattr(f, "points") else f.n_points for f in members.values())
+            ),
+            "intervals": {},
+            "derived": {},
+            "backtest": {"holdout": cand.backtest.to_dict()} if cand.backtest is not None else {},
+            "warnings": [w for f in members.values() for w in f.warnings],
+            "samples": {},
+            "interval_method": "none (curve laws: intervals from run-resampling refits in Python)",
+        }
+    report["selection"] = sel.to_dict()
+    return report
+
+
 def fit_table(
     data,
     law: str = "chinchilla",
@@ -357,12 +424,16 @@ def fit_table(
     backtest: bool = True,
     keep_samples: bool = False,
     max_starts: int | None = None,
+    curves=None,
 ) -> dict:
     """Fit a run table and return the report dict (what `scalelab fit --json` prints).
 
     Args:
         data: CSV/Parquet path, polars/pandas frame, or dict of arrays (columns per `columns`).
-        law: law name for Approach 3 (ignored by Approaches 1/2).
+        law: law name for Approach 3 (ignored by Approaches 1/2); "auto" picks the law by the
+            held-out-largest backtest (fitting/select.py; the report's "selection" lists every
+            candidate's backtest); a curve law ("lr_annealing", "lr_area") needs `curves`.
+        curves: RunCurves of the table's runs (matched by run_id): enables the curve laws.
         approach: 1 (envelope), 2 (IsoFLOP parabolas) or 3 (parametric fit).
         bootstrap: number of bootstrap resamples (Approach 3); 0 gives delta-method intervals.
         holdout_frac: backtest hold-out fraction by compute; None holds out the largest budget.
@@ -384,7 +455,22 @@ def fit_table(
     if holdout_frac is not None and not 0.0 < holdout_frac < 1.0:
         raise UsageError(f"holdout fraction must be in (0, 1), got {holdout_frac}")
     table = read_runs(data, columns=columns, min_rows=2)
-    if approach == 3:
+    if approach == 3 and (law == "auto" or law in CURVE_LAWS):
+        with one_torch_thread():
+            report = _fit_selected(
+                table,
+                law,
+                curves,
+                bootstrap=bootstrap,
+                seed=seed,
+                objective=objective,
+                delta=delta,
+                level=level,
+                holdout_frac=holdout_frac,
+                backtest=backtest,
+                max_starts=max_starts,
+            )
+    elif approach == 3:
         with one_torch_thread():
             report = _fit_approach3(
                 table,
@@ -447,6 +533,11 @@ def predict_from_fit(
         if flops is None:
             raise UsageError(f"an Approach {fit['approach']} fit predicts allocations only: pass --flops")
         return allocate_from_fit(fit, flops=flops, level=level)
+    if fit["law"] in (*CURVE_LAWS, "average"):
+        raise UsageError(
+            f"a {fit['law']} fit predicts runs from their LR schedules, not from (N, D): use "
+            "scalelab.fitting.curves.CurveFit.predict_final on a RunCurve"
+        )
     law = get_law(fit["law"])
     given = {"params": params, "tokens": tokens, "flops": flops, "unique_tokens": unique_tokens}
     given = {k: np.atleast_1d(np.asarray(v, dtype=float)) for k, v in given.items() if v is not None}

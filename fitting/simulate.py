@@ -11,7 +11,8 @@ Designs (inputs are log-spaced):
 - data-constrained laws: the grid is repeated for each entry of `epochs`, with unique tokens
   U_D = D / epochs.
 
-`precision_vs_runs` answers the planning question: how does the spread of a fitted exponent
+`simulate_curve` gives one run's whole loss curve under any LR schedule from the lr_annealing law
+(for the curve fits' tests). `precision_vs_runs` answers the planning question: how does the spread of a fitted exponent
 shrink with the number of runs (simulate, fit, repeat)?
 
     data = simulate("chinchilla", CHINCHILLA_EPOCH, design="isoflop", budgets=np.logspace(18, 21, 5))
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from scalelab.errors import UsageError
+from scalelab.fitting.curves import RunCurve
 from scalelab.fitting.laws import Chinchilla, Law, get_law
 
 # Reference parameter sets (natural units: N in parameters, D in tokens, loss in nats).
@@ -175,3 +177,37 @@ def precision_vs_runs(
             }
         )
     return rows
+
+
+def simulate_curve(
+    true_params: Mapping[str, float],
+    *,
+    run_id: str,
+    params: float,
+    lr: np.ndarray,
+    tokens_per_step: float = 1024.0,
+    decay: float = 0.99,
+    log_every: int = 1,
+    noise_sigma: float = 0.005,
+    run_sigma: float = 0.0,
+    seed: int = 0,
+):
+    """One run's logged losses from the lr_annealing law (fitting/laws.LRAnnealing) with noise:
+
+        loss(step) = L(N, S1, S2) * exp(run_sigma * u + noise_sigma * z_step),   u, z ~ N(0, 1)
+
+    (u: the run's seed offset, shared by its points; z: per logged point). `lr` is the whole
+    schedule (one LR per step). Returns a fitting.curves.RunCurve whose final_loss is the noisy
+    loss at the last step.
+    """
+    law = get_law("lr_annealing", decay=decay)
+    rng = np.random.default_rng(seed)
+    steps = np.unique(np.r_[np.arange(log_every, len(lr) + 1, log_every), len(lr)])
+    curve = RunCurve(
+        run_id=run_id, params=params, lr=lr, steps=steps, loss=np.ones(steps.size), tokens_per_step=tokens_per_step
+    )
+    x = curve.inputs(steps, decay)
+    clean = law.predict(true_params, params=x["params"], s1=x["s1"], s2=x["s2"])
+    curve.loss = clean * np.exp(run_sigma * rng.standard_normal() + noise_sigma * rng.standard_normal(steps.size))
+    curve.final_loss = float(curve.loss[-1])
+    return curve

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.errors import ConfigError, UsageError
-from scalelab.sweeps import ledger, ray_reaper, store
+from scalelab.sweeps import early_stop, ledger, ray_reaper, store
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
 
 Log = Callable[[str], None]
@@ -158,7 +158,8 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
             if cfg.parallel.world_size > 1:
                 summary = _train_multiworker(tc, run_dir, cfg)
             else:
-                cbs = [cb for cb in [_fault_callback(run_dir, tc.get("fail_at_step")), _hold_callback()] if cb]
+                cbs = [_fault_callback(run_dir, tc.get("fail_at_step")), _hold_callback()]
+                cbs = [cb for cb in [*cbs, early_stop.callback(sweep_dir, run_id, tc["config"])] if cb]
                 from scalelab.train.loop import train_run
 
                 summary = train_run(cfg, run_dir, resume=True, callbacks=cbs)

@@ -14,6 +14,7 @@ A spec is a base run config (the same tree `scalelab run` reads) plus exactly on
     axes: {optim.lr: [1e-3, 3e-3]}    # optional: crossed with every generated run (any config key)
     data: {mixtures: [{web: 0.7, code: 0.3}], num_tokens: [...], epochs: [1, 2, 4], unique_tokens: 1e6}
     cooldowns: {fractions: [0.25, 0.5]}   # optional, WSD only: decay branches off each run
+    early_stop: {tolerance: 0.01}         # optional: stop runs whose final loss is predicted (sweeps/early_stop.py)
     execution: {max_concurrent: 2, max_failures: 2, cpus_per_run: 1, gpus_per_run: 0}
     fit: {law: chinchilla, loss: final_val_loss, target_flops: 1e12}
 
@@ -49,6 +50,7 @@ import numpy as np
 import yaml
 
 from scalelab.errors import ConfigError, UsageError
+from scalelab.sweeps.early_stop import parse_early_stop
 from scalelab.sweeps.recipe import Recipe, parse_recipe
 
 GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
@@ -64,6 +66,7 @@ TOP_KEYS = (
     "execution",
     "fit",
     "recipe",
+    "early_stop",
 )
 SHAPE_KEYS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff")
 # model keys the shape rule passes through unchanged when a generator picks the size
@@ -201,6 +204,7 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     if execution.cpus_per_run < 1 or execution.max_failures < 0 or execution.max_concurrent < 0:
         raise ConfigError("execution", "cpus_per_run >= 1, max_failures >= 0, max_concurrent >= 0", "fix the value")
     fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
+    parse_early_stop(raw.get("early_stop"))  # checked here; the trials read it back from the spec
     if fit.flops not in ("6n", "exact"):
         raise ConfigError("fit.flops", f"{fit.flops!r} unknown", "use 6n or exact")
     if not 0.0 <= fit.noise_floor < 0.5:

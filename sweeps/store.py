@@ -41,7 +41,7 @@ import polars as pl
 from scalelab.errors import UsageError
 from scalelab.train.records import atomic_write_bytes, atomic_write_json, read_status
 
-TERMINAL = ("done", "diverged")  # states a run never leaves; anything else is (re)started
+TERMINAL = ("done", "diverged", "stopped_early")  # states a run never leaves; anything else is (re)started
 RESOLVED = "sweep.resolved.json"
 
 
@@ -361,6 +361,8 @@ def _row(run_dir: Path, sweep: str, entry: dict[str, Any]) -> dict[str, Any]:
         best_val_loss=status.get("best_val_loss"),
         final_val_bpb=status.get("final_val_bpb"),
         loss=final_val if final_val is not None else status.get("final_train_loss"),
+        predicted_loss=status.get("predicted_loss"),  # stopped_early runs (sweeps/early_stop.py)
+        stopped_fraction=status.get("stopped_fraction"),
         error=status.get("error") or status.get("reason"),
         updated_at=status.get("updated_at"),
         tags=json.dumps(dict(config.get("tags") or {}, **{k: str(v) for k, v in labels.items()}), sort_keys=True),

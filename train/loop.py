@@ -50,6 +50,15 @@ class Diverged(RuntimeError):
     pass
 
 
+class StopRun(Exception):
+    """Raised by a callback to end the run where it is, recorded as `status` with `record`'s fields
+    (e.g. sweeps/early_stop.py at a "checkpoint" event: records flushed, the checkpoint on disk)."""
+
+    def __init__(self, status: str, record: dict[str, Any]):
+        super().__init__(status)
+        self.status, self.record = status, record
+
+
 def run_summary_fields(cfg: RunConfig) -> dict[str, Any]:
     """Static facts about a run (sizes, FLOPs) that the store keeps beside its losses."""
     fpt = flops_per_token(cfg.model, cfg.data.seq_len)
@@ -113,7 +122,8 @@ def train_run(
         cfg: the resolved run config.
         run_dir: where records and checkpoints go (created).
         resume: continue from the latest completed checkpoint in run_dir (if any).
-        callbacks: called as cb(kind, record) with kind in {"step", "eval", "checkpoint"} (rank 0).
+        callbacks: called as cb(kind, record) with kind in {"step", "eval", "checkpoint"} (rank 0);
+            one may raise StopRun to end the run early (single-process runs).
         stop_after_steps: stop (status stays "running") after this many steps — for tests that
             simulate an interruption.
     """
@@ -132,6 +142,10 @@ def train_run(
         atomic_write_json(run_dir / "config.json", to_dict(cfg))
     try:
         return _train(cfg, run_dir, runtime, data, resume, callbacks, stop_after_steps)
+    except StopRun as stop:
+        if runtime.is_rank0:
+            write_status(run_dir, stop.status, **stop.record)
+        return {"status": stop.status, **stop.record}
     except Diverged as e:
         summary = {"status": "diverged", "reason": str(e)}
         if runtime.is_rank0:

@@ -1,7 +1,7 @@
 """Run records in the sweep-store format (ARCHITECTURE.md), written atomically.
 
     <run>/config.json       the resolved config
-    <run>/status.json       {"status": pending|running|done|failed|diverged, ...}
+    <run>/status.json       {"status": pending|running|done|failed|diverged|stopped_early, ...}
     <run>/metrics.parquet   per step: step, tokens, flops, loss, lr, grad_norm, tokens_per_s
     <run>/evals.parquet     per eval: step, tokens, flops, task, metric, value, stderr
     <run>/router.parquet    MoE runs: per logged step, moe_aux_loss, moe_z_loss, moe_imbalance(_max), moe_dropped_frac
@@ -21,7 +21,7 @@ from typing import Any
 
 import polars as pl
 
-STATUSES = ("pending", "running", "done", "failed", "diverged")
+STATUSES = ("pending", "running", "done", "failed", "diverged", "stopped_early")
 
 METRICS_SCHEMA = {
     "step": pl.Int64,

@@ -1,0 +1,288 @@
+"""Early stopping of sweep runs whose final loss is already known within the noise.
+
+    early_stop: {tolerance: 0.01, min_fraction: 0.3}        # in a sweep spec (top level)
+
+At each checkpoint past `min_fraction` of its steps (and at most every `check_every` of the run), a
+run fits the curve law (`law`, fitting/curves.py) on the curves of the sweep's finished runs plus
+its own prefix and predicts its final loss, with a percentile interval from refits on resampled
+runs. When the interval's half-width is at most `tolerance` of the prediction (the noise floor: a
+full run would not measure its loss more precisely than seed-to-seed noise) and at least `min_runs`
+finished runs inform the fit, the run stops there: status.json says `stopped_early`, with the
+predicted final loss and its interval, the step, and the FLOPs not spent. The decision happens at a
+checkpoint event, after the records are flushed and the checkpoint written, so a stopped run can be
+resumed to its end if wanted. Single-process runs only (the callback runs on rank 0).
+
+Predicted losses are on the scale of the store's `loss` column (the final validation loss): the
+curve law's final prediction times a calibration factor measured on the finished runs (their
+`loss` over the law's prediction for them), so a curve of training losses still predicts the loss
+the sweep's fits use.
+
+Fits over a store with stopped runs (`runs_for_fit`): `stopped="include"` gives each stopped run
+its predicted loss and the weight sigma^2 / (sigma^2 + s^2), s the sd of its prediction (from the
+interval) and sigma the noise floor (tolerance / z): a run predicted as precisely as a run is
+measured counts fully; `stopped="exclude"` drops them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from scipy import stats
+
+from scalelab.errors import ConfigError, UsageError
+from scalelab.fitting.curves import RunCurve, fit_curves
+from scalelab.fitting.laws import CURVE_LAWS
+from scalelab.sweeps import store
+from scalelab.sweeps.run_curves import SOURCES, resolve_source, run_curve, run_dir_of, store_curves
+from scalelab.train.config import build_run_config
+from scalelab.train.config_tree import from_dict, load_yaml
+from scalelab.train.loop import StopRun
+
+STATUS = "stopped_early"
+
+
+@dataclass(kw_only=True, slots=True)
+class EarlyStopConfig:
+    tolerance: float = 0.01  # stop when the interval's half-width <= this fraction of the prediction
+    min_fraction: float = 0.3  # never stop before this fraction of the run's steps
+    check_every: float = 0.1  # at most one decision per this fraction of the run
+    min_runs: int = 3  # finished runs of the sweep the fit needs besides this one
+    law: str = "lr_annealing"  # a curve law (fitting.laws.CURVE_LAWS)
+    source: str = "auto"  # curve source: auto | val | train (sweeps/run_curves.py)
+    level: float = 0.95  # interval level
+    n_boot: int = 32  # run-resampling refits for the interval
+
+    @property
+    def noise_sd(self) -> float:
+        """The noise floor as an sd of log loss: tolerance / z."""
+        return self.tolerance / float(stats.norm.ppf(0.5 + self.level / 2.0))
+
+
+def parse_early_stop(section: Any) -> EarlyStopConfig | None:
+    """The spec's `early_stop:` mapping -> EarlyStopConfig (None when absent or `false`).
+
+    Raises:
+        ConfigError: an unknown key or a value out of range, naming the key.
+    """
+    if section is None or section is False:
+        return None
+    if section is True:
+        section = {}
+    if not isinstance(section, dict):
+        raise ConfigError("early_stop", f"expected a mapping, got {section!r}", "e.g. {tolerance: 0.01}")
+    known = EarlyStopConfig.__slots__
+    for key in section:
+        if key not in known:
+            raise ConfigError(f"early_stop.{key}", "unknown key", f"known keys: {', '.join(known)}")
+    cfg = from_dict(EarlyStopConfig, section, prefix="early_stop")
+    checks = {
+        "tolerance": 0 < cfg.tolerance < 1,
+        "min_fraction": 0 < cfg.min_fraction < 1,
+        "check_every": 0 < cfg.check_every <= 1,
+        "min_runs": cfg.min_runs >= 1,
+        "level": 0 < cfg.level < 1,
+        "n_boot": cfg.n_boot >= 8,
+        "law": cfg.law in CURVE_LAWS,
+        "source": cfg.source in SOURCES,
+    }
+    ranges = {"law": f"one of {CURVE_LAWS}", "source": f"one of {SOURCES}", "min_runs": ">= 1", "n_boot": ">= 8"}
+    for key, ok in checks.items():
+        if not ok:
+            fix = ranges.get(key, "a value in (0, 1)")
+            raise ConfigError(f"early_stop.{key}", f"{getattr(cfg, key)!r} is out of range", f"use {fix}")
+    return cfg
+
+
+def settings_for(sweep_dir: str | Path, run_id: str) -> EarlyStopConfig | None:
+    """The early_stop section of the spec that generated `run_id` (sweep.yaml or a round's spec)."""
+    resolved = store.read_resolved(sweep_dir)
+    entry = next((r for r in resolved.get("runs", []) if r.get("run_id") == run_id), None)
+    spec = Path(sweep_dir) / ((entry or {}).get("spec") or "sweep.yaml")
+    if not spec.exists():
+        return None
+    return parse_early_stop(load_yaml(str(spec)).get("early_stop"))
+
+
+@dataclass(kw_only=True, slots=True)
+class Decision:
+    """One early-stopping check of a run."""
+
+    stop: bool
+    step: int
+    fraction: float
+    predicted_loss: float = math.nan
+    interval: tuple[float, float] = (math.nan, math.nan)
+    half_width: float = math.nan  # relative to the prediction
+    n_runs: int = 0  # finished runs in the fit
+    reason: str = ""
+    seconds: float = 0.0
+
+    def record(self, flops_6n: float | None, cfg: EarlyStopConfig, law: str) -> dict[str, Any]:
+        """status.json fields of a stopped run."""
+        return {
+            "predicted_loss": self.predicted_loss,
+            "predicted_loss_interval": list(self.interval),
+            "stopped_step": self.step,
+            "stopped_fraction": self.fraction,
+            "saved_flops": None if flops_6n is None else flops_6n * (1.0 - self.fraction),
+            "early_stop": {
+                "law": law,
+                "tolerance": cfg.tolerance,
+                "level": cfg.level,
+                "half_width": self.half_width,
+                "n_runs": self.n_runs,
+                "seconds": self.seconds,
+            },
+        }
+
+
+def decide(
+    prefix: RunCurve, finished: list[RunCurve], finished_loss: np.ndarray, step: int, cfg: EarlyStopConfig
+) -> Decision:
+    """Fit the curve law on the finished runs plus this run's prefix; stop if the interval is narrow."""
+    t0 = time.perf_counter()
+    frac = step / prefix.num_steps
+    out = Decision(stop=False, step=step, fraction=frac, n_runs=len(finished))
+    if len(finished) < cfg.min_runs:
+        out.reason = f"{len(finished)} finished run(s) < min_runs={cfg.min_runs}"
+        return out
+    try:
+        cf = fit_curves([*finished, prefix], cfg.law)
+        own = np.array([cf.predict_final(c) for c in finished])
+        factor = float(np.exp(np.mean(np.log(finished_loss / own))))
+        pred = factor * cf.predict_final(prefix)
+        lo, hi = (factor * v for v in cf.final_interval(prefix, level=cfg.level, n_boot=cfg.n_boot))
+    except UsageError as e:
+        out.reason = f"no fit: {e}"
+        return out
+    out.predicted_loss, out.interval = float(pred), (float(lo), float(hi))
+    out.half_width = float((hi - lo) / 2.0 / pred)
+    out.stop = bool(np.isfinite(out.half_width) and out.half_width <= cfg.tolerance)
+    out.reason = f"half-width {out.half_width:.2%} {'<=' if out.stop else '>'} tolerance {cfg.tolerance:.2%}"
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def finished_curves(sweep_dir: str | Path, source: str, exclude: str) -> tuple[list[RunCurve], np.ndarray]:
+    """Curves and final losses of the sweep's done runs (other than `exclude`)."""
+    try:
+        runs, curves = store_curves(sweep_dir, source=source)
+    except UsageError:
+        return [], np.empty(0)
+    keep = [i for i, c in enumerate(curves) if c.run_id != exclude and c.final_loss is not None]
+    return [curves[i] for i in keep], np.array([curves[i].final_loss for i in keep], dtype=float)
+
+
+def callback(sweep_dir: str | Path, run_id: str, config: dict[str, Any]):
+    """The train-loop callback that stops `run_id` early, or None when its spec has no early_stop."""
+    cfg = settings_for(sweep_dir, run_id)
+    if cfg is None:
+        return None
+    run_dir = store.run_path(sweep_dir, run_id)
+    num_steps = build_run_config(config).num_steps
+    source = resolve_source(cfg.source, [config])  # the sweep's runs share their eval settings
+    train_rows: list[tuple[int, float]] = []
+    last_check = [-math.inf]
+
+    def cb(kind: str, record: dict[str, Any]) -> None:
+        if kind == "step":
+            train_rows.append((int(record["step"]), float(record["loss"])))
+            return
+        step = int(record["step"]) if kind == "checkpoint" else 0
+        frac = step / num_steps
+        if kind != "checkpoint" or frac < cfg.min_fraction or frac >= 1.0:
+            return
+        if frac - last_check[0] < cfg.check_every - 1e-9:
+            return
+        last_check[0] = frac
+        extra = (np.array([s for s, _ in train_rows]), np.array([v for _, v in train_rows]))
+        finished, losses = finished_curves(sweep_dir, source, run_id)
+        try:
+            prefix = run_curve(run_dir, source=source, config=config, extra_points=extra).prefix(max_step=step)
+        except UsageError:
+            return
+        d = decide(prefix, finished, losses, step, cfg)
+        store.append_event(sweep_dir, "early_stop_check", run_id, **_event(d))
+        if d.stop:
+            status = store.read_status(run_dir) or {}
+            per_token, tokens = status.get("flops_per_token_6n"), status.get("num_tokens")
+            raise StopRun(STATUS, d.record(per_token * tokens if per_token and tokens else None, cfg, cfg.law))
+
+    return cb
+
+
+def _event(d: Decision) -> dict[str, Any]:
+    return {
+        "step": d.step,
+        "fraction": d.fraction,
+        "stop": d.stop,
+        "predicted_loss": d.predicted_loss,
+        "interval": list(d.interval),
+        "reason": d.reason,
+        "seconds": d.seconds,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Fitting a store that holds stopped runs
+# ---------------------------------------------------------------------------------------------
+
+
+def runs_for_fit(
+    path: str | Path, *, stopped: str = "include", loss_col: str = "loss", tolerance: float | None = None
+) -> pl.DataFrame:
+    """Done runs plus (stopped="include") stopped runs at their predicted loss, with a weight column.
+
+    Columns: run_id, params, tokens, flops, loss, weight, status, group (the FLOP budget label).
+    A stopped run's weight is sigma^2 / (sigma^2 + s^2) (module docstring); sigma comes from its
+    own early_stop tolerance unless `tolerance` is given.
+    """
+    if stopped not in ("include", "exclude"):
+        raise UsageError(f"stopped={stopped!r}; use include or exclude")
+    runs = store.load_runs(path)
+    if runs.is_empty():
+        raise UsageError(f"{path} holds no runs")
+    rows = []
+    for row in runs.iter_rows(named=True):
+        w, loss = 1.0, row.get(loss_col)
+        if row["status"] == STATUS:
+            if stopped == "exclude":
+                continue
+            info = _stop_info(path, row)
+            lo, hi = info.get("predicted_loss_interval") or (math.nan, math.nan)
+            loss = info.get("predicted_loss")
+            es = info.get("early_stop") or {}
+            z = float(stats.norm.ppf(0.5 + es.get("level", 0.95) / 2.0))
+            sigma = (tolerance if tolerance is not None else es.get("tolerance", 0.01)) / z
+            s = (math.log(hi) - math.log(lo)) / (2.0 * z) if lo and hi and lo > 0 else math.inf
+            w = sigma**2 / (sigma**2 + s**2)
+        elif row["status"] != "done":
+            continue
+        if loss is None:
+            continue
+        budget = row.get("flops_budget")
+        rows.append(
+            {
+                "run_id": row["run_id"],
+                "params": float(row["params"]),
+                "tokens": float(row["tokens"]),
+                "flops": float(row["flops"]),
+                "loss": float(loss),
+                "weight": float(w),
+                "status": row["status"],
+                "group": str(budget) if budget is not None else f"{row['flops']:.3g}",
+            }
+        )
+    if not rows:
+        raise UsageError(f"{path} has no done (or stopped) runs with a loss")
+    return pl.DataFrame(rows)
+
+
+def _stop_info(path: str | Path, row: dict) -> dict[str, Any]:
+    return store.read_status(run_dir_of(path, row)) or {}
