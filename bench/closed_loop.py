@@ -2,7 +2,7 @@
 compute-optimal run at 3x, then one run at 10x the largest budget fitted — each predicted before it ran.
 
 Protocol (all on local Ray, into one sweep; every prediction is in the sweep's ledger):
-1. Round 0: the demo's IsoFLOP design (3 budgets spanning 10x, 5 sizes each centred on a prior of
+1. Round 0: the demo's IsoFLOP design (3 budgets spanning 10x, 4 sizes each centred on a prior of
    20 tokens per parameter, span 3 each side, the demo recipe).
 2. Rounds 1..R: `sweep next` with the final target fixed up front (T = 10 x 3 x the largest initial
    budget). While a gate fails, the round is the runs that would pass it; once every gate passes,

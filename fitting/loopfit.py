@@ -79,6 +79,7 @@ class LoopFit:
     run_ids: list[str] = field(default_factory=list)
     level: float = LEVEL
     noise_floor: float = 0.0  # log-sd of run-to-run noise measured elsewhere (fit.noise_floor)
+    selection: dict[str, Any] | None = None  # fit.law auto: every candidate's backtest and the choice
     boot_plan: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list, repr=False)
     # per replicate: (run weights, refit starts, log-residuals drawn for added points)
 

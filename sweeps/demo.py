@@ -1,7 +1,7 @@
 """`scalelab demo`: the closed loop end to end on a laptop CPU (local Ray), in under 10 minutes.
 
 1. An IsoFLOP sweep of tiny Llama models (byte tokenizer, the default stdlib corpus): 3 FLOP budgets
-   spanning 10x, 5 sizes each centred on a prior N*(C) (20 tokens per parameter) and spanning
+   spanning 10x, 4 sizes each centred on a prior N*(C) (20 tokens per parameter) and spanning
    3x on each side, 2+ layers, every run built by the small-scale recipe (DEMO_RECIPE: a batch
    that grows with the run's tokens, at least 250 optimizer steps, short warmup, a per-size LR
    from the measured LR law). Every run is a Ray Tune trial.

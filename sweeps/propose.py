@@ -40,7 +40,9 @@ import numpy as np
 import polars as pl
 
 from scalelab.errors import ConfigError, UsageError
+from scalelab.fitting.io import RunTable
 from scalelab.fitting.loopfit import FIT_STARTS, LoopFit, fit_for_loop
+from scalelab.fitting.select import select_law
 from scalelab.sweeps import ledger, store
 from scalelab.sweeps.spec import (
     ExecutionConfig,
@@ -111,12 +113,17 @@ def fit_sweep(
         raise UsageError(
             f"{sweep_dir}: {done.height} done run(s) with {loss_col}; a {fit_spec.law} fit needs at least 6"
         )
+    budgets = _budgets(done, flops_col)
+    law, selection = fit_spec.law, None
+    if law == "auto":
+        law, selection = _select(done, loss_col, budgets)
+        warnings += [f"law selection: {selection['rule']}"]
     lf = fit_for_loop(
         params=done["params"].to_numpy(),
         tokens=done["tokens"].to_numpy(),
         loss=done[loss_col].to_numpy(),
-        budgets=_budgets(done, flops_col),
-        law=fit_spec.law,
+        budgets=budgets,
+        law=law,
         replicates=fit_spec.bootstrap if replicates is None else replicates,
         seed=seed,
         target_flops=target_flops or fit_spec.target_flops or None,
@@ -124,8 +131,37 @@ def fit_sweep(
         run_ids=done["run_id"].to_list(),
         noise_floor=fit_spec.noise_floor,
     )
+    lf.selection = selection
     warnings += [f"fit: {w}" for w in lf.fit.warnings]
     return lf, raw, fit_spec, warnings
+
+
+def _select(done: pl.DataFrame, loss_col: str, budgets: np.ndarray) -> tuple[str, dict[str, Any]]:
+    """`fit.law: auto`: the (N, D) law the loop fits, by the held-out-largest-budget backtest.
+
+    The loop extrapolates one law's optimum, so "average" (the geometric mean of the candidates,
+    no closed optimum) cannot be the loop's law; when it wins, the best-scored single law is used
+    and the rule says so.
+    """
+    table = RunTable(
+        params=done["params"].to_numpy().astype(float),
+        tokens=done["tokens"].to_numpy().astype(float),
+        loss=done[loss_col].to_numpy().astype(float),
+        flops=np.asarray(budgets, dtype=float),
+        flops_source="column",
+        tokens_source="column",
+        run_id=np.asarray(done["run_id"].to_list()),
+        group=None,
+    )
+    sel = select_law(table, candidates=("chinchilla", "kaplan", "average"), refit=False)
+    out = sel.to_dict()
+    law = sel.chosen
+    if law not in ("chinchilla", "kaplan"):
+        singles = [c.name for c in sel.ranking() if c.name in ("chinchilla", "kaplan")]
+        law = singles[0] if singles else "chinchilla"
+        out["rule"] = f"{out['rule']}; {sel.chosen} has no closed optimum, so the loop fits {law}"
+    out["loop_law"] = law
+    return law, out
 
 
 def propose_next(
@@ -150,7 +186,7 @@ def propose_next(
     lf, raw, fit_spec, warnings = fit_sweep(
         sweep_dir, target_flops=target, replicates=replicates, seed=seed, fit_starts=fit_starts
     )
-    log(f"fitted {fit_spec.law} to {lf.loss.size} runs ({len(lf.draws)} bootstrap replicates)")
+    log(f"fitted {lf.law.name} to {lf.loss.size} runs ({len(lf.draws)} bootstrap replicates)")
     largest = float(lf.budgets.max())
     c_next = min(step * largest, target)
     budget = budget_flops or 2 * c_next
@@ -397,10 +433,12 @@ def _write_round(sweep_dir: Path, raw: dict, lf: LoopFit, fit_spec: FitSpec, k: 
         round=k,
         code_version=code_version(),
         options={"law": fit_spec.law, "loss": fit_spec.loss, "flops": fit_spec.flops, "replicates": len(lf.draws)},
+        law=lf.law.name,
+        selection=lf.selection,
     )
     report = dict(
         info,
-        law=fit_spec.law,
+        law=lf.law.name,
         params=lf.params,
         intervals=lf.intervals,
         fit=fit_record,
@@ -468,6 +506,12 @@ def format_proposal(p: dict[str, Any]) -> str:
     ext = fit["extrapolation"]
     if ext["per_decade"] is not None:
         lines.append(f"  out-of-sample error: {ext['per_decade']:.2%} per decade of extrapolation ({ext['n_runs']} backtest runs)")
+    sel = fit.get("selection")
+    if sel:
+        scores = ", ".join(
+            f"{c['name']} {c['mare']:.2%}" if "mare" in c else f"{c['name']} (skipped)" for c in sel["candidates"]
+        )
+        lines.append(f"  law selection ({sel['protocol']}): {scores} -> {sel['loop_law']}")
     lines.append(format_gates(p["gates"]))
     lines += [f"  warning: {w}" for w in p["warnings"]]
     lines.append(f"next round (budget {p['budget_flops']:.3g} FLOPs, next budget {p['next_budget']:.3g}):")

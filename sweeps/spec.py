@@ -53,6 +53,7 @@ from scalelab.errors import ConfigError, UsageError
 from scalelab.sweeps.early_stop import parse_early_stop
 from scalelab.sweeps.recipe import Recipe, parse_recipe
 
+LOOP_LAWS = ("chinchilla", "kaplan", "auto")  # laws of (N, D) with a compute-optimal allocation, or selection
 GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
 TOP_KEYS = (
     "name",
@@ -91,7 +92,7 @@ class ExecutionConfig:
 
 @dataclass(kw_only=True, slots=True)
 class FitSpec:
-    law: str = "chinchilla"  # a law name of scalelab.fitting.laws
+    law: str = "chinchilla"  # chinchilla | kaplan | auto (sweep next picks by held-out-largest backtest)
     loss: str = "final_val_loss"  # load_runs column used as the loss
     flops: str = "6n"  # 6n | exact: which FLOP count the fit and the proposals use
     target_flops: float = 0.0  # C* of `sweep next` when not given on the command line
@@ -205,6 +206,8 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         raise ConfigError("execution", "cpus_per_run >= 1, max_failures >= 0, max_concurrent >= 0", "fix the value")
     fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
     parse_early_stop(raw.get("early_stop"))  # checked here; the trials read it back from the spec
+    if fit.law not in LOOP_LAWS:
+        raise ConfigError("fit.law", f"{fit.law!r} is not a law of (N, D) the loop can fit", f"use one of {', '.join(LOOP_LAWS)}")
     if fit.flops not in ("6n", "exact"):
         raise ConfigError("fit.flops", f"{fit.flops!r} unknown", "use 6n or exact")
     if not 0.0 <= fit.noise_floor < 0.5:
