@@ -6,7 +6,8 @@ Sections: the sweep summary (runs by status, sizes, budgets, the FLOP convention
 bootstrap intervals, the hold-out-the-largest-budget backtest, warnings, the identification gates
 with their values and each budget's bracketing, the proposed next round (from `scalelab sweep
 next`'s fits/*.json when present, else the fit's compute-optimal run at 3x the largest budget), the
-ledger of every round's predictions against the measured runs with the intervals' coverage, the evaluation-noise table with its advice, comparisons (between tags of the
+ledger of every round's predictions against the measured runs with the intervals' coverage, the
+evaluation-noise table with its advice, comparisons (between tags of the
 store, or against other stores), and the plots. Images are PNGs embedded as base64 data URIs and
 the CSS is inline: the file opens offline, from anywhere, with no network access.
 
@@ -247,8 +248,10 @@ def _gates_section(record: dict) -> str:
     if not gates:
         return ""
     out = ["<h2>Identification gates</h2>"]
-    verdict = "every gate passes: the law may be extrapolated" if gates["passed"] else (
-        "failed: " + ", ".join(gates["failed"]) + " — no compute-optimal run is proposed from this fit"
+    verdict = (
+        "every gate passes: the law may be extrapolated"
+        if gates["passed"]
+        else ("failed: " + ", ".join(gates["failed"]) + " — no compute-optimal run is proposed from this fit")
     )
     out.append(f'<div class="{"ok" if gates["passed"] else "warn"}">{html.escape(verdict)}</div>')
     rows = [[g["name"], "pass" if g["passed"] else "FAIL", g["value"], g["threshold"]] for g in gates["gates"]]
@@ -311,7 +314,11 @@ def _ledger_section(store: Path) -> str:
             ]
         )
     out.append(
-        _table(["round", "run", "kind", "N", "D", "C", "predicted", "interval", "measured", "error", "covered"], rows, left=3)
+        _table(
+            ["round", "run", "kind", "N", "D", "C", "predicted", "interval", "measured", "error", "covered"],
+            rows,
+            left=3,
+        )
     )
     c = coverage(book["predictions"])
     if c["n_scored"]:

@@ -69,7 +69,10 @@ def main() -> None:
         _launch_spec(Path(final["spec_path"]), sweep_dir, args.num_cpus)
     ledger.score(sweep_dir)
     print(f"\nclosed loop: {time.time() - t0:.0f} s; target T = {target:.3g} FLOPs")
-    print(f"{'round':>5} {'runs':>4} {'gates':>6} {'alpha':>7} {'beta':>7} {'E':>7} {'a':>6} {'L*(T)':>8} {'interval':>20} {'width':>7}")
+    print(
+        f"{'round':>5} {'runs':>4} {'gates':>6} {'alpha':>7} {'beta':>7} {'E':>7} {'a':>6} "
+        f"{'L*(T)':>8} {'interval':>20} {'width':>7}"
+    )
     for p in history:
         f, (lo, hi) = p["fit"], p["loss_at_target_interval"]
         prm = f["params"]

@@ -34,7 +34,6 @@ from scalelab.sweeps import ledger
 from scalelab.sweeps.propose import propose_next
 
 
-
 def _law(rng: np.random.Generator, misspecify: float) -> SyntheticLaw:
     law = replace(
         SyntheticLaw(),
@@ -117,7 +116,8 @@ def main() -> None:
             for q in got:
                 mult = q["multiple"]
                 print(
-                    f"trial {i:3d} noise {q['noise']:.2%} C={q['flops']:.3g} ({mult:.0f}x) predicted {q['predicted']:.4f} "
+                    f"trial {i:3d} noise {q['noise']:.2%} C={q['flops']:.3g} ({mult:.0f}x) "
+                    f"predicted {q['predicted']:.4f} "
                     f"[{q['interval'][0]:.4f}, {q['interval'][1]:.4f}] measured {q['measured']:.4f} "
                     f"{q['rel_error']:+.2%} {'in' if q['covered'] else 'OUT'}",
                     flush=True,
@@ -132,7 +132,10 @@ def main() -> None:
         se = math.sqrt(rate * (1 - rate) / len(sel))
         mare = np.mean([abs(q["rel_error"]) for q in sel])
         width = np.mean([(q["interval"][1] - q["interval"][0]) / q["predicted"] for q in sel])
-        print(f"{label:>4}: coverage {k}/{len(sel)} = {rate:.0%} (SE {se:.0%}); mean |error| {mare:.2%}; mean width {width:.2%}")
+        print(
+            f"{label:>4}: coverage {k}/{len(sel)} = {rate:.0%} (SE {se:.0%}); "
+            f"mean |error| {mare:.2%}; mean width {width:.2%}"
+        )
 
 
 if __name__ == "__main__":

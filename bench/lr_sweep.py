@@ -19,7 +19,6 @@ import time
 import numpy as np
 import polars as pl
 
-from scalelab.models.accounting import num_params
 from scalelab.models.shapes import shape_for_width
 from scalelab.sweeps import store
 from scalelab.sweeps.demo import DEMO_RECIPE, demo_spec
@@ -60,13 +59,19 @@ def main() -> None:
     t0 = time.time()
     raw = spec()
     sweep = expand_sweep(raw, default_name="lr_sweep")
-    launch(sweep, args.out, spec_text=yaml.safe_dump(raw, sort_keys=False), spec_name="lr_sweep", num_cpus=args.num_cpus)
+    launch(
+        sweep, args.out, spec_text=yaml.safe_dump(raw, sort_keys=False), spec_name="lr_sweep", num_cpus=args.num_cpus
+    )
     df = store.load_runs(args.out).filter(pl.col("status") == "done")
     recipe = parse_recipe(DEMO_RECIPE)
     res = lr_law_from_runs(df["params"].to_numpy(), df["lr"].to_numpy(), df["final_val_loss"].to_numpy())
     print(f"\nLR sweep ({df.height} runs, {time.time() - t0:.0f} s; final val loss, demo recipe's batch/warmup)")
     lrs = sorted(set(df["lr"].to_list()))
-    print(f"{'N':>9} {'D':>10} {'steps':>6} " + " ".join(f"{lr:>8.2g}" for lr in lrs) + f" {'best LR':>9} {'recipe':>8} {'ratio':>6}")
+    print(
+        f"{'N':>9} {'D':>10} {'steps':>6} "
+        + " ".join(f"{lr:>8.2g}" for lr in lrs)
+        + f" {'best LR':>9} {'recipe':>8} {'ratio':>6}"
+    )
     worst = 1.0
     for n, best in zip(res.sizes, res.best_lr):
         sub = df.filter(pl.col("params") == int(n))

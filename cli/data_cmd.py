@@ -65,9 +65,7 @@ def _tokenizer(args: argparse.Namespace) -> int:
 
     resolve_inputs(args.inputs, _patterns(args))  # one-line error for a missing path
     t0 = time.perf_counter()
-    tok = train_bpe(
-        args.inputs, args.vocab_size, args.out, patterns=_patterns(args), text_field=args.text_field
-    )
+    tok = train_bpe(args.inputs, args.vocab_size, args.out, patterns=_patterns(args), text_field=args.text_field)
     print(f"wrote {tok.spec}: vocab {tok.vocab_size}, eot id {tok.eot_id} ({time.perf_counter() - t0:.1f} s)")
     return 0
 

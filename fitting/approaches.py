@@ -291,7 +291,8 @@ def approach2(
             warnings.append(f"budget C={m.flops:.3g}: flat IsoFLOP curve (curvature not significant)")
         elif m.boundary:
             warnings.append(
-                f"budget C={m.flops:.3g}: minimum at or beyond the sampled sizes (N*≈{m.n_opt:.3g}); extend the size range"
+                f"budget C={m.flops:.3g}: minimum at or beyond the sampled sizes (N*≈{m.n_opt:.3g}); "
+                "extend the size range"
             )
     return _finish(2, minima, warnings, level)
 

@@ -247,9 +247,7 @@ def _backtests(law: Law, n, d, loss, budgets, starts_fn) -> dict[str, Any]:
     f = fold(largest)
     if f is not None:
         out["holdout"] = dict(summary("holdout", [f]), train_range=f["train_range"])
-        out["holdout"]["extrapolation_decades"] = float(
-            math.log10(budgets[largest].max() / f["train_range"][1])
-        )
+        out["holdout"]["extrapolation_decades"] = float(math.log10(budgets[largest].max() / f["train_range"][1]))
     else:
         out["holdout"] = {"skipped": "too few runs below the largest budget"}
     if len(uniq) >= 3:

@@ -69,9 +69,7 @@ class ModelConfig:
         from scalelab.kernels import BACKENDS  # imported here: keeps config importable on its own
 
         if self.family not in FAMILIES:
-            raise ConfigError(
-                f"{prefix}.family", f"{self.family!r} is not a known family", f"use one of {FAMILIES}"
-            )
+            raise ConfigError(f"{prefix}.family", f"{self.family!r} is not a known family", f"use one of {FAMILIES}")
         for key in (
             "vocab_size",
             "num_layers",
@@ -107,9 +105,7 @@ class ModelConfig:
                 "pick num_heads so that d_model / num_heads is even",
             )
         if self.kernels not in BACKENDS:
-            raise ConfigError(
-                f"{prefix}.kernels", f"{self.kernels!r} is not a backend", f"use one of {BACKENDS}"
-            )
+            raise ConfigError(f"{prefix}.kernels", f"{self.kernels!r} is not a backend", f"use one of {BACKENDS}")
         if self.family == "moe":
             self._validate_moe(prefix)
 

@@ -45,9 +45,7 @@ def _key_map(cfg: ModelConfig) -> list[tuple[str, str]]:
 def _check(cfg: ModelConfig) -> None:
     cfg.validate()
     if cfg.qk_norm:
-        raise ConfigError(
-            "model.qk_norm", "Llama has no q/k norm", "set qk_norm: false to export to HF Llama"
-        )
+        raise ConfigError("model.qk_norm", "Llama has no q/k norm", "set qk_norm: false to export to HF Llama")
 
 
 def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -111,8 +109,6 @@ def to_hf_model(model: torch.nn.Module, cfg: ModelConfig):
     """A `transformers.LlamaForCausalLM` (fp32, eager attention) holding a copy of `model`'s weights."""
     import transformers
 
-    hf = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(**to_hf_config(cfg), attn_implementation="eager")
-    )
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**to_hf_config(cfg), attn_implementation="eager"))
     hf.load_state_dict(to_hf_state_dict(model.state_dict(), cfg), strict=True)
     return hf.eval()

@@ -43,15 +43,9 @@ _PRESETS: dict[str, dict[str, Any]] = {
         num_experts_per_tok=2,
         moe_d_ff=96,
     ),
-    "tiny-1m": dict(
-        **_CPU, num_layers=4, d_model=128, num_heads=4, num_kv_heads=4, d_ff=384, max_seq_len=256
-    ),
-    "tiny-3m": dict(
-        **_CPU, num_layers=6, d_model=192, num_heads=6, num_kv_heads=6, d_ff=512, max_seq_len=256
-    ),
-    "small-10m": dict(
-        **_CPU, num_layers=8, d_model=320, num_heads=5, num_kv_heads=5, d_ff=896, max_seq_len=512
-    ),
+    "tiny-1m": dict(**_CPU, num_layers=4, d_model=128, num_heads=4, num_kv_heads=4, d_ff=384, max_seq_len=256),
+    "tiny-3m": dict(**_CPU, num_layers=6, d_model=192, num_heads=6, num_kv_heads=6, d_ff=512, max_seq_len=256),
+    "small-10m": dict(**_CPU, num_layers=8, d_model=320, num_heads=5, num_kv_heads=5, d_ff=896, max_seq_len=512),
     # GPU ladder
     "125m": dict(**_GPT3, num_layers=12, d_model=768, num_heads=12, num_kv_heads=12, d_ff=2048),
     "350m": dict(**_GPT3, num_layers=24, d_model=1024, num_heads=16, num_kv_heads=16, d_ff=2816),
@@ -90,9 +84,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         num_experts=64,
         num_experts_per_tok=8,
     ),
-    "8b": dict(
-        **_LLAMA3, num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, d_ff=14336, max_seq_len=8192
-    ),
+    "8b": dict(**_LLAMA3, num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, d_ff=14336, max_seq_len=8192),
     # Mixtral-8x7B shape: 8 experts of 14336, top-2; 46.70B total / 12.88B active (as published)
     "mixtral-8x7b": dict(
         family="moe",
@@ -107,9 +99,7 @@ _PRESETS: dict[str, dict[str, Any]] = {
         num_experts=8,
         num_experts_per_tok=2,
     ),
-    "70b": dict(
-        **_LLAMA3, num_layers=80, d_model=8192, num_heads=64, num_kv_heads=8, d_ff=28672, max_seq_len=8192
-    ),
+    "70b": dict(**_LLAMA3, num_layers=80, d_model=8192, num_heads=64, num_kv_heads=8, d_ff=28672, max_seq_len=8192),
 }
 
 
@@ -128,8 +118,6 @@ def get_preset(name: str, vocab_size: int | None = None, **overrides: Any) -> Mo
     known = {f.name for f in dataclasses.fields(ModelConfig)}
     for key in overrides:
         if key not in known:
-            raise ConfigError(
-                f"model.{key}", "is not a ModelConfig field", f"use one of: {', '.join(sorted(known))}"
-            )
+            raise ConfigError(f"model.{key}", "is not a ModelConfig field", f"use one of: {', '.join(sorted(known))}")
     fields.update(overrides)
     return ModelConfig(**fields)

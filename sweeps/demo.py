@@ -140,11 +140,17 @@ def run_demo(
     error = None
     if measured is not None:
         error = (predicted - measured) / measured
-        log(f"  measured  val loss {measured:.4f}  ({error:+.2%} error; {'inside' if inside else 'OUTSIDE'} the interval)")
+        log(
+            f"  measured  val loss {measured:.4f}  "
+            f"({error:+.2%} error; {'inside' if inside else 'OUTSIDE'} the interval)"
+        )
     log("ledger (scalelab sweep ledger " + str(sweep_dir) + "):")
     log(ledger.format_ledger(ledger.read_ledger(sweep_dir)))
     log(f"  plot: {png}")
-    log(f"  wall time {wall:.0f} s (sweep {t_sweep:.0f} s, fit {t_fit:.0f} s, proposed run {wall - t_sweep - t_fit:.0f} s)")
+    log(
+        f"  wall time {wall:.0f} s (sweep {t_sweep:.0f} s, fit {t_fit:.0f} s, "
+        f"proposed run {wall - t_sweep - t_fit:.0f} s)"
+    )
     return dict(
         ok=measured is not None,
         predicted=predicted,
@@ -180,7 +186,10 @@ def _print_fit(proposal: dict[str, Any], log) -> None:
 
     fit, iv = proposal["fit"], proposal["intervals"]
     p = fit["params"]
-    log(f"  fit: {fit['law']} on {fit['n_points']} runs, {fit['replicates']} bootstrap replicates (95% percentile intervals)")
+    log(
+        f"  fit: {fit['law']} on {fit['n_points']} runs, {fit['replicates']} bootstrap replicates "
+        "(95% percentile intervals)"
+    )
     for name in ("alpha", "beta", "E", "A", "B"):
         log(f"    {name:5s} = {p[name]:.4g}  [{iv[name][0]:.4g}, {iv[name][1]:.4g}]")
     log(f"    a = beta/(alpha+beta) = {fit['a']:.3f}  [{iv['a'][0]:.3f}, {iv['a'][1]:.3f}]   (N* ~ C^a)")
@@ -189,7 +198,10 @@ def _print_fit(proposal: dict[str, Any], log) -> None:
             log(f"    backtest {name}: MARE {bt['mare']:.2%}, bias {bt['bias']:+.2%} on {bt['n_test']} runs")
     ext = fit["extrapolation"]
     if ext["per_decade"] is not None:
-        log(f"    out-of-sample error {ext['per_decade']:.2%} per decade of extrapolation (from {ext['n_runs']} backtest runs)")
+        log(
+            f"    out-of-sample error {ext['per_decade']:.2%} per decade of extrapolation "
+            f"(from {ext['n_runs']} backtest runs)"
+        )
     log("  " + format_gates(proposal["gates"]).replace("\n", "\n  "))
 
 

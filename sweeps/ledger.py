@@ -60,7 +60,9 @@ def record_round(sweep_dir: str | Path, fit: dict[str, Any], predictions: list[d
     """Append one fit and its predictions (written before the predicted runs start)."""
     ledger = read_ledger(sweep_dir)
     previous = ledger["fits"][-1] if ledger["fits"] else None
-    fit = dict(fit, drift=drift(previous, fit["params"]), recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    fit = dict(
+        fit, drift=drift(previous, fit["params"]), recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    )
     ledger["fits"].append(fit)
     known = {(p["round"], p["run_id"]) for p in ledger["predictions"]}
     for p in predictions:
@@ -116,7 +118,9 @@ def format_ledger(ledger: dict[str, list[dict[str, Any]]]) -> str:
             parts.append(f"{name}={value:.4g}{band}")
         gates = f.get("gates") or {}
         verdict = "pass" if gates.get("passed") else "FAIL: " + ",".join(gates.get("failed", []))
-        lines.append(f"  {f['round']:>5} {len(f.get('run_ids', [])):>4}  {f['law']:10} {verdict:24} " + ", ".join(parts))
+        lines.append(
+            f"  {f['round']:>5} {len(f.get('run_ids', [])):>4}  {f['law']:10} {verdict:24} " + ", ".join(parts)
+        )
         for name, d in (f.get("drift") or {}).items():
             lines.append(
                 f"        drift: {name}={d['value']:.4g} is outside the previous round's interval "

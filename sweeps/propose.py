@@ -48,7 +48,6 @@ from scalelab.sweeps.spec import (
     ExecutionConfig,
     FitSpec,
     _Context,
-    distinct_shapes,
     dump_spec,
     expand_sweep,
     read_spec,
@@ -190,7 +189,9 @@ def propose_next(
     largest = float(lf.budgets.max())
     c_next = min(step * largest, target)
     budget = budget_flops or 2 * c_next
-    ctx = _Context.from_base(raw.get("base") or {}, from_dict(ExecutionConfig, raw.get("execution") or {}), raw.get("recipe"))
+    ctx = _Context.from_base(
+        raw.get("base") or {}, from_dict(ExecutionConfig, raw.get("execution") or {}), raw.get("recipe")
+    )
     if lf.gates.passed:
         points = [_point(ctx, _size_for(lf, c_next), c_next, "compute_optimal")]
     else:
@@ -326,7 +327,10 @@ def _round_spec(raw: dict[str, Any], points: list[dict[str, Any]], k: int, predi
     for i, p in enumerate(points):
         labels = dict(p["labels"], round=k)
         if predictions is not None:
-            labels |= {"predicted_loss": predictions[i]["predicted_loss"], "predicted_interval": predictions[i]["predicted_interval"]}
+            labels |= {
+                "predicted_loss": predictions[i]["predicted_loss"],
+                "predicted_interval": predictions[i]["predicted_interval"],
+            }
         out.append({**p["overrides"], "labels": labels})
     spec = {"name": f"{raw.get('name', 'sweep')}-round_{k}", "base": raw.get("base") or {}, "points": out}
     for key in ("execution", "fit", "recipe"):
@@ -423,7 +427,13 @@ def _write_round(sweep_dir: Path, raw: dict, lf: LoopFit, fit_spec: FitSpec, k: 
 
     name = f"round_{k}"
     proposals = info["proposals"]
-    points = [{"overrides": _overrides_of(r), "labels": {kk: v for kk, v in r.labels.items() if kk in ("proposal", "flops_budget")}} for r in runs]
+    points = [
+        {
+            "overrides": _overrides_of(r),
+            "labels": {kk: v for kk, v in r.labels.items() if kk in ("proposal", "flops_budget")},
+        }
+        for r in runs
+    ]
     spec = _round_spec(raw, points, k, proposals)
     spec_path = sweep_dir / "rounds" / f"{name}.yaml"
     atomic_write_bytes(spec_path, dump_spec(spec).encode())
@@ -488,8 +498,7 @@ def format_proposal(p: dict[str, Any]) -> str:
     lines = [f"fit: {p['law']} on {p['n_points']} runs ({p['loss_column']}), {p['replicates']} bootstrap replicates"]
     iv = p["intervals"]
     lines.append(
-        "  "
-        + ", ".join(f"{k}={v:.4g} [{iv[k][0]:.4g}, {iv[k][1]:.4g}]" for k, v in p["params"].items() if k in iv)
+        "  " + ", ".join(f"{k}={v:.4g} [{iv[k][0]:.4g}, {iv[k][1]:.4g}]" for k, v in p["params"].items() if k in iv)
     )
     if fit.get("a") is not None and "a" in iv:
         lines.append(f"  a = beta/(alpha+beta) = {fit['a']:.3f} [{iv['a'][0]:.3f}, {iv['a'][1]:.3f}]  (N* ~ C^a)")
@@ -501,11 +510,18 @@ def format_proposal(p: dict[str, Any]) -> str:
     for name, bt in p["backtest"].items():
         lines.append(
             f"  backtest {name}: "
-            + (f"MARE {bt['mare']:.2%}, bias {bt['bias']:+.2%} on {bt['n_test']} runs" if "mare" in bt else bt["skipped"])
+            + (
+                f"MARE {bt['mare']:.2%}, bias {bt['bias']:+.2%} on {bt['n_test']} runs"
+                if "mare" in bt
+                else bt["skipped"]
+            )
         )
     ext = fit["extrapolation"]
     if ext["per_decade"] is not None:
-        lines.append(f"  out-of-sample error: {ext['per_decade']:.2%} per decade of extrapolation ({ext['n_runs']} backtest runs)")
+        lines.append(
+            f"  out-of-sample error: {ext['per_decade']:.2%} per decade of extrapolation "
+            f"({ext['n_runs']} backtest runs)"
+        )
     sel = fit.get("selection")
     if sel:
         scores = ", ".join(
@@ -532,7 +548,11 @@ def format_gates(gates: dict[str, Any]) -> str:
         lines.append(f"  [{'pass' if g['passed'] else 'FAIL'}] {g['name']:16s} {g['value']}")
     for b in gates["brackets"]:
         sizes = ", ".join(f"{s:,.0f}" for s in b["sizes"])
-        mark = "bracketed" if b["bracketed"] else f"NOT bracketed ({b['edge'] or ('flat' if b['flat'] else 'vertex outside')})"
+        mark = (
+            "bracketed"
+            if b["bracketed"]
+            else f"NOT bracketed ({b['edge'] or ('flat' if b['flat'] else 'vertex outside')})"
+        )
         vertex = f", A2 vertex {b['vertex']:,.0f}" if b["vertex"] else ""
         lines.append(f"    C={b['flops']:.3g}: sizes [{sizes}], best {b['best_size']:,.0f}{vertex}: {mark}")
     return "\n".join(lines)

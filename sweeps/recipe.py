@@ -228,6 +228,8 @@ def lr_law_from_runs(params, lr, loss, *, ref_params: float | None = None) -> LR
         sizes=sizes.tolist(),
         best_lr=best.tolist(),
         interior=[o.interior for o in optima],
-        rule=LRRule(ref_params=ref, ref_lr=float(10 ** (law.intercept + law.slope * math.log10(ref))), exponent=law.slope),
+        rule=LRRule(
+            ref_params=ref, ref_lr=float(10 ** (law.intercept + law.slope * math.log10(ref))), exponent=law.slope
+        ),
         exponent_interval=tuple(law.slope_interval),
     )

@@ -207,7 +207,9 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
     parse_early_stop(raw.get("early_stop"))  # checked here; the trials read it back from the spec
     if fit.law not in LOOP_LAWS:
-        raise ConfigError("fit.law", f"{fit.law!r} is not a law of (N, D) the loop can fit", f"use one of {', '.join(LOOP_LAWS)}")
+        raise ConfigError(
+            "fit.law", f"{fit.law!r} is not a law of (N, D) the loop can fit", f"use one of {', '.join(LOOP_LAWS)}"
+        )
     if fit.flops not in ("6n", "exact"):
         raise ConfigError("fit.flops", f"{fit.flops!r} unknown", "use 6n or exact")
     if not 0.0 <= fit.noise_floor < 0.5:
@@ -478,7 +480,8 @@ def _isoflop_targets(section: dict, budgets: list[float], num_sizes: int, key: s
     if len(given) != 1:
         raise ConfigError(
             f"{key}.center",
-            "give exactly one of center: {tokens_per_param: T} | {params: [...]} | {fit: SWEEP_DIR}, params: [lo, hi] or "
+            "give exactly one of center: {tokens_per_param: T} | {params: [...]} | {fit: SWEEP_DIR}, "
+            "params: [lo, hi] or "
             "tokens_per_param: [lo, hi]",
             "e.g. center: {tokens_per_param: 20} with span: 3",
         )
@@ -489,7 +492,9 @@ def _isoflop_targets(section: dict, budgets: list[float], num_sizes: int, key: s
         if span <= 1:
             raise ConfigError(f"{key}.span", f"{span:g} must be > 1", "e.g. 3 (sizes from N*/3 to 3 N*)")
         if len(center) != 1:
-            raise ConfigError(ckey, "give one of tokens_per_param, params or fit", "e.g. center: {tokens_per_param: 20}")
+            raise ConfigError(
+                ckey, "give one of tokens_per_param, params or fit", "e.g. center: {tokens_per_param: 20}"
+            )
         if "fit" in center:
             centers = _fit_centers(center["fit"], budgets, f"{ckey}.fit")
         elif "tokens_per_param" in center:

@@ -10,7 +10,7 @@ from scalelab.errors import ConfigError
 from scalelab.fitting.allocate import chinchilla_optimum
 from scalelab.fitting.gates import BudgetBracket, approaches_gate, exponents_gate, starts_gate
 from scalelab.fitting.laws import get_law
-from scalelab.sweeps import ledger, store
+from scalelab.sweeps import ledger
 from scalelab.sweeps.propose import propose_next
 from scalelab.sweeps.spec import expand_sweep, load_sweep
 
@@ -63,7 +63,10 @@ def test_recipe_sets_batch_steps_warmup_and_lr():
         cfg = r.config
         steps = r.num_tokens // cfg["train"]["global_batch_tokens"]
         assert steps >= 200
-        assert cfg["schedule"]["warmup_tokens"] == min(max(round(0.05 * steps), 1), 20) * cfg["train"]["global_batch_tokens"]
+        assert (
+            cfg["schedule"]["warmup_tokens"]
+            == min(max(round(0.05 * steps), 1), 20) * cfg["train"]["global_batch_tokens"]
+        )
         assert cfg["optim"]["lr"] == pytest.approx(4e-3 * (r.params / 1e5) ** -0.5, rel=1e-3)
     # the largest size at the smallest budget gets a smaller batch to reach min_steps; the rest keep 1024
     small = [r for r in sweep.runs if r.labels["flops_budget"] == 3e11]
@@ -207,7 +210,6 @@ def test_ledger_drift_flags_constants_outside_the_previous_interval():
     prev = {"params": {"alpha": 0.3}, "intervals": {"alpha": [0.28, 0.32]}}
     assert ledger.drift(prev, {"alpha": 0.31}) == {}
     assert set(ledger.drift(prev, {"alpha": 0.4})) == {"alpha"}
-
 
 
 def test_isoflop_centres_on_the_sweeps_current_fit(well_designed):

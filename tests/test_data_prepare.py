@@ -108,9 +108,7 @@ def test_val_split_by_document_hash(tmp_path):
 def test_only_huge_documents_cut_one_instead(tmp_path):
     """Three big files and a 1% target: no whole file fits, so one file's tail becomes val."""
     (tmp_path / "in").mkdir()
-    texts = {
-        f"book{i}.txt": "".join(f"book {i} line {j:04d}\n" for j in range(400 + 200 * i)) for i in range(3)
-    }
+    texts = {f"book{i}.txt": "".join(f"book {i} line {j:04d}\n" for j in range(400 + 200 * i)) for i in range(3)}
     for name, text in texts.items():
         (tmp_path / "in" / name).write_text(text)
     src = prepare([tmp_path / "in"], tmp_path / "out", "byte", val_fraction=0.01)
@@ -135,11 +133,7 @@ class _WideTokenizer(ByteTokenizer):
 
 
 def test_uint32_when_vocab_is_large(tmp_path):
-    assert (
-        token_dtype(257) == np.uint16
-        and token_dtype(65_536) == np.uint16
-        and token_dtype(65_537) == np.uint32
-    )
+    assert token_dtype(257) == np.uint16 and token_dtype(65_536) == np.uint16 and token_dtype(65_537) == np.uint32
     (tmp_path / "t.txt").write_text("abc")
     src = prepare([tmp_path / "t.txt"], tmp_path / "out", _WideTokenizer(), val_fraction=0)
     assert src.index["dtype"] == "uint32" and src.train.dtype == np.uint32
@@ -243,8 +237,7 @@ def test_default_corpus_prepare():
     # document bytes: the files' UTF-8, malformed bytes of a few test files replaced by U+FFFD
     assert ix["num_bytes"]["train"] + ix["num_bytes"]["val"] == sum(len(d.data) for d in docs)
     assert (
-        src.num_tokens("train") + src.num_tokens("val")
-        == ix["num_bytes"]["train"] + ix["num_bytes"]["val"] + num_docs
+        src.num_tokens("train") + src.num_tokens("val") == ix["num_bytes"]["train"] + ix["num_bytes"]["val"] + num_docs
     )
     assert 0.01 <= src.num_tokens("val") / (src.num_tokens("train") + src.num_tokens("val")) < 0.05
     assert seconds < 30, f"default corpus prepare took {seconds:.1f} s"

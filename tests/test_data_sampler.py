@@ -70,9 +70,7 @@ def test_one_epoch_visits_every_window_once(sources):
     w = s.num_windows[0]
     assert w == (src.num_tokens("train") - 1) // SEQ
     first = torch.cat([s.next_batch(1) for _ in range(w)])
-    expected = np.stack(
-        [np.asarray(src.train[i * SEQ : i * SEQ + SEQ + 1], dtype=np.int64) for i in range(w)]
-    )
+    expected = np.stack([np.asarray(src.train[i * SEQ : i * SEQ + SEQ + 1], dtype=np.int64) for i in range(w)])
     assert sorted(map(tuple, first.tolist())) == sorted(map(tuple, expected.tolist()))
     second = torch.cat([s.next_batch(1) for _ in range(w)])
     assert sorted(map(tuple, second.tolist())) == sorted(map(tuple, expected.tolist()))

@@ -17,7 +17,13 @@ D = np.array([5e9, 3e10, 1e11, 5e11])
 
 def test_registry_and_names():
     assert law_names() == [
-        "chinchilla", "data_constrained", "kaplan", "lr_annealing", "lr_area", "power_law", "power_law_no_e"
+        "chinchilla",
+        "data_constrained",
+        "kaplan",
+        "lr_annealing",
+        "lr_area",
+        "power_law",
+        "power_law_no_e",
     ]
     law = get_law("chinchilla")
     assert law.param_names == ("E", "A", "B", "alpha", "beta")

@@ -65,7 +65,9 @@ def test_narrowing_candidates_fit_the_budget_and_the_round_is_exactly_what_was_p
 def test_next_and_ledger_commands(tmp_path, capsys):
     sd = tmp_path / "fake"
     launch_synthetic(SPEC, sd, LAW, noise_std=0.003)
-    assert main(["sweep", "next", str(sd), "--target-flops", "1e13", "--budget-flops", "9e12", "--replicates", "8"]) == 0
+    assert (
+        main(["sweep", "next", str(sd), "--target-flops", "1e13", "--budget-flops", "9e12", "--replicates", "8"]) == 0
+    )
     out = capsys.readouterr().out
     assert "gates: all passed" in out and "[pass] bracketed" in out and "compute_optimal" in out
     assert main(["sweep", "ledger", str(sd)]) == 0

@@ -41,19 +41,11 @@ def evaluate_sources(model, val_sets: list, loss_fn, runtime) -> list[dict]:
         stderr = math.sqrt(var / len(per_batch)) if len(per_batch) > 1 else float("nan")
         bpb = vs.bpb(mean)
         rows.append(dict(task=f"val/{name}", metric="loss", value=mean, stderr=stderr))
-        rows.append(
-            dict(task=f"val/{name}", metric="bpb", value=bpb, stderr=stderr / math.log(2) / bytes_per_token)
-        )
+        rows.append(dict(task=f"val/{name}", metric="bpb", value=bpb, stderr=stderr / math.log(2) / bytes_per_token))
         losses.append((mean, bpb))
     if len(losses) > 1:
-        rows.append(
-            dict(
-                task="val", metric="loss", value=sum(x for x, _ in losses) / len(losses), stderr=float("nan")
-            )
-        )
-        rows.append(
-            dict(task="val", metric="bpb", value=sum(b for _, b in losses) / len(losses), stderr=float("nan"))
-        )
+        rows.append(dict(task="val", metric="loss", value=sum(x for x, _ in losses) / len(losses), stderr=float("nan")))
+        rows.append(dict(task="val", metric="bpb", value=sum(b for _, b in losses) / len(losses), stderr=float("nan")))
     else:
         rows.append(dict(rows[0], task="val"))
         rows.append(dict(rows[1], task="val"))

@@ -126,9 +126,7 @@ class RecordWriter:
         self.evals.append({k: row.get(k) for k in EVALS_SCHEMA})
 
     def flush(self) -> None:
-        atomic_write_parquet(
-            self.run_dir / "metrics.parquet", pl.DataFrame(self.metrics, schema=METRICS_SCHEMA)
-        )
+        atomic_write_parquet(self.run_dir / "metrics.parquet", pl.DataFrame(self.metrics, schema=METRICS_SCHEMA))
         atomic_write_parquet(self.run_dir / "evals.parquet", pl.DataFrame(self.evals, schema=EVALS_SCHEMA))
         if self.router:
             atomic_write_parquet(self.run_dir / "router.parquet", pl.DataFrame(self.router, schema=ROUTER_SCHEMA))

@@ -72,9 +72,7 @@ def build_data(
         byte_lengths = tok.token_byte_lengths()
         for i, src in enumerate(sources):
             try:
-                val_sets.append(
-                    validation_batches(src, cfg.seq_len, cfg.val_sequences, val_batch_size, byte_lengths)
-                )
+                val_sets.append(validation_batches(src, cfg.seq_len, cfg.val_sequences, val_batch_size, byte_lengths))
             except UsageError as e:
                 raise ConfigError(f"data.sources[{i}].path", str(e)) from None
     return DataBundle(tokenizer=tok, sources=sources, sampler=sampler, val_sets=val_sets)

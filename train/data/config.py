@@ -64,9 +64,7 @@ class DataConfig:
         if not isinstance(self.val_fraction, float | int) or not 0.0 < self.val_fraction < 0.5:
             raise ConfigError(f"{prefix}.val_fraction", f"{self.val_fraction!r} must be in (0, 0.5)", "e.g. 0.01")
         if not self.sources:
-            raise ConfigError(
-                f"{prefix}.sources", "is empty", "add at least one source, e.g. {path: default}"
-            )
+            raise ConfigError(f"{prefix}.sources", "is empty", "add at least one source, e.g. {path: default}")
         seen: dict[str, int] = {}
         for i, src in enumerate(self.sources):
             key = f"{prefix}.sources[{i}]"

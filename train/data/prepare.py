@@ -225,9 +225,7 @@ def prepare(
             flush()
     flush()
     if not keys:
-        raise UsageError(
-            f"no documents found in {[str(i) for i in inputs]} (patterns {patterns or 'default'})"
-        )
+        raise UsageError(f"no documents found in {[str(i) for i in inputs]} (patterns {patterns or 'default'})")
     doc_tokens = [a.size + 1 for a in arrays]
     val_ids = select_val_documents(keys, doc_tokens, val_fraction, val_tokens)
     target = val_tokens if val_tokens is not None else val_fraction * sum(doc_tokens)
@@ -277,9 +275,7 @@ def prepare(
                 "val_tokens": val_tokens,
                 "by": "sha256(document key)",
             },
-            "sources": [
-                str(i) if str(i) == "default" else str(Path(i).expanduser().resolve()) for i in inputs
-            ],
+            "sources": [str(i) if str(i) == "default" else str(Path(i).expanduser().resolve()) for i in inputs],
             "patterns": list(patterns) if patterns else None,
             "text_field": text_field,
             "content_hash": h.hexdigest(),

@@ -98,9 +98,7 @@ class MixtureSampler:
         if isinstance(max_epochs, int | float):
             max_epochs = [float(max_epochs)] * len(sources)
         if len(weights) != len(sources) or len(max_epochs) != len(sources):
-            raise ValueError(
-                f"{len(sources)} sources but {len(weights)} weights, {len(max_epochs)} max_epochs"
-            )
+            raise ValueError(f"{len(sources)} sources but {len(weights)} weights, {len(max_epochs)} max_epochs")
         if seq_len < 1:
             raise ConfigError("data.seq_len", f"{seq_len} must be >= 1", "e.g. 256")
         if not 0 <= dp_rank < dp_size:
@@ -110,9 +108,7 @@ class MixtureSampler:
                 raise ConfigError(f"data.sources[{i}].weight", f"{w} must be a finite number > 0", "e.g. 1.0")
         names = [s.name for s in sources]
         if len(set(names)) != len(names):
-            raise ConfigError(
-                "data.sources", f"duplicate source names {names}", "give every source a distinct name"
-            )
+            raise ConfigError("data.sources", f"duplicate source names {names}", "give every source a distinct name")
         self.sources = list(sources)
         self.names = names
         self.seq_len = int(seq_len)

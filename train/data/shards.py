@@ -43,9 +43,7 @@ class PreparedSource:
     def __init__(self, path: str | os.PathLike, name: str | None = None) -> None:
         self.path = Path(path).expanduser()
         if not is_prepared_dir(self.path):
-            raise UsageError(
-                f"{self.path} is not a prepared shard dir (no index.json); run `scalelab data prepare`"
-            )
+            raise UsageError(f"{self.path} is not a prepared shard dir (no index.json); run `scalelab data prepare`")
         self.index: dict[str, Any] = json.loads((self.path / "index.json").read_text())
         if self.index.get("format") != FORMAT:
             raise UsageError(f"{self.path}: shard format {self.index.get('format')!r}, expected {FORMAT!r}")
@@ -59,9 +57,7 @@ class PreparedSource:
         file = self.path / f"{split}.bin"
         size = file.stat().st_size
         if size != n * self.dtype.itemsize:
-            raise UsageError(
-                f"{file}: {size} bytes, index.json says {n} tokens of {self.dtype}; re-prepare it"
-            )
+            raise UsageError(f"{file}: {size} bytes, index.json says {n} tokens of {self.dtype}; re-prepare it")
         if n == 0:
             return np.zeros(0, dtype=self.dtype)  # np.memmap cannot map an empty file
         return np.memmap(file, dtype=self.dtype, mode="r", shape=(n,))

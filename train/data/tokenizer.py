@@ -184,9 +184,7 @@ def train_bpe(
     from scalelab.train.data.corpus import iter_documents
 
     if vocab_size < 258:
-        raise ConfigError(
-            "vocab_size", f"{vocab_size} leaves no room for merges", "use at least 258, e.g. 4096"
-        )
+        raise ConfigError("vocab_size", f"{vocab_size} leaves no room for merges", "use at least 258, e.g. 4096")
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -197,9 +195,7 @@ def train_bpe(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    docs = (
-        d.data.decode("utf-8") for d in iter_documents(list(files), patterns=patterns, text_field=text_field)
-    )
+    docs = (d.data.decode("utf-8") for d in iter_documents(list(files), patterns=patterns, text_field=text_field))
     tok.train_from_iterator(docs, trainer)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -218,9 +214,7 @@ def _load_bpe(path: str, mtime_ns: int, size: int) -> BPETokenizer:
 def load_tokenizer(spec: str) -> Tokenizer:
     """ "byte" -> ByteTokenizer; a path to a tokenizer.json -> BPETokenizer; else ConfigError."""
     if not isinstance(spec, str) or not spec:
-        raise ConfigError(
-            "data.tokenizer", f"{spec!r} is not a tokenizer spec", "use 'byte' or a tokenizer.json path"
-        )
+        raise ConfigError("data.tokenizer", f"{spec!r} is not a tokenizer spec", "use 'byte' or a tokenizer.json path")
     if spec == "byte":
         return ByteTokenizer()
     path = Path(spec).expanduser()
