@@ -136,16 +136,18 @@ def test_ray_processes_end_within_seconds_of_a_driver_sigkill(tmp_path):
 
     def cluster():
         tree = [p for p in process_tree(proc.pid) if p != proc.pid]
-        return tree, {p: Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:80] for p in tree}
+        return tree, {p: Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ") for p in tree}
 
-    # the raylet and the agents it starts (the ones that used to outlive the driver by minutes)
-    _wait_for(lambda: sum(b"Agent" in n or b"raylet" in n for n in cluster()[1].values()) >= 3, STATE_WAIT_S, "agents")
+    def agents() -> int:  # the raylet and the agents it starts (they used to outlive the driver by minutes)
+        return sum(b"Agent" in n or b"/raylet " in n for n in cluster()[1].values())
+
+    _wait_for(lambda: agents() >= 3, STATE_WAIT_S, "agents")
     tree, names = cluster()
     proc.send_signal(signal.SIGKILL)  # only the driver we started, by its pid
     proc.wait()
     t0 = time.time()
     while any(_alive(p) for p in tree) and time.time() - t0 < 30:
         time.sleep(0.2)
-    left = {p: names.get(p) for p in tree if _alive(p)}
+    left = {p: (names.get(p) or b"")[:120] for p in tree if _alive(p)}
     hold.unlink()
     assert not left, f"still running {time.time() - t0:.0f} s after the driver's SIGKILL: {left}"
