@@ -40,11 +40,12 @@ import numpy as np
 import polars as pl
 
 from scalelab.errors import ConfigError, UsageError
-from scalelab.fitting.io import RunTable
+from scalelab.fitting.io import read_runs
 from scalelab.fitting.loopfit import FIT_STARTS, LoopFit, fit_for_loop
 from scalelab.fitting.select import select_law
 from scalelab.sweeps import ledger, store
 from scalelab.sweeps.spec import (
+    LOOP_LAWS,
     ExecutionConfig,
     FitSpec,
     _Context,
@@ -142,21 +143,20 @@ def _select(done: pl.DataFrame, loss_col: str, budgets: np.ndarray) -> tuple[str
     no closed optimum) cannot be the loop's law; when it wins, the best-scored single law is used
     and the rule says so.
     """
-    table = RunTable(
-        params=done["params"].to_numpy().astype(float),
-        tokens=done["tokens"].to_numpy().astype(float),
-        loss=done[loss_col].to_numpy().astype(float),
-        flops=np.asarray(budgets, dtype=float),
-        flops_source="column",
-        tokens_source="column",
-        run_id=np.asarray(done["run_id"].to_list()),
-        group=None,
+    table = read_runs(
+        {
+            "params": done["params"].to_numpy(),
+            "tokens": done["tokens"].to_numpy(),
+            "loss": done[loss_col].to_numpy(),
+            "flops": budgets,
+            "run_id": done["run_id"].to_numpy(),
+        }
     )
-    sel = select_law(table, candidates=("chinchilla", "kaplan", "average"), refit=False)
+    sel = select_law(table, candidates=(*LOOP_LAWS, "average"), refit=False)
     out = sel.to_dict()
     law = sel.chosen
-    if law not in ("chinchilla", "kaplan"):
-        singles = [c.name for c in sel.ranking() if c.name in ("chinchilla", "kaplan")]
+    if law not in LOOP_LAWS:
+        singles = [c.name for c in sel.ranking() if c.name in LOOP_LAWS]
         law = singles[0] if singles else "chinchilla"
         out["rule"] = f"{out['rule']}; {sel.chosen} has no closed optimum, so the loop fits {law}"
     out["loop_law"] = law

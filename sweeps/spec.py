@@ -53,7 +53,7 @@ from scalelab.errors import ConfigError, UsageError
 from scalelab.sweeps.early_stop import parse_early_stop
 from scalelab.sweeps.recipe import Recipe, parse_recipe
 
-LOOP_LAWS = ("chinchilla", "kaplan", "auto")  # laws of (N, D) with a compute-optimal allocation, or selection
+LOOP_LAWS = ("chinchilla", "kaplan")  # laws of (N, D) with a compute-optimal allocation; fit.law may also be auto
 GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
 TOP_KEYS = (
     "name",
@@ -206,9 +206,9 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         raise ConfigError("execution", "cpus_per_run >= 1, max_failures >= 0, max_concurrent >= 0", "fix the value")
     fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
     parse_early_stop(raw.get("early_stop"))  # checked here; the trials read it back from the spec
-    if fit.law not in LOOP_LAWS:
+    if fit.law not in (*LOOP_LAWS, "auto"):
         raise ConfigError(
-            "fit.law", f"{fit.law!r} is not a law of (N, D) the loop can fit", f"use one of {', '.join(LOOP_LAWS)}"
+            "fit.law", f"{fit.law!r} is not a law of (N, D) the loop can fit", f"use {', '.join(LOOP_LAWS)} or auto"
         )
     if fit.flops not in ("6n", "exact"):
         raise ConfigError("fit.flops", f"{fit.flops!r} unknown", "use 6n or exact")
