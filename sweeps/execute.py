@@ -158,8 +158,9 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
             if cfg.parallel.world_size > 1:
                 summary = _train_multiworker(tc, run_dir, cfg)
             else:
-                cbs = [_fault_callback(run_dir, tc.get("fail_at_step")), _hold_callback()]
-                cbs = [cb for cb in [*cbs, early_stop.callback(sweep_dir, run_id, tc["config"])] if cb]
+                fault = _fault_callback(run_dir, tc.get("fail_at_step"))
+                stop = early_stop.callback(sweep_dir, run_id, tc["config"])
+                cbs = [cb for cb in (fault, _hold_callback(), stop) if cb]
                 from scalelab.train.loop import train_run
 
                 summary = train_run(cfg, run_dir, resume=True, callbacks=cbs)
