@@ -10,6 +10,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("data_cmd", "data"),
     ("models_cmd", "models"),
     ("eval_cmd", "eval"),
+    ("export_cmd", "export"),
     ("sweep_cmd", "sweep"),
     ("demo_cmd", "demo"),
     ("parity_cmd", "parity"),

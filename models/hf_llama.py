@@ -33,7 +33,7 @@ _LAYER_KEYS = (
 )
 
 
-def _key_map(cfg: ModelConfig) -> list[tuple[str, str]]:
+def hf_key_map(cfg: ModelConfig) -> list[tuple[str, str]]:
     """(scalelab key, HF key) for every tensor, the output/lm_head pair included."""
     pairs = [("tok_embeddings.weight", "model.embed_tokens.weight")]
     for i in range(cfg.num_layers):
@@ -77,7 +77,7 @@ def to_hf_state_dict(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
     """
     _check(cfg)
     out = {}
-    for ours, theirs in _key_map(cfg):
+    for ours, theirs in hf_key_map(cfg):
         if ours == "output.weight" and cfg.tied_embeddings:
             out[theirs] = sd["tok_embeddings.weight"]
             continue
@@ -95,7 +95,7 @@ def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict
     """
     _check(cfg)
     out = {}
-    for ours, theirs in _key_map(cfg):
+    for ours, theirs in hf_key_map(cfg):
         if ours == "output.weight" and cfg.tied_embeddings:
             out[ours] = hf_sd["model.embed_tokens.weight"]
             continue

@@ -140,6 +140,9 @@ CASES: list[tuple[str, list[str]]] = [
     ("eval: --device tpu", ["eval", "done", "--device", "tpu"]),
     ("eval: --tasks unknown", ["eval", "done", "--tasks", "nope:x"]),
     ("eval: corrupt checkpoint", ["eval", "corrupt/checkpoints/step_4", "--no-write"]),
+    ("export: --dtype int8", ["export", "done", "--hf", "hf", "--dtype", "int8"]),
+    ("export: corrupt checkpoint", ["export", "corrupt/checkpoints/step_4", "--hf", "hf"]),
+    ("export: --hf not empty", ["export", "done", "--hf", "done"]),
     # fitting, planning, data
     ("fit: data file missing", ["fit", "missing.csv"]),
     ("fit: unknown law", ["fit", "runs.csv", "--law", "nope"]),

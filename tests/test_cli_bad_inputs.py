@@ -61,6 +61,9 @@ CASES = [
     (["sweep", "resume", "a_file"], r"a_file is not a sweep directory"),
     (["eval", "o", "--batch-sequences", "0"], r"--batch-sequences 0: must be >= 1"),
     (["eval", "o", "--limit", "-1"], r"--limit -1: must be >= 1"),
+    (["export", "o", "--hf", "hf", "--dtype", "int8"], r"--dtype 'int8': use one of float32"),
+    (["export", "o", "--hf", "hf", "--max-shard-gb", "0"], r"--max-shard-gb 0.0: must be > 0"),
+    (["export", "missing", "--hf", "hf"], r"missing is neither a checkpoint dir"),
 ]
 
 

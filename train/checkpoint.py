@@ -63,7 +63,7 @@ def _barrier() -> None:
 
 
 @contextlib.contextmanager
-def _single_process_ok():
+def single_process_ok():
     """DCP warns when no process group exists; a single-process run is a supported case here."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
@@ -105,7 +105,7 @@ def save_checkpoint(
         tmp.mkdir(parents=True, exist_ok=True)
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    with _single_process_ok():
+    with single_process_ok():
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
     rng = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -232,7 +232,7 @@ def load_checkpoint(
     optimizers = [optimizer] if optimizer is not None else []  # no optimizer: weights only (evaluation)
     model_sd, optim_sd = get_state_dict(model, optimizers)
     state = {"model": model_sd, "optim": optim_sd} if optimizers else {"model": model_sd}
-    with _single_process_ok():
+    with single_process_ok():
         dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner(path))
     set_state_dict(
         model,

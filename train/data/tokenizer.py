@@ -99,7 +99,7 @@ class ByteTokenizer(Tokenizer):
         return lengths
 
 
-def _byte_level_alphabet() -> dict[str, int]:
+def byte_level_alphabet() -> dict[str, int]:
     """The GPT-2 byte-level map, inverted: printable stand-in character -> byte value.
 
     Printable Latin-1 bytes stand for themselves; the other 68 bytes are shifted to code points
@@ -150,7 +150,7 @@ class BPETokenizer(Tokenizer):
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def token_byte_lengths(self) -> np.ndarray:
-        alphabet = _byte_level_alphabet()
+        alphabet = byte_level_alphabet()
         special = set(self._tok.get_added_tokens_decoder())
         lengths = np.zeros(self.vocab_size, dtype=np.int64)
         for i in range(self.vocab_size):
