@@ -7,6 +7,7 @@
     scalelab sweep export results/iso --csv runs.csv
     scalelab sweep next results/iso --target-flops 1e13 [--budget-flops 3e12]
     scalelab sweep ledger results/iso [--json]                        # every fit and prediction, scored
+    scalelab sweep eval results/iso --tasks bundled:stdlib_completion@100  # add a task to finished runs
 
 Specs are validated before Ray starts; a bad spec exits 2 with one line naming the key.
 """
@@ -75,6 +76,17 @@ def add_parser(sub) -> None:
     q.add_argument("--replicates", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_next)
+
+    q = s.add_parser("eval", help="evaluate every checkpoint of the finished runs on tasks, as Ray tasks")
+    q.add_argument("sweep_dir")
+    q.add_argument("--tasks", nargs="*", default=[], help="bundled:NAME[@N] | olmes:TASK/VARIANT | PATH.jsonl")
+    q.add_argument("--limit", type=int, default=None, help="examples per task (default: all)")
+    q.add_argument("--val", action="store_true", help="also recompute held-out loss/bpb")
+    q.add_argument("--final-only", action="store_true", help="only each run's newest checkpoint")
+    q.add_argument("--batch-sequences", type=int, default=16, help="sequences per forward pass")
+    q.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
+    q.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    q.set_defaults(func=run_eval)
 
     q = s.add_parser("ledger", help="every fit the loop made and its predictions against the measured runs")
     q.add_argument("sweep_dir")
@@ -172,6 +184,27 @@ def run_status(args) -> int:
     else:
         print(format_status(info))
     return 0
+
+
+def run_eval(args) -> int:
+    from scalelab.sweeps.evaluate import evaluate_sweep
+
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit {args.limit}: must be >= 1 (examples per task); omit it for all")
+    if args.batch_sequences < 1:
+        raise UsageError(f"--batch-sequences {args.batch_sequences}: must be >= 1, e.g. 16")
+    result = evaluate_sweep(
+        args.sweep_dir,
+        args.tasks,
+        limit=args.limit,
+        with_val=args.val,
+        final_only=args.final_only,
+        batch_sequences=args.batch_sequences,
+        address=args.address,
+        num_cpus=args.num_cpus,
+        log=lambda line: print(line, file=sys.stderr),
+    )
+    return 1 if result["failed"] else 0
 
 
 def run_export(args) -> int:

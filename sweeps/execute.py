@@ -40,7 +40,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -298,6 +298,27 @@ def _start_ray(address: str | None, num_cpus: int | None) -> subprocess.Popen | 
     before = ray_reaper.children(os.getpid()) if sys.platform.startswith("linux") else set()
     ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
     return ray_reaper.start_reaper(exclude=before)
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None, num_cpus: int | None) -> Iterator[None]:
+    """Ray for the block: `address` joined, or a private loopback cluster started and shut down after.
+
+    An already initialised Ray (a test's session cluster, a caller's) is used as it is.
+    """
+    if not address:
+        _local_ray_on_loopback()
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    reaper = _start_ray(address, num_cpus)
+    try:
+        yield
+    finally:
+        ray_reaper.stop_reaper(reaper)
+        ray.shutdown()
 
 
 def _trial_resources(trial_config: dict[str, Any]):
