@@ -358,6 +358,47 @@ def _noise_section(runs: pl.DataFrame) -> tuple[str, object | None]:
     return "\n".join(out), table
 
 
+def _eval_invariance_section(runs: pl.DataFrame) -> str:
+    """Eval-parity results found in the runs (RUN/eval_parity/step_N/summary.json), when any."""
+    rows, flagged = [], 0
+    for run_dir in runs["run_dir"].drop_nulls().to_list() if "run_dir" in runs.columns else []:
+        for path in sorted(Path(run_dir).glob("eval_parity/*/summary.json")):
+            summary = json.loads(path.read_text())
+            for r in summary["rows"]:
+                flagged += r["verdict"] in ("shifts", "flips ranking")
+                iv = f"[{r['lo']:+.2e}, {r['hi']:+.2e}]"
+                rows.append(
+                    [Path(run_dir).name, path.parent.name, r["setup"], r["task"], r["metric"]]
+                    + [r["shift"], iv, r["noise"], r["ratio"], r["verdict"]]
+                )
+    if not rows:
+        return ""
+    cols = [
+        "run",
+        "checkpoint",
+        "setup",
+        "task",
+        "metric",
+        "shift",
+        "95% interval",
+        "noise",
+        "|shift|/noise",
+        "verdict",
+    ]
+    note = (
+        f"{flagged} setup(s) shift a score beyond the flagged fraction of its noise or flip a ranking"
+        if flagged
+        else "no setup shifts a score beyond the flagged fraction of its noise"
+    )
+    return "\n".join(
+        [
+            "<h2>Evaluation invariance</h2>",
+            _table(cols, rows, left=5),
+            f'<div class="{"warn" if flagged else "ok"}">{note}</div>',
+        ]
+    )
+
+
 def _comparison_section(cmps: list) -> str:
     from scalelab.analysis.compare import _fmt_iv
 
@@ -458,7 +499,13 @@ def build_report(
         )
     for cmp in cmps:
         figs.append(_img(plots.plot_comparison(cmp), f"Multiplier of {cmp.b.name} over {cmp.a.name}"))
-    parts += [noise_html, _comparison_section(cmps), "<h2>Plots</h2>", f'<div class="grid">{"".join(figs)}</div>']
+    parts += [
+        noise_html,
+        _eval_invariance_section(runs),
+        _comparison_section(cmps),
+        "<h2>Plots</h2>",
+        f'<div class="grid">{"".join(figs)}</div>',
+    ]
     body = "\n".join(p for p in parts if p)
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>scalelab report: '

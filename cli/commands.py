@@ -11,6 +11,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("models_cmd", "models"),
     ("eval_cmd", "eval"),
     ("export_cmd", "export"),
+    ("eval_parity_cmd", "eval-parity"),
     ("sweep_cmd", "sweep"),
     ("demo_cmd", "demo"),
     ("parity_cmd", "parity"),

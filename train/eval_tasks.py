@@ -249,12 +249,18 @@ def continuation_logprobs(
     eot_id: int,
     max_seq_len: int,
     batch_sequences: int = 16,
+    padding: str = "right",
 ) -> list[tuple[float, bool]]:
     """(sum log p(continuation | context), continuation is the greedy decode) per request.
 
     Each request is (context ids, continuation ids); the model sees [eot] + context + continuation,
     truncated from the left to max_seq_len inputs. `model(tokens [B, T]) -> logits [B, T, V]`.
+    Rows of a batch are padded to its longest on the right (causal attention never sees the pads),
+    or with padding="left" on the left with end-of-text ids, as a harness without attention masks
+    pads: the pads are attended and shift the positions (eval-parity measures what that costs).
     """
+    if padding not in ("right", "left"):
+        raise UsageError(f"padding {padding!r}: use right or left")
     device = _device_of(model)
     was_training = getattr(model, "training", False)
     if was_training:
@@ -271,15 +277,18 @@ def continuation_logprobs(
         idx = order[start : start + batch_sequences]
         width = max(len(seqs[i][0]) for i in idx) - 1
         inputs = torch.zeros(len(idx), width, dtype=torch.long)
+        shift = [width - (len(seqs[i][0]) - 1) if padding == "left" else 0 for i in idx]
         for row, i in enumerate(idx):
             full = seqs[i][0]
-            inputs[row, : len(full) - 1] = torch.tensor(full[:-1])
+            if padding == "left":
+                inputs[row, : shift[row]] = eot_id
+            inputs[row, shift[row] : shift[row] + len(full) - 1] = torch.tensor(full[:-1])
         logits = model(inputs.to(device)).float()
         logp = torch.log_softmax(logits, dim=-1)
         for row, i in enumerate(idx):
             full, n_cont = seqs[i]
-            t = len(full) - 1
-            targets = torch.tensor(full[t - n_cont + 1 :], device=device)
+            t = len(full) - 1 + shift[row]
+            targets = torch.tensor(full[len(full) - n_cont :], device=device)
             lp = logp[row, t - n_cont : t]
             picked = lp.gather(-1, targets[:, None])[:, 0]
             greedy = bool((lp.argmax(-1) == targets).all())
@@ -298,15 +307,26 @@ def _mean_stderr(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var / n)
 
 
-def score_mc_task(model, tokenizer, task: MCTask, *, max_seq_len: int, batch_sequences: int = 16) -> dict:
-    """Per-task metrics {metric: (value, stderr)} plus per-example details under "examples"."""
+def score_mc_task(
+    model, tokenizer, task: MCTask, *, max_seq_len: int, batch_sequences: int = 16, padding: str = "right"
+) -> dict:
+    """Per-task metrics {metric: (value, stderr)} plus per-example details under "examples".
+
+    Each example's details hold its choices' log-likelihoods, the gold index, the predictions and
+    the example's value of every metric (what eval-parity pairs across setups).
+    """
     requests, owner = [], []
     for e, ex in enumerate(task.examples):
         for c, choice in enumerate(ex.choices):
             requests.append(encode_pair(tokenizer, ex.context, choice))
             owner.append((e, c))
     scores = continuation_logprobs(
-        model, requests, eot_id=tokenizer.eot_id, max_seq_len=max_seq_len, batch_sequences=batch_sequences
+        model,
+        requests,
+        eot_id=tokenizer.eot_id,
+        max_seq_len=max_seq_len,
+        batch_sequences=batch_sequences,
+        padding=padding,
     )
     per_ex: list[list[float]] = [[0.0] * len(ex.choices) for ex in task.examples]
     for (e, c), (lp, _) in zip(owner, scores):
@@ -319,7 +339,15 @@ def score_mc_task(model, tokenizer, task: MCTask, *, max_seq_len: int, batch_seq
         acc.append(float(best == ex.gold))
         acc_norm.append(float(best_norm == ex.gold))
         bpb.append(-lps[ex.gold] / math.log(2) / nbytes[ex.gold])
-        details.append({"logprobs": lps, "gold": ex.gold, "pred": best, "pred_norm": best_norm})
+        details.append(
+            {
+                "logprobs": lps,
+                "gold": ex.gold,
+                "pred": best,
+                "pred_norm": best_norm,
+                "values": {"acc": acc[-1], "acc_norm": acc_norm[-1], "bpb": bpb[-1]},
+            }
+        )
     return {
         "acc": _mean_stderr(acc),
         "acc_norm": _mean_stderr(acc_norm),
