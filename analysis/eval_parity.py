@@ -15,8 +15,8 @@ setup labelled `reference`. For each other setup, task and metric the examples a
     verdict    "flips ranking" when a second checkpoint is given and the sign of (this - other)
                differs between the reference and the setup; else "shifts" when ratio > `fraction`
                (default 0.25: a shift a quarter of the noise reorders close checkpoints); else
-               "detected" when the interval excludes zero (systematic, but small against the noise);
-               else "ok"
+               "detected" when the interval excludes zero (systematic, but small against the noise)
+               and the shift exceeds float rounding (1e-6 relative); else "ok"
 The bootstrap is seeded: the same scores give the same table.
 """
 
@@ -30,6 +30,7 @@ import polars as pl
 REFERENCE = "reference"
 FRACTION = 0.25
 REPLICATES = 2000
+ROUNDING = 1e-6  # relative shifts below this are float rounding (fp32 sums in another order), not setups
 
 
 def paired_shift(ref: np.ndarray, var: np.ndarray, *, replicates: int = REPLICATES, seed: int = 0) -> tuple:
@@ -68,7 +69,8 @@ def parity_table(
             store = (noise or {}).get((task, metric), math.nan)
             scale = store if not math.isnan(store) else eval_se
             ratio = abs(shift) / scale if scale > 0 else (math.inf if shift else 0.0)
-            verdict = "shifts" if ratio > fraction else ("detected" if lo > 0 or hi < 0 else "ok")
+            systematic = (lo > 0 or hi < 0) and abs(shift) > ROUNDING * max(1.0, abs(float(ref.mean())))
+            verdict = "shifts" if ratio > fraction else ("detected" if systematic else "ok")
             flip = math.nan
             if compare is not None:
                 other_ref, other_var = _pivot(compare, REFERENCE, task, metric), _pivot(compare, setup, task, metric)
