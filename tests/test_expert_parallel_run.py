@@ -80,8 +80,8 @@ def test_run_moe_fsdp2_ep2_matches_single(tmp_path, ac):
     assert launch_local(ep, tmp_path / "ep") == 0
     ref, got = _losses(tmp_path / "single"), _losses(tmp_path / "ep")
     assert len(got) == 3 and max(abs(a - b) for a, b in zip(ref, got)) <= 1e-5, (ref, got)
-    router = pl.read_parquet(tmp_path / "ep" / "router.parquet")
-    assert router.height == 3 and (router["moe_imbalance"] >= 1).all()
+    # a row per step (their values against one device: test_run_moe_router_records_are_the_global_batch)
+    assert pl.read_parquet(tmp_path / "ep" / "router.parquet").height == 3
 
 
 def test_run_moe_ep2_pp2_matches_single(tmp_path):
