@@ -14,6 +14,7 @@ from scalelab.fitting.allocate import chinchilla_optimum
 from scalelab.fitting.pipeline import fit_table
 from scalelab.fitting.simulate import CHINCHILLA_HOFFMANN, simulate
 
+
 def _true_loss(params: float, tokens: float) -> float:
     p = CHINCHILLA_HOFFMANN
     return p["E"] + p["A"] / params ** p["alpha"] + p["B"] / tokens ** p["beta"]
