@@ -2,7 +2,8 @@
 
     spec = ParitySpec(steps=3, optimizer="adamw")
     report = run_parity(["single", "dp2", "fsdp2", "tp2sp", "pp2-1f1b", "fsdp2xtp2"], spec)
-    report.ok, report.rows          # per layout: max |Δloss| per step, max |Δparam| at the end
+    report.ok, report.rows          # per layout: max |Δloss| per step, max |Δparam| at the end,
+                                    # max relative |Δ| of the pre-clip gradient norm per step
 
 The same model (seed), the same token batches and the same optimizer run on one device (the
 reference, the plain `lm_loss` path) and under each layout, on this machine: one process group
@@ -185,8 +186,9 @@ def _autocast(spec: ParitySpec):
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.dtype == "bf16")
 
 
-def reference_run(spec: ParitySpec, accumulation: int = 1) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """Losses per step and final parameters of the single-device run (the loop's lm_loss path).
+def reference_run(spec: ParitySpec, accumulation: int = 1) -> tuple[list[float], dict[str, torch.Tensor], list[float]]:
+    """Losses per step, final parameters and pre-clip gradient norms per step of the single-device
+    run (the loop's lm_loss path).
 
     accumulation > 1 splits each batch into that many micro-batches: same math, another
     summation order, which measures the floor of harmless floating-point differences.
@@ -196,7 +198,7 @@ def reference_run(spec: ParitySpec, accumulation: int = 1) -> tuple[list[float],
 
     model = build_model(spec.model, device="cpu", seed=spec.seed)
     opt = _optimizer(model, spec)
-    losses = []
+    losses, grad_norms = [], []
     for batch in _batches(spec):
         ce = 0.0
         for chunk in batch.split(len(batch) // accumulation):
@@ -205,11 +207,14 @@ def reference_run(spec: ParitySpec, accumulation: int = 1) -> tuple[list[float],
             (loss / accumulation).backward()
             ce += float(parts["ce"]) / accumulation
         if spec.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)  # the pre-clip norm
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+        grad_norms.append(float(norm))
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(ce)
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}, grad_norms
 
 
 def _micro(spec: ParitySpec, dp: int) -> int:
@@ -260,7 +265,7 @@ def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path)
     opt = _optimizer(par.model, spec)
     dp_rank, dp_size = dims.dp_coords(mesh)
     local = spec.global_batch_sequences // dp_size
-    losses, memory = [], None
+    losses, grad_norms, memory = [], [], None
     for i, batch in enumerate(_batches(spec)):
         mine = batch[dp_rank * local : (dp_rank + 1) * local]  # the sampler's contiguous dp chunk
         ce = torch.zeros(())
@@ -268,7 +273,7 @@ def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path)
             with _autocast(spec):
                 ce = ce + par.step.forward_backward(chunk[:, :-1], chunk[:, 1:], 1.0 / spec.accumulation)
         ce = ce / spec.accumulation
-        par.step.clip_grad_norm(par.model, spec.grad_clip)
+        grad_norms.append(par.step.clip_grad_norm(par.model, spec.grad_clip))  # pre-clip global norm
         opt.step()
         if i == spec.steps - 1:
             memory = measured_memory(par.model, opt)
@@ -288,6 +293,7 @@ def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path)
     torch.save(
         {
             "losses": losses,
+            "grad_norms": grad_norms,
             "params": sd,
             "memory": memory.as_dict() if memory is not None else None,
             "expected_memory": expected,
@@ -319,6 +325,12 @@ class LayoutResult:
     max_loss_diff: float
     max_param_diff: float  # over every element of every parameter (every rank's copy), final step
     worst_param: str
+    # |grad norm - reference| / reference per step, before clipping: the sharded/pipelined global
+    # norm, and any uniform gradient-scale error that clipping or Adam would normalise away
+    max_grad_norm_diff: float
+    # max |final - initial| over the reference's parameter elements: a layout that never updates is
+    # off by this much, so the parameter check can only catch it if this exceeds the tolerance
+    ref_max_update: float
     memory_ok: bool  # accounting == measured on every rank
     memory_per_rank: list[dict]  # measured bytes per rank
     seconds: float  # rank 0's time for build + steps
@@ -378,28 +390,30 @@ def run_parity_jobs(jobs: list[tuple[list[str], ParitySpec]], work_dir: str | Pa
         for world, group in sorted(by_world.items()):
             spawn(_group_worker, world, (group, str(out)), backend="gloo")
         for k, (layouts, spec) in enumerate(jobs):
-            ref_losses, ref_params = refs[k]
+            ref_losses, ref_params, ref_norms = refs[k]
+            init = _initial_params(spec)
             for name in layouts:
                 m = _ACCUM.match(name)
                 if m:
                     t1 = time.perf_counter()
                     n_acc = int(m.group(2) or 1)
-                    losses, params = reference_run(spec, n_acc) if n_acc > 1 else refs[k]
+                    losses, params, norms = reference_run(spec, n_acc) if n_acc > 1 else refs[k]
                     results = [
                         {
                             "losses": losses,
+                            "grad_norms": norms,
                             "params": params,
                             "memory": None,
                             "expected_memory": None,
                             "seconds": time.perf_counter() - t1,
                         }
                     ]
-                    rows.append(_compare(name, 1, results, ref_losses, ref_params, spec))
+                    rows.append(_compare(name, 1, results, refs[k], init, spec))
                     continue
                 world = parsed[k][name].world_size
                 key = f"{k}_{_slug(name)}"
                 results = [torch.load(out / f"{key}.rank{r}.pt", weights_only=True) for r in range(world)]
-                rows.append(_compare(name, world, results, ref_losses, ref_params, spec))
+                rows.append(_compare(name, world, results, refs[k], init, spec))
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -415,9 +429,20 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def _compare(name, world, results, ref_losses, ref_params, spec) -> LayoutResult:
+def _initial_params(spec: ParitySpec) -> dict[str, torch.Tensor]:
+    from scalelab.models.llama import build_model
+
+    return build_model(spec.model, device="cpu", seed=spec.seed).state_dict()
+
+
+def _compare(name, world, results, ref, init, spec) -> LayoutResult:
+    ref_losses, ref_params, ref_norms = ref
     losses = results[0]["losses"]
     loss_diffs = [abs(a - b) for a, b in zip(losses, ref_losses)]
+    norms = results[0]["grad_norms"]
+    norm_diffs = [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(norms, ref_norms)]
+    max_norm = max(norm_diffs) if len(norms) == len(ref_norms) else float("inf")
+    ref_max_update = max(float((ref_params[k].float() - v.float()).abs().max()) for k, v in init.items())
     seen: set[str] = set()
     worst, worst_name = 0.0, ""
     for res in results:  # every rank's full parameters: replicas must agree with the reference too
@@ -431,7 +456,8 @@ def _compare(name, world, results, ref_losses, ref_params, spec) -> LayoutResult
         worst, worst_name = float("inf"), f"missing {missing[0]}"
     memory_ok = all(r["memory"] == r["expected_memory"] for r in results)
     max_loss = max(loss_diffs) if loss_diffs else 0.0
-    ok = max_loss <= spec.tolerance and worst <= spec.tolerance and memory_ok and len(losses) == len(ref_losses)
+    ok = max_loss <= spec.tolerance and worst <= spec.tolerance and max_norm <= spec.tolerance
+    ok = ok and memory_ok and len(losses) == len(ref_losses)
     return LayoutResult(
         layout=name,
         optimizer=spec.optimizer,
@@ -441,6 +467,8 @@ def _compare(name, world, results, ref_losses, ref_params, spec) -> LayoutResult
         max_loss_diff=max_loss,
         max_param_diff=worst,
         worst_param=worst_name,
+        max_grad_norm_diff=max_norm,
+        ref_max_update=ref_max_update,
         memory_ok=memory_ok,
         memory_per_rank=[r["memory"] for r in results if r["memory"] is not None],
         seconds=float(results[0]["seconds"]),
@@ -458,21 +486,23 @@ def _spec_dict(spec: ParitySpec) -> dict:
 def format_report(report: ParityReport) -> str:
     """A fixed-width table: one row per (layout, spec); `s` is rank 0's build + steps time."""
     lines = [
-        f"{'layout':<22} {'optim':<6} {'dtype':<5} {'world':>5} {'max|Δloss|':>11} {'max|Δparam|':>12} {'memory':>7} "
-        f"{'s':>6}  result  |Δloss| per step",
-        "-" * 112,
+        f"{'layout':<22} {'optim':<6} {'dtype':<5} {'world':>5} {'max|Δloss|':>11} {'max|Δparam|':>12} "
+        f"{'rel|Δgnorm|':>12} {'memory':>7} {'s':>6}  result  |Δloss| per step",
+        "-" * 125,
     ]
     for r in report.rows:
         mem = "-" if not r.memory_per_rank else "ok" if r.memory_ok else "WRONG"  # "-": one process, not checked
         per_step = " ".join(f"{d:.1e}" for d in r.loss_diffs)
         lines.append(
             f"{r.layout:<22} {r.optimizer:<6} {r.dtype:<5} {r.world_size:>5} {r.max_loss_diff:>11.2e} "
-            f"{r.max_param_diff:>12.2e} {mem:>7} {r.seconds:>6.2f}  {'ok  ' if r.ok else 'FAIL'}    {per_step}"
+            f"{r.max_param_diff:>12.2e} {r.max_grad_norm_diff:>12.2e} {mem:>7} {r.seconds:>6.2f}  "
+            f"{'ok  ' if r.ok else 'FAIL'}    {per_step}"
         )
     for s in report.specs:
         lines.append(
             f"{s['optimizer']}: {s['steps']} steps, lr {s['lr'] or ('1e-4' if s['optimizer'] == 'adamw' else '0.1')}, "
-            f"{s['dtype']}, {s['accumulation']} loop micro-batch(es), tolerance {s['tolerance']:.0e}"
+            f"{s['dtype']}, grad clip {s['grad_clip'] or 'off'}, {s['accumulation']} loop micro-batch(es), "
+            f"tolerance {s['tolerance']:.0e}"
         )
     lines.append(f"wall time {report.wall_seconds:.1f} s")
     return "\n".join(lines)

@@ -28,7 +28,8 @@ has any. `resume(sweep_dir)` therefore works after any driver death, including S
 Cooldown branches run in a second wave, after the stable runs they start from are done.
 
 Every trial appends `start`/`end`/`fail` lines to `<sweep>/events.jsonl` (with the seconds spent in
-training), which `sweep status` and bench/sweep_overhead.py read.
+training, and on `end`/`fail` the checkpoint step the attempt loaded, from the loop's
+`loaded_steps` in status.json), which `sweep status` and bench/sweep_overhead.py read.
 """
 
 from __future__ import annotations
@@ -146,13 +147,8 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
         _check_same_run(tc["config"], cfg, run_id)
         os.chdir(run_dir)  # cooldown branches name their stable run's checkpoint relative to the run dir
         prev = (store.read_status(run_dir) or {}) if state != "pending" else {}
-        store.append_event(
-            sweep_dir,
-            "start",
-            run_id,
-            attempt=int(prev.get("attempts", 0)) + 1,
-            from_step=store.last_step(run_dir),
-        )
+        attempt = int(prev.get("attempts", 0)) + 1
+        store.append_event(sweep_dir, "start", run_id, attempt=attempt)
         t0 = time.perf_counter()
         try:
             if cfg.parallel.world_size > 1:
@@ -166,11 +162,30 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
                 summary = train_run(cfg, run_dir, resume=True, callbacks=cbs)
         except BaseException as e:
             store.append_event(
-                sweep_dir, "fail", run_id, error=f"{type(e).__name__}: {e}", train_s=time.perf_counter() - t0
+                sweep_dir,
+                "fail",
+                run_id,
+                error=f"{type(e).__name__}: {e}",
+                loaded_step=_loaded_step(run_dir, attempt),
+                train_s=time.perf_counter() - t0,
             )
             raise
-        store.append_event(sweep_dir, "end", run_id, status=summary.get("status"), train_s=time.perf_counter() - t0)
+        store.append_event(
+            sweep_dir,
+            "end",
+            run_id,
+            status=summary.get("status"),
+            loaded_step=_loaded_step(run_dir, attempt),
+            train_s=time.perf_counter() - t0,
+        )
     tune.report({k: v for k, v in summary.items() if isinstance(v, int | float | str) and v is not None})
+
+
+def _loaded_step(run_dir: Path, attempt: int) -> int | None:
+    """The checkpoint step that attempt loaded, as the training loop recorded it in status.json
+    (None: it started from step 0, or failed before it got that far)."""
+    loaded = (store.read_status(run_dir) or {}).get("loaded_steps") or []
+    return loaded[attempt - 1] if len(loaded) >= attempt else None
 
 
 def _check_same_run(stored: dict[str, Any], cfg, run_id: str) -> None:

@@ -158,7 +158,7 @@ def test_crafted_checkpoint_refused_on_every_load_path(source, tmp_path, capsys,
     err = capsys.readouterr().err
     assert "skipped step_6" in err and "refused" in err and "resume: from" in err and "step_4" in err
     status = read_status(run)
-    assert status["status"] == "done" and status["started_steps"] == 4
+    assert status["status"] == "done" and status["started_steps"] == 4 and status["loaded_steps"] == [None, 4]
     assert any("refused" in s for s in status["skipped_checkpoints"])
     assert (run / "checkpoints" / "step_6.corrupt").is_dir()
     assert not marker.exists(), "a load path ran the payload"
@@ -190,7 +190,7 @@ def test_resume_falls_back_to_the_newest_checkpoint_that_verifies(source, tmp_pa
     assert "skipped step_6" in err and "skipped step_4" in err, err
     assert f"resume: from {run / 'checkpoints' / 'step_2'}" in err
     status = read_status(run)
-    assert status["started_steps"] == 2 and len(status["skipped_checkpoints"]) == 2
+    assert status["loaded_steps"] == [None, 2] and len(status["skipped_checkpoints"]) == 2
     assert pl.read_parquet(run / "metrics.parquet")["loss"].to_list() == reference  # bit for bit
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
         "step_2",

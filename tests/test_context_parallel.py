@@ -88,7 +88,7 @@ def test_run_pp2_cp2_ring_matches_single(tmp_path):
         "name": "cp-pp",
         "model": {"preset": "debug", "kernels": "torch"},
         "data": {"seq_len": 32, "val_sequences": 8},
-        "train": {"num_tokens": 3 * 256, "global_batch_tokens": 256, "seed": 3},
+        "train": {"num_tokens": 3 * 256, "global_batch_tokens": 256, "seed": 3, "device": "cpu"},
         "eval": {"interval_steps": 2, "val_batch_sequences": 4},
         "checkpoint": {"interval_steps": 100, "keep_last": 1},
         "logging": {"wandb": "disabled", "progress": "off"},

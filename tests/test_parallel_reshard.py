@@ -13,6 +13,7 @@ import torch
 from scalelab.parallel.launch import spawn, train_worker
 from scalelab.train.config import build_run_config
 from scalelab.train.loop import train_run
+from scalelab.train.records import read_status
 
 TOL = 1e-5
 
@@ -56,6 +57,8 @@ def test_fsdp4_checkpoint_resumes_under_tp2_and_single_device(tmp_path):
         assert len(got) == 4, name
         diffs = [abs(a - b) for a, b in zip(got[2:], expected[2:])]
         assert max(diffs) <= TOL, (name, diffs)
+        # continued from the FSDP checkpoint, not retrained from step 0 (same losses either way)
+        assert read_status(tmp_path / name)["loaded_steps"] == [2], name
 
 
 @pytest.mark.parametrize("override", ["parallel.tp=3", "parallel.pp=4", "parallel.dp_shard=3"])

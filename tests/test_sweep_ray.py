@@ -22,7 +22,7 @@ from scalelab.cli.main import main
 from scalelab.sweeps import store
 from scalelab.sweeps.execute import launch, resume
 from scalelab.sweeps.spec import expand_sweep
-from scalelab.train.checkpoint import latest_checkpoint
+from scalelab.train.checkpoint import latest_checkpoint, list_checkpoints
 from scalelab.train.records import read_status
 
 BASE = {
@@ -91,14 +91,16 @@ def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path, capsys)
     assert faulty["states"] == {run_id: "done"}
     events = [e for e in store.read_events(c) if e["run_id"] == run_id]
     assert [e["event"] for e in events] == ["start", "fail", "start", "end"]
-    assert events[2]["from_step"] == 10 and "InjectedFault" in events[1]["error"]
+    assert "InjectedFault" in events[1]["error"]
+    # the retry loaded the step-10 checkpoint (a retry from step 0 would log the same losses)
+    assert events[1]["loaded_step"] is None and events[3]["loaded_step"] == 10
     clean, resumed = store.run_path(a, run_id), store.run_path(c, run_id)
     s_clean, s_resumed = (json.loads((d / "status.json").read_text()) for d in (clean, resumed))
     for key in ("final_train_loss", "final_val_loss", "best_val_loss"):
         assert s_resumed[key] == s_clean[key], key  # bit for bit
     m_clean, m_resumed = (pl.read_parquet(d / "metrics.parquet").drop("tokens_per_s") for d in (clean, resumed))
     assert m_resumed.equals(m_clean)
-    assert s_resumed["attempts"] == 2
+    assert s_resumed["attempts"] == 2 and s_resumed["loaded_steps"] == [None, 10]
 
 
 def _lock_free(run_dir: Path) -> bool:
@@ -164,6 +166,7 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
         assert time.time() < deadline, "the killed driver's trial of the long run never ended"
         time.sleep(0.2)
     assert store.run_state(long_dir) == "running"  # held: it could not have finished
+    ckpt_before = list_checkpoints(long_dir / "checkpoints")[-1][0]
     hold.unlink()
     starts_before = _starts(out)
     result = resume(out, log=lambda m: None)
@@ -176,11 +179,24 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
         assert tps <= 256 / 0.05 * 1.05, tps
     assert all(starts[i] >= starts_before.get(i, 0) for i in starts)
     assert starts[long_id] == 2
-    # the resumed attempt loaded a checkpoint of the killed one (at or before the hold step)
-    assert 5 <= read_status(long_dir)["started_steps"] <= 40
+    # the resumed attempt loaded the killed one's newest checkpoint (at or before the hold step)
+    assert read_status(long_dir)["loaded_steps"] == [None, ckpt_before]
+    assert 5 <= ckpt_before <= 40
     df = store.load_runs(out)
     assert df.height == 4 and df["status"].to_list() == ["done"] * 4 and df["loss"].is_finite().all()
     assert not list(out.rglob("*.tmp"))
+
+    # the numbers of the interrupted-and-resumed run are those of an uninterrupted one, bit for bit
+    ref_spec = {**spec, "points": [spec["points"][-1]]}
+    ref_out = tmp_path / "ref_root" / "ref"
+    assert _launch(ref_spec, ref_out)["states"] == {long_id: "done"}
+    ref_dir = store.run_path(ref_out, long_id)
+    assert read_status(ref_dir)["loaded_steps"] == [None]
+    m_ref, m_got = (pl.read_parquet(d / "metrics.parquet").drop("tokens_per_s") for d in (ref_dir, long_dir))
+    assert m_got.height == 100 and m_got.equals(m_ref)
+    s_ref, s_got = read_status(ref_dir), read_status(long_dir)
+    for key in ("final_train_loss", "final_val_loss", "best_val_loss"):
+        assert s_got[key] == s_ref[key], key
 
 
 @pytest.mark.timeout(2 * STATE_WAIT_S)

@@ -165,6 +165,9 @@ def test_cooldown_branch_equals_a_standalone_run(tmp_path):
     a = json.loads((tmp_path / "runs" / branch.run_id / "status.json").read_text())
     b = json.loads((tmp_path / "alone" / "status.json").read_text())
     assert a["final_val_loss"] == b["final_val_loss"] and a["final_train_loss"] == b["final_train_loss"]
+    # the branch really started from the stable run's checkpoint (a branch that loaded nothing
+    # would be the standalone run and pass the equality above)
+    assert a["loaded_steps"] == [branch.labels["branch_step"]] and b["loaded_steps"] == [None]
 
 
 def test_plan_table(capsys, tmp_path):

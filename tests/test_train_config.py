@@ -89,3 +89,21 @@ def test_layout_and_logging_are_not_part_of_the_run_identity():
     base = build_run_config(BASE)
     assert config_hash(base) == config_hash(build_run_config(BASE, ["parallel.dp_shard=2", "logging.wandb=online"]))
     assert config_hash(base) != config_hash(build_run_config(BASE, ["optim.lr=1e-4"]))
+
+
+def test_yaml_on_off_switches_are_accepted_for_progress(tmp_path):
+    """YAML 1.1 reads `off`/`on` as booleans: `logging: {progress: off}` must mean "off"."""
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {preset: debug}\ndata: {seq_len: 32}\nlogging: {progress: off}\n")
+    assert load_run_config(str(path)).logging.progress == "off"
+    assert build_run_config(BASE, ["logging.progress=on"]).logging.progress == "on"
+    with pytest.raises(ConfigError, match="logging.progress"):
+        build_run_config(BASE, ["logging.progress=sometimes"])
+
+
+def test_explicit_model_without_max_seq_len_takes_data_seq_len():
+    model = {"vocab_size": 320, "num_layers": 2, "d_model": 64, "num_heads": 4, "num_kv_heads": 2, "d_ff": 128}
+    cfg = build_run_config({**BASE, "model": model, "data": {"seq_len": 64}})
+    assert cfg.model.max_seq_len == 64
+    given = build_run_config({**BASE, "model": {**model, "max_seq_len": 96}, "data": {"seq_len": 64}})
+    assert given.model.max_seq_len == 96  # an explicit value is kept

@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from scalelab.train.checkpoint import list_checkpoints
 from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.loop import train_run
 from scalelab.train.records import read_status
@@ -71,6 +72,7 @@ def test_records_are_written_in_store_format(reference_run):
     assert sorted(set(evals["step"])) == [4, 8, 12]
     saved = json.loads((run_dir / "config.json").read_text())
     assert saved == to_dict(_cfg())
+    assert status["loaded_steps"] == [None]  # a fresh run loads nothing
     ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert ckpts == ["step_12", "step_8"]  # keep_last=2
 
@@ -83,7 +85,9 @@ def test_interrupted_and_resumed_run_is_bit_identical(reference_run, tmp_path):
     train_run(_cfg(), tmp_path, resume=True)  # resumes from step 4, redoes 5 and 6
     assert _losses(tmp_path) == _losses(ref_dir)
     assert pl.read_parquet(tmp_path / "evals.parquet").equals(pl.read_parquet(ref_dir / "evals.parquet"))
-    assert read_status(tmp_path)["attempts"] == 2
+    status = read_status(tmp_path)
+    # a resume, not a restart (which would log the same losses): the second attempt loaded step 4
+    assert status["attempts"] == 2 and status["loaded_steps"] == [None, 4]
 
 
 def test_sigkill_then_resume_from_cli_is_bit_identical(reference_run, tmp_path):
@@ -101,9 +105,11 @@ def test_sigkill_then_resume_from_cli_is_bit_identical(reference_run, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert read_status(out)["status"] == "running"  # killed: never marked done
+    latest = list_checkpoints(out / "checkpoints")[-1][0]  # 4, or 8 if the kill came late
     done = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert _losses(out) == _losses(ref_dir)
+    assert read_status(out)["loaded_steps"] == [None, latest]
 
 
 def test_divergence_stops_the_run_with_status_diverged(tmp_path):

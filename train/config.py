@@ -193,6 +193,10 @@ def build_run_config(data: dict[str, Any], overrides: list[str] | None = None) -
     if not isinstance(model, dict):
         raise ConfigError("model", "section missing", "add model: {preset: debug} or explicit sizes")
     data["model"] = _expand_model_section(model)
+    # explicit sizes without a RoPE length: the model is built for the sequences it trains on
+    if isinstance(data.get("data"), dict):
+        data["model"].setdefault("max_seq_len", data["data"].get("seq_len"))
+    _switches_as_words(data)
     explicit_vocab = "vocab_size" in model
     if not explicit_vocab:
         data["model"].setdefault("vocab_size", 1)  # placeholder, replaced from the tokenizer below
@@ -207,6 +211,13 @@ def build_run_config(data: dict[str, Any], overrides: list[str] | None = None) -
         cfg.model.vocab_size = padded_vocab_size(load_tokenizer(cfg.data.tokenizer).vocab_size)
     validate_run_config(cfg)
     return cfg
+
+
+def _switches_as_words(data: dict[str, Any]) -> None:
+    """YAML 1.1 reads `on`/`off` (and yes/no) as booleans: `logging: {progress: off}` means "off"."""
+    section = data.get("logging")
+    if isinstance(section, dict) and isinstance(section.get("progress"), bool):
+        section["progress"] = "on" if section["progress"] else "off"
 
 
 def load_run_config(path: str, overrides: list[str] | None = None) -> RunConfig:

@@ -193,14 +193,21 @@ def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, 
 
     if runtime.is_rank0:
         prev = read_status(run_dir) or {}
+        attempt = int(prev.get("attempts", 0)) + 1
+        # One entry per attempt: the step of the checkpoint that attempt loaded (None: it started
+        # from step 0). Deterministic training makes a restart's losses equal a resume's, so this
+        # record is what tells them apart.
+        loaded_steps = ((prev.get("loaded_steps") or []) + [None] * attempt)[: attempt - 1]
+        loaded_steps.append(int(state["step"]) if state else None)
         write_status(
             run_dir,
             "running",
             run_id=config_hash(cfg),
             started_steps=start_step,
             started_from=str(source) if source is not None else None,
+            loaded_steps=loaded_steps,
             skipped_checkpoints=[f"{name}: {why}" for name, why in skipped],
-            attempts=int(prev.get("attempts", 0)) + 1,
+            attempts=attempt,
             **static,
         )
     logger = _open_wandb(cfg, run_dir, runtime)
