@@ -37,15 +37,14 @@ def _worker(preset: str, meta: bool, out_dir: str) -> None:
     cfg = get_preset(preset, kernels="torch")
     pcfg = ParallelConfig(dp_shard=world, mixed_precision="fp32", backend="gloo")
     dims = ParallelDims.from_config(pcfg, world_size=world, model=cfg)
-    mesh = dims.build_mesh("cpu")
-    run_cfg = _RunCfg(pcfg, cfg)
+    dims.build_mesh("cpu")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     device = torch.device("cpu")
     if meta:
-        par = parallelize(build_model(cfg, device="meta"), dims, run_cfg, mesh, device=device)
-        par.materialize(device, seed=0)
+        par = parallelize(build_model(cfg, device="meta"), dims, pcfg, seq_len=cfg.max_seq_len, device=device)
+        par.materialize(seed=0)
     else:
-        par = parallelize(build_model(cfg, device=device, seed=0), dims, run_cfg, mesh, device=device)
+        par = parallelize(build_model(cfg, device=device, seed=0), dims, pcfg, seq_len=cfg.max_seq_len, device=device)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     held = sum(p.to_local().numel() * p.element_size() for p in par.model.parameters())
     sq = torch.zeros((), dtype=torch.float64)
@@ -57,18 +56,6 @@ def _worker(preset: str, meta: bool, out_dir: str) -> None:
     Path(out_dir, f"{'meta' if meta else 'full'}{dist.get_rank()}.json").write_text(json.dumps(row))
 
 
-class _RunCfg:
-    """The parts of a RunConfig that `parallelize` reads."""
-
-    def __init__(self, pcfg, model_cfg):
-        from types import SimpleNamespace
-
-        self.parallel = pcfg
-        self.model = model_cfg
-        self.optim = SimpleNamespace(z_loss=0.0)
-        self.data = SimpleNamespace(seq_len=model_cfg.max_seq_len)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="350m")
@@ -76,7 +63,7 @@ def main() -> int:
     args = ap.parse_args()
     from scalelab.models.accounting import num_params
     from scalelab.models.presets import get_preset
-    from scalelab.parallel.launch import spawn
+    from scalelab.parallel.backend import spawn
 
     n = num_params(get_preset(args.preset))
     print(f"{args.preset}: {n / 1e6:.0f}M parameters = {4 * n / 2**30:.2f} GiB fp32; FSDP over {args.world} ranks")

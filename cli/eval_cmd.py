@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from scalelab.train.checkpoint import verify
-    from scalelab.train.eval_tasks import evaluate_checkpoint, find_checkpoints, load_tasks, merge_eval_rows
+    from scalelab.train.eval_checkpoint import evaluate_checkpoint, find_checkpoints, merge_eval_rows
+    from scalelab.train.eval_tasks import load_tasks
 
     _check_args(args)
     run_dir, ckpts = find_checkpoints(args.path)

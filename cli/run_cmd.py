@@ -57,7 +57,7 @@ def run(args) -> int:
             )
     if cfg.parallel.world_size > 1:
         _check_sources(cfg, out, args.resume)  # in the ranks they would fail one by one, with tracebacks
-        from scalelab.parallel.launch import launch_local
+        from scalelab.train.launch import launch_local
 
         return launch_local(cfg, out, resume=args.resume)
     from scalelab.train.loop import train_run

@@ -37,6 +37,9 @@ import torch.nn as nn
 from scalelab.kernels import get_ops
 from scalelab.kernels.reference import rope_cos_sin
 from scalelab.models.config import ModelConfig
+from scalelab.models.feedforward import FeedForward
+from scalelab.models.loss import fused_lm_loss
+from scalelab.models.moe import MoE, moe_modules
 
 
 class RMSNorm(nn.Module):
@@ -80,20 +83,6 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(bsz, seq_len, -1))
 
 
-class FeedForward(nn.Module):
-    """SwiGLU MLP: w2(silu(w1 x) * w3 x); w1 = gate, w3 = up, w2 = down."""
-
-    def __init__(self, d_model: int, d_ff: int):
-        super().__init__()
-        self.w1 = nn.Linear(d_model, d_ff, bias=False)
-        self.w2 = nn.Linear(d_ff, d_model, bias=False)
-        self.w3 = nn.Linear(d_model, d_ff, bias=False)
-        self.ops = get_ops("torch")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(self.ops.swiglu(self.w1(x), self.w3(x)))
-
-
 class TransformerBlock(nn.Module):
     """Pre-norm block: h = x + attn(norm(x)); out = h + ffn(norm(h))."""
 
@@ -103,8 +92,6 @@ class TransformerBlock(nn.Module):
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         if cfg.family == "moe":
-            from scalelab.models.moe import MoE
-
             self.feed_forward = MoE(cfg)
         else:
             self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
@@ -223,8 +210,6 @@ class Transformer(nn.Module):
         if self.norm is not None:
             h = self.norm(h)
         if targets is not None:
-            from scalelab.models.loss import fused_lm_loss  # loss.py imports this module
-
             return fused_lm_loss(h, self.output.weight, targets, self.ops, z_loss)
         if return_hidden or self.output is None:
             return h
@@ -233,8 +218,6 @@ class Transformer(nn.Module):
     # --- MoE hooks (no-ops for the dense family) ---------------------------------------------------
     def moe_layers(self) -> list[nn.Module]:
         """The MoE feed-forward modules present in this (stage of the) model, in layer order."""
-        from scalelab.models.moe import moe_modules  # moe.py imports this module
-
         return moe_modules(self)
 
     def moe_stats(self) -> list[dict[str, torch.Tensor]]:

@@ -11,12 +11,11 @@ states and `output.weight` (on CUDA the Triton kernel never materialises them al
 from __future__ import annotations
 
 import torch
-
-from scalelab.models.llama import Transformer
+import torch.nn as nn
 
 
 def lm_loss(
-    model: Transformer,
+    model: nn.Module,
     tokens: torch.Tensor,
     targets: torch.Tensor,
     z_loss: float = 0.0,

@@ -49,6 +49,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from scalelab.models.config import ModelConfig
+from scalelab.models.feedforward import FeedForward
 
 
 class _AttachAuxLoss(torch.autograd.Function):
@@ -150,8 +151,6 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(cfg.num_experts, cfg.d_model, d_ff, cfg.moe_expert_method)
         self.shared_experts = None
         if cfg.num_shared_experts:
-            from scalelab.models.llama import FeedForward  # llama imports this module: import late
-
             self.shared_experts = FeedForward(cfg.d_model, cfg.num_shared_experts * d_ff)
         self.loss_scale = 1.0  # d(total loss)/d(LM loss term) set by the loop; see module docstring
         self.last_stats: dict[str, torch.Tensor] = {}

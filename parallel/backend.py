@@ -1,7 +1,11 @@
-"""Process-group setup, and the one place that works around what gloo gets wrong.
+"""Process groups: starting N local processes joined in one, setup from the torchrun environment, the
+one place that works around what gloo gets wrong, and shared collective ops.
 
+    spawn(fn, world_size, args)   # run fn(*args) on N fresh processes joined in one process group
     init_distributed("auto")      # from torchrun-style env: RANK, WORLD_SIZE, MASTER_ADDR/PORT
     backend_for("auto", device)   # nccl on CUDA, gloo on CPU
+    for_collective(t)             # a contiguous tensor for a collective (see below)
+    SumOverGroup.apply(x, group)  # all-reduce forward, identity backward (vocab / expert tensor parallel)
 
 gloo on torch 2.13 (see ARCHITECTURE.md, "Known platform facts"):
   - it silently corrupts a scatter into a non-contiguous tensor, so every tensor handed to a
@@ -15,12 +19,18 @@ gloo on torch 2.13 (see ARCHITECTURE.md, "Known platform facts"):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import socket
+from collections.abc import Iterator
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from scalelab.errors import UsageError
 
 
 def backend_for(backend: str, device: torch.device | str) -> str:
@@ -59,3 +69,90 @@ def for_collective(t: torch.Tensor) -> torch.Tensor:
 def destroy_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+class SumOverGroup(torch.autograd.Function):
+    """all_reduce(SUM) forward, identity backward (Megatron's vocab-parallel pattern).
+
+    Every rank then computes the same (replicated) loss from the sum, so each partial's gradient
+    is the sum's gradient as is; summing it over ranks in backward would count it tp times.
+    """
+
+    @staticmethod
+    def forward(ctx, x, group):
+        out = for_collective(x.clone())
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+@contextlib.contextmanager
+def loopback_store(timeout_s: float = 600.0) -> Iterator[int]:
+    """Serve a TCPStore from this process on 127.0.0.1 while the block runs; yields its port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+        store = dist.TCPStore(
+            "127.0.0.1",
+            port,
+            is_master=True,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            master_listen_fd=sock.fileno(),
+        )
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns (and closes) the listening socket now
+    try:
+        yield port
+    finally:
+        del store
+
+
+def loopback_interface() -> str | None:
+    """This machine's loopback interface name ("lo" on Linux, "lo0" on macOS), if there is one."""
+    names = [name for _, name in socket.if_nameindex()]
+    return next((n for n in names if n in ("lo", "lo0")), None)
+
+
+def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: tuple) -> None:
+    os.environ.update(
+        RANK=str(local_rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TORCHELASTIC_USE_AGENT_STORE="True",  # the launcher serves the store; every rank is a client
+    )
+    lo = loopback_interface()
+    if lo:  # gloo's and NCCL's own sockets on loopback too (a user's setting wins)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    if not use_cuda:
+        torch.set_num_threads(1)
+    init_distributed(backend, device="cuda" if use_cuda else "cpu")
+    try:
+        fn(*args)
+    finally:
+        destroy_distributed()
+
+
+def spawn(fn, world_size: int, args: tuple = (), backend: str = "auto") -> None:
+    """Run `fn(*args)` in `world_size` new processes joined in one process group; raise if any fails."""
+    if torch.cuda.is_available() and backend != "gloo" and world_size > torch.cuda.device_count():
+        raise UsageError(
+            f"the layout needs {world_size} processes but only {torch.cuda.device_count()} GPUs "
+            "are visible; use a smaller layout or parallel.backend=gloo"
+        )
+    with loopback_store() as port:
+        mp.start_processes(
+            _entry, args=(fn, world_size, port, backend, args), nprocs=world_size, join=True, start_method="spawn"
+        )

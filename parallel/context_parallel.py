@@ -27,12 +27,11 @@ Variants (the attention op of each Attention module is swapped through its `ops`
              plus dK/dV cp hops backward. `attention_saved_bytes` gives both variants' saved bytes.
 Both are exact up to floating point (tests: loss and every gradient within 1e-5 of one device).
 Gradients of parameters are per-rank partial sums of the local tokens' losses; FSDP (or an
-all-reduce) over the cp ranks averages them like data parallel does (`cp_fsdp_mesh`: FSDP over
-dp_shard×cp, HSDP (dp_replicate, dp_shard×cp) with replicas).
+all-reduce) over the cp ranks averages them like data parallel does (`ParallelDims.fsdp_mesh`:
+FSDP over dp_shard×cp, HSDP (dp_replicate, dp_shard×cp) with replicas).
 
 Composition: TP with or without sequence parallel inside each cp rank (SP shards this rank's rows
-further; attention sees them whole after SP's all-gather; the parity harness runs it, the training
-path still rejects it in ep_cp_hooks.apply_ep_cp); pipeline stages (the chunks take their
+further; attention sees them whole after SP's all-gather); pipeline stages (the chunks take their
 positions from apply_cp's forward pre-hook; Pipeline shards each batch and averages the loss over
 cp; the zero-bubble schedule only with parallel.fsdp_reshard_after_forward=false).
 """
@@ -49,22 +48,11 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from scalelab.models.llama import Attention, override_ops
+
 VARIANTS = ("allgather", "ring")
 
 
-def cp_fsdp_mesh(dims, mesh):
-    """The mesh FSDP shards parameters over when cp > 1 (the cp ranks hold the same parameters and
-    see different tokens, so they are data parallel for the gradients): dp_shard × cp flattened
-    ("dp_shard_cp", built by ParallelDims.build_mesh), or "cp" alone; with dp_replicate > 1 the 2-D
-    HSDP mesh (dp_replicate, dp_shard_cp): sharded over dp_shard × cp, replicated across replicas."""
-    names = mesh.mesh_dim_names or ()
-    shard = "dp_shard_cp" if "dp_shard" in names else "cp"
-    if dims.dp_replicate > 1:
-        return mesh[("dp_replicate", shard)]
-    return mesh[shard]
-
-
-# --- sequence sharding -------------------------------------------------------------------------
 def chunk_ids(cp_rank: int, cp: int) -> tuple[int, int]:
     """The two (head, tail) chunks of 2·cp that rank `cp_rank` holds."""
     return cp_rank, 2 * cp - 1 - cp_rank
@@ -321,8 +309,6 @@ def apply_cp(model: nn.Module, cp_mesh, variant: str = "allgather") -> None:
     The forward must then get this rank's rows (shard_sequence_batch); their `positions` default to
     this rank's head-tail positions when not given. `model.scalelab_cp` (a CPShard) records the group.
     """
-    from scalelab.models.llama import Attention, override_ops
-
     if variant not in VARIANTS:
         raise ValueError(f"context-parallel variant {variant!r} unknown; use one of {VARIANTS}")
     group = cp_mesh.get_group()

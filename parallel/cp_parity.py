@@ -20,11 +20,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from scalelab.errors import UsageError
+from scalelab.kernels.reference import attention as reference_attention
 from scalelab.models.config import ModelConfig
+from scalelab.models.llama import build_model
+from scalelab.parallel.backend import spawn
+from scalelab.parallel.context_parallel import (
+    allgather_attention,
+    apply_cp,
+    attention_saved_bytes,
+    local_positions,
+    ring_attention,
+    shard_sequence,
+    shard_sequence_batch,
+)
+from scalelab.parallel.data_parallel import apply_fsdp, fsdp_options
 from scalelab.parallel.dims import ParallelDims
-from scalelab.parallel.moe_cp_parity import batches, cross_entropy, max_diff
+from scalelab.parallel.parity_data import batches, cross_entropy, max_diff
+from scalelab.parallel.planner_memory import measure_saved_bytes
+from scalelab.parallel.tp import apply_tp
 
 
 def cp_debug_model() -> ModelConfig:
@@ -78,8 +96,6 @@ def parse_cp_layout(name: str) -> CPLayout:
 
 def cp_reference(spec: CPSpec) -> dict:
     """Logits, loss and every parameter gradient of one forward+backward on one device."""
-    from scalelab.models.llama import build_model
-
     model = build_model(spec.model, seed=spec.seed)
     batch = batches(spec.model.vocab_size, 1, spec.batch_sequences, spec.seq_len, spec.seed)[0]
     logits = model(batch[:, :-1])
@@ -90,25 +106,18 @@ def cp_reference(spec: CPSpec) -> dict:
 
 
 def _cp_run(name: str, spec: CPSpec, out_dir: Path) -> None:
-    import torch.distributed as dist
-
-    from scalelab.models.llama import build_model
-    from scalelab.parallel.context_parallel import apply_cp, cp_fsdp_mesh, local_positions, shard_sequence_batch
-    from scalelab.parallel.data_parallel import apply_fsdp
-
     layout = parse_cp_layout(name)
     dims, variant = layout.dims, layout.variant
     rank, cp = dist.get_rank(), dims.cp
-    mesh = dims.build_mesh("cpu")  # the training loop's mesh (with its flattened dp_shard_cp view)
-    dp_rank, dp_size = dims.dp_coords(mesh)
-    cp_rank = mesh["cp"].get_local_rank()
+    dims.build_mesh("cpu")  # the training loop's mesh (with its flattened dp_shard_cp view)
+    dp_rank, dp_size = dims.dp_coords()
+    cp_rank = dims.mesh_for("cp").get_local_rank()
     model = build_model(spec.model, seed=spec.seed)
     if dims.tp > 1:  # TP (and SP: the residual stream a Shard(1) DTensor of this cp rank's rows) inside each cp rank
-        from scalelab.parallel.tp import apply_tp
-
-        apply_tp(model, mesh["tp"], sequence_parallel=layout.sequence_parallel, loss_parallel=False)
-    apply_cp(model, mesh["cp"], variant)
-    apply_fsdp(model, cp_fsdp_mesh(dims, mesh), reshard_after_forward=True, mixed_precision="fp32", device_type="cpu")
+        apply_tp(model, dims.mesh_for("tp"), sequence_parallel=layout.sequence_parallel, loss_parallel=False)
+    apply_cp(model, dims.mesh_for("cp"), variant)
+    fsdp = fsdp_options(reshard_after_forward=True, mixed_precision="fp32", device_type="cpu")
+    apply_fsdp(model, dims.fsdp_mesh, **fsdp)
     batch = batches(spec.model.vocab_size, 1, spec.batch_sequences, spec.seq_len, spec.seed)[0]
     local = spec.batch_sequences // dp_size
     mine = batch[dp_rank * local : (dp_rank + 1) * local]
@@ -137,8 +146,6 @@ def _cp_group(names: list[str], spec: CPSpec, out_dir: str) -> None:
 
 def cp_parity(layouts: list[str], spec: CPSpec | None = None) -> list[dict]:
     """Run every CP layout (one process group per world size) and compare with one device."""
-    from scalelab.parallel.launch import spawn
-
     spec = spec or CPSpec()
     by_world: dict[int, list[str]] = {}
     for name in layouts:
@@ -201,14 +208,6 @@ def _attention_inputs(spec: CPAttentionSpec) -> list[torch.Tensor]:
 
 
 def _attention_worker(spec: CPAttentionSpec, out_dir: str) -> None:
-    import torch.distributed as dist
-    import torch.nn as nn
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from scalelab.kernels.reference import attention as reference_attention
-    from scalelab.parallel.context_parallel import allgather_attention, ring_attention, shard_sequence
-    from scalelab.parallel.planner_memory import measure_saved_bytes
-
     torch.set_num_threads(1)
     cp, rank = dist.get_world_size(), dist.get_rank()
     group = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))["cp"].get_group()
@@ -236,9 +235,6 @@ def cp_attention_rows(cp: int, spec: CPAttentionSpec | None = None) -> list[dict
     """Each variant's attention op (causal and not) on `cp` ranks vs one device: the max |diff| of the
     output and of dQ, dK, dV over all ranks, and rank 0's saved-for-backward bytes beside the formula
     `attention_saved_bytes` (causal)."""
-    from scalelab.parallel.context_parallel import attention_saved_bytes
-    from scalelab.parallel.launch import spawn
-
     spec = spec or CPAttentionSpec()
     if spec.seq_len % (2 * cp):
         raise UsageError(f"seq_len={spec.seq_len} must be a multiple of 2*cp={2 * cp}")

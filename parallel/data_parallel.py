@@ -39,14 +39,11 @@ def fsdp_options(*, reshard_after_forward: bool, mixed_precision: str, device_ty
     return kwargs
 
 
-def apply_fsdp(
-    model: nn.Module, dp_mesh, *, reshard_after_forward: bool, mixed_precision: str, device_type: str
-) -> None:
-    """fully_shard every block, then the root, over `dp_mesh` (1-D: FSDP; 2-D: HSDP/DDP)."""
-    kwargs = fsdp_options(
-        reshard_after_forward=reshard_after_forward, mixed_precision=mixed_precision, device_type=device_type
-    )
-    kwargs["mesh"] = dp_mesh
+def apply_fsdp(model: nn.Module, dp_mesh, **options) -> None:
+    """fully_shard every block, then the root, over `dp_mesh` (1-D: FSDP; 2-D: HSDP/DDP).
+
+    options: `fsdp_options(...)` (resharding and mixed precision)."""
+    kwargs = dict(options, mesh=dp_mesh)
     ignored = getattr(model, "fsdp_ignored_params", None)  # set by expert parallel (see there)
     if ignored:
         kwargs["ignored_params"] = ignored

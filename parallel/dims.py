@@ -1,8 +1,15 @@
-"""ParallelDims: the arithmetic of one layout, checked against the world and the model, and its mesh.
+"""ParallelDims: the arithmetic of one layout, checked against the world and the model, and its meshes.
 
     dims = ParallelDims.from_config(cfg.parallel, world_size=4, model=cfg.model, seq_len=256)
-    mesh = dims.build_mesh("cpu")          # named axes: pp, dp_replicate, dp_shard, cp, tp
-    mesh["tp"], dims.dp_mesh(mesh)         # sub-meshes used by the parallelize steps
+    dims.build_mesh("cpu")                 # named axes: pp, dp_replicate, dp_shard, cp, tp
+    dims.mesh_for("tp"), dims.fsdp_mesh    # the named sub-meshes the parallelize steps use
+    dims.ep_mesh                           # the expert mesh (pp, dp_replicate, dp_mod_ep, ep, tp)
+    dims.dp_coords()                       # (dp_rank, dp_size): this rank's slice of the batch
+
+`ParallelConfig` (scalelab.parallel.config) is the one user-facing description of a layout;
+ParallelDims is built from it once per process and owns the DeviceMesh and every sub-mesh cut from
+it, so code that needs a process group asks the dims for the named mesh instead of carrying a
+`(dims, mesh)` pair around. A world of 1 has no mesh (`dims.mesh is None`).
 
 Vocabulary (torchtitan's): a mesh *axis* (pp, dp_replicate, dp_shard, cp, tp) vs a tensor *dim*.
 The mesh is laid out outer→inner as pp × dp_replicate × dp_shard × cp × tp, so tensor-parallel
@@ -12,7 +19,9 @@ Every check raises `ConfigError("parallel.<key>", problem, fix)` before any proc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from scalelab.errors import ConfigError
 
@@ -36,6 +45,8 @@ class ParallelDims:
     pp: int = 1
     cp: int = 1
     ep: int = 1
+    mesh: DeviceMesh | None = field(default=None, repr=False, compare=False)  # set by build_mesh
+    _ep_mesh: DeviceMesh | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(
@@ -182,11 +193,21 @@ class ParallelDims:
                 )
 
     def check_supported(self, model=None) -> None:
-        """Combinations the arithmetic allows but parallelize() does not build (the ep rules live
-        with their implementation in scalelab.parallel.expert_parallel)."""
-        from scalelab.parallel.expert_parallel import check_ep_supported
-
-        check_ep_supported(self, model)  # every cp combination is built
+        """Combinations the arithmetic allows but parallelize() does not build (every cp one is built)."""
+        if self.ep == 1:
+            return
+        if model is not None and getattr(model, "family", None) != "moe":
+            raise ConfigError(
+                "parallel.ep",
+                "expert parallel needs an MoE model; the dense family has no experts",
+                "set parallel.ep=1 or model.family=moe",
+            )
+        if model is not None and model.num_experts % self.ep:
+            raise ConfigError(
+                "parallel.ep",
+                f"{self.ep} does not divide model.num_experts={model.num_experts}",
+                "pick ep dividing num_experts",
+            )
 
     # --- mesh ---------------------------------------------------------------------------------
     def mesh_shape(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -203,32 +224,93 @@ class ParallelDims:
         names = tuple(a for a in AXES if a in keep) or ("dp_shard",)
         return names, tuple(sizes[a] for a in names)
 
-    def build_mesh(self, device_type: str):
-        """The DeviceMesh over the default process group, with flattened 'dp' / 'dp_cp' views."""
-        from torch.distributed.device_mesh import init_device_mesh
-
-        names, shape = self.mesh_shape()
-        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
-        dp_axes = tuple(a for a in ("dp_replicate", "dp_shard") if a in names)
-        if len(dp_axes) > 1:
-            mesh[dp_axes]._flatten("dp")  # the data loader's split and the loss average
-        shard_axes = tuple(a for a in ("dp_shard", "cp") if a in names)
-        if len(shard_axes) > 1:
-            mesh[shard_axes]._flatten("dp_shard_cp")
-        return mesh
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        """Build (once) the DeviceMesh over the default process group, with flattened 'dp' / 'dp_shard_cp' views."""
+        if self.mesh is None:
+            names, shape = self.mesh_shape()
+            mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+            dp_axes = tuple(a for a in ("dp_replicate", "dp_shard") if a in names)
+            if len(dp_axes) > 1:
+                mesh[dp_axes]._flatten("dp")  # the data loader's split and the loss average
+            shard_axes = tuple(a for a in ("dp_shard", "cp") if a in names)
+            if len(shard_axes) > 1:
+                mesh[shard_axes]._flatten("dp_shard_cp")
+            self.mesh = mesh
+        return self.mesh
 
     def has(self, axis: str) -> bool:
         return getattr(self, axis) > 1
 
-    def dp_coords(self, mesh) -> tuple[int, int]:
+    def mesh_for(self, axis: str) -> DeviceMesh:
+        """The 1-D sub-mesh of a named axis (pp, dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp)."""
+        if self.mesh is None:
+            raise RuntimeError("ParallelDims.build_mesh has not been called (a world of 1 has no mesh)")
+        return self.mesh[axis]
+
+    def group(self, axis: str):
+        """The process group of a named axis, or None when the axis has size 1 (nothing to reduce)."""
+        return self.mesh_for(axis).get_group() if self.has(axis) else None
+
+    @property
+    def fsdp_mesh(self) -> DeviceMesh | None:
+        """The mesh FSDP2 shards (and replicates) the dense parameters over, or None (no data parallel).
+
+        dp_shard, or dp_shard × cp flattened when cp > 1 (the cp ranks hold the same parameters and
+        see different tokens, so their gradients are averaged like data parallel's); with
+        dp_replicate > 1 the 2-D HSDP mesh (dp_replicate, that shard axis), which with a shard size
+        of 1 is plain DDP.
+        """
+        if self.mesh is None:
+            return None
+        names = self.mesh.mesh_dim_names or ()
+        shard = "dp_shard_cp" if self.cp > 1 and "dp_shard" in names else ("cp" if self.cp > 1 else "dp_shard")
+        if self.dp_replicate > 1:
+            return self.mesh[("dp_replicate", shard)]
+        if self.dp_shard > 1 or self.cp > 1:
+            return self.mesh[shard]
+        return None
+
+    @property
+    def ep_mesh(self) -> DeviceMesh:
+        """The expert mesh: axes (pp, dp_replicate, dp_mod_ep, ep, tp) over the same ranks (built once).
+
+        dp_shard × cp (flattened, cp inner) is split into (dp_mod_ep, ep) with ep the inner factor,
+        so an ep group is made of adjacent shard ranks; axes of the mesh that are absent stay
+        absent, and ep and dp_mod_ep are always present (size 1 allowed). Every (pp, dp_replicate,
+        tp) coordinate gets its own ep and dp_mod_ep groups; tp stays innermost, so (ep, tp) is a
+        valid 2-D sub-mesh.
+        """
+        if self._ep_mesh is None:
+            mesh = self.mesh_for("dp_shard") if self.mesh is None else self.mesh  # raises without a mesh
+            names = list(mesh.mesh_dim_names or ())
+            shard_axes = [n for n in ("dp_shard", "cp") if n in names]
+            front = [n for n in ("pp", "dp_replicate") if n in names]
+            back = [n for n in ("tp",) if n in names]
+            ranks = mesh.mesh.permute(*[names.index(n) for n in front + shard_axes + back])
+            shard = self.dp_shard * self.cp
+            lead = [mesh[n].size() for n in front]
+            tail = [mesh[n].size() for n in back]
+            ranks = ranks.reshape(*lead, shard // self.ep, self.ep, *tail)
+            self._ep_mesh = DeviceMesh(mesh.device_type, ranks, mesh_dim_names=(*front, "dp_mod_ep", "ep", *back))
+        return self._ep_mesh
+
+    def dp_coords(self) -> tuple[int, int]:
         """(dp_rank, dp_size) of this process: which slice of the global batch it consumes."""
-        names = mesh.mesh_dim_names or ()
+        if self.mesh is None:
+            return 0, 1
+        names = self.mesh.mesh_dim_names or ()
         rank, size = 0, 1
         for axis in ("dp_replicate", "dp_shard"):  # row-major over the two dp axes
             if axis in names:
-                rank = rank * mesh[axis].size() + mesh[axis].get_local_rank()
-                size *= mesh[axis].size()
+                rank = rank * self.mesh[axis].size() + self.mesh[axis].get_local_rank()
+                size *= self.mesh[axis].size()
         return rank, size
+
+    def coords(self) -> dict[str, int]:
+        """This rank's coordinate on every named axis of the mesh ({} without a mesh)."""
+        if self.mesh is None:
+            return {}
+        return {n: self.mesh[n].get_local_rank() for n in self.mesh.mesh_dim_names or ()}
 
 
 def num_microbatches(pcfg, pp: int) -> int:
@@ -264,10 +346,8 @@ def validate_options(pcfg) -> None:
         )
     if pcfg.pp > 1 and pcfg.pp_schedule == "zero-bubble" and pcfg.dp_shard * pcfg.cp > 1:
         if pcfg.fsdp_reshard_after_forward:
-            # measured (scalelab parity): fsdp2xpp2-zb drifts from one device (|Δloss| 7.8e-3 after
-            # 3 AdamW steps) while fsdp2-zero2xpp2-zb matches (9.5e-7); from the second step the
-            # last stage's parameters end the step without gradients (cause in torch's ZB-V + FSDP2
-            # interplay not found)
+            # Under ZB-V with ZeRO-3 the last stage's parameters end every step after the first
+            # without gradients (`scalelab parity` fsdp2xpp2-zb); ZeRO-2 (fsdp2-zero2xpp2-zb) matches.
             raise ConfigError(
                 "parallel.pp_schedule",
                 "zero-bubble with FSDP resharding after forward (ZeRO-3) gives wrong gradients",

@@ -27,14 +27,24 @@ import re
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from scalelab.errors import UsageError
 from scalelab.models.config import ModelConfig
-from scalelab.parallel.moe_cp_parity import batches, cross_entropy, max_diff
+from scalelab.models.llama import build_model
+from scalelab.models.loss import lm_loss
+from scalelab.models.moe import summarize_stats
+from scalelab.parallel.backend import spawn
+from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.dims import ParallelDims
+from scalelab.parallel.expert_parallel import ShardedExperts, gather_full_experts
+from scalelab.parallel.memory import measured_memory
+from scalelab.parallel.parallelize import parallelize
+from scalelab.parallel.parity_data import batches, cross_entropy, max_diff
+from scalelab.parallel.planner_memory import Layout, state_bytes
 
 
 def moe_debug_model(**overrides) -> ModelConfig:
@@ -124,8 +134,6 @@ def _model_for(spec: EPSpec, option: str) -> ModelConfig:
 
 def ep_reference(spec: EPSpec, dp: int, option: str = "") -> dict:
     """Single-device run: each step's batch as `dp` accumulation micro-batches (see module doc)."""
-    from scalelab.models.llama import build_model
-
     cfg = _model_for(spec, option)
     model = build_model(cfg, seed=spec.seed)
     opt = torch.optim.SGD(model.parameters(), lr=spec.lr)
@@ -159,11 +167,9 @@ def ep_reference(spec: EPSpec, dp: int, option: str = "") -> dict:
     return out
 
 
-def _parallel_cfg(spec: EPSpec, lay: EPLayout, model_cfg: ModelConfig) -> SimpleNamespace:
-    """The parts of a RunConfig that `parallelize` reads, for one EP layout (fp32, no loss parallel)."""
-    from scalelab.parallel.config import ParallelConfig
-
-    pcfg = ParallelConfig(
+def _parallel_cfg(lay: EPLayout) -> ParallelConfig:
+    """The ParallelConfig of one EP layout (fp32, no loss parallel)."""
+    return ParallelConfig(
         dp_replicate=lay.dp_replicate,
         dp_shard=lay.dp_shard,
         tp=lay.tp,
@@ -173,9 +179,6 @@ def _parallel_cfg(spec: EPSpec, lay: EPLayout, model_cfg: ModelConfig) -> Simple
         mixed_precision="fp32",
         backend="gloo",
     )
-    return SimpleNamespace(
-        parallel=pcfg, model=model_cfg, optim=SimpleNamespace(z_loss=0.0), data=SimpleNamespace(seq_len=spec.seq_len)
-    )
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -184,22 +187,13 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 
 def _ep_run(name: str, spec: EPSpec, out_dir: Path) -> None:
     """One EP layout inside the spawned group (world == dp_shard × tp); rank 0 writes the results."""
-    import torch.distributed as dist
-
-    from scalelab.models.llama import build_model
-    from scalelab.parallel.dims import ParallelDims
-    from scalelab.parallel.expert_parallel import ShardedExperts, gather_full_experts
-    from scalelab.parallel.memory import measured_memory
-    from scalelab.parallel.parallelize import parallelize
-
     lay = parse_ep_layout(name)
     cfg = _model_for(spec, lay.option)
-    run_cfg = _parallel_cfg(spec, lay, cfg)
-    dims = ParallelDims.from_config(run_cfg.parallel, world_size=dist.get_world_size(), model=cfg, seq_len=spec.seq_len)
-    mesh = dims.build_mesh("cpu")
-    model = parallelize(build_model(cfg, seed=spec.seed), dims, run_cfg, mesh, device=torch.device("cpu")).model
-    dp_rank, dp_size = dims.dp_coords(mesh)
-    dp_group = mesh["dp" if dims.dp_replicate > 1 else "dp_shard"].get_group() if dp_size > 1 else None
+    pcfg = _parallel_cfg(lay)
+    dims = ParallelDims.from_config(pcfg, world_size=dist.get_world_size(), model=cfg, seq_len=spec.seq_len)
+    model = parallelize(build_model(cfg, seed=spec.seed), dims, pcfg, seq_len=spec.seq_len).model
+    dp_rank, dp_size = dims.dp_coords()
+    dp_group = dims.mesh_for("dp" if dims.dp_replicate > 1 else "dp_shard").get_group() if dp_size > 1 else None
     opt = torch.optim.SGD(model.parameters(), lr=spec.lr)
     local = spec.global_batch_sequences // dp_size
     out = {"losses": [], "tokens_per_expert": [], "aux_loss": [], "grads": {}}
@@ -267,8 +261,6 @@ def compare_ep(name: str, ref: dict, got: dict, world: int, tolerance: float) ->
 
 def ep_parity(layouts: list[str], spec: EPSpec | None = None) -> list[dict]:
     """Run every EP layout (one process group per world size) and compare with one device."""
-    from scalelab.parallel.launch import spawn
-
     spec = spec or EPSpec()
     by_world: dict[int, list[str]] = {}
     for name in layouts:
@@ -286,8 +278,6 @@ def ep_parity(layouts: list[str], spec: EPSpec | None = None) -> list[dict]:
             got = torch.load(Path(tmp) / f"{name}.pt", weights_only=True)
             row = compare_ep(name, ref, got, lay.world_size, spec.tolerance)
             # the planner's exact state accounting for rank 0 (largest shards) vs what it held
-            from scalelab.parallel.planner_memory import Layout, state_bytes
-
             plan = Layout(dp_replicate=lay.dp_replicate, dp_shard=lay.dp_shard, ep=lay.ep, tp=lay.tp)
             row["memory_expected"] = state_bytes(
                 _model_for(spec, lay.option), plan, seq_len=spec.seq_len, optimizer="sgd"
@@ -306,10 +296,6 @@ def aux_balance_run(
     the given load-balancing weight; returns the router imbalance (max/mean tokens per expert,
     mean over layers) at the first step and averaged over the last 10 steps, plus the aux loss.
     Without the aux loss the routers drift towards a few experts; with it they stay balanced."""
-    from scalelab.models.llama import build_model
-    from scalelab.models.loss import lm_loss
-    from scalelab.models.moe import summarize_stats
-
     cfg = moe_debug_model(
         router_aux_loss_weight=aux_weight,
         router_z_loss_weight=0.0,

@@ -1,6 +1,6 @@
 """Expert parallel (and expert tensor parallel): MoE experts sharded over `ep` (and `tp`) mesh axes.
 
-    emesh = build_ep_mesh(dims, mesh)    # axes (pp, dp_replicate, dp_mod_ep, ep, tp) over the same ranks
+    emesh = dims.ep_mesh                 # axes (pp, dp_replicate, dp_mod_ep, ep, tp) over the same ranks
     apply_ep(model, emesh)               # experts -> ShardedExperts: DTensors on emesh[(ep[, tp])]
     apply_ep_fsdp(model, emesh)          # FSDP2 (HSDP) of the expert shards over (dp_replicate,) dp_mod_ep
     apply_fsdp(model, dp_mesh, ...)      # then the usual FSDP of blocks and root (dense params)
@@ -44,28 +44,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor, Shard
 
 from scalelab.models.moe import grouped_swiglu, moe_modules, summarize_stats
-from scalelab.parallel.backend import for_collective
-from scalelab.parallel.step import _SumOverGroup
-
-
-def check_ep_supported(dims, model_cfg=None) -> None:
-    """ConfigError for the layouts with ep > 1 that parallelize does not build."""
-    from scalelab.errors import ConfigError
-
-    if dims.ep == 1:
-        return
-    if model_cfg is not None and getattr(model_cfg, "family", None) != "moe":
-        raise ConfigError(
-            "parallel.ep",
-            "expert parallel needs an MoE model; the dense family has no experts",
-            "set parallel.ep=1 or model.family=moe",
-        )
-    if model_cfg is not None and model_cfg.num_experts % dims.ep:
-        raise ConfigError(
-            "parallel.ep",
-            f"{dims.ep} does not divide model.num_experts={model_cfg.num_experts}",
-            "pick ep dividing num_experts",
-        )
+from scalelab.parallel.backend import SumOverGroup, for_collective
 
 
 def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
@@ -144,7 +123,7 @@ class ShardedExperts(nn.Module):
         else:
             out = self._dispatch_compute_combine(x, counts, w1, w2, w3, ep, num_local)
         if self.tp_group is not None:
-            out = _SumOverGroup.apply(out, self.tp_group)  # partial over F/tp slices -> full rows
+            out = SumOverGroup.apply(out, self.tp_group)  # partial over F/tp slices -> full rows
         return out
 
     def _dispatch_compute_combine(self, x, counts, w1, w2, w3, ep: int, num_local: int) -> torch.Tensor:
@@ -165,34 +144,10 @@ class ShardedExperts(nn.Module):
         return all_to_all(out, in_splits, out_splits, self.ep_group)
 
 
-def build_ep_mesh(dims, mesh):
-    """A DeviceMesh over the ranks of `mesh` with axes (pp, dp_replicate, dp_mod_ep, ep, tp).
-
-    dp_shard×cp (flattened, cp inner) is split into (dp_mod_ep, ep) with ep the inner factor, so an
-    ep group is made of adjacent shard ranks; axes of `mesh` that are absent stay absent, and ep and
-    dp_mod_ep are always present (size 1 allowed). Every (pp, dp_replicate, tp) coordinate gets its
-    own ep and dp_mod_ep groups; tp stays innermost, so (ep, tp) is a valid 2-D sub-mesh.
-    """
-    from torch.distributed.device_mesh import DeviceMesh
-
-    names = list(mesh.mesh_dim_names or ())
-    shard_axes = [n for n in ("dp_shard", "cp") if n in names]
-    front = [n for n in ("pp", "dp_replicate") if n in names]
-    back = [n for n in ("tp",) if n in names]
-    ranks = mesh.mesh.permute(*[names.index(n) for n in front + shard_axes + back])
-    shard = dims.dp_shard * dims.cp
-    if shard % dims.ep:
-        raise ValueError(f"ep={dims.ep} does not divide dp_shard*cp={shard}")
-    lead = [mesh[n].size() for n in front]
-    tail = [mesh[n].size() for n in back]
-    ranks = ranks.reshape(*lead, shard // dims.ep, dims.ep, *tail)
-    return DeviceMesh(mesh.device_type, ranks, mesh_dim_names=(*front, "dp_mod_ep", "ep", *back))
-
-
 def apply_ep(model: nn.Module, emesh) -> None:
     """Replace the experts of every MoE block by this rank's shard (call after init, before FSDP).
 
-    `emesh` comes from `build_ep_mesh`; the experts are sharded over its ep axis and, when it has
+    `emesh` is `ParallelDims.ep_mesh`; the experts are sharded over its ep axis and, when it has
     one, its tp axis."""
     names = emesh.mesh_dim_names
     mesh = emesh[("ep", "tp")] if "tp" in names else emesh["ep"]

@@ -102,8 +102,3 @@ def measured_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     return MemoryReport(
         param_bytes=param_bytes, grad_bytes=grad_bytes, optim_bytes=optim_bytes, num_param_tensors=len(params)
     )
-
-
-def mesh_coords(mesh) -> dict[str, int]:
-    """This rank's local index along every named mesh axis."""
-    return {name: mesh[name].get_local_rank() for name in (mesh.mesh_dim_names or ())}

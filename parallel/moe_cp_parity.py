@@ -1,4 +1,4 @@
-"""`scalelab parity` for the MoE (expert parallel) and context-parallel layouts, and their shared helpers.
+"""`scalelab parity` for the MoE (expert parallel) and context-parallel layouts.
 
     rows = run_moe_cp_parity(["ep2", "fsdp4xep2", "cp2-ring"], seed=0, tolerance=1e-5)
     print(format_moe_cp_rows(rows))
@@ -9,52 +9,23 @@ scalelab.parallel.cp_parity (dense model, one forward+backward).
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-
-
-def batches(vocab: int, steps: int, batch: int, seq_len: int, seed: int) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed + 1)
-    return [torch.randint(0, vocab, (batch, seq_len + 1), generator=gen) for _ in range(steps)]
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
-
-def max_diff(a: dict, b: dict) -> tuple[float, str]:
-    worst, where = 0.0, ""
-    for key, ref in a.items():
-        if key not in b:
-            return float("inf"), f"missing {key}"
-        d = float((ref.float() - b[key].float()).abs().max())
-        if d > worst:
-            worst, where = d, key
-    return worst, where
+from scalelab.parallel.cp_parity import CPSpec, cp_parity, is_cp_layout, parse_cp_layout
+from scalelab.parallel.ep_parity import EPSpec, ep_parity, is_ep_layout, parse_ep_layout
 
 
 def is_moe_cp_layout(name: str) -> bool:
     """True for the layouts this module checks (epN..., cpN...; see the two parity modules)."""
-    from scalelab.parallel.cp_parity import is_cp_layout
-    from scalelab.parallel.ep_parity import is_ep_layout
-
     return is_ep_layout(name) or is_cp_layout(name)
 
 
 def check_moe_cp_layouts(names: list[str]) -> None:
     """UsageError for a malformed EP/CP layout name (before any process starts)."""
-    from scalelab.parallel.cp_parity import parse_cp_layout
-    from scalelab.parallel.ep_parity import is_ep_layout, parse_ep_layout
-
     for n in names:
         parse_ep_layout(n) if is_ep_layout(n) else parse_cp_layout(n)
 
 
 def run_moe_cp_parity(names: list[str], *, seed: int = 0, tolerance: float = 1e-5, steps: int = 2) -> list[dict]:
     """EP layouts against the MoE debug model, CP layouts against the dense one (one group per world)."""
-    from scalelab.parallel.cp_parity import CPSpec, cp_parity, is_cp_layout, parse_cp_layout
-    from scalelab.parallel.ep_parity import EPSpec, ep_parity, is_ep_layout, parse_ep_layout
-
     ep = [n for n in names if is_ep_layout(n)]
     cp = [n for n in names if is_cp_layout(n)]
     for n in ep:

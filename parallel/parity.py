@@ -26,18 +26,26 @@ e.g. dp2xfsdp2 (HSDP), fsdp2xtp2sp, dp2xpp2xtp2, pp2-zb+ac.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from scalelab.errors import UsageError
 from scalelab.models.config import ModelConfig
+from scalelab.models.llama import build_model
+from scalelab.models.loss import lm_loss
+from scalelab.parallel.backend import spawn
 from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.dims import ParallelDims
+from scalelab.parallel.memory import expected_memory, measured_memory
+from scalelab.parallel.parallelize import parallelize
 
 _SCHEDULE_ALIASES = {
     "gpipe": "gpipe",
@@ -136,8 +144,6 @@ def parse_layout(name: str) -> ParallelConfig:
 
 def check_layouts(layouts: list[str], spec: ParitySpec) -> dict[str, ParallelConfig]:
     """Parse and validate every layout against the model and batch before anything is spawned."""
-    from scalelab.parallel.dims import ParallelDims
-
     out = {}
     for name in layouts:
         pcfg = parse_layout(name)
@@ -174,12 +180,15 @@ def _batches(spec: ParitySpec) -> list[torch.Tensor]:
 
 
 def _optimizer(model, spec: ParitySpec):
+    """SGD, or AdamW with the training recipe's defaults (betas 0.9/0.95, weight decay 0.1 on the
+    matrices, none on norms and the embedding) so that decoupled decay is checked under sharding."""
     if spec.optimizer == "sgd":
         return torch.optim.SGD(model.parameters(), lr=spec.lr or 0.1)
-    from scalelab.train.config import OptimConfig
-    from scalelab.train.optim import build_optimizer
-
-    return build_optimizer(model, OptimConfig(lr=spec.lr or 1e-4), "cpu")
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.ndim >= 2 and "tok_embeddings" not in name else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=spec.lr or 1e-4, betas=(0.9, 0.95), eps=1e-8)
 
 
 def _autocast(spec: ParitySpec):
@@ -193,9 +202,6 @@ def reference_run(spec: ParitySpec, accumulation: int = 1) -> tuple[list[float],
     accumulation > 1 splits each batch into that many micro-batches: same math, another
     summation order, which measures the floor of harmless floating-point differences.
     """
-    from scalelab.models.llama import build_model
-    from scalelab.models.loss import lm_loss
-
     model = build_model(spec.model, device="cpu", seed=spec.seed)
     opt = _optimizer(model, spec)
     losses, grad_norms = [], []
@@ -232,14 +238,6 @@ _MESHES: dict = {}  # per worker process: mesh shape -> DeviceMesh
 
 def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path) -> None:
     """One layout inside an initialised process group; every rank writes its results file."""
-    import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    from scalelab.models.llama import build_model
-    from scalelab.parallel.dims import ParallelDims
-    from scalelab.parallel.memory import expected_memory, measured_memory, mesh_coords
-    from scalelab.parallel.parallelize import parallelize
-
     rank, world = dist.get_rank(), dist.get_world_size()
     t0 = time.perf_counter()
     dims = ParallelDims.from_config(
@@ -253,17 +251,11 @@ def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path)
     shape = dims.mesh_shape()
     if shape not in _MESHES:  # building a mesh creates process groups: reuse it across jobs
         _MESHES[shape] = dims.build_mesh("cpu")
-    mesh = _MESHES[shape]
-    cfg = SimpleNamespace(
-        parallel=pcfg,
-        model=spec.model,
-        data=SimpleNamespace(seq_len=spec.seq_len),
-        optim=SimpleNamespace(z_loss=spec.z_loss),
-    )
+    dims.mesh = _MESHES[shape]
     model = build_model(spec.model, device="cpu", seed=spec.seed)
-    par = parallelize(model, dims, cfg, mesh, device=torch.device("cpu"))
+    par = parallelize(model, dims, pcfg, seq_len=spec.seq_len, z_loss=spec.z_loss)
     opt = _optimizer(par.model, spec)
-    dp_rank, dp_size = dims.dp_coords(mesh)
+    dp_rank, dp_size = dims.dp_coords()
     local = spec.global_batch_sequences // dp_size
     losses, grad_norms, memory = [], [], None
     for i, batch in enumerate(_batches(spec)):
@@ -286,7 +278,7 @@ def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path)
     sd = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu() for k, v in sd.items()}
     if spec.model.family == "llama":
         expected = expected_memory(
-            spec.model, dims, pcfg, mesh_coords(mesh), optimizer=spec.optimizer, seq_len=spec.seq_len
+            spec.model, dims, pcfg, dims.coords(), optimizer=spec.optimizer, seq_len=spec.seq_len
         ).as_dict()
     else:  # the formula covers the dense family (MoE state: scalelab.parallel.planner_memory)
         expected, memory = None, None
@@ -305,8 +297,6 @@ def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path)
 
 
 def _group_worker(jobs: list[tuple[str, ParallelConfig, ParitySpec]], out_dir: str) -> None:
-    import logging
-
     # Gathering full parameters for the comparison warns once per 3-D DTensor ("2 sequential
     # all_gathers ... suboptimal"): true, irrelevant here, and it would bury the report.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -372,8 +362,6 @@ def run_parity(
 
 def run_parity_jobs(jobs: list[tuple[list[str], ParitySpec]], work_dir: str | Path | None = None) -> ParityReport:
     """Several (layouts, spec) checks; all multi-process layouts of one world size share one process group."""
-    from scalelab.parallel.launch import spawn
-
     t0 = time.perf_counter()
     parsed = [check_layouts(layouts, spec) for layouts, spec in jobs]  # bad layouts fail before any spawn
     refs = [reference_run(spec) for _, spec in jobs]

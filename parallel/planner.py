@@ -32,7 +32,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 
+from scalelab.errors import ConfigError
 from scalelab.models.accounting import flops_per_token
+from scalelab.parallel.dims import ParallelDims
 from scalelab.parallel.planner_memory import (
     Layout,
     activation_bytes,
@@ -137,12 +139,12 @@ def candidate_layouts(cfg, num_gpus: int, seq_len: int, global_batch_sequences: 
 
 
 def _buildable(lay: Layout, cfg) -> bool:
-    """Only layouts `parallelize` builds (see scalelab.parallel.expert_parallel.check_ep_supported)."""
-    from scalelab.errors import ConfigError
-    from scalelab.parallel.expert_parallel import check_ep_supported
-
+    """Only layouts `parallelize` builds (ParallelDims.check_supported)."""
+    dims = ParallelDims(
+        dp_replicate=lay.dp_replicate, dp_shard=lay.dp_shard, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep
+    )
     try:
-        check_ep_supported(lay, cfg)
+        dims.check_supported(cfg)
     except ConfigError:
         return False
     return True

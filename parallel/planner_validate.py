@@ -245,17 +245,19 @@ def _moe_tp_measurements(seq_len: int) -> dict[str, int]:
 
     from scalelab.models.llama import build_model
     from scalelab.parallel.dims import ParallelDims
-    from scalelab.parallel.expert_parallel import apply_ep, build_ep_mesh
+    from scalelab.parallel.expert_parallel import apply_ep
     from scalelab.parallel.tp import apply_tp
 
     cfg = _moe_tp_cfg()
     dims = ParallelDims(tp=2)
-    mesh = dims.build_mesh("cpu")
+    dims.build_mesh("cpu")
     out = {}
     for label, lay in _SPAWNED_MOE:
         model = build_model(cfg, seed=0)
-        apply_tp(model, mesh["tp"], sequence_parallel=lay.sequence_parallel, loss_parallel=lay.sequence_parallel)
-        apply_ep(model, build_ep_mesh(dims, mesh))  # no FSDP: its gathered parameters would count as saved
+        apply_tp(
+            model, dims.mesh_for("tp"), sequence_parallel=lay.sequence_parallel, loss_parallel=lay.sequence_parallel
+        )
+        apply_ep(model, dims.ep_mesh)  # no FSDP: its gathered parameters would count as saved
         x = torch.randint(0, cfg.vocab_size, (lay.micro_batch_sequences, seq_len + 1), generator=torch.Generator())
 
         def run(model=model, x=x):
@@ -271,7 +273,7 @@ def _moe_tp_measurements(seq_len: int) -> dict[str, int]:
 
 def spawned_rows(model_name: str = "tiny-1m", seq_len: int = 128) -> list[dict]:
     from scalelab.models.presets import get_preset
-    from scalelab.parallel.launch import spawn
+    from scalelab.parallel.backend import spawn
 
     cfg = get_preset(model_name, kernels="torch")
     with tempfile.TemporaryDirectory(prefix="scalelab-act-") as tmp:

@@ -1,9 +1,10 @@
-"""The per-step operations the training loop runs under a parallel layout.
+"""The per-step operations the training loop runs under a layout (one device included).
 
-    ops = ParallelStep(model, dims, mesh, pcfg, z_loss=0.0, pipeline=pipe)
+    ops = ParallelStep(model, dims, pcfg, z_loss=0.0, pipeline=pipe)
     loss = ops.forward_backward(inputs, targets, scale=1 / num_micro)   # same value on every rank
     grad_norm = ops.clip_grad_norm(model, max_norm=1.0)
     loss, metrics = ops.eval_loss(model, inputs, targets)
+    row = ops.router_row(model)           # MoE router columns of the global batch ({} for dense)
 
 Without tensor parallel the loss is the fused projection + cross-entropy of
 `scalelab.models.loss.lm_loss`, computed inside the model's forward (`model(x, targets=y)`), where
@@ -22,8 +23,11 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from scalelab.parallel.backend import for_collective
-from scalelab.parallel.ep_cp_hooks import mean_over_cp, shard_batch
+from scalelab.models.moe import step_row
+from scalelab.parallel.backend import SumOverGroup, for_collective
+from scalelab.parallel.context_parallel import shard_sequence_batch
+from scalelab.parallel.dims import ParallelDims
+from scalelab.parallel.expert_parallel import global_router_row
 
 
 def loss_from_logits(
@@ -51,24 +55,6 @@ def loss_from_logits(
     return loss, ce
 
 
-class _SumOverGroup(torch.autograd.Function):
-    """all_reduce(SUM) forward, identity backward (Megatron's vocab-parallel pattern).
-
-    Every rank then computes the same (replicated) loss from the sum, so each partial's gradient
-    is the sum's gradient as is; summing it over ranks in backward would count it tp times.
-    """
-
-    @staticmethod
-    def forward(ctx, x, group):
-        out = for_collective(x.clone())
-        dist.all_reduce(out, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
 def _sharded_logsumexp(flat: DTensor) -> torch.Tensor:
     """logsumexp over the last dim of a Shard(-1) DTensor [N, V] -> plain tensor [N] on every rank."""
     mesh = flat.device_mesh
@@ -78,7 +64,7 @@ def _sharded_logsumexp(flat: DTensor) -> torch.Tensor:
         shift = for_collective(local.amax(dim=-1))
         dist.all_reduce(shift, op=dist.ReduceOp.MAX, group=group)
     partial = torch.exp(local - shift[:, None]).sum(dim=-1)
-    return shift + torch.log(_SumOverGroup.apply(partial, group))
+    return shift + torch.log(SumOverGroup.apply(partial, group))
 
 
 def global_grad_norm(params: list[torch.Tensor], pp_group=None) -> torch.Tensor:
@@ -121,19 +107,19 @@ def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_group=None) 
 
 
 class ParallelStep:
-    """forward_backward / eval_loss / clip_grad_norm for one parallelized model (see module doc)."""
+    """forward_backward / eval_loss / clip_grad_norm / router_row for one parallelized model (see module doc)."""
 
-    def __init__(self, model, dims, mesh, pcfg, *, z_loss: float = 0.0, pipeline=None):
+    def __init__(self, model, dims: ParallelDims, pcfg, *, z_loss: float = 0.0, pipeline=None):
         self.model = model
         self.dims = dims
-        self.mesh = mesh
         self.z_loss = z_loss
         self.pipeline = pipeline  # scalelab.parallel.pipeline.Pipeline or None
         self.loss_parallel = dims.tp > 1 and pcfg.loss_parallel
         # Without TP the output layer is whole on each rank (FSDP gathers it inside forward): the
         # fused projection + cross-entropy then runs in the model's forward, never building logits.
         self.fused_loss = dims.tp == 1
-        self.pp_group = mesh["pp"].get_group() if dims.pp > 1 else None
+        self.pp_group = dims.group("pp") if dims.pp > 1 else None
+        self.cp_group = dims.group("cp") if dims.cp > 1 else None
 
     def _loss_ctx(self):
         return loss_parallel() if self.loss_parallel else contextlib.nullcontext()
@@ -148,7 +134,7 @@ class ParallelStep:
         with self._loss_ctx():
             loss, ce = self._loss(self.model, inputs, targets, kwargs, self.z_loss)
             (loss * scale).backward()
-        return mean_over_cp(ce, self.dims, self.mesh)
+        return self._mean_over_cp(ce)
 
     def _loss(self, model, inputs, targets, kwargs, z_loss: float):
         """(loss to backpropagate, detached mean CE) of this rank's rows."""
@@ -159,12 +145,23 @@ class ParallelStep:
 
     def _shard(self, inputs, targets):
         """This context-parallel rank's rows and positions (the batch as is without cp)."""
-        inputs, targets, positions = shard_batch(inputs, targets, self.dims, self.mesh)
-        return inputs, targets, ({} if positions is None else {"positions": positions})
+        if self.cp_group is None:
+            return inputs, targets, {}
+        cp_rank = self.dims.mesh_for("cp").get_local_rank()
+        inputs, targets, positions = shard_sequence_batch(inputs, targets, cp_rank, self.dims.cp)
+        return inputs, targets, {"positions": positions}
+
+    def _mean_over_cp(self, value: torch.Tensor) -> torch.Tensor:
+        """Average a detached per-rank mean over the cp group (equal token counts per rank)."""
+        if self.cp_group is None:
+            return value
+        out = value.detach().float().reshape(()).clone().contiguous()
+        dist.all_reduce(out, group=self.cp_group)
+        return out / self.dims.cp
 
     @torch.no_grad()
     def eval_loss(self, model, inputs: torch.Tensor, targets: torch.Tensor):
-        """(mean loss, metrics) without gradients; signature of the loop's validation loss_fn."""
+        """(mean cross-entropy, metrics) without gradients or z-loss: the validation loss."""
         if self.pipeline is not None:
             with self._loss_ctx():
                 loss = self.pipeline.forward_loss(inputs, targets)
@@ -172,9 +169,19 @@ class ParallelStep:
             inputs, targets, kwargs = self._shard(inputs, targets)
             with self._loss_ctx():
                 _, ce = self._loss(model, inputs, targets, kwargs, 0.0)  # ce: a plain tensor
-            loss = mean_over_cp(ce, self.dims, self.mesh)
+            loss = self._mean_over_cp(ce)
         return loss, {"ce": loss}
 
     def clip_grad_norm(self, model, max_norm: float) -> float:
+        """The global gradient norm before clipping (clipped to max_norm when > 0)."""
         # Expert shards are DTensors over (dp_mod_ep, ep, tp): their norm is complete like any other.
         return clip_grad_norm_(list(model.parameters()), max_norm, self.pp_group)
+
+    def router_row(self, model) -> dict[str, float]:
+        """MoE router columns of the global batch for the run records ({} for dense models).
+
+        Under a layout this is a collective: every rank must call it at the same steps.
+        """
+        if self.dims.world_size == 1:
+            return step_row(model)
+        return global_router_row(model, self.dims)

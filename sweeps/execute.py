@@ -38,6 +38,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -45,9 +46,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from scalelab.errors import ConfigError, UsageError
+from scalelab.errors import UsageError
+from scalelab.parallel.config import ParallelConfig
 from scalelab.sweeps import early_stop, ledger, ray_reaper, store
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
+from scalelab.train.config import build_run_config, config_hash, to_dict
+from scalelab.train.config_tree import from_dict
+from scalelab.train.launch import ray_train_fn
+from scalelab.train.loop import train_run
+from scalelab.train.records import atomic_write_json
 
 Log = Callable[[str], None]
 TRIAL_CPU = 0.01  # what the trial of a multi-process run holds itself (Ray rejects empty bundles)
@@ -83,8 +90,6 @@ def _run_lock(run_dir: Path, wait_s: float | None = LOCK_WAIT_S):
 def _remove_stale_temp_files(run_dir: Path) -> None:
     """Temp files of a writer that died mid-write (records, a half-saved checkpoint). Holding the
     run's lock means no live process writes here, so whatever temp file exists is garbage."""
-    import shutil
-
     for tmp in run_dir.glob(".*.tmp"):
         tmp.unlink(missing_ok=True)
     for tmp in (run_dir / "checkpoints").glob("*.tmp"):
@@ -131,8 +136,6 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
     """Tune function trainable: train one run of the store (resuming whatever is on disk)."""
     from ray import tune
 
-    from scalelab.train.config import build_run_config
-
     tc = trial_config["trial"]
     sweep_dir, run_id = Path(tc["sweep_dir"]), tc["run_id"]
     run_dir = store.claim_run(sweep_dir, run_id)  # the store root's one directory of this run
@@ -157,8 +160,6 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
                 fault = _fault_callback(run_dir, tc.get("fail_at_step"))
                 stop = early_stop.callback(sweep_dir, run_id, tc["config"])
                 cbs = [cb for cb in (fault, _hold_callback(), stop) if cb]
-                from scalelab.train.loop import train_run
-
                 summary = train_run(cfg, run_dir, resume=True, callbacks=cbs)
         except BaseException as e:
             store.append_event(
@@ -191,8 +192,6 @@ def _loaded_step(run_dir: Path, attempt: int) -> int | None:
 def _check_same_run(stored: dict[str, Any], cfg, run_id: str) -> None:
     """The config rebuilt by today's code must be the stored run: same hash, or (code that gained
     config fields since the sweep was resolved) every stored key unchanged."""
-    from scalelab.train.config import config_hash, to_dict
-
     if config_hash(cfg) == run_id:
         return
 
@@ -212,24 +211,11 @@ def _check_same_run(stored: dict[str, Any], cfg, run_id: str) -> None:
         )
 
 
-def multiworker_available() -> bool:
-    """Whether scalelab.parallel provides the Ray Train worker function (ray_train_fn) for multi-process runs."""
-    try:
-        from scalelab.parallel import launch as plaunch
-    except ImportError:
-        return False
-    return hasattr(plaunch, "ray_train_fn")
-
-
 def _train_multiworker(tc: dict, run_dir: Path, cfg) -> dict[str, Any]:
     """A multi-process run as a Ray Train TorchTrainer inside this trial."""
-    if not multiworker_available():
-        raise UsageError("parallel.world_size > 1 in a sweep needs scalelab.parallel.launch.ray_train_fn")
     from ray.train import RunConfig as TrainRunConfig
     from ray.train import ScalingConfig
     from ray.train.torch import TorchTrainer
-
-    from scalelab.parallel.launch import ray_train_fn
 
     gpus = float(tc.get("gpus_per_worker", 0))
     trainer = TorchTrainer(
@@ -254,27 +240,15 @@ def _train_multiworker(tc: dict, run_dir: Path, cfg) -> dict[str, Any]:
 
 
 def check_runnable(runs: list[dict[str, Any]]) -> None:
-    """Checks that need no Ray: a multi-process layout must fit its model and batch, and the
-    parallel package must provide the Ray Train worker function."""
-    multi = [r for r in runs if _world_size(r["config"]) > 1]
-    if not multi:
-        return
-    if not multiworker_available():
-        raise ConfigError(
-            "base.parallel",
-            f"{len(multi)} run(s) have world_size > 1, but this build's scalelab.parallel has no "
-            "Ray Train worker (scalelab.parallel.launch.ray_train_fn)",
-            "use a single-process layout for now",
-        )
-    from scalelab.train.config import build_run_config
-
-    for r in multi:
-        build_run_config(r["config"])  # validates the layout against the model and the batch
+    """Checks that need no Ray: a multi-process layout must fit its model and batch."""
+    for r in runs:
+        if _world_size(r["config"]) > 1:
+            build_run_config(r["config"])  # validates the layout against the model and the batch
 
 
 def _world_size(config: dict[str, Any]) -> int:
-    p = config.get("parallel") or {}
-    return int(p.get("dp_replicate", 1) * p.get("dp_shard", 1) * p.get("tp", 1) * p.get("pp", 1) * p.get("cp", 1))
+    """Processes of a resolved run config's layout (its ParallelConfig's product)."""
+    return from_dict(ParallelConfig, config.get("parallel") or {}, "parallel").world_size
 
 
 _FORWARDED_ENV = ("SCALELAB_", "WANDB_", "HF_", "TRITON_")
@@ -509,8 +483,6 @@ def resume(
     resolved = store.read_resolved(sweep_dir)
     if not resolved.get("runs"):
         raise UsageError(f"{sweep_dir}/sweep.resolved.json lists no runs; launch the spec again")
-    from scalelab.train.config_tree import from_dict
-
     execution = from_dict(ExecutionConfig, resolved.get("execution") or {})
     check_runnable(resolved["runs"])
     return execute(
@@ -525,9 +497,6 @@ def resume(
 
 
 def _save_execution(sweep_dir: str | Path, execution: ExecutionConfig) -> None:
-    from scalelab.train.config_tree import to_dict
-    from scalelab.train.records import atomic_write_json
-
     resolved = store.read_resolved(sweep_dir)
     resolved["execution"] = to_dict(execution)
     atomic_write_json(Path(sweep_dir) / store.RESOLVED, resolved)

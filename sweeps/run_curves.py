@@ -30,7 +30,7 @@ from scalelab.errors import UsageError
 from scalelab.fitting.curves import RunCurve
 from scalelab.sweeps import store
 from scalelab.train.config import build_run_config
-from scalelab.train.loop import run_summary_fields
+from scalelab.train.records import run_summary_fields
 from scalelab.train.schedule import schedule_for
 
 SOURCES = ("auto", "val", "train")

@@ -79,8 +79,8 @@ def test_run_pp2_cp2_ring_matches_single(tmp_path):
     rank's rows (positions supplied by apply_cp's hook), losses and validation losses as on one device."""
     import polars as pl
 
-    from scalelab.parallel.launch import launch_local
     from scalelab.train.config import build_run_config
+    from scalelab.train.launch import launch_local
     from scalelab.train.loop import train_run
 
     torch.set_num_threads(1)

@@ -69,14 +69,15 @@ def _zero_rows_worker(out_dir: str) -> None:
 
     from scalelab.models.moe import GroupedExperts, grouped_swiglu
     from scalelab.parallel.dims import ParallelDims
-    from scalelab.parallel.expert_parallel import ShardedExperts, build_ep_mesh
+    from scalelab.parallel.expert_parallel import ShardedExperts
 
     torch.manual_seed(0)
     full = GroupedExperts(num_experts=4, d_model=8, d_ff=16).double()
     for w in full.parameters():
         torch.nn.init.normal_(w, std=0.3)
     dims = ParallelDims(dp_shard=2, ep=2)
-    emesh = build_ep_mesh(dims, dims.build_mesh("cpu"))
+    dims.build_mesh("cpu")
+    emesh = dims.ep_mesh
     experts = ShardedExperts(full, emesh["ep"])
     rank = dist.get_rank()
     x = torch.randn(6, 8, generator=torch.Generator().manual_seed(rank + 1), dtype=torch.float64, requires_grad=True)
@@ -93,7 +94,7 @@ def test_ep_rank_without_rows_runs_backward_collectives(tmp_path):
     """Regression: with no rows the experts used to return a fresh zeros tensor, so that rank skipped
     the dispatch all_to_all in backward and the other rank waited forever (seen at pipeline start-up,
     whose shape inference runs on uninitialised inputs, and possible under extreme imbalance)."""
-    from scalelab.parallel.launch import spawn
+    from scalelab.parallel.backend import spawn
 
     torch.set_num_threads(1)
     spawn(_zero_rows_worker, 2, (str(tmp_path),), backend="gloo")

@@ -20,8 +20,8 @@ import polars as pl
 import pytest
 import torch
 
-from scalelab.parallel.launch import launch_local
 from scalelab.train.config import build_run_config
+from scalelab.train.launch import launch_local
 from scalelab.train.loop import train_run
 from scalelab.train.records import read_status
 
@@ -127,7 +127,8 @@ def test_run_moe_pp2_router_records_cover_every_stage(tmp_path):
 
 
 def test_moe_ep2_tp2_checkpoint_resumes_on_other_layouts(tmp_path):
-    from scalelab.parallel.launch import spawn, train_worker
+    from scalelab.parallel.backend import spawn
+    from scalelab.train.launch import train_worker
 
     torch.set_num_threads(1)
     moe = ["model.preset=moe-debug", "train.micro_batch_sequences=4", "train.num_tokens=1024"]

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import yaml
 from netcheck import LOOPBACK, listening_sockets, process_tree
 
-from scalelab.parallel.launch import spawn
+from scalelab.parallel.backend import spawn
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 # How long a state may take before the test calls it a hang: on a 2-core machine at load ~45, a

@@ -3,15 +3,16 @@
 Contract: a run checkpointed at step 2 under FSDP2 on 4 processes and continued (same config
 except the layout) under TP 2 (+SP, loss parallel) or on one device logs, for steps 3-4, the losses
 of an uninterrupted single-device run within 1e-5 (absolute; fp32, gloo). The FSDP and TP runs go
-through `scalelab.parallel.launch` (the processes `scalelab run` starts) and `train_run`.
+through `scalelab.train.launch` (the processes `scalelab run` starts) and `train_run`.
 """
 
 import polars as pl
 import pytest
 import torch
 
-from scalelab.parallel.launch import spawn, train_worker
+from scalelab.parallel.backend import spawn
 from scalelab.train.config import build_run_config
+from scalelab.train.launch import train_worker
 from scalelab.train.loop import train_run
 from scalelab.train.records import read_status
 
@@ -66,7 +67,7 @@ def test_bad_layouts_exit_2_before_spawning(tmp_path, capsys, override, monkeypa
     import yaml
 
     from scalelab.cli.main import main
-    from scalelab.parallel import launch
+    from scalelab.train import launch
 
     def no_spawn(*a, **k):
         raise AssertionError("spawned despite a bad layout")

@@ -152,7 +152,7 @@ def test_parity_cli_json_and_exit_codes(capsys):
 
 @pytest.mark.parametrize("layout", ["tp3", "pp8", "fsdp3", "tp2xq2"])
 def test_parity_cli_bad_layouts_exit_2_before_spawning(capsys, monkeypatch, layout):
-    from scalelab.parallel import launch
+    from scalelab.parallel import parity as launch
 
     monkeypatch.setattr(launch, "spawn", lambda *a, **k: pytest.fail("spawned despite a bad layout"))
     code, out = _cli(capsys, "--layouts", f"single,{layout}")
@@ -160,7 +160,7 @@ def test_parity_cli_bad_layouts_exit_2_before_spawning(capsys, monkeypatch, layo
 
 
 def test_torchrun_world_mismatch_exits_before_joining(monkeypatch):
-    from scalelab.parallel import launch
+    from scalelab.train import launch
     from scalelab.train.config import build_run_config
 
     cfg = build_run_config(

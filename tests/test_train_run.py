@@ -15,6 +15,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import torch
 
 from scalelab.train.checkpoint import list_checkpoints
 from scalelab.train.config import build_run_config, to_dict
@@ -170,3 +171,55 @@ def test_unknown_task_is_a_config_error():
 
     with pytest.raises(ConfigError, match="eval.tasks"):
         _cfg("eval.tasks=[/no/such/task.jsonl]")
+
+
+def _count_block_forwards(monkeypatch) -> list[int]:
+    """Count forwards of every TransformerBlock that run with autograd on (training and AC recompute)."""
+    from scalelab.models.llama import TransformerBlock
+
+    calls = [0]
+    forward = TransformerBlock.forward
+
+    def counted(self, *args, **kwargs):
+        if torch.is_grad_enabled():
+            calls[0] += 1
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(TransformerBlock, "forward", counted)
+    return calls
+
+
+_ONE_DEVICE = ("train.num_tokens=512", "checkpoint.interval_steps=0", "checkpoint.final=false", "train.device=cpu")
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_activation_checkpointing_applies_on_one_device(tmp_path, monkeypatch, mode):
+    """parallel.activation_checkpoint on a world of 1: each block's forward runs again in backward
+    (2 steps x 2 micro-batches x num_layers forwards without AC, twice as many with it), and the
+    losses are the same numbers."""
+    calls = _count_block_forwards(monkeypatch)
+    train_run(_cfg(*_ONE_DEVICE), tmp_path / "plain")
+    plain = calls[0]
+    calls[0] = 0
+    train_run(_cfg(*_ONE_DEVICE, f"parallel.activation_checkpoint={mode}"), tmp_path / "ac")
+    num_layers = _cfg().model.num_layers
+    assert plain == 2 * 2 * num_layers
+    assert calls[0] == 2 * plain
+    assert _losses(tmp_path / "ac") == _losses(tmp_path / "plain")
+
+
+def test_compile_applies_on_one_device(tmp_path, monkeypatch):
+    """parallel.compile on a world of 1 compiles every block (torch.compile recorded, not run:
+    bench/one_device_compile_ac.py runs the real compile and measures it)."""
+    compiled = []
+
+    def record(fn, *args, **kwargs):
+        compiled.append(getattr(fn, "__self__", fn))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", record)
+    train_run(_cfg(*_ONE_DEVICE, "parallel.compile=true"), tmp_path)
+    from scalelab.models.llama import TransformerBlock
+
+    assert len(compiled) == _cfg().model.num_layers
+    assert all(isinstance(m, TransformerBlock) for m in compiled)

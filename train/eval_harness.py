@@ -67,7 +67,7 @@ class ScalelabLM(_LMBase):
             super().__init__()
         if checkpoint is not None:
             from scalelab.train.data.tokenizer import load_tokenizer
-            from scalelab.train.eval_tasks import load_checkpoint_model
+            from scalelab.train.eval_checkpoint import load_checkpoint_model
 
             model, cfg, _ = load_checkpoint_model(_as_path(checkpoint), device)
             tokenizer = load_tokenizer(cfg.data.tokenizer)
@@ -169,7 +169,7 @@ class ScalelabLM(_LMBase):
 def _as_path(checkpoint: str):
     from pathlib import Path
 
-    from scalelab.train.eval_tasks import find_checkpoints
+    from scalelab.train.eval_checkpoint import find_checkpoints
 
     _, ckpts = find_checkpoints(checkpoint)
     return ckpts[-1] if not (Path(checkpoint) / "train_state.json").exists() else Path(checkpoint)

@@ -30,7 +30,7 @@ def evaluate_sources(model, val_sets: list, loss_fn, runtime) -> list[dict]:
         per_batch = []
         for batch in vs.batches:
             batch = batch.to(runtime.device, non_blocking=True)
-            with _autocast(runtime):
+            with autocast_for(runtime):
                 loss, _ = loss_fn(model, batch[:, :-1], batch[:, 1:])
             per_batch.append(float(loss))
         sizes = [b.shape[0] for b in vs.batches]  # the last batch may be smaller: weight by rows
@@ -54,7 +54,8 @@ def evaluate_sources(model, val_sets: list, loss_fn, runtime) -> list[dict]:
     return rows
 
 
-def _autocast(runtime):
+def autocast_for(runtime):
+    """The autocast context of a run's dtype on its device (disabled for fp32)."""
     if runtime.autocast_dtype is None:
         return torch.autocast(runtime.device.type, enabled=False)
     return torch.autocast(runtime.device.type, dtype=runtime.autocast_dtype)

@@ -4,8 +4,14 @@
     summary = train_run(cfg, run_dir, resume=True)
 
 The same function runs a single-process CPU run, a rank of a `scalelab run` multi-process job, a
-torchrun job, or a Ray Train worker: everything distributed comes from the process group that the
-launcher created and from scalelab.parallel. Rank 0 writes the records.
+torchrun job, or a Ray Train worker (scalelab.train.launch starts them): everything distributed
+comes from the process group that the launcher created and from `scalelab.parallel.parallelize`,
+which the loop always calls (one device is a layout too: compile and activation checkpointing
+apply there as well). Rank 0 writes the records.
+
+One session reads top-down: `_start` (resume, or branch from another run's checkpoint), then per
+step `_train_step`, `_log_step`, `_evaluate` and `_checkpoint`; the test-only hooks
+(`stop_after_steps`, the fault-injection step delay) sit in `_SessionEnd`, outside the step.
 
 Exact resume: model, optimizer, the sampler position and the RNG are restored from the latest
 completed checkpoint, and records past that checkpoint are dropped, so an interrupted-and-resumed
@@ -20,22 +26,31 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from scalelab.models.accounting import flops_per_token, num_params, num_params_nonembedding
+from scalelab.errors import ConfigError
 from scalelab.models.llama import build_model
-from scalelab.models.loss import lm_loss
-from scalelab.models.moe import step_row as moe_step_row
+from scalelab.parallel.dims import ParallelDims
+from scalelab.parallel.parallelize import Parallelized, parallelize
 from scalelab.train import checkpoint as ckpt
 from scalelab.train.config import RunConfig, config_hash, to_dict
 from scalelab.train.data.bundle import build_data
-from scalelab.train.evaluate import _autocast, evaluate_sources
+from scalelab.train.eval_tasks import evaluate_tasks, load_tasks
+from scalelab.train.evaluate import autocast_for, evaluate_sources
 from scalelab.train.optim import build_optimizer, set_lr
-from scalelab.train.records import RecordWriter, atomic_write_json, read_status, rows_through, write_status
+from scalelab.train.records import (
+    RecordWriter,
+    atomic_write_json,
+    read_status,
+    rows_through,
+    run_summary_fields,
+    write_status,
+)
 from scalelab.train.runtime import Runtime, make_runtime
 from scalelab.train.schedule import schedule_for
 
@@ -59,41 +74,40 @@ class StopRun(Exception):
         self.status, self.record = status, record
 
 
-def run_summary_fields(cfg: RunConfig) -> dict[str, Any]:
-    """Static facts about a run (sizes, FLOPs) that the store keeps beside its losses."""
-    fpt = flops_per_token(cfg.model, cfg.data.seq_len)
-    return dict(
-        params=num_params(cfg.model),
-        params_nonembed=num_params_nonembedding(cfg.model),
-        flops_per_token_6n=fpt.six_n,
-        # exact: every matmul (output layer included) plus causal attention (half the T x T scores)
-        flops_per_token_exact=fpt.exact_causal,
-        num_steps=cfg.num_steps,
-        tokens_per_step=cfg.tokens_per_step,
-        num_tokens=cfg.num_steps * cfg.tokens_per_step,
-    )
-
-
-def _build_and_parallelize(cfg: RunConfig, runtime: Runtime, seed: int):
-    if cfg.parallel.world_size == 1 and runtime.world_size == 1:
-        return build_model(cfg.model, device=runtime.device, seed=seed)
-    from scalelab.parallel.apply import apply_parallelism  # only needed for multi-process layouts
-
-    # Sharded on the meta device, then only this rank's shards are allocated and initialised
-    # (the same values as the single-device init): no rank ever holds the whole model.
-    model = apply_parallelism(build_model(cfg.model, device="meta"), cfg, runtime)
-    runtime.extra["parallelized"].materialize(runtime.device, seed)
-    return model
-
-
-def _build_data(cfg: RunConfig, runtime: Runtime):
+def _build_data(cfg: RunConfig, dp_rank: int = 0, dp_size: int = 1):
     return build_data(
         cfg.data,
         seed=cfg.train.seed,
-        dp_rank=runtime.dp_rank,
-        dp_size=runtime.dp_size,
+        dp_rank=dp_rank,
+        dp_size=dp_size,
         val_batch_size=cfg.eval.val_batch_sequences,
     )
+
+
+def _parallelize(cfg: RunConfig, runtime: Runtime) -> Parallelized:
+    """The model under cfg.parallel on this process (a world of 1 included).
+
+    Built on the meta device and sharded first, then only this rank's shards are allocated and
+    initialised (the same values as the single-device init): no rank ever holds the whole model.
+    The layout was validated against the model and the batch with the config (build_run_config).
+    """
+    dims = ParallelDims.from_config(cfg.parallel)
+    if dims.world_size != runtime.world_size:
+        raise ConfigError(
+            "parallel",
+            f"the layout needs {dims.world_size} processes but this job has {runtime.world_size}",
+            f"start {dims.world_size} processes (torchrun --nproc_per_node={dims.world_size}) or change the layout",
+        )
+    par = parallelize(
+        build_model(cfg.model, device="meta"),
+        dims,
+        cfg.parallel,
+        seq_len=cfg.data.seq_len,
+        z_loss=cfg.optim.z_loss,
+        device=runtime.device,
+    )
+    par.materialize(cfg.train.seed)
+    return par
 
 
 def _seed_everything(seed: int) -> None:
@@ -124,8 +138,8 @@ def train_run(
         resume: continue from the latest completed checkpoint in run_dir (if any).
         callbacks: called as cb(kind, record) with kind in {"step", "eval", "checkpoint"} (rank 0);
             one may raise StopRun to end the run early (single-process runs).
-        stop_after_steps: stop (status stays "running") after this many steps — for tests that
-            simulate an interruption.
+        stop_after_steps: stop (status stays "running") after this many steps of this session —
+            for tests that simulate an interruption.
     """
     run_dir = Path(run_dir)
     runtime = make_runtime(cfg)
@@ -133,7 +147,7 @@ def train_run(
     # Everything that can reject the inputs (data sources and their token budget, the checkpoint to
     # start from) runs before the run directory exists: a rejected run leaves nothing behind that
     # would block the corrected command.
-    data = _build_data(cfg, runtime)
+    data = _build_data(cfg)
     data.sampler.check_budget(cfg.num_steps * cfg.tokens_per_step)
     if cfg.train.init_from and not (resume and ckpt.list_checkpoints(run_dir / "checkpoints")):
         ckpt.verify(cfg.train.init_from)
@@ -141,7 +155,7 @@ def train_run(
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run_dir / "config.json", to_dict(cfg))
     try:
-        return _train(cfg, run_dir, runtime, data, resume, callbacks, stop_after_steps)
+        return _train(cfg, run_dir, runtime, data, resume, callbacks, _SessionEnd(stop_after_steps))
     except StopRun as stop:
         if runtime.is_rank0:
             write_status(run_dir, stop.status, **stop.record)
@@ -158,39 +172,93 @@ def train_run(
         raise
 
 
-def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, stop_after_steps) -> dict[str, Any]:
-    seed = cfg.train.seed
-    _seed_everything(seed)
-    model = _build_and_parallelize(cfg, runtime, seed)
-    if runtime.dp_size > 1:  # the layout is known now: this rank reads its slice of each batch
-        data = _build_data(cfg, runtime)
-    optimizer = build_optimizer(model, cfg.optim, runtime.device.type)
-    lr_of = schedule_for(cfg)
-    tasks = []
-    if cfg.eval.tasks:
-        from scalelab.train.eval_tasks import evaluate_tasks, load_tasks
+class _Interrupted(Exception):
+    """A test hook ended the session between steps (status stays "running")."""
 
-        tasks = load_tasks(cfg.eval.tasks, cfg.eval.task_limit or None)
-    static = run_summary_fields(cfg)
-    flops_per_step = static["flops_per_token_6n"] * cfg.tokens_per_step
 
-    start_step = 0
+class _SessionEnd:
+    """Test-only hooks run after each step, outside the step itself.
+
+    stop_after_steps: end the session (status stays "running") after this many of its steps.
+    SCALELAB_TEST_STEP_DELAY_S: sleep after every step, so that fault-injection tests (SIGKILL
+    mid-run, driver kill) can catch a run between steps. Both are off in normal use.
+    """
+
+    def __init__(self, stop_after_steps: int | None):
+        self.stop_after_steps = stop_after_steps
+        self.delay_s = float(os.environ.get(_STEP_DELAY_ENV, "0") or 0)
+        self.first_step = 0
+
+    def after(self, step: int, last: bool) -> None:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if self.stop_after_steps is not None and step - self.first_step >= self.stop_after_steps and not last:
+            raise _Interrupted(step)
+
+
+@dataclass(kw_only=True)
+class _Start:
+    """Where a session starts: step 0, a resumed checkpoint of this run, or another run's (init_from)."""
+
+    step: int = 0
+    source: Path | None = None  # the checkpoint loaded, if any
+    resumed: bool = False  # source is this run's own checkpoint
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # unreadable checkpoints passed over
+    state: dict[str, Any] = field(default_factory=dict)  # the train state saved with the checkpoint
+
+
+def _start(cfg: RunConfig, run_dir: Path, model, optimizer, data, resume: bool) -> _Start:
+    """Load the latest complete checkpoint of this run (resume) or cfg.train.init_from, if any."""
     resume_from, skipped = None, []
     if resume:
         resume_from, skipped = ckpt.select_resume_checkpoint(run_dir / "checkpoints", log=_log)
-    init_from = None if resume_from else cfg.train.init_from
-    source = resume_from or (Path(init_from) if init_from else None)
-    state: dict[str, Any] = {}
-    if source is not None:
-        state = ckpt.load_checkpoint(source, model, optimizer, verified=True)  # verified above
-        data.sampler.load_state_dict(state["sampler"])
-        start_step = int(state["step"])
-    writer = RecordWriter(run_dir, resume_step=start_step if resume_from else None) if runtime.is_rank0 else None
-    if writer is not None and init_from and not resume_from:
-        writer.metrics = _prefix_rows(Path(init_from), start_step)
-    best_loss = float(state.get("best_loss", math.inf))
-    first_step_of_session = start_step
+    source = resume_from or (Path(cfg.train.init_from) if cfg.train.init_from else None)
+    if source is None:
+        return _Start(skipped=skipped)
+    state = ckpt.load_checkpoint(source, model, optimizer, verified=True)  # verified in train_run
+    data.sampler.load_state_dict(state["sampler"])
+    return _Start(step=int(state["step"]), source=source, resumed=resume_from is not None, skipped=skipped, state=state)
 
+
+@dataclass(kw_only=True)
+class _Session:
+    """One training session of a run: what the step, eval and checkpoint helpers share."""
+
+    cfg: RunConfig
+    run_dir: Path
+    runtime: Runtime
+    par: Parallelized
+    optimizer: torch.optim.Optimizer
+    data: Any
+    writer: RecordWriter | None  # rank 0 only
+    logger: Any
+    callbacks: list[Callback]
+    tasks: list
+    static: dict[str, Any]
+    best_loss: float
+    micro_sequences: int  # sequences per forward/backward on this rank
+    num_micro: int  # micro-batches per step on this rank
+
+    @property
+    def model(self):
+        return self.par.model
+
+    @property
+    def flops_per_step(self) -> float:
+        return self.static["flops_per_token_6n"] * self.cfg.tokens_per_step
+
+
+def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, hooks: _SessionEnd) -> dict[str, Any]:
+    _seed_everything(cfg.train.seed)
+    par = _parallelize(cfg, runtime)
+    if par.dp_size > 1:  # the layout is known now: this rank reads its slice of each batch
+        data = _build_data(cfg, par.dp_rank, par.dp_size)
+    optimizer = build_optimizer(par.model, cfg.optim, runtime.device.type)
+    start = _start(cfg, run_dir, par.model, optimizer, data, resume)
+    writer = RecordWriter(run_dir, resume_step=start.step if start.resumed else None) if runtime.is_rank0 else None
+    if writer is not None and start.source is not None and not start.resumed:
+        writer.metrics = _prefix_rows(start.source, start.step)
+    static = run_summary_fields(cfg)
     if runtime.is_rank0:
         prev = read_status(run_dir) or {}
         attempt = int(prev.get("attempts", 0)) + 1
@@ -198,159 +266,172 @@ def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, 
         # from step 0). Deterministic training makes a restart's losses equal a resume's, so this
         # record is what tells them apart.
         loaded_steps = ((prev.get("loaded_steps") or []) + [None] * attempt)[: attempt - 1]
-        loaded_steps.append(int(state["step"]) if state else None)
+        loaded_steps.append(start.step if start.source is not None else None)
         write_status(
             run_dir,
             "running",
             run_id=config_hash(cfg),
-            started_steps=start_step,
-            started_from=str(source) if source is not None else None,
+            started_steps=start.step,
+            started_from=str(start.source) if start.source is not None else None,
             loaded_steps=loaded_steps,
-            skipped_checkpoints=[f"{name}: {why}" for name, why in skipped],
+            skipped_checkpoints=[f"{name}: {why}" for name, why in start.skipped],
             attempts=attempt,
             **static,
         )
-    logger = _open_wandb(cfg, run_dir, runtime)
-    bar = _progress(cfg, runtime, start_step)
-
-    local_sequences = cfg.global_batch_sequences // runtime.dp_size
+    local_sequences = cfg.global_batch_sequences // par.dp_size
     micro = cfg.train.micro_batch_sequences or local_sequences
-    num_micro = local_sequences // micro
-    model.train()
-    if hasattr(model, "set_moe_loss_scale"):  # MoE aux losses get the LM loss's 1/num_micro too
-        model.set_moe_loss_scale(1.0 / num_micro)
-    step = start_step
-    step_delay = float(os.environ.get(_STEP_DELAY_ENV, "0") or 0)
+    s = _Session(
+        cfg=cfg,
+        run_dir=run_dir,
+        runtime=runtime,
+        par=par,
+        optimizer=optimizer,
+        data=data,
+        writer=writer,
+        logger=_open_wandb(cfg, run_dir, runtime),
+        callbacks=callbacks,
+        tasks=load_tasks(cfg.eval.tasks, cfg.eval.task_limit or None) if cfg.eval.tasks else [],
+        static=static,
+        best_loss=float(start.state.get("best_loss", math.inf)),
+        micro_sequences=micro,
+        num_micro=local_sequences // micro,
+    )
+    bar = _progress(cfg, runtime, start.step)
+    par.model.train()
+    if hasattr(par.model, "set_moe_loss_scale"):  # MoE aux losses get the LM loss's 1/num_micro too
+        par.model.set_moe_loss_scale(1.0 / s.num_micro)
+    lr_of = schedule_for(cfg)
+    hooks.first_step = start.step
     t_last = time.perf_counter()
-    for step in range(start_step + 1, cfg.num_steps + 1):
-        tokens_before = (step - 1) * cfg.tokens_per_step
-        lr = lr_of(tokens_before)
-        set_lr(optimizer, lr)
-        batch = data.sampler.next_batch(cfg.global_batch_sequences).to(runtime.device, non_blocking=True)
-        loss_sum = torch.zeros((), device=runtime.device)
-        fwd_bwd = runtime.extra.get("forward_backward")  # set by scalelab.parallel for multi-process layouts
-        for chunk in batch.split(micro):
-            if fwd_bwd is not None:  # backward included; returns the detached cross-entropy
-                with _autocast(runtime):
-                    loss_sum += fwd_bwd(chunk[:, :-1], chunk[:, 1:], 1.0 / num_micro)
-                continue
-            with _autocast(runtime):
-                loss, parts = lm_loss(model, chunk[:, :-1], chunk[:, 1:], z_loss=cfg.optim.z_loss)
-            (loss / num_micro).backward()
-            loss_sum += parts["ce"]  # report cross-entropy alone, without the z-loss term
-        grad_norm = runtime.extra.get("clip_grad_norm", _clip)(model, cfg.optim.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss_val = _dp_mean(loss_sum / num_micro)
-        tokens = step * cfg.tokens_per_step
-        now = time.perf_counter()
-        tps = cfg.tokens_per_step / max(now - t_last, 1e-9)
-        t_last = now
-        row = dict(
-            step=step,
-            tokens=tokens,
-            flops=flops_per_step * step,
-            loss=loss_val,
-            lr=lr,
-            grad_norm=grad_norm,
-            tokens_per_s=tps,
-        )
-        _check_divergence(loss_val, best_loss, tokens_before, cfg)
-        best_loss = min(best_loss, loss_val)
-        log_step = step % cfg.logging.interval_steps == 0 or step == cfg.num_steps
-        # router statistics (MoE only) -> router.parquet; under a layout a collective over all ranks
-        router = runtime.extra.get("router_row", moe_step_row)(model) if log_step else {}
-        if writer is not None and log_step:
-            row.update(router)
-            writer.log_metrics(row)
-            _emit(callbacks, "step", row)
-            if logger is not None:
-                logger.log(
-                    {
-                        "train/loss": loss_val,
-                        "train/lr": lr,
-                        "train/grad_norm": grad_norm,
-                        "perf/tokens_per_s": tps,
-                        "tokens": tokens,
-                    },
-                    step=step,
-                )
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_val:.3f}", tok_s=f"{tps:,.0f}")
-        last = step == cfg.num_steps
-        if last or (cfg.eval.interval_steps and step % cfg.eval.interval_steps == 0):
-            rows = evaluate_sources(model, data.val_sets, runtime.extra.get("loss_fn") or _val_loss, runtime)
-            if tasks:  # every rank runs it: under FSDP/TP the forward is collective
-                rows += evaluate_tasks(model, data.tokenizer, tasks, max_seq_len=cfg.model.max_seq_len)
-            if writer is not None:
-                for r in rows:
-                    writer.log_eval(dict(r, step=step, tokens=tokens, flops=flops_per_step * step))
-                _emit(callbacks, "eval", {"step": step, "tokens": tokens, "rows": rows})
-                if logger is not None:
-                    logger.log({f"{r['task']}/{r['metric']}": r["value"] for r in rows}, step=step)
-        if writer is not None and (last or step % max(cfg.logging.interval_steps, 10) == 0):
-            writer.flush()
-        if (last and cfg.checkpoint.final) or (
-            cfg.checkpoint.interval_steps and step % cfg.checkpoint.interval_steps == 0
-        ):
-            if writer is not None:
-                # Records first: once checkpoint k exists on disk, the records cover step k, so a
-                # kill at any instant never leaves a checkpoint whose records were not written.
-                writer.flush()
-            train_state = {
-                "step": step,
-                "tokens": tokens,
-                "sampler": data.sampler.state_dict(),
-                "best_loss": best_loss,
-                "run_id": config_hash(cfg),
-            }
-            path = ckpt.save_checkpoint(
-                run_dir / "checkpoints",
-                step,
-                model,
-                optimizer,
-                train_state,
-                keep_last=cfg.checkpoint.keep_last,
-            )
-            _emit(callbacks if writer is not None else [], "checkpoint", {"step": step, "path": str(path)})
-        if step_delay:
-            time.sleep(step_delay)
-        if stop_after_steps is not None and step - first_step_of_session >= stop_after_steps and not last:
-            if writer is not None:
-                writer.flush()
+    try:
+        for step in range(start.step + 1, cfg.num_steps + 1):
+            tokens_before = (step - 1) * cfg.tokens_per_step
+            lr = lr_of(tokens_before)
+            loss_val, grad_norm = _train_step(s, lr)
+            now = time.perf_counter()
+            tps = cfg.tokens_per_step / max(now - t_last, 1e-9)
+            t_last = now
+            _check_divergence(loss_val, s.best_loss, tokens_before, cfg)
+            s.best_loss = min(s.best_loss, loss_val)
+            _log_step(s, step, lr, loss_val, grad_norm, tps)
             if bar is not None:
-                bar.close()
-            return {"status": "running", "step": step}
-    if bar is not None:
-        bar.close()
-    summary = _summary(cfg, run_dir, writer, static, best_loss) if writer is not None else {"status": "done"}
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_val:.3f}", tok_s=f"{tps:,.0f}")
+            last = step == cfg.num_steps
+            if last or (cfg.eval.interval_steps and step % cfg.eval.interval_steps == 0):
+                _evaluate(s, step)
+            if writer is not None and (last or step % max(cfg.logging.interval_steps, 10) == 0):
+                writer.flush()
+            if (last and cfg.checkpoint.final) or (
+                cfg.checkpoint.interval_steps and step % cfg.checkpoint.interval_steps == 0
+            ):
+                _checkpoint(s, step)
+            hooks.after(step, last)
+    except _Interrupted as stop:
+        if writer is not None:
+            writer.flush()
+        return {"status": "running", "step": stop.args[0]}
+    finally:
+        if bar is not None:
+            bar.close()
+    summary = _summary(cfg, run_dir, writer, static, s.best_loss) if writer is not None else {"status": "done"}
     if runtime.is_rank0:
         write_status(run_dir, "done", **summary)
-    if logger is not None:
-        logger.summary_update(summary)
-        logger.finish()
+    if s.logger is not None:
+        s.logger.summary_update(summary)
+        s.logger.finish()
     return dict(summary, status="done")
+
+
+def _train_step(s: _Session, lr: float) -> tuple[float, float]:
+    """One optimizer step on the next global batch: (mean cross-entropy over dp, grad norm before clipping)."""
+    cfg, runtime = s.cfg, s.runtime
+    set_lr(s.optimizer, lr)
+    batch = s.data.sampler.next_batch(cfg.global_batch_sequences).to(runtime.device, non_blocking=True)
+    loss_sum = torch.zeros((), device=runtime.device)
+    for chunk in batch.split(s.micro_sequences):
+        with autocast_for(runtime):  # backward included; returns the detached cross-entropy (no z-loss)
+            loss_sum += s.par.step.forward_backward(chunk[:, :-1], chunk[:, 1:], 1.0 / s.num_micro)
+    grad_norm = s.par.step.clip_grad_norm(s.model, cfg.optim.grad_clip)
+    s.optimizer.step()
+    s.optimizer.zero_grad(set_to_none=True)
+    return _dp_mean(loss_sum / s.num_micro), grad_norm
+
+
+def _log_step(s: _Session, step: int, lr: float, loss_val: float, grad_norm: float, tps: float) -> None:
+    """The metrics row of a logging step (rank 0 writes it; the router row is a collective)."""
+    cfg = s.cfg
+    if not (step % cfg.logging.interval_steps == 0 or step == cfg.num_steps):
+        return
+    router = s.par.step.router_row(s.model)  # MoE only -> router.parquet; every rank calls it
+    if s.writer is None:
+        return
+    row = dict(
+        step=step,
+        tokens=step * cfg.tokens_per_step,
+        flops=s.flops_per_step * step,
+        loss=loss_val,
+        lr=lr,
+        grad_norm=grad_norm,
+        tokens_per_s=tps,
+        **router,
+    )
+    s.writer.log_metrics(row)
+    _emit(s.callbacks, "step", row)
+    if s.logger is not None:
+        s.logger.log(
+            {
+                "train/loss": loss_val,
+                "train/lr": lr,
+                "train/grad_norm": grad_norm,
+                "perf/tokens_per_s": tps,
+                "tokens": row["tokens"],
+            },
+            step=step,
+        )
+
+
+def _evaluate(s: _Session, step: int) -> None:
+    """Validation loss/bpb on every source, and the multiple-choice tasks (every rank runs them)."""
+    rows = evaluate_sources(s.model, s.data.val_sets, s.par.step.eval_loss, s.runtime)
+    if s.tasks:  # every rank runs it: under FSDP/TP the forward is collective
+        rows += evaluate_tasks(s.model, s.data.tokenizer, s.tasks, max_seq_len=s.cfg.model.max_seq_len)
+    if s.writer is None:
+        return
+    tokens = step * s.cfg.tokens_per_step
+    for r in rows:
+        s.writer.log_eval(dict(r, step=step, tokens=tokens, flops=s.flops_per_step * step))
+    _emit(s.callbacks, "eval", {"step": step, "tokens": tokens, "rows": rows})
+    if s.logger is not None:
+        s.logger.log({f"{r['task']}/{r['metric']}": r["value"] for r in rows}, step=step)
+
+
+def _checkpoint(s: _Session, step: int) -> None:
+    """Save checkpoint `step` (every rank writes its shards) after the records that cover it."""
+    if s.writer is not None:
+        # Records first: once checkpoint k exists on disk, the records cover step k, so a
+        # kill at any instant never leaves a checkpoint whose records were not written.
+        s.writer.flush()
+    train_state = {
+        "step": step,
+        "tokens": step * s.cfg.tokens_per_step,
+        "sampler": s.data.sampler.state_dict(),
+        "best_loss": s.best_loss,
+        "run_id": config_hash(s.cfg),
+    }
+    path = ckpt.save_checkpoint(
+        s.run_dir / "checkpoints",
+        step,
+        s.model,
+        s.optimizer,
+        train_state,
+        keep_last=s.cfg.checkpoint.keep_last,
+    )
+    _emit(s.callbacks if s.writer is not None else [], "checkpoint", {"step": step, "path": str(path)})
 
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def _val_loss(model, inputs, targets):
-    """Validation loss: plain cross-entropy (no z-loss), whatever the training objective."""
-    return lm_loss(model, inputs, targets, z_loss=0.0)
-
-
-def _clip(model, max_norm: float) -> float:
-    params = [p for p in model.parameters() if p.grad is not None]
-    if max_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    if hasattr(norm, "full_tensor"):  # DTensor under FSDP/TP
-        norm = norm.full_tensor()
-    return float(norm)
 
 
 def _check_divergence(loss: float, best: float, tokens: int, cfg: RunConfig) -> None:

@@ -21,6 +21,8 @@ from typing import Any
 
 import polars as pl
 
+from scalelab.models.accounting import flops_per_token, num_params, num_params_nonembedding
+
 STATUSES = ("pending", "running", "done", "failed", "diverged", "stopped_early")
 
 METRICS_SCHEMA = {
@@ -137,3 +139,18 @@ def rows_through(path: Path, max_step: int) -> list[dict]:
     if not path.exists():
         return []
     return pl.read_parquet(path).filter(pl.col("step") <= max_step).to_dicts()
+
+
+def run_summary_fields(cfg) -> dict[str, Any]:
+    """Static facts about a run config (sizes, FLOPs) that the store keeps beside its losses."""
+    fpt = flops_per_token(cfg.model, cfg.data.seq_len)
+    return dict(
+        params=num_params(cfg.model),
+        params_nonembed=num_params_nonembedding(cfg.model),
+        flops_per_token_6n=fpt.six_n,
+        # exact: every matmul (output layer included) plus causal attention (half the T x T scores)
+        flops_per_token_exact=fpt.exact_causal,
+        num_steps=cfg.num_steps,
+        tokens_per_step=cfg.tokens_per_step,
+        num_tokens=cfg.num_steps * cfg.tokens_per_step,
+    )

@@ -1,18 +1,19 @@
 """Where a run executes: device, dtype and (when launched distributed) its ranks.
 
-The single-process run has rank 0 of 1 and dp 0 of 1. When torch.distributed is initialised
-(torchrun, `scalelab run` with a parallel section, or a Ray Train worker), the rank and world come
-from the process group, and scalelab.parallel supplies the mesh and the data-parallel coordinates.
+The single-process run has rank 0 of 1. When torch.distributed is initialised (torchrun,
+`scalelab run` with a parallel section, or a Ray Train worker), the rank and world come from the
+process group; the layout's meshes and data-parallel coordinates belong to `ParallelDims`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from scalelab.errors import ConfigError
 
 
 @dataclass(kw_only=True)
@@ -21,9 +22,6 @@ class Runtime:
     autocast_dtype: torch.dtype | None  # None = plain fp32
     rank: int = 0
     world_size: int = 1
-    dp_rank: int = 0  # this rank's index among data-parallel replicas/shards (the sampler's split)
-    dp_size: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)  # e.g. the device mesh (set by parallel/)
 
     @property
     def is_rank0(self) -> bool:
@@ -38,8 +36,6 @@ def pick_device(device: str) -> torch.device:
         return torch.device("cpu")
     if device == "cuda":
         if not torch.cuda.is_available():
-            from scalelab.errors import ConfigError
-
             raise ConfigError("train.device", "cuda requested but no GPU is visible", "use auto or cpu")
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device("cpu")

@@ -1,0 +1,86 @@
+"""Launching one run: N local processes (`scalelab run`), a torchrun rank, or a Ray Train worker.
+
+    launch_local(cfg, run_dir, resume)     # `scalelab run` with a multi-process layout; rank 0 records
+    train_worker(cfg, run_dir, resume)     # what every local process runs (tests stop it midway)
+    ray_train_fn({"config": ..., "run_dir": ..., "resume": ...})   # inside a Ray Train worker
+
+Every path ends in the same `scalelab.train.loop.train_run`; the processes and their process group
+come from `scalelab.parallel.backend` (spawn: torchrun's environment, a loopback rendezvous store).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+
+from scalelab.errors import ConfigError
+from scalelab.parallel.backend import destroy_distributed, init_distributed, spawn
+from scalelab.train.config import RunConfig, build_run_config
+from scalelab.train.loop import train_run
+from scalelab.train.records import read_status
+
+
+def train_worker(cfg: RunConfig, run_dir: str, resume: bool = False, stop_after_steps: int | None = None) -> None:
+    """What every process of a local job runs (also used by tests to stop a job midway)."""
+    train_run(cfg, run_dir, resume=resume, stop_after_steps=stop_after_steps)
+
+
+def launch_local(cfg: RunConfig, out_dir: str | Path, resume: bool = False) -> int:
+    """Train `cfg` with cfg.parallel.world_size processes on this machine; exit code 0 when done.
+
+    The layout was validated with the rest of the config (scalelab.train.config.build_run_config),
+    before any process starts.
+
+    Under torchrun (WORLD_SIZE already set for this process) nothing is spawned: this process
+    joins the group torchrun described and trains as its rank.
+    """
+    env_world = int(os.environ.get("WORLD_SIZE", "1"))
+    crash = None
+    if env_world > 1:
+        if env_world != cfg.parallel.world_size:
+            raise ConfigError(
+                "parallel",
+                f"the layout needs {cfg.parallel.world_size} processes but torchrun started {env_world}",
+                f"run torchrun with --nproc_per_node={cfg.parallel.world_size} (or change the layout)",
+            )
+        init_distributed(cfg.parallel.backend)
+        try:
+            train_worker(cfg, str(out_dir), resume)
+        finally:
+            rank0 = int(os.environ.get("RANK", "0")) == 0
+            destroy_distributed()
+        if not rank0:
+            return 0
+    else:
+        try:
+            spawn(train_worker, cfg.parallel.world_size, (cfg, str(out_dir), resume), backend=cfg.parallel.backend)
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            crash = e
+    status = read_status(Path(out_dir)) or {}
+    state = status.get("status")
+    if crash is not None and state != "failed":  # not recorded by rank 0: the ranks' own report
+        print(str(crash), file=sys.stderr)
+    if state == "done":
+        loss = status.get("final_train_loss")
+        print(f"done  world={cfg.parallel.world_size}  train_loss={loss:.4f}  -> {out_dir}")
+        return 0
+    print(f"run {state}: {status.get('reason') or status.get('error', '')}  ({out_dir})")
+    return 1
+
+
+def ray_train_fn(config: dict[str, Any]) -> None:
+    """Entry point for a Ray Train `TorchTrainer` worker: {"config": RunConfig dict, "run_dir", "resume"}.
+
+    Ray has already created the process group; the same `train_run` as everywhere else runs,
+    and rank 0 writes the records.
+    """
+    cfg = config["config"]
+    if isinstance(cfg, dict):
+        cfg = build_run_config(cfg)
+    if cfg.parallel.world_size > 1:
+        init_distributed(cfg.parallel.backend)  # no-op when Ray already initialised it
+    train_run(cfg, config["run_dir"], resume=bool(config.get("resume", False)))
