@@ -340,3 +340,42 @@ def plot_demo(sweep_dir, proposal: dict, measured: float | None, png) -> None:
     fig.savefig(tmp, dpi=110)
     tmp.replace(png)
     plt.close(fig)
+
+
+def plot_coordcheck(check) -> plt.Figure:
+    """Coordinate check (scalelab.train.coordcheck.CoordCheck): one row per (parametrization,
+    depth), one column per step; RMS of each layer's output against width, log-log. Flat lines =
+    the parametrization keeps activations width-independent (µP); rising lines = they blow up (SP).
+    """
+    rows = [(p, d) for p in check.parametrizations for d in check.depths]
+    ncol = check.steps
+    fig, axes = plt.subplots(
+        len(rows), ncol, figsize=(2.6 * ncol + 1.6, 2.3 * len(rows)), squeeze=False, sharex=True, layout="constrained"
+    )
+    for i, (p, d) in enumerate(rows):
+        layers = check.layers(d)
+        colors = plt.cm.viridis(np.linspace(0, 0.95, len(layers)))
+        for t in range(ncol):
+            ax = axes[i][t]
+            for color, layer in zip(colors, layers):
+                ys = [check.rms[(p, d, w)][t][layer] for w in check.widths]
+                style = dict(lw=2, color="crimson") if layer == "logits" else dict(lw=1, color=color)
+                ax.plot(check.widths, ys, marker=".", label=layer, **style)
+            ax.set(xscale="log", yscale="log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.set_xticks(check.widths, [str(w) for w in check.widths], fontsize=7)
+            ax.tick_params(labelsize=7)
+            if i == 0:
+                ax.set_title(f"after step {t + 1}", fontsize=9)
+            if t == 0:
+                ax.set_ylabel(f"{p}, {d} layers\nRMS", fontsize=8)
+            if i == len(rows) - 1:
+                ax.set_xlabel("width (d_model)", fontsize=8)
+        worst = max(abs(check.slopes[(p, d, layer)]) for layer in layers)
+        axes[i][-1].text(
+            0.98, 0.02, f"max |slope| {worst:.2f}", transform=axes[i][-1].transAxes, ha="right", fontsize=7
+        )
+    handles, labels = axes[-1][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right center", fontsize=7)
+    fig.suptitle(f"coordinate check (lr {check.lr:g}, geometric mean over {check.seeds} inits)", fontsize=10)
+    return fig

@@ -17,4 +17,5 @@ COMMANDS: list[tuple[str, str]] = [
     ("parity_cmd", "parity"),
     ("analysis_cmd", "noise"),  # also registers predict-task, compare, plot, report
     ("plan_cmd", "plan-layout"),
+    ("coordcheck_cmd", "coordcheck"),
 ]

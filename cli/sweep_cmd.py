@@ -2,6 +2,7 @@
 
     scalelab sweep plan examples/sweeps/isoflop_tiny.yaml            # dry run: table and total cost
     scalelab sweep launch SPEC --out results/iso [--address ADDR] [--max-concurrent K] [--rounds R]
+    scalelab sweep launch ladder.yaml --out results/lad [--force]    # with `transfer:`: the LR gate first
     scalelab sweep resume results/iso                                # after the driver died
     scalelab sweep status results/iso [--json]
     scalelab sweep export results/iso --csv runs.csv
@@ -9,7 +10,10 @@
     scalelab sweep ledger results/iso [--json]                        # every fit and prediction, scored
     scalelab sweep eval results/iso --tasks bundled:stdlib_completion@100  # add a task to finished runs
 
-Specs are validated before Ray starts; a bad spec exits 2 with one line naming the key.
+Specs are validated before Ray starts; a bad spec exits 2 with one line naming the key. A spec with
+`transfer: {check: true, ...}` (scalelab.sweeps.transfer) gets its LR-transfer check planned beside
+it, and launched first: launch exits 2 with the check's table when the best LR drifts (--force
+launches anyway); the ladder's runs take the transferred LR.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def add_parser(sub) -> None:
     q.add_argument("--rounds", type=int, default=1, help="alternate launch and `sweep next` this many times")
     q.add_argument("--target-flops", type=float, default=None, help="C* for --rounds > 1 (default: the spec's fit)")
     q.add_argument("--budget-flops", type=float, default=None, help="FLOPs per proposed round (--rounds > 1)")
+    q.add_argument("--force", action="store_true", help="launch the ladder even when the LR-transfer gate fails")
     q.add_argument(
         "--inject-fault",
         action="append",
@@ -104,15 +109,34 @@ def run_plan(args) -> int:
     from scalelab.sweeps.execute import check_runnable
     from scalelab.sweeps.plan import format_plan, plan_sweep
     from scalelab.sweeps.spec import load_sweep
+    from scalelab.sweeps.transfer import plan_transfer
 
     sweep = load_sweep(args.spec)
+    check = plan_transfer(sweep.raw, sweep)
     check_runnable([r.to_dict() for r in sweep.runs])
     rows, totals = plan_sweep(sweep, measure=not args.no_measure)
+    check_rows = check_totals = None
+    if check is not None:
+        check_runnable([r.to_dict() for r in check.sweep.runs])
+        check_rows, check_totals = plan_sweep(check.sweep, measure=not args.no_measure)
+        check_totals["warnings"] += check.warnings
     if args.json:
-        print(json.dumps({"runs": rows, "totals": totals}, indent=2))
-    else:
-        print(f"sweep {sweep.name}: generator {sweep.generator}")
-        print(format_plan(rows, totals, slots=sweep.execution.max_concurrent or None))
+        out = {"runs": rows, "totals": totals}
+        if check is not None:
+            out["transfer"] = {"runs": check_rows, "totals": check_totals}
+        print(json.dumps(out, indent=2))
+        return 0
+    slots = sweep.execution.max_concurrent or None
+    if check is not None:
+        s = check.spec
+        print(
+            f"LR-transfer check ({check.parametrization}): {len(s.lrs)} LRs x widths {s.widths} x depths {s.depths} "
+            f"at {s.tokens_per_param:g} tokens/param, tolerance {s.tolerance} grid step(s); runs first"
+        )
+        print(format_plan(check_rows, check_totals, slots=slots))
+        print("ladder (its LR: the check's best LR at the base size, set at launch; shown: the spec's)")
+    print(f"sweep {sweep.name}: generator {sweep.generator}")
+    print(format_plan(rows, totals, slots=slots))
     return 0
 
 
@@ -129,15 +153,21 @@ def _faults(items: list[str]) -> dict[str, int]:
 def run_launch(args) -> int:
     from scalelab.sweeps.execute import launch
     from scalelab.sweeps.spec import load_sweep
+    from scalelab.sweeps.transfer import plan_transfer
 
     if args.rounds < 1:
         raise UsageError("--rounds must be >= 1")
     sweep = load_sweep(args.spec)  # every run validated before Ray starts
+    check = plan_transfer(sweep.raw, sweep)  # the transfer section too
     target = args.target_flops or sweep.fit.target_flops or None
     if args.rounds > 1 and not target:
         raise UsageError("--rounds > 1 needs --target-flops (or fit.target_flops in the spec)")
     faults = _faults(args.inject_fault)
     out = Path(args.out)
+    if check is not None:
+        sweep = _transfer_gate(check, out, args)
+        if sweep is None:
+            return 2
     print(f"sweep {sweep.name}: {len(sweep.runs)} runs -> {out}")
     result = launch(
         sweep,
@@ -166,6 +196,45 @@ def run_launch(args) -> int:
             num_cpus=args.num_cpus,
         )
     return 0 if all(s in ("done", "diverged") for s in result["states"].values()) else 1
+
+
+def _transfer_gate(check, out: Path, args):
+    """Train the LR-transfer check into `<out>-transfer`; the ladder at the transferred LR, or None
+    (after printing the table) when the gate refuses."""
+    from scalelab.sweeps import store
+    from scalelab.sweeps.execute import launch
+    from scalelab.sweeps.spec import dump_spec
+    from scalelab.sweeps.transfer import evaluate_gate, format_gate, ladder_with_lr, transfer_dir
+
+    check_dir = transfer_dir(out)
+    print(f"LR-transfer check: {len(check.sweep.runs)} runs -> {check_dir}")
+    for w in check.warnings:
+        print(f"warning: {w}")
+    launch(
+        check.sweep,
+        check_dir,
+        spec_text=dump_spec(check.sweep.raw),
+        spec_name=f"{Path(args.spec).stem}-transfer",
+        address=args.address,
+        max_concurrent=args.max_concurrent,
+        num_cpus=args.num_cpus,
+    )
+    gate = evaluate_gate(check, store.load_runs(check_dir))
+    table = format_gate(gate, check.spec.lrs, check.sweep.fit.loss)
+    (check_dir / "gate.txt").write_text(table + "\n")
+    if not gate.ok and not args.force:
+        print(table, file=sys.stderr)
+        print(
+            f"scalelab sweep launch: error: transfer: the best LR drifts beyond {gate.tolerance} grid step(s) "
+            "(or sits on the grid's edge); under sp set each size's LR from a fitted LR law (recipe.lr), "
+            "use parametrization mup/completep, widen transfer.lrs, or pass --force",
+            file=sys.stderr,
+        )
+        return None
+    print(table)
+    if not gate.ok:
+        print("--force: launching the ladder anyway")
+    return ladder_with_lr(check, gate.base_lr)
 
 
 def run_resume(args) -> int:

@@ -5,6 +5,7 @@ imports nothing, so `scalelab.models.config` stays cheap to import):
 
     config      ModelConfig (+ validate)
     llama       Transformer, build_model(cfg, device, seed)
+    parametrization  sp | mup | completep: init std, forward multipliers, per-parameter LR scale
     loss        lm_loss(model, tokens, targets, z_loss) -> (loss, metrics)
     shapes      shape_for_params(target_params, vocab_size, ...) -> ModelConfig
     presets     get_preset(name, vocab_size=None, **overrides), list_presets()

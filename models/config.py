@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalelab.errors import ConfigError
+from scalelab.models import parametrization
 
 FAMILIES = ("llama", "moe")
 ROUTER_GATINGS = ("softmax", "sigmoid")
@@ -43,6 +44,13 @@ class ModelConfig:
     # 1/sqrt(2 * num_layers) (GPT-2 / Megatron); norm weights = 1.
     init_std: float = 0.02
     kernels: str = "auto"  # 'auto' (Triton on CUDA, torch elsewhere) | 'triton' | 'torch'
+    # Hyperparameter transfer (scalelab.models.parametrization): sp | mup | completep. Under mup /
+    # completep, init, forward multipliers and per-layer LRs are relative to the base shape below
+    # (0 = the model's own: every multiplier 1); tune the LR at the base, use it at every size.
+    parametrization: str = "sp"
+    base_d_model: int = 0  # width the base hyperparameters were tuned at
+    base_num_layers: int = 0  # depth of the base (completep scales the residual branches by base/L)
+    base_head_dim: int = 0  # head_dim of the base (attention logits x sqrt(base_head_dim) / head_dim)
     # --- MoE (family "moe"; see scalelab.models.moe) ---
     num_experts: int = 8  # routed experts per MoE layer
     num_experts_per_tok: int = 2  # top-k experts each token is sent to
@@ -104,6 +112,7 @@ class ModelConfig:
                 f"head_dim = d_model / num_heads = {self.head_dim} is odd; RoPE rotates pairs",
                 "pick num_heads so that d_model / num_heads is even",
             )
+        parametrization.validate(self, prefix)
         if self.kernels not in BACKENDS:
             raise ConfigError(f"{prefix}.kernels", f"{self.kernels!r} is not a backend", f"use one of {BACKENDS}")
         if self.family == "moe":

@@ -15,6 +15,11 @@ and split the model into pipeline stages from outside:
     norm                        RMSNorm [D]
     output                      nn.Linear [V, D], no bias; shares tok_embeddings.weight when tied
 
+Under `parametrization: mup | completep` three scalar multipliers (scalelab.models.parametrization)
+enter the forward: q x `attention` (attention logits 1/d_head), each residual branch x `residual`
+(completep: base_num_layers / L) and the normed hidden state x `output` (logits / width multiplier).
+Under `sp` all are 1 and skipped, so the computation is exactly the standard one.
+
 Pipeline stages delete entries of `layers` and set `tok_embeddings`, `norm` or `output` to None;
 `forward` then takes / returns hidden states [B, T, D]. Attention counts its heads from the
 projection outputs at run time, so column-sharded wq/wk/wv (tensor parallel) just work.
@@ -29,13 +34,13 @@ Build: `build_model(cfg, device, seed)` = meta build -> to_empty -> init_weights
 from __future__ import annotations
 
 import hashlib
-import math
 
 import torch
 import torch.nn as nn
 
 from scalelab.kernels import get_ops
 from scalelab.kernels.reference import rope_cos_sin
+from scalelab.models import parametrization
 from scalelab.models.config import ModelConfig
 from scalelab.models.feedforward import FeedForward
 from scalelab.models.loss import fused_lm_loss
@@ -61,6 +66,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.head_dim = cfg.head_dim
+        self.q_mult = parametrization.multipliers(cfg).attention
         self.wq = nn.Linear(cfg.d_model, cfg.num_heads * cfg.head_dim, bias=False)
         self.wk = nn.Linear(cfg.d_model, cfg.num_kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.d_model, cfg.num_kv_heads * cfg.head_dim, bias=False)
@@ -79,6 +85,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.ops.apply_rope(q, k, cos, sin)
+        if self.q_mult != 1.0:  # µP: logits sqrt(hd_base)/hd instead of the kernel's 1/sqrt(hd)
+            q = q * self.q_mult
         out = self.ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
         return self.wo(out.transpose(1, 2).reshape(bsz, seq_len, -1))
 
@@ -91,18 +99,18 @@ class TransformerBlock(nn.Module):
         self.attention_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.residual_mult = parametrization.multipliers(cfg).residual
         if cfg.family == "moe":
             self.feed_forward = MoE(cfg)
         else:
             self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.residual_mult != 1.0:  # CompleteP: each branch x base_L / L
+            h = x + self.residual_mult * self.attention(self.attention_norm(x), cos, sin)
+            return h + self.residual_mult * self.feed_forward(self.ffn_norm(h))
         h = x + self.attention(self.attention_norm(x), cos, sin)
         return h + self.feed_forward(self.ffn_norm(h))
-
-
-# Module names whose weight is a residual-branch output projection (init scaled by 1/sqrt(2L)).
-_RESIDUAL_OUT = ("attention.wo", "feed_forward.w2", "shared_experts.w2")
 
 
 class Transformer(nn.Module):
@@ -116,6 +124,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.num_layers)})
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.output_mult = parametrization.multipliers(cfg).output
         self.tie_weights()
         # Real-valued RoPE tables [max_seq_len, head_dim/2], fp32. Not persistent: they are a pure
         # function of the config, recomputed whenever the model moves or is materialised (_apply).
@@ -209,6 +218,8 @@ class Transformer(nn.Module):
         h = self._trunk(tokens, positions)
         if self.norm is not None:
             h = self.norm(h)
+            if self.output_mult != 1.0:  # µP readout: logits / width multiplier (also for the fused loss)
+                h = h * self.output_mult
         if targets is not None:
             return fused_lm_loss(h, self.output.weight, targets, self.ops, z_loss)
         if return_hidden or self.output is None:
@@ -234,10 +245,12 @@ class Transformer(nn.Module):
     def init_weights(self, seed: int | None = None) -> None:
         """Initialise every parameter in place (after `to_empty` from the meta device).
 
-        Scheme: nn.Linear and nn.Embedding weights ~ N(0, init_std) (embeddings too: a tied matrix
-        then also suits the output layer); attention.wo and feed_forward.w2 ~ N(0, init_std /
+        Scheme (sp): nn.Linear and nn.Embedding weights ~ N(0, init_std) (embeddings too: a tied
+        matrix then also suits the output layer); attention.wo and feed_forward.w2 ~ N(0, init_std /
         sqrt(2 * num_layers)) so the residual stream's variance does not grow with depth
-        (GPT-2 / Megatron); RMSNorm weights = 1. RoPE tables are recomputed.
+        (GPT-2 / Megatron); RMSNorm weights = 1. RoPE tables are recomputed. mup / completep
+        scale these per module (`parametrization.init_std`: hidden / sqrt(width multiplier), a
+        zero readout).
 
         seed: None draws from torch's global RNG (in module order). An int gives every parameter
         its own generator seeded from (seed, parameter name), so a parameter's values do not
@@ -248,8 +261,6 @@ class Transformer(nn.Module):
         self.tie_weights()
         self.reset_rope()
         self.set_kernels(self.rope_cos.device.type)
-        std = self.cfg.init_std
-        out_std = std / math.sqrt(2 * self.cfg.num_layers)
         done: set[int] = set()
         for wrapped_name, mod in self.named_modules():
             # activation checkpointing wraps blocks (`layers.0._checkpoint_wrapped_module.attention`):
@@ -264,10 +275,11 @@ class Transformer(nn.Module):
                 # A tied output drawn on its own (a last pipeline stage without tok_embeddings) must
                 # still equal the embedding: it is seeded under the embedding's name.
                 key = "tok_embeddings" if name == "output" and self.cfg.tied_embeddings else name
-                _normal_(mod.weight, out_std if name.endswith(_RESIDUAL_OUT) else std, seed, key)
+                _normal_(mod.weight, parametrization.init_std(self.cfg, name), seed, key)
             elif hasattr(mod, "w1") and isinstance(mod.w1, nn.Parameter):  # MoE GroupedExperts [E, ...]
                 for wname in ("w1", "w2", "w3"):
-                    _normal_(getattr(mod, wname), out_std if wname == "w2" else std, seed, f"{name}.{wname}")
+                    std = parametrization.init_std(self.cfg, f"{name}.{wname}")
+                    _normal_(getattr(mod, wname), std, seed, f"{name}.{wname}")
 
 
 def _param_seed(seed: int, name: str) -> int:

@@ -15,6 +15,7 @@ A spec is a base run config (the same tree `scalelab run` reads) plus exactly on
     data: {mixtures: [{web: 0.7, code: 0.3}], num_tokens: [...], epochs: [1, 2, 4], unique_tokens: 1e6}
     cooldowns: {fractions: [0.25, 0.5]}   # optional, WSD only: decay branches off each run
     early_stop: {tolerance: 0.01}         # optional: stop runs whose final loss is predicted (sweeps/early_stop.py)
+    transfer: {check: true, widths: [32, 256], lrs: [...]}   # optional: the LR-transfer gate (sweeps/transfer.py)
     execution: {max_concurrent: 2, max_failures: 2, cpus_per_run: 1, gpus_per_run: 0}
     fit: {law: chinchilla, loss: final_val_loss, target_flops: 1e12}
 
@@ -68,6 +69,7 @@ TOP_KEYS = (
     "fit",
     "recipe",
     "early_stop",
+    "transfer",  # the LR-transfer gate (scalelab.sweeps.transfer), read by `sweep plan/launch`
 )
 SHAPE_KEYS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff")
 # model keys the shape rule passes through unchanged when a generator picks the size

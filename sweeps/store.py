@@ -268,6 +268,7 @@ _HYPER = {  # column -> path in the resolved config
     "seed": ("train", "seed"),
     "num_layers": ("model", "num_layers"),
     "d_model": ("model", "d_model"),
+    "parametrization": ("model", "parametrization"),
     "num_heads": ("model", "num_heads"),
     "num_kv_heads": ("model", "num_kv_heads"),
     "d_ff": ("model", "d_ff"),

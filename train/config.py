@@ -356,11 +356,18 @@ def _nearest_multiples(value: int, step: int) -> str:
 # not) and logging. They are left out of the run's identity, so a run resumes under another layout
 # and a sweep never retrains a finished run because the cluster shape changed.
 _NOT_IDENTITY = ("parallel", "logging")
+# The parametrization's model fields (added after run ids were first recorded): under sp they do
+# not change the numbers, so they are left out and existing stores keep their run ids.
+_NEUTRAL_MODEL_FIELDS = ("parametrization", "base_d_model", "base_num_layers", "base_head_dim")
 
 
 def identity_dict(cfg: RunConfig) -> dict[str, Any]:
     """The resolved config without the sections that do not change the numbers."""
-    return {k: v for k, v in to_dict(cfg).items() if k not in _NOT_IDENTITY}
+    out = {k: v for k, v in to_dict(cfg).items() if k not in _NOT_IDENTITY}
+    model = out["model"]
+    if model.get("parametrization", "sp") == "sp":  # sp ignores the base shape
+        out["model"] = {k: v for k, v in model.items() if k not in _NEUTRAL_MODEL_FIELDS}
+    return out
 
 
 def config_hash(cfg: RunConfig, length: int = 12) -> str:

@@ -1,0 +1,122 @@
+"""sp | mup | completep (scalelab.models.parametrization): sp unchanged bit for bit, the multipliers,
+init and AdamW groups of mup/completep, and their config errors.
+
+The sp digests below were recorded with the code before parametrizations existed (commit 49373eb):
+a 3-layer qk-norm model (untied and tied) built with seed 3, three AdamW steps at a changing LR.
+"""
+
+import hashlib
+import math
+
+import pytest
+import torch
+
+from scalelab.errors import ConfigError
+from scalelab.models import parametrization
+from scalelab.models.config import ModelConfig
+from scalelab.models.llama import build_model
+from scalelab.models.loss import lm_loss
+from scalelab.train.config import OptimConfig, build_run_config, config_hash, identity_dict
+from scalelab.train.optim import build_optimizer, set_lr
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SP_DIGESTS = {False: "ef2d7c43bbfca068", True: "276e5f057a4c689e"}  # before this module existed
+
+
+def _cfg(**kw) -> ModelConfig:
+    fields = dict(
+        vocab_size=256, num_layers=3, d_model=64, num_heads=4, num_kv_heads=2, d_ff=128, max_seq_len=32,
+        kernels="torch", qk_norm=True,
+    )  # fmt: skip
+    return ModelConfig(**(fields | kw))
+
+
+def _train_digest(cfg: ModelConfig) -> tuple[str, list]:
+    model = build_model(cfg, seed=3)
+    opt = build_optimizer(model, OptimConfig(lr=1e-2), "cpu")
+    gen = torch.Generator().manual_seed(0)
+    for i in range(3):
+        set_lr(opt, 1e-2 * (i + 1) / 3)
+        batch = torch.randint(0, 256, (4, 17), generator=gen)
+        loss, _ = lm_loss(model, batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    h = hashlib.sha256()
+    for k, v in model.state_dict().items():
+        h.update(k.encode())
+        h.update(v.detach().numpy().tobytes())
+    groups = [(len(g["params"]), g["weight_decay"], g["lr"], "lr_scale" in g) for g in opt.param_groups]
+    return h.hexdigest()[:16], groups
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_sp_model_and_optimizer_are_bit_identical_to_before(tied):
+    digest, groups = _train_digest(_cfg(tied_embeddings=tied))
+    assert digest == SP_DIGESTS[tied]
+    decay = 21 if tied else 22
+    assert groups == [(decay, 0.1, 1e-2, False), (14, 0.0, 1e-2, False)]
+    # sp with a base shape given computes the same (the base only matters to mup/completep)
+    assert _train_digest(_cfg(tied_embeddings=tied, base_d_model=16, base_num_layers=1))[0] == SP_DIGESTS[tied]
+
+
+def test_sp_run_ids_unchanged_and_mup_ids_distinct():
+    base = {"model": {"preset": "debug"}, "data": {"seq_len": 64}}
+    sp = build_run_config(base)
+    new = {"parametrization", "base_d_model", "base_num_layers", "base_head_dim"}
+    assert set(identity_dict(sp)["model"]) == set(ModelConfig.__dataclass_fields__) - new  # the old fields
+    mup = build_run_config(base, ["model.parametrization=mup", "model.base_d_model=32"])
+    mup2 = build_run_config(base, ["model.parametrization=mup", "model.base_d_model=16"])
+    assert len({config_hash(sp), config_hash(mup), config_hash(mup2)}) == 3
+
+
+def test_mup_multipliers_init_and_lr_groups():
+    cfg = _cfg(d_model=128, num_heads=4, d_ff=256, parametrization="mup", base_d_model=32, base_head_dim=8)
+    m = parametrization.multipliers(cfg)
+    assert (m.width, m.output, m.residual) == (4.0, 0.25, 1.0)
+    assert m.attention == pytest.approx(math.sqrt(8 / 32))  # logits sqrt(8)/32: 1/d_head, = sp at the base
+    model = build_model(cfg, seed=0)
+    assert model.output_mult == 0.25 and model.layers["0"].attention.q_mult == m.attention
+    assert not model.output.weight.detach().any()  # zero readout
+    std = {n: float(p.detach().std()) for n, p in model.named_parameters()}
+    assert std["tok_embeddings.weight"] == pytest.approx(0.02, rel=0.05)  # input: width-independent
+    assert std["layers.0.attention.wq.weight"] == pytest.approx(0.02 / 2, rel=0.05)  # / sqrt(4)
+    assert std["layers.1.feed_forward.w2.weight"] == pytest.approx(0.02 / 2 / math.sqrt(6), rel=0.05)
+    opt = build_optimizer(model, OptimConfig(lr=1e-2), "cpu")
+    set_lr(opt, 4e-3)
+    lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        hidden = p.ndim == 2 and name.startswith("layers.")
+        assert lr_of[id(p)] == pytest.approx(1e-3 if hidden else 4e-3), name
+
+
+def test_completep_depth_multiplier_and_base_equals_sp():
+    cfg = _cfg(num_layers=4, parametrization="completep", base_d_model=64, base_num_layers=2)
+    m = parametrization.multipliers(cfg)
+    assert (m.width, m.depth, m.residual, m.output) == (1.0, 2.0, 0.5, 1.0)
+    # at alpha = 1 the hidden AdamW LR has no depth factor; the branch init keeps the base depth's
+    assert parametrization.lr_scale(cfg, "layers.3.attention.wq.weight", 2) == 1.0
+    assert parametrization.init_std(cfg, "layers.3.attention.wo") == pytest.approx(0.02 / math.sqrt(4))
+    # at its base shape a mup/completep model is the sp model except for the zero readout
+    for kind in ("mup", "completep"):
+        at_base = build_model(_cfg(parametrization=kind), seed=1).state_dict()
+        sp = build_model(_cfg(), seed=1).state_dict()
+        for k in sp:
+            if k != "output.weight":
+                assert torch.equal(sp[k], at_base[k]), (kind, k)
+
+
+@pytest.mark.parametrize(
+    ("fields", "key"),
+    [
+        ({"parametrization": "mupp"}, "model.parametrization"),
+        ({"parametrization": "mup", "base_d_model": -1}, "model.base_d_model"),
+        ({"parametrization": "mup", "tied_embeddings": True}, "model.tied_embeddings"),
+        ({"parametrization": "completep", "family": "moe"}, "model.parametrization"),
+    ],
+)
+def test_bad_parametrization_names_the_key(fields, key):
+    with pytest.raises(ConfigError) as e:
+        _cfg(**fields).validate()
+    assert e.value.key == key
