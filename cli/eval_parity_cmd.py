@@ -55,8 +55,9 @@ def run(args) -> int:
 
     from scalelab.analysis.eval_parity import REFERENCE, format_parity, parity_table
     from scalelab.train.data.tokenizer import load_tokenizer
+    from scalelab.train.eval_checkpoint import find_checkpoints, load_checkpoint_model
     from scalelab.train.eval_setups import parse_setup, parse_variants, score_examples
-    from scalelab.train.eval_tasks import find_checkpoints, load_checkpoint_model, load_tasks
+    from scalelab.train.eval_tasks import load_tasks
 
     reference = parse_setup(args.reference)
     variants = parse_variants(args.variants, reference)

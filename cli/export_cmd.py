@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from scalelab.train.eval_tasks import find_checkpoints
+    from scalelab.train.eval_checkpoint import find_checkpoints
     from scalelab.train.export_hf import DTYPES, export_hf
 
     if args.dtype is not None and args.dtype not in DTYPES:

@@ -27,7 +27,8 @@ from scalelab.sweeps import store
 from scalelab.sweeps.execute import ray_session
 from scalelab.train.checkpoint import list_checkpoints
 from scalelab.train.checkpoint_verify import MANIFEST, METADATA, TRAIN_STATE
-from scalelab.train.eval_tasks import MCTask, load_tasks, merge_eval_rows
+from scalelab.train.eval_checkpoint import merge_eval_rows
+from scalelab.train.eval_tasks import MCTask, load_tasks
 from scalelab.train.records import atomic_write_json
 
 INDEX = "evals_index.json"
@@ -100,7 +101,7 @@ def plan_jobs(
 def _evaluate_remote(ckpt: str, specs: list[str], limit: int | None, with_val: bool, batch: int) -> list[dict]:
     import torch
 
-    from scalelab.train.eval_tasks import evaluate_checkpoint
+    from scalelab.train.eval_checkpoint import evaluate_checkpoint
 
     torch.set_num_threads(1)
     return evaluate_checkpoint(ckpt, load_tasks(specs, limit), with_val=with_val, batch_sequences=batch, device="cpu")

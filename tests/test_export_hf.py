@@ -22,7 +22,7 @@ from scalelab.cli.main import main  # noqa: E402
 from scalelab.errors import ConfigError  # noqa: E402
 from scalelab.train.config import build_run_config  # noqa: E402
 from scalelab.train.data.tokenizer import load_tokenizer  # noqa: E402
-from scalelab.train.eval_tasks import load_checkpoint_model  # noqa: E402
+from scalelab.train.eval_checkpoint import load_checkpoint_model  # noqa: E402
 from scalelab.train.export_hf import export_hf  # noqa: E402
 from scalelab.train.loop import train_run  # noqa: E402
 

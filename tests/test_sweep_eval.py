@@ -15,7 +15,8 @@ from scalelab.cli.main import main
 from scalelab.sweeps.evaluate import INDEX
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.spec import expand_sweep
-from scalelab.train.eval_tasks import evaluate_checkpoint, load_tasks
+from scalelab.train.eval_checkpoint import evaluate_checkpoint
+from scalelab.train.eval_tasks import load_tasks
 
 SPEC = {
     "name": "evals",

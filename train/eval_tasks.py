@@ -37,7 +37,7 @@ import json
 import math
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -308,28 +308,40 @@ def _mean_stderr(values: list[float]) -> tuple[float, float]:
 
 
 def score_mc_task(
-    model, tokenizer, task: MCTask, *, max_seq_len: int, batch_sequences: int = 16, padding: str = "right"
+    model,
+    tokenizer,
+    task: MCTask,
+    *,
+    max_seq_len: int,
+    batch_sequences: int = 16,
+    padding: str = "right",
+    scorer: Callable[[list[tuple[list[int], list[int]]]], list[float]] | None = None,
 ) -> dict:
     """Per-task metrics {metric: (value, stderr)} plus per-example details under "examples".
 
     Each example's details hold its choices' log-likelihoods, the gold index, the predictions and
-    the example's value of every metric (what eval-parity pairs across setups).
+    the example's value of every metric (what eval-parity pairs across setups). `scorer` replaces
+    the single-device `continuation_logprobs` (a parallel layout's: scalelab.train.eval_parallel).
     """
     requests, owner = [], []
     for e, ex in enumerate(task.examples):
         for c, choice in enumerate(ex.choices):
             requests.append(encode_pair(tokenizer, ex.context, choice))
             owner.append((e, c))
-    scores = continuation_logprobs(
-        model,
-        requests,
-        eot_id=tokenizer.eot_id,
-        max_seq_len=max_seq_len,
-        batch_sequences=batch_sequences,
-        padding=padding,
-    )
+    if scorer is not None:
+        logprobs = scorer(requests)
+    else:
+        scores = continuation_logprobs(
+            model,
+            requests,
+            eot_id=tokenizer.eot_id,
+            max_seq_len=max_seq_len,
+            batch_sequences=batch_sequences,
+            padding=padding,
+        )
+        logprobs = [lp for lp, _ in scores]
     per_ex: list[list[float]] = [[0.0] * len(ex.choices) for ex in task.examples]
-    for (e, c), (lp, _) in zip(owner, scores):
+    for (e, c), lp in zip(owner, logprobs):
         per_ex[e][c] = lp
     acc, acc_norm, bpb, details = [], [], [], []
     for ex, lps in zip(task.examples, per_ex):
