@@ -79,3 +79,24 @@ def test_moe_under_ep2_evaluates_like_one_device(tmp_path):
     out = tmp_path / "moe"
     train_run(build_run_config({**RUN, "model": {"preset": "moe-debug"}}), out)
     _check(out / "checkpoints" / "step_3", ParallelConfig(dp_shard=2, ep=2))
+
+
+def test_training_under_pp2_scores_tasks_like_one_device(tmp_path, monkeypatch):
+    """eval.tasks inside training under a pipeline layout (refused before: no rank held the model)."""
+    import polars as pl
+    import yaml
+
+    from scalelab.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    cfg = {**RUN, "eval": {"interval_steps": 3, "val_batch_sequences": 4, "tasks": TASKS}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["run", "run.yaml", "--out", "one"]) == 0
+    assert main(["run", "run.yaml", "--out", "pp2", "--set", "parallel.pp=2"]) == 0
+    rows = {}
+    for name in ("one", "pp2"):
+        ev = pl.read_parquet(tmp_path / name / "evals.parquet").filter(pl.col("task").str.starts_with("bundled"))
+        rows[name] = {(r["step"], r["metric"]): r["value"] for r in ev.iter_rows(named=True)}
+    assert set(rows["one"]) == set(rows["pp2"]) and len(rows["one"]) == 3
+    for key, value in rows["one"].items():  # the runs agree to the pipeline parity tolerance
+        assert math.isclose(rows["pp2"][key], value, rel_tol=1e-4), (key, rows["pp2"][key], value)

@@ -316,12 +316,6 @@ def validate_run_config(cfg: RunConfig) -> None:
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) < 0:
             raise ConfigError(key, "must be >= 0", "use 0 to disable")
-    if cfg.eval.tasks and cfg.parallel.pp > 1:
-        raise ConfigError(
-            "eval.tasks",
-            "task scoring needs the whole model on each rank (pp > 1)",
-            "score the checkpoints afterwards with `scalelab eval RUN --tasks ...`",
-        )
     if cfg.eval.tasks:
         from scalelab.train.eval_tasks import load_tasks
 

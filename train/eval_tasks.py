@@ -369,12 +369,20 @@ def score_mc_task(
 
 
 def evaluate_tasks(
-    model, tokenizer, tasks: Sequence[MCTask], *, max_seq_len: int, batch_sequences: int = 16
+    model,
+    tokenizer,
+    tasks: Sequence[MCTask],
+    *,
+    max_seq_len: int,
+    batch_sequences: int = 16,
+    scorer: Callable[[list[tuple[list[int], list[int]]]], list[float]] | None = None,
 ) -> list[dict]:
     """Rows {task, metric, value, stderr} for every task and metric (the evals.parquet columns)."""
     rows = []
     for task in tasks:
-        res = score_mc_task(model, tokenizer, task, max_seq_len=max_seq_len, batch_sequences=batch_sequences)
+        res = score_mc_task(
+            model, tokenizer, task, max_seq_len=max_seq_len, batch_sequences=batch_sequences, scorer=scorer
+        )
         for metric in MC_METRICS:
             value, stderr = res[metric]
             rows.append(dict(task=task.name, metric=metric, value=value, stderr=stderr))

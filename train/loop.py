@@ -40,6 +40,7 @@ from scalelab.parallel.parallelize import Parallelized, parallelize
 from scalelab.train import checkpoint as ckpt
 from scalelab.train.config import RunConfig, config_hash, to_dict
 from scalelab.train.data.bundle import build_data
+from scalelab.train.eval_parallel import step_logprobs
 from scalelab.train.eval_tasks import evaluate_tasks, load_tasks
 from scalelab.train.evaluate import autocast_for, evaluate_sources
 from scalelab.train.optim import build_optimizer, set_lr
@@ -394,8 +395,12 @@ def _log_step(s: _Session, step: int, lr: float, loss_val: float, grad_norm: flo
 def _evaluate(s: _Session, step: int) -> None:
     """Validation loss/bpb on every source, and the multiple-choice tasks (every rank runs them)."""
     rows = evaluate_sources(s.model, s.data.val_sets, s.par.step.eval_loss, s.runtime)
-    if s.tasks:  # every rank runs it: under FSDP/TP the forward is collective
-        rows += evaluate_tasks(s.model, s.data.tokenizer, s.tasks, max_seq_len=s.cfg.model.max_seq_len)
+    if s.tasks:  # every rank runs it: under a layout the scoring is collective
+        seq_len, eot = s.cfg.model.max_seq_len, s.data.tokenizer.eot_id
+        scorer = None  # one device: batched logits
+        if s.par.dims.world_size > 1:  # any layout, pp included: through the step's eval loss
+            scorer = lambda requests: step_logprobs(s.par, requests, eot_id=eot, seq_len=seq_len)  # noqa: E731
+        rows += evaluate_tasks(s.model, s.data.tokenizer, s.tasks, max_seq_len=seq_len, scorer=scorer)
     if s.writer is None:
         return
     tokens = step * s.cfg.tokens_per_step
