@@ -2,6 +2,7 @@
 
     scalelab eval runs/r1 --tasks bundled:stdlib_nextline bundled:stdlib_completion
     scalelab eval runs/r1/checkpoints/step_400 --tasks my_task.jsonl olmes:arc_easy/rc_0shot --limit 200
+    scalelab eval runs/r1 --layout fsdp2xtp2 --tasks bundled:stdlib_nextline   # loaded sharded, 4 ranks
 
 A run dir evaluates every completed checkpoint in it; a checkpoint dir evaluates that one. Held-out
 loss/bpb per source is recomputed too (skip with --no-val). Results are merged into the run's
@@ -30,6 +31,11 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--limit", type=int, default=None, help="examples per task (default: all)")
     p.add_argument("--device", default="cpu", help="cpu | cuda")
+    p.add_argument(
+        "--layout",
+        default="single",
+        help="evaluate under a parallel layout (fsdp2, tp2sp, pp2, ep2xtp2, ...): the checkpoint is loaded sharded",
+    )
     p.add_argument("--no-val", action="store_true", help="skip held-out loss/bpb")
     p.add_argument("--no-write", action="store_true", help="print only; leave evals.parquet alone")
     p.add_argument("--batch-sequences", type=int, default=16, help="sequences per forward pass")
@@ -37,25 +43,31 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from scalelab.parallel.layouts import parse_layout
     from scalelab.train.checkpoint import verify
     from scalelab.train.eval_checkpoint import evaluate_checkpoint, find_checkpoints, merge_eval_rows
+    from scalelab.train.eval_parallel import evaluate_checkpoint_parallel
     from scalelab.train.eval_tasks import load_tasks
 
     _check_args(args)
+    layout = None if args.layout == "single" else parse_layout(args.layout)
     run_dir, ckpts = find_checkpoints(args.path)
     for ckpt in ckpts:  # every checkpoint verified (and refused if crafted) before any work
         verify(ckpt)
     tasks = load_tasks(args.tasks, args.limit)
     all_rows = []
     for ckpt in ckpts:
-        rows = evaluate_checkpoint(
-            ckpt,
-            tasks,
-            with_val=not args.no_val,
-            device=args.device,
-            batch_sequences=args.batch_sequences,
-            verified=True,
-        )
+        if layout is not None:  # the ranks load their shards and score through the layout's step
+            rows, _ = evaluate_checkpoint_parallel(ckpt, args.tasks, layout, limit=args.limit, with_val=not args.no_val)
+        else:
+            rows = evaluate_checkpoint(
+                ckpt,
+                tasks,
+                with_val=not args.no_val,
+                device=args.device,
+                batch_sequences=args.batch_sequences,
+                verified=True,
+            )
         all_rows += rows
         for r in rows:
             se = "" if r["stderr"] is None or math.isnan(r["stderr"]) else f" ± {r['stderr']:.4f}"

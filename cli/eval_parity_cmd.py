@@ -56,7 +56,7 @@ def run(args) -> int:
     from scalelab.analysis.eval_parity import REFERENCE, format_parity, parity_table
     from scalelab.train.data.tokenizer import load_tokenizer
     from scalelab.train.eval_checkpoint import find_checkpoints, load_checkpoint_model
-    from scalelab.train.eval_setups import parse_setup, parse_variants, score_examples
+    from scalelab.train.eval_setups import parse_setup, parse_variants, score_examples, score_layout
     from scalelab.train.eval_tasks import load_tasks
 
     reference = parse_setup(args.reference)
@@ -75,7 +75,10 @@ def run(args) -> int:
         tok = load_tokenizer(cfg.data.tokenizer)
         frames = []
         for label, setup in [(REFERENCE, reference), *[(v.label(reference), v) for v in variants]]:
-            frame = score_examples(model, tok, tasks, setup, max_seq_len=cfg.model.max_seq_len)
+            if setup.layout == "single":
+                frame = score_examples(model, tok, tasks, setup, max_seq_len=cfg.model.max_seq_len)
+            else:
+                frame = score_layout(ckpt, args.tasks, setup, limit=args.limit)
             frames.append(frame.with_columns(setup=pl.lit(label)))
         return pl.concat(frames)
 

@@ -19,6 +19,8 @@ import polars as pl
 import torch
 
 from scalelab.errors import UsageError
+from scalelab.parallel.layouts import parse_layout
+from scalelab.train.eval_parallel import evaluate_checkpoint_parallel
 from scalelab.train.eval_tasks import MCTask, score_mc_task
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -57,8 +59,8 @@ def _field(key: str, value: str, where: str) -> tuple[str, object]:
             raise UsageError(f"{where}: padding={value!r}; use right or left")
         return key, value
     if key == "layout":
-        if not value:
-            raise UsageError(f"{where}: layout is empty; e.g. layout=single")
+        if value != "single":
+            parse_layout(value)  # a bad name fails here, before anything runs
         return key, value
     raise UsageError(f"{where}: {key!r} is not a setup field; use layout, dtype, batch or padding")
 
@@ -98,19 +100,41 @@ def model_for(model: torch.nn.Module, setup: EvalSetup) -> torch.nn.Module:
     return copy.deepcopy(model).to(dtype)
 
 
+def examples_frame(examples: dict[str, list[dict]]) -> pl.DataFrame:
+    """Per-example rows (task, example, metric, value) from score_mc_task's details per task name."""
+    rows = []
+    for task, details in examples.items():
+        for e, ex in enumerate(details):
+            values = dict(ex["values"], logprob=ex["logprobs"][ex["gold"]])
+            rows += [dict(task=task, example=e, metric=k, value=float(v)) for k, v in values.items()]
+    return pl.DataFrame(rows, schema=PER_EXAMPLE_SCHEMA)
+
+
 def score_examples(
     model: torch.nn.Module, tokenizer, tasks: list[MCTask], setup: EvalSetup, *, max_seq_len: int
 ) -> pl.DataFrame:
-    """Per-example metric values of `tasks` under `setup` (single-device layouts)."""
+    """Per-example metric values of `tasks` under a one-device `setup` (layouts: score_layout)."""
     if setup.layout != "single":
-        raise UsageError(f"layout={setup.layout}: score it with score_examples_parallel (scalelab eval-parity)")
+        raise UsageError(f"layout={setup.layout}: a layout is scored by score_layout, from the checkpoint")
     m = model_for(model, setup)
-    rows = []
+    examples = {}
     for task in tasks:
         res = score_mc_task(
             m, tokenizer, task, max_seq_len=max_seq_len, batch_sequences=setup.batch, padding=setup.padding
         )
-        for e, ex in enumerate(res["examples"]):
-            values = dict(ex["values"], logprob=ex["logprobs"][ex["gold"]])
-            rows += [dict(task=task.name, example=e, metric=k, value=float(v)) for k, v in values.items()]
-    return pl.DataFrame(rows, schema=PER_EXAMPLE_SCHEMA)
+        examples[task.name] = res["examples"]
+    return examples_frame(examples)
+
+
+def score_layout(checkpoint, specs: list[str], setup: EvalSetup, *, limit: int | None) -> pl.DataFrame:
+    """Per-example metric values under a parallel layout: the checkpoint loaded sharded on its ranks.
+
+    The layout's ranks score one row per request in fp32 (scalelab.train.eval_parallel), so a layout
+    setup may differ from an fp32, right-padded reference in its layout only.
+    """
+    if setup.dtype != "fp32" or setup.padding != "right":
+        raise UsageError(f"{setup.label()}: a layout setup is scored in fp32 with right padding; vary one field")
+    _, examples = evaluate_checkpoint_parallel(
+        checkpoint, specs, parse_layout(setup.layout), limit=limit, with_val=False
+    )
+    return examples_frame(examples)
