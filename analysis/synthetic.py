@@ -266,7 +266,7 @@ def write_synthetic_sweep(
 def simulate_runs(
     sweep_dir: str | Path, runs, law: SyntheticLaw, *, noise_std: float = 0.005, noise_seed: int = 0
 ) -> None:
-    """Finish resolved runs (scalelab.sweeps.spec.RunSpec) of a sweep as if trained: each gets its
+    """Finish resolved runs (scalelab.sweeps.runspec.RunSpec) of a sweep as if trained: each gets its
     config.json and a done status.json whose final_val_loss is law.loss(N, D) times exp(noise),
     the noise a pure function of (noise_seed, run id). What `sweep next`, the ledger and the gates
     are tested and benchmarked on, with the truth known."""

@@ -27,7 +27,7 @@ def matmul_peak(n: int = 512, reps: int = 20) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
-def time_steps(cfg, lay, seq_len: int, sequences: int, steps: int) -> float:
+def time_steps(cfg, lay, mbs: int, seq_len: int, sequences: int, steps: int) -> float:
     from scalelab.models.llama import build_model
     from scalelab.models.loss import lm_loss
     from scalelab.parallel.checkpointing import apply_ac
@@ -39,7 +39,7 @@ def time_steps(cfg, lay, seq_len: int, sequences: int, steps: int) -> float:
     times = []
     for _ in range(steps + 1):  # the first step warms up
         t0 = time.perf_counter()
-        for chunk in batch.split(lay.micro_batch_sequences):
+        for chunk in batch.split(mbs):
             loss, _ = lm_loss(model, chunk[:, :-1], chunk[:, 1:])
             loss.backward()
         opt.step()
@@ -54,8 +54,8 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     from scalelab.models.presets import get_preset
-    from scalelab.parallel.planner import CostConstants, Hardware, Measurement, calibrate, estimate
-    from scalelab.parallel.planner_memory import Layout
+    from scalelab.parallel.config import ParallelConfig
+    from scalelab.parallel.planner import CostConstants, Hardware, Measurement, calibrate, candidate_name, estimate
 
     hw = Hardware(gpu_memory_bytes=2**40, peak_flops=matmul_peak(), gpus_per_node=1)
     seq_len, sequences = 128, 8
@@ -64,10 +64,10 @@ def main() -> int:
         cfg = get_preset(name, kernels="torch")
         for mbs in (2, 8):
             for ac in ("none", "full"):
-                lay = Layout(micro_batch_sequences=mbs, activation_checkpoint=ac)
-                t = time_steps(cfg, lay, seq_len, sequences, args.steps)
-                runs.append(Measurement(cfg=cfg, layout=lay, seq_len=seq_len, global_batch_sequences=sequences,
-                                        step_time_s=t, hw=hw))  # fmt: skip
+                lay = ParallelConfig(activation_checkpoint=ac)
+                t = time_steps(cfg, lay, mbs, seq_len, sequences, args.steps)
+                runs.append(Measurement(cfg=cfg, parallel=lay, micro_batch_sequences=mbs, seq_len=seq_len,
+                                        global_batch_sequences=sequences, step_time_s=t, hw=hw))  # fmt: skip
     # fit on (mbs 2, no AC) and (mbs 8, full AC) of every model; predict the other two
     fit_on = [r for i, r in enumerate(runs) if i % 4 in (0, 3)]
     held_out = [r for i, r in enumerate(runs) if i % 4 in (1, 2)]
@@ -75,7 +75,8 @@ def main() -> int:
     def errors(consts):
         out = []
         for m in held_out:
-            p = estimate(m.cfg, m.layout, seq_len=seq_len, global_batch_sequences=sequences, hw=hw, consts=consts)
+            p = estimate(m.cfg, m.parallel, micro_batch_sequences=m.micro_batch_sequences, seq_len=seq_len,
+                         global_batch_sequences=sequences, hw=hw, consts=consts)  # fmt: skip
             out.append(p.step_time_s / m.step_time_s - 1)
         return out
 
@@ -85,7 +86,8 @@ def main() -> int:
     print(f"{'model':<10} {'layout':<14} {'measured s':>10} {'default':>8} {'calibrated':>10}")
     for m, e0, e1 in zip(held_out, errors(default), errors(fitted)):
         name = next(n for n in ("tiny-1m", "tiny-3m", "small-10m") if get_preset(n, kernels="torch") == m.cfg)
-        print(f"{name:<10} {m.layout.name:<14} {m.step_time_s:>10.3f} {e0:>+8.1%} {e1:>+10.1%}")
+        label = candidate_name(m.parallel, m.micro_batch_sequences)
+        print(f"{name:<10} {label:<14} {m.step_time_s:>10.3f} {e0:>+8.1%} {e1:>+10.1%}")
     mean_abs = lambda xs: sum(abs(x) for x in xs) / len(xs)  # noqa: E731
     print(f"held-out mean |error|: default mfu={default.mfu:.2f} {mean_abs(errors(default)):.1%}; "
           f"calibrated mfu={fitted.mfu:.3f} {mean_abs(errors(fitted)):.1%}")  # fmt: skip

@@ -20,15 +20,16 @@ import argparse
 GIB = 2**30
 
 CASES = [
-    ("70b", 64, 8192, 64, dict(dp_shard=8, tp=8, micro_batch_sequences=8, activation_checkpoint="full")),
-    ("8b", 8, 8192, 8, dict(dp_shard=8, micro_batch_sequences=1, activation_checkpoint="selective")),
+    # (preset, GPUs, seq_len, sequences per step, published layout, sequences per micro-batch)
+    ("70b", 64, 8192, 64, "fsdp8xtp8+ac", 8),
+    ("8b", 8, 8192, 8, "fsdp8+sac", 1),
 ]
 
 
 def _line(p) -> str:
     m = p.memory
     return (
-        f"{p.layout.name:<26} step {p.step_time_s:7.2f} s  mfu {p.mfu:.2f}  mem {m['total'] / GIB:5.1f} GiB "
+        f"{p.name:<26} step {p.step_time_s:7.2f} s  mfu {p.mfu:.2f}  mem {m['total'] / GIB:5.1f} GiB "
         f"(params {m['params'] / GIB:.1f}, grads {m['grads'] / GIB:.1f}, optim {m['optimizer'] / GIB:.1f}, "
         f"acts {m['activations'] / GIB:.1f}, bufs {m['buffers'] / GIB:.1f})  fits={p.fits}"
     )
@@ -39,18 +40,19 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=5)
     args = ap.parse_args()
     from scalelab.models.presets import get_preset
+    from scalelab.parallel.layouts import parse_layout
     from scalelab.parallel.planner import CostConstants, Hardware, estimate, plan_layouts
-    from scalelab.parallel.planner_memory import Layout
 
     hw, consts = Hardware(gpu_memory_bytes=80 * GIB), CostConstants()
-    for preset, gpus, seq_len, sequences, published in CASES:
+    for preset, gpus, seq_len, sequences, published, mbs in CASES:
         cfg = get_preset(preset)
         plans = plan_layouts(cfg, num_gpus=gpus, seq_len=seq_len, global_batch_tokens=sequences * seq_len, hw=hw)
         print(f"== {preset} on {gpus} x 80 GiB, seq_len {seq_len}, {sequences} sequences/step: {len(plans)} fit")
         for p in plans[: args.top]:
             print("  " + _line(p))
+        lay = parse_layout(published)
         pub = estimate(
-            cfg, Layout(**published), seq_len=seq_len, global_batch_sequences=sequences, hw=hw, consts=consts
+            cfg, lay, micro_batch_sequences=mbs, seq_len=seq_len, global_batch_sequences=sequences, hw=hw, consts=consts
         )
         rank = 1 + sum(p.step_time_s < pub.step_time_s for p in plans)
         print(f"  published: {_line(pub)}")

@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from scalelab.analysis.plots import plot_demo
     from scalelab.sweeps.demo import run_demo
 
-    result = run_demo(args.out, quick=args.quick, num_cpus=args.num_cpus, address=args.address)
+    result = run_demo(args.out, quick=args.quick, num_cpus=args.num_cpus, address=args.address, plot=plot_demo)
     return 0 if result.get("ok") else 1

@@ -1,19 +1,20 @@
-"""`scalelab parity --layouts single,dp2,fsdp2,tp2sp,pp2-1f1b [--json]`: does a layout change the numbers?
+"""`scalelab parity --layouts single,dp2,tp2sp,pp2-1f1b,cp2-ring,ep2xtp2 [--json]`: does a layout change the numbers?
 
 Runs the same model, data and seed for N steps under each layout on this machine (gloo processes)
-and prints, per layout, the max |Δloss| over the steps and the max |Δparameter| at the end against
-the single-device run. Exit 0 when every layout is within --tolerance, 1 when one is not, 2 for a
-bad layout (checked before any process starts). Logic: scalelab.parallel.parity.
-Expert-parallel (MoE) layouts and the ones the dense harness does not take (ep2, ep2xtp2-sp, dp2xep2,
-cp2-ring, ...) run in scalelab.parallel.ep_parity / cp_parity and print a second table.
+and prints, per layout, the max |Δloss| over the steps, the max |Δgradient| at the first step and
+the max |Δparameter| at the end against the single-device run (and, for MoE models, whether the
+router's tokens per expert and aux loss match). Exit 0 when every layout is within --tolerance, 1
+when one is not, 2 for a bad layout (checked before any process starts). Layout names:
+scalelab.parallel.layouts; logic: scalelab.parallel.parity. Layouts with expert parallel (epN) run
+on the moe-debug preset, the others on the debug preset, unless --model names one.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 
 DEFAULT_LAYOUTS = "single,dp2,fsdp2,tp2,tp2sp,pp2-1f1b,fsdp2xtp2,dp2xpp2xtp2"
+MODELS = ("auto", "debug", "moe-debug")
 
 
 def add_parser(sub) -> None:
@@ -23,7 +24,13 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--layouts",
         default=DEFAULT_LAYOUTS,
-        help=f"comma-separated layouts (default {DEFAULT_LAYOUTS}); see scalelab.parallel.parity",
+        help=f"comma-separated layouts (default {DEFAULT_LAYOUTS}); see scalelab.parallel.layouts",
+    )
+    p.add_argument(
+        "--model",
+        default="auto",
+        choices=MODELS,
+        help="debug preset, moe-debug preset, or auto: moe-debug for layouts with ep, debug otherwise",
     )
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per layout (default 3)")
     p.add_argument(
@@ -49,62 +56,47 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from scalelab.errors import UsageError
-    from scalelab.parallel.moe_cp_parity import (
-        check_moe_cp_layouts,
-        format_moe_cp_rows,
-        is_moe_cp_layout,
-        run_moe_cp_parity,
-    )
-    from scalelab.parallel.parity import ParitySpec, debug_model, format_report, parse_layout, run_parity
+    from scalelab.parallel.layouts import parse_layout
+    from scalelab.parallel.parity import ParitySpec, debug_model, format_report, moe_debug_model, run_parity_jobs
 
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     if not layouts:
         raise UsageError("--layouts is empty; e.g. --layouts single,dp2,fsdp2")
-    # Expert-parallel (MoE) and ring / TP x CP layouts run in their own harness
-    # (scalelab.parallel.moe_cp_parity): ep2, fsdp4xep2, cp2-ring, tp2xcp2 ...
-    ep_cp = [x for x in layouts if is_moe_cp_layout(x) and not _parses(parse_layout, x)]
-    layouts = [x for x in layouts if x not in ep_cp]
-    check_moe_cp_layouts(ep_cp)  # bad names fail before any process starts
     optimizers = [x.strip() for x in args.optimizer.split(",") if x.strip()]
     for opt in optimizers:
         if opt not in ("adamw", "sgd"):
             raise UsageError(f"--optimizer {opt!r} unknown; use adamw, sgd or adamw,sgd")
     if args.steps < 1 or args.layers < 1 or args.tolerance <= 0:
         raise UsageError("--steps and --layers must be >= 1 and --tolerance > 0")
-    specs = [
-        ParitySpec(
-            model=debug_model(args.layers),
-            steps=args.steps,
-            optimizer=opt,
-            lr=args.lr,
-            seed=args.seed,
-            dtype=args.dtype,
-            accumulation=args.accumulation,
-            z_loss=args.z_loss,
-            tolerance=args.tolerance,
-        )
-        for opt in optimizers
-    ]
     if args.dtype == "bf16":
         layouts = [x if "+bf16" in x or x.startswith("single") else x + "+bf16" for x in layouts]
-    ok = True
-    if layouts:
-        report = run_parity(layouts, specs)
-        print(report.to_json() if args.json else format_report(report))
-        ok = report.ok
-    if ep_cp:
-        rows = run_moe_cp_parity(ep_cp, seed=args.seed, tolerance=args.tolerance)
-        print(json.dumps({"ep_cp_layouts": rows}, indent=2) if args.json else format_moe_cp_rows(rows))
-        ok = ok and all(r["ok"] for r in rows)
+    models = {"debug": debug_model(args.layers), "moe-debug": moe_debug_model(num_layers=args.layers)}
+    groups: dict[str, list[str]] = {}
+    for name in layouts:
+        if args.model != "auto":
+            model = args.model
+        else:
+            model = "moe-debug" if not name.startswith("single") and parse_layout(name).ep > 1 else "debug"
+        groups.setdefault(model, []).append(name)
+    jobs = [
+        (
+            names,
+            ParitySpec(
+                model=models[model],
+                steps=args.steps,
+                optimizer=opt,
+                lr=args.lr,
+                seed=args.seed,
+                dtype=args.dtype,
+                accumulation=args.accumulation,
+                z_loss=args.z_loss,
+                tolerance=args.tolerance,
+            ),
+        )
+        for model, names in groups.items()
+        for opt in optimizers
+    ]
+    report = run_parity_jobs(jobs)  # every name is parsed and validated before any process starts
+    print(report.to_json() if args.json else format_report(report))
     sys.stdout.flush()
-    return 0 if ok else 1
-
-
-def _parses(parse_layout, name: str) -> bool:
-    from scalelab.errors import UsageError
-
-    try:
-        parse_layout(name)
-    except UsageError:
-        return False
-    return True
+    return 0 if report.ok else 1

@@ -123,7 +123,7 @@ def run(args) -> int:
         m = p.memory
         comm = " ".join(f"{k}={v / gib:.1f}" for k, v in p.comm_bytes.items()) or "-"
         print(
-            f"{p.layout.name:<28} {'yes' if p.fits else 'NO':>4} {p.step_time_s:>8.3f} {p.tokens_per_s_per_gpu:>9.0f} "
+            f"{p.name:<28} {'yes' if p.fits else 'NO':>4} {p.step_time_s:>8.3f} {p.tokens_per_s_per_gpu:>9.0f} "
             f"{p.mfu:>5.2f} | {m['params'] / gib:>6.1f} {m['grads'] / gib:>6.1f} {m['optimizer'] / gib:>6.1f} "
             f"{m['activations'] / gib:>6.1f} {m['buffers'] / gib:>5.1f} {m['total'] / gib:>6.1f}     | {comm}"
         )

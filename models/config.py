@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalelab.errors import ConfigError
+from scalelab.kernels import BACKENDS
 from scalelab.models import parametrization
 
 FAMILIES = ("llama", "moe")
@@ -74,8 +75,6 @@ class ModelConfig:
 
     def validate(self, prefix: str = "model") -> None:
         """Raise ConfigError naming `<prefix>.<key>` for the first invalid field."""
-        from scalelab.kernels import BACKENDS  # imported here: keeps config importable on its own
-
         if self.family not in FAMILIES:
             raise ConfigError(f"{prefix}.family", f"{self.family!r} is not a known family", f"use one of {FAMILIES}")
         for key in (

@@ -12,8 +12,9 @@ Dense models (one file per piece):
     step.py           forward_backward / eval loss / global grad-norm clipping / router row under a layout
     backend.py        spawning a local process group, process-group setup, the gloo notes
     memory.py         per-rank bytes of params, grads and optimizer state (exact)
-    parity.py         layout parity against one device (`scalelab parity` and the tests)
-MoE and long context: expert_parallel.py, context_parallel.py; ep_parity.py / cp_parity.py /
-moe_cp_parity.py (their parity, with parity_data.py); the layout planner: planner*.py.
+    layouts.py        the layout-name grammar (`fsdp2xtp2sp`, `ep2xtp2`, `cp2-ring`) <-> ParallelConfig
+    parity.py         dense, CP and EP layouts against one device (`scalelab parity` and the tests)
+MoE and long context: expert_parallel.py, context_parallel.py; the layout planner (it takes a
+ParallelConfig plus sequences per micro-batch): planner.py, planner_memory.py, planner_validate.py.
 Launching a training run (local processes, torchrun, Ray Train) lives in scalelab.train.launch.
 """

@@ -33,3 +33,8 @@ class ParallelConfig:
     @property
     def world_size(self) -> int:
         return self.dp_replicate * self.dp_shard * self.tp * self.pp * self.cp
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel degree: how many different slices of the global batch are processed."""
+        return self.dp_replicate * self.dp_shard

@@ -1,6 +1,6 @@
 """Per-rank memory accounting for parameters, gradients and optimizer state under a layout.
 
-    expected = expected_memory(model_cfg, dims, pcfg, coords, optimizer="adamw", seq_len=T)
+    expected = expected_memory(model_cfg, pcfg, coords, optimizer="adamw", seq_len=T)
     measured = measured_memory(model, optimizer)        # what this rank's tensors actually hold
     expected == measured                                  # exact, in bytes (tests check it)
 
@@ -24,49 +24,23 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor
 
-from scalelab.parallel.planner_memory import (
-    Layout,
-    StateBytes,
-    param_shapes,
-    params_of_pp_rank,
-)
-from scalelab.parallel.planner_memory import local_shape as planner_local_shape
+from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.planner_memory import StateBytes, local_shape, param_shapes, params_of_pp_rank
 
 _FP32_BYTES = 4
 
 
-# One record type for expected and measured state bytes, shared with the planner.
-MemoryReport = StateBytes
-
-
-def full_param_shapes(model_cfg) -> dict[str, tuple[int, ...]]:
-    """Every parameter of the single-device model with its full shape (single-device names).
-
-    One table serves both this per-rank check and the planner (scalelab.parallel.planner_memory).
-    """
-    return param_shapes(model_cfg)
-
-
-def local_shape(name: str, shape: tuple[int, ...], dims, coords: dict[str, int]) -> tuple[int, ...]:
-    """The shape of parameter `name` on the rank at mesh coordinates `coords` (axis -> local rank);
-    the one rule set, shared with the planner (scalelab.parallel.planner_memory.local_shape)."""
-    return planner_local_shape(name, shape, dims, coords)
-
-
-def params_on_pp_rank(model_cfg, dims, pcfg, pp_rank: int, seq_len: int) -> list[str]:
-    """Names of the parameters held by pipeline rank `pp_rank` (all of them without pp)."""
-    layout = Layout(pp=dims.pp, pp_schedule=pcfg.pp_schedule)
-    return params_of_pp_rank(model_cfg, layout, pp_rank, seq_len)
-
-
-def expected_memory(model_cfg, dims, pcfg, coords: dict[str, int], *, optimizer: str, seq_len: int) -> MemoryReport:
-    """Bytes of parameters, gradients and optimizer state on the rank at `coords` (see module doc)."""
-    shapes = full_param_shapes(model_cfg)
-    names = params_on_pp_rank(model_cfg, dims, pcfg, coords.get("pp", 0), seq_len)
+def expected_memory(
+    model_cfg, pcfg: ParallelConfig, coords: dict[str, int], *, optimizer: str, seq_len: int
+) -> StateBytes:
+    """Bytes of parameters, gradients and optimizer state on the rank at mesh `coords` (axis -> local
+    rank; see the module doc)."""
+    shapes = param_shapes(model_cfg)
+    names = params_of_pp_rank(model_cfg, pcfg, coords.get("pp", 0), seq_len)
     numel = 0
     for n in names:
         count = 1
-        for s in local_shape(n, shapes[n], dims, coords):
+        for s in local_shape(n, shapes[n], pcfg, coords):
             count *= s
         numel += count
     param_bytes = numel * _FP32_BYTES
@@ -76,7 +50,7 @@ def expected_memory(model_cfg, dims, pcfg, coords: dict[str, int], *, optimizer:
         optim_bytes = 0
     else:
         raise ValueError(f"unknown optimizer {optimizer!r}; use adamw or sgd")
-    return MemoryReport(
+    return StateBytes(
         param_bytes=param_bytes, grad_bytes=param_bytes, optim_bytes=optim_bytes, num_param_tensors=len(names)
     )
 
@@ -90,7 +64,7 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def measured_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> MemoryReport:
+def measured_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> StateBytes:
     """Bytes this rank's parameters, their gradients and the optimizer state actually hold."""
     params = {id(p): p for p in model.parameters()}.values()
     param_bytes = sum(_nbytes(p) for p in params)
@@ -99,6 +73,6 @@ def measured_memory(model: torch.nn.Module, optimizer: torch.optim.Optimizer | N
     if optimizer is not None:
         for state in optimizer.state.values():
             optim_bytes += sum(_nbytes(v) for v in state.values() if isinstance(v, torch.Tensor))
-    return MemoryReport(
+    return StateBytes(
         param_bytes=param_bytes, grad_bytes=grad_bytes, optim_bytes=optim_bytes, num_param_tensors=len(params)
     )

@@ -2,12 +2,15 @@
 
     hw = Hardware(gpu_memory_bytes=80 * 2**30)
     plans = plan_layouts(get_preset("70b"), num_gpus=64, seq_len=8192, global_batch_tokens=2**24, hw=hw)
-    plans[0].layout.name, plans[0].step_time_s, plans[0].memory, plans[0].comm_bytes
+    plans[0].name, plans[0].parallel, plans[0].step_time_s, plans[0].memory, plans[0].comm_bytes
     consts = calibrate(measurements, consts)          # refit constants from real runs
 
-Searched: dp_replicate × dp_shard × tp × pp × cp = num_gpus (tp within a node and dividing heads,
-kv-heads, d_ff and vocab; pp ≤ layers; cp dividing seq_len/2), ep (MoE: dividing num_experts and
-dp_shard×cp), sequences per micro-batch, activation checkpointing none | selective | full.
+A candidate is a ParallelConfig (the run config's `parallel:` section) plus the sequences per
+micro-batch (train.micro_batch_sequences); its name is the layout grammar's
+(scalelab.parallel.layouts) with " mbsN". Searched: dp_replicate × dp_shard × tp × pp × cp =
+num_gpus (tp within a node and dividing heads, kv-heads, d_ff and vocab; pp ≤ layers; cp dividing
+seq_len/2), ep (MoE: dividing num_experts and dp_shard×cp), sequences per micro-batch, activation
+checkpointing none | selective | full.
 
 Memory per GPU (bytes): params/grads/optimizer exact (`planner_memory.state_bytes`, fp32 state
 under FSDP2's bf16 compute); activations from the validated formula (`activation_bytes`, bf16
@@ -29,14 +32,22 @@ Every number is an estimate from these constants; `calibrate` refits them from m
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from scipy.optimize import least_squares
 
 from scalelab.errors import ConfigError
 from scalelab.models.accounting import flops_per_token
+from scalelab.models.config import ModelConfig
+from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.dims import ParallelDims
+from scalelab.parallel.layouts import layout_name
 from scalelab.parallel.planner_memory import (
-    Layout,
     activation_bytes,
     layer_param_count,
     layer_param_split,
@@ -67,9 +78,15 @@ class CostConstants:
     overhead_bytes: float = 3.0 * GIB  # CUDA context, allocator fragmentation, NCCL buffers
 
 
+def candidate_name(pcfg: ParallelConfig, micro_batch_sequences: int) -> str:
+    """e.g. 'fsdp8xtp2sp+ac mbs1': the layout's name and the sequences per micro-batch."""
+    return f"{layout_name(pcfg)} mbs{micro_batch_sequences}"
+
+
 @dataclass(kw_only=True, slots=True)
 class Plan:
-    layout: Layout
+    parallel: ParallelConfig
+    micro_batch_sequences: int  # sequences per forward/backward on one data-parallel rank
     fits: bool
     step_time_s: float
     tokens_per_s_per_gpu: float
@@ -78,8 +95,13 @@ class Plan:
     comm_bytes: dict[str, float]  # per GPU per step, by axis
     time_parts: dict[str, float]  # compute, bubble, exposed communication (seconds)
 
+    @property
+    def name(self) -> str:
+        return candidate_name(self.parallel, self.micro_batch_sequences)
+
     def as_row(self) -> dict:
-        row = {"layout": self.layout.name, **asdict(self.layout), "fits": self.fits}
+        row = {"layout": self.name, **asdict(self.parallel), "micro_batch_sequences": self.micro_batch_sequences}
+        row["fits"] = self.fits
         row |= {"step_time_s": self.step_time_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu}
         row |= {f"mem_{k}_gib": v / GIB for k, v in self.memory.items()}
         row |= {f"comm_{k}_gib": v / GIB for k, v in self.comm_bytes.items()}
@@ -90,8 +112,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidate_layouts(cfg, num_gpus: int, seq_len: int, global_batch_sequences: int, hw: Hardware) -> list[Layout]:
-    """Every layout the shape rules allow (see the module docstring)."""
+def candidate_layouts(
+    cfg, num_gpus: int, seq_len: int, global_batch_sequences: int, hw: Hardware
+) -> list[tuple[ParallelConfig, int]]:
+    """Every (layout, sequences per micro-batch) the shape rules allow (see the module docstring)."""
     out = []
     tp_ok = [
         t
@@ -121,36 +145,32 @@ def candidate_layouts(cfg, num_gpus: int, seq_len: int, global_batch_sequences: 
                             if pp > 1 and local // mbs < pp:
                                 continue
                             for ac in AC_CHOICES:
-                                lay = Layout(
+                                lay = ParallelConfig(
                                     dp_replicate=dp // dp_shard,
                                     dp_shard=dp_shard,
                                     tp=tp,
                                     pp=pp,
                                     cp=cp,
                                     ep=ep,
-                                    micro_batch_sequences=mbs,
                                     activation_checkpoint=ac,
                                     pp_microbatches=local // mbs if pp > 1 else 0,
                                     sequence_parallel=True,
                                 )
                                 if _buildable(lay, cfg):
-                                    out.append(lay)
+                                    out.append((lay, mbs))
     return out
 
 
-def _buildable(lay: Layout, cfg) -> bool:
+def _buildable(lay: ParallelConfig, cfg) -> bool:
     """Only layouts `parallelize` builds (ParallelDims.check_supported)."""
-    dims = ParallelDims(
-        dp_replicate=lay.dp_replicate, dp_shard=lay.dp_shard, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep
-    )
     try:
-        dims.check_supported(cfg)
+        ParallelDims.from_config(lay).check_supported(cfg)
     except ConfigError:
         return False
     return True
 
 
-def tp_units(cfg, lay: Layout) -> float:
+def tp_units(cfg, lay: ParallelConfig) -> float:
     """TP traffic of one block per micro-batch, in units of (tp-1)/tp × tokens × d_model elements
     (an all-gather or reduce-scatter of the block's activations is 1 unit, an all-reduce 2).
 
@@ -169,7 +189,7 @@ def tp_units(cfg, lay: Layout) -> float:
     return forward * (2 if replay else 1) + backward
 
 
-def _axis_bandwidth(lay: Layout, axis: str, hw: Hardware, consts: CostConstants) -> float:
+def _axis_bandwidth(lay: ParallelConfig, axis: str, hw: Hardware, consts: CostConstants) -> float:
     """Bytes/s of one GPU in a collective over `axis` (intra-node when the group fits in a node)."""
     # stride of each axis in the rank order (tp innermost, then cp, dp_shard, dp_replicate, pp)
     inner = {
@@ -188,16 +208,24 @@ def _axis_bandwidth(lay: Layout, axis: str, hw: Hardware, consts: CostConstants)
 
 
 def estimate(
-    cfg, lay: Layout, *, seq_len: int, global_batch_sequences: int, hw: Hardware, consts: CostConstants
+    cfg,
+    lay: ParallelConfig,
+    *,
+    micro_batch_sequences: int,
+    seq_len: int,
+    global_batch_sequences: int,
+    hw: Hardware,
+    consts: CostConstants,
 ) -> Plan:
     """Memory, communication and step time of one layout (see the module docstring)."""
+    mbs = micro_batch_sequences
     tokens_step = global_batch_sequences * seq_len
     local_sequences = global_batch_sequences // lay.dp_size
-    num_micro = local_sequences // lay.micro_batch_sequences
-    tokens_micro = lay.micro_batch_sequences * seq_len / lay.cp  # per GPU per micro-batch
+    num_micro = local_sequences // mbs
+    tokens_micro = mbs * seq_len / lay.cp  # per GPU per micro-batch
     # --- memory
     state = state_bytes(cfg, lay, seq_len=seq_len)
-    saved, transient = activation_bytes(cfg, lay, seq_len, kernels="fused", act=2)
+    saved, transient = activation_bytes(cfg, lay, seq_len, micro_batch_sequences=mbs, kernels="fused", act=2)
     block_params = layer_param_count(cfg, lay)
     buffers = 2 * 2 * block_params + 4 * block_params + transient + consts.overhead_bytes
     if lay.dp_shard * lay.cp == 1:
@@ -250,9 +278,9 @@ def estimate(
         times["tp"] = comm["tp"] / _axis_bandwidth(lay, "tp", hw, consts)
     if lay.cp > 1:
         kv = 2 * cfg.num_kv_heads / lay.tp * cfg.head_dim * 2  # bytes of K and V per token (bf16)
-        per = 2 * (lay.cp - 1) / lay.cp * lay.micro_batch_sequences * seq_len * kv  # AG + RS
+        per = 2 * (lay.cp - 1) / lay.cp * mbs * seq_len * kv  # AG + RS
         if lay.cp_variant == "ring":  # K/V hops forward and again backward, fp32 dK/dV for cp hops
-            per = (2 * (lay.cp - 1) + 2 * lay.cp) / lay.cp * lay.micro_batch_sequences * seq_len * kv
+            per = (2 * (lay.cp - 1) + 2 * lay.cp) / lay.cp * mbs * seq_len * kv
         comm["cp"] = per * layers * num_micro
         times["cp"] = comm["cp"] / _axis_bandwidth(lay, "cp", hw, consts)
     if lay.ep > 1 and cfg.family == "moe":
@@ -268,7 +296,8 @@ def estimate(
     step = compute + bubble + sum(exposed.values())
     time_parts = {"compute": compute, "bubble": bubble} | {f"comm_{k}": v for k, v in exposed.items()}
     return Plan(
-        layout=lay,
+        parallel=lay,
+        micro_batch_sequences=mbs,
         fits=memory["total"] <= hw.gpu_memory_bytes,
         step_time_s=step,
         tokens_per_s_per_gpu=tokens_step / step / lay.world_size,
@@ -296,8 +325,10 @@ def plan_layouts(
         raise ValueError(f"global_batch_tokens={global_batch_tokens} is not a multiple of seq_len={seq_len}")
     sequences = global_batch_tokens // seq_len
     plans = [
-        estimate(cfg, lay, seq_len=seq_len, global_batch_sequences=sequences, hw=hw, consts=consts)
-        for lay in candidate_layouts(cfg, num_gpus, seq_len, sequences, hw)
+        estimate(
+            cfg, lay, micro_batch_sequences=mbs, seq_len=seq_len, global_batch_sequences=sequences, hw=hw, consts=consts
+        )
+        for lay, mbs in candidate_layouts(cfg, num_gpus, seq_len, sequences, hw)
     ]
     fit = sorted((p for p in plans if p.fits), key=lambda p: p.step_time_s)
     if not include_unfit:
@@ -311,7 +342,8 @@ class Measurement:
     """One measured run: the model, its layout and batch, and what was observed."""
 
     cfg: object  # ModelConfig
-    layout: Layout
+    parallel: ParallelConfig
+    micro_batch_sequences: int
     seq_len: int
     global_batch_sequences: int
     step_time_s: float | None = None
@@ -327,9 +359,6 @@ def calibrate(measurements: list[Measurement], consts: CostConstants | None = No
     by least squares on measured peak − exact state − FSDP buffers = scale × activations + overhead
     (overhead alone with one run). Returns a new CostConstants; the input is not modified.
     """
-    import numpy as np
-    from scipy.optimize import least_squares
-
     consts = consts or CostConstants()
     timed = [m for m in measurements if m.step_time_s]
     if timed:
@@ -343,7 +372,8 @@ def calibrate(measurements: list[Measurement], consts: CostConstants | None = No
                 math.log(
                     estimate(
                         m.cfg,
-                        m.layout,
+                        m.parallel,
+                        micro_batch_sequences=m.micro_batch_sequences,
                         seq_len=m.seq_len,
                         global_batch_sequences=m.global_batch_sequences,
                         hw=m.hw,
@@ -364,7 +394,8 @@ def calibrate(measurements: list[Measurement], consts: CostConstants | None = No
         for m in sized:
             p = estimate(
                 m.cfg,
-                m.layout,
+                m.parallel,
+                micro_batch_sequences=m.micro_batch_sequences,
                 seq_len=m.seq_len,
                 global_batch_sequences=m.global_batch_sequences,
                 hw=m.hw,
@@ -387,13 +418,6 @@ def measurements_from_runs(run_dirs, hw: Hardware | None = None, skip_steps: int
     """Measurements from run records: config.json (model, parallel, data.seq_len, train batch) and
     metrics.parquet (median step time from tokens_per_s after `skip_steps` warm-up steps; a
     `peak_memory_bytes` column is used when the records have one)."""
-    import json
-    from pathlib import Path
-
-    import polars as pl
-
-    from scalelab.models.config import ModelConfig
-
     out = []
     for run_dir in run_dirs:
         run_dir = Path(run_dir)
@@ -402,23 +426,18 @@ def measurements_from_runs(run_dirs, hw: Hardware | None = None, skip_steps: int
         if metrics.is_empty():
             continue
         model = ModelConfig(**cfg_dict["model"])
-        par = cfg_dict.get("parallel", {})
+        par = ParallelConfig(**(cfg_dict.get("parallel") or {}))  # a resolved config.json has every key right
         seq_len = cfg_dict["data"]["seq_len"]
         sequences = cfg_dict["train"]["global_batch_tokens"] // seq_len
-        dp = par.get("dp_replicate", 1) * par.get("dp_shard", 1)
-        mbs = cfg_dict["train"].get("micro_batch_sequences") or sequences // dp
-        lay = Layout(
-            **{k: par.get(k, 1) for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")},
-            micro_batch_sequences=mbs,
-            activation_checkpoint=par.get("activation_checkpoint", "none"),
-        )
+        mbs = cfg_dict["train"].get("micro_batch_sequences") or sequences // par.dp_size
         tokens_step = sequences * seq_len
         step_time = float(tokens_step / metrics["tokens_per_s"].median())
         peak = float(metrics["peak_memory_bytes"].max()) if "peak_memory_bytes" in metrics.columns else None
         out.append(
             Measurement(
                 cfg=model,
-                layout=lay,
+                parallel=par,
+                micro_batch_sequences=mbs,
                 seq_len=seq_len,
                 global_batch_sequences=sequences,
                 step_time_s=step_time,

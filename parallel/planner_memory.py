@@ -1,8 +1,8 @@
 """Per-GPU memory of a layout, for the planner: exact state bytes and an activation formula.
 
-    lay = Layout(dp_shard=8, tp=2, micro_batch_sequences=1, activation_checkpoint="full")
+    lay = ParallelConfig(dp_shard=8, tp=2, activation_checkpoint="full")
     state = state_bytes(cfg, lay, seq_len=4096)             # params / grads / optimizer, exact
-    act = activation_bytes(cfg, lay, seq_len=4096, kernels="torch", act_bytes=4)
+    act = activation_bytes(cfg, lay, 4096, micro_batch_sequences=1, kernels="torch", act=4)
     measured = measure_saved_bytes(model, tokens)          # bytes autograd keeps for backward
 
 State (exact, the rank holding the most): FSDP2 keeps fp32 sharded parameters even under bf16
@@ -42,6 +42,10 @@ from functools import lru_cache
 
 import torch
 
+from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.dims import stages_per_rank
+from scalelab.parallel.pipeline import layer_costs, split_layers, stage_ids_for_rank
+
 _COLWISE = (
     "attention.wq",
     "attention.wk",
@@ -52,42 +56,6 @@ _COLWISE = (
     "shared_experts.w3",
 )
 _ROWWISE = ("attention.wo", "feed_forward.w2", "shared_experts.w2")
-
-
-@dataclass(kw_only=True, slots=True)
-class Layout:
-    dp_replicate: int = 1
-    dp_shard: int = 1
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    ep: int = 1
-    micro_batch_sequences: int = 1  # sequences per forward/backward on one data-parallel rank
-    activation_checkpoint: str = "none"  # none | full | selective
-    pp_schedule: str = "1f1b"
-    pp_microbatches: int = 0  # per step; 0 = chosen from the batch
-    sequence_parallel: bool = True
-    cp_variant: str = "allgather"  # allgather | ring
-
-    @property
-    def world_size(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp * self.pp * self.cp
-
-    @property
-    def dp_size(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def name(self) -> str:
-        """e.g. 'fsdp8xtp2+ac mbs1' (axes of size > 1, checkpointing, micro-batch sequences)."""
-        short = {"dp_replicate": "dp", "dp_shard": "fsdp", "tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep"}
-        text = "x".join(f"{v}{getattr(self, k)}" for k, v in short.items() if getattr(self, k) > 1) or "single"
-        if self.tp > 1 and self.sequence_parallel:
-            text = text.replace(f"tp{self.tp}", f"tp{self.tp}sp")
-        if self.cp > 1 and self.cp_variant == "ring":
-            text += "-ring"
-        ac = {"none": "", "full": "+ac", "selective": "+sac"}[self.activation_checkpoint]
-        return f"{text}{ac} mbs{self.micro_batch_sequences}"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -166,7 +134,7 @@ _EXPERT_F_DIM = {"w1": 1, "w2": 2, "w3": 1}  # routed experts: the hidden dim tp
 
 def local_shape(name: str, shape: tuple[int, ...], lay, coords: dict[str, int] | None = None) -> tuple[int, ...]:
     """Shape of parameter `name` on the rank at mesh `coords` (axis -> local rank; None = rank 0 of
-    every axis, which holds the largest FSDP shards). `lay` is a Layout or ParallelDims.
+    every axis, which holds the largest FSDP shards). `lay` is a ParallelConfig or ParallelDims.
 
     Tensor parallel splits wq/wk/wv/w1/w3 (also the shared experts') and `output` on dim 0, wo/w2 on
     dim 1, the embedding's rows, and the routed experts' hidden dim; expert parallel splits the
@@ -196,23 +164,20 @@ def local_shape(name: str, shape: tuple[int, ...], lay, coords: dict[str, int] |
     return tuple(shape)
 
 
-def local_numel(name: str, shape: tuple[int, ...], lay: Layout) -> int:
+def local_numel(name: str, shape: tuple[int, ...], lay: ParallelConfig) -> int:
     """Elements of parameter `name` on the rank with the largest shard (rank 0 of every axis)."""
     return math.prod(local_shape(name, shape, lay))
 
 
-def _stages_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> tuple[list[list[int]], list[int], int]:
+def _stages_of_pp_rank(cfg, lay: ParallelConfig, pp_rank: int, seq_len: int) -> tuple[list[list[int]], list[int], int]:
     """(layers of every stage, the stage ids pipeline rank `pp_rank` runs, number of stages)."""
-    from scalelab.parallel.dims import stages_per_rank
-    from scalelab.parallel.pipeline import layer_costs, stage_ids_for_rank
-
     num_stages = lay.pp * stages_per_rank(lay.pp_schedule)
     costs, first, last = layer_costs(cfg, seq_len)
     stages = _split(tuple(costs), num_stages, first, last)
     return stages, stage_ids_for_rank(pp_rank, lay.pp, lay.pp_schedule), num_stages
 
 
-def _layers_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> tuple[int, bool, bool]:
+def _layers_of_pp_rank(cfg, lay: ParallelConfig, pp_rank: int, seq_len: int) -> tuple[int, bool, bool]:
     """(blocks held, holds the embedding, holds the final norm/output) of pipeline rank `pp_rank`."""
     if lay.pp == 1:
         return cfg.num_layers, True, True
@@ -220,7 +185,7 @@ def _layers_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> tuple[in
     return sum(len(stages[s]) for s in mine), 0 in mine, num_stages - 1 in mine
 
 
-def params_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> list[str]:
+def params_of_pp_rank(cfg, lay: ParallelConfig, pp_rank: int, seq_len: int) -> list[str]:
     """Parameter names pipeline rank `pp_rank` holds (scalelab.parallel.pipeline's layer split)."""
     names = list(param_shapes(cfg))
     if lay.pp == 1:
@@ -242,12 +207,12 @@ def params_of_pp_rank(cfg, lay: Layout, pp_rank: int, seq_len: int) -> list[str]
 
 @lru_cache(maxsize=1024)
 def _split(costs: tuple, num_stages: int, first: float, last: float) -> list[list[int]]:
-    from scalelab.parallel.pipeline import split_layers
-
     return split_layers(list(costs), num_stages, first, last)
 
 
-def state_bytes(cfg, lay: Layout, *, seq_len: int, optimizer: str = "adamw", pp_rank: int | None = None) -> StateBytes:
+def state_bytes(
+    cfg, lay: ParallelConfig, *, seq_len: int, optimizer: str = "adamw", pp_rank: int | None = None
+) -> StateBytes:
     """Exact fp32 parameter, gradient and optimizer bytes on the fullest rank (or on `pp_rank`)."""
     shapes = param_shapes(cfg)
     ranks = range(lay.pp) if pp_rank is None else [pp_rank]
@@ -276,10 +241,10 @@ def state_bytes(cfg, lay: Layout, *, seq_len: int, optimizer: str = "adamw", pp_
     return best
 
 
-def layer_param_split(cfg, lay: Layout) -> tuple[int, int]:
+def layer_param_split(cfg, lay: ParallelConfig) -> tuple[int, int]:
     """(dense, expert) parameters of one block on this rank after TP/EP, before FSDP sharding."""
     shapes = param_shapes(cfg)
-    unsharded = Layout(tp=lay.tp, ep=lay.ep)
+    unsharded = ParallelConfig(tp=lay.tp, ep=lay.ep)
     dense = expert = 0
     for n, s in shapes.items():
         if n.startswith("layers.0."):
@@ -290,10 +255,10 @@ def layer_param_split(cfg, lay: Layout) -> tuple[int, int]:
     return dense, expert
 
 
-def layer_param_count(cfg, lay: Layout) -> int:
+def layer_param_count(cfg, lay: ParallelConfig) -> int:
     """Parameters of one block on this rank before FSDP sharding (what FSDP gathers per block)."""
     shapes = param_shapes(cfg)
-    unsharded = Layout(tp=lay.tp, ep=lay.ep)
+    unsharded = ParallelConfig(tp=lay.tp, ep=lay.ep)
     return sum(local_numel(n, s, unsharded) for n, s in shapes.items() if n.startswith("layers.0."))
 
 
@@ -307,7 +272,9 @@ def _norm_bytes(d: float, act: int, kernels: str) -> float:
     return act * d + 4
 
 
-def layer_activation_bytes(cfg, lay: Layout, seq_len: int, kernels: str = "torch", act: int = 4) -> float:
+def layer_activation_bytes(
+    cfg, lay: ParallelConfig, seq_len: int, kernels: str = "torch", act: int = 4, *, micro_batch_sequences: int = 1
+) -> float:
     """Bytes one block saves for backward per token of this rank (no checkpointing)."""
     d, hd, tp = cfg.d_model, cfg.head_dim, lay.tp
     heads, kv = cfg.num_heads / tp, cfg.num_kv_heads / tp
@@ -325,7 +292,7 @@ def layer_activation_bytes(cfg, lay: Layout, seq_len: int, kernels: str = "torch
         if lay.cp > 1:
             kv_bytes *= lay.cp  # all-gather: every rank keeps the whole sequence's K/V
             # and SDPA's fp32 [rows, seq_len] causal mask, shared by the micro-batch's sequences
-            total += 4 * seq_len / lay.micro_batch_sequences
+            total += 4 * seq_len / micro_batch_sequences
         total += q_bytes + kv_bytes + act * heads * hd + 4 * heads  # q, k, v, out, lse
     total += act * d / sp  # h = x + attn (saved by ffn_norm)
     total += _norm_bytes(d / sp, act, kernels) + act * d  # ffn_norm (+ output)
@@ -341,7 +308,7 @@ def layer_activation_bytes(cfg, lay: Layout, seq_len: int, kernels: str = "torch
     return total
 
 
-def head_activation_bytes(cfg, lay: Layout, kernels: str = "torch", act: int = 4) -> float:
+def head_activation_bytes(cfg, lay: ParallelConfig, kernels: str = "torch", act: int = 4) -> float:
     """Bytes per token the last stage saves after the blocks (final norm, logits, token ids)."""
     d = cfg.d_model
     sp = lay.tp if (lay.tp > 1 and lay.sequence_parallel) else 1
@@ -355,7 +322,7 @@ def head_activation_bytes(cfg, lay: Layout, kernels: str = "torch", act: int = 4
     return total
 
 
-def checkpointed_layer_bytes(cfg, lay: Layout, seq_len: int, act: int = 4) -> float:
+def checkpointed_layer_bytes(cfg, lay: ParallelConfig, seq_len: int, act: int = 4) -> float:
     """Per token and block under selective checkpointing: matmul/attention outputs + the input."""
     d, hd, tp = cfg.d_model, cfg.head_dim, lay.tp
     heads, kv = cfg.num_heads / tp, cfg.num_kv_heads / tp
@@ -369,14 +336,20 @@ def checkpointed_layer_bytes(cfg, lay: Layout, seq_len: int, act: int = 4) -> fl
 
 
 def activation_bytes(
-    cfg, lay: Layout, seq_len: int, kernels: str = "torch", act: int = 4, pp_stage: str = "fullest"
+    cfg,
+    lay: ParallelConfig,
+    seq_len: int,
+    *,
+    micro_batch_sequences: int,
+    kernels: str = "torch",
+    act: int = 4,
+    pp_stage: str = "fullest",
 ) -> tuple[float, float]:
     """(saved, transient): bytes saved for backward on the fullest pipeline rank with all its
-    micro-batches in flight, and the extra bytes live while one checkpointed block is recomputed.
+    micro-batches (of `micro_batch_sequences` sequences per data-parallel rank) in flight, and the
+    extra bytes live while one checkpointed block is recomputed.
     pp_stage: "first" or "last" picks that pipeline rank instead of the fuller one."""
-    tokens = lay.micro_batch_sequences * seq_len / lay.cp
-    from scalelab.parallel.dims import stages_per_rank
-
+    tokens = micro_batch_sequences * seq_len / lay.cp
     layers = cfg.num_layers
     if lay.pp > 1:
         layers = math.ceil(cfg.num_layers / (lay.pp * stages_per_rank(lay.pp_schedule))) * stages_per_rank(
@@ -385,12 +358,20 @@ def activation_bytes(
     if lay.activation_checkpoint == "full":
         sp = lay.tp if (lay.tp > 1 and lay.sequence_parallel) else 1
         per_layer = act * cfg.d_model / sp
-        recompute = layer_activation_bytes(cfg, lay, seq_len, kernels, act)  # one block live in backward
+        recompute = layer_activation_bytes(
+            cfg, lay, seq_len, kernels, act, micro_batch_sequences=micro_batch_sequences
+        )  # one block live in backward
     elif lay.activation_checkpoint == "selective":
         per_layer = checkpointed_layer_bytes(cfg, lay, seq_len, act)
-        recompute = layer_activation_bytes(cfg, lay, seq_len, kernels, act) - per_layer
+        recompute = (
+            layer_activation_bytes(cfg, lay, seq_len, kernels, act, micro_batch_sequences=micro_batch_sequences)
+            - per_layer
+        )
     else:
-        per_layer, recompute = layer_activation_bytes(cfg, lay, seq_len, kernels, act), 0.0
+        per_layer, recompute = (
+            layer_activation_bytes(cfg, lay, seq_len, kernels, act, micro_batch_sequences=micro_batch_sequences),
+            0.0,
+        )
     head = head_activation_bytes(cfg, lay, kernels, act)
     if lay.pp == 1:
         return tokens * (layers * per_layer + head), tokens * recompute

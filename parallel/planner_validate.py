@@ -17,19 +17,32 @@ import tempfile
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import loss_parallel
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from scalelab.parallel.planner_memory import Layout, activation_bytes, measure_saved_bytes
+from scalelab.models.llama import build_model
+from scalelab.models.loss import lm_loss
+from scalelab.models.presets import get_preset
+from scalelab.parallel.backend import spawn
+from scalelab.parallel.checkpointing import SAVE_OPS, apply_ac
+from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.context_parallel import apply_cp, shard_sequence_batch
+from scalelab.parallel.dims import ParallelDims
+from scalelab.parallel.expert_parallel import apply_ep
+from scalelab.parallel.parity import moe_debug_model
+from scalelab.parallel.planner import candidate_name
+from scalelab.parallel.planner_memory import activation_bytes, measure_saved_bytes
+from scalelab.parallel.tp import apply_tp
 
 
-def _measure_single(cfg, lay: Layout, seq_len: int, seed: int = 0) -> int:
-    from scalelab.models.llama import build_model
-    from scalelab.models.loss import lm_loss
-    from scalelab.parallel.checkpointing import apply_ac
-
+def _measure_single(cfg, lay: ParallelConfig, mbs: int, seq_len: int, seed: int = 0) -> int:
     model = build_model(cfg, seed=seed)
     apply_ac(model, lay.activation_checkpoint)
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, cfg.vocab_size, (lay.micro_batch_sequences, seq_len + 1), generator=gen)
+    x = torch.randint(0, cfg.vocab_size, (mbs, seq_len + 1), generator=gen)
     if lay.activation_checkpoint != "selective":
         measured, _ = measure_saved_bytes(model, lambda: lm_loss(model, x[:, :-1], x[:, 1:]))
         return measured
@@ -44,10 +57,6 @@ class _SacOutputs:
     """Bytes of distinct storages produced by selective checkpointing's saved ops inside the blocks."""
 
     def __init__(self, model):
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        from scalelab.parallel.checkpointing import _SAVE_OPS
-
         owner = self
         self.seen: dict[int, int] = {}
         self.inside = 0
@@ -55,7 +64,7 @@ class _SacOutputs:
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
-                if owner.inside and func in _SAVE_OPS:
+                if owner.inside and func in SAVE_OPS:
                     for t in out if isinstance(out, tuple | list) else [out]:
                         if isinstance(t, torch.Tensor):
                             st = t.untyped_storage()
@@ -88,11 +97,8 @@ class _SacOutputs:
             h.remove()
 
 
-def _measure_first_stage(cfg, lay: Layout, seq_len: int) -> int:
+def _measure_first_stage(cfg, lay: ParallelConfig, mbs: int, seq_len: int) -> int:
     """Pipeline rank 0 of pp=2 (1F1B): the first half of the blocks, no head, pp micro-batches."""
-    from scalelab.models.llama import build_model
-    from scalelab.parallel.checkpointing import apply_ac
-
     model = build_model(cfg, seed=0)
     for i in range(cfg.num_layers // 2, cfg.num_layers):
         del model.layers[str(i)]
@@ -100,27 +106,22 @@ def _measure_first_stage(cfg, lay: Layout, seq_len: int) -> int:
     apply_ac(model, lay.activation_checkpoint)
     total = 0
     for _ in range(lay.pp):  # 1F1B keeps pp micro-batches in flight on the first stage
-        x = torch.randint(0, cfg.vocab_size, (lay.micro_batch_sequences, seq_len))
+        x = torch.randint(0, cfg.vocab_size, (mbs, seq_len))
         measured, _out = measure_saved_bytes(model, lambda x=x: model(x))
         total += measured
     return total
 
 
-def _measure_last_stage(cfg, lay: Layout, seq_len: int) -> int:
+def _measure_last_stage(cfg, lay: ParallelConfig, mbs: int, seq_len: int) -> int:
     """Pipeline rank 1 of pp=2 (1F1B): the second half of the blocks and the head (final norm,
     output, cross-entropy from logits as scalelab.parallel.pipeline computes it), one micro-batch."""
-    import torch.nn.functional as F
-
-    from scalelab.models.llama import build_model
-    from scalelab.parallel.checkpointing import apply_ac
-
     model = build_model(cfg, seed=0)
     for i in range(cfg.num_layers // 2):
         del model.layers[str(i)]
     model.tok_embeddings = None
     apply_ac(model, lay.activation_checkpoint)
-    h = torch.randn(lay.micro_batch_sequences, seq_len, cfg.d_model, requires_grad=True)
-    y = torch.randint(0, cfg.vocab_size, (lay.micro_batch_sequences, seq_len))
+    h = torch.randn(mbs, seq_len, cfg.d_model, requires_grad=True)
+    y = torch.randint(0, cfg.vocab_size, (mbs, seq_len))
 
     def run():
         return F.cross_entropy(model(h).flatten(0, 1).float(), y.flatten())
@@ -129,12 +130,12 @@ def _measure_last_stage(cfg, lay: Layout, seq_len: int) -> int:
     return measured
 
 
-def _row(model_name, cfg, lay: Layout, seq_len: int, measured: int, pp_stage: str = "first") -> dict:
-    est, _ = activation_bytes(cfg, lay, seq_len, kernels="torch", act=4, pp_stage=pp_stage)
+def _row(model_name, cfg, lay: ParallelConfig, mbs: int, seq_len: int, measured: int, pp_stage: str = "first") -> dict:
+    est, _ = activation_bytes(cfg, lay, seq_len, micro_batch_sequences=mbs, kernels="torch", act=4, pp_stage=pp_stage)
     return dict(
         model=model_name,
         seq_len=seq_len,
-        layout=lay.name + (f" ({pp_stage} stage)" if lay.pp > 1 else ""),
+        layout=candidate_name(lay, mbs) + (f" ({pp_stage} stage)" if lay.pp > 1 else ""),
         estimate_bytes=int(est),
         measured_bytes=int(measured),
         rel_error=est / measured - 1.0,
@@ -143,9 +144,6 @@ def _row(model_name, cfg, lay: Layout, seq_len: int, measured: int, pp_stage: st
 
 def local_rows(quick: bool = False) -> list[dict]:
     """Single-process combinations (quick: a subset for the tests)."""
-    from scalelab.models.presets import get_preset
-    from scalelab.parallel.ep_parity import moe_debug_model
-
     rows = []
     sizes = ("debug", "tiny-1m") if quick else ("debug", "tiny-1m", "tiny-3m")
     seqs = (64,) if quick else (64, 128)
@@ -154,47 +152,37 @@ def local_rows(quick: bool = False) -> list[dict]:
         for seq_len in seqs:
             for ac in ("none", "full", "selective") if not quick else ("none", "full"):
                 for mbs in (1, 2) if not quick else (2,):
-                    lay = Layout(micro_batch_sequences=mbs, activation_checkpoint=ac)
-                    rows.append(_row(name, cfg, lay, seq_len, _measure_single(cfg, lay, seq_len)))
+                    lay = ParallelConfig(activation_checkpoint=ac)
+                    rows.append(_row(name, cfg, lay, mbs, seq_len, _measure_single(cfg, lay, mbs, seq_len)))
     moe = moe_debug_model()
     for seq_len in (32,) if quick else (32, 64):
-        lay = Layout(micro_batch_sequences=2)
-        rows.append(_row("moe-debug", moe, lay, seq_len, _measure_single(moe, lay, seq_len)))
+        lay = ParallelConfig()
+        rows.append(_row("moe-debug", moe, lay, 2, seq_len, _measure_single(moe, lay, 2, seq_len)))
     cfg = get_preset("tiny-1m", kernels="torch")
     for ac in ("none",) if quick else ("none", "full"):
-        lay = Layout(pp=2, micro_batch_sequences=1, activation_checkpoint=ac)
-        rows.append(_row("tiny-1m", cfg, lay, 128, _measure_first_stage(cfg, lay, 128)))
-        rows.append(_row("tiny-1m", cfg, lay, 128, _measure_last_stage(cfg, lay, 128), pp_stage="last"))
+        lay = ParallelConfig(pp=2, activation_checkpoint=ac)
+        rows.append(_row("tiny-1m", cfg, lay, 1, 128, _measure_first_stage(cfg, lay, 1, 128)))
+        rows.append(_row("tiny-1m", cfg, lay, 1, 128, _measure_last_stage(cfg, lay, 1, 128), pp_stage="last"))
     return rows
 
 
 # --- tensor / context parallel, measured on rank 0 of a 2-process group ---------------------------------
+_SPAWNED_MBS = 2  # sequences per micro-batch of every spawned measurement
 _SPAWNED = (
-    ("tp2", Layout(tp=2, sequence_parallel=False, micro_batch_sequences=2)),
-    ("tp2sp", Layout(tp=2, sequence_parallel=True, micro_batch_sequences=2)),
-    ("tp2sp+ac", Layout(tp=2, sequence_parallel=True, micro_batch_sequences=2, activation_checkpoint="full")),
-    ("cp2", Layout(cp=2, micro_batch_sequences=2)),
-    ("cp2-ring", Layout(cp=2, cp_variant="ring", micro_batch_sequences=2)),
+    ("tp2", ParallelConfig(tp=2, sequence_parallel=False)),
+    ("tp2sp", ParallelConfig(tp=2, sequence_parallel=True)),
+    ("tp2sp+ac", ParallelConfig(tp=2, sequence_parallel=True, activation_checkpoint="full")),
+    ("cp2", ParallelConfig(cp=2)),
+    ("cp2-ring", ParallelConfig(cp=2, cp_variant="ring")),
 )
 
 
 def _spawned_worker(model_name: str, seq_len: int, out_dir: str) -> None:
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    from scalelab.models.llama import build_model
-    from scalelab.models.presets import get_preset
-    from scalelab.parallel.checkpointing import apply_ac
-    from scalelab.parallel.context_parallel import apply_cp, shard_sequence_batch
-    from scalelab.parallel.tp import apply_tp
-
     cfg = get_preset(model_name, kernels="torch")
     results = {}
     for label, lay in _SPAWNED:
         model = build_model(cfg, seed=0)
-        x = torch.randint(0, cfg.vocab_size, (lay.micro_batch_sequences, seq_len + 1), generator=torch.Generator())
+        x = torch.randint(0, cfg.vocab_size, (_SPAWNED_MBS, seq_len + 1), generator=torch.Generator())
         tokens, targets, positions = x[:, :-1], x[:, 1:], None
         ctx = None
         if lay.tp > 1:
@@ -228,26 +216,16 @@ def _spawned_worker(model_name: str, seq_len: int, out_dir: str) -> None:
 # MoE blocks under TP (router replicated, shared experts column/row-parallel, routed experts split by
 # hidden width over tp): a wider MoE than the parity one, so the experts' internals dominate.
 def _moe_tp_cfg():
-    from scalelab.parallel.ep_parity import moe_debug_model
-
-    return moe_debug_model(d_model=64, moe_d_ff=128, num_heads=4, num_kv_heads=2, max_seq_len=256)
+    return moe_debug_model(moe_d_ff=128, max_seq_len=256)
 
 
 _SPAWNED_MOE = (
-    ("moe-tp2", Layout(tp=2, sequence_parallel=False, micro_batch_sequences=2)),
-    ("moe-tp2sp", Layout(tp=2, sequence_parallel=True, micro_batch_sequences=2)),
+    ("moe-tp2", ParallelConfig(tp=2, sequence_parallel=False)),
+    ("moe-tp2sp", ParallelConfig(tp=2, sequence_parallel=True)),
 )
 
 
 def _moe_tp_measurements(seq_len: int) -> dict[str, int]:
-    import torch.nn.functional as F
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    from scalelab.models.llama import build_model
-    from scalelab.parallel.dims import ParallelDims
-    from scalelab.parallel.expert_parallel import apply_ep
-    from scalelab.parallel.tp import apply_tp
-
     cfg = _moe_tp_cfg()
     dims = ParallelDims(tp=2)
     dims.build_mesh("cpu")
@@ -258,7 +236,7 @@ def _moe_tp_measurements(seq_len: int) -> dict[str, int]:
             model, dims.mesh_for("tp"), sequence_parallel=lay.sequence_parallel, loss_parallel=lay.sequence_parallel
         )
         apply_ep(model, dims.ep_mesh)  # no FSDP: its gathered parameters would count as saved
-        x = torch.randint(0, cfg.vocab_size, (lay.micro_batch_sequences, seq_len + 1), generator=torch.Generator())
+        x = torch.randint(0, cfg.vocab_size, (_SPAWNED_MBS, seq_len + 1), generator=torch.Generator())
 
         def run(model=model, x=x):
             logits = model(x[:, :-1])
@@ -272,15 +250,13 @@ def _moe_tp_measurements(seq_len: int) -> dict[str, int]:
 
 
 def spawned_rows(model_name: str = "tiny-1m", seq_len: int = 128) -> list[dict]:
-    from scalelab.models.presets import get_preset
-    from scalelab.parallel.backend import spawn
-
     cfg = get_preset(model_name, kernels="torch")
     with tempfile.TemporaryDirectory(prefix="scalelab-act-") as tmp:
         spawn(_spawned_worker, 2, (model_name, seq_len, tmp), backend="gloo")
         measured = torch.load(Path(tmp) / "spawned.pt", weights_only=True)
-    rows = [_row(model_name, cfg, lay, seq_len, measured[label]) for label, lay in _SPAWNED]
-    return rows + [_row("moe-tp", _moe_tp_cfg(), lay, seq_len, measured[label]) for label, lay in _SPAWNED_MOE]
+    rows = [_row(model_name, cfg, lay, _SPAWNED_MBS, seq_len, measured[label]) for label, lay in _SPAWNED]
+    moe = _moe_tp_cfg()
+    return rows + [_row("moe-tp", moe, lay, _SPAWNED_MBS, seq_len, measured[label]) for label, lay in _SPAWNED_MOE]
 
 
 def format_rows(rows: list[dict]) -> str:

@@ -35,8 +35,11 @@ def loss_from_logits(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean CE + z_loss * mean logsumexp^2, detached mean CE) of logits [B, T, V].
 
-    `logits` may be a plain tensor or a vocab-sharded DTensor (under `loss_parallel()`).
+    `logits` may be a plain tensor, a vocab-sharded DTensor (under `loss_parallel()`) or a replicated
+    DTensor (tensor parallel without loss parallel: its local tensor is the whole logits).
     """
+    if isinstance(logits, DTensor) and all(p.is_replicate() for p in logits.placements):
+        logits = logits.to_local()
     flat = logits.flatten(0, 1).float()
     flat_targets = targets.flatten()
     valid = flat_targets != ignore_index

@@ -11,7 +11,10 @@ tensor) so that the model sees the global sequence length (RoPE tables are slice
 
 Loss parallel (`loss_parallel=True`): the output projection is column-sharded over the vocabulary
 and its logits stay a Shard(-1) DTensor; cross-entropy then runs under
-`torch.distributed.tensor.parallel.loss_parallel()` without gathering [B, T, V] logits.
+`torch.distributed.tensor.parallel.loss_parallel()` without gathering [B, T, V] logits. Without it
+the logits are all-gathered into a Replicate DTensor, and the model returns that DTensor: its local
+tensor is a view, and a view returned by an FSDP2 module's forward would lose FSDP's pre-backward
+hook to any in-place op on it, so the caller takes the local tensor (`step.loss_from_logits`).
 
 MoE blocks (family "moe"): see `_moe_plan`; the routed experts' own split over tp lives with
 expert parallel (`scalelab.parallel.expert_parallel`).
@@ -53,7 +56,7 @@ def apply_tp(model: nn.Module, tp_mesh, *, sequence_parallel: bool, loss_paralle
         top["output"] = ColwiseParallel(
             input_layouts=Shard(1) if sp else Replicate(),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
-            use_local_output=not loss_parallel,
+            use_local_output=False,
         )
     if top:
         parallelize_module(model, tp_mesh, top)

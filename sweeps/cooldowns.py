@@ -19,19 +19,20 @@ import copy
 from typing import Any
 
 from scalelab.errors import ConfigError
-from scalelab.sweeps.spec import RunSpec, _check_keys, _from_tree, _list, _number
+from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
+from scalelab.sweeps.spec_checks import as_list, check_keys, number
 
 
 def expand_cooldowns(section: Any, runs: list[RunSpec]) -> list[RunSpec]:
     """Each run becomes a stable run (checkpoints kept at the branch points) plus its branches."""
-    _check_keys(section, ("fractions", "max_checkpoints"), "cooldowns")
+    check_keys(section, ("fractions", "max_checkpoints"), "cooldowns")
     fracs = sorted(
-        _number(v, f"cooldowns.fractions[{i}]")
-        for i, v in enumerate(_list(section.get("fractions"), "cooldowns.fractions"))
+        number(v, f"cooldowns.fractions[{i}]")
+        for i, v in enumerate(as_list(section.get("fractions"), "cooldowns.fractions"))
     )
     if fracs[-1] >= 1:
         raise ConfigError("cooldowns.fractions", f"{fracs[-1]} >= 1", "fractions of the stable run's tokens, each < 1")
-    max_ckpts = int(_number(section.get("max_checkpoints", 32), "cooldowns.max_checkpoints"))
+    max_ckpts = int(number(section.get("max_checkpoints", 32), "cooldowns.max_checkpoints"))
     out: list[RunSpec] = []
     for run in runs:
         cfg = run.config
@@ -68,7 +69,7 @@ def expand_cooldowns(section: Any, runs: list[RunSpec]) -> list[RunSpec]:
         stable_tree["schedule"]["warmup_tokens"] = warmup
         stable_tree["checkpoint"]["interval_steps"] = interval
         stable_tree["checkpoint"]["keep_last"] = 0  # every branch point must survive
-        main = _from_tree(stable_tree, dict(main_over, cooldown="stable"))
+        main = run_spec_from_tree(stable_tree, dict(main_over, cooldown="stable"))
         out.append(main)
         for f, start, steps in branches:
             tree = copy.deepcopy(stable_tree)
@@ -76,7 +77,7 @@ def expand_cooldowns(section: Any, runs: list[RunSpec]) -> list[RunSpec]:
             tree["train"]["init_from"] = f"../{main.run_id}/checkpoints/step_{start}"
             tree["checkpoint"]["keep_last"] = 2
             tree["checkpoint"]["interval_steps"] = cfg["checkpoint"]["interval_steps"]
-            branch = _from_tree(
+            branch = run_spec_from_tree(
                 tree,
                 dict(main_over, cooldown="branch", branch_of=main.run_id, branch_fraction=f, branch_step=start),
             )

@@ -13,7 +13,10 @@
 4. Predicted vs measured with the interval, the ledger, and a PNG of the IsoFLOP curves (points:
    runs; lines: the fitted law along each budget) and the frontier N*(C).
 
-    run_demo("results/demo")      # prints as it goes; returns the numbers it printed
+    run_demo("results/demo", plot=plot_demo)   # prints as it goes; returns the numbers it printed
+
+`plot` draws the PNG (`scalelab.analysis.plots.plot_demo`, which `scalelab demo` passes): the
+analysis side reads the store, so the sweep side does not import it.
 
 The sweep lives at <out>/isoflop (the store root is <out>), so running the demo again trains
 nothing it has already trained. wandb is disabled in the demo (it costs seconds per run on a CPU).
@@ -77,6 +80,7 @@ def run_demo(
     num_cpus: int | None = None,
     address: str | None = None,
     log=print,
+    plot=None,
 ) -> dict[str, Any]:
     from scalelab.sweeps.execute import launch
     from scalelab.sweeps.propose import format_gates, propose_next
@@ -124,9 +128,8 @@ def run_demo(
     measured = status.get("final_val_loss")
     predicted, (lo, hi) = p["predicted_loss"], p["predicted_interval"]
     png = sweep_dir / "demo_isoflop.png"
-    from scalelab.analysis.plots import plot_demo
-
-    plot_demo(sweep_dir, proposal, measured, png)
+    if plot is not None:
+        plot(sweep_dir, proposal, measured, png)
     wall = time.time() - t0
     inside = measured is not None and lo <= measured <= hi
     log("[4/4] predicted vs measured")
@@ -146,7 +149,8 @@ def run_demo(
         )
     log("ledger (scalelab sweep ledger " + str(sweep_dir) + "):")
     log(ledger.format_ledger(ledger.read_ledger(sweep_dir)))
-    log(f"  plot: {png}")
+    if plot is not None:
+        log(f"  plot: {png}")
     log(
         f"  wall time {wall:.0f} s (sweep {t_sweep:.0f} s, fit {t_fit:.0f} s, "
         f"proposed run {wall - t_sweep - t_fit:.0f} s)"
@@ -159,7 +163,7 @@ def run_demo(
         error=error,
         inside=inside,
         wall_s=wall,
-        png=str(png),
+        png=str(png) if plot is not None else None,
         run_id=p["run_id"],
         params=fit["params"],
         intervals=fit["intervals"],

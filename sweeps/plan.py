@@ -13,16 +13,28 @@ skips that and shows no times.
 
 Memory (per rank, the fullest one): scalelab.parallel.planner_memory's model of the layout (exact
 fp32 parameter, gradient and AdamW state bytes; activations saved for backward per micro-batch);
-a run whose figure exceeds this machine's RAM (CPU) is flagged in the warnings. Without that
-module: 16 bytes per parameter plus a rough activation term.
+a run whose figure exceeds this machine's RAM (CPU) is flagged in the warnings.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
-from scalelab.sweeps.spec import RunSpec, Sweep
+import torch
+
+from scalelab.models.config import ModelConfig
+from scalelab.models.llama import build_model
+from scalelab.models.loss import lm_loss
+from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.layouts import layout_name
+from scalelab.parallel.planner_memory import activation_bytes, state_bytes
+from scalelab.sweeps.runspec import RunSpec
+from scalelab.sweeps.spec import Sweep
+from scalelab.train.config import build_run_config
+from scalelab.train.config_tree import from_dict
+from scalelab.train.optim import build_optimizer
 
 
 def _shape_key(run: RunSpec) -> tuple:
@@ -39,13 +51,6 @@ def _shape_key(run: RunSpec) -> tuple:
 def measure_tokens_per_s(config: dict[str, Any], steps: int = 3) -> float:
     """Tokens per second of `steps` optimizer steps on random tokens in this process (after one
     warm-up step; the fastest of three blocks)."""
-    import torch
-
-    from scalelab.models.llama import build_model
-    from scalelab.models.loss import lm_loss
-    from scalelab.train.config import build_run_config
-    from scalelab.train.optim import build_optimizer
-
     cfg = build_run_config(config)
     threads = torch.get_num_threads()
     if cfg.train.num_threads > 0:
@@ -79,45 +84,27 @@ def measure_tokens_per_s(config: dict[str, Any], steps: int = 3) -> float:
         torch.set_num_threads(threads)
 
 
+def _parallel(run: RunSpec) -> ParallelConfig:
+    return from_dict(ParallelConfig, run.config.get("parallel") or {}, "parallel")
+
+
 def memory_bytes(run: RunSpec) -> float:
-    """Bytes on the fullest rank: scalelab.parallel.planner_memory's exact state + activation model
-    when that module is present, else 16 B/param + a rough activation term."""
-    m, t, p = run.config["model"], run.config["train"], run.config.get("parallel") or {}
+    """Bytes on the fullest rank: scalelab.parallel.planner_memory's exact state + activation model."""
+    pcfg = _parallel(run)
     seq = run.config["data"]["seq_len"]
-    dp = p.get("dp_replicate", 1) * p.get("dp_shard", 1)
-    local = t["global_batch_tokens"] // seq // max(dp, 1)
-    micro = t["micro_batch_sequences"] or local
-    try:
-        from scalelab.models.config import ModelConfig
-        from scalelab.parallel.planner_memory import Layout, activation_bytes, state_bytes
-    except ImportError:
-        return 16 * run.params + micro * seq * (34 * m["d_model"] * m["num_layers"] + 8 * m["vocab_size"])
-    lay_keys = (
-        "dp_replicate",
-        "dp_shard",
-        "tp",
-        "pp",
-        "cp",
-        "ep",
-        "activation_checkpoint",
-        "pp_schedule",
-        "pp_microbatches",
-        "sequence_parallel",
-    )
-    lay = Layout(micro_batch_sequences=micro, **{k: p[k] for k in lay_keys if k in p})
-    cfg = ModelConfig(**m)
-    saved, transient = activation_bytes(cfg, lay, seq_len=seq)
-    return state_bytes(cfg, lay, seq_len=seq).total_bytes + saved + transient
+    local = run.config["train"]["global_batch_tokens"] // seq // pcfg.dp_size
+    micro = run.config["train"]["micro_batch_sequences"] or local
+    cfg = ModelConfig(**run.config["model"])
+    saved, transient = activation_bytes(cfg, pcfg, seq, micro_batch_sequences=micro)
+    return state_bytes(cfg, pcfg, seq_len=seq).total_bytes + saved + transient
 
 
 def layout(run: RunSpec, cpus: int, gpus: float) -> str:
-    p = run.config.get("parallel") or {}
-    dims = [f"{k}{p[k]}" for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp") if p.get(k, 1) > 1]
-    world = 1
-    for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp"):
-        world *= p.get(k, 1)
-    per = f"{gpus:g} gpu" if gpus else f"{cpus} cpu"
-    return ("x".join(dims) + f" ({world} procs)") if dims else f"1 proc, {per}"
+    """The run's layout name (scalelab.parallel.layouts) and its processes, or the one process's devices."""
+    pcfg = _parallel(run)
+    if pcfg.world_size == 1:
+        return f"1 proc, {f'{gpus:g} gpu' if gpus else f'{cpus} cpu'}"
+    return f"{layout_name(pcfg)} ({pcfg.world_size} procs)"
 
 
 def plan_sweep(sweep: Sweep, *, measure: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -169,8 +156,6 @@ def _warmup_steps(run: RunSpec) -> int:
 
 def _machine_ram_bytes() -> float | None:
     try:
-        import os
-
         return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):
         return None

@@ -40,8 +40,8 @@ starts; the CLI prints it as one line with exit code 2.
 from __future__ import annotations
 
 import copy
-import difflib
 import itertools
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,8 +51,20 @@ import numpy as np
 import yaml
 
 from scalelab.errors import ConfigError, UsageError
+from scalelab.fitting.allocate import optimum_for_law
+from scalelab.fitting.laws import get_law
+from scalelab.models.accounting import flops_per_token, num_params
+from scalelab.models.config import ModelConfig
+from scalelab.models.shapes import shape_for_params
+from scalelab.sweeps.cooldowns import expand_cooldowns
 from scalelab.sweeps.early_stop import parse_early_stop
-from scalelab.sweeps.recipe import Recipe, parse_recipe
+from scalelab.sweeps.recipe import Recipe, parse_recipe, plan_run
+from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
+from scalelab.sweeps.spec_checks import as_list, check_keys, number
+from scalelab.train.config import DataConfig, TrainLoopConfig, build_run_config, merge_defaults, padded_vocab_size
+from scalelab.train.config_tree import from_dict, load_yaml, set_in_dict, to_dict
+from scalelab.train.data.config import SourceConfig
+from scalelab.train.data.tokenizer import load_tokenizer
 
 LOOP_LAWS = ("chinchilla", "kaplan")  # laws of (N, D) with a compute-optimal allocation; fit.law may also be auto
 GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
@@ -103,25 +115,6 @@ class FitSpec:
 
 
 @dataclass(kw_only=True, slots=True)
-class RunSpec:
-    """One resolved run of a sweep."""
-
-    run_id: str  # config_hash of the resolved config
-    config: dict[str, Any]  # the resolved config tree (to_dict), what config.json holds
-    labels: dict[str, Any]  # design labels: generator, flops_budget, tokens_per_param, seed, branch ...
-    depends_on: str | None = None  # a cooldown branch waits for its stable run
-    params: int
-    params_nonembed: int
-    num_tokens: int
-    flops_6n: float
-    flops_exact: float
-    cost_flops: float  # FLOPs this run spends itself (a branch pays only for the steps after its start)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__slots__}
-
-
-@dataclass(kw_only=True, slots=True)
 class Sweep:
     name: str
     raw: dict[str, Any]  # the spec as read
@@ -137,47 +130,13 @@ class Sweep:
 # ---------------------------------------------------------------------------------------------
 
 
-def _unknown(key: str, known) -> ConfigError:
-    close = difflib.get_close_matches(key.split(".")[-1], list(known), n=1)
-    hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
-    return ConfigError(key, "unknown key", hint)
-
-
-def _check_keys(section: dict, known, prefix: str) -> None:
-    if not isinstance(section, dict):
-        raise ConfigError(prefix, f"expected a mapping, got {section!r}", "write it as a YAML mapping")
-    for key in section:
-        if key not in known:
-            raise _unknown(f"{prefix}.{key}" if prefix else str(key), known)
-
-
-def _number(value: Any, key: str, *, positive: bool = True, example: str = "1e12") -> float:
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(key, f"{value!r} is not a number", f"write a number, e.g. {example}") from None
-    if not math.isfinite(x) or (positive and x <= 0):
-        raise ConfigError(key, f"{value!r} must be a finite number > 0", f"e.g. {example}")
-    return x
-
-
-def _list(value: Any, key: str, *, min_len: int = 1) -> list:
-    if not isinstance(value, list) or len(value) < min_len:
-        raise ConfigError(key, f"expected a list of at least {min_len} value(s), got {value!r}", "write a YAML list")
-    return value
-
-
 def _dataclass_from(cls, data: Any, prefix: str):
-    from scalelab.train.config_tree import from_dict
-
-    _check_keys(data or {}, list(cls.__dataclass_fields__), prefix)
+    check_keys(data or {}, list(cls.__dataclass_fields__), prefix)
     return from_dict(cls, data or {}, prefix=prefix)
 
 
 def read_spec(path: str | Path) -> dict[str, Any]:
     """The spec mapping from a YAML file; ConfigError names the file on any problem."""
-    from scalelab.train.config_tree import load_yaml
-
     return load_yaml(str(path))
 
 
@@ -194,7 +153,7 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         ConfigError: naming the offending key (unknown keys and generators, a budget too small for
             the smallest size, a FLOP count outside the tolerance, a run config that fails).
     """
-    _check_keys(raw, TOP_KEYS, "")
+    check_keys(raw, TOP_KEYS, "")
     gens = [g for g in GENERATORS if g in raw]
     if not gens:
         raise ConfigError("generator", "the spec names no generator", f"add one of: {', '.join(GENERATORS)}")
@@ -233,8 +192,6 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         seen.add(run.run_id)
         runs.append(run)
     if raw.get("cooldowns") is not None:
-        from scalelab.sweeps.cooldowns import expand_cooldowns
-
         runs = expand_cooldowns(raw["cooldowns"], runs)
     if gen == "isoflop":
         _check_isoflop_tolerance(raw[gen], runs)
@@ -258,9 +215,6 @@ class _Context:
 
     @classmethod
     def from_base(cls, base: dict[str, Any], execution: ExecutionConfig, recipe: Any = None) -> _Context:
-        from scalelab.train.config import DataConfig, TrainLoopConfig, padded_vocab_size
-        from scalelab.train.data.tokenizer import load_tokenizer
-
         base = copy.deepcopy(base)
         model = base.get("model") or {}
         data = base.get("data") or {}
@@ -295,10 +249,6 @@ class _Context:
         """Model fields for a target size by the shape rule, keeping the base's pass-through keys.
 
         `exclude`: (num_layers, d_model) pairs already used, so a design's sizes stay distinct."""
-        from scalelab.models.accounting import num_params
-        from scalelab.models.shapes import shape_for_params
-        from scalelab.train.config_tree import to_dict
-
         model = self.base.get("model") or {}
         extra = {k: model[k] for k in SHAPE_PASSTHROUGH if k in model}
         extra.setdefault("max_seq_len", max(self.seq_len, 128))
@@ -326,14 +276,10 @@ class _Context:
 
 
 def _set(tree: dict, dotted: str, value: Any) -> None:
-    from scalelab.train.config_tree import set_in_dict
-
     set_in_dict(tree, dotted.split("."), copy.deepcopy(value))
 
 
 def _resolve(ctx: _Context, overrides: dict[str, Any], labels: dict[str, Any], where: str) -> RunSpec:
-    from scalelab.train.config import merge_defaults
-
     # Defaults filled in first, so a point may index into sections the base left out
     # (data.sources.0.unique_tokens).
     tree = merge_defaults(copy.deepcopy(ctx.base))
@@ -351,17 +297,13 @@ def _resolve(ctx: _Context, overrides: dict[str, Any], labels: dict[str, Any], w
     try:
         if ctx.recipe is not None:
             _apply_recipe(ctx, tree, labels, keep_lr="optim.lr" in overrides, where=where)
-        return _from_tree(tree, labels)
+        return run_spec_from_tree(tree, labels)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e.key}", str(e).split(": ", 1)[-1]) from None
 
 
 def _apply_recipe(ctx: _Context, tree: dict, labels: dict[str, Any], *, keep_lr: bool, where: str) -> None:
     """Set batch, whole-step length, warmup and LR of a run by the spec's recipe (sweeps/recipe.py)."""
-    from scalelab.models.accounting import num_params
-    from scalelab.sweeps.recipe import plan_run
-    from scalelab.train.config import build_run_config
-
     cfg = build_run_config(tree)
     n = num_params(cfg.model)
     target = float(cfg.train.num_tokens)
@@ -377,7 +319,7 @@ def _apply_mixture(tree: dict, mixture: dict[str, float], key: str) -> None:
     for name, weight in mixture.items():
         if name not in names:
             raise ConfigError(f"{key}.{name}", f"no data source named {name!r}", f"sources: {names}")
-        sources[names.index(name)]["weight"] = _number(weight, f"{key}.{name}")
+        sources[names.index(name)]["weight"] = number(weight, f"{key}.{name}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,7 +334,7 @@ def _grid(section: Any, ctx: _Context, key: str) -> list[Point]:
         raise ConfigError(
             key, "expected a mapping of config keys to value lists", "e.g. grid: {optim.lr: [1e-3, 3e-3]}"
         )
-    axes = {k: _list(v, f"{key}.{k}") for k, v in section.items()}
+    axes = {k: as_list(v, f"{key}.{k}") for k, v in section.items()}
     return [
         (dict(zip(axes, combo)), {k.split(".")[-1]: v for k, v in zip(axes, combo) if not isinstance(v, dict | list)})
         for combo in itertools.product(*axes.values())
@@ -401,7 +343,7 @@ def _grid(section: Any, ctx: _Context, key: str) -> list[Point]:
 
 def _points(section: Any, ctx: _Context, key: str) -> list[Point]:
     out = []
-    for i, point in enumerate(_list(section, key)):
+    for i, point in enumerate(as_list(section, key)):
         if not isinstance(point, dict):
             raise ConfigError(f"{key}[{i}]", "expected a mapping of config keys to values", "e.g. {optim.lr: 1e-3}")
         point = dict(point)
@@ -411,8 +353,8 @@ def _points(section: Any, ctx: _Context, key: str) -> list[Point]:
 
 
 def _random(section: Any, ctx: _Context, key: str) -> list[Point]:
-    _check_keys(section, ("num_samples", "seed", "params"), key)
-    n = int(_number(section.get("num_samples"), f"{key}.num_samples"))
+    check_keys(section, ("num_samples", "seed", "params"), key)
+    n = int(number(section.get("num_samples"), f"{key}.num_samples"))
     rng = np.random.default_rng(int(section.get("seed", 0)))
     params = section.get("params")
     if not isinstance(params, dict) or not params:
@@ -433,8 +375,8 @@ def _random(section: Any, ctx: _Context, key: str) -> list[Point]:
         ((kind, arg),) = dist.items()
         if kind in ("loguniform", "uniform"):
             lo, hi = (
-                _number(v, f"{k}.{kind}", positive=kind == "loguniform")
-                for v in _list(arg, f"{k}.{kind}", min_len=2)[:2]
+                number(v, f"{k}.{kind}", positive=kind == "loguniform")
+                for v in as_list(arg, f"{k}.{kind}", min_len=2)[:2]
             )
             if hi <= lo:
                 raise ConfigError(f"{k}.{kind}", f"[{lo}, {hi}] is empty", "give [low, high] with low < high")
@@ -442,7 +384,7 @@ def _random(section: Any, ctx: _Context, key: str) -> list[Point]:
             vals = np.exp(np.log(lo) + u * (np.log(hi) - np.log(lo))) if kind == "loguniform" else lo + u * (hi - lo)
             draws[name] = [float(v) for v in vals]
         elif kind == "choice":
-            options = _list(arg, f"{k}.choice")
+            options = as_list(arg, f"{k}.choice")
             draws[name] = [options[int(j)] for j in rng.integers(0, len(options), size=n)]
         else:
             raise ConfigError(f"{k}.{kind}", "unknown distribution", "use loguniform, uniform or choice")
@@ -450,14 +392,12 @@ def _random(section: Any, ctx: _Context, key: str) -> list[Point]:
 
 
 def _ladder(section: Any, ctx: _Context, key: str) -> list[Point]:
-    _check_keys(section, ("sizes", "tokens_per_param"), key)
-    sizes = [_number(v, f"{key}.sizes[{i}]") for i, v in enumerate(_list(section.get("sizes"), f"{key}.sizes"))]
+    check_keys(section, ("sizes", "tokens_per_param"), key)
+    sizes = [number(v, f"{key}.sizes[{i}]") for i, v in enumerate(as_list(section.get("sizes"), f"{key}.sizes"))]
     tpps = [
-        _number(v, f"{key}.tokens_per_param[{i}]")
-        for i, v in enumerate(_list(section.get("tokens_per_param"), f"{key}.tokens_per_param"))
+        number(v, f"{key}.tokens_per_param[{i}]")
+        for i, v in enumerate(as_list(section.get("tokens_per_param"), f"{key}.tokens_per_param"))
     ]
-    from scalelab.models.accounting import num_params
-    from scalelab.models.config import ModelConfig
 
     out = []
     for i, target in enumerate(sizes):
@@ -489,8 +429,8 @@ def _isoflop_targets(section: dict, budgets: list[float], num_sizes: int, key: s
         )
     if given[0] == "center":
         center, ckey = section["center"], f"{key}.center"
-        _check_keys(center, ("tokens_per_param", "params", "fit"), ckey)
-        span = _number(section.get("span", 3.0), f"{key}.span")
+        check_keys(center, ("tokens_per_param", "params", "fit"), ckey)
+        span = number(section.get("span", 3.0), f"{key}.span")
         if span <= 1:
             raise ConfigError(f"{key}.span", f"{span:g} must be > 1", "e.g. 3 (sizes from N*/3 to 3 N*)")
         if len(center) != 1:
@@ -500,19 +440,19 @@ def _isoflop_targets(section: dict, budgets: list[float], num_sizes: int, key: s
         if "fit" in center:
             centers = _fit_centers(center["fit"], budgets, f"{ckey}.fit")
         elif "tokens_per_param" in center:
-            tpp = _number(center["tokens_per_param"], f"{ckey}.tokens_per_param")
+            tpp = number(center["tokens_per_param"], f"{ckey}.tokens_per_param")
             centers = [math.sqrt(c / (6 * tpp)) for c in budgets]  # C = 6 N (tpp N)
         else:
-            raw = _list(center["params"], f"{ckey}.params", min_len=len(budgets))
+            raw = as_list(center["params"], f"{ckey}.params", min_len=len(budgets))
             if len(raw) != len(budgets):
                 raise ConfigError(f"{ckey}.params", f"{len(raw)} centres for {len(budgets)} budgets", "one per budget")
-            centers = [_number(v, f"{ckey}.params[{i}]") for i, v in enumerate(raw)]
+            centers = [number(v, f"{ckey}.params[{i}]") for i, v in enumerate(raw)]
         offsets = np.linspace(-1.0, 1.0, num_sizes) if num_sizes > 1 else np.zeros(1)
         return [[float(n * span**o) for o in offsets] for n in centers]
     if "span" in section:
         raise ConfigError(f"{key}.span", "only applies with center", "remove it or use center: {...}")
     range_key = given[0]
-    lo, hi = (_number(v, f"{key}.{range_key}") for v in _list(section[range_key], f"{key}.{range_key}", min_len=2)[:2])
+    lo, hi = (number(v, f"{key}.{range_key}") for v in as_list(section[range_key], f"{key}.{range_key}", min_len=2)[:2])
     if hi < lo:
         raise ConfigError(f"{key}.{range_key}", f"[{lo:g}, {hi:g}] is reversed", "give [low, high]")
     if range_key == "tokens_per_param":  # C = 6 N (t N)  =>  N = sqrt(C / 6t); high t = small N
@@ -522,11 +462,6 @@ def _isoflop_targets(section: dict, budgets: list[float], num_sizes: int, key: s
 
 def _fit_centers(source: Any, budgets: list[float], key: str) -> list[float]:
     """N*(C) at each budget from a sweep's latest `sweep next` fit (a sweep dir) or a fit JSON file."""
-    import json
-
-    from scalelab.fitting.allocate import optimum_for_law
-    from scalelab.fitting.laws import get_law
-
     path = Path(str(source)).expanduser()
     if path.is_dir():
         fits = sorted(path.glob("fits/round_*.json"), key=lambda p: int(p.stem.split("_")[1]))
@@ -557,22 +492,20 @@ def distinct_shapes(ctx: _Context, targets: list[float], key: str) -> list[dict[
 
 
 def _isoflop(section: Any, ctx: _Context, key: str) -> list[Point]:
-    from scalelab.models.accounting import flops_per_token
-    from scalelab.models.config import ModelConfig
-
-    _check_keys(
+    check_keys(
         section,
         ("budgets", "num_sizes", "tokens_per_param", "params", "center", "span", "flops", "tolerance", "min_steps"),
         key,
     )
-    budgets = [_number(v, f"{key}.budgets[{i}]") for i, v in enumerate(_list(section.get("budgets"), f"{key}.budgets"))]
-    num_sizes = int(_number(section.get("num_sizes", 5), f"{key}.num_sizes"))
+    given = as_list(section.get("budgets"), f"{key}.budgets")
+    budgets = [number(v, f"{key}.budgets[{i}]") for i, v in enumerate(given)]
+    num_sizes = int(number(section.get("num_sizes", 5), f"{key}.num_sizes"))
     flops_kind = section.get("flops", "6n")
     if flops_kind not in ("6n", "exact"):
         raise ConfigError(f"{key}.flops", f"{flops_kind!r} unknown", "use 6n or exact")
     if ctx.recipe is not None and "min_steps" in section:
         raise ConfigError(f"{key}.min_steps", "the spec has a recipe", "set recipe.min_steps instead")
-    min_steps = int(_number(section.get("min_steps", 4), f"{key}.min_steps"))
+    min_steps = int(number(section.get("min_steps", 4), f"{key}.min_steps"))
     targets_per_budget = _isoflop_targets(section, budgets, num_sizes, key)
     out = []
     for b, (budget, targets) in enumerate(zip(budgets, targets_per_budget)):
@@ -608,7 +541,7 @@ _GENERATOR_FNS = {"grid": _grid, "isoflop": _isoflop, "ladder": _ladder, "random
 
 
 def _check_isoflop_tolerance(section: dict, runs: list[RunSpec]) -> None:
-    tol = _number(section.get("tolerance", 0.05), "isoflop.tolerance")
+    tol = number(section.get("tolerance", 0.05), "isoflop.tolerance")
     kind = section.get("flops", "6n")
     for run in runs:
         budget = run.labels.get("flops_budget")
@@ -644,7 +577,7 @@ def _axes(section: Any, key: str) -> list[Point]:
 def _data_axes(section: Any, ctx: _Context, gen: str) -> list[Point]:
     if section is None:
         return []
-    _check_keys(section, ("num_tokens", "mixtures", "epochs", "unique_tokens"), "data")
+    check_keys(section, ("num_tokens", "mixtures", "epochs", "unique_tokens"), "data")
     axes: list[list[Point]] = []
     if "num_tokens" in section:
         if gen in ("isoflop", "ladder"):
@@ -654,19 +587,17 @@ def _data_axes(section: Any, ctx: _Context, gen: str) -> list[Point]:
                 "remove data.num_tokens",
             )
         vals = [
-            int(_number(v, f"data.num_tokens[{i}]"))
-            for i, v in enumerate(_list(section["num_tokens"], "data.num_tokens"))
+            int(number(v, f"data.num_tokens[{i}]"))
+            for i, v in enumerate(as_list(section["num_tokens"], "data.num_tokens"))
         ]
         axes.append([({"train.num_tokens": v}, {"num_tokens": v}) for v in vals])
     if "mixtures" in section:
-        mixes = _list(section["mixtures"], "data.mixtures")
+        mixes = as_list(section["mixtures"], "data.mixtures")
         for i, m in enumerate(mixes):
             if not isinstance(m, dict) or not m:
                 raise ConfigError(f"data.mixtures[{i}]", "expected {source name: weight}", "e.g. {web: 0.7, code: 0.3}")
         axes.append([({"data.mixture": m}, {"mixture": ",".join(f"{k}={v}" for k, v in m.items())}) for m in mixes])
     if "epochs" in section:
-        from scalelab.train.data.config import SourceConfig
-
         if "unique_tokens" not in SourceConfig.__dataclass_fields__:
             raise ConfigError(
                 "data.epochs",
@@ -674,8 +605,8 @@ def _data_axes(section: Any, ctx: _Context, gen: str) -> list[Point]:
                 "which this build's data layer (data.sources[i]) does not have",
                 "point a source at a corpus of the unique size and vary train.num_tokens",
             )
-        unique = int(_number(section.get("unique_tokens"), "data.unique_tokens"))
-        epochs = [_number(v, f"data.epochs[{i}]") for i, v in enumerate(_list(section["epochs"], "data.epochs"))]
+        unique = int(number(section.get("unique_tokens"), "data.unique_tokens"))
+        epochs = [number(v, f"data.epochs[{i}]") for i, v in enumerate(as_list(section["epochs"], "data.epochs"))]
         axes.append(
             [
                 (
@@ -700,46 +631,13 @@ def _seeds(section: Any, ctx: _Context) -> list[Point]:
         return []
     base_seed = int((ctx.base.get("train") or {}).get("seed", 0))
     if isinstance(section, list):
-        seeds = [int(_number(s, "seeds", positive=False)) for s in section]
+        seeds = [int(number(s, "seeds", positive=False)) for s in section]
     else:
-        k = _number(section, "seeds", example="3")
+        k = number(section, "seeds", example="3")
         if not k.is_integer():
             raise ConfigError("seeds", f"{section!r} is not a whole number of seeds", "e.g. seeds: 3, or a list")
         seeds = [base_seed + i for i in range(int(k))]
     return [({"train.seed": s}, {"seed": s}) for s in seeds]
-
-
-def _from_tree(tree: dict[str, Any], labels: dict[str, Any]) -> RunSpec:
-    from scalelab.models.accounting import flops_per_token, num_params, num_params_nonembedding
-    from scalelab.train.config import build_run_config, config_hash, to_dict
-
-    cfg = build_run_config(tree)
-    fpt = flops_per_token(cfg.model, cfg.seq_len)
-    num_tokens = cfg.num_steps * cfg.tokens_per_step
-    return RunSpec(
-        run_id=config_hash(cfg),
-        config=to_dict(cfg),
-        labels=labels,
-        params=num_params(cfg.model),
-        params_nonembed=num_params_nonembedding(cfg.model),
-        num_tokens=num_tokens,
-        flops_6n=fpt.six_n * num_tokens,
-        flops_exact=fpt.exact * num_tokens,
-        cost_flops=fpt.six_n * num_tokens,
-    )
-
-
-def run_config(run: RunSpec):
-    """The RunConfig of a resolved run (its id is checked, so a changed code default is caught)."""
-    from scalelab.train.config import build_run_config, config_hash
-
-    cfg = build_run_config(run.config)
-    if config_hash(cfg) != run.run_id:
-        raise UsageError(
-            f"run {run.run_id}: its saved config now hashes to {config_hash(cfg)} "
-            "(config defaults changed?); launch the spec again into a new sweep"
-        )
-    return cfg
 
 
 def dump_spec(spec: dict[str, Any]) -> str:

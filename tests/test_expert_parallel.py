@@ -1,62 +1,79 @@
 """Expert parallel (and its composition with FSDP and TP) vs one device on CPU/gloo.
 
-One spawned process group per world size runs every layout of that size through `parallelize`:
-loss per step, router statistics (tokens per expert, aux loss), the first step's expert, router and
-shared-expert gradients and all final parameters must match the single-device run within 1e-5
-(SGD, fp32), and the routed counts exactly. Layouts: ep2, ep2 with capacity factor, MoE under TP
-alone (ep1xtp2-sp), ep4, fsdp4xep2 (experts FSDP-sharded over 2), 2 experts sharded on dim 1,
-ep2xtp2 with and without sequence parallel (experts split over ep and over tp by hidden width),
-dp2xep2 (HSDP: expert shards all-reduced across the 2 replicas).
+Every layout goes through the one parity harness (scalelab.parallel.parity, the training loop's
+`parallelize` path) on the moe-debug preset with a shared expert and both router losses: loss per
+step, router statistics (tokens per expert summed over the data-parallel ranks, mean aux loss),
+every gradient at the first step and all final parameters must match the single-device run within
+1e-5 (SGD, fp32, no clipping: a gradient-scale error shows), the routed counts exactly, and rank 0's
+memory the planner's exact state bytes. Layouts: ep2, ep2 with capacity factor 1.0, MoE under TP
+alone (tp2sp), ep4, fsdp4xep2 (experts FSDP-sharded over 2), 2 experts top-1 under fsdp4xep2
+(expert weights sharded on dim 1), ep2xtp2 with and without sequence parallel (experts split over
+ep and over tp by hidden width), dp2xep2 (HSDP: expert shards all-reduced across the 2 replicas).
 ~30-60 s in total on a loaded 2-core machine.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from scalelab.errors import UsageError
-from scalelab.parallel.ep_parity import EPLayout, EPSpec, ep_parity, parse_ep_layout
+from scalelab.parallel.layouts import parse_layout
+from scalelab.parallel.parity import ParitySpec, moe_debug_model, run_parity_jobs
+
+MOE = ParitySpec(model=moe_debug_model(), optimizer="sgd", steps=2, seq_len=16, grad_clip=0.0, tolerance=1e-5)
 
 
-def _check(rows):
-    for row in rows:
-        assert row["router_counts_equal"], row
-        assert row["max_loss_diff"] <= 1e-5, row
-        assert row["max_aux_diff"] <= 1e-5, row
-        assert row["max_expert_grad_diff"] <= 1e-5, row
+def _moe(**model) -> ParitySpec:
+    return dataclasses.replace(MOE, model=moe_debug_model(**model))
+
+
+def _check(report):
+    for row in report.rows:
+        assert row.router_ok, row
+        assert row.max_loss_diff <= 1e-5, row
+        assert row.max_aux_diff <= 1e-5, row
+        assert row.max_grad_diff <= 1e-5, row
         # relative too: the gradients are ~1e-4, so a wrong 1/ep scale could hide under 1e-5 alone
-        assert row["max_expert_grad_diff"] <= 1e-3 * row["expert_grad_scale"], row
-        assert row["max_param_diff"] <= 1e-5, row
-        assert row["memory_ok"], row  # planner state bytes == what rank 0 holds
-        assert row["ok"], row
+        assert row.max_grad_diff <= 1e-3 * row.grad_scale, row
+        assert row.max_param_diff <= 1e-5, row
+        assert row.memory_ok, row  # planner state bytes == what rank 0 holds
+        assert row.ok, row
 
 
 def test_ep_world2_matches_single_device():
     torch.set_num_threads(1)
-    _check(ep_parity(["ep2", "ep2-cf", "ep1xtp2-sp"], EPSpec()))
+    _check(run_parity_jobs([(["ep2", "tp2sp"], MOE), (["ep2"], _moe(capacity_factor=1.0))]))
 
 
 def test_ep_world4_and_fsdp_composition_match_single_device():
     torch.set_num_threads(1)
-    _check(ep_parity(["ep4", "fsdp4xep2", "fsdp4xep2-e2", "ep2xtp2", "ep2xtp2-sp", "dp2xep2"], EPSpec()))
+    jobs = [
+        (["ep4", "fsdp4xep2", "ep2xtp2", "ep2xtp2sp", "dp2xep2"], MOE),
+        (["fsdp4xep2"], _moe(num_experts=2, num_experts_per_tok=1)),  # fewer local experts than FSDP ranks
+    ]
+    _check(run_parity_jobs(jobs))
 
 
-def test_layout_names():
-    assert parse_ep_layout("ep2") == EPLayout(dp_shard=2, ep=2)
-    assert parse_ep_layout("fsdp4xep2-grouped") == EPLayout(dp_shard=4, ep=2, option="grouped")
-    lay = parse_ep_layout("fsdp2xep2xtp2-sp-cf")
-    assert lay == EPLayout(dp_shard=2, ep=2, tp=2, sp=True, option="cf") and lay.world_size == 4
-    for bad in ("ep1", "fsdp3xep2", "ep2-fast", "tp2", "ep2-sp", "ep1xtp1"):
+def test_ep_layout_names():
+    assert parse_layout("ep2").dp_shard == 2 and parse_layout("ep2").ep == 2  # the shard group is ep's
+    lay = parse_layout("fsdp2xep2xtp2sp")
+    assert (lay.dp_shard, lay.ep, lay.tp, lay.sequence_parallel, lay.world_size) == (2, 2, 2, True, 4)
+    assert parse_layout("dp2xep2").world_size == 4
+    for bad in ("ep2-fast", "ep2-sp", "ep", "epx2"):
         with pytest.raises(UsageError):
-            parse_ep_layout(bad)
+            parse_layout(bad)
 
 
-def test_parity_command_checks_ep_layout_names_first(capsys):
+def test_parity_command_checks_ep_layouts_first(capsys):
     from scalelab.cli.main import main
 
-    assert main(["parity", "--layouts", "single,ep1"]) == 2  # before any process starts
-    assert "ep must be >= 2" in capsys.readouterr().err
+    assert main(["parity", "--layouts", "single,fsdp4xep3"]) == 2  # before any process starts
+    assert "3 does not divide dp_shard*cp = 4" in capsys.readouterr().err
+    assert main(["parity", "--model", "debug", "--layouts", "ep2"]) == 2
+    assert "expert parallel needs an MoE model" in capsys.readouterr().err
 
 
 def _zero_rows_worker(out_dir: str) -> None:

@@ -19,14 +19,16 @@ from scalelab.models.config import ModelConfig
 from scalelab.models.llama import build_model
 from scalelab.models.loss import lm_loss
 from scalelab.models.moe import MoE, grouped_swiglu, imbalance, summarize_stats
-from scalelab.parallel.ep_parity import moe_debug_model
+from scalelab.models.presets import get_preset
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread per module
 
 
 def moe_cfg(**kw) -> ModelConfig:
-    """The EP parity MoE (scalelab.parallel.ep_parity), smaller: 4 experts of width 16, vocab 96."""
-    return moe_debug_model(**{"vocab_size": 96, "max_seq_len": 32, "num_experts": 4, "moe_d_ff": 16, **kw})
+    """The moe-debug preset at d_model 32 with 4 experts of width 16, a shared expert, vocab 96."""
+    small = dict(vocab_size=96, d_model=32, d_ff=64, max_seq_len=32, num_experts=4, moe_d_ff=16, kernels="torch")
+    losses = dict(num_shared_experts=1, router_aux_loss_weight=0.01, router_z_loss_weight=0.001)
+    return get_preset("moe-debug", **{**small, **losses, **kw})
 
 
 @pytest.mark.parametrize(
@@ -197,7 +199,7 @@ def test_moe_module_in_blocks_and_hooks():
 
 
 def test_aux_loss_reduces_imbalance_in_a_short_run():
-    from scalelab.parallel.ep_parity import aux_balance_run
+    from scalelab.train.moe_balance import aux_balance_run
 
     off, on = aux_balance_run(0.0, steps=40), aux_balance_run(0.1, steps=40)
     assert off["imbalance_first"] == on["imbalance_first"]  # same start

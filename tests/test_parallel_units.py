@@ -12,9 +12,11 @@ from scalelab.errors import ConfigError, UsageError
 from scalelab.models.llama import build_model
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.dims import ParallelDims
-from scalelab.parallel.memory import expected_memory, full_param_shapes, local_shape, measured_memory
-from scalelab.parallel.parity import debug_model, parse_layout
+from scalelab.parallel.layouts import layout_name, parse_layout
+from scalelab.parallel.memory import expected_memory, measured_memory
+from scalelab.parallel.parity import debug_model
 from scalelab.parallel.pipeline import split_layers, stage_ids_for_rank
+from scalelab.parallel.planner_memory import local_shape, param_shapes
 
 
 def _dims(world=None, model=None, seq_len=None, batch=None, **kw):
@@ -77,9 +79,22 @@ def test_layout_names():
     plain = parse_layout("tp2")
     assert not plain.sequence_parallel and not plain.loss_parallel and plain.fsdp_reshard_after_forward
     assert parse_layout("pp2").pp_schedule == "1f1b" and parse_layout("single").world_size == 1
-    for bad in ("dp", "tp2x", "qq2", "tp2xtp2", "fsdp2-zero9", "dp2+fast"):
+    for bad in ("dp", "tp2x", "qq2", "tp2xtp2", "fsdp2-zero9", "dp2+fast", "cp2-fast", "ep2sp"):
         with pytest.raises(UsageError):
             parse_layout(bad)
+    ring = parse_layout("dp2xcp2-ring+compile")
+    assert (ring.dp_replicate, ring.cp, ring.cp_variant, ring.compile) == (2, 2, "ring", True)
+    # one grammar both ways: every name reads back as the same ParallelConfig
+    for name in (
+        "single",
+        "dp2xfsdp2-zero2xtp2spxpp2-zb+sac",
+        "ep2xtp2",
+        "fsdp4xep2",
+        "cp2-ring+bf16",
+        "pp2-interleaved",
+    ):
+        assert layout_name(parse_layout(name)) == name
+        assert parse_layout(layout_name(parse_layout(name))) == parse_layout(name)
 
 
 def _worst(bounds, costs, first, last):
@@ -118,12 +133,12 @@ def test_stage_placement():
 def test_memory_formula_single_device_matches_the_model():
     cfg = debug_model(2)
     model = build_model(cfg, "cpu", seed=0)
-    assert {k: tuple(v.shape) for k, v in model.named_parameters()} == full_param_shapes(cfg)
+    assert {k: tuple(v.shape) for k, v in model.named_parameters()} == param_shapes(cfg)
     opt = torch.optim.AdamW(model.parameters())
     model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
     opt.step()
     got = measured_memory(model, opt)
-    want = expected_memory(cfg, ParallelDims(), ParallelConfig(), {}, optimizer="adamw", seq_len=32)
+    want = expected_memory(cfg, ParallelConfig(), {}, optimizer="adamw", seq_len=32)
     assert got == want
 
 

@@ -18,9 +18,8 @@ import torch
 from scalelab.models.llama import build_model
 from scalelab.models.presets import get_preset
 from scalelab.parallel.config import ParallelConfig
-from scalelab.parallel.dims import ParallelDims
-from scalelab.parallel.ep_parity import moe_debug_model
 from scalelab.parallel.memory import expected_memory, measured_memory
+from scalelab.parallel.parity import moe_debug_model
 from scalelab.parallel.planner import (
     CostConstants,
     Hardware,
@@ -30,7 +29,7 @@ from scalelab.parallel.planner import (
     measurements_from_runs,
     plan_layouts,
 )
-from scalelab.parallel.planner_memory import Layout, param_shapes, state_bytes
+from scalelab.parallel.planner_memory import param_shapes, state_bytes
 from scalelab.parallel.planner_validate import local_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread per module
@@ -45,7 +44,7 @@ def test_state_bytes_single_device_equal_the_tensors(cfg):
     model(x[:, :-1]).sum().backward()
     opt.step()
     measured = measured_memory(model, opt)
-    assert state_bytes(cfg, Layout(), seq_len=8).as_dict() == measured.as_dict()
+    assert state_bytes(cfg, ParallelConfig(), seq_len=8).as_dict() == measured.as_dict()
 
 
 @pytest.mark.parametrize(
@@ -64,13 +63,11 @@ def test_state_bytes_single_device_equal_the_tensors(cfg):
 def test_state_bytes_equal_parallel_accounting(axes):
     cfg = replace(get_preset("tiny-1m", kernels="torch"), num_layers=8)
     pcfg = ParallelConfig(**axes)
-    dims = ParallelDims(**{k: v for k, v in axes.items() if k != "pp_schedule"})
-    lay = Layout(**axes)
     worst = max(
-        (expected_memory(cfg, dims, pcfg, {"pp": r}, optimizer="adamw", seq_len=64) for r in range(dims.pp)),
+        (expected_memory(cfg, pcfg, {"pp": r}, optimizer="adamw", seq_len=64) for r in range(pcfg.pp)),
         key=lambda m: m.total_bytes,
     )
-    assert state_bytes(cfg, lay, seq_len=64).as_dict() == worst.as_dict()
+    assert state_bytes(cfg, pcfg, seq_len=64).as_dict() == worst.as_dict()
 
 
 def test_activation_formula_within_10_percent_of_saved_tensors():
@@ -86,7 +83,7 @@ def test_published_layouts_fit_and_rank():
     assert plans and all(p.fits for p in plans)
     assert all(a.step_time_s <= b.step_time_s for a, b in zip(plans, plans[1:]))
     best = plans[0]
-    assert best.layout.world_size == 8 and best.memory["total"] <= hw.gpu_memory_bytes
+    assert best.parallel.world_size == 8 and best.memory["total"] <= hw.gpu_memory_bytes
     assert set(best.memory) == {"params", "grads", "optimizer", "activations", "buffers", "total"}
     # A layout that cannot fit: 8B on one 80 GiB GPU with AdamW (16 bytes/param of state > 80 GiB)
     assert plan_layouts(get_preset("8b"), num_gpus=1, seq_len=8192, global_batch_tokens=8192, hw=hw) == []
@@ -94,8 +91,8 @@ def test_published_layouts_fit_and_rank():
 
 def test_more_memory_pressure_buys_checkpointing_or_sharding():
     cfg = get_preset("8b")
-    lay = Layout(dp_shard=8, micro_batch_sequences=4)
-    kw = dict(seq_len=8192, global_batch_sequences=32, hw=Hardware(), consts=CostConstants())
+    lay = ParallelConfig(dp_shard=8)
+    kw = dict(micro_batch_sequences=4, seq_len=8192, global_batch_sequences=32, hw=Hardware(), consts=CostConstants())
     none = estimate(cfg, lay, **kw)
     full = estimate(cfg, replace(lay, activation_checkpoint="full"), **kw)
     assert full.memory["activations"] < none.memory["activations"] / 5
@@ -108,20 +105,21 @@ def test_calibrate_recovers_constants_from_synthetic_runs():
     truth = CostConstants(mfu=0.3, comm_efficiency=0.4, fsdp_overlap=0.5, activation_scale=1.25, overhead_bytes=5e9)
     hw = Hardware(inter_node_bytes_per_s=25e9)
     cfg = get_preset("1b")
-    layouts = [
-        Layout(dp_shard=16, micro_batch_sequences=1),
-        Layout(dp_shard=16, micro_batch_sequences=4),
-        Layout(dp_shard=8, tp=2, micro_batch_sequences=2),
-        Layout(dp_replicate=2, dp_shard=8, micro_batch_sequences=2, activation_checkpoint="full"),
-        Layout(dp_shard=4, cp=4, micro_batch_sequences=1),
+    layouts = [  # (layout, sequences per micro-batch)
+        (ParallelConfig(dp_shard=16), 1),
+        (ParallelConfig(dp_shard=16), 4),
+        (ParallelConfig(dp_shard=8, tp=2), 2),
+        (ParallelConfig(dp_replicate=2, dp_shard=8, activation_checkpoint="full"), 2),
+        (ParallelConfig(dp_shard=4, cp=4), 1),
     ]
     runs = []
-    for lay in layouts:
-        p = estimate(cfg, lay, seq_len=4096, global_batch_sequences=64, hw=hw, consts=truth)
+    for lay, mbs in layouts:
+        p = estimate(cfg, lay, micro_batch_sequences=mbs, seq_len=4096, global_batch_sequences=64, hw=hw, consts=truth)
         runs.append(
             Measurement(
                 cfg=cfg,
-                layout=lay,
+                parallel=lay,
+                micro_batch_sequences=mbs,
                 seq_len=4096,
                 global_batch_sequences=64,
                 step_time_s=p.step_time_s,
@@ -134,7 +132,15 @@ def test_calibrate_recovers_constants_from_synthetic_runs():
     assert got.activation_scale == pytest.approx(1.25, rel=1e-6)
     assert got.overhead_bytes == pytest.approx(5e9, rel=1e-6)
     for m in runs:  # the refitted model reproduces every measured step time
-        p = estimate(m.cfg, m.layout, seq_len=4096, global_batch_sequences=64, hw=hw, consts=got)
+        p = estimate(
+            m.cfg,
+            m.parallel,
+            micro_batch_sequences=m.micro_batch_sequences,
+            seq_len=4096,
+            global_batch_sequences=64,
+            hw=hw,
+            consts=got,
+        )
         assert p.step_time_s == pytest.approx(m.step_time_s, rel=0.02)
 
 
@@ -156,8 +162,8 @@ def test_measurements_from_run_records(tmp_path):
         tmp_path / "metrics.parquet"
     )
     (m,) = measurements_from_runs([tmp_path], skip_steps=2)
-    assert m.layout.dp_shard == 2 and m.layout.activation_checkpoint == "full"
-    assert m.layout.micro_batch_sequences == 2 and m.global_batch_sequences == 8
+    assert m.parallel.dp_shard == 2 and m.parallel.activation_checkpoint == "full"
+    assert m.micro_batch_sequences == 2 and m.global_batch_sequences == 8
     assert m.step_time_s == pytest.approx(1.0)  # 1024 tokens at the median 1024 tokens/s
 
 

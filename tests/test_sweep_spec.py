@@ -136,7 +136,7 @@ def test_cooldown_branch_equals_a_standalone_run(tmp_path):
 
     import torch
 
-    from scalelab.sweeps.spec import run_config
+    from scalelab.sweeps.runspec import run_config
     from scalelab.train.loop import train_run
 
     base = {

@@ -27,10 +27,14 @@ from typing import Any
 
 from scalelab.errors import ConfigError
 from scalelab.models.config import ModelConfig
+from scalelab.models.presets import get_preset
+from scalelab.models.shapes import shape_for_params
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.dims import ParallelDims
 from scalelab.train.config_tree import apply_overrides, from_dict, load_yaml, to_dict
 from scalelab.train.data.config import DataConfig
+from scalelab.train.data.tokenizer import load_tokenizer
+from scalelab.train.eval_tasks import load_tasks
 
 SCHEDULES = ("cosine", "wsd", "constant")
 
@@ -133,9 +137,6 @@ class RunConfig:
 
 def _expand_model_section(model: dict[str, Any]) -> dict[str, Any]:
     """`preset:` or `target_params:` become full ModelConfig fields; explicit keys override them."""
-    from scalelab.models.presets import get_preset
-    from scalelab.models.shapes import shape_for_params
-
     model = dict(model)
     preset = model.pop("preset", None)
     target = model.pop("target_params", None)
@@ -206,8 +207,6 @@ def build_run_config(data: dict[str, Any], overrides: list[str] | None = None) -
         if src.path != "default" and not os.path.isabs(src.path) and os.path.exists(src.path):
             src.path = os.path.abspath(src.path)
     if not explicit_vocab:
-        from scalelab.train.data.tokenizer import load_tokenizer
-
         cfg.model.vocab_size = padded_vocab_size(load_tokenizer(cfg.data.tokenizer).vocab_size)
     validate_run_config(cfg)
     return cfg
@@ -247,8 +246,6 @@ def validate_run_config(cfg: RunConfig) -> None:
     ParallelDims.from_config(cfg.parallel, world_size=cfg.parallel.world_size)
     cfg.model.validate("model")
     cfg.data.validate("data")
-    from scalelab.train.data.tokenizer import load_tokenizer
-
     tok_vocab = load_tokenizer(cfg.data.tokenizer).vocab_size
     if cfg.model.vocab_size < tok_vocab:
         raise ConfigError(
@@ -317,8 +314,6 @@ def validate_run_config(cfg: RunConfig) -> None:
         if getattr(getattr(cfg, section), name) < 0:
             raise ConfigError(key, "must be >= 0", "use 0 to disable")
     if cfg.eval.tasks:
-        from scalelab.train.eval_tasks import load_tasks
-
         try:
             load_tasks(cfg.eval.tasks, limit=1)
         except (ValueError, OSError) as e:  # ConfigError included: re-keyed to the config path

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
 from scalelab.errors import UsageError
+from scalelab.train.data.tokenizer import load_tokenizer
+from scalelab.train.eval_checkpoint import find_checkpoints, load_checkpoint_model
 from scalelab.train.eval_tasks import continuation_logprobs, encode_pair
 
 try:  # optional extra
@@ -66,9 +69,6 @@ class ScalelabLM(_LMBase):
         if HAVE_LM_EVAL:
             super().__init__()
         if checkpoint is not None:
-            from scalelab.train.data.tokenizer import load_tokenizer
-            from scalelab.train.eval_checkpoint import load_checkpoint_model
-
             model, cfg, _ = load_checkpoint_model(_as_path(checkpoint), device)
             tokenizer = load_tokenizer(cfg.data.tokenizer)
             max_seq_len = max_seq_len or cfg.model.max_seq_len
@@ -167,9 +167,5 @@ class ScalelabLM(_LMBase):
 
 
 def _as_path(checkpoint: str):
-    from pathlib import Path
-
-    from scalelab.train.eval_checkpoint import find_checkpoints
-
     _, ckpts = find_checkpoints(checkpoint)
     return ckpts[-1] if not (Path(checkpoint) / "train_state.json").exists() else Path(checkpoint)

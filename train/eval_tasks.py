@@ -44,7 +44,8 @@ from pathlib import Path
 import torch
 
 from scalelab.errors import ConfigError, UsageError
-from scalelab.train.data.corpus import iter_jsonl
+from scalelab.train.data.corpus import iter_documents, iter_jsonl
+from scalelab.train.data.prepare import select_val_documents
 
 BUNDLED_TASKS = ("stdlib_nextline", "stdlib_completion")
 MC_METRICS = ("acc", "acc_norm", "bpb")
@@ -158,9 +159,6 @@ def load_olmes_task(spec: str, limit: int | None = None) -> MCTask:
 
 def _heldout_stdlib_documents() -> list[str]:
     """Texts of the default corpus's held-out documents (the byte-tokenizer val split at 1%)."""
-    from scalelab.train.data.corpus import iter_documents
-    from scalelab.train.data.prepare import select_val_documents
-
     docs = list(iter_documents(["default"]))
     chosen = select_val_documents([d.key for d in docs], [len(d.data) + 1 for d in docs], 0.01, None)
     return [docs[i].data.decode("utf-8") for i in sorted(chosen)]

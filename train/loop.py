@@ -43,6 +43,7 @@ from scalelab.train.data.bundle import build_data
 from scalelab.train.eval_parallel import step_logprobs
 from scalelab.train.eval_tasks import evaluate_tasks, load_tasks
 from scalelab.train.evaluate import autocast_for, evaluate_sources
+from scalelab.train.loggers import open_progress, open_wandb
 from scalelab.train.optim import build_optimizer, set_lr
 from scalelab.train.records import (
     RecordWriter,
@@ -289,7 +290,7 @@ def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, 
         optimizer=optimizer,
         data=data,
         writer=writer,
-        logger=_open_wandb(cfg, run_dir, runtime),
+        logger=open_wandb(cfg, run_dir, runtime),
         callbacks=callbacks,
         tasks=load_tasks(cfg.eval.tasks, cfg.eval.task_limit or None) if cfg.eval.tasks else [],
         static=static,
@@ -297,7 +298,7 @@ def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, 
         micro_sequences=micro,
         num_micro=local_sequences // micro,
     )
-    bar = _progress(cfg, runtime, start.step)
+    bar = open_progress(cfg, runtime, start.step)
     par.model.train()
     if hasattr(par.model, "set_moe_loss_scale"):  # MoE aux losses get the LM loss's 1/num_micro too
         par.model.set_moe_loss_scale(1.0 / s.num_micro)
@@ -473,47 +474,3 @@ def _summary(cfg, run_dir: Path, writer: RecordWriter, static: dict, best_loss: 
         flops_6n=static["flops_per_token_6n"] * static["num_tokens"],
         flops_exact=static["flops_per_token_exact"] * static["num_tokens"],
     )
-
-
-def _progress(cfg, runtime, start_step):
-    if not runtime.is_rank0:
-        return None
-    mode = cfg.logging.progress
-    if mode == "off" or (mode == "auto" and not sys.stderr.isatty()):
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=cfg.num_steps, initial=start_step, unit="step", desc=cfg.name, dynamic_ncols=True)
-
-
-class _Wandb:
-    def __init__(self, run):
-        self.run = run
-
-    def log(self, data, step):
-        self.run.log(data, step=step)
-
-    def summary_update(self, data):
-        self.run.summary.update({k: v for k, v in data.items() if v is not None})
-
-    def finish(self):
-        self.run.finish()
-
-
-def _open_wandb(cfg, run_dir: Path, runtime: Runtime):
-    if not runtime.is_rank0 or cfg.logging.wandb == "disabled":
-        return None
-    import wandb
-
-    run = wandb.init(
-        project=cfg.logging.wandb_project,
-        name=cfg.name,
-        id=config_hash(cfg),
-        resume="allow",
-        mode=cfg.logging.wandb,
-        dir=str(run_dir),
-        config=to_dict(cfg),
-        reinit="finish_previous",
-        settings=wandb.Settings(silent=True, console="off"),
-    )
-    return _Wandb(run)

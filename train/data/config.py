@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelab.errors import ConfigError
+from scalelab.train.data.tokenizer import load_tokenizer
 
 
 @dataclass(kw_only=True, slots=True)
@@ -47,8 +48,6 @@ class DataConfig:
 
     def validate(self, prefix: str = "data") -> None:
         """Check every field; raise ConfigError(key, problem, fix) on the first bad one."""
-        from scalelab.train.data.tokenizer import load_tokenizer
-
         try:
             load_tokenizer(self.tokenizer)
         except ConfigError as e:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from scalelab.errors import ConfigError
+from scalelab.train.data.corpus import iter_documents
 
 EOT_TEXT = "<|endoftext|>"
 
@@ -180,8 +181,6 @@ def train_bpe(
     """
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
-
-    from scalelab.train.data.corpus import iter_documents
 
     if vocab_size < 258:
         raise ConfigError("vocab_size", f"{vocab_size} leaves no room for merges", "use at least 258, e.g. 4096")
