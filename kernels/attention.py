@@ -15,12 +15,18 @@ Lengths that are not multiples of the block sizes are handled by masked loads (z
 masking scores of keys past the end. Head dims are padded to a power of two inside the kernel
 (64 and 128 are exact). With causal=True, T must equal S (self-attention, as in the model).
 
+Argument bundles: every [B, H, T, Dh] tensor travels with its strides as one tuple (`q.stride()`);
+inside a program, one head's matrix is `(pointer to its [T, Dh] matrix, strides)`, and `_tile` /
+`_store_tile` address its blocks. Reading order: the forward (its inner loop over key blocks, then
+the kernel), the three backward kernels likewise, the launchers, the autograd Function.
+
 Run the checks: `pytest tests/test_kernels_attention.py` (CPU, TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -41,220 +47,95 @@ _INTERP_DKDV = {"BLOCK_M": 16, "BLOCK_N": 32}
 _INTERP_DQ = {"BLOCK_M": 32, "BLOCK_N": 16}
 
 
+# --- addressing ------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_inner(
-    acc,
-    l_i,
-    m_i,
-    q,
-    k_base,
-    v_base,
-    sk_t,
-    sk_d,
-    sv_t,
-    sv_d,
-    offs_m,
-    offs_d,
-    lo,
-    hi,
-    S,
-    qk_scale,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASK_CAUSAL: tl.constexpr,
-    MASK_S: tl.constexpr,
-    DT: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    d_ok = offs_d < HEAD_DIM
+def _head(ptr, strides, b, h):
+    """One head's [T, Dh] matrix of a [B, H, T, Dh] tensor: (pointer to it, the tensor's strides)."""
+    return ptr + b * strides[0] + h * strides[1], strides
+
+
+@triton.jit
+def _tile(mat, rows, n_rows, cols, n_cols, TRANSPOSED: tl.constexpr):
+    """The [rows, cols] block of a head's matrix (`_head`), or its transpose [cols, rows] read in
+    place; zeros past n_rows (sequence) or n_cols (head dim)."""
+    base, strides = mat
+    if TRANSPOSED:
+        ptrs = base + rows[None, :] * strides[2] + cols[:, None] * strides[3]
+        mask = (rows < n_rows)[None, :] & (cols < n_cols)[:, None]
+    else:
+        ptrs = base + rows[:, None] * strides[2] + cols[None, :] * strides[3]
+        mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _store_tile(mat, rows, n_rows, cols, n_cols, value):
+    base, strides = mat
+    ptrs = base + rows[:, None] * strides[2] + cols[None, :] * strides[3]
+    tl.store(ptrs, value.to(base.dtype.element_ty), mask=(rows < n_rows)[:, None] & (cols < n_cols)[None, :])
+
+
+# --- forward ---------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_inner(state, q, k, v, rows, lo, hi, S, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+               MASK_CAUSAL: tl.constexpr, MASK_S: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """Online softmax of the query block `rows` = (offs_m, offs_d) over keys [lo, hi);
+    state = (acc, row sum l, row max m), returned updated."""
+    acc, l_i, m_i = state
+    offs_m, offs_d = rows
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < S
-        kT = tl.load(
-            k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
-            mask=n_ok[None, :] & d_ok[:, None],
-            other=0.0,
-        )
-        v = tl.load(
-            v_base + offs_n[:, None] * sv_t + offs_d[None, :] * sv_d,
-            mask=n_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        )
+        kT = _tile(k, offs_n, S, offs_d, HEAD_DIM, True)
+        v_blk = _tile(v, offs_n, S, offs_d, HEAD_DIM, False)
         qk = tl.dot(q, kT.to(DT), input_precision=PREC) * qk_scale
         if MASK_CAUSAL:
             qk = tl.where(offs_m[:, None] >= offs_n[None, :], qk, float("-inf"))
         if MASK_S:
-            qk = tl.where(n_ok[None, :], qk, float("-inf"))
+            qk = tl.where((offs_n < S)[None, :], qk, float("-inf"))
         # Online softmax; every row sees key 0 in its first block, so m_new is finite.
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DT), v.to(DT), input_precision=PREC)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DT), v_blk.to(DT), input_precision=PREC)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def _attn_fwd(
-    Q,
-    K,
-    V,
-    Out,
-    LSE,
-    sq_b,
-    sq_h,
-    sq_t,
-    sq_d,
-    sk_b,
-    sk_h,
-    sk_t,
-    sk_d,
-    sv_b,
-    sv_h,
-    sv_t,
-    sv_d,
-    so_b,
-    so_h,
-    so_t,
-    so_d,
-    H,
-    T,
-    S,
-    GROUP,
-    qk_scale,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    MASK_S: tl.constexpr,
-    DT: tl.constexpr,
-    PREC: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+def _attn_fwd(Q, K, V, Out, LSE, sq, sk, sv, so, H, T, S, GROUP, qk_scale,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, MASK_S: tl.constexpr,
+              DT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
-    hk = h // GROUP
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    m_ok = offs_m < T
-    d_ok = offs_d < HEAD_DIM
-    q = tl.load(
-        Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :] * sq_d,
-        mask=m_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    ).to(DT)
-    k_base = K + b * sk_b + hk * sk_h
-    v_base = V + b * sv_b + hk * sv_h
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D))
+    offs_m, offs_d = rows
+    q = _tile(_head(Q, sq, b, h), offs_m, T, offs_d, HEAD_DIM, False).to(DT)
+    k, v = _head(K, sk, b, h // GROUP), _head(V, sv, b, h // GROUP)
+    state = (
+        tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
+        tl.zeros([BLOCK_M], tl.float32),
+        tl.full([BLOCK_M], float("-inf"), tl.float32),
+    )
     if CAUSAL:
         # Keys below the diagonal block: no mask (they are < T == S). Then the diagonal block.
         diag = pid_m * BLOCK_M
-        acc, l_i, m_i = _fwd_inner(
-            acc,
-            l_i,
-            m_i,
-            q,
-            k_base,
-            v_base,
-            sk_t,
-            sk_d,
-            sv_t,
-            sv_d,
-            offs_m,
-            offs_d,
-            0,
-            diag,
-            S,
-            qk_scale,
-            HEAD_DIM,
-            BLOCK_N,
-            False,
-            False,
-            DT,
-            PREC,
-        )
-        acc, l_i, m_i = _fwd_inner(
-            acc,
-            l_i,
-            m_i,
-            q,
-            k_base,
-            v_base,
-            sk_t,
-            sk_d,
-            sv_t,
-            sv_d,
-            offs_m,
-            offs_d,
-            diag,
-            tl.minimum(diag + BLOCK_M, S),
-            S,
-            qk_scale,
-            HEAD_DIM,
-            BLOCK_N,
-            True,
-            True,
-            DT,
-            PREC,
-        )
+        state = _fwd_inner(state, q, k, v, rows, 0, diag, S, qk_scale, HEAD_DIM, BLOCK_N, False, False, DT, PREC)
+        hi = tl.minimum(diag + BLOCK_M, S)
+        state = _fwd_inner(state, q, k, v, rows, diag, hi, S, qk_scale, HEAD_DIM, BLOCK_N, True, True, DT, PREC)
     else:
-        acc, l_i, m_i = _fwd_inner(
-            acc,
-            l_i,
-            m_i,
-            q,
-            k_base,
-            v_base,
-            sk_t,
-            sk_d,
-            sv_t,
-            sv_d,
-            offs_m,
-            offs_d,
-            0,
-            S,
-            S,
-            qk_scale,
-            HEAD_DIM,
-            BLOCK_N,
-            False,
-            MASK_S,
-            DT,
-            PREC,
-        )
-    acc = acc / l_i[:, None]
-    tl.store(LSE + pid_bh.to(tl.int64) * T + offs_m, m_i + tl.log2(l_i), mask=m_ok)
-    tl.store(
-        Out + b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d,
-        acc.to(Out.dtype.element_ty),
-        mask=m_ok[:, None] & d_ok[None, :],
-    )
+        state = _fwd_inner(state, q, k, v, rows, 0, S, S, qk_scale, HEAD_DIM, BLOCK_N, False, MASK_S, DT, PREC)
+    acc, l_i, m_i = state
+    tl.store(LSE + pid_bh.to(tl.int64) * T + offs_m, m_i + tl.log2(l_i), mask=offs_m < T)
+    _store_tile(_head(Out, so, b, h), offs_m, T, offs_d, HEAD_DIM, acc / l_i[:, None])
 
 
+# --- backward --------------------------------------------------------------------------------------
 @triton.jit
-def _attn_bwd_delta(
-    Out,
-    DO,
-    DELTA,
-    so_b,
-    so_h,
-    so_t,
-    so_d,
-    sdo_b,
-    sdo_h,
-    sdo_t,
-    sdo_d,
-    H,
-    T,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-):
+def _attn_bwd_delta(Out, DO, DELTA, so, sdo, H, T, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_M: tl.constexpr):  # fmt: skip
     # delta_i = sum_d O[i, d] * dO[i, d] (fp32): the softmax-backward correction term.
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -262,53 +143,26 @@ def _attn_bwd_delta(
     h = (pid_bh % H).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    mask = (offs_m < T)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    o = tl.load(Out + b * so_b + h * so_h + offs_m[:, None] * so_t + offs_d[None, :] * so_d, mask=mask, other=0.0)
-    do = tl.load(DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d, mask=mask, other=0.0)
+    o = _tile(_head(Out, so, b, h), offs_m, T, offs_d, HEAD_DIM, False)
+    do = _tile(_head(DO, sdo, b, h), offs_m, T, offs_d, HEAD_DIM, False)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(DELTA + pid_bh.to(tl.int64) * T + offs_m, delta, mask=offs_m < T)
 
 
 @triton.jit
-def _dkdv_inner(
-    dk,
-    dv,
-    k,
-    v,
-    q_base,
-    do_base,
-    lse_base,
-    delta_base,
-    sq_t,
-    sq_d,
-    sdo_t,
-    sdo_d,
-    offs_n,
-    offs_d,
-    lo,
-    hi,
-    T,
-    qk_scale,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    MASK_CAUSAL: tl.constexpr,
-    DT: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    d_ok = offs_d < HEAD_DIM
+def _dkdv_inner(grads, kv, q, do, rowstats, cols, lo, hi, T, qk_scale, HEAD_DIM: tl.constexpr,
+                BLOCK_M: tl.constexpr, MASK_CAUSAL: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """dK, dV of the key block `cols` = (offs_n, offs_d) from query rows [lo, hi) of one query head:
+    grads = (dk, dv), kv = (k, v) blocks, q / do that head's matrices, rowstats = (lse, delta) pointers."""
+    dk, dv = grads
+    k, v = kv
+    offs_n, offs_d = cols
+    lse_base, delta_base = rowstats
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_ok = offs_m < T
-        qT = tl.load(
-            q_base + offs_m[None, :] * sq_t + offs_d[:, None] * sq_d,
-            mask=m_ok[None, :] & d_ok[:, None],
-            other=0.0,
-        ).to(DT)
-        do = tl.load(
-            do_base + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d,
-            mask=m_ok[:, None] & d_ok[None, :],
-            other=0.0,
-        ).to(DT)
+        qT = _tile(q, offs_m, T, offs_d, HEAD_DIM, True).to(DT)
+        do_blk = _tile(do, offs_m, T, offs_d, HEAD_DIM, False).to(DT)
         # lse = +inf past the end makes p = 0 for padded query rows.
         lse = tl.load(lse_base + offs_m, mask=m_ok, other=float("inf"))
         delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
@@ -316,222 +170,65 @@ def _dkdv_inner(
         pT = tl.exp2(qkT - lse[None, :])
         if MASK_CAUSAL:
             pT = tl.where(offs_m[None, :] >= offs_n[:, None], pT, 0.0)
-        dv += tl.dot(pT.to(DT), do, input_precision=PREC)
-        dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+        dv += tl.dot(pT.to(DT), do_blk, input_precision=PREC)
+        dpT = tl.dot(v, tl.trans(do_blk), input_precision=PREC)
         dsT = pT * (dpT - delta[None, :])
         dk += tl.dot(dsT.to(DT), tl.trans(qT), input_precision=PREC)
     return dk, dv
 
 
 @triton.jit
-def _attn_bwd_dkdv(
-    Q,
-    K,
-    V,
-    DO,
-    LSE,
-    DELTA,
-    DK,
-    DV,
-    sq_b,
-    sq_h,
-    sq_t,
-    sq_d,
-    sk_b,
-    sk_h,
-    sk_t,
-    sk_d,
-    sv_b,
-    sv_h,
-    sv_t,
-    sv_d,
-    sdo_b,
-    sdo_h,
-    sdo_t,
-    sdo_d,
-    sdk_b,
-    sdk_h,
-    sdk_t,
-    sdk_d,
-    sdv_b,
-    sdv_h,
-    sdv_t,
-    sdv_d,
-    H,
-    HK,
-    T,
-    S,
-    GROUP,
-    qk_scale,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    DT: tl.constexpr,
-    PREC: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+def _attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, sq, sk, sv, sdo, sdk, sdv, H, HK, T, S, GROUP, qk_scale,
+                   sm_scale, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr,
+                   DT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_bhk = tl.program_id(1)
     b = (pid_bhk // HK).to(tl.int64)
     hk = (pid_bhk % HK).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    kv_mask = (offs_n < S)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    k = tl.load(K + b * sk_b + hk * sk_h + offs_n[:, None] * sk_t + offs_d[None, :] * sk_d, mask=kv_mask, other=0.0).to(
-        DT
+    cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_D))
+    offs_n, offs_d = cols
+    kv = (
+        _tile(_head(K, sk, b, hk), offs_n, S, offs_d, HEAD_DIM, False).to(DT),
+        _tile(_head(V, sv, b, hk), offs_n, S, offs_d, HEAD_DIM, False).to(DT),
     )
-    v = tl.load(V + b * sv_b + hk * sv_h + offs_n[:, None] * sv_t + offs_d[None, :] * sv_d, mask=kv_mask, other=0.0).to(
-        DT
-    )
-    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    grads = (tl.zeros([BLOCK_N, BLOCK_D], tl.float32), tl.zeros([BLOCK_N, BLOCK_D], tl.float32))
     # The query heads sharing this kv head are summed here, so GQA needs no atomics.
     for g in range(0, GROUP):
         h = hk * GROUP + g
-        q_base = Q + b * sq_b + h * sq_h
-        do_base = DO + b * sdo_b + h * sdo_h
-        lse_base = LSE + (b * H + h) * T
-        delta_base = DELTA + (b * H + h) * T
+        q, do = _head(Q, sq, b, h), _head(DO, sdo, b, h)
+        rowstats = (LSE + (b * H + h) * T, DELTA + (b * H + h) * T)
         if CAUSAL:
             # Query rows >= this key block's start see it; the first BLOCK_N rows need the mask.
             start = pid_n * BLOCK_N
-            dk, dv = _dkdv_inner(
-                dk,
-                dv,
-                k,
-                v,
-                q_base,
-                do_base,
-                lse_base,
-                delta_base,
-                sq_t,
-                sq_d,
-                sdo_t,
-                sdo_d,
-                offs_n,
-                offs_d,
-                start,
-                tl.minimum(start + BLOCK_N, T),
-                T,
-                qk_scale,
-                HEAD_DIM,
-                BLOCK_M,
-                True,
-                DT,
-                PREC,
-            )
-            dk, dv = _dkdv_inner(
-                dk,
-                dv,
-                k,
-                v,
-                q_base,
-                do_base,
-                lse_base,
-                delta_base,
-                sq_t,
-                sq_d,
-                sdo_t,
-                sdo_d,
-                offs_n,
-                offs_d,
-                start + BLOCK_N,
-                T,
-                T,
-                qk_scale,
-                HEAD_DIM,
-                BLOCK_M,
-                False,
-                DT,
-                PREC,
-            )
+            hi = tl.minimum(start + BLOCK_N, T)
+            grads = _dkdv_inner(grads, kv, q, do, rowstats, cols, start, hi, T, qk_scale, HEAD_DIM, BLOCK_M, True, DT,
+                                PREC)  # fmt: skip
+            grads = _dkdv_inner(grads, kv, q, do, rowstats, cols, start + BLOCK_N, T, T, qk_scale, HEAD_DIM, BLOCK_M,
+                                False, DT, PREC)  # fmt: skip
         else:
-            dk, dv = _dkdv_inner(
-                dk,
-                dv,
-                k,
-                v,
-                q_base,
-                do_base,
-                lse_base,
-                delta_base,
-                sq_t,
-                sq_d,
-                sdo_t,
-                sdo_d,
-                offs_n,
-                offs_d,
-                0,
-                T,
-                T,
-                qk_scale,
-                HEAD_DIM,
-                BLOCK_M,
-                False,
-                DT,
-                PREC,
-            )
-    dk = dk * sm_scale
-    tl.store(
-        DK + b * sdk_b + hk * sdk_h + offs_n[:, None] * sdk_t + offs_d[None, :] * sdk_d,
-        dk.to(DK.dtype.element_ty),
-        mask=kv_mask,
-    )
-    tl.store(
-        DV + b * sdv_b + hk * sdv_h + offs_n[:, None] * sdv_t + offs_d[None, :] * sdv_d,
-        dv.to(DV.dtype.element_ty),
-        mask=kv_mask,
-    )
+            grads = _dkdv_inner(grads, kv, q, do, rowstats, cols, 0, T, T, qk_scale, HEAD_DIM, BLOCK_M, False, DT, PREC)
+    dk, dv = grads
+    _store_tile(_head(DK, sdk, b, hk), offs_n, S, offs_d, HEAD_DIM, dk * sm_scale)
+    _store_tile(_head(DV, sdv, b, hk), offs_n, S, offs_d, HEAD_DIM, dv)
 
 
 @triton.jit
-def _dq_inner(
-    dq,
-    q,
-    do,
-    lse,
-    delta,
-    k_base,
-    v_base,
-    sk_t,
-    sk_d,
-    sv_t,
-    sv_d,
-    offs_m,
-    offs_d,
-    lo,
-    hi,
-    S,
-    qk_scale,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASK_CAUSAL: tl.constexpr,
-    MASK_S: tl.constexpr,
-    DT: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    d_ok = offs_d < HEAD_DIM
+def _dq_inner(dq, q, do, rowstats, k, v, rows, lo, hi, S, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+              MASK_CAUSAL: tl.constexpr, MASK_S: tl.constexpr, DT: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """dQ of the query block `rows` = (offs_m, offs_d) from keys [lo, hi): q / do its blocks,
+    rowstats = (lse, delta) of its rows, k / v the kv head's matrices."""
+    offs_m, offs_d = rows
+    lse, delta = rowstats
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < S
-        kT = tl.load(
-            k_base + offs_n[None, :] * sk_t + offs_d[:, None] * sk_d,
-            mask=n_ok[None, :] & d_ok[:, None],
-            other=0.0,
-        ).to(DT)
-        vT = tl.load(
-            v_base + offs_n[None, :] * sv_t + offs_d[:, None] * sv_d,
-            mask=n_ok[None, :] & d_ok[:, None],
-            other=0.0,
-        ).to(DT)
+        kT = _tile(k, offs_n, S, offs_d, HEAD_DIM, True).to(DT)
+        vT = _tile(v, offs_n, S, offs_d, HEAD_DIM, True).to(DT)
         qk = tl.dot(q, kT, input_precision=PREC) * qk_scale
         p = tl.exp2(qk - lse[:, None])
         if MASK_CAUSAL:
             p = tl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
         if MASK_S:
-            p = tl.where(n_ok[None, :], p, 0.0)
+            p = tl.where((offs_n < S)[None, :], p, 0.0)
         dp = tl.dot(do, vT, input_precision=PREC)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(DT), tl.trans(kT), input_precision=PREC)
@@ -539,153 +236,35 @@ def _dq_inner(
 
 
 @triton.jit
-def _attn_bwd_dq(
-    Q,
-    K,
-    V,
-    DO,
-    LSE,
-    DELTA,
-    DQ,
-    sq_b,
-    sq_h,
-    sq_t,
-    sq_d,
-    sk_b,
-    sk_h,
-    sk_t,
-    sk_d,
-    sv_b,
-    sv_h,
-    sv_t,
-    sv_d,
-    sdo_b,
-    sdo_h,
-    sdo_t,
-    sdo_d,
-    sdq_b,
-    sdq_h,
-    sdq_t,
-    sdq_d,
-    H,
-    T,
-    S,
-    GROUP,
-    qk_scale,
-    sm_scale,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    MASK_S: tl.constexpr,
-    DT: tl.constexpr,
-    PREC: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
+def _attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, sq, sk, sv, sdo, sdq, H, T, S, GROUP, qk_scale, sm_scale,
+                 HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, MASK_S: tl.constexpr,
+                 DT: tl.constexpr, PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
-    hk = h // GROUP
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
+    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D))
+    offs_m, offs_d = rows
     m_ok = offs_m < T
-    mask = m_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-    q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_t + offs_d[None, :] * sq_d, mask=mask, other=0.0).to(DT)
-    do = tl.load(
-        DO + b * sdo_b + h * sdo_h + offs_m[:, None] * sdo_t + offs_d[None, :] * sdo_d, mask=mask, other=0.0
-    ).to(DT)
-    lse = tl.load(LSE + pid_bh.to(tl.int64) * T + offs_m, mask=m_ok, other=float("inf"))
-    delta = tl.load(DELTA + pid_bh.to(tl.int64) * T + offs_m, mask=m_ok, other=0.0)
-    k_base = K + b * sk_b + hk * sk_h
-    v_base = V + b * sv_b + hk * sv_h
+    q = _tile(_head(Q, sq, b, h), offs_m, T, offs_d, HEAD_DIM, False).to(DT)
+    do = _tile(_head(DO, sdo, b, h), offs_m, T, offs_d, HEAD_DIM, False).to(DT)
+    rowstats = (
+        tl.load(LSE + pid_bh.to(tl.int64) * T + offs_m, mask=m_ok, other=float("inf")),
+        tl.load(DELTA + pid_bh.to(tl.int64) * T + offs_m, mask=m_ok, other=0.0),
+    )
+    k, v = _head(K, sk, b, h // GROUP), _head(V, sv, b, h // GROUP)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if CAUSAL:
         diag = pid_m * BLOCK_M
-        dq = _dq_inner(
-            dq,
-            q,
-            do,
-            lse,
-            delta,
-            k_base,
-            v_base,
-            sk_t,
-            sk_d,
-            sv_t,
-            sv_d,
-            offs_m,
-            offs_d,
-            0,
-            diag,
-            S,
-            qk_scale,
-            HEAD_DIM,
-            BLOCK_N,
-            False,
-            False,
-            DT,
-            PREC,
-        )
-        dq = _dq_inner(
-            dq,
-            q,
-            do,
-            lse,
-            delta,
-            k_base,
-            v_base,
-            sk_t,
-            sk_d,
-            sv_t,
-            sv_d,
-            offs_m,
-            offs_d,
-            diag,
-            tl.minimum(diag + BLOCK_M, S),
-            S,
-            qk_scale,
-            HEAD_DIM,
-            BLOCK_N,
-            True,
-            True,
-            DT,
-            PREC,
-        )
+        dq = _dq_inner(dq, q, do, rowstats, k, v, rows, 0, diag, S, qk_scale, HEAD_DIM, BLOCK_N, False, False, DT, PREC)
+        hi = tl.minimum(diag + BLOCK_M, S)
+        dq = _dq_inner(dq, q, do, rowstats, k, v, rows, diag, hi, S, qk_scale, HEAD_DIM, BLOCK_N, True, True, DT, PREC)
     else:
-        dq = _dq_inner(
-            dq,
-            q,
-            do,
-            lse,
-            delta,
-            k_base,
-            v_base,
-            sk_t,
-            sk_d,
-            sv_t,
-            sv_d,
-            offs_m,
-            offs_d,
-            0,
-            S,
-            S,
-            qk_scale,
-            HEAD_DIM,
-            BLOCK_N,
-            False,
-            MASK_S,
-            DT,
-            PREC,
-        )
-    dq = dq * sm_scale
-    tl.store(
-        DQ + b * sdq_b + h * sdq_h + offs_m[:, None] * sdq_t + offs_d[None, :] * sdq_d,
-        dq.to(DQ.dtype.element_ty),
-        mask=mask,
-    )
+        dq = _dq_inner(dq, q, do, rowstats, k, v, rows, 0, S, S, qk_scale, HEAD_DIM, BLOCK_N, False, MASK_S, DT, PREC)
+    _store_tile(_head(DQ, sdq, b, h), offs_m, T, offs_d, HEAD_DIM, dq * sm_scale)
 
 
+# --- launchers -------------------------------------------------------------------------------------
 # GPU launch configurations, autotuned per (T, S, head dim, causal) and dtype. Candidates follow the
 # Triton fused-attention tutorial's Hopper settings; configs that do not fit are skipped by the tuner.
 def _cfgs(pairs):
@@ -706,126 +285,78 @@ _attn_bwd_dq_tuned = triton.autotune(
 )(_attn_bwd_dq)
 
 
-def _block_d(head_dim: int) -> int:
-    # Head dims pad to a power of two, and to >= 16: tl.dot on a GPU needs K >= 16.
-    return max(16, next_pow2(head_dim))
+@dataclass(frozen=True, slots=True)
+class _Problem:
+    """The shapes and scalars every launch of one attention call shares."""
 
+    B: int
+    H: int  # query heads
+    HK: int  # kv heads
+    T: int  # query length
+    S: int  # key length
+    D: int  # head dim
+    sm_scale: float
+    interp: bool  # Triton interpreter (CPU tensors): fixed small blocks instead of the autotuner
+    dt: object  # tl dtype of the tl.dot operands
+    prec: str  # tl.dot input precision
 
-def _launch(kernel, tuned, interp_blocks, grid_fn, args, interp: bool):
-    if interp:
-        kernel[grid_fn(interp_blocks)](*args, **interp_blocks)
-    else:
-        tuned[grid_fn](*args)
+    @classmethod
+    def of(cls, q: torch.Tensor, k: torch.Tensor) -> _Problem:
+        B, H, T, D = q.shape
+        return cls(B, H, k.shape[1], T, k.shape[2], D, 1.0 / math.sqrt(D), interpreting(q), dot_dtype(q),
+                   dot_precision(q))  # fmt: skip
+
+    @property
+    def group(self) -> int:
+        return self.H // self.HK
+
+    @property
+    def block_d(self) -> int:
+        # Head dims pad to a power of two, and to >= 16: tl.dot on a GPU needs K >= 16.
+        return max(16, next_pow2(self.D))
+
+    def mask_s(self, interp_blocks: dict) -> bool:
+        """Whether key blocks can run past S (S not a multiple of every candidate BLOCK_N)."""
+        return self.S % (interp_blocks["BLOCK_N"] if self.interp else 128) != 0
+
+    def launch(self, kernel, tuned, interp_blocks: dict, grid_fn, *args) -> None:
+        if self.interp:
+            kernel[grid_fn(interp_blocks)](*args, **interp_blocks)
+        else:
+            tuned[grid_fn](*args)
 
 
 def _forward(q, k, v, causal: bool):
-    B, H, T, D = q.shape
-    HK, S = k.shape[1], k.shape[2]
-    o = torch.empty((B, H, T, D), device=q.device, dtype=q.dtype)
-    lse = torch.empty((B * H, T), device=q.device, dtype=torch.float32)
-    sm_scale = 1.0 / math.sqrt(D)
-    interp = interpreting(q)
-    even_s = S % (_INTERP_FWD["BLOCK_N"] if interp else 128) == 0
-    args = (
-        q,
-        k,
-        v,
-        o,
-        lse,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *o.stride(),
-        H,
-        T,
-        S,
-        H // HK,
-        sm_scale * _LOG2E,
-        D,
-        _block_d(D),
-        causal,
-        not even_s,
-        dot_dtype(q),
-        dot_precision(q),
-    )
-    grid = lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)
-    _launch(_attn_fwd, _attn_fwd_tuned, _INTERP_FWD, grid, args, interp)
+    p = _Problem.of(q, k)
+    o = torch.empty((p.B, p.H, p.T, p.D), device=q.device, dtype=q.dtype)
+    lse = torch.empty((p.B * p.H, p.T), device=q.device, dtype=torch.float32)
+    grid = lambda meta: (triton.cdiv(p.T, meta["BLOCK_M"]), p.B * p.H)
+    p.launch(_attn_fwd, _attn_fwd_tuned, _INTERP_FWD, grid,
+             q, k, v, o, lse, q.stride(), k.stride(), v.stride(), o.stride(), p.H, p.T, p.S, p.group,
+             p.sm_scale * _LOG2E, p.D, p.block_d, causal, p.mask_s(_INTERP_FWD), p.dt, p.prec)  # fmt: skip
     return o, lse
 
 
 def _backward(q, k, v, o, lse, do, causal: bool):
-    B, H, T, D = q.shape
-    HK, S = k.shape[1], k.shape[2]
-    sm_scale = 1.0 / math.sqrt(D)
-    interp = interpreting(q)
-    dt, prec, bd = dot_dtype(q), dot_precision(q), _block_d(D)
+    p = _Problem.of(q, k)
     delta = torch.empty_like(lse)
-    _attn_bwd_delta[(triton.cdiv(T, 64), B * H)](o, do, delta, *o.stride(), *do.stride(), H, T, D, bd, 64)
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    args = (
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dk,
-        dv,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *do.stride(),
-        *dk.stride(),
-        *dv.stride(),
-        H,
-        HK,
-        T,
-        S,
-        H // HK,
-        sm_scale * _LOG2E,
-        sm_scale,
-        D,
-        bd,
-        causal,
-        dt,
-        prec,
-    )
-    grid = lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), B * HK)
-    _launch(_attn_bwd_dkdv, _attn_bwd_dkdv_tuned, _INTERP_DKDV, grid, args, interp)
-    even_s = S % (_INTERP_DQ["BLOCK_N"] if interp else 128) == 0
-    args = (
-        q,
-        k,
-        v,
-        do,
-        lse,
-        delta,
-        dq,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *do.stride(),
-        *dq.stride(),
-        H,
-        T,
-        S,
-        H // HK,
-        sm_scale * _LOG2E,
-        sm_scale,
-        D,
-        bd,
-        causal,
-        not even_s,
-        dt,
-        prec,
-    )
-    grid = lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)
-    _launch(_attn_bwd_dq, _attn_bwd_dq_tuned, _INTERP_DQ, grid, args, interp)
+    _attn_bwd_delta[(triton.cdiv(p.T, 64), p.B * p.H)](o, do, delta, o.stride(), do.stride(), p.H, p.T, p.D,
+                                                       p.block_d, 64)  # fmt: skip
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    grid = lambda meta: (triton.cdiv(p.S, meta["BLOCK_N"]), p.B * p.HK)
+    p.launch(_attn_bwd_dkdv, _attn_bwd_dkdv_tuned, _INTERP_DKDV, grid,
+             q, k, v, do, lse, delta, dk, dv, q.stride(), k.stride(), v.stride(), do.stride(), dk.stride(),
+             dv.stride(), p.H, p.HK, p.T, p.S, p.group, p.sm_scale * _LOG2E, p.sm_scale, p.D, p.block_d, causal,
+             p.dt, p.prec)  # fmt: skip
+    grid = lambda meta: (triton.cdiv(p.T, meta["BLOCK_M"]), p.B * p.H)
+    p.launch(_attn_bwd_dq, _attn_bwd_dq_tuned, _INTERP_DQ, grid,
+             q, k, v, do, lse, delta, dq, q.stride(), k.stride(), v.stride(), do.stride(), dq.stride(), p.H, p.T,
+             p.S, p.group, p.sm_scale * _LOG2E, p.sm_scale, p.D, p.block_d, causal, p.mask_s(_INTERP_DQ), p.dt,
+             p.prec)  # fmt: skip
     return dq, dk, dv
 
 
+# --- autograd --------------------------------------------------------------------------------------
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal: bool):

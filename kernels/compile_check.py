@@ -74,8 +74,10 @@ def check(quick: bool, arch: int = 90, head_dims=(64, 128)) -> int:
     """Compile all kernels (first autotune config only when quick); print one line each; 0 if all compile."""
     target = GPUTarget("cuda", arch, 32)
     jobs = []
+    # pointers, and each tensor's strides as one tuple (attention.py passes `t.stride()` whole)
+    strides = {n: ("i32",) * 4 for n in ("sq", "sk", "sv", "so", "sdo", "sdq", "sdk", "sdv")}
     attn_ptrs = lambda dt: {**{n: f"*{dt}" for n in ("Q", "K", "V", "Out", "DO", "DQ", "DK", "DV")},
-                            "LSE": "*fp32", "DELTA": "*fp32"}  # fmt: skip
+                            "LSE": "*fp32", "DELTA": "*fp32", **strides}  # fmt: skip
     for dt, tdt in (("bf16", tl.bfloat16), ("fp16", tl.float16)):
         for d in head_dims:
             base = dict(HEAD_DIM=d, BLOCK_D=d, DT=tdt, PREC="tf32", CAUSAL=True)
