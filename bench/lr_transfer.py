@@ -1,0 +1,135 @@
+"""Learning-rate transfer across width and depth under sp, mup and completep, measured on CPU.
+
+Runs (on local Ray, into a store, so a rerun trains nothing twice; the machinery of
+bench/lr_sweep.py: a points spec, `launch`, `load_runs`) an LR grid of 7 values x2 apart at three
+sizes of the shape rule (scalelab.models.shapes.shape_for_width): the base (2 layers x 32), 4x
+wider (2 x 128) and 2x deeper (4 x 32), each at the same 2 tokens per parameter, batch 4 x 32
+tokens, cosine schedule with 5% warmup, for each parametrization. mup/completep are relative to
+the base (base_d_model 32, base_num_layers 2). Per size the best LR is the grid point with the
+lowest final validation loss; the table gives every loss, the best LR and how many grid steps it
+moved from the base's. Goal (issue 13): under mup/completep the best LR moves by at most one grid
+step, under sp by more.
+
+completep at 2 layers is the mup model exactly (every depth multiplier is 1 at the base depth),
+so its 2-layer rows are the mup runs; only its 4-layer size is trained separately.
+
+    python bench/lr_transfer.py                  # ~25 min on 2 shared cores; prints the table
+
+Measured: see docs/hp-transfer.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import polars as pl
+import yaml
+
+from scalelab.models.shapes import head_dim_for_width, shape_for_width
+from scalelab.sweeps import store
+from scalelab.sweeps.execute import launch
+from scalelab.sweeps.spec import expand_sweep
+
+LRS = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2]
+SIZES = [(2, 32), (2, 128), (4, 32)]  # (num_layers, d_model): base, 4x wider, 2x deeper
+BASE_LAYERS, BASE_WIDTH = SIZES[0]
+TOKENS_PER_PARAM = 2.0
+SEQ_LEN, BATCH_SEQUENCES = 32, 4
+RUNS = {"sp": SIZES, "mup": SIZES, "completep": [(4, 32)]}  # completep at 2 layers = mup (docstring)
+
+
+def spec() -> dict:
+    from scalelab.models.accounting import num_params
+
+    points = []
+    keys = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff", "max_seq_len")
+    for p, sizes in RUNS.items():
+        for layers, width in sizes:
+            shape = shape_for_width(layers, width, 320, max_seq_len=SEQ_LEN)
+            step = SEQ_LEN * BATCH_SEQUENCES
+            tokens = int(round(TOKENS_PER_PARAM * num_params(shape) / step)) * step
+            for lr in LRS:
+                point = {f"model.{k}": getattr(shape, k) for k in keys}
+                point |= {
+                    "model.parametrization": p,
+                    "model.base_d_model": BASE_WIDTH,
+                    "model.base_num_layers": BASE_LAYERS,
+                    "model.base_head_dim": head_dim_for_width(BASE_WIDTH),
+                    "train.num_tokens": tokens,
+                    "optim.lr": lr,
+                    "labels": {"parametrization": p, "lr": lr},
+                }
+                points.append(point)
+    base = {
+        "model": {"kernels": "torch", "vocab_size": 320},
+        "data": {"seq_len": SEQ_LEN, "val_sequences": 128},
+        "train": {"global_batch_tokens": SEQ_LEN * BATCH_SEQUENCES},
+        "schedule": {"name": "cosine", "warmup_fraction": 0.05},
+        "eval": {"interval_steps": 0},
+        "checkpoint": {"interval_steps": 0},
+        "logging": {"wandb": "disabled", "interval_steps": 10},
+    }
+    return {"name": "lr-transfer", "base": base, "points": points, "execution": {"max_concurrent": 2}}
+
+
+def table(df: pl.DataFrame) -> tuple[str, dict[str, int]]:
+    """The loss grid per parametrization and size, the best LR (*) and its move in grid steps."""
+    lines = [
+        f"{'param':<10} {'size':<8} {'N':>8} {'D':>9} "
+        + " ".join(f"{lr:>8.3g}" for lr in LRS)
+        + f" {'best LR':>8} {'moved':>5}"
+    ]
+    worst = {}
+    for p in RUNS:
+        source = "mup" if p == "completep" else p
+        base_best = None
+        for layers, width in SIZES:
+            who = p if (layers, width) in RUNS[p] else source
+            sub = df.filter(
+                (pl.col("parametrization") == who) & (pl.col("num_layers") == layers) & (pl.col("d_model") == width)
+            )
+            loss = {}
+            for lr in LRS:
+                hit = sub.filter((pl.col("lr") - lr).abs() <= 1e-9)
+                v = hit["final_val_loss"][0] if hit.height and hit["status"][0] == "done" else None
+                loss[lr] = float(v) if v is not None and math.isfinite(v) else math.inf
+            best = min(range(len(LRS)), key=lambda i: loss[LRS[i]])
+            if base_best is None:
+                base_best = best
+            moved = best - base_best
+            worst[p] = max(worst.get(p, 0), abs(moved))
+            cells = " ".join(
+                (f"{loss[lr]:.4f}" if math.isfinite(loss[lr]) else "div").rjust(8) + ("*" if i == best else " ")
+                for i, lr in enumerate(LRS)
+            )
+            n = int(sub["params"][0]) if sub.height else 0
+            d = int(sub["tokens"][0]) if sub.height else 0
+            tag = f"{layers}x{width}" + ("" if who == p else "=mup")
+            lines.append(f"{p:<10} {tag:<8} {n:>8,} {d:>9,} {cells}{LRS[best]:>8.3g} {moved:>+5d}")
+    return "\n".join(lines), worst
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/bench/lr_transfer", help="sweep directory (store root = its parent)")
+    ap.add_argument("--num-cpus", type=int, default=2)
+    args = ap.parse_args()
+    t0 = time.time()
+    raw = spec()
+    sweep = expand_sweep(raw, default_name="lr_transfer")
+    launch(sweep, args.out, spec_text=yaml.safe_dump(raw, sort_keys=False), spec_name="lr_transfer",
+           num_cpus=args.num_cpus)  # fmt: skip
+    df = store.load_runs(args.out)
+    text, worst = table(df)
+    print(f"\nLR transfer ({df.height} runs, {time.time() - t0:.0f} s; final val loss; * = best LR per size;")
+    print(f"sizes: base {BASE_LAYERS}x{BASE_WIDTH}, 4x wider, 2x deeper; {TOKENS_PER_PARAM:g} tokens/param)")
+    print(text)
+    for p, w in worst.items():
+        goal = "<= 1 (goal)" if p != "sp" else "(sp: expected > 1)"
+        print(f"{p}: best LR moves by at most {w} grid step(s) across the sizes {goal}")
+
+
+if __name__ == "__main__":
+    main()
