@@ -191,7 +191,8 @@ class Transformer(nn.Module):
         return h
 
     def hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Final normed hidden states [B, T, D] (for a fused linear + cross-entropy on output.weight).
+        """Final normed hidden states [B, T, D] (for a fused linear + cross-entropy on output.weight),
+        times the readout multiplier under mup/completep, so `h @ output.weight.T` are the logits.
 
         Goes through `self(...)`, so module hooks (FSDP2's parameter all-gather) run as for forward.
         """

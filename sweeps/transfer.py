@@ -154,7 +154,8 @@ def plan_transfer(raw: dict[str, Any], ladder: Sweep) -> TransferPlan | None:
     axes = raw.get("axes") or {}
     if "optim.lr" in axes:
         raise ConfigError("axes.optim.lr", "the transfer check sets the ladder's LR", "remove axes.optim.lr")
-    model0 = ladder.runs[0].config["model"]
+    models = [r.config["model"] for r in ladder.runs]
+    model0 = models[0]
     vocab, max_seq = model0["vocab_size"], model0["max_seq_len"]
     base = copy.deepcopy(raw.get("base") or {})
     base.setdefault("model", {}).update(_base_shape(spec))
@@ -187,9 +188,14 @@ def plan_transfer(raw: dict[str, Any], ladder: Sweep) -> TransferPlan | None:
         raise ConfigError(f"transfer: {e.key}", str(e).split(": ", 1)[-1]) from None
     parametrization = model0.get("parametrization", "sp")
     warnings = []
-    widest = max(m["config"]["model"]["d_model"] for m in [r.to_dict() for r in ladder.runs])
+    widest, deepest = max(m["d_model"] for m in models), max(m["num_layers"] for m in models)
     if widest > max(spec.widths):
         warnings.append(f"the ladder reaches d_model {widest}; transfer.widths only checks up to {max(spec.widths)}")
+    if deepest > max(spec.depths):
+        warnings.append(
+            f"the ladder reaches {deepest} layers; the check's models have at most {max(spec.depths)} "
+            "(mup transfers across width only: use completep with transfer.depths to check depth)"
+        )
     return TransferPlan(spec=spec, sweep=sweep, parametrization=parametrization, raw=raw, warnings=warnings)
 
 

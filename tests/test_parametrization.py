@@ -120,3 +120,27 @@ def test_bad_parametrization_names_the_key(fields, key):
     with pytest.raises(ConfigError) as e:
         _cfg(**fields).validate()
     assert e.value.key == key
+
+
+def test_completep_run_resumes_bit_exactly(tmp_path):
+    """The groups' LR factors live in the optimizer state: a resumed run keeps them (same losses)."""
+    import polars as pl
+
+    from scalelab.train.loop import train_run
+
+    model = dict(preset="debug", parametrization="completep", base_d_model=32, base_num_layers=1, base_head_dim=8)
+    cfg = build_run_config(
+        dict(
+            model=model | {"kernels": "torch"},
+            data=dict(seq_len=32, val_sequences=8),
+            train=dict(num_tokens=128 * 30, global_batch_tokens=128),
+            checkpoint=dict(interval_steps=10),
+            eval=dict(interval_steps=0),
+            logging=dict(wandb="disabled", progress="off"),
+        )
+    )
+    train_run(cfg, tmp_path / "a")
+    train_run(cfg, tmp_path / "b", stop_after_steps=15)
+    train_run(cfg, tmp_path / "b", resume=True)
+    a, b = (pl.read_parquet(tmp_path / r / "metrics.parquet") for r in ("a", "b"))
+    assert a["loss"].to_list() == b["loss"].to_list() and len(a) == 30
