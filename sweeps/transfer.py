@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.errors import ConfigError
-from scalelab.sweeps.spec import Sweep, _check_keys, _list, _number, expand_sweep
+from scalelab.sweeps.spec import Sweep, expand_sweep
+from scalelab.sweeps.spec_checks import as_list, check_keys, number
 
 TRANSFER_KEYS = ("check", "widths", "depths", "lrs", "tolerance", "tokens_per_param")
 
@@ -87,8 +88,8 @@ class GateResult:
 
 def _int_list(value: Any, key: str) -> list[int]:
     out = []
-    for i, v in enumerate(_list(value, key)):
-        x = _number(v, f"{key}[{i}]", example="64")
+    for i, v in enumerate(as_list(value, key)):
+        x = number(v, f"{key}[{i}]", example="64")
         if not x.is_integer():
             raise ConfigError(f"{key}[{i}]", f"{v!r} is not a whole number", "e.g. 64")
         out.append(int(x))
@@ -99,7 +100,7 @@ def parse_transfer(section: Any, ladder: Sweep) -> TransferSpec | None:
     """The `transfer:` section checked (None when absent or `check: false`); ConfigError names the key."""
     if section is None:
         return None
-    _check_keys(section, TRANSFER_KEYS, "transfer")
+    check_keys(section, TRANSFER_KEYS, "transfer")
     check = section.get("check", True)
     if not isinstance(check, bool):
         raise ConfigError("transfer.check", f"{check!r} is not true or false", "write check: true")
@@ -120,16 +121,16 @@ def parse_transfer(section: Any, ladder: Sweep) -> TransferSpec | None:
     if "lrs" not in section:
         raise ConfigError("transfer.lrs", "missing", "give the LR grid, e.g. lrs: [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]")
     lrs = [
-        _number(v, f"transfer.lrs[{i}]", example="4e-3") for i, v in enumerate(_list(section["lrs"], "transfer.lrs"))
+        number(v, f"transfer.lrs[{i}]", example="4e-3") for i, v in enumerate(as_list(section["lrs"], "transfer.lrs"))
     ]
     if len(lrs) < 3:
         raise ConfigError("transfer.lrs", f"{len(lrs)} LR(s) cannot bracket a best LR", "give 5-7 LRs x2 apart")
     if any(b <= a for a, b in zip(lrs, lrs[1:])) or lrs[-1] >= 1:
         raise ConfigError("transfer.lrs", f"{lrs} must be ascending and below 1", "e.g. [2e-3, 4e-3, 8e-3, 1.6e-2]")
-    tol = _number(section.get("tolerance", 1), "transfer.tolerance", positive=False, example="1")
+    tol = number(section.get("tolerance", 1), "transfer.tolerance", positive=False, example="1")
     if tol < 0 or not tol.is_integer():
         raise ConfigError("transfer.tolerance", f"{tol!r} must be a whole number of grid steps >= 0", "e.g. 1")
-    tpp = _number(section.get("tokens_per_param", 20), "transfer.tokens_per_param", example="20")
+    tpp = number(section.get("tokens_per_param", 20), "transfer.tokens_per_param", example="20")
     return TransferSpec(widths=widths, depths=depths, lrs=lrs, tolerance=int(tol), tokens_per_param=tpp)
 
 
