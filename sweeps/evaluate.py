@@ -24,7 +24,7 @@ from typing import Any
 
 from scalelab.errors import UsageError
 from scalelab.sweeps import store
-from scalelab.sweeps.execute import ray_session
+from scalelab.sweeps.ray_cluster import ray_session
 from scalelab.train.checkpoint import list_checkpoints
 from scalelab.train.checkpoint_verify import MANIFEST, METADATA, TRAIN_STATE
 from scalelab.train.eval_checkpoint import merge_eval_rows

@@ -36,19 +36,17 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import logging
 import os
 import shutil
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from scalelab.errors import UsageError
 from scalelab.parallel.config import ParallelConfig
 from scalelab.sweeps import early_stop, ledger, ray_reaper, store
+from scalelab.sweeps.ray_cluster import local_ray_on_loopback, start_ray
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
 from scalelab.train.config import build_run_config, config_hash, to_dict
 from scalelab.train.config_tree import from_dict
@@ -251,65 +249,6 @@ def _world_size(config: dict[str, Any]) -> int:
     return from_dict(ParallelConfig, config.get("parallel") or {}, "parallel").world_size
 
 
-_FORWARDED_ENV = ("SCALELAB_", "WANDB_", "HF_", "TRITON_")
-
-
-def _local_ray_on_loopback() -> None:
-    """Make the Ray cluster this process starts listen on 127.0.0.1 only.
-
-    Ray binds its servers (GCS, raylet, object manager, workers, agents) to the node's IP, which
-    for a new local cluster is the machine's outward address unless Ray's cluster mode is off:
-    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes the node IP 127.0.0.1 (what Ray does on macOS and
-    Windows). It is read when ray is imported, so it is set before the import and, if ray was
-    imported earlier in this process, on the module too.
-    """
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    constants = sys.modules.get("ray._private.ray_constants")
-    if constants is not None:
-        constants.ENABLE_RAY_CLUSTER = False
-
-
-def _start_ray(address: str | None, num_cpus: int | None) -> subprocess.Popen | None:
-    """Connect to `address` or start a local Ray; returns the local cluster's reaper (ray_reaper)."""
-    import ray
-
-    kw: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
-    if address:
-        # Workers of an existing cluster (other nodes included) do not see this shell's environment:
-        # hand them the variables runs read (SCALELAB_CACHE, WANDB_MODE / WANDB_API_KEY, HF_*, ...).
-        # Authentication is the cluster's (RAY_AUTH_MODE / RAY_AUTH_TOKEN from this environment).
-        env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV)}
-        ray.init(address=address, runtime_env={"env_vars": env} if env else None, **kw)
-        return None
-    # A private cluster that listens on loopback only (_local_ray_on_loopback, called before ray
-    # was imported): token authentication is off unless RAY_AUTH_MODE says otherwise.
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    before = ray_reaper.children(os.getpid()) if sys.platform.startswith("linux") else set()
-    ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
-    return ray_reaper.start_reaper(exclude=before)
-
-
-@contextlib.contextmanager
-def ray_session(address: str | None, num_cpus: int | None) -> Iterator[None]:
-    """Ray for the block: `address` joined, or a private loopback cluster started and shut down after.
-
-    An already initialised Ray (a test's session cluster, a caller's) is used as it is.
-    """
-    if not address:
-        _local_ray_on_loopback()
-    import ray
-
-    if ray.is_initialized():
-        yield
-        return
-    reaper = _start_ray(address, num_cpus)
-    try:
-        yield
-    finally:
-        ray_reaper.stop_reaper(reaper)
-        ray.shutdown()
-
-
 def _trial_resources(trial_config: dict[str, Any]):
     from ray.tune import PlacementGroupFactory
 
@@ -361,7 +300,7 @@ def execute(
     """
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
     if not address:
-        _local_ray_on_loopback()
+        local_ray_on_loopback()
     import ray
     from ray import tune
 
@@ -389,7 +328,7 @@ def execute(
             if wave > 0 and set(r["run_id"] for r in ready) <= set(trained):
                 break  # everything runnable was tried this launch and did not finish
             if not ray.is_initialized():
-                reaper, started = _start_ray(address, num_cpus), True
+                reaper, started = start_ray(address, num_cpus), True
             log(f"wave {wave}: {len(ready)} run(s) on Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)")
             trial_configs = [
                 dict(

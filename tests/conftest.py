@@ -18,7 +18,7 @@ os.environ.setdefault("SCALELAB_CACHE", tempfile.mkdtemp(prefix="scalelab-test-c
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # The session's Ray cluster listens on 127.0.0.1 only (as scalelab's own local clusters do, see
-# scalelab.sweeps.execute._local_ray_on_loopback); read by ray when it is imported.
+# scalelab.sweeps.ray_cluster.local_ray_on_loopback); read by ray when it is imported.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 

@@ -64,6 +64,8 @@ CASES = [
     (["export", "o", "--hf", "hf", "--dtype", "int8"], r"--dtype 'int8': use one of float32"),
     (["export", "o", "--hf", "hf", "--max-shard-gb", "0"], r"--max-shard-gb 0.0: must be > 0"),
     (["export", "missing", "--hf", "hf"], r"missing is neither a checkpoint dir"),
+    (["eval", "o", "--layout", "fsdp2xbogus3"], r"bogus3"),
+    (["eval-parity", "o", "--variants", "layout=tp2;layout=nope2"], r"nope2"),
 ]
 
 

@@ -202,7 +202,7 @@ def test_bad_specs_exit_2_before_ray(spec, match, tmp_path, capsys, monkeypatch)
     def no_ray(*a, **k):
         raise AssertionError("Ray started for a bad spec")
 
-    monkeypatch.setattr(execute, "_start_ray", no_ray)
+    monkeypatch.setattr(execute, "start_ray", no_ray)
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(spec))
     for cmd in (

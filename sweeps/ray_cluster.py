@@ -1,0 +1,80 @@
+"""The Ray a sweep command runs on: an existing cluster joined, or a private one on loopback.
+
+    with ray_session(address, num_cpus):      # joined / started here, shut down after
+        ...
+    local_ray_on_loopback(); reaper = start_ray(None, 2)   # the launch loop starts Ray lazily
+
+A private cluster listens on 127.0.0.1 only and gets a reaper process that kills its Ray processes
+if the driver dies (scalelab.sweeps.ray_reaper). Joining a cluster hands the workers the
+environment variables runs read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from scalelab.sweeps import ray_reaper
+
+_FORWARDED_ENV = ("SCALELAB_", "WANDB_", "HF_", "TRITON_")
+
+
+def local_ray_on_loopback() -> None:
+    """Make the Ray cluster this process starts listen on 127.0.0.1 only.
+
+    Ray binds its servers (GCS, raylet, object manager, workers, agents) to the node's IP, which
+    for a new local cluster is the machine's outward address unless Ray's cluster mode is off:
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes the node IP 127.0.0.1 (what Ray does on macOS and
+    Windows). It is read when ray is imported, so it is set before the import and, if ray was
+    imported earlier in this process, on the module too.
+    """
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def start_ray(address: str | None, num_cpus: int | None) -> subprocess.Popen | None:
+    """Connect to `address` or start a local Ray; returns the local cluster's reaper (ray_reaper)."""
+    import ray
+
+    kw: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    if address:
+        # Workers of an existing cluster (other nodes included) do not see this shell's environment:
+        # hand them the variables runs read (SCALELAB_CACHE, WANDB_MODE / WANDB_API_KEY, HF_*, ...).
+        # Authentication is the cluster's (RAY_AUTH_MODE / RAY_AUTH_TOKEN from this environment).
+        env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV)}
+        ray.init(address=address, runtime_env={"env_vars": env} if env else None, **kw)
+        return None
+    # A private cluster that listens on loopback only (local_ray_on_loopback, called before ray
+    # was imported): token authentication is off unless RAY_AUTH_MODE says otherwise.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    before = ray_reaper.children(os.getpid()) if sys.platform.startswith("linux") else set()
+    ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
+    return ray_reaper.start_reaper(exclude=before)
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None, num_cpus: int | None) -> Iterator[None]:
+    """Ray for the block: `address` joined, or a private loopback cluster started and shut down after.
+
+    An already initialised Ray (a test's session cluster, a caller's) is used as it is.
+    """
+    if not address:
+        local_ray_on_loopback()
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    reaper = start_ray(address, num_cpus)
+    try:
+        yield
+    finally:
+        ray_reaper.stop_reaper(reaper)
+        ray.shutdown()
