@@ -290,6 +290,21 @@ class CPShard:
         dist.all_reduce(out, group=self.group)
         return out / self.size
 
+    def token_mean(self, value: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:
+        """`token_weighted_mean` over this cp group."""
+        return token_weighted_mean(value, n_valid, self.group)
+
+
+def token_weighted_mean(value: torch.Tensor, n_valid: torch.Tensor, group) -> torch.Tensor:
+    """The mean over every cp rank's target tokens of per-rank means over `n_valid` tokens each.
+
+    Evaluation rows may hold their targets in one part of the sequence (a multiple-choice
+    continuation, ignore_index elsewhere), so the cp ranks' token counts differ.
+    """
+    both = torch.stack([value.detach().float().reshape(()) * n_valid, n_valid.float()]).contiguous()
+    dist.all_reduce(both, group=group)
+    return both[0] / both[1].clamp(min=1)
+
 
 def _default_positions(module: nn.Module, args: tuple, kwargs: dict):
     """Forward pre-hook: `positions` default to this cp rank's rows (a pipeline stage is called

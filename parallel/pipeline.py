@@ -276,7 +276,9 @@ class Pipeline:
                         dist.send(
                             for_collective(x.float()), dist.get_global_rank(self.group, next_owner), group=self.group
                         )
-        return self._cp_mean(self._share_loss(loss))
+        loss = self._share_loss(loss)
+        # token-weighted: evaluation rows may hold their targets on one cp rank's part only
+        return loss if self.cp is None else self.cp.token_mean(loss, (targets != -100).sum())
 
     def _recv(self, src: int, inputs: torch.Tensor) -> torch.Tensor:
         # The stage boundary activation is [B, T_local, D]; T_local = T / tp under sequence parallel

@@ -25,7 +25,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from scalelab.models.moe import step_row
 from scalelab.parallel.backend import SumOverGroup, for_collective
-from scalelab.parallel.context_parallel import shard_sequence_batch
+from scalelab.parallel.context_parallel import shard_sequence_batch, token_weighted_mean
 from scalelab.parallel.dims import ParallelDims
 from scalelab.parallel.expert_parallel import global_router_row
 
@@ -162,18 +162,6 @@ class ParallelStep:
         dist.all_reduce(out, group=self.cp_group)
         return out / self.dims.cp
 
-    def _token_mean_over_cp(self, value: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:
-        """The mean over every cp rank's target tokens of per-rank means over `n_valid` tokens each.
-
-        Evaluation rows may hold their targets in one part of the sequence (a multiple-choice
-        continuation, ignore_index elsewhere), so the cp ranks' token counts differ.
-        """
-        if self.cp_group is None:
-            return value
-        both = torch.stack([value.detach().float().reshape(()) * n_valid, n_valid.float()]).contiguous()
-        dist.all_reduce(both, group=self.cp_group)
-        return both[0] / both[1].clamp(min=1)
-
     @torch.no_grad()
     def eval_loss(self, model, inputs: torch.Tensor, targets: torch.Tensor):
         """(mean cross-entropy, metrics) without gradients or z-loss: the validation loss."""
@@ -184,7 +172,9 @@ class ParallelStep:
             inputs, targets, kwargs = self._shard(inputs, targets)
             with self._loss_ctx():
                 _, ce = self._loss(model, inputs, targets, kwargs, 0.0)  # ce: a plain tensor
-            loss = self._token_mean_over_cp(ce, (targets != -100).sum())
+            if self.cp_group is not None:
+                ce = token_weighted_mean(ce, (targets != -100).sum(), self.cp_group)
+            loss = ce
         return loss, {"ce": loss}
 
     def clip_grad_norm(self, model, max_norm: float) -> float:

@@ -1,7 +1,7 @@
 """Evaluation under parallel layouts: a checkpoint loaded sharded, scored through the layout's step.
 
 Contract: a trained debug checkpoint (and a MoE one for ep2) evaluated under fsdp2, tp2 (+SP, loss
-parallel), pp2, cp2 and ep2 on gloo gives the single-device evaluation's numbers: every example's
+parallel), pp2, cp2, pp2 x cp2 and ep2 on gloo gives the single-device evaluation's numbers: every example's
 choice log-likelihoods within 1e-5 relative, the same accuracies, and the validation loss within
 1e-5 (fp32). Nothing in a rank holds the whole model: the model is built on the meta device,
 sharded, and the checkpoint loaded into the shards.
@@ -68,8 +68,14 @@ def dense_ckpt(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "layout",
-    [ParallelConfig(dp_shard=2), ParallelConfig(tp=2), ParallelConfig(pp=2), ParallelConfig(cp=2)],
-    ids=["fsdp2", "tp2sp", "pp2", "cp2"],
+    [
+        ParallelConfig(dp_shard=2),
+        ParallelConfig(tp=2),
+        ParallelConfig(pp=2),
+        ParallelConfig(cp=2),
+        ParallelConfig(pp=2, cp=2),
+    ],
+    ids=["fsdp2", "tp2sp", "pp2", "cp2", "pp2xcp2"],
 )
 def test_dense_layouts_evaluate_like_one_device(dense_ckpt, layout):
     _check(dense_ckpt, layout)
