@@ -58,7 +58,9 @@ def run(args) -> int:
     all_rows = []
     for ckpt in ckpts:
         if layout is not None:  # the ranks load their shards and score through the layout's step
-            rows, _ = evaluate_checkpoint_parallel(ckpt, args.tasks, layout, limit=args.limit, with_val=not args.no_val)
+            rows, _ = evaluate_checkpoint_parallel(
+                ckpt, args.tasks, layout, limit=args.limit, with_val=not args.no_val, verified=True
+            )
         else:
             rows = evaluate_checkpoint(
                 ckpt,

@@ -78,7 +78,7 @@ def run(args) -> int:
             if setup.layout == "single":
                 frame = score_examples(model, tok, tasks, setup, max_seq_len=cfg.model.max_seq_len)
             else:
-                frame = score_layout(ckpt, args.tasks, setup, limit=args.limit)
+                frame = score_layout(ckpt, args.tasks, setup, limit=args.limit, verified=True)  # loaded above
             frames.append(frame.with_columns(setup=pl.lit(label)))
         return pl.concat(frames)
 

@@ -29,10 +29,11 @@ from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.dims import ParallelDims
 from scalelab.parallel.parallelize import Parallelized, parallelize
 from scalelab.train.checkpoint import load_checkpoint, verify
-from scalelab.train.config import build_run_config, load_run_config
+from scalelab.train.checkpoint_verify import TRAIN_STATE
+from scalelab.train.config import build_run_config
 from scalelab.train.data.bundle import build_data
 from scalelab.train.data.tokenizer import load_tokenizer
-from scalelab.train.eval_tasks import MC_METRICS, load_tasks, score_mc_task
+from scalelab.train.eval_tasks import MC_METRICS, load_tasks, request_sequence, score_mc_task
 from scalelab.train.evaluate import evaluate_sources
 from scalelab.train.records import run_summary_fields
 from scalelab.train.runtime import make_runtime
@@ -46,8 +47,7 @@ def step_logprobs(par: Parallelized, requests: Sequence[tuple[list[int], list[in
     rank calls it with the same requests)."""
     out = []
     for ctx, cont in requests:
-        full = [eot_id, *ctx, *cont][-(seq_len + 1) :]
-        n = min(len(cont), len(full) - 1)
+        full, n = request_sequence(ctx, cont, eot_id=eot_id, max_seq_len=seq_len)
         inputs = torch.full((1, seq_len), eot_id, dtype=torch.long)
         targets = torch.full((1, seq_len), IGNORE, dtype=torch.long)
         t = len(full) - 1
@@ -93,15 +93,16 @@ def evaluate_checkpoint_parallel(
     *,
     limit: int | None = None,
     with_val: bool = True,
+    verified: bool = False,
 ) -> tuple[list[dict], dict[str, list[dict]]]:
     """(rows like evaluate_checkpoint's, per-example details per task) of `checkpoint` under `layout`.
 
     The layout is validated against the run's model and batch before any process starts
-    (ConfigError); the checkpoint is verified first (CheckpointError).
+    (ConfigError); the checkpoint is verified first (CheckpointError) unless `verified` (the caller
+    just did).
     """
     ckpt = Path(checkpoint)
-    state = verify(ckpt)
-    run_cfg = load_run_config(str(ckpt.parent.parent / "config.json"))
+    state = json.loads((ckpt / TRAIN_STATE).read_text()) if verified else verify(ckpt)
     tree = json.loads((ckpt.parent.parent / "config.json").read_text())
     tree["parallel"] = dataclasses.asdict(layout)
     cfg = build_run_config(tree)  # validates the layout against this model (heads, layers, experts)
@@ -116,6 +117,6 @@ def evaluate_checkpoint_parallel(
         )
         result = json.loads(out.read_text())
     step = int(state["step"])
-    tokens = int(state.get("tokens", step * run_cfg.tokens_per_step))
-    flops = run_summary_fields(run_cfg)["flops_per_token_6n"] * tokens
+    tokens = int(state.get("tokens", step * cfg.tokens_per_step))  # the layout changes neither
+    flops = run_summary_fields(cfg)["flops_per_token_6n"] * tokens
     return [dict(r, step=step, tokens=tokens, flops=flops) for r in result["rows"]], result["examples"]

@@ -126,7 +126,9 @@ def score_examples(
     return examples_frame(examples)
 
 
-def score_layout(checkpoint, specs: list[str], setup: EvalSetup, *, limit: int | None) -> pl.DataFrame:
+def score_layout(
+    checkpoint, specs: list[str], setup: EvalSetup, *, limit: int | None, verified: bool = False
+) -> pl.DataFrame:
     """Per-example metric values under a parallel layout: the checkpoint loaded sharded on its ranks.
 
     The layout's ranks score one row per request in fp32 (scalelab.train.eval_parallel), so a layout
@@ -134,7 +136,8 @@ def score_layout(checkpoint, specs: list[str], setup: EvalSetup, *, limit: int |
     """
     if setup.dtype != "fp32" or setup.padding != "right":
         raise UsageError(f"{setup.label()}: a layout setup is scored in fp32 with right padding; vary one field")
+    layout = parse_layout(setup.layout)
     _, examples = evaluate_checkpoint_parallel(
-        checkpoint, specs, parse_layout(setup.layout), limit=limit, with_val=False
+        checkpoint, specs, layout, limit=limit, with_val=False, verified=verified
     )
     return examples_frame(examples)

@@ -239,6 +239,18 @@ def _device_of(model) -> torch.device:
         return torch.device("cpu")
 
 
+def request_sequence(ctx: list[int], cont: list[int], *, eot_id: int, max_seq_len: int) -> tuple[list[int], int]:
+    """([eot] + context + continuation truncated from the left to max_seq_len inputs, scored length).
+
+    Every scorer (batched logits here, a layout's eval loss in scalelab.train.eval_parallel) builds
+    its rows with this, so they score the same tokens.
+    """
+    if not cont:
+        raise UsageError("an empty continuation has no log-likelihood; check the task's choices")
+    full = [eot_id, *ctx, *cont][-(max_seq_len + 1) :]
+    return full, min(len(cont), len(full) - 1)
+
+
 @torch.no_grad()
 def continuation_logprobs(
     model,
@@ -263,12 +275,7 @@ def continuation_logprobs(
     was_training = getattr(model, "training", False)
     if was_training:
         model.eval()
-    seqs = []
-    for ctx, cont in requests:
-        if not cont:
-            raise UsageError("an empty continuation has no log-likelihood; check the task's choices")
-        full = [eot_id, *ctx, *cont][-(max_seq_len + 1) :]
-        seqs.append((full, min(len(cont), len(full) - 1)))
+    seqs = [request_sequence(ctx, cont, eot_id=eot_id, max_seq_len=max_seq_len) for ctx, cont in requests]
     out: list[tuple[float, bool]] = [(0.0, False)] * len(seqs)
     order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i][0]))  # similar lengths per batch
     for start in range(0, len(order), batch_sequences):
