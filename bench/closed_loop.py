@@ -34,7 +34,8 @@ import yaml
 from scalelab.sweeps import ledger
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
-from scalelab.sweeps.propose import format_gates, propose_next
+from scalelab.sweeps.proposal_text import format_gates
+from scalelab.sweeps.propose import propose_next
 from scalelab.sweeps.spec import expand_sweep, load_sweep
 
 MAX_ROUNDS = 4

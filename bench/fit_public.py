@@ -68,7 +68,8 @@ import numpy as np
 import polars as pl
 
 from scalelab.fitting.curves import RunCurve, fit_curves
-from scalelab.fitting.pipeline import fit_table, predict_from_fit
+from scalelab.fitting.from_report import predict_from_fit
+from scalelab.fitting.pipeline import fit_table
 from scalelab.fitting.select import select_law
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "shared" / "data" / "scaling"

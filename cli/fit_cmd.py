@@ -232,7 +232,7 @@ def _check_level(level):
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from scalelab.fitting.pipeline import predict_from_fit
+    from scalelab.fitting.from_report import predict_from_fit
 
     _check_level(args.level)
     fit = _load(args.fit)
@@ -279,7 +279,7 @@ def _print_allocations(out: dict) -> None:
 
 
 def run_allocate(args: argparse.Namespace) -> int:
-    from scalelab.fitting.pipeline import allocate_from_fit
+    from scalelab.fitting.from_report import allocate_from_fit
 
     _check_level(args.level)
     out = allocate_from_fit(_load(args.fit), flops=args.flops, tokens=args.tokens, level=args.level)

@@ -285,7 +285,8 @@ def run_export(args) -> int:
 
 
 def run_next(args) -> int:
-    from scalelab.sweeps.propose import format_proposal, propose_next
+    from scalelab.sweeps.proposal_text import format_proposal
+    from scalelab.sweeps.propose import propose_next
 
     proposal = propose_next(
         args.sweep_dir,

@@ -1,10 +1,10 @@
 """One call from a run table to the fit report: the object `scalelab fit --json` prints.
 
-    from scalelab.fitting.pipeline import fit_table, predict_from_fit, allocate_from_fit
+    from scalelab.fitting.pipeline import fit_table
     report = fit_table("runs.parquet", law="chinchilla", approach=3, bootstrap=200)
     report["params"], report["intervals"]["alpha"], report["backtest"]["holdout"]["mare"]
-    predict_from_fit(report, params=1e9, tokens=2e10)       # needs the saved samples for intervals
-    allocate_from_fit(report, flops=1e23)
+
+Predictions and allocations from a saved report: fitting/from_report.py.
 
 Report keys (the CLI contract): law, approach, params, objective, n_points, intervals {name: [lo, hi]},
 derived, backtest, warnings; plus level, inputs (where FLOPs/tokens came from), code_version and
@@ -139,11 +139,6 @@ def _derived(law, params: dict[str, float]) -> dict[str, float]:
     return {}
 
 
-def _optimum_fn(law):
-    """(params, flops) -> (N*, D*, L*[, at_bound]) for a law of params and tokens."""
-    return alloc.optimum_for_law(law)
-
-
 def _fit_approach3(table, law_name, *, bootstrap, seed, objective, delta, level, holdout_frac, backtest, max_starts):
     law = get_law(law_name)
     if len(table) <= law.n_params:
@@ -200,11 +195,6 @@ def _fit_approach3(table, law_name, *, bootstrap, seed, objective, delta, level,
         fitter = _law_fitter(law, objective, delta, starts=bt_starts)
         report["backtest"] = _run_backtests(table, fitter, holdout_frac, warnings)
     return report
-
-
-def _sample_rows(samples: dict[str, list[float]]) -> list[dict[str, float]]:
-    names = list(samples)
-    return [dict(zip(names, vals)) for vals in zip(*(samples[n] for n in names))]
 
 
 DERIVED_FNS = {
@@ -494,126 +484,3 @@ def fit_table(
     else:
         report.pop("samples")
     return report
-
-
-def _samples_of(fit: dict) -> list[dict[str, float]]:
-    s = fit.get("samples") or {}
-    return _sample_rows(s) if s else []
-
-
-def _quantiles(values: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
-    q = np.nanquantile(values, [0.5 - level / 2.0, 0.5 + level / 2.0], axis=0)
-    return q[0], q[1]
-
-
-def _pairs(lo, hi) -> list[list[float]]:
-    return [[float(a), float(b)] for a, b in zip(np.atleast_1d(lo), np.atleast_1d(hi))]
-
-
-def predict_from_fit(
-    fit: dict,
-    *,
-    params=None,
-    tokens=None,
-    flops=None,
-    unique_tokens=None,
-    level: float | None = None,
-) -> dict:
-    """Point predictions (with percentile intervals over the saved samples) from a report dict.
-
-    Approach 3: the loss at (params, tokens) - or, given only flops, the compute-optimal loss and
-    allocation at that budget (laws of flops alone predict directly). Approaches 1/2: only
-    --flops, giving N*(C) and D*(C).
-    Returns:
-        dict of lists: inputs, "loss" (Approach 3), "loss_interval" [[lo, hi], ...] (parameter
-        uncertainty) and "loss_prediction_interval" (plus run-to-run noise), None without samples.
-    """
-    level = fit.get("level", LEVEL) if level is None else level
-    if fit["approach"] != 3:
-        if flops is None:
-            raise UsageError(f"an Approach {fit['approach']} fit predicts allocations only: pass --flops")
-        return allocate_from_fit(fit, flops=flops, level=level)
-    if fit["law"] in (*CURVE_LAWS, "average"):
-        raise UsageError(
-            f"a {fit['law']} fit predicts runs from their LR schedules, not from (N, D): use "
-            "scalelab.fitting.curves.CurveFit.predict_final on a RunCurve"
-        )
-    law = get_law(fit["law"])
-    given = {"params": params, "tokens": tokens, "flops": flops, "unique_tokens": unique_tokens}
-    given = {k: np.atleast_1d(np.asarray(v, dtype=float)) for k, v in given.items() if v is not None}
-    for k, v in given.items():
-        if not (np.all(np.isfinite(v)) and np.all(v > 0)):
-            raise UsageError(f"--{k} must be positive numbers")
-    if all(k in given for k in law.inputs):
-        try:
-            arrays = np.broadcast_arrays(*(given[k] for k in law.inputs))
-        except ValueError:
-            raise UsageError("--params/--tokens take one value each or equally many values") from None
-        x = dict(zip(law.inputs, (np.array(a) for a in arrays)))
-        point = law.predict(fit["params"], **x)
-        out = {k: v.tolist() for k, v in x.items()}
-        out["loss"] = np.atleast_1d(point).tolist()
-        rows = _samples_of(fit)
-        out["loss_interval"] = out["loss_prediction_interval"] = None
-        if rows:
-            # Confidence interval: parameter uncertainty only (the law's mean loss). Prediction
-            # interval: each draw also times exp(sigma z), sigma the fit's residual scale (a new run).
-            vals = np.array([law.predict(r, **x) for r in rows])
-            out["loss_interval"] = _pairs(*_quantiles(vals, level))
-            sigma = fit.get("residual_scale")
-            if sigma:
-                noise = np.exp(sigma * np.random.default_rng(0).standard_normal(vals.shape))
-                out["loss_prediction_interval"] = _pairs(*_quantiles(vals * noise, level))
-        out["level"] = level
-        return out
-    if "flops" in given and set(law.inputs) == {"params", "tokens"}:
-        return allocate_from_fit(fit, flops=given["flops"], level=level)
-    raise UsageError(f"law {law.name} needs {' and '.join('--' + k for k in law.inputs)} (or --flops C)")
-
-
-def _optimum_of_fit(fit: dict):
-    """(optimum function, point params, samples) for a report of any approach."""
-    samples = _samples_of(fit)
-    if fit["approach"] == 3:
-        return _optimum_fn(get_law(fit["law"])), fit["params"], samples
-
-    def optimum(q, c):  # Approaches 1/2: N* = n_coef C^n_exponent, D* = C / (6 N*)
-        n_opt = q["n_coef"] * c ** q["n_exponent"]
-        return n_opt, c / (6.0 * n_opt), float("nan")
-
-    p = fit["params"]
-    return optimum, {"n_coef": p["n_coef"], "n_exponent": p["n_exponent"]}, samples
-
-
-def _positive(values, flag: str) -> np.ndarray:
-    arr = np.atleast_1d(np.asarray(values, dtype=float))
-    if not (np.all(np.isfinite(arr)) and np.all(arr > 0)):
-        raise UsageError(f"{flag} must be positive numbers")
-    return arr
-
-
-def allocate_from_fit(fit: dict, *, flops=None, tokens=None, level: float | None = None) -> dict:
-    """Compute-optimal N*, D*, tokens/param (and L* for Approach 3) with percentile intervals.
-
-    Args:
-        fit: a report (fit_table / FIT.json; intervals need its "samples").
-        flops: FLOP budget(s) C: the allocation at each.
-        tokens: data budget(s) D instead: the size for which D tokens is compute-optimal (solve
-            D*(C) = D, then N*(C)) - the loss-optimal model per FLOP that uses exactly that data.
-    """
-    level = fit.get("level", LEVEL) if level is None else level
-    if (flops is None) == (tokens is None):
-        raise UsageError("pass either --flops C or --tokens D")
-    optimum, params, samples = _optimum_of_fit(fit)
-    if tokens is not None:
-        budgets = []
-        for d in _positive(tokens, "--tokens"):
-            budgets.append(alloc.size_for_data_budget(optimum, params, float(d))[1])
-    else:
-        budgets = _positive(flops, "--flops")
-    rows = [alloc.allocate(optimum, params, float(c), samples=samples, level=level).to_dict() for c in budgets]
-    if fit["approach"] != 3:
-        for r in rows:  # approaches 1/2 do not model the loss
-            r.pop("loss_opt", None)
-            r.pop("loss_opt_interval", None)
-    return {"allocations": rows, "level": level, "law": fit["law"], "approach": fit["approach"]}

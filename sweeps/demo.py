@@ -83,7 +83,8 @@ def run_demo(
     plot=None,
 ) -> dict[str, Any]:
     from scalelab.sweeps.execute import launch
-    from scalelab.sweeps.propose import format_gates, propose_next
+    from scalelab.sweeps.proposal_text import format_gates
+    from scalelab.sweeps.propose import propose_next
     from scalelab.sweeps.spec import expand_sweep, load_sweep
 
     t0 = time.time()
@@ -186,7 +187,7 @@ def _print_design(sweep, log) -> None:
 
 
 def _print_fit(proposal: dict[str, Any], log) -> None:
-    from scalelab.sweeps.propose import format_gates
+    from scalelab.sweeps.proposal_text import format_gates
 
     fit, iv = proposal["fit"], proposal["intervals"]
     p = fit["params"]
