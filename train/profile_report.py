@@ -2,7 +2,7 @@
 
     report = build_report(run_dir, hw, consts)     # reads <run_dir>/profile/rank*/summary.json
     print(format_report(report)); plot_report(report, run_dir / "profile" / "profile.png")
-    hw = cpu_hardware(world_size=2)                # this machine: matmul peak, gloo bandwidth
+    hw = cpu_hardware(load_rank_summaries(run_dir))  # this machine, as the ranks measured it
 
 Per rank, the mean over the profiled steps of each time category (scalelab.train.trace_analysis)
 and of the memory by category (scalelab.train.profiling), with the planner's estimate for the same
@@ -12,27 +12,22 @@ reference ops in fp32 on CPU, the fused kernels in bf16 on GPU). The measured st
 the profiler (median of the unprofiled steps after the first) is printed beside the profiled one:
 recording every op and allocation slows a step down.
 
-On CPU the planner's hardware is this machine: `peak_flops` is a measured one-thread fp32 matmul
-rate and the link bandwidth a measured gloo all-reduce bus bandwidth between local processes
-(comm_efficiency 1: the measurement already is what collectives reach). The planner counts
+On CPU the planner's hardware is this machine as the ranks measured it just before profiling:
+`peak_flops` a one-thread fp32 matmul rate, the link bandwidth gloo's all-reduce bus bandwidth
+between the job's own processes (comm_efficiency 1: the measurement already is what collectives
+reach). The planner counts
 communicated bytes in bf16; CPU runs communicate fp32, so its CPU communication times are low by 2x.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
-import torch
-import torch.distributed as dist
 
 from scalelab.models.config import ModelConfig
-from scalelab.parallel.backend import spawn
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.layouts import layout_name
 from scalelab.parallel.planner import CostConstants, Hardware, Measurement, calibrate, estimate
@@ -59,51 +54,16 @@ class ProfileReport:
 
 
 # --- this machine as the planner's hardware --------------------------------------------------------
-def matmul_peak(n: int = 512, reps: int = 20) -> float:
-    """FLOP/s of an n x n fp32 matmul on one thread (the CPU "peak" the planner divides by)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        a @ b
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        return 2 * n**3 * reps / (time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _bandwidth_worker(path: str, numel: int, reps: int) -> None:
-    x = torch.ones(numel)
-    times = []
-    for i in range(reps + 2):  # two warm-up calls
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(x)
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
-    if dist.get_rank() == 0:
-        n = dist.get_world_size()
-        bus = 2 * (n - 1) / n * numel * 4 / statistics.median(times)
-        Path(path).write_text(json.dumps({"bus_bytes_per_s": bus}))
-
-
-def gloo_bus_bandwidth(world_size: int, numel: int = 2**20, reps: int = 5) -> float:
-    """All-reduce bus bandwidth (bytes/s per process, NCCL-tests' definition) of gloo on this machine."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = str(Path(tmp) / "bw.json")
-        spawn(_bandwidth_worker, world_size, (path, numel, reps), backend="gloo")
-        return float(json.loads(Path(path).read_text())["bus_bytes_per_s"])
-
-
-def cpu_hardware(world_size: int) -> Hardware:
-    """This CPU as the planner's hardware: every rank on one node, memory unbounded."""
-    bw = gloo_bus_bandwidth(world_size) if world_size > 1 else 1e9
+def cpu_hardware(summaries: list[dict]) -> Hardware:
+    """This CPU as the planner's hardware, from what the ranks measured when profiling began
+    (scalelab.train.profiling.measure_cpu): every rank on one node, memory unbounded."""
+    measured = [s.get("hardware") or {} for s in summaries]
+    peak = min((m["matmul_flops"] for m in measured if m.get("matmul_flops")), default=Hardware().peak_flops)
+    bw = min((m["bus_bytes_per_s"] for m in measured if m.get("bus_bytes_per_s")), default=1e9)
     return Hardware(
         gpu_memory_bytes=2**50,
-        peak_flops=matmul_peak(),
-        gpus_per_node=max(world_size, 1),
+        peak_flops=peak,
+        gpus_per_node=max(len(summaries), 1),
         intra_node_bytes_per_s=bw,
         inter_node_bytes_per_s=bw,
     )

@@ -21,12 +21,14 @@ which count bytes allocated while profiling, added to the state held when the st
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from scalelab.train.trace_analysis import STEP_PREFIX, analyse_trace
@@ -43,6 +45,39 @@ def tensor_bytes(t: torch.Tensor) -> int:
     """Bytes this rank holds for `t` (a DTensor's local shard)."""
     local = t.to_local() if hasattr(t, "to_local") else t
     return local.numel() * local.element_size()
+
+
+def matmul_flops(n: int = 512, reps: int = 10) -> float:
+    """FLOP/s of an n x n fp32 matmul in this process (the CPU "peak" the planner divides by)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def bus_bandwidth(numel: int = 2**18, reps: int = 5) -> float:
+    """All-reduce bus bandwidth of the default process group (bytes/s per rank, NCCL-tests' definition:
+    2(n-1)/n x the buffer over the median time). Every rank must call it."""
+    x = torch.ones(numel)
+    times = []
+    for i in range(reps + 1):  # one warm-up call
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        if i:
+            times.append(time.perf_counter() - t0)
+    n = dist.get_world_size()
+    return 2 * (n - 1) / n * x.numel() * x.element_size() / statistics.median(times)
+
+
+def measure_cpu() -> dict[str, float]:
+    """This CPU as the planner's hardware: a matmul rate, and the gloo bandwidth between the ranks."""
+    out = {"matmul_flops": matmul_flops()}
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        out["bus_bytes_per_s"] = bus_bandwidth()
+    return out
 
 
 def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -116,6 +151,8 @@ class StepProfiler:
             self._stop()
 
     def _start(self) -> None:
+        if self.device.type == "cpu" and "hardware" not in self.meta:  # before the trace starts
+            self.meta["hardware"] = measure_cpu()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         self._prof = profile(activities=acts, profile_memory=self.memory, record_shapes=False)
         self._hooks = [self.optimizer.register_step_pre_hook(self._count_grads)]

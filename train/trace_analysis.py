@@ -8,6 +8,7 @@ A step is the `scalelab/step#N` range (scalelab.train.profiling). Its wall time 
 parts that never overlap and sum to it exactly:
   data          the `scalelab/data` range (the sampler and the host-to-device copy);
   optimizer     `Optimizer.step#...` and `Optimizer.zero_grad#...` (torch labels them itself);
+                on GPU both are the ranges of their kernels on the device timeline;
   compute       time the device computes, outside those two. CPU: the main thread inside an op that
                 is not a collective or a wait for one (ops nest, e.g. a DTensor matmul waiting on
                 its all-gather; the collective part is carved out). GPU: non-NCCL kernels and copies;
@@ -119,15 +120,20 @@ def analyse_trace(trace: dict, device: str = "cpu") -> dict[int, StepProfile]:
     """One StepProfile per `scalelab/step#N` range in the trace (see the module docstring)."""
     events = trace.get("traceEvents", [])
     spans = _spans(events)
-    steps = [e for e in spans if e["name"].startswith(STEP_PREFIX)]
+    steps = [e for e in spans if e["name"].startswith(STEP_PREFIX) and e.get("cat") != "gpu_user_annotation"]
     if not steps:
         return {}
     main_tid = steps[0]["tid"]
     main = [e for e in spans if e["tid"] == main_tid]
     ops = [(e["ts"], e["ts"] + e["dur"]) for e in main if e.get("cat") == "cpu_op" and not _COMM_OP.search(e["name"])]
     blocking = [(e["ts"], e["ts"] + e["dur"]) for e in main if e.get("cat") == "cpu_op" and _COMM_OP.search(e["name"])]
-    data = [(e["ts"], e["ts"] + e["dur"]) for e in main if e["name"] == DATA_REGION]
-    optim = [(e["ts"], e["ts"] + e["dur"]) for e in main if e["name"].startswith(OPTIMIZER_PREFIXES)]
+    # GPU: a labelled range's kernels appear as a `gpu_user_annotation` on the device timeline; the
+    # host range only covers their launches
+    regions = main
+    if device == "cuda" and any(e.get("cat") == "gpu_user_annotation" for e in spans):
+        regions = [e for e in spans if e.get("cat") == "gpu_user_annotation"]
+    data = [(e["ts"], e["ts"] + e["dur"]) for e in regions if e["name"] == DATA_REGION]
+    optim = [(e["ts"], e["ts"] + e["dur"]) for e in regions if e["name"].startswith(OPTIMIZER_PREFIXES)]
     comm_named = _comm_intervals(spans, main_tid, device)
     if device == "cuda":
         kernels = [e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
