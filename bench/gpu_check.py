@@ -116,7 +116,7 @@ def section_training(rows: Rows, smoke: bool, fused: bool) -> None:
     from scalelab.parallel.planner import CostConstants
     from scalelab.train.config import build_run_config
     from scalelab.train.loop import train_run
-    from scalelab.train.profile_report import build_report, planner_side
+    from scalelab.train.profile_report import build_report, micro_batch_sequences, planner_side
 
     kernels = "triton" if fused else "torch"
     steps = STEPS[smoke]
@@ -143,7 +143,7 @@ def section_training(rows: Rows, smoke: bool, fused: bool) -> None:
     mfu = fpt.exact_causal * cfg.tokens_per_step / step_s / hw.peak_flops
     mfu_6n = fpt.six_n * cfg.tokens_per_step / step_s / hw.peak_flops
     plan = planner_side(cfg.model, cfg.parallel, seq_len=cfg.seq_len, global_batch_sequences=cfg.global_batch_sequences,
-                        micro_batch_sequences=cfg.train.micro_batch_sequences, device=cfg.train.device, hw=hw,
+                        micro_batch_sequences=micro_batch_sequences(cfg), device=cfg.train.device, hw=hw,
                         consts=consts)  # fmt: skip
     plan_mfu = fpt.exact_causal * cfg.tokens_per_step / plan["step_s"] / hw.peak_flops
     shape = f"seq {cfg.seq_len} x {cfg.global_batch_sequences} seqs (micro {cfg.train.micro_batch_sequences})"

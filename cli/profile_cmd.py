@@ -103,7 +103,6 @@ def _profile_config(args):
 
 def _report(run_dir: Path, calibrate_from: list[str]) -> int:
     from scalelab.parallel.planner import CostConstants, Hardware
-    from scalelab.train.config import build_run_config
     from scalelab.train.profile_report import cpu_constants, cpu_hardware, write_report
 
     if not (run_dir / "config.json").exists():
@@ -111,11 +110,10 @@ def _report(run_dir: Path, calibrate_from: list[str]) -> int:
     summaries = sorted((run_dir / "profile").glob("rank*/summary.json"))
     if not summaries:
         raise UsageError(f"{run_dir}/profile holds no rank summaries; profile steps with profile.steps or a config")
-    cfg = build_run_config(json.loads((run_dir / "config.json").read_text()))
     if json.loads(summaries[0].read_text())["device"] == "cuda":
         hw, consts = Hardware(), CostConstants()
     else:
-        hw = cpu_hardware(cfg.parallel.world_size)
+        hw = cpu_hardware([json.loads(p.read_text()) for p in summaries])
         consts = cpu_constants([Path(d) for d in calibrate_from], hw)
     _, text = write_report(run_dir, hw, consts)
     print(text)

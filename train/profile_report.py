@@ -29,6 +29,7 @@ import polars as pl
 
 from scalelab.models.config import ModelConfig
 from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.dims import num_microbatches
 from scalelab.parallel.layouts import layout_name
 from scalelab.parallel.planner import CostConstants, Hardware, Measurement, calibrate, estimate
 from scalelab.parallel.planner_memory import activation_bytes, layer_param_count, state_bytes
@@ -96,16 +97,24 @@ def unprofiled_step_s(run_dir: Path, profiled: list[int], skip_steps: int = 1) -
     return float(cfg.tokens_per_step / m["tokens_per_s"].median())
 
 
+def micro_batch_sequences(cfg) -> int:
+    """Sequences per forward/backward on one rank as the planner counts them (a run config's
+    micro-batch, split again into the pipeline's micro-batches under pp)."""
+    micro = cfg.train.micro_batch_sequences or cfg.global_batch_sequences // cfg.parallel.dp_size
+    if cfg.parallel.pp > 1:
+        micro //= num_microbatches(cfg.parallel, cfg.parallel.pp)
+    return micro
+
+
 def _measurement(run_dir: Path, hw: Hardware) -> Measurement | None:
     cfg = _run_config(run_dir)
     step_s = unprofiled_step_s(run_dir, list(cfg.profile.steps))
     if step_s is None:
         return None
-    local = cfg.global_batch_sequences // cfg.parallel.dp_size
     return Measurement(
         cfg=cfg.model,
         parallel=cfg.parallel,
-        micro_batch_sequences=cfg.train.micro_batch_sequences or local,
+        micro_batch_sequences=micro_batch_sequences(cfg),
         seq_len=cfg.seq_len,
         global_batch_sequences=cfg.global_batch_sequences,
         step_time_s=step_s,
@@ -179,10 +188,9 @@ def build_report(run_dir: str | Path, hw: Hardware, consts: CostConstants) -> Pr
     if not summaries:
         raise FileNotFoundError(f"{run_dir}/profile has no rank*/summary.json (was profile.steps set?)")
     device = summaries[0]["device"]
-    local = cfg.global_batch_sequences // cfg.parallel.dp_size
     planner = planner_side(cfg.model, cfg.parallel, seq_len=cfg.seq_len,
                            global_batch_sequences=cfg.global_batch_sequences,
-                           micro_batch_sequences=cfg.train.micro_batch_sequences or local,
+                           micro_batch_sequences=micro_batch_sequences(cfg),
                            device=device, hw=hw, consts=consts)  # fmt: skip
     return ProfileReport(
         layout=layout_name(cfg.parallel),

@@ -15,10 +15,11 @@ parts that never overlap and sum to it exactly:
   comm_exposed  communication while nothing computes: collective intervals minus compute;
   idle          the rest (Python between ops, launch gaps, pipeline bubbles, stragglers).
 Communication by collective is the union of each collective's intervals inside the step, hidden
-or not, with its exposed part beside it. The intervals are gloo's own worker-thread ranges
-(`gloo:all_reduce`, ...) or NCCL kernels on GPU; when a trace has neither, the calling thread's
-c10d ops stand in. Collectives can run concurrently, so the per-collective rows may sum to more
-than the exposed total.
+or not, with its exposed part beside it. The intervals are gloo's own ranges (`gloo:all_reduce`
+on its worker threads, `gloo:send`/`gloo:recv` on the calling thread), each named after the c10d
+op that queued it, or NCCL kernels on GPU; when a trace has neither, the calling thread's c10d ops
+stand in. Collectives can run concurrently, so the per-collective rows may sum to more than the
+exposed total. A rank waiting in a collective for a slower one counts that wait as communication.
 
 Memory (CPU): the profiler's allocation events carry the allocator's running total of bytes
 allocated since profiling began; the step's peak is its maximum inside the step minus its value
@@ -189,12 +190,14 @@ def _comm_intervals(spans: list[dict], main_tid, device: str) -> dict[str, Inter
     calls = sorted(
         (e["ts"], collective_of(e["name"]))
         for e in spans
-        if e["tid"] == main_tid and e.get("cat") == "cpu_op" and collective_of(e["name"]) not in (None, "wait")
+        if e["tid"] == main_tid
+        and e.get("cat") == "cpu_op"
+        and collective_of(e["name"]) not in (None, "wait", "other")  # not the functional wrappers
     )
     if device == "cuda":
         own = [e for e in spans if e.get("cat") == "kernel" and collective_of(e["name"]) not in (None, "wait")]
-    else:
-        own = [e for e in spans if e["name"].startswith("gloo:") and e["tid"] != main_tid]
+    else:  # worker threads run collectives; send/recv run on the calling thread
+        own = [e for e in spans if e["name"].startswith("gloo:")]
     if not own:  # no worker or kernel ranges: the calling thread's ops
         own = [e for e in spans if e["tid"] == main_tid and e.get("cat") == "cpu_op" and collective_of(e["name"])]
     starts = [t for t, _ in calls]
