@@ -7,6 +7,8 @@ one thread per rank). The planner's side uses one set of constants for all five,
 `peak_flops` = the one-thread matmul rate the single run measured, link bandwidth = the median gloo
 all-reduce bus bandwidth the two-rank runs measured, `mfu` refitted on the single run's unprofiled
 step time (`calibrate`; so the single row agrees by construction and the others are predictions).
+A second planner column uses the rates each run's own ranks measured (the slowest rank's matmul rate,
+that run's bandwidth): on a shared machine two ranks rarely get two full cores.
 Prints a summary table (mean over ranks; memory: the fullest rank) and each layout's per-rank tables.
 Timings on a shared machine are noisy: rerun when it is quiet before trusting a few percent.
 """
@@ -22,7 +24,13 @@ import sys
 from pathlib import Path
 
 from scalelab.parallel.planner import Hardware
-from scalelab.train.profile_report import build_report, cpu_constants, format_report, load_rank_summaries
+from scalelab.train.profile_report import (
+    build_report,
+    cpu_constants,
+    cpu_hardware,
+    format_report,
+    load_rank_summaries,
+)
 from scalelab.train.trace_analysis import CATEGORIES
 
 LAYOUTS = ("single", "dp2", "fsdp2", "tp2", "pp2")
@@ -63,7 +71,8 @@ def main() -> int:
           f"{hw.intra_node_bytes_per_s / 1e9:.2f} GB/s; calibrated mfu {consts.mfu:.3f} (on single)")  # fmt: skip
     reports = {lay: build_report(d, hw, consts) for lay, d in dirs.items()}
     head = ["layout", "step (unprofiled)", "step (profiled)", *CATEGORIES, "comm total"]
-    head += ["planner step", "planner compute", "planner comm exposed", "planner bubble", "peak MiB", "planner MiB"]
+    head += ["planner step", "planner compute", "planner comm exposed", "planner bubble", "planner step (run's rates)"]
+    head += ["peak MiB", "planner MiB"]
     print("\ntime in ms per step (mean over ranks); memory in MiB (fullest rank; planner: total with buffers)\n")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -75,7 +84,8 @@ def main() -> int:
         cells = [lay, r.unprofiled_step_s * 1e3, mean(lambda row: row["step_s"]) * 1e3]
         cells += [mean(lambda row, c=c: row["times"][c]) * 1e3 for c in CATEGORIES] + [comm_total * 1e3]
         cells += [pl["step_s"] * 1e3, pl["times"]["compute"] * 1e3, pl["times"]["comm_exposed"] * 1e3]
-        cells += [pl["times"]["idle"] * 1e3, peak / 2**20, pl["memory"]["total"] / 2**20]
+        own = build_report(dirs[lay], cpu_hardware(load_rank_summaries(dirs[lay])), consts).planner["step_s"]
+        cells += [pl["times"]["idle"] * 1e3, own * 1e3, peak / 2**20, pl["memory"]["total"] / 2**20]
         print("| " + " | ".join(c if isinstance(c, str) else f"{c:.1f}" for c in cells) + " |")
     for lay, r in reports.items():
         print(f"\n### {lay}\n")
