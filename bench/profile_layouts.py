@@ -66,7 +66,7 @@ def main() -> int:
         if not (args.reuse and list(d.glob("profile/rank*/summary.json"))):
             _profile(lay, d, args.steps, args.warmup)
     hw = shared_hardware(dirs)
-    consts = cpu_constants([dirs["single"]], hw)
+    consts = cpu_constants(hw, [dirs["single"]])
     print(f"hardware: matmul {hw.peak_flops / 1e9:.1f} GFLOP/s (1 thread), gloo all-reduce bus bandwidth "
           f"{hw.intra_node_bytes_per_s / 1e9:.2f} GB/s; calibrated mfu {consts.mfu:.3f} (on single)")  # fmt: skip
     reports = {lay: build_report(d, hw, consts) for lay, d in dirs.items()}

@@ -114,7 +114,7 @@ def _report(run_dir: Path, calibrate_from: list[str]) -> int:
         hw, consts = Hardware(), CostConstants()
     else:
         hw = cpu_hardware([json.loads(p.read_text()) for p in summaries])
-        consts = cpu_constants([Path(d) for d in calibrate_from], hw)
+        consts = cpu_constants(hw, [Path(d) for d in calibrate_from])
     _, text = write_report(run_dir, hw, consts)
     print(text)
     print(f"\ntraces, summaries, report.md and profile.png in {run_dir / 'profile'}")

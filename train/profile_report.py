@@ -70,11 +70,17 @@ def cpu_hardware(summaries: list[dict]) -> Hardware:
     )
 
 
-def cpu_constants(calibrate_from: list[Path] | None = None, hw: Hardware | None = None) -> CostConstants:
+def cpu_constants(hw: Hardware, calibrate_from: list[Path] | None = None) -> CostConstants:
     """Constants for CPU runs: measured bandwidth (efficiency 1), no CUDA overhead; `mfu` refitted from
-    the unprofiled step times of `calibrate_from` (profile or run directories) when given."""
+    the unprofiled step times of `calibrate_from` (profile or run directories) when given, each on the
+    hardware its own ranks measured (else `hw`)."""
     consts = CostConstants(comm_efficiency=1.0, overhead_bytes=0.0)
-    measured = [m for m in (_measurement(Path(d), hw or Hardware()) for d in calibrate_from or []) if m]
+    measured = []
+    for d in calibrate_from or []:
+        summaries = load_rank_summaries(Path(d))
+        own = cpu_hardware(summaries) if summaries and summaries[0].get("hardware") else hw
+        measured.append(_measurement(Path(d), own))
+    measured = [m for m in measured if m]
     return calibrate(measured, consts) if measured else consts
 
 
@@ -267,7 +273,7 @@ def plot_report(r: ProfileReport, path: str | Path) -> Path:
 
     labels = [f"rank {row['rank']}" for row in r.ranks] + ["planner"]
     rows = [row["times"] for row in r.ranks] + [dict.fromkeys(CATEGORIES, 0.0) | r.planner["times"]]
-    fig, ax = plt.subplots(figsize=(6.4, 0.6 * len(labels) + 1.6))
+    fig, ax = plt.subplots(figsize=(7.2, 0.6 * len(labels) + 1.8))
     left = [0.0] * len(labels)
     for cat in CATEGORIES:
         vals = [(row.get(cat) or 0.0) * 1e3 for row in rows]
@@ -276,7 +282,7 @@ def plot_report(r: ProfileReport, path: str | Path) -> Path:
     ax.set_xlabel("ms per step")
     ax.set_title(f"{r.layout} ({r.device}): where a step's time goes")
     ax.invert_yaxis()
-    ax.legend(fontsize=8, ncol=3, loc="lower right")
+    ax.legend(fontsize=8, ncol=len(CATEGORIES), loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
