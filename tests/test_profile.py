@@ -170,3 +170,16 @@ def test_bad_input_exits_2_before_anything_runs(tmp_path, capsys, argv, needle):
 
 def test_report_of_a_directory_without_profile_exits_2(tmp_path):
     assert main(["profile", str(Path(tmp_path))]) == 2
+
+
+def test_a_sweep_profiles_its_runs_without_changing_their_ids():
+    """`profile:` in a sweep's base config reaches every run (its records go to runs/<id>/profile/)."""
+    from scalelab.sweeps.spec import expand_sweep
+
+    spec = {"name": "s", "base": {**BASE, "train": {**BASE["train"], "num_tokens": 8 * 256}}}
+    spec["grid"] = {"optim.lr": [1e-3, 3e-3]}
+    plain = expand_sweep(json.loads(json.dumps(spec)))
+    spec["base"]["profile"] = {"steps": [4, 5]}
+    profiled = expand_sweep(spec)
+    assert [r.run_id for r in profiled.runs] == [r.run_id for r in plain.runs]
+    assert all(r.config["profile"]["steps"] == [4, 5] for r in profiled.runs)
