@@ -110,7 +110,8 @@ class StepProfile:
     comm_by_collective: dict[str, float] = field(default_factory=dict)  # seconds, hidden or exposed
     exposed_by_collective: dict[str, float] = field(default_factory=dict)
     comm_total_s: float = 0.0  # union of all communication intervals
-    peak_alloc_bytes: int | None = None  # CPU: bytes allocated at the step's peak beyond its start
+    peak_alloc_bytes: int | None = None  # CPU: bytes allocated at the step's peak beyond its start (None:
+    # the trace has no allocation events)
 
 
 def _spans(events: list[dict]) -> list[dict]:
@@ -176,7 +177,7 @@ def analyse_trace(trace: dict, device: str = "cpu") -> dict[int, StepProfile]:
             comm_by_collective=by,
             exposed_by_collective=exp_by,
             comm_total_s=length(comm_all) / 1e6,
-            peak_alloc_bytes=_peak_alloc(memory, lo, hi) if device != "cuda" else None,
+            peak_alloc_bytes=_peak_alloc(memory, lo, hi) if memory and device != "cuda" else None,
         )
     return out
 
