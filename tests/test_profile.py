@@ -81,6 +81,7 @@ def test_gloo_reduce_scatter_is_named_after_its_caller():
         ]
     }
     assert set(analyse_trace(trace)[1].comm_by_collective) == {"reduce_scatter"}
+    assert analyse_trace(trace)[1].peak_alloc_bytes is None  # no allocation events: no CPU peak
 
 
 def _check_partition(step: dict) -> None:
