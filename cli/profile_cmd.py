@@ -1,4 +1,4 @@
-"""`scalelab profile CONFIG [--layout NAME] [--steps N] [--warmup W] [--set k=v ...] [--out DIR]`.
+"""`scalelab profile CONFIG [--layout NAME] [--steps N]`: where each rank's step time and memory go, beside the planner.
 
 Trains CONFIG for W warm-up steps and N profiled steps with the processes `scalelab run` would
 start (scalelab.train.launch), records the profiled steps with torch.profiler, and prints per rank
