@@ -155,7 +155,7 @@ def section_training(rows: Rows, smoke: bool, fused: bool) -> None:
     if peak_mem is not None:
         rows.add(f"{label}: peak memory", f"{peak_mem / 2**30:.1f} GiB",
                  f"planner {plan['memory']['total'] / 2**30:.1f} GiB",
-                 "max_memory_allocated over the run; planner incl. overhead_bytes")  # fmt: skip
+                 "max_memory_allocated: training steps and final eval; planner with overhead_bytes")  # fmt: skip
     if fused:
         report = build_report(run_dir, hw, consts)
         r0 = report.ranks[0]
