@@ -43,7 +43,7 @@ SECTIONS = {  # name -> time limit (s)
     "training-unfused": 150.0,
     "kernels": 180.0,
 }
-STEPS = {False: 10, True: 6}  # training steps: GPU, --cpu-smoke
+STEPS = {False: 10, True: 4}  # training steps: GPU, --cpu-smoke
 KERNELS = ["attention", "attn_gqa", "rms_norm", "swiglu", "rope", "fused_ce"]
 
 
@@ -120,7 +120,7 @@ def section_training(rows: Rows, smoke: bool, fused: bool) -> None:
 
     kernels = "triton" if fused else "torch"
     steps = STEPS[smoke]
-    warmup = 2 if smoke else 4  # compile and autotuning happen in the first steps
+    warmup = 1 if smoke else 4  # compile and autotuning happen in the first steps
     profile_steps = [steps - 1, steps] if fused else []
     cfg = build_run_config(_training_config(kernels, smoke, profile_steps))
     label = f"{'debug' if smoke else '1b'} kernels={kernels} {'fp32' if smoke else 'bf16 compile'}"
