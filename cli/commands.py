@@ -18,4 +18,5 @@ COMMANDS: list[tuple[str, str]] = [
     ("analysis_cmd", "noise"),  # also registers predict-task, compare, plot, report
     ("plan_cmd", "plan-layout"),
     ("coordcheck_cmd", "coordcheck"),
+    ("profile_cmd", "profile"),
 ]

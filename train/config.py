@@ -9,6 +9,7 @@
     checkpoint: interval and how many to keep
     logging:   metrics cadence, wandb mode, progress bar
     parallel:  the layout (see scalelab.parallel.config)
+    profile:   optimizer steps to profile with torch.profiler (scalelab.train.profiling)
 
 `load_run_config(path, overrides)` returns a validated `RunConfig`; every bad key or value raises
 `ConfigError` naming the key path before any process starts. `to_dict(cfg)` is what gets saved as
@@ -99,6 +100,16 @@ class LoggingConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class ProfileConfig:
+    # Optimizer steps (1-based) to record with torch.profiler; each gets a time/memory summary per
+    # rank in <run_dir>/profile/ (scalelab.train.profiling). Empty = off; steps past the end of a
+    # run are skipped (one list serves a sweep's runs of every length). Skip the first steps: they
+    # include one-off warm-up (allocator growth, compile, lazy FSDP init).
+    steps: list[int] = field(default_factory=list)
+    memory: bool = True  # record allocations (peak memory by category; slower traces)
+
+
+@dataclass(kw_only=True, slots=True)
 class RunConfig:
     name: str = "run"
     model: ModelConfig
@@ -110,6 +121,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     tags: dict[str, str] = field(default_factory=dict)  # free-form labels carried into the store
 
     # --- derived quantities (units in the names) ---------------------------------------------
@@ -324,6 +336,8 @@ def validate_run_config(cfg: RunConfig) -> None:
         raise ConfigError("eval.val_batch_sequences", f"{cfg.eval.val_batch_sequences} must be >= 1", "e.g. 16")
     if t.num_threads < 0:
         raise ConfigError("train.num_threads", f"{t.num_threads} must be >= 0", "0 keeps torch's default")
+    if any(n < 1 for n in cfg.profile.steps):  # steps past the end are skipped: a sweep's runs differ in length
+        raise ConfigError("profile.steps", f"{cfg.profile.steps}: steps count from 1", "e.g. [10, 11]")
     # the layout against the model shape and the batch (world-size-1 runs included)
     ParallelDims.from_config(
         cfg.parallel,
@@ -342,9 +356,9 @@ def _nearest_multiples(value: int, step: int) -> str:
 
 
 # Sections that do not change what a run computes: the layout (scalelab parity checks that it does
-# not) and logging. They are left out of the run's identity, so a run resumes under another layout
+# not), logging and profiling. They are left out of the run's identity, so a run resumes under another layout
 # and a sweep never retrains a finished run because the cluster shape changed.
-_NOT_IDENTITY = ("parallel", "logging")
+_NOT_IDENTITY = ("parallel", "logging", "profile")
 # The parametrization's model fields (added after run ids were first recorded): under sp they do
 # not change the numbers, so they are left out and existing stores keep their run ids.
 _NEUTRAL_MODEL_FIELDS = ("parametrization", "base_d_model", "base_num_layers", "base_head_dim")
@@ -370,6 +384,7 @@ __all__ = [
     "EvalConfig",
     "LoggingConfig",
     "OptimConfig",
+    "ProfileConfig",
     "RunConfig",
     "ScheduleConfig",
     "TrainLoopConfig",

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from scalelab.errors import ConfigError
 from scalelab.models.llama import build_model
 from scalelab.parallel.dims import ParallelDims
+from scalelab.parallel.layouts import layout_name
 from scalelab.parallel.parallelize import Parallelized, parallelize
 from scalelab.train import checkpoint as ckpt
 from scalelab.train.config import RunConfig, config_hash, to_dict
@@ -45,6 +46,7 @@ from scalelab.train.eval_tasks import evaluate_tasks, load_tasks
 from scalelab.train.evaluate import autocast_for, evaluate_sources
 from scalelab.train.loggers import open_progress, open_wandb
 from scalelab.train.optim import build_optimizer, set_lr
+from scalelab.train.profiling import StepProfiler, region
 from scalelab.train.records import (
     RecordWriter,
     atomic_write_json,
@@ -304,12 +306,14 @@ def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, 
         par.model.set_moe_loss_scale(1.0 / s.num_micro)
     lr_of = schedule_for(cfg)
     hooks.first_step = start.step
+    profiler = StepProfiler.open(cfg, run_dir, optimizer, runtime, meta={"layout": layout_name(cfg.parallel)})
     t_last = time.perf_counter()
     try:
         for step in range(start.step + 1, cfg.num_steps + 1):
             tokens_before = (step - 1) * cfg.tokens_per_step
             lr = lr_of(tokens_before)
-            loss_val, grad_norm = _train_step(s, lr)
+            with profiler.step(step):  # a no-op unless cfg.profile.steps lists it
+                loss_val, grad_norm = _train_step(s, lr)
             now = time.perf_counter()
             tps = cfg.tokens_per_step / max(now - t_last, 1e-9)
             t_last = now
@@ -334,6 +338,7 @@ def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, 
             writer.flush()
         return {"status": "running", "step": stop.args[0]}
     finally:
+        profiler.close()
         if bar is not None:
             bar.close()
     summary = _summary(cfg, run_dir, writer, static, s.best_loss) if writer is not None else {"status": "done"}
@@ -349,7 +354,8 @@ def _train_step(s: _Session, lr: float) -> tuple[float, float]:
     """One optimizer step on the next global batch: (mean cross-entropy over dp, grad norm before clipping)."""
     cfg, runtime = s.cfg, s.runtime
     set_lr(s.optimizer, lr)
-    batch = s.data.sampler.next_batch(cfg.global_batch_sequences).to(runtime.device, non_blocking=True)
+    with region("data"):  # a label for the profiler's trace
+        batch = s.data.sampler.next_batch(cfg.global_batch_sequences).to(runtime.device, non_blocking=True)
     loss_sum = torch.zeros((), device=runtime.device)
     for chunk in batch.split(s.micro_sequences):
         with autocast_for(runtime):  # backward included; returns the detached cross-entropy (no z-loss)
