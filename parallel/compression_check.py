@@ -56,7 +56,7 @@ def _worker(layout: str, methods: list[str], spec: ParitySpec, powersgd_rank: in
             dist.all_reduce(value)
             losses.append(float(value) / dist.get_world_size())
         params = {k: _full(v) for k, v in par.model.state_dict().items()}
-        results[method] = {"losses": losses, "reduce_bytes": reduce_bytes, "gather_bytes": gather_bytes, "params": params}
+        results[method] = dict(losses=losses, reduce_bytes=reduce_bytes, gather_bytes=gather_bytes, params=params)
     if rank == 0:
         torch.save(results, Path(out_dir) / "results.pt")
     dist.barrier()

@@ -374,7 +374,8 @@ def validate_options(pcfg) -> None:
 
 
 def _validate_compression(pcfg) -> None:
-    """parallel.grad_compression / powersgd_rank (scalelab.parallel.compression): what each method compresses must exist."""
+    """parallel.grad_compression / powersgd_rank (scalelab.parallel.compression): what a method
+    compresses must exist in the layout."""
     method = getattr(pcfg, "grad_compression", "none")
     if method not in GRAD_COMPRESSION:
         raise ConfigError(

@@ -20,7 +20,8 @@ recompute peak of a checkpointed block, and a fixed `overhead_bytes` (CUDA conte
 NCCL). A layout fits when the total ≤ gpu_memory_bytes.
 
 Step time: compute = exact causal training FLOPs (+ one forward of the matmuls under full AC,
-+2% under selective) / (peak × mfu), × (1 + pipeline bubble (pp-1)/micro-batches); plus exposed
++2% under selective) / (peak × mfu), × (1 + pipeline bubble (pp-1)/(micro-batches × v), v = model
+chunks per rank: 2 for interleaved 1F1B and zero-bubble V, else 1); plus exposed
 communication: FSDP all-gathers (forward and backward, bf16) and reduce-scatters (fp32) per
 micro-batch, minus what overlaps compute (`fsdp_overlap` × compute); HSDP all-reduce; TP/SP 4
 activation collectives per block per micro-batch (6 with full AC; MoE blocks: `tp_units`); CP K/V all-gather +
@@ -45,7 +46,7 @@ from scalelab.errors import ConfigError
 from scalelab.models.accounting import flops_per_token
 from scalelab.models.config import ModelConfig
 from scalelab.parallel.config import ParallelConfig
-from scalelab.parallel.dims import ParallelDims
+from scalelab.parallel.dims import ParallelDims, stages_per_rank
 from scalelab.parallel.layouts import layout_name
 from scalelab.parallel.planner_memory import (
     activation_bytes,
@@ -216,8 +217,12 @@ def estimate(
     global_batch_sequences: int,
     hw: Hardware,
     consts: CostConstants,
+    virtual_stages: int | None = None,
 ) -> Plan:
-    """Memory, communication and step time of one layout (see the module docstring)."""
+    """Memory, communication and step time of one layout (see the module docstring).
+
+    virtual_stages: model chunks per pipeline rank for the bubble (default: the schedule's, 2 for
+    interleaved 1F1B); other frameworks' interleaved schedules take more (Llama 3's V)."""
     mbs = micro_batch_sequences
     tokens_step = global_batch_sequences * seq_len
     local_sequences = global_batch_sequences // lay.dp_size
@@ -248,7 +253,10 @@ def estimate(
     elif lay.activation_checkpoint == "selective":
         hw_flops *= 1.02
     compute = hw_flops / lay.world_size / (hw.peak_flops * consts.mfu)
-    bubble = compute * (lay.pp - 1) / num_micro if lay.pp > 1 else 0.0
+    # 1F1B/GPipe idle (pp-1) micro-batch slots per step; interleaved schedules (v chunks per rank)
+    # shrink each slot v-fold (Narayanan et al. 2021, §2.2.2)
+    v = virtual_stages or stages_per_rank(lay.pp_schedule)
+    bubble = compute * (lay.pp - 1) / (num_micro * v) if lay.pp > 1 else 0.0
     # --- communication (bytes per GPU per step)
     comm: dict[str, float] = {}
     times: dict[str, float] = {}
@@ -264,7 +272,7 @@ def estimate(
         m = fsdp_n // lay.ep
         stage = layers_rank * (dense * (fsdp_n - 1) / fsdp_n + expert * (m - 1) / m) + embed * (fsdp_n - 1) / fsdp_n
         passes = num_micro if lay.pp == 1 else 1
-        gather = 2 * stage * 2  # bf16, forward + backward
+        gather = (2 if lay.fsdp_reshard_after_forward else 1) * stage * 2  # bf16, forward (+ backward under ZeRO-3)
         reduce = stage * 4  # fp32 reduce-scatter
         comm["fsdp"] = passes * (gather + reduce)
         times["fsdp"] = comm["fsdp"] / _axis_bandwidth(lay, "dp_shard", hw, consts)

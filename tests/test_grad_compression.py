@@ -63,7 +63,8 @@ def test_bad_compression_on_the_command_line_exits_2_with_one_line(tmp_path, mon
         "logging": {"wandb": "disabled", "progress": "off"},
     }
     Path("run.yaml").write_text(yaml.safe_dump(run))
-    argv = ["run", "run.yaml", "--out", "o", "--set", "parallel.dp_shard=2", "--set", "parallel.grad_compression=powersgd"]
+    bad = ["--set", "parallel.dp_shard=2", "--set", "parallel.grad_compression=powersgd"]
+    argv = ["run", "run.yaml", "--out", "o", *bad]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and re.search(r"parallel\.grad_compression.*dp_replicate", err), err
