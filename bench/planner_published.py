@@ -39,7 +39,10 @@ def main() -> None:
         print(f"- {r.row.label}: {time_breakdown(r.plan)}; memory {r.plan.memory['total'] / 2**30:.0f} GiB/GPU")
     if not args.no_what_if:
         print("\n## What-if at 10,240 H100s (8K context, 16M-token batches)\n")
-        print(format_what_if(what_if_10k()))
+        whatif = what_if_10k()
+        print(format_what_if(whatif))
+        for r in whatif:
+            print(f"- {r['model']}: {r.get('breakdown', '')}")
 
 
 if __name__ == "__main__":

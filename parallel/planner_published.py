@@ -396,13 +396,14 @@ def time_breakdown(plan: Plan) -> str:
 
 # --- what-if at 10k GPUs -----------------------------------------------------------------------------
 def dense_1t() -> ModelConfig:
-    """A ~1T dense Llama-style model (Megatron's 1T shape with GQA and SwiGLU)."""
-    return get_preset("70b", num_layers=128, d_model=25600, num_heads=160, num_kv_heads=8, d_ff=68608)
+    """A 1.0T dense Llama-style model: Megatron's 1T depth and width (128 × 25,600) with 8 KV heads
+    and a SwiGLU width (83,968) that brings the parameters back to ~1.0T."""
+    return get_preset("70b", num_layers=128, d_model=25600, num_heads=160, num_kv_heads=8, d_ff=83968)
 
 
 def moe_large() -> ModelConfig:
-    """A DeepSeek-V3-sized MoE (~0.67T total, ~37B active): 61 layers of 7168, 256 routed experts of
-    2048 (top-8) + 1 shared; attention is plain GQA here (no MLA), so the numbers are approximate."""
+    """A DeepSeek-V3-sized MoE: 61 layers of 7168, 256 routed experts of 2048 (top-8) + 1 shared, every
+    layer MoE, plain GQA attention (no MLA): 0.70T parameters, 33B active."""
     return get_preset(
         "70b",
         family="moe",
@@ -423,7 +424,7 @@ def what_if_10k(num_gpus: int = 10240, gpu: str = "H100-SXM") -> list[dict]:
     16M-token batches), with MFU, memory per GPU, bubble and exposed communication."""
     hw, consts = GPU_TYPES[gpu]
     out = []
-    for name, cfg in (("dense ~1T", dense_1t()), ("MoE 671B/37B-active", moe_large())):
+    for name, cfg in (("dense 1.0T", dense_1t()), ("MoE 0.70T / 33B active", moe_large())):
         tokens = 2048 * 8192
         plans = plan_layouts(cfg, num_gpus=num_gpus, seq_len=8192, global_batch_tokens=tokens, hw=hw, consts=consts)
         if not plans:
@@ -442,6 +443,7 @@ def what_if_10k(num_gpus: int = 10240, gpu: str = "H100-SXM") -> list[dict]:
                 "exposed_comm_frac": comm / p.step_time_s,
                 "step_time_s": p.step_time_s,
                 "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
+                "breakdown": time_breakdown(p),
             }
         )
     return out
