@@ -122,3 +122,17 @@ def test_the_planner_finds_a_layout_at_least_as_fast_as_the_published_one():
     (res,) = evaluate_published(small, search_best=True)
     assert res.best is not None and res.best.fits
     assert res.best.step_time_s <= res.plan.step_time_s * 1.0001
+
+
+def test_plan_layout_takes_a_gpu_type(capsys):
+    from scalelab.cli.main import main
+
+    base = ["plan-layout", "--model", "1b", "--gpus", "8", "--seq-len", "4096", "--global-batch-tokens", "1M"]
+    assert main([*base, "--gpu", "A100-80GB", "--json", "--top", "1"]) == 0
+    a100 = capsys.readouterr().out
+    assert main([*base, "--json", "--top", "1"]) == 0  # default: H100 figures, as before
+    h100 = capsys.readouterr().out
+    assert a100 != h100
+    assert main([*base, "--gpu", "B200"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--gpu 'B200' unknown" in err
