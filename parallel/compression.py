@@ -79,7 +79,9 @@ class _UnitBucket:
 
 
 def _fsdp_params(module: FSDPModule) -> list:
-    group = module._get_fsdp_state()._fsdp_param_group  # the unit's parameters in reduce order
+    # FSDP2 has no public accessor for a unit's shard layout; this is the list its foreach_reduce
+    # packs (and unpacks) the reduce-scatter output by, in that order
+    group = module._get_fsdp_state()._fsdp_param_group
     return list(group.fsdp_params) if group is not None else []
 
 

@@ -28,7 +28,7 @@ from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.dims import ParallelDims
 from scalelab.parallel.layouts import parse_layout
 from scalelab.parallel.parallelize import parallelize
-from scalelab.parallel.parity import _BASE, ParitySpec, debug_model
+from scalelab.parallel.parity import _BASE, ParitySpec, _batches, _optimizer, debug_model
 from scalelab.parallel.planner import grad_compression_fraction
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -82,8 +82,6 @@ def _none_worker() -> None:
     units = [m for m in par.model.modules() if hasattr(m, "_get_fsdp_state")]
     assert units and all(m._get_fsdp_state()._fsdp_param_group._all_reduce_hook is None for m in units)
     assert par.model._get_fsdp_state()._fsdp_param_group.mesh_info.mesh.ndim == 2
-    from scalelab.parallel.parity import _batches, _optimizer
-
     opt, local, losses = _optimizer(par.model, spec), spec.global_batch_sequences // 2, []
     for batch in _batches(spec):
         mine = batch[par.dp_rank * local : (par.dp_rank + 1) * local]
