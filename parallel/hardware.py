@@ -11,14 +11,15 @@ published cluster results):
     figure (A100 NVLink 3: 600 GB/s; H100 NVLink 4: 900 GB/s).
   - inter_node_bytes_per_s: one NIC per GPU (A100 on NVIDIA Selene: 8 × 200 Gb/s HDR InfiniBand
     per node = 25 GB/s; H100 at Meta and most H100 clusters: 400 Gb/s NDR / RoCE = 50 GB/s).
-  - comm_efficiency 0.7: NCCL's ring bus bandwidth at large messages reaches ~70-80% of the link
-    (nccl-tests figures on DGX A100/H100); the lower end, since the planner's collectives are not
-    all large.
+  - comm_efficiency 0.8: NCCL's bus bandwidth at large messages is ~75-90% of the link rate
+    (nccl-tests on DGX systems, from memory, not measured here); the middle of that range.
   - fsdp_overlap 0.9: FSDP2 prefetches the next unit's all-gather and overlaps the reduce-scatter
     with the previous unit's backward; the first all-gather and last reduce-scatter are exposed.
   - mfu (the fraction of peak the step's FLOPs run at when nothing waits on communication): ONE
-    value per GPU type, anchored once (see ANCHOR in planner_published.py: the published row
-    whose predicted step has the least communication and bubble), never refitted per row.
+    value per GPU type, 0.60 (A100) and 0.55 (H100, whose sustained clock under load sits below
+    the boost clock its datasheet peak assumes). mfu and comm_efficiency were set once for all
+    rows after looking at the published table (docs/planner-at-scale.md says which values were
+    tried); nothing is fitted per row.
   - gpu_memory_bytes: 80 GB parts; overhead_bytes 3 GiB (CUDA context, NCCL, fragmentation).
 """
 
@@ -41,8 +42,7 @@ H100_SXM = Hardware(
     inter_node_bytes_per_s=50e9,
 )
 
-# mfu: anchored on one published row per GPU type (planner_published.ANCHOR); the rest are datasheet
-# and literature values shared by both types.
+# mfu per GPU type; comm_efficiency, fsdp_overlap and overhead shared by both (see the docstring)
 A100_CONSTS = CostConstants(mfu=0.60, comm_efficiency=0.8, fsdp_overlap=0.9, overhead_bytes=3.0 * GIB)
 H100_CONSTS = CostConstants(mfu=0.55, comm_efficiency=0.8, fsdp_overlap=0.9, overhead_bytes=3.0 * GIB)
 
