@@ -4,6 +4,7 @@
     scalelab plan-layout --model run.yaml --gpus 8 --gpu-memory 80GiB --seq-len 4096 --global-batch-tokens 1M
     scalelab plan-layout ... --calibrate runs/a runs/b     # refit the constants from run records first
     scalelab plan-layout ... --json                         # one JSON object per layout
+    scalelab plan-layout ... --gpu A100-80GB                # that GPU type's constants (parallel/hardware.py)
 
 --model is a preset name (`scalelab models`) or a YAML/JSON file holding a model config (a run
 config's `model:` section is used when present). The table shows, per layout: estimated step time,
@@ -72,9 +73,15 @@ def add_parser(sub) -> None:
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     p.add_argument("--global-batch-tokens", required=True, help="tokens per optimizer step (4M = 4*2**20)")
     p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--peak-tflops", type=float, default=989.0, help="bf16 dense peak per GPU (H100: 989)")
-    p.add_argument("--intra-node-gbps", type=float, default=450.0, help="GB/s per GPU inside a node")
-    p.add_argument("--inter-node-gbps", type=float, default=50.0, help="GB/s per GPU across nodes")
+    p.add_argument(
+        "--gpu",
+        default=None,
+        help="GPU type whose constants to use (A100-80GB | H100-SXM; docs/planner-at-scale.md); "
+        "the flags below override single values",
+    )
+    p.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak per GPU (default H100: 989)")
+    p.add_argument("--intra-node-gbps", type=float, default=None, help="GB/s per GPU inside a node (default 450)")
+    p.add_argument("--inter-node-gbps", type=float, default=None, help="GB/s per GPU across nodes (default 50)")
     p.add_argument("--calibrate", nargs="*", default=[], metavar="RUN_DIR", help="refit constants from run records")
     p.add_argument("--top", type=int, default=10, help="layouts to show")
     p.add_argument("--all", action="store_true", help="also list layouts that do not fit")
@@ -91,14 +98,24 @@ def run(args) -> int:
     tokens = parse_size(args.global_batch_tokens, "--global-batch-tokens", binary=True)
     if tokens % args.seq_len:
         raise UsageError(f"--global-batch-tokens {tokens} is not a multiple of --seq-len {args.seq_len}")
+    base_hw, consts = Hardware(), CostConstants()
+    if args.gpu is not None:
+        from scalelab.parallel.hardware import GPU_TYPES
+
+        if args.gpu not in GPU_TYPES:
+            raise UsageError(f"--gpu {args.gpu!r} unknown; use one of {', '.join(GPU_TYPES)}")
+        base_hw, consts = GPU_TYPES[args.gpu]
     hw = Hardware(
         gpu_memory_bytes=parse_size(args.gpu_memory, "--gpu-memory"),
-        peak_flops=args.peak_tflops * 1e12,
+        peak_flops=args.peak_tflops * 1e12 if args.peak_tflops is not None else base_hw.peak_flops,
         gpus_per_node=args.gpus_per_node,
-        intra_node_bytes_per_s=args.intra_node_gbps * 1e9,
-        inter_node_bytes_per_s=args.inter_node_gbps * 1e9,
+        intra_node_bytes_per_s=(
+            args.intra_node_gbps * 1e9 if args.intra_node_gbps is not None else base_hw.intra_node_bytes_per_s
+        ),
+        inter_node_bytes_per_s=(
+            args.inter_node_gbps * 1e9 if args.inter_node_gbps is not None else base_hw.inter_node_bytes_per_s
+        ),
     )
-    consts = CostConstants()
     if args.calibrate:
         consts = calibrate(measurements_from_runs(args.calibrate, hw), consts)
         print(f"calibrated from {len(args.calibrate)} runs: {consts}")

@@ -29,6 +29,9 @@ class ParallelConfig:
     backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl
     # FSDP2 mixed precision: auto = bf16 params/compute with fp32 gradient reduce on GPU, fp32 on CPU
     mixed_precision: str = "auto"  # auto | fp32 | bf16
+    # gradient reduction compression (scalelab.parallel.compression): none | bf16 | powersgd
+    grad_compression: str = "none"
+    powersgd_rank: int = 1  # P/Q factor rank per gradient matrix under powersgd
 
     @property
     def world_size(self) -> int:

@@ -30,6 +30,7 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 AC_MODES = ("none", "full", "selective")
 BACKENDS = ("auto", "gloo", "nccl")
 MIXED_PRECISION = ("auto", "fp32", "bf16")
+GRAD_COMPRESSION = ("none", "bf16", "powersgd")  # scalelab.parallel.compression
 
 
 def stages_per_rank(schedule: str) -> int:
@@ -353,6 +354,7 @@ def validate_options(pcfg) -> None:
                 "zero-bubble with FSDP resharding after forward (ZeRO-3) gives wrong gradients",
                 "set parallel.fsdp_reshard_after_forward=false (ZeRO-2), or use 1f1b or interleaved-1f1b",
             )
+    _validate_compression(pcfg)
     if pcfg.pp_microbatches < 0:
         raise ConfigError("parallel.pp_microbatches", f"{pcfg.pp_microbatches} must be >= 0", "use 0 for one per stage")
     if pcfg.pp > 1 and pcfg.pp_microbatches and pcfg.pp_schedule != "gpipe":
@@ -369,6 +371,31 @@ def validate_options(pcfg) -> None:
                 f"{pcfg.pp_microbatches} < pp={pcfg.pp} ({stages} stages)",
                 f"use at least {pcfg.pp} micro-batches (or 0 for the default)",
             )
+
+
+def _validate_compression(pcfg) -> None:
+    """parallel.grad_compression / powersgd_rank (scalelab.parallel.compression): what a method
+    compresses must exist in the layout."""
+    method = getattr(pcfg, "grad_compression", "none")
+    if method not in GRAD_COMPRESSION:
+        raise ConfigError(
+            "parallel.grad_compression", f"{method!r} unknown", f"use one of {', '.join(GRAD_COMPRESSION)}"
+        )
+    rank = getattr(pcfg, "powersgd_rank", 1)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ConfigError("parallel.powersgd_rank", f"{rank!r} must be an integer >= 1", "use 1, 2 or 4")
+    if method == "bf16" and pcfg.dp_replicate * pcfg.dp_shard * pcfg.cp == 1:
+        raise ConfigError(
+            "parallel.grad_compression",
+            "bf16 compresses the data-parallel gradient reduction but this layout has none",
+            "set grad_compression=none, or dp_replicate/dp_shard > 1",
+        )
+    if method == "powersgd" and pcfg.dp_replicate == 1:
+        raise ConfigError(
+            "parallel.grad_compression",
+            "powersgd compresses the replicate (DDP/HSDP) all-reduce but dp_replicate=1",
+            "set parallel.dp_replicate > 1, or grad_compression=bf16 for FSDP's reduce-scatter",
+        )
 
 
 def _divisors(n: int) -> list[int]:

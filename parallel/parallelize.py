@@ -2,7 +2,8 @@
 
 Fixed order (torchtitan's): pipeline split → tensor + sequence parallel (+ loss parallel) →
 context / expert parallel → activation checkpointing → torch.compile → FSDP2 (ZeRO-3 / ZeRO-2 /
-HSDP / DDP, mixed precision). Each pipeline chunk gets the same treatment. A world of 1 is a
+HSDP / DDP, mixed precision, and gradient compression hooks when `parallel.grad_compression` is
+set: scalelab.parallel.compression). Each pipeline chunk gets the same treatment. A world of 1 is a
 layout like any other: activation checkpointing and compile apply there too, and its step runs the
 same fused loss. The model code never sees a process group: it gets DTensor parameters and hooks,
 and the returned `Parallelized` knows how to run a step.
@@ -24,6 +25,7 @@ import torch.nn as nn
 
 from scalelab.models.moe import moe_modules
 from scalelab.parallel.checkpointing import apply_ac
+from scalelab.parallel.compression import GradCompression
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.context_parallel import apply_cp
 from scalelab.parallel.data_parallel import apply_fsdp, fsdp_options
@@ -102,6 +104,10 @@ def parallelize(
         mixed_precision=parallel_cfg.mixed_precision,
         device_type=device.type,
     )
+    fsdp_mesh = dims.fsdp_mesh
+    compression = GradCompression.build(dims, parallel_cfg)  # None unless parallel.grad_compression is set
+    if compression is not None:
+        fsdp, fsdp_mesh = compression.fsdp_options(fsdp), compression.fsdp_mesh(dims)
     for chunk in chunks:
         if dims.tp > 1:
             apply_tp(
@@ -119,8 +125,10 @@ def parallelize(
         if parallel_cfg.compile:
             for block in chunk.layers.values():
                 block.compile()  # in place: parameter names stay the single-device ones
-        if dims.fsdp_mesh is not None:
-            apply_fsdp(chunk, dims.fsdp_mesh, **fsdp)
+        if fsdp_mesh is not None:
+            apply_fsdp(chunk, fsdp_mesh, **fsdp)
+            if compression is not None:  # chunks[0] holds this rank's first stage: its root is reduced last
+                compression.register(chunk, last_chunk=chunk is chunks[0])
     if pipeline is not None:
         model = pipeline.finalize()
     step = ParallelStep(model, dims, parallel_cfg, z_loss=z_loss, pipeline=pipeline)

@@ -20,9 +20,11 @@ recompute peak of a checkpointed block, and a fixed `overhead_bytes` (CUDA conte
 NCCL). A layout fits when the total ≤ gpu_memory_bytes.
 
 Step time: compute = exact causal training FLOPs (+ one forward of the matmuls under full AC,
-+2% under selective) / (peak × mfu), × (1 + pipeline bubble (pp-1)/micro-batches); plus exposed
++2% under selective) / (peak × mfu), × (1 + pipeline bubble (pp-1)/(micro-batches × v), v = model
+chunks per rank: 2 for interleaved 1F1B and zero-bubble V, else 1); plus exposed
 communication: FSDP all-gathers (forward and backward, bf16) and reduce-scatters (fp32) per
-micro-batch, minus what overlaps compute (`fsdp_overlap` × compute); HSDP all-reduce; TP/SP 4
+micro-batch, minus what overlaps compute (`fsdp_overlap` × compute); HSDP all-reduce (shrunk by
+`parallel.grad_compression`: `grad_compression_fraction`); TP/SP 4
 activation collectives per block per micro-batch (6 with full AC; MoE blocks: `tp_units`); CP K/V all-gather +
 reduce-scatter (or ring hops) per block; EP 4 all-to-alls per MoE block; PP activations per stage
 boundary. A collective's bandwidth is the intra-node one when its group fits in a node (axes are
@@ -45,12 +47,14 @@ from scalelab.errors import ConfigError
 from scalelab.models.accounting import flops_per_token
 from scalelab.models.config import ModelConfig
 from scalelab.parallel.config import ParallelConfig
-from scalelab.parallel.dims import ParallelDims
+from scalelab.parallel.dims import ParallelDims, stages_per_rank
 from scalelab.parallel.layouts import layout_name
 from scalelab.parallel.planner_memory import (
     activation_bytes,
     layer_param_count,
     layer_param_split,
+    local_shape,
+    param_shapes,
     state_bytes,
 )
 
@@ -189,6 +193,31 @@ def tp_units(cfg, lay: ParallelConfig) -> float:
     return forward * (2 if replay else 1) + backward
 
 
+def grad_compression_fraction(cfg, lay: ParallelConfig) -> float:
+    """Bytes of the replicate all-reduce under `lay.grad_compression` / uncompressed fp32 bytes.
+
+    bf16: 1/2. powersgd (torch's powerSGD_hook, min_compression_rate 2): each local gradient
+    matrix n×m (first dim × the rest) whose rank-r factors are at least 2x smaller sends r·(n+m)
+    elements, every other tensor (vectors, small matrices) its n·m; summed over the model's
+    parameters on the rank holding the largest shards (`planner_memory.local_shape`).
+    """
+    method = getattr(lay, "grad_compression", "none")
+    if method == "bf16":
+        return 0.5
+    if method != "powersgd":
+        return 1.0
+    rank = lay.powersgd_rank
+    sent = total = 0
+    for name, shape in param_shapes(cfg).items():
+        local = local_shape(name, shape, lay)
+        n, numel = local[0], math.prod(local)
+        m = numel // n if n else 0
+        total += numel
+        r = min(n, m, rank)
+        sent += r * (n + m) if len(local) > 1 and n * m >= 2 * r * (n + m) else numel
+    return sent / total if total else 1.0
+
+
 def _axis_bandwidth(lay: ParallelConfig, axis: str, hw: Hardware, consts: CostConstants) -> float:
     """Bytes/s of one GPU in a collective over `axis` (intra-node when the group fits in a node)."""
     # stride of each axis in the rank order (tp innermost, then cp, dp_shard, dp_replicate, pp)
@@ -216,8 +245,12 @@ def estimate(
     global_batch_sequences: int,
     hw: Hardware,
     consts: CostConstants,
+    virtual_stages: int | None = None,
 ) -> Plan:
-    """Memory, communication and step time of one layout (see the module docstring)."""
+    """Memory, communication and step time of one layout (see the module docstring).
+
+    virtual_stages: model chunks per pipeline rank for the bubble (default: the schedule's, 2 for
+    interleaved 1F1B); other frameworks' interleaved schedules take more (Llama 3's V)."""
     mbs = micro_batch_sequences
     tokens_step = global_batch_sequences * seq_len
     local_sequences = global_batch_sequences // lay.dp_size
@@ -248,7 +281,10 @@ def estimate(
     elif lay.activation_checkpoint == "selective":
         hw_flops *= 1.02
     compute = hw_flops / lay.world_size / (hw.peak_flops * consts.mfu)
-    bubble = compute * (lay.pp - 1) / num_micro if lay.pp > 1 else 0.0
+    # 1F1B/GPipe idle (pp-1) micro-batch slots per step; interleaved schedules (v chunks per rank)
+    # shrink each slot v-fold (Narayanan et al. 2021, §2.2.2)
+    v = virtual_stages or stages_per_rank(lay.pp_schedule)
+    bubble = compute * (lay.pp - 1) / (num_micro * v) if lay.pp > 1 else 0.0
     # --- communication (bytes per GPU per step)
     comm: dict[str, float] = {}
     times: dict[str, float] = {}
@@ -264,13 +300,13 @@ def estimate(
         m = fsdp_n // lay.ep
         stage = layers_rank * (dense * (fsdp_n - 1) / fsdp_n + expert * (m - 1) / m) + embed * (fsdp_n - 1) / fsdp_n
         passes = num_micro if lay.pp == 1 else 1
-        gather = 2 * stage * 2  # bf16, forward + backward
+        gather = (2 if lay.fsdp_reshard_after_forward else 1) * stage * 2  # bf16, forward (+ backward under ZeRO-3)
         reduce = stage * 4  # fp32 reduce-scatter
         comm["fsdp"] = passes * (gather + reduce)
         times["fsdp"] = comm["fsdp"] / _axis_bandwidth(lay, "dp_shard", hw, consts)
     if lay.dp_replicate > 1:
         r = lay.dp_replicate
-        comm["dp_replicate"] = 2 * (r - 1) / r * state.grad_bytes
+        comm["dp_replicate"] = 2 * (r - 1) / r * state.grad_bytes * grad_compression_fraction(cfg, lay)
         times["dp_replicate"] = comm["dp_replicate"] / _axis_bandwidth(lay, "dp_replicate", hw, consts)
     if lay.tp > 1:
         per = tp_units(cfg, lay) * (lay.tp - 1) / lay.tp * tokens_micro * d * 2
