@@ -15,8 +15,9 @@ warm between runs (Tune's per-trial overhead drops from ~4 s to ~1.3 s).
 Failures. `FailureConfig(max_failures)` retries a trial that raised; because the trial always
 calls `train_run(resume=True)`, a retry continues from the run's latest checkpoint and (training
 being deterministic) ends bit for bit where an uninterrupted run would. A per-run file lock
-(`runs/<id>/.lock`, fcntl; on object storage a lease, scalelab.sweeps.lease) makes a retry or a resumed sweep wait until a previous process of the
-same run is gone, so two processes never write one run. The run directory is the store root's
+(`runs/<id>/.lock`, fcntl; a lease on object storage, scalelab.sweeps.lease) makes a retry or a
+resumed sweep wait until a previous process of the same run is gone, so two processes never write
+one run. The run directory is the store root's
 one copy of the run (scalelab.sweeps.store.claim_run), so the lock also covers sibling sweeps: a
 trial whose run another sweep claimed waits for that sweep's trial (holding its Ray slot) and
 then finds the run done, or resumes it if that trial died.
@@ -49,10 +50,10 @@ from scalelab.sweeps import early_stop, ledger, ray_reaper, store
 from scalelab.sweeps.lease import remote_run
 from scalelab.sweeps.ray_cluster import local_ray_on_loopback, start_ray
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
+from scalelab.train import storage
 from scalelab.train.config import build_run_config, config_hash, to_dict
 from scalelab.train.config_tree import from_dict
 from scalelab.train.launch import ray_train_fn
-from scalelab.train import storage
 from scalelab.train.loop import train_run
 
 Log = Callable[[str], None]
@@ -385,7 +386,8 @@ def execute(
         if started:
             ray_reaper.stop_reaper(reaper)
             ray.shutdown()
-    if not storage.is_url(sweep_dir) and ledger.score(sweep_dir):  # proposed runs that finished get their measured loss in the ledger
+    # proposed runs that finished get their measured loss in the ledger (rounds need a local store)
+    if not storage.is_url(sweep_dir) and ledger.score(sweep_dir):
         log("ledger: measured losses recorded beside their predictions (scalelab sweep ledger)")
     counts: dict[str, int] = {}
     for s in states.values():

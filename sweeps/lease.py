@@ -6,7 +6,7 @@
 A local store serialises the trainers of a run with an fcntl lock (scalelab.sweeps.execute).
 Object storage has no locks, so a run there is guarded by a *lease*: the object
 `<store root>/.leases/<run_id>.json` = {holder, expires_at}. It is taken with a conditional put
-(`If-None-Match: *`: of two takers exactly one succeeds), renewed by a heartbeat thread with
+(`If-None-Match: *`: of two takers exactly one succeeds), renewed every ttl_s/3 by a thread with
 `If-Match: <its ETag>` (so a holder that lost it finds out instead of overwriting the new one),
 and a lease past its expiry is taken over with `If-Match` on the stale ETag: a dead holder's run
 is resumed by the next trial once `ttl_s` has passed. Expiry is the holder's wall clock; nodes
@@ -14,7 +14,7 @@ are assumed to agree within a small fraction of ttl_s (NTP).
 
 The run is trained in a local directory (the files the training loop, DCP and the restricted
 checkpoint reader expect) that starts as a copy of the run's objects, checkpoints included
-(scalelab.train.checkpoint.pull_checkpoints takes only complete ones). The heartbeat uploads what
+(scalelab.train.checkpoint.pull_checkpoints takes only complete ones). A second thread uploads what
 changed every ttl_s/3 and once more at the end, in the order that keeps the store consistent at
 every instant: the records, then the checkpoints they cover (manifest last), then status.json.
 A holder whose lease was taken stops uploading (fencing by silence) and its trial fails, so Tune
@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from scalelab.train import storage
-from scalelab.train.checkpoint import list_checkpoints, pull_checkpoints, remote_checkpoints, upload_checkpoint
+from scalelab.train.checkpoint import list_checkpoints, pull_checkpoints, upload_checkpoint
 
 LEASE_TTL_S = 30.0  # a dead holder's run is taken over this long after its last heartbeat
 LEASES = ".leases"
@@ -124,9 +124,14 @@ class Lease:
 class RunMirror:
     """A run's objects mirrored in a local directory: pull once, push what changed (ordered)."""
 
-    def __init__(self, url: str, local: Path):
+    def __init__(self, url: str, local: Path, fence: threading.Event | None = None):
         self.url, self.local = url, local
+        self.fence = fence  # set when the lease is lost: from then on nothing is written
         self.sent: dict[str, str] = {}  # file name -> sha256 of what the store holds
+
+    def _check_fence(self) -> None:
+        if self.fence is not None and self.fence.is_set():
+            raise LeaseLost(f"{self.url}: lease lost; uploads stopped")
 
     def pull(self) -> None:
         self.local.mkdir(parents=True, exist_ok=True)
@@ -153,6 +158,7 @@ class RunMirror:
             manifest = _read(path / "manifest.json")
             if manifest is None or self.sent.get(rel) == hashlib.sha256(manifest).hexdigest():
                 continue
+            self._check_fence()
             try:
                 upload_checkpoint(path, storage.join(self.url, rel))
             except FileNotFoundError:
@@ -162,6 +168,7 @@ class RunMirror:
         remote = storage.list_objects(ckpt_url)
         for rel in remote:  # pruned checkpoints, and uploads cut short, once newer ones are up
             if rel.partition("/")[0] not in kept:
+                self._check_fence()
                 storage.delete(storage.join(ckpt_url, rel))
         self._put("status.json", status)
 
@@ -170,6 +177,7 @@ class RunMirror:
             return
         digest = hashlib.sha256(data).hexdigest()
         if self.sent.get(rel) != digest:
+            self._check_fence()
             storage.write_bytes(storage.join(self.url, rel), data)
             self.sent[rel] = digest
 
@@ -199,40 +207,46 @@ def remote_run(sweep_url: str, run_id: str, wait_s: float | None, ttl_s: float =
     """
     lease = Lease(lease_url(sweep_url, run_id), ttl_s)
     lease.acquire(wait_s)
-    top = Path(tempfile.mkdtemp(prefix=f"scalelab-run-{run_id}-"))
-    mirror = RunMirror(storage.join(sweep_url, "runs", run_id), top / run_id)
     stop = threading.Event()
-    sync_lock = threading.Lock()
-
-    def heartbeat() -> None:
-        while not stop.wait(ttl_s / 3):
-            try:
-                lease.renew()
-            except LeaseLost:
-                return
-            except Exception:  # noqa: BLE001 - a failed renewal is retried at the next beat
-                continue
-            with sync_lock, contextlib.suppress(Exception):  # an upload that failed is redone next beat
-                mirror.push()
-
-    beat = threading.Thread(target=heartbeat, name=f"lease-{run_id}", daemon=True)
+    threads: list[threading.Thread] = []
+    top, pulled = None, False
     try:
+        top = Path(tempfile.mkdtemp(prefix=f"scalelab-run-{run_id}-"))
+        mirror = RunMirror(storage.join(sweep_url, "runs", run_id), top / run_id, fence=lease.lost)
         mirror.pull()
-        beat.start()
+        pulled = True
+        # Renewing and uploading run apart: a long checkpoint upload never delays a renewal.
+        threads = [
+            threading.Thread(target=_every, args=(ttl_s / 3, stop, lease.renew), name=f"lease-{run_id}", daemon=True),
+            threading.Thread(target=_every, args=(ttl_s / 3, stop, mirror.push), name=f"sync-{run_id}", daemon=True),
+        ]
+        for t in threads:
+            t.start()
         yield mirror.local
     finally:
         stop.set()
-        if beat.is_alive():
-            beat.join()
+        for t in threads:
+            t.join()
         try:
-            if not lease.lost.is_set():
+            if pulled and not lease.lost.is_set():  # a copy pulled only in part is never pushed
                 lease.renew()  # the final upload happens under a lease that is still ours
-                with sync_lock:
-                    mirror.push()
+                mirror.push()
         finally:
             lease.release()
-            if Path.cwd().is_relative_to(top):  # the trial chdir'd into the copy; Ray reuses its actor
-                os.chdir(tempfile.gettempdir())
-            shutil.rmtree(top, ignore_errors=True)
+            if top is not None:
+                if Path.cwd().is_relative_to(top):  # the trial chdir'd into the copy; Ray reuses its actor
+                    os.chdir(tempfile.gettempdir())
+                shutil.rmtree(top, ignore_errors=True)
     if lease.lost.is_set():
         raise LeaseLost(f"{lease.url}: taken by another holder while this trial trained; its uploads stopped")
+
+
+def _every(period_s: float, stop: threading.Event, fn) -> None:
+    """fn() every period_s until stop is set or the lease is lost; a failed call is retried next time."""
+    while not stop.wait(period_s):
+        try:
+            fn()
+        except LeaseLost:
+            return
+        except Exception:  # noqa: BLE001 - a network error: the next period tries again
+            continue

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import yaml
 
 from scalelab.errors import UsageError
 from scalelab.parallel.config import ParallelConfig
@@ -141,6 +142,8 @@ def init_sweep(sweep_dir: str | Path, spec_text: str, spec_name: str, runs: list
 def _init_object_sweep(url: str, spec_text: str, runs: list[dict], name: str) -> str:
     """init_sweep on object storage: every check before the first object is written."""
     storage.check(url, "--out")
+    if (yaml.safe_load(spec_text) or {}).get("early_stop"):
+        raise UsageError(f"--out {url}: early_stop is not supported on s3:// stores yet; use a shared POSIX path")
     for r in runs:
         world = from_dict(ParallelConfig, r["config"].get("parallel") or {}, "parallel").world_size
         if world > 1 or r.get("depends_on"):
@@ -302,7 +305,8 @@ def append_event(sweep_dir: str | Path, event: str, run_id: str, **fields: Any) 
     """One JSON line in events.jsonl; a single O_APPEND write, so concurrent trials never interleave."""
     line = json.dumps(dict(event=event, run_id=run_id, time=time.time(), pid=os.getpid(), **fields))
     if storage.is_url(sweep_dir):  # no append on object storage: one object per event
-        storage.write_bytes(storage.join(sweep_dir, "events", f"{time.time():.6f}-{uuid.uuid4().hex[:8]}.json"), line.encode())
+        event_name = f"{time.time():.6f}-{uuid.uuid4().hex[:8]}.json"  # sorts by time
+        storage.write_bytes(storage.join(sweep_dir, "events", event_name), line.encode())
         return
     fd = os.open(Path(sweep_dir) / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:

@@ -40,7 +40,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from scalelab.train import storage
 from scalelab.train.checkpoint_verify import (
+    MANIFEST,
     TRAIN_STATE,
     CheckpointError,
     SafeLoadPlanner,
@@ -49,8 +51,6 @@ from scalelab.train.checkpoint_verify import (
     verify_checkpoint,
     write_manifest,
 )
-from scalelab.train import storage
-from scalelab.train.checkpoint_verify import MANIFEST
 from scalelab.train.records import atomic_write_json
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
