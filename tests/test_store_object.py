@@ -25,7 +25,7 @@ import yaml
 
 from scalelab.cli.main import main
 from scalelab.sweeps import store
-from scalelab.sweeps.lease import Lease, LeaseLost, RunMirror
+from scalelab.sweeps.lease import Lease, LeaseLost, RunMirror, lease_url
 from scalelab.train import checkpoint, storage
 from scalelab.train.config import build_run_config
 from scalelab.train.loop import train_run
@@ -248,6 +248,11 @@ def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, tmp_path):
         assert r.returncode == 0, "\n".join(shown) + r.stderr
         return r.stdout
 
+    # Another run's lease held by a node that died: its trial waits for the expiry, then takes over.
+    orphan_id = next(r["run_id"] for r in runs if r["run_id"] != crash_id)
+    dead = Lease(lease_url(out, orphan_id), ttl_s=15, holder="dead-node:1:x")
+    dead.acquire(wait_s=0)
+    expires_at = dead.current()["expires_at"]
     launch = step(["sweep", "launch", str(spec), "--out", out, "--num-cpus", "2", "--inject-fault", f"{crash_id}:12"])
     assert "states: done=6" in launch
     status = step(["sweep", "status", out])
@@ -277,6 +282,8 @@ def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, tmp_path):
     assert not [k for k in objects if k.endswith(".tmp")]
     assert not _objects("sweeps/.leases")  # every lease released
     events = store.read_events(out)
+    orphan_start = next(e["time"] for e in events if e["run_id"] == orphan_id and e["event"] == "start")
+    assert orphan_start >= expires_at  # not before the dead holder's lease expired
     crash = [e for e in events if e["run_id"] == crash_id]
     assert [e["event"] for e in crash] == ["start", "fail", "start", "end"]
     assert crash[-1]["loaded_step"] == 10  # the retry pulled step_10 from the bucket
