@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 from scalelab.errors import UsageError
-from scalelab.train import storage
 
 # analysis.plots.KINDS + "comparison", spelled out so that building the parser (every `scalelab`
 # command) does not import matplotlib; tests/test_report.py checks they agree
@@ -243,7 +242,7 @@ def run_report(args) -> int:
 
     _check_positive("bootstrap", args.bootstrap)
     path = write_report(
-        storage.local_view(args.store, "STORE") if storage.is_url(args.store) else args.store,
+        args.store,
         args.out,
         law=args.law,
         n_boot=args.bootstrap,
