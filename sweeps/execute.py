@@ -434,9 +434,10 @@ def resume(
     log: Log = print,
 ) -> dict[str, Any]:
     """Finish a sweep from its store alone (after the driver died): done runs stay done."""
-    sweep_dir = store.location(sweep_dir)
     if storage.is_url(sweep_dir):
         storage.check(sweep_dir, "sweep_dir")
+    else:
+        sweep_dir = Path(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
         raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
     resolved = store.read_resolved(sweep_dir)

@@ -219,11 +219,6 @@ def list_objects(url: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def delete_prefix(url: str) -> None:
-    for rel in list_objects(url):
-        delete(join(url, rel))
-
-
 def download(url: str, path: Path, mtime: float | None = None) -> None:
     """One object to a local file (s3transfer writes a temporary file and renames it)."""
     loc = parse(url)
