@@ -30,6 +30,7 @@ import numpy as np
 import polars as pl
 
 from scalelab.errors import UsageError
+from scalelab.train import storage
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1180px;color:#222}
@@ -79,7 +80,7 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: Path) -> str:
+def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: str | Path) -> str:
     counts = runs_all.group_by("status").len().sort("status")
     status = ", ".join(f"{s}: {n}" for s, n in zip(counts["status"], counts["len"]))
     sizes = sorted(set(runs["params"].to_list()))
@@ -430,7 +431,8 @@ def build_report(
     from scalelab.analysis.lawfit import store_fit_from_record
     from scalelab.analysis.store import load_metrics, load_store_runs
 
-    store = Path(store)
+    shown = store  # an s3:// store is read from a local copy of its records
+    store = storage.local_view(store, "STORE") if storage.is_url(store) else Path(store)
     runs_all = load_store_runs(store, done_only=False)
     runs = runs_all.filter(pl.col("status") == "done")
     if runs.height == 0:
@@ -445,7 +447,7 @@ def build_report(
     parts = [
         f"<h1>scalelab report: {html.escape(store.name)}</h1>",
         f'<p class="muted">generated {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}</p>',
-        _summary(runs_all, runs, store),
+        _summary(runs_all, runs, shown),
         _fit_section(fit, fit_note, record),
         _gates_section(record),
         _proposal_section(store, fit),

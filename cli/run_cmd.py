@@ -34,6 +34,11 @@ def run(args) -> int:
     from scalelab.train.records import read_status
 
     cfg = load_run_config(args.config, args.overrides)
+    if "://" in args.out:
+        raise UsageError(
+            f"--out {args.out}: a single run writes to a local or shared path; "
+            "object storage is for sweeps (scalelab sweep launch --out s3://...)"
+        )
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a directory (new or holding this run)")

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from scalelab.errors import UsageError
+from scalelab.train import storage
 
 
 def add_parser(sub) -> None:
@@ -163,7 +164,9 @@ def run_launch(args) -> int:
     if args.rounds > 1 and not target:
         raise UsageError("--rounds > 1 needs --target-flops (or fit.target_flops in the spec)")
     faults = _faults(args.inject_fault)
-    out = Path(args.out)
+    out = args.out if storage.is_url(args.out) else Path(args.out)
+    if storage.is_url(out) and (check is not None or args.rounds > 1):
+        raise UsageError(f"--out {out}: transfer gates and --rounds need a local or shared POSIX store")
     if check is not None:
         sweep = _transfer_gate(check, out, args)
         if sweep is None:

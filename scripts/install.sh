@@ -2,7 +2,8 @@
 # Install scalelab (editable) and its dependencies without ever pulling a multi-GB CUDA torch onto
 # a CPU-only machine.
 #   bash scripts/install.sh          # runtime dependencies
-#   bash scripts/install.sh dev      # plus test/lint tools, transformers (HF parity) and triton, and
+#   bash scripts/install.sh dev      # plus test/lint tools, transformers (HF parity), triton, boto3 +
+#                                    # moto's S3 server (s3:// stores), and
 #                                    # (as root, with apt-get) Chromium for the report's browser test
 # Torch: kept if already importable; on a GPU machine (nvidia-smi present) the default PyPI build;
 # otherwise the CPU build of torch 2.13.0 (a local wheel where the machine has one, else PyTorch's
@@ -23,7 +24,7 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 extras=""
 if [ "${1:-}" = "dev" ]; then
-  extras="[dev,triton]"
+  extras="[dev,triton,s3]"  # s3: boto3 for s3:// stores; dev brings moto's S3 server for their tests
   # tests/test_report.py renders the HTML report in headless Chromium; under CI=true it fails
   # when /usr/bin/chromium is missing, so CI installs it here.
   if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

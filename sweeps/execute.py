@@ -15,8 +15,9 @@ warm between runs (Tune's per-trial overhead drops from ~4 s to ~1.3 s).
 Failures. `FailureConfig(max_failures)` retries a trial that raised; because the trial always
 calls `train_run(resume=True)`, a retry continues from the run's latest checkpoint and (training
 being deterministic) ends bit for bit where an uninterrupted run would. A per-run file lock
-(`runs/<id>/.lock`, fcntl) makes a retry or a resumed sweep wait until a previous process of the
-same run is gone, so two processes never write one run. The run directory is the store root's
+(`runs/<id>/.lock`, fcntl; a lease on object storage, scalelab.sweeps.lease) makes a retry or a
+resumed sweep wait until a previous process of the same run is gone, so two processes never write
+one run. The run directory is the store root's
 one copy of the run (scalelab.sweeps.store.claim_run), so the lock also covers sibling sweeps: a
 trial whose run another sweep claimed waits for that sweep's trial (holding its Ray slot) and
 then finds the run done, or resumes it if that trial died.
@@ -46,13 +47,14 @@ from typing import Any
 from scalelab.errors import UsageError
 from scalelab.parallel.config import ParallelConfig
 from scalelab.sweeps import early_stop, ledger, ray_reaper, store
+from scalelab.sweeps.lease import remote_run
 from scalelab.sweeps.ray_cluster import local_ray_on_loopback, start_ray
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
+from scalelab.train import storage
 from scalelab.train.config import build_run_config, config_hash, to_dict
 from scalelab.train.config_tree import from_dict
 from scalelab.train.launch import ray_train_fn
 from scalelab.train.loop import train_run
-from scalelab.train.records import atomic_write_json
 
 Log = Callable[[str], None]
 TRIAL_CPU = 0.01  # what the trial of a multi-process run holds itself (Ray rejects empty bundles)
@@ -65,10 +67,27 @@ LOCK_WAIT_S = 180.0  # how long a trial waits for a previous process of the same
 
 
 @contextlib.contextmanager
-def _run_lock(run_dir: Path, wait_s: float | None = LOCK_WAIT_S):
+def _run_lock(sweep_dir: str | Path, run_id: str):
+    """Be the one process training run_id in its store root; yields the directory to train into.
+
+    A local or shared POSIX store: the root's one directory of the run (store.claim_run) under an
+    fcntl lock. Object storage: a lease and a node-local copy synced to the store
+    (scalelab.sweeps.lease). A run claimed by a sibling sweep waits as long as its holder lives."""
+    if storage.is_url(sweep_dir):
+        with remote_run(sweep_dir, run_id, wait_s=LOCK_WAIT_S) as run_dir:
+            yield run_dir
+        return
+    run_dir = store.claim_run(sweep_dir, run_id)
+    with _fcntl_lock(run_dir, wait_s=None if run_dir.is_symlink() else LOCK_WAIT_S):
+        yield run_dir
+
+
+@contextlib.contextmanager
+def _fcntl_lock(run_dir: Path, wait_s: float | None = LOCK_WAIT_S):
     """Hold an exclusive fcntl lock on <run>/.lock; the OS drops it when the holder dies.
 
-    wait_s=None waits as long as the holder lives: a sibling sweep training this run."""
+    wait_s=None waits as long as the holder lives: a sibling sweep training this run.
+    On NFS this needs NFSv4 (or lockd for v3); on Lustre the `flock` mount option."""
     fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     deadline = None if wait_s is None else time.monotonic() + wait_s
     try:
@@ -135,10 +154,8 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
     from ray import tune
 
     tc = trial_config["trial"]
-    sweep_dir, run_id = Path(tc["sweep_dir"]), tc["run_id"]
-    run_dir = store.claim_run(sweep_dir, run_id)  # the store root's one directory of this run
-    sibling = run_dir.is_symlink()  # claimed by another sweep, which may be training it now
-    with _run_lock(run_dir, wait_s=None if sibling else LOCK_WAIT_S):
+    sweep_dir, run_id = store.location(tc["sweep_dir"]), tc["run_id"]
+    with _run_lock(sweep_dir, run_id) as run_dir:
         _remove_stale_temp_files(run_dir)
         state = store.run_state(run_dir)
         if state in store.TERMINAL:  # finished by an earlier attempt whose driver died before seeing it
@@ -304,7 +321,7 @@ def execute(
     import ray
     from ray import tune
 
-    sweep_dir = Path(sweep_dir).resolve()
+    sweep_dir = store.location(sweep_dir)
     t0 = time.time()
     by_id = {r["run_id"]: r for r in runs}
     states = store.attach_runs(sweep_dir, list(by_id))
@@ -355,7 +372,7 @@ def execute(
                 ),
                 run_config=tune.RunConfig(
                     name=f"wave{wave}-{time.strftime('%Y%m%d-%H%M%S')}",
-                    storage_path=str(sweep_dir / ".tune"),
+                    storage_path=str(store.tune_dir(sweep_dir)),
                     failure_config=tune.FailureConfig(max_failures=execution.max_failures),
                     verbose=0,
                     callbacks=[_progress_callback(log)],
@@ -369,7 +386,8 @@ def execute(
         if started:
             ray_reaper.stop_reaper(reaper)
             ray.shutdown()
-    if ledger.score(sweep_dir):  # proposed runs that finished get their measured loss in the ledger
+    # proposed runs that finished get their measured loss in the ledger (rounds need a local store)
+    if not storage.is_url(sweep_dir) and ledger.score(sweep_dir):
         log("ledger: measured losses recorded beside their predictions (scalelab sweep ledger)")
     counts: dict[str, int] = {}
     for s in states.values():
@@ -416,7 +434,10 @@ def resume(
     log: Log = print,
 ) -> dict[str, Any]:
     """Finish a sweep from its store alone (after the driver died): done runs stay done."""
-    sweep_dir = Path(sweep_dir)
+    if storage.is_url(sweep_dir):
+        storage.check(sweep_dir, "sweep_dir")
+    else:
+        sweep_dir = Path(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
         raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
     resolved = store.read_resolved(sweep_dir)
@@ -438,4 +459,4 @@ def resume(
 def _save_execution(sweep_dir: str | Path, execution: ExecutionConfig) -> None:
     resolved = store.read_resolved(sweep_dir)
     resolved["execution"] = to_dict(execution)
-    atomic_write_json(Path(sweep_dir) / store.RESOLVED, resolved)
+    store.write_resolved(sweep_dir, resolved)

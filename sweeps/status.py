@@ -16,12 +16,14 @@ from typing import Any
 
 from scalelab.errors import UsageError
 from scalelab.sweeps import store
+from scalelab.train import storage
 
 ORDER = ("running", "failed", "pending", "diverged", "done")
 
 
 def sweep_status(sweep_dir: str | Path) -> dict[str, Any]:
-    sweep_dir = Path(sweep_dir)
+    shown = sweep_dir  # an s3:// sweep is read from a local copy of its records (storage.local_view)
+    sweep_dir = storage.local_view(sweep_dir, "sweep_dir") if storage.is_url(sweep_dir) else Path(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
         raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
     df = store.load_runs(sweep_dir)
@@ -64,7 +66,7 @@ def sweep_status(sweep_dir: str | Path) -> dict[str, Any]:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     resolved = store.read_resolved(sweep_dir)
     return {
-        "sweep": str(sweep_dir),
+        "sweep": str(shown),
         "name": resolved.get("name"),
         "specs": resolved.get("specs", []),
         "counts": counts,

@@ -26,35 +26,64 @@ still found under its new id (and listed once by load_runs).
     from scalelab.sweeps.store import load_runs
     df = load_runs("results/isoflop")        # one row per run (a sweep dir or a whole store root)
     df.filter(pl.col("status") == "done").select("params", "tokens", "flops", "loss")
+
+Object storage (`--out s3://bucket/prefix/sweep`, scalelab.train.storage): the same layout as
+objects, each written whole (no temporary names, no rename). Events are one object each
+(`events/<time>-<id>.json`: there is no append). A run is trained under a lease instead of a lock
+(scalelab.sweeps.lease) in a node-local copy synced to the store. Not done there: linking runs of
+sibling sweeps (claims are symlinks), cooldown branches (they load another run's checkpoint by
+path), multi-process runs (their workers may sit on other nodes than the copy), `sweep next`.
+Readers load a local copy of the records (storage.local_view).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+import yaml
 
 from scalelab.errors import UsageError
+from scalelab.parallel.config import ParallelConfig
+from scalelab.train import storage
+from scalelab.train.config_tree import from_dict
 from scalelab.train.records import atomic_write_bytes, atomic_write_json, read_status
 
 TERMINAL = ("done", "diverged", "stopped_early")  # states a run never leaves; anything else is (re)started
 RESOLVED = "sweep.resolved.json"
 
 
+def location(sweep_dir: str | Path) -> str | Path:
+    """A sweep's address: an object-storage URL as given, a local path made absolute."""
+    return sweep_dir if storage.is_url(sweep_dir) else Path(sweep_dir).resolve()
+
+
 def runs_dir(sweep_dir: str | Path) -> Path:
-    return Path(sweep_dir) / "runs"
+    return storage.join(sweep_dir, "runs") if storage.is_url(sweep_dir) else Path(sweep_dir) / "runs"
 
 
 def run_path(sweep_dir: str | Path, run_id: str) -> Path:
-    return runs_dir(sweep_dir) / run_id
+    return storage.join(sweep_dir, "runs", run_id) if storage.is_url(sweep_dir) else runs_dir(sweep_dir) / run_id
 
 
 def is_sweep_dir(path: str | Path) -> bool:
+    if storage.is_url(path):
+        return storage.exists(storage.join(path, "sweep.yaml"))
     return (Path(path) / "sweep.yaml").is_file()
+
+
+def tune_dir(sweep_dir: str | Path) -> Path:
+    """Ray Tune's own state (the store is the sweep's state): beside the sweep, or local to the
+    driver for a sweep on object storage."""
+    if storage.is_url(sweep_dir):
+        return Path(tempfile.mkdtemp(prefix="scalelab-tune-"))
+    return Path(sweep_dir) / ".tune"
 
 
 def run_state(run_dir: str | Path) -> str:
@@ -77,6 +106,8 @@ def init_sweep(sweep_dir: str | Path, spec_text: str, spec_name: str, runs: list
     A new directory gets sweep.yaml. Launching another spec into an existing sweep (a later round
     from `sweep next`) stores it under rounds/ and appends its runs to sweep.resolved.json.
     """
+    if storage.is_url(sweep_dir):
+        return _init_object_sweep(sweep_dir, spec_text, runs, name)
     sweep_dir = Path(sweep_dir)
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise UsageError(f"--out {sweep_dir} is a file; give a sweep directory (new, or one to extend)")
@@ -108,7 +139,44 @@ def init_sweep(sweep_dir: str | Path, spec_text: str, spec_name: str, runs: list
     return rel
 
 
+def _init_object_sweep(url: str, spec_text: str, runs: list[dict], name: str) -> str:
+    """init_sweep on object storage: every check before the first object is written."""
+    storage.check(url, "--out")
+    if (yaml.safe_load(spec_text) or {}).get("early_stop"):
+        raise UsageError(f"--out {url}: early_stop is not supported on s3:// stores yet; use a shared POSIX path")
+    for r in runs:
+        world = from_dict(ParallelConfig, r["config"].get("parallel") or {}, "parallel").world_size
+        if world > 1 or r.get("depends_on"):
+            what = "a multi-process layout" if world > 1 else f"a cooldown branch of {r['depends_on']}"
+            raise UsageError(
+                f"--out {url}: run {r['run_id']} is {what}, which s3:// stores do not run yet; "
+                "use a shared POSIX path (NFS/Lustre) for this sweep"
+            )
+    spec = storage.read_bytes(storage.join(url, "sweep.yaml"))
+    if spec is None and storage.list_objects(url):
+        raise UsageError(f"--out {url} holds objects but no sweep.yaml; choose an empty or new prefix")
+    if spec is not None and spec.decode() != spec_text:
+        raise UsageError(f"--out {url} holds a different sweep; launch into a new prefix (rounds need a local store)")
+    if spec is None:
+        atomic_write_bytes(storage.join(url, "sweep.yaml"), spec_text.encode())
+    resolved = read_resolved(url)
+    resolved.setdefault("name", name)
+    resolved.setdefault("specs", ["sweep.yaml"])
+    known = {r["run_id"] for r in resolved.setdefault("runs", [])}
+    resolved["runs"] += [dict(r, spec="sweep.yaml") for r in runs if r["run_id"] not in known]
+    write_resolved(url, resolved)
+    return "sweep.yaml"
+
+
+def write_resolved(sweep_dir: str | Path, resolved: dict[str, Any]) -> None:
+    target = storage.join(sweep_dir, RESOLVED) if storage.is_url(sweep_dir) else Path(sweep_dir) / RESOLVED
+    atomic_write_json(target, resolved)
+
+
 def read_resolved(sweep_dir: str | Path) -> dict[str, Any]:
+    if storage.is_url(sweep_dir):
+        data = storage.read_bytes(storage.join(sweep_dir, RESOLVED))
+        return {} if data is None else json.loads(data)
     path = Path(sweep_dir) / RESOLVED
     if not path.exists():
         return {}
@@ -160,6 +228,8 @@ def attach_runs(sweep_dir: str | Path, run_ids: list[str]) -> dict[str, str]:
     id in sibling sweeps (terminal runs), then among runs stored under an older id of the same
     config (see renamed_runs); a match is linked as runs/<id> -> its directory (relative symlink).
     """
+    if storage.is_url(sweep_dir):  # no links on object storage: each sweep trains its own runs
+        return {run_id: run_state(run_path(sweep_dir, run_id)) for run_id in run_ids}
     sweep_dir = Path(sweep_dir)
     states, renamed = {}, None
     for run_id in run_ids:
@@ -234,6 +304,10 @@ def claimed_elsewhere(sweep_dir: str | Path, run_id: str) -> Path | None:
 def append_event(sweep_dir: str | Path, event: str, run_id: str, **fields: Any) -> None:
     """One JSON line in events.jsonl; a single O_APPEND write, so concurrent trials never interleave."""
     line = json.dumps(dict(event=event, run_id=run_id, time=time.time(), pid=os.getpid(), **fields))
+    if storage.is_url(sweep_dir):  # no append on object storage: one object per event
+        event_name = f"{time.time():.6f}-{uuid.uuid4().hex[:8]}.json"  # sorts by time
+        storage.write_bytes(storage.join(sweep_dir, "events", event_name), line.encode())
+        return
     fd = os.open(Path(sweep_dir) / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (line + "\n").encode())
@@ -242,11 +316,15 @@ def append_event(sweep_dir: str | Path, event: str, run_id: str, **fields: Any) 
 
 
 def read_events(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    """The events of a sweep, oldest first (events.jsonl, or one object each from object storage)."""
+    if storage.is_url(sweep_dir):
+        sweep_dir = storage.local_view(sweep_dir)
     path = Path(sweep_dir) / "events.jsonl"
-    if not path.exists():
-        return []
+    lines = path.read_text().splitlines() if path.exists() else []
+    objects = Path(sweep_dir) / "events"
+    lines += [p.read_text() for p in sorted(objects.glob("*.json"))] if objects.is_dir() else []
     out = []
-    for line in path.read_text().splitlines():
+    for line in lines:
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
@@ -401,9 +479,9 @@ def load_runs(path: str | Path) -> pl.DataFrame:
     loss (final val loss, else final train loss), error, tags (JSON), design labels (generator,
     flops_budget, tokens_per_param, cooldown, branch_of, ...), hyperparameters (lr, batch, shape,
     seed, ...) and the last value of every eval as `eval/<task>/<metric>`. In a store root a run
-    linked into several sweeps appears once.
+    linked into several sweeps appears once. `path` may be an object-storage URL.
     """
-    path = Path(path)
+    path = storage.local_view(path) if storage.is_url(path) else Path(path)
     if is_sweep_dir(path) or (path / RESOLVED).exists():
         rows = _sweep_rows(path)
     elif path.is_dir():

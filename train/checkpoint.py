@@ -13,6 +13,11 @@ Loading never trusts the files: every load verifies the checkpoint first (manife
 by a restricted unpickler, shard sizes) and reads it through checkpoint_verify's SafeReader and
 SafeLoadPlanner. `select_resume_checkpoint` picks the newest checkpoint that verifies, moves the
 ones that do not aside (`step_<N>.corrupt`, kept for inspection, never considered again) and says why.
+
+On object storage (a run of an `s3://` store, scalelab.sweeps.lease) a checkpoint is saved here
+as always, then `upload_checkpoint` puts its files, manifest.json last; `pull_checkpoints` only
+takes step_<N>/ prefixes whose manifest is there, so an upload cut short is never loaded (and
+never mistaken for a legacy checkpoint without a manifest).
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from scalelab.train import storage
 from scalelab.train.checkpoint_verify import (
+    MANIFEST,
     TRAIN_STATE,
     CheckpointError,
     SafeLoadPlanner,
@@ -250,3 +257,39 @@ def load_checkpoint(
     if train_state is None:  # verified by the caller
         train_state = json.loads((path / TRAIN_STATE).read_text())
     return train_state
+
+
+def upload_checkpoint(path: Path, url: str) -> None:
+    """A completed checkpoint directory to `url/` on object storage, manifest.json last.
+
+    The manifest object is what makes the checkpoint exist there (pull_checkpoints): whatever
+    stops the upload before it leaves a prefix that no resume takes.
+    """
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.name != MANIFEST)
+    for f in files:
+        storage.upload_file(storage.join(url, f.name), f)
+    storage.upload_file(storage.join(url, MANIFEST), path / MANIFEST)
+
+
+def remote_checkpoints(url: str) -> dict[str, list[str]]:
+    """{step_<N>: its object names} of the completed checkpoints (manifest present) under `url/`."""
+    found: dict[str, list[str]] = {}
+    for rel in storage.list_objects(url):
+        step_dir, _, fname = rel.partition("/")
+        if _STEP_DIR.match(step_dir) and fname and "/" not in fname:
+            found.setdefault(step_dir, []).append(fname)
+    return {d: names for d, names in found.items() if MANIFEST in names}
+
+
+def pull_checkpoints(url: str, ckpt_root: Path) -> list[str]:
+    """Download the completed checkpoints under `url/` into ckpt_root (each under a .tmp name,
+    renamed when whole, as save_checkpoint does); returns their names."""
+    pulled = []
+    for step_dir, names in sorted(remote_checkpoints(url).items()):
+        tmp = ckpt_root / f"{step_dir}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        for fname in names:
+            storage.download(storage.join(url, step_dir, fname), tmp / fname)
+        tmp.rename(ckpt_root / step_dir)
+        pulled.append(step_dir)
+    return pulled

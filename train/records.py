@@ -7,11 +7,14 @@
     <run>/router.parquet    MoE runs: per logged step, moe_aux_loss, moe_z_loss, moe_imbalance(_max), moe_dropped_frac
 
 Every file is written to a temporary name in the same directory and renamed over the target, so a
-reader (a sweep scan, polars) never sees a half-written file, whatever happens to the writer.
+reader (a sweep scan, polars) never sees a half-written file, whatever happens to the writer. On
+object storage (an `s3://` path, scalelab.train.storage) there is no rename: each file is one
+object put whole, which gives readers the same guarantee.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -22,6 +25,7 @@ from typing import Any
 import polars as pl
 
 from scalelab.models.accounting import flops_per_token, num_params, num_params_nonembedding
+from scalelab.train import storage
 
 STATUSES = ("pending", "running", "done", "failed", "diverged", "stopped_early")
 
@@ -55,6 +59,9 @@ EVALS_SCHEMA = {
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    if storage.is_url(path):
+        storage.write_bytes(path, data)
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -74,6 +81,11 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 
 def atomic_write_parquet(path: str | Path, df: pl.DataFrame) -> None:
+    if storage.is_url(path):
+        buf = io.BytesIO()
+        df.write_parquet(buf)
+        storage.write_bytes(path, buf.getvalue())
+        return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -92,10 +104,17 @@ def write_status(run_dir: str | Path, status: str, **extra: Any) -> None:
     prev = read_status(run_dir) or {}
     record = {k: v for k, v in prev.items() if k not in ("status", "error", "reason")}
     record.update(status=status, updated_at=time.time(), **extra)
-    atomic_write_json(Path(run_dir) / "status.json", record)
+    atomic_write_json(_join(run_dir, "status.json"), record)
+
+
+def _join(run_dir: str | Path, name: str) -> str | Path:
+    return storage.join(run_dir, name) if storage.is_url(run_dir) else Path(run_dir) / name
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any] | None:
+    if storage.is_url(run_dir):
+        data = storage.read_bytes(storage.join(run_dir, "status.json"))
+        return None if data is None else json.loads(data)
     path = Path(run_dir) / "status.json"
     if not path.exists():
         return None
