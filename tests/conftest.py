@@ -47,7 +47,8 @@ def ray_local():
 
     started = False
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+        # address="local": a private cluster even when another one (`ray start`) runs on this machine
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
         started = True
     yield ray.get_runtime_context().gcs_address
     if started:
