@@ -434,7 +434,7 @@ def launch(
     entries = [r.to_dict() for r in sweep.runs]
     check_runnable(entries)
     store.init_sweep(sweep_dir, spec_text, spec_name, entries, sweep.name)
-    _save_execution(sweep_dir, sweep.execution)
+    save_execution(sweep_dir, sweep.execution)
     return execute(
         sweep_dir,
         entries,
@@ -475,7 +475,8 @@ def resume(
     )
 
 
-def _save_execution(sweep_dir: str | Path, execution: ExecutionConfig) -> None:
+def save_execution(sweep_dir: str | Path, execution: ExecutionConfig) -> None:
+    """Keep the spec's execution section in sweep.resolved.json (what `resume` runs with)."""
     resolved = store.read_resolved(sweep_dir)
     resolved["execution"] = to_dict(execution)
     atomic_write_json(Path(sweep_dir) / store.RESOLVED, resolved)

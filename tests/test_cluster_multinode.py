@@ -4,17 +4,20 @@ One cluster for the module: a head with no CPUs (the drivers attach there) and w
 CPU each, so a dp=2 run's two workers sit on two nodes. Each test drives a sweep into it with
 `scalelab sweep launch --address` in a subprocess and removes or adds nodes while it runs:
 
-- a dp=2 run over two nodes equals the same run on one node (`scalelab run`'s local processes);
 - a node lost mid-run: its trial is retried on another node from its latest checkpoint, ends bit
   for bit as an uninterrupted run, and the runs that had finished are not trained again;
 - elastic: a dp=2 run loses a node and continues at dp=1 with the same global batch (twice the
   accumulation) from its DCP checkpoint, within 1e-5 of the uninterrupted dp=2 run;
-- a hang injected in one rank: the step watchdog ends the workers and the retry finishes the run.
+- `sweep launch --detach`: the driver runs as a Ray Job after the client has exited; `sweep status`
+  and `sweep resume` work from another process that only sees the store;
+- a hang injected in one rank of a dp=2 run over two nodes: the step watchdog ends the workers, the
+  retry finishes the run, and its numbers equal the same run on one node (`scalelab run`'s processes).
 
 The cluster is shut down at the end of the module; this process never connects to it, so the
 session's `ray_local` cluster of later tests is untouched. Runs: the debug model, 64-token sequences.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -28,7 +31,7 @@ from ray.cluster_utils import Cluster
 
 from scalelab.sweeps import store
 from scalelab.sweeps.spec import expand_sweep
-from scalelab.train.checkpoint import latest_checkpoint
+from scalelab.train.checkpoint import latest_checkpoint, list_checkpoints
 from scalelab.train.config import build_run_config
 from scalelab.train.launch import launch_local
 from scalelab.train.loop import train_run
@@ -55,13 +58,18 @@ class SimCluster:
         health = {"health_check_period_ms": 500, "health_check_timeout_ms": 500, "health_check_failure_threshold": 4}
         self.cluster = Cluster(
             initialize_head=True,
-            head_node_args={"num_cpus": 0, "include_dashboard": False, "_system_config": health},
+            # the dashboard serves Ray Jobs (`sweep launch --detach`)
+            head_node_args={"num_cpus": 0, "include_dashboard": True, "_system_config": health},
         )
         self.workers = []
 
     @property
     def address(self) -> str:
         return self.cluster.address
+
+    @property
+    def dashboard(self) -> str:
+        return "http://" + self.cluster.head_node.address_info["webui_url"]
 
     def ensure_workers(self, n: int) -> None:
         while len(self.workers) < n:
@@ -136,43 +144,30 @@ def _metrics(run_dir: Path) -> pl.DataFrame:
 
 def _print_losses(title: str, ref: pl.DataFrame, got: pl.DataFrame, resumed_at: int, layouts: list[dict]) -> None:
     """The loss table of a resumed run against its uninterrupted reference (pytest -s shows it)."""
-    print(f"\n{title}")
-    print(f"{'step':>5} {'layout':>12} {'uninterrupted':>14} {'this run':>14} {'|diff|':>9}")
-    for step in sorted({1, resumed_at - 1, resumed_at, resumed_at + 1, resumed_at + 5, int(ref["step"].max())}):
-        if step < 1 or step > ref["step"].max():
-            continue
+    print(f"\n{title}; attempt 2 resumed from the step-{resumed_at} checkpoint")
+    print(f"{'step':>5} {'attempt':>8} {'layout':>12} {'uninterrupted':>14} {'this run':>14} {'|diff|':>9}")
+    last = int(ref["step"].max())
+    for step in sorted({1, resumed_at - 1, resumed_at, resumed_at + 1, resumed_at + 5, last} & set(range(1, last + 1))):
         a = ref.filter(pl.col("step") == step)["loss"][0]
         b = got.filter(pl.col("step") == step)["loss"][0]
         lay = next(x for x in reversed(layouts) if x["from_step"] < step)
         label = "dp{} x acc{}".format(lay["dp"], lay["accumulation"])
-        print(f"{step:>5} {label:>12} {a:>14.8f} {b:>14.8f} {abs(a - b):>9.2e}")
-
-
-def test_dp2_run_over_two_nodes_equals_one_node(sim, dp2_reference, tmp_path):
-    """`sweep launch --address` into the cluster: the run's two Ray Train workers sit on two nodes,
-    and its numbers are the one-node run's."""
-    sim.ensure_workers(2)
-    run_id, ref, _ = dp2_reference
-    spec = {"name": "mn", "base": DP2, "grid": {"optim.lr": [3e-3]}}
-    out = tmp_path / "root" / "mn"
-    _finish(_driver(spec, out, sim.address, tmp_path), tmp_path / "mn.log")
-    status = read_status(store.run_path(out, run_id))
-    assert status["status"] == "done"
-    [layout] = status["layouts"]
-    assert layout["dp"] == 2 and layout["world_size"] == 2 and not layout["elastic"]
-    worker_ids = {n.node_id for n in sim.workers}
-    assert len(set(layout["nodes"])) == 2 and set(layout["nodes"]) <= worker_ids, layout["nodes"]
-    assert _metrics(store.run_path(out, run_id)).equals(ref)
+        print(f"{step:>5} {lay['attempt']:>8} {label:>12} {a:>14.8f} {b:>14.8f} {abs(a - b):>9.2e}")
 
 
 def test_node_loss_retries_the_trial_on_another_node_from_its_checkpoint(sim, tmp_path):
     """Three one-process runs on two nodes; the node training the long run is killed once a short
-    run is done and the long run (held at step 30 while a file exists) holds a checkpoint."""
+    run is done and the long run (held at step 30 while a file exists; the short runs have 20 steps)
+    holds a checkpoint."""
     sim.ensure_workers(2)
     spec = {
         "name": "loss",
         "base": BASE,
-        "points": [{"optim.lr": 1e-3}, {"optim.lr": 2e-3}, {"optim.lr": 3e-3, "train.num_tokens": 256 * 60}],
+        "points": [
+            {"optim.lr": 1e-3, "train.num_tokens": 256 * 20},  # short runs end before the hold step
+            {"optim.lr": 2e-3, "train.num_tokens": 256 * 20},
+            {"optim.lr": 3e-3, "train.num_tokens": 256 * 60},
+        ],
         "execution": {"max_failures": 2},
     }
     runs = expand_sweep(spec).runs
@@ -210,19 +205,12 @@ def test_node_loss_retries_the_trial_on_another_node_from_its_checkpoint(sim, tm
     ref_dir = tmp_path / "ref"
     train_run(build_run_config(runs[-1].config), ref_dir)
     got, ref = _metrics(long_dir), _metrics(ref_dir)
-    _print_losses(
-        "node loss: one-process run, node killed, retried on another node",
-        ref,
-        got,
-        loaded[1],
-        [{"from_step": 0, "dp": 1, "accumulation": 1}],
-    )
+    title = "node loss: one-process run, its node killed, the trial retried on another node"
+    _print_losses(title, ref, got, loaded[1], status["layouts"])
     assert got.equals(ref)
     assert read_status(long_dir)["final_val_loss"] == read_status(ref_dir)["final_val_loss"]
     detect_s, restart_s = events[1]["time"] - killed_at, events[2]["time"] - killed_at
-    print(
-        f"node loss: retry seen {detect_s:.1f} s after the kill, restarted on another node after {restart_s:.1f} s"
-    )
+    print(f"node loss: retry seen {detect_s:.1f} s after the kill, restarted on another node after {restart_s:.1f} s")
     assert 0 < detect_s <= restart_s
 
 
@@ -240,10 +228,13 @@ def test_elastic_dp2_continues_at_dp1_with_the_same_global_batch(sim, dp2_refere
     out = tmp_path / "root" / "elastic"
     run_dir = store.run_path(out, run_id)
     log = tmp_path / "elastic.log"
-    proc = _driver(spec, out, sim.address, tmp_path, SCALELAB_TEST_STEP_DELAY_S="0.15")
+    # Ray Train first retries at the size its resource view still shows (the lost node may not be
+    # declared dead yet) and waits this long for it before trying smaller (60 s by default).
+    timeout = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
+    proc = _driver(spec, out, sim.address, tmp_path, SCALELAB_TEST_STEP_DELAY_S="0.15", **timeout)
 
     def checkpointed():
-        return run_dir.exists() and (latest_checkpoint(run_dir / "checkpoints") or (0,))[0] >= 10
+        return run_dir.exists() and any(step >= 10 for step, _ in list_checkpoints(run_dir / "checkpoints"))
 
     _wait_for("a checkpoint at step >= 10", checkpointed, proc, log)
     trial_node = [e for e in _events(out, run_id) if e["event"] == "start"][-1]["node"]
@@ -255,6 +246,7 @@ def test_elastic_dp2_continues_at_dp1_with_the_same_global_batch(sim, dp2_refere
     status = read_status(run_dir)
     assert status["status"] == "done"
     first, *_, last = status["layouts"]
+    print(f"\nelastic: layout change recorded {last['at'] - killed_at:.1f} s after the node was killed")
     assert (first["dp"], first["accumulation"], first["from_step"]) == (2, 1, 0) and other in first["nodes"]
     assert (last["dp"], last["accumulation"], last["elastic"]) == (1, 2, True), status["layouts"]
     assert last["at"] > killed_at and last["nodes"] == [trial_node]
@@ -266,12 +258,12 @@ def test_elastic_dp2_continues_at_dp1_with_the_same_global_batch(sim, dp2_refere
     assert got.filter(before).equals(ref.filter(before))  # trained at dp=2
     diff = (got.filter(after)["loss"] - ref.filter(after)["loss"]).abs().max()
     assert got.height == ref.height and diff <= 1e-5, diff
-    print(f"elastic: layout change recorded {last['at'] - killed_at:.1f} s after the node was killed")
 
 
-def test_hang_in_one_rank_is_ended_by_the_watchdog_and_retried(sim, dp2_reference, tmp_path):
-    """Rank 1 of a dp=2 run sleeps forever inside step 12 (once); rank 0 blocks in that step's
-    collective. Both watchdogs end their processes; the trainer restarts the group from step 10."""
+def test_dp2_over_two_nodes_equals_one_node_through_a_hang_ended_by_the_watchdog(sim, dp2_reference, tmp_path):
+    """A dp=2 run whose two Ray Train workers sit on two nodes. Rank 1 sleeps forever inside step 12
+    (once); rank 0 blocks in that step's collective. Both watchdogs end their processes, the trainer
+    restarts the group from step 10, and the run's numbers are the one-node run's, bit for bit."""
     sim.ensure_workers(2)
     run_id, ref, _ = dp2_reference
     spec = {
@@ -289,5 +281,67 @@ def test_hang_in_one_rank_is_ended_by_the_watchdog_and_retried(sim, dp2_referenc
     assert status["status"] == "done" and status["loaded_steps"] == [None, 10]
     [hang] = status["hangs"]
     assert hang["step"] == 12 and hang["elapsed_s"] >= 3.0
-    assert [x["dp"] for x in status["layouts"]] == [2, 2]
+    worker_ids = {n.node_id for n in sim.workers}
+    for layout in status["layouts"]:  # both attempts: dp=2 with one worker on each of two nodes
+        assert layout["dp"] == 2 and not layout["elastic"], layout
+        assert len(set(layout["nodes"])) == 2 and set(layout["nodes"]) <= worker_ids, layout["nodes"]
     assert _metrics(store.run_path(out, run_id)).equals(ref)
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "scalelab.cli", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=WAIT_S)
+
+
+def test_detached_driver_runs_as_a_ray_job(sim, tmp_path):
+    """The client submits the driver as a Ray Job and exits; the sweep finishes without it, and a
+    process elsewhere (another working directory, only the store path) reads and resumes it."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    sim.ensure_workers(2)
+    spec = {"name": "detached", "base": {**BASE, "train": {**BASE["train"], "num_tokens": 256 * 10}}}
+    spec["grid"] = {"optim.lr": [1e-3, 2e-3]}
+    spec_path = tmp_path / "detached.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "root" / "detached"
+    launched = _cli(
+        "sweep", "launch", str(spec_path), "--out", str(out), "--address", sim.dashboard, "--detach", cwd=tmp_path
+    )
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    job_id = json.loads((out / "driver.json").read_text())["job_id"]
+    assert f"Ray job {job_id}" in launched.stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    status = _cli("sweep", "status", str(out), cwd=elsewhere)  # recorded before the job's driver starts
+    assert status.returncode == 0 and f"driver: Ray job {job_id}" in status.stdout and "2 runs" in status.stdout
+
+    client = JobSubmissionClient(sim.dashboard)
+    deadline = time.time() + WAIT_S
+    while client.get_job_status(job_id) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+        assert time.time() < deadline, "the detached driver never finished"
+        time.sleep(0.5)
+    assert client.get_job_status(job_id) == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
+    status = _cli("sweep", "status", str(out), "--json", cwd=elsewhere)
+    assert json.loads(status.stdout)["counts"] == {"done": 2}
+    resumed = _cli("sweep", "resume", str(out), "--address", sim.address, cwd=elsewhere)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    starts = [e for e in store.read_events(out) if e["event"] == "start"]
+    assert len(starts) == 2  # each run trained once, by the job's driver; the resume found them done
+
+
+def test_readme_cluster_section_names_real_keys_and_flags():
+    """The README's "Running on a cluster" names execution keys and flags that exist."""
+    from dataclasses import fields
+
+    from scalelab.cli.main import build_parser
+    from scalelab.sweeps.spec import ExecutionConfig
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## Running on a cluster", 1)[1].split("\n## ", 1)[0]
+    keys = {"max_failures", "elastic", "hang_factor", "hang_min_s", "cpus_per_run", "gpus_per_run"}
+    assert keys <= {f.name for f in fields(ExecutionConfig)}
+    assert all(k in section for k in keys), [k for k in keys if k not in section]
+    args = build_parser().parse_args(
+        ["sweep", "launch", "s.yaml", "--out", "o", "--address", "http://h:8265", "--detach"]
+    )
+    assert args.detach and "--detach" in section and "sweep resume" in section

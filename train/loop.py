@@ -281,6 +281,8 @@ def _train(
     if writer is not None and start.source is not None and not start.resumed:
         writer.metrics = _prefix_rows(start.source, start.step)
     static = run_summary_fields(cfg)
+    # the configured layout's micro-batch: an elastic attempt with a smaller dp accumulates more of them
+    micro = micro_sequences(cfg.parallel, cfg.global_batch_sequences, cfg.train.micro_batch_sequences)
     if runtime.is_rank0:
         prev = read_status(run_dir) or {}
         attempt = int(prev.get("attempts", 0)) + 1
@@ -291,7 +293,6 @@ def _train(
         loaded_steps.append(start.step if start.source is not None else None)
         # One entry per attempt too: the layout it trained under from which step, and when (an
         # elastic attempt on fewer workers shows here as a smaller dp with more accumulation).
-        micro = micro_sequences(layout.parallel, cfg.global_batch_sequences, cfg.train.micro_batch_sequences)
         layouts = ((prev.get("layouts") or []) + [None] * attempt)[: attempt - 1]
         layouts.append(
             dict(
@@ -318,8 +319,6 @@ def _train(
             **static,
         )
     local_sequences = cfg.global_batch_sequences // par.dp_size
-    # the configured layout's micro-batch: an elastic attempt with a smaller dp accumulates more of them
-    micro = micro_sequences(cfg.parallel, cfg.global_batch_sequences, cfg.train.micro_batch_sequences)
     s = _Session(
         cfg=cfg,
         run_dir=run_dir,
