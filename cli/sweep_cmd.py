@@ -214,10 +214,9 @@ def _detach(args, sweep, pre_record: bool, out: Path) -> int:
     runs (pending) before the job's driver starts."""
     from scalelab.sweeps import store
     from scalelab.sweeps.execute import check_runnable, save_execution
-    from scalelab.sweeps.ray_cluster import submit_driver
+    from scalelab.sweeps.ray_cluster import check_dashboard_address, submit_driver
 
-    if not args.address:
-        raise UsageError("--detach needs --address: the dashboard of the Ray cluster to run the driver on")
+    check_dashboard_address(args.address)
     out = out.resolve()
     text = Path(args.spec).read_text()
     if pre_record:

@@ -95,17 +95,22 @@ def ray_session(address: str | None, num_cpus: int | None) -> Iterator[None]:
         ray.shutdown()
 
 
+def check_dashboard_address(address: str | None) -> None:
+    """A Ray Job is submitted through the cluster's dashboard: its http(s) URL, checked before anything is written."""
+    if not address or not address.startswith(("http://", "https://")):
+        raise UsageError(
+            f"--detach --address {address}: a Ray Job is submitted through the cluster's dashboard; "
+            "give its URL, e.g. --address http://HEAD:8265"
+        )
+
+
 def submit_driver(address: str, sweep_dir: str | Path, argv: list[str]) -> str:
     """Run `python -m scalelab.cli <argv>` as a Ray Job on the cluster whose dashboard is `address`.
 
     The job's driver runs on the head node and keeps going when this client disconnects; the sweep
     directory (which every node and the client see) gets driver.json naming the job. Returns the job id.
     """
-    if not address.startswith(("http://", "https://")):
-        raise UsageError(
-            f"--detach --address {address}: a Ray Job is submitted through the cluster's dashboard; "
-            "give its URL, e.g. --address http://HEAD:8265"
-        )
+    check_dashboard_address(address)
     from ray.job_submission import JobSubmissionClient
 
     sweep_dir = Path(sweep_dir)
