@@ -170,12 +170,14 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     execution = _dataclass_from(ExecutionConfig, raw.get("execution"), "execution")
     if execution.cpus_per_run < 1 or execution.max_failures < 0 or execution.max_concurrent < 0:
         raise ConfigError("execution", "cpus_per_run >= 1, max_failures >= 0, max_concurrent >= 0", "fix the value")
-    if execution.hang_factor and (execution.hang_factor <= 1 or execution.hang_min_s <= 0):
+    if execution.hang_factor and execution.hang_factor <= 1:
         raise ConfigError(
             "execution.hang_factor",
-            f"{execution.hang_factor} (min {execution.hang_min_s} s)",
-            "use 0 (off) or > 1, e.g. 10",
+            f"{execution.hang_factor} is not a multiple of the median step above 1",
+            "use 0 (no watchdog) or e.g. 10",
         )
+    if execution.hang_min_s <= 0:
+        raise ConfigError("execution.hang_min_s", f"{execution.hang_min_s} s is not positive", "use e.g. 60")
     fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
     parse_early_stop(raw.get("early_stop"))  # checked here; the trials read it back from the spec
     if fit.law not in (*LOOP_LAWS, "auto"):
