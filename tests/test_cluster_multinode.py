@@ -54,7 +54,8 @@ class SimCluster:
     """The module's cluster and the worker nodes it has now (one CPU each)."""
 
     def __init__(self):
-        # A lost node is declared dead after ~4 missed 0.5 s health checks (Ray's default is ~15 s).
+        # A node that vanished silently is declared dead after ~4 missed 0.5 s health checks (Ray's
+        # default: ~15 s); a killed simulated node closes its connections and is noticed sooner.
         health = {"health_check_period_ms": 500, "health_check_timeout_ms": 500, "health_check_failure_threshold": 4}
         self.cluster = Cluster(
             initialize_head=True,
