@@ -2,6 +2,7 @@
 
     scalelab sweep plan examples/sweeps/isoflop_tiny.yaml            # dry run: table and total cost
     scalelab sweep launch SPEC --out results/iso [--address ADDR] [--max-concurrent K] [--rounds R]
+    scalelab sweep launch SPEC --out /shared/iso --address http://HEAD:8265 --detach   # driver as a Ray Job
     scalelab sweep launch ladder.yaml --out results/lad [--force]    # with `transfer:`: the LR gate first
     scalelab sweep resume results/iso                                # after the driver died
     scalelab sweep status results/iso [--json]
@@ -55,6 +56,12 @@ def add_parser(sub) -> None:
         default=[],
         metavar="RUN_ID:STEP",
         help="testing: make that run raise once at STEP (it is retried and resumes)",
+    )
+    q.add_argument(
+        "--detach",
+        action="store_true",
+        help="submit the driver as a Ray Job (--address http://HEAD:8265, the dashboard) and return; "
+        "--out must be a path every node sees",
     )
     q.set_defaults(func=run_launch)
 
@@ -167,6 +174,10 @@ def run_launch(args) -> int:
     out = args.out if storage.is_url(args.out) else Path(args.out)
     if storage.is_url(out) and (check is not None or args.rounds > 1):
         raise UsageError(f"--out {out}: transfer gates and --rounds need a local or shared POSIX store")
+    if args.detach:
+        if storage.is_url(out):
+            raise UsageError(f"--out {out}: --detach needs a shared POSIX store (the driver's spec copy lives there)")
+        return _detach(args, sweep, check is None, out)
     if check is not None:
         sweep = _transfer_gate(check, out, args)
         if sweep is None:
@@ -199,6 +210,43 @@ def run_launch(args) -> int:
             num_cpus=args.num_cpus,
         )
     return 0 if all(s in ("done", "diverged") for s in result["states"].values()) else 1
+
+
+def _detach(args, sweep, pre_record: bool, out: Path) -> int:
+    """Copy the spec into the sweep directory and submit `sweep launch` of it as a Ray Job.
+
+    A spec without a transfer check is recorded in the store first, so `sweep status` shows its
+    runs (pending) before the job's driver starts."""
+    from scalelab.sweeps import store
+    from scalelab.sweeps.execute import check_runnable, save_execution
+    from scalelab.sweeps.ray_cluster import check_dashboard_address, submit_driver
+
+    check_dashboard_address(args.address)
+    out = out.resolve()
+    text = Path(args.spec).read_text()
+    if pre_record:
+        entries = [r.to_dict() for r in sweep.runs]
+        check_runnable(entries)
+        store.init_sweep(out, text, Path(args.spec).stem, entries, sweep.name)
+        save_execution(out, sweep.execution)
+    spec_copy = out / "driver" / Path(args.spec).name
+    spec_copy.parent.mkdir(parents=True, exist_ok=True)
+    spec_copy.write_text(text)
+    argv = ["sweep", "launch", str(spec_copy), "--out", str(out), "--address", "auto", "--rounds", str(args.rounds)]
+    for flag, value in (
+        ("--max-concurrent", args.max_concurrent),
+        ("--target-flops", args.target_flops),
+        ("--budget-flops", args.budget_flops),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--force"] if args.force else []
+    for item in args.inject_fault:
+        argv += ["--inject-fault", item]
+    job_id = submit_driver(args.address, out, argv)
+    print(f"sweep {sweep.name}: driver submitted as Ray job {job_id} on {args.address} -> {out}")
+    print(f"  follow: ray job logs --address {args.address} --follow {job_id};  scalelab sweep status {out}")
+    return 0
 
 
 def _transfer_gate(check, out: Path, args):

@@ -12,7 +12,8 @@ single-process run; a run whose `parallel.world_size > 1` runs as a Ray Train `T
 its trial (its workers request their own resources). `reuse_actors=True` keeps the trial actors
 warm between runs (Tune's per-trial overhead drops from ~4 s to ~1.3 s).
 
-Failures. `FailureConfig(max_failures)` retries a trial that raised; because the trial always
+Failures. `FailureConfig(max_failures)` retries a trial that raised or whose node died (Ray
+notices a lost node within its health-check period); because the trial always
 calls `train_run(resume=True)`, a retry continues from the run's latest checkpoint and (training
 being deterministic) ends bit for bit where an uninterrupted run would. A per-run file lock
 (`runs/<id>/.lock`, fcntl; a lease on object storage, scalelab.sweeps.lease) makes a retry or a
@@ -22,13 +23,21 @@ one copy of the run (scalelab.sweeps.store.claim_run), so the lock also covers s
 trial whose run another sweep claimed waits for that sweep's trial (holding its Ray slot) and
 then finds the run done, or resumes it if that trial died.
 
+A multi-process run's TorchTrainer retries its worker group itself (the same `max_failures`): a
+worker lost with its node, or ended by the step watchdog (`execution.hang_factor`,
+scalelab.train.watchdog: a step far slower than the run's median, a stuck collective), restarts the
+group, which resumes from the latest checkpoint. With `execution.elastic` the trainer asks for
+between one replica and the full layout (Ray Train's elastic `num_workers=(min, max)`): after a
+node loss the run continues at the dp that fits what is left, with the same global batch
+(scalelab.train.elastic), and each attempt's layout is recorded in status.json (`layouts`).
+
 Dedupe and resume: there is no hidden Tune state to restore. The store is the state: a run whose
 status.json says done/diverged (here or in a sibling sweep of the store root, see
 scalelab.sweeps.store) is skipped; anything else is started, and resumes from its checkpoints if it
 has any. `resume(sweep_dir)` therefore works after any driver death, including SIGKILL.
 Cooldown branches run in a second wave, after the stable runs they start from are done.
 
-Every trial appends `start`/`end`/`fail` lines to `<sweep>/events.jsonl` (with the seconds spent in
+Every trial appends `start`/`end`/`fail` lines to `<sweep>/events.jsonl` (the node it ran on, the seconds spent in
 training, and on `end`/`fail` the checkpoint step the attempt loaded, from the loop's
 `loaded_steps` in status.json), which `sweep status` and bench/sweep_overhead.py read.
 """
@@ -53,8 +62,10 @@ from scalelab.sweeps.spec import ExecutionConfig, Sweep
 from scalelab.train import storage
 from scalelab.train.config import build_run_config, config_hash, to_dict
 from scalelab.train.config_tree import from_dict
+from scalelab.train.elastic import min_world_size
 from scalelab.train.launch import ray_train_fn
 from scalelab.train.loop import train_run
+from scalelab.train.watchdog import HangPolicy
 
 Log = Callable[[str], None]
 TRIAL_CPU = 0.01  # what the trial of a multi-process run holds itself (Ray rejects empty bundles)
@@ -151,6 +162,7 @@ def _hold_callback():
 
 def sweep_trial(trial_config: dict[str, Any]) -> None:
     """Tune function trainable: train one run of the store (resuming whatever is on disk)."""
+    import ray
     from ray import tune
 
     tc = trial_config["trial"]
@@ -166,7 +178,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
         os.chdir(run_dir)  # cooldown branches name their stable run's checkpoint relative to the run dir
         prev = (store.read_status(run_dir) or {}) if state != "pending" else {}
         attempt = int(prev.get("attempts", 0)) + 1
-        store.append_event(sweep_dir, "start", run_id, attempt=attempt)
+        store.append_event(sweep_dir, "start", run_id, attempt=attempt, node=ray.get_runtime_context().get_node_id())
         t0 = time.perf_counter()
         try:
             if cfg.parallel.world_size > 1:
@@ -175,7 +187,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
                 fault = _fault_callback(run_dir, tc.get("fail_at_step"))
                 stop = early_stop.callback(sweep_dir, run_id, tc["config"])
                 cbs = [cb for cb in (fault, _hold_callback(), stop) if cb]
-                summary = train_run(cfg, run_dir, resume=True, callbacks=cbs)
+                summary = train_run(cfg, run_dir, resume=True, callbacks=cbs, hang=_hang_policy(tc))
         except BaseException as e:
             store.append_event(
                 sweep_dir,
@@ -198,10 +210,16 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
 
 
 def _loaded_step(run_dir: Path, attempt: int) -> int | None:
-    """The checkpoint step that attempt loaded, as the training loop recorded it in status.json
-    (None: it started from step 0, or failed before it got that far)."""
+    """The checkpoint step this trial's last attempt loaded, as the training loop recorded it in
+    status.json (None: it started from step 0, or failed before it got that far). A TorchTrainer
+    that restarted its workers inside the trial made more attempts than the trial's first."""
     loaded = (store.read_status(run_dir) or {}).get("loaded_steps") or []
-    return loaded[attempt - 1] if len(loaded) >= attempt else None
+    return loaded[-1] if len(loaded) >= attempt else None
+
+
+def _hang_policy(tc: dict) -> HangPolicy | None:
+    factor = float(tc.get("hang_factor") or 0)
+    return HangPolicy(factor=factor, min_s=float(tc.get("hang_min_s", 60.0))) if factor else None
 
 
 def _check_same_run(stored: dict[str, Any], cfg, run_id: str) -> None:
@@ -227,23 +245,37 @@ def _check_same_run(stored: dict[str, Any], cfg, run_id: str) -> None:
 
 
 def _train_multiworker(tc: dict, run_dir: Path, cfg) -> dict[str, Any]:
-    """A multi-process run as a Ray Train TorchTrainer inside this trial."""
+    """A multi-process run as a Ray Train TorchTrainer inside this trial.
+
+    The trainer restarts its worker group after a worker failure (a lost node, the step watchdog)
+    up to max_failures times; elastic: at whatever size between one replica and the layout fits."""
+    from ray.train import FailureConfig, ScalingConfig
     from ray.train import RunConfig as TrainRunConfig
-    from ray.train import ScalingConfig
     from ray.train.torch import TorchTrainer
 
     gpus = float(tc.get("gpus_per_worker", 0))
+    world = cfg.parallel.world_size
+    policy = _hang_policy(tc)
     trainer = TorchTrainer(
         ray_train_fn,
-        train_loop_config={"config": tc["config"], "run_dir": str(run_dir), "resume": True},
+        train_loop_config={
+            "config": tc["config"],
+            "run_dir": str(run_dir),
+            "resume": True,
+            "hang": None if policy is None else {"factor": policy.factor, "min_s": policy.min_s},
+        },
         scaling_config=ScalingConfig(
-            num_workers=cfg.parallel.world_size,
+            num_workers=(min_world_size(cfg.parallel), world) if tc.get("elastic") else world,
             use_gpu=gpus > 0,
             # each worker gives up TRIAL_CPU of its share so the trial's own bundle still fits
             resources_per_worker={"CPU": float(tc.get("cpus_per_worker", 1)) - TRIAL_CPU}
             | ({"GPU": gpus} if gpus else {}),
         ),
-        run_config=TrainRunConfig(name=f"train-{tc['run_id']}", storage_path=str(run_dir / ".ray_train")),
+        run_config=TrainRunConfig(
+            name=f"train-{tc['run_id']}",
+            storage_path=str(run_dir / ".ray_train"),
+            failure_config=FailureConfig(max_failures=int(tc.get("max_failures", 0))),
+        ),
     )
     trainer.fit()
     return store.read_status(run_dir) or {"status": "failed"}
@@ -278,7 +310,9 @@ def _trial_resources(trial_config: dict[str, Any]):
     return PlacementGroupFactory([bundle])
 
 
-def _progress_callback(log: Log):
+def _progress_callback(log: Log, sweep_dir: Path):
+    """Progress lines; and a `retry` event when Tune retries a trial (the driver's view of a failure:
+    a trial lost with its node never writes its own `fail` line)."""
     from ray.tune import Callback
 
     class Progress(Callback):
@@ -292,7 +326,9 @@ def _progress_callback(log: Log):
             log(f"  {r.get('status', 'done'):6s} {trial.config['trial']['run_id']}{extra}")
 
         def on_trial_recover(self, iteration, trials, trial, **info):
-            log(f"  retry  {trial.config['trial']['run_id']} (resumes from its latest checkpoint)")
+            run_id = trial.config["trial"]["run_id"]
+            store.append_event(sweep_dir, "retry", run_id)
+            log(f"  retry  {run_id} (resumes from its latest checkpoint)")
 
         def on_trial_error(self, iteration, trials, trial, **info):
             log(f"  failed {trial.config['trial']['run_id']} (retries exhausted; see sweep status)")
@@ -357,6 +393,10 @@ def execute(
                     cpus_per_worker=execution.cpus_per_run,
                     gpus_per_worker=execution.gpus_per_run,
                     fail_at_step=(fault_steps or {}).get(r["run_id"]),
+                    max_failures=execution.max_failures,
+                    elastic=execution.elastic,
+                    hang_factor=execution.hang_factor,
+                    hang_min_s=execution.hang_min_s,
                 )
                 for r in ready
             ]
@@ -375,7 +415,7 @@ def execute(
                     storage_path=str(store.tune_dir(sweep_dir)),
                     failure_config=tune.FailureConfig(max_failures=execution.max_failures),
                     verbose=0,
-                    callbacks=[_progress_callback(log)],
+                    callbacks=[_progress_callback(log, sweep_dir)],
                 ),
             )
             tuner.fit()
@@ -412,7 +452,7 @@ def launch(
     entries = [r.to_dict() for r in sweep.runs]
     check_runnable(entries)
     store.init_sweep(sweep_dir, spec_text, spec_name, entries, sweep.name)
-    _save_execution(sweep_dir, sweep.execution)
+    save_execution(sweep_dir, sweep.execution)
     return execute(
         sweep_dir,
         entries,
@@ -456,7 +496,8 @@ def resume(
     )
 
 
-def _save_execution(sweep_dir: str | Path, execution: ExecutionConfig) -> None:
+def save_execution(sweep_dir: str | Path, execution: ExecutionConfig) -> None:
+    """Keep the spec's execution section in sweep.resolved.json (what `resume` runs with)."""
     resolved = store.read_resolved(sweep_dir)
     resolved["execution"] = to_dict(execution)
     store.write_resolved(sweep_dir, resolved)

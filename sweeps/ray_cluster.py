@@ -3,10 +3,12 @@
     with ray_session(address, num_cpus):      # joined / started here, shut down after
         ...
     local_ray_on_loopback(); reaper = start_ray(None, 2)   # the launch loop starts Ray lazily
+    job_id = submit_driver("http://HEAD:8265", sweep_dir, ["sweep", "launch", ...])   # --detach
 
 A private cluster listens on 127.0.0.1 only and gets a reaper process that kills its Ray processes
 if the driver dies (scalelab.sweeps.ray_reaper). Joining a cluster hands the workers the
-environment variables runs read.
+environment variables runs read. `sweep launch --detach` submits the driver itself as a Ray Job
+(through the cluster's dashboard), so the sweep outlives the client that launched it.
 """
 
 from __future__ import annotations
@@ -14,14 +16,27 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from scalelab.errors import UsageError
 from scalelab.sweeps import ray_reaper
+from scalelab.train.records import atomic_write_json
 
-_FORWARDED_ENV = ("SCALELAB_", "WANDB_", "HF_", "TRITON_")
+_FORWARDED_ENV = ("SCALELAB_", "WANDB_", "HF_", "TRITON_", "RAY_TRAIN_")
+_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in the driver process of a Ray Job
+DRIVER_FILE = "driver.json"  # <sweep>/driver.json: the Ray Job running a detached sweep's driver
+
+
+def forwarded_env() -> dict[str, str]:
+    """The variables runs read (SCALELAB_CACHE, WANDB_MODE / WANDB_API_KEY, HF_*, Ray Train settings), which the
+    processes of an existing cluster (other nodes included) do not inherit from this shell."""
+    return {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV)}
 
 
 def local_ray_on_loopback() -> None:
@@ -40,22 +55,27 @@ def local_ray_on_loopback() -> None:
 
 
 def start_ray(address: str | None, num_cpus: int | None) -> subprocess.Popen | None:
-    """Connect to `address` or start a local Ray; returns the local cluster's reaper (ray_reaper)."""
+    """Connect to `address` or start a local Ray; returns the local cluster's reaper (ray_reaper).
+
+    Without `address`, RAY_ADDRESS names the cluster as it does for Ray's own tools ("local" or
+    unset: a private cluster of this process, whatever other cluster runs on the machine)."""
     import ray
 
     kw: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
-    if address:
-        # Workers of an existing cluster (other nodes included) do not see this shell's environment:
-        # hand them the variables runs read (SCALELAB_CACHE, WANDB_MODE / WANDB_API_KEY, HF_*, ...).
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address and address != "local":
         # Authentication is the cluster's (RAY_AUTH_MODE / RAY_AUTH_TOKEN from this environment).
-        env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV)}
+        # A detached driver (a Ray Job) already runs in the runtime env its submitter forwarded,
+        # which Ray refuses to merge with a second one naming the same variables.
+        env = {} if _JOB_CONFIG_ENV in os.environ else forwarded_env()
         ray.init(address=address, runtime_env={"env_vars": env} if env else None, **kw)
         return None
     # A private cluster that listens on loopback only (local_ray_on_loopback, called before ray
     # was imported): token authentication is off unless RAY_AUTH_MODE says otherwise.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     before = ray_reaper.children(os.getpid()) if sys.platform.startswith("linux") else set()
-    ray.init(num_cpus=num_cpus or os.cpu_count(), **kw)
+    # address="local": a private cluster even when another one (`ray start`) runs on this machine
+    ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kw)
     return ray_reaper.start_reaper(exclude=before)
 
 
@@ -78,3 +98,34 @@ def ray_session(address: str | None, num_cpus: int | None) -> Iterator[None]:
     finally:
         ray_reaper.stop_reaper(reaper)
         ray.shutdown()
+
+
+def check_dashboard_address(address: str | None) -> None:
+    """A Ray Job is submitted through the cluster's dashboard: its http(s) URL, checked before anything is written."""
+    if not address or not address.startswith(("http://", "https://")):
+        raise UsageError(
+            f"--detach --address {address}: a Ray Job is submitted through the cluster's dashboard; "
+            "give its URL, e.g. --address http://HEAD:8265"
+        )
+
+
+def submit_driver(address: str, sweep_dir: str | Path, argv: list[str]) -> str:
+    """Run `python -m scalelab.cli <argv>` as a Ray Job on the cluster whose dashboard is `address`.
+
+    The job's driver runs on the head node and keeps going when this client disconnects; the sweep
+    directory (which every node and the client see) gets driver.json naming the job. Returns the job id.
+    """
+    check_dashboard_address(address)
+    from ray.job_submission import JobSubmissionClient
+
+    sweep_dir = Path(sweep_dir)
+    env = forwarded_env()
+    entrypoint = shlex.join(["python", "-m", "scalelab.cli", *argv])
+    job_id = JobSubmissionClient(address).submit_job(
+        entrypoint=entrypoint,
+        runtime_env={"env_vars": env} if env else None,
+        metadata={"scalelab_sweep": str(sweep_dir)},
+    )
+    record = dict(job_id=job_id, address=address, entrypoint=entrypoint, submitted_at=time.time())
+    atomic_write_json(sweep_dir / DRIVER_FILE, record)
+    return job_id

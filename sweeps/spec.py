@@ -102,6 +102,11 @@ class ExecutionConfig:
     max_failures: int = 2  # retries per run; each retry resumes from the run's latest checkpoint
     cpus_per_run: int = 1  # CPUs per single-process run (also its torch threads)
     gpus_per_run: float = 0.0  # GPUs per single-process run (0 on CPU machines)
+    # a multi-process run that loses workers (a node) continues at a smaller dp from its checkpoint,
+    # same global batch through more accumulation (scalelab.train.elastic); False = waits for all
+    elastic: bool = False
+    hang_factor: float = 0.0  # a step slower than this x its run's median step is a hang: retried; 0 = off
+    hang_min_s: float = 60.0  # ... and never one shorter than this (seconds)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -165,6 +170,14 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     execution = _dataclass_from(ExecutionConfig, raw.get("execution"), "execution")
     if execution.cpus_per_run < 1 or execution.max_failures < 0 or execution.max_concurrent < 0:
         raise ConfigError("execution", "cpus_per_run >= 1, max_failures >= 0, max_concurrent >= 0", "fix the value")
+    if execution.hang_factor and execution.hang_factor <= 1:
+        raise ConfigError(
+            "execution.hang_factor",
+            f"{execution.hang_factor} is not a multiple of the median step above 1",
+            "use 0 (no watchdog) or e.g. 10",
+        )
+    if execution.hang_min_s <= 0:
+        raise ConfigError("execution.hang_min_s", f"{execution.hang_min_s} s is not positive", "use e.g. 60")
     fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
     parse_early_stop(raw.get("early_stop"))  # checked here; the trials read it back from the spec
     if fit.law not in (*LOOP_LAWS, "auto"):

@@ -10,12 +10,14 @@ each run (from status.json) and how many trial attempts failed (from events.json
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 from scalelab.errors import UsageError
 from scalelab.sweeps import store
+from scalelab.sweeps.ray_cluster import DRIVER_FILE
 from scalelab.train import storage
 
 ORDER = ("running", "failed", "pending", "diverged", "done")
@@ -29,10 +31,13 @@ def sweep_status(sweep_dir: str | Path) -> dict[str, Any]:
     df = store.load_runs(sweep_dir)
     events = store.read_events(sweep_dir)
     fails: dict[str, int] = {}
+    retries: dict[str, int] = {}  # the driver's count: a trial lost with its node writes no `fail`
     starts: dict[str, int] = {}
     for e in events:
         if e.get("event") == "fail":
             fails[e["run_id"]] = fails.get(e["run_id"], 0) + 1
+        elif e.get("event") == "retry":
+            retries[e["run_id"]] = retries.get(e["run_id"], 0) + 1
         elif e.get("event") == "start":
             starts[e["run_id"]] = starts.get(e["run_id"], 0) + 1
     now = time.time()
@@ -54,7 +59,7 @@ def sweep_status(sweep_dir: str | Path) -> dict[str, Any]:
                 final_val_loss=r["final_val_loss"],
                 attempts=r["attempts"],
                 trial_starts=starts.get(r["run_id"], 0),
-                trial_failures=fails.get(r["run_id"], 0),
+                trial_failures=max(fails.get(r["run_id"], 0), retries.get(r["run_id"], 0)),
                 error=r["error"],
                 age_s=(now - max(mtimes)) if mtimes else None,
                 linked=run_dir.is_symlink(),
@@ -70,6 +75,7 @@ def sweep_status(sweep_dir: str | Path) -> dict[str, Any]:
         "name": resolved.get("name"),
         "specs": resolved.get("specs", []),
         "counts": counts,
+        "driver": read_json(sweep_dir / DRIVER_FILE),  # a detached driver's Ray Job, if any
         "runs": sorted(runs, key=lambda r: (ORDER.index(r["status"]) if r["status"] in ORDER else 9, r["flops"] or 0)),
     }
 
@@ -97,6 +103,9 @@ def format_status(info: dict[str, Any]) -> str:
         for k, v in sorted(info["counts"].items(), key=lambda kv: ORDER.index(kv[0]) if kv[0] in ORDER else 9)
     )
     lines = [f"sweep {info['name']} ({info['sweep']}): {sum(info['counts'].values())} runs: {counts}"]
+    if info.get("driver"):
+        d = info["driver"]
+        lines.append(f"driver: Ray job {d['job_id']} (ray job status --address {d['address']} {d['job_id']})")
     head = (
         f"{'run_id':12s}  {'status':8s}  {'progress':>13s}  {'N':>9s}  {'D':>10s}  "
         f"{'train':>7s}  {'val':>7s}  {'fails':>5s}  design"
@@ -120,3 +129,7 @@ def format_status(info: dict[str, Any]) -> str:
     if any(r["status"] == "running" and (r["age_s"] or 0) > 120 for r in info["runs"]):
         lines.append("? no update for 2+ minutes: its driver may have died; `scalelab sweep resume` continues it")
     return "\n".join(lines)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.exists() else None

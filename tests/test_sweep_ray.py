@@ -90,10 +90,11 @@ def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path, capsys)
     faulty = _launch(one, c, fault_steps={run_id: 12})
     assert faulty["states"] == {run_id: "done"}
     events = [e for e in store.read_events(c) if e["run_id"] == run_id]
-    assert [e["event"] for e in events] == ["start", "fail", "start", "end"]
+    # the trial's own `fail`, then the driver's `retry` (Tune's recovery), then the retried trial
+    assert [e["event"] for e in events] == ["start", "fail", "retry", "start", "end"]
     assert "InjectedFault" in events[1]["error"]
     # the retry loaded the step-10 checkpoint (a retry from step 0 would log the same losses)
-    assert events[1]["loaded_step"] is None and events[3]["loaded_step"] == 10
+    assert events[1]["loaded_step"] is None and events[4]["loaded_step"] == 10
     clean, resumed = store.run_path(a, run_id), store.run_path(c, run_id)
     s_clean, s_resumed = (json.loads((d / "status.json").read_text()) for d in (clean, resumed))
     for key in ("final_train_loss", "final_val_loss", "best_val_loss"):

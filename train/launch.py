@@ -2,7 +2,11 @@
 
     launch_local(cfg, run_dir, resume)     # `scalelab run` with a multi-process layout; rank 0 records
     train_worker(cfg, run_dir, resume)     # what every local process runs (tests stop it midway)
-    ray_train_fn({"config": ..., "run_dir": ..., "resume": ...})   # inside a Ray Train worker
+    ray_train_fn({"config": ..., "run_dir": ..., "resume": ..., "hang": {...}})   # a Ray Train worker
+
+A Ray Train worker group smaller than the layout (an elastic TorchTrainer after losing a node) trains
+the same run at a smaller dp with the same global batch (scalelab.train.elastic); each attempt records
+its layout and its ranks' nodes in status.json (`layouts`).
 
 Every path ends in the same `scalelab.train.loop.train_run`; the processes and their process group
 come from `scalelab.parallel.backend` (spawn: torchrun's environment, a loopback rendezvous store).
@@ -15,13 +19,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from scalelab.errors import ConfigError
 from scalelab.parallel.backend import destroy_distributed, init_distributed, spawn
 from scalelab.train.config import RunConfig, build_run_config
+from scalelab.train.elastic import WorkerLayout, shrink_layout
 from scalelab.train.loop import train_run
 from scalelab.train.records import read_status
+from scalelab.train.watchdog import HangPolicy
 
 
 def train_worker(cfg: RunConfig, run_dir: str, resume: bool = False, stop_after_steps: int | None = None) -> None:
@@ -73,14 +81,44 @@ def launch_local(cfg: RunConfig, out_dir: str | Path, resume: bool = False) -> i
 
 
 def ray_train_fn(config: dict[str, Any]) -> None:
-    """Entry point for a Ray Train `TorchTrainer` worker: {"config": RunConfig dict, "run_dir", "resume"}.
+    """Entry point for a Ray Train `TorchTrainer` worker.
 
-    Ray has already created the process group; the same `train_run` as everywhere else runs,
-    and rank 0 writes the records.
+    config: {"config": RunConfig dict, "run_dir", "resume", "hang": HangPolicy fields or None}.
+    Ray has already created the process group; the worker group's size picks the layout (the
+    configured one, or a smaller dp when an elastic trainer got fewer workers); the same `train_run`
+    as everywhere else runs, and rank 0 writes the records.
     """
+    import ray
+    from ray import train
+
     cfg = config["config"]
     if isinstance(cfg, dict):
         cfg = build_run_config(cfg)
-    if cfg.parallel.world_size > 1:
+    world = train.get_context().get_world_size()
+    parallel = shrink_layout(
+        cfg.parallel,
+        world,
+        global_batch_sequences=cfg.global_batch_sequences,
+        micro_batch_sequences=cfg.train.micro_batch_sequences,
+    )
+    if world > 1:
         init_distributed(cfg.parallel.backend)  # no-op when Ray already initialised it
-    train_run(cfg, config["run_dir"], resume=bool(config.get("resume", False)))
+    nodes = _gather_node_ids(ray.get_runtime_context().get_node_id(), world)
+    hang = HangPolicy(**config["hang"]) if config.get("hang") else None
+    train_run(
+        cfg,
+        config["run_dir"],
+        resume=bool(config.get("resume", False)),
+        layout=WorkerLayout(parallel=parallel, nodes=nodes),
+        hang=hang,
+    )
+
+
+def _gather_node_ids(node_id: str, world: int) -> list[str]:
+    """Every rank's node id (hex), in rank order, through one all-gather of their bytes."""
+    if world == 1 or not dist.is_initialized():
+        return [node_id]
+    mine = torch.tensor(list(bytes.fromhex(node_id)), dtype=torch.int64)
+    out = torch.empty(world * mine.numel(), dtype=torch.int64)
+    dist.all_gather_into_tensor(out, mine)
+    return [bytes(row.tolist()).hex() for row in out.view(world, -1)]

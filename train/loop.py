@@ -41,6 +41,7 @@ from scalelab.parallel.parallelize import Parallelized, parallelize
 from scalelab.train import checkpoint as ckpt
 from scalelab.train.config import RunConfig, config_hash, to_dict
 from scalelab.train.data.bundle import build_data
+from scalelab.train.elastic import WorkerLayout, micro_sequences
 from scalelab.train.eval_parallel import step_logprobs
 from scalelab.train.eval_tasks import evaluate_tasks, load_tasks
 from scalelab.train.evaluate import autocast_for, evaluate_sources
@@ -57,6 +58,7 @@ from scalelab.train.records import (
 )
 from scalelab.train.runtime import Runtime, make_runtime
 from scalelab.train.schedule import schedule_for
+from scalelab.train.watchdog import HangPolicy, StepWatchdog
 
 Callback = Callable[[str, dict[str, Any]], None]
 
@@ -88,14 +90,14 @@ def _build_data(cfg: RunConfig, dp_rank: int = 0, dp_size: int = 1):
     )
 
 
-def _parallelize(cfg: RunConfig, runtime: Runtime) -> Parallelized:
-    """The model under cfg.parallel on this process (a world of 1 included).
+def _parallelize(cfg: RunConfig, runtime: Runtime, layout: WorkerLayout) -> Parallelized:
+    """The model under the attempt's layout (cfg.parallel, or a smaller elastic one) on this process.
 
     Built on the meta device and sharded first, then only this rank's shards are allocated and
     initialised (the same values as the single-device init): no rank ever holds the whole model.
     The layout was validated against the model and the batch with the config (build_run_config).
     """
-    dims = ParallelDims.from_config(cfg.parallel)
+    dims = ParallelDims.from_config(layout.parallel)
     if dims.world_size != runtime.world_size:
         raise ConfigError(
             "parallel",
@@ -105,7 +107,7 @@ def _parallelize(cfg: RunConfig, runtime: Runtime) -> Parallelized:
     par = parallelize(
         build_model(cfg.model, device="meta"),
         dims,
-        cfg.parallel,
+        layout.parallel,
         seq_len=cfg.data.seq_len,
         z_loss=cfg.optim.z_loss,
         device=runtime.device,
@@ -133,6 +135,8 @@ def train_run(
     resume: bool = False,
     callbacks: list[Callback] | None = None,
     stop_after_steps: int | None = None,
+    layout: WorkerLayout | None = None,
+    hang: HangPolicy | None = None,
 ) -> dict[str, Any]:
     """Train one run into `run_dir`; returns the summary that status.json also holds.
 
@@ -144,10 +148,14 @@ def train_run(
             one may raise StopRun to end the run early (single-process runs).
         stop_after_steps: stop (status stays "running") after this many steps of this session —
             for tests that simulate an interruption.
+        layout: the layout this attempt trains under and its ranks' nodes (default cfg.parallel);
+            an elastic attempt with fewer workers passes a smaller dp (scalelab.train.elastic).
+        hang: the step watchdog's policy (scalelab.train.watchdog); None = no watchdog.
     """
     run_dir = Path(run_dir)
     runtime = make_runtime(cfg)
     callbacks = callbacks or []
+    layout = layout or WorkerLayout(parallel=cfg.parallel)
     # Everything that can reject the inputs (data sources and their token budget, the checkpoint to
     # start from) runs before the run directory exists: a rejected run leaves nothing behind that
     # would block the corrected command.
@@ -159,7 +167,9 @@ def train_run(
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run_dir / "config.json", to_dict(cfg))
     try:
-        return _train(cfg, run_dir, runtime, data, resume, callbacks, _SessionEnd(stop_after_steps))
+        with StepWatchdog(hang, run_dir, rank=runtime.rank) as watchdog:
+            hooks = _SessionEnd(stop_after_steps)
+            return _train(cfg, run_dir, runtime, data, resume, callbacks, hooks, layout, watchdog)
     except StopRun as stop:
         if runtime.is_rank0:
             write_status(run_dir, stop.status, **stop.record)
@@ -252,9 +262,19 @@ class _Session:
         return self.static["flops_per_token_6n"] * self.cfg.tokens_per_step
 
 
-def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, hooks: _SessionEnd) -> dict[str, Any]:
+def _train(
+    cfg,
+    run_dir: Path,
+    runtime: Runtime,
+    data,
+    resume: bool,
+    callbacks,
+    hooks: _SessionEnd,
+    layout: WorkerLayout,
+    watchdog: StepWatchdog,
+) -> dict[str, Any]:
     _seed_everything(cfg.train.seed)
-    par = _parallelize(cfg, runtime)
+    par = _parallelize(cfg, runtime, layout)
     if par.dp_size > 1:  # the layout is known now: this rank reads its slice of each batch
         data = _build_data(cfg, par.dp_rank, par.dp_size)
     optimizer = build_optimizer(par.model, cfg.optim, runtime.device.type)
@@ -263,6 +283,8 @@ def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, 
     if writer is not None and start.source is not None and not start.resumed:
         writer.metrics = _prefix_rows(start.source, start.step)
     static = run_summary_fields(cfg)
+    # the configured layout's micro-batch: an elastic attempt with a smaller dp accumulates more of them
+    micro = micro_sequences(cfg.parallel, cfg.global_batch_sequences, cfg.train.micro_batch_sequences)
     if runtime.is_rank0:
         prev = read_status(run_dir) or {}
         attempt = int(prev.get("attempts", 0)) + 1
@@ -271,6 +293,21 @@ def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, 
         # record is what tells them apart.
         loaded_steps = ((prev.get("loaded_steps") or []) + [None] * attempt)[: attempt - 1]
         loaded_steps.append(start.step if start.source is not None else None)
+        # One entry per attempt too: the layout it trained under from which step, and when (an
+        # elastic attempt on fewer workers shows here as a smaller dp with more accumulation).
+        layouts = ((prev.get("layouts") or []) + [None] * attempt)[: attempt - 1]
+        layouts.append(
+            dict(
+                attempt=attempt,
+                from_step=start.step,
+                at=time.time(),
+                world_size=par.dims.world_size,
+                dp=par.dp_size,
+                accumulation=cfg.global_batch_sequences // par.dp_size // micro,
+                elastic=layout.parallel != cfg.parallel,
+                nodes=layout.nodes,
+            )
+        )
         write_status(
             run_dir,
             "running",
@@ -278,12 +315,12 @@ def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, 
             started_steps=start.step,
             started_from=str(start.source) if start.source is not None else None,
             loaded_steps=loaded_steps,
+            layouts=layouts,
             skipped_checkpoints=[f"{name}: {why}" for name, why in start.skipped],
             attempts=attempt,
             **static,
         )
     local_sequences = cfg.global_batch_sequences // par.dp_size
-    micro = cfg.train.micro_batch_sequences or local_sequences
     s = _Session(
         cfg=cfg,
         run_dir=run_dir,
@@ -312,8 +349,10 @@ def _train(cfg, run_dir: Path, runtime: Runtime, data, resume: bool, callbacks, 
         for step in range(start.step + 1, cfg.num_steps + 1):
             tokens_before = (step - 1) * cfg.tokens_per_step
             lr = lr_of(tokens_before)
+            watchdog.step_begin(step)
             with profiler.step(step):  # a no-op unless cfg.profile.steps lists it
                 loss_val, grad_norm = _train_step(s, lr)
+            watchdog.step_end()
             now = time.perf_counter()
             tps = cfg.tokens_per_step / max(now - t_last, 1e-9)
             t_last = now
