@@ -285,7 +285,7 @@ def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, tmp_path):
     orphan_start = next(e["time"] for e in events if e["run_id"] == orphan_id and e["event"] == "start")
     assert orphan_start >= expires_at  # not before the dead holder's lease expired
     crash = [e for e in events if e["run_id"] == crash_id]
-    assert [e["event"] for e in crash] == ["start", "fail", "start", "end"]
+    assert [e["event"] for e in crash] == ["start", "fail", "retry", "start", "end"]  # retry: the driver saw it
     assert crash[-1]["loaded_step"] == 10  # the retry pulled step_10 from the bucket
     # The crashed run resumed from the bucket's checkpoint ends where an uninterrupted run does.
     crashed = pl.read_parquet(storage.local_view(out) / "runs" / crash_id / "metrics.parquet")
