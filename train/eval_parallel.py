@@ -23,11 +23,9 @@ from pathlib import Path
 
 import torch
 
-from scalelab.models.llama import build_model
 from scalelab.parallel.backend import spawn
 from scalelab.parallel.config import ParallelConfig
-from scalelab.parallel.dims import ParallelDims
-from scalelab.parallel.parallelize import Parallelized, parallelize
+from scalelab.parallel.parallelize import Parallelized
 from scalelab.train.checkpoint import load_checkpoint, verify
 from scalelab.train.checkpoint_verify import TRAIN_STATE
 from scalelab.train.config import build_run_config
@@ -35,6 +33,7 @@ from scalelab.train.data.bundle import build_data
 from scalelab.train.data.tokenizer import load_tokenizer
 from scalelab.train.eval_tasks import MC_METRICS, load_tasks, request_sequence, score_mc_task
 from scalelab.train.evaluate import evaluate_sources
+from scalelab.train.parallel_model import parallel_model
 from scalelab.train.records import run_summary_fields
 from scalelab.train.runtime import make_runtime
 
@@ -62,10 +61,7 @@ def _worker(tree: dict, ckpt: str, specs: list[str], limit: int | None, with_val
     """One rank: the layout's model, the checkpoint loaded into its shards, the tasks scored."""
     cfg = build_run_config(tree)
     runtime = make_runtime(cfg)
-    dims = ParallelDims.from_config(cfg.parallel)
-    model = build_model(cfg.model, device="meta")
-    par = parallelize(model, dims, cfg.parallel, seq_len=cfg.data.seq_len, z_loss=0.0, device=runtime.device)
-    par.materialize(None)  # allocated only to be overwritten by the checkpoint
+    par = parallel_model(cfg, runtime, cfg.parallel, seed=None, z_loss=0.0)  # the checkpoint overwrites it
     load_checkpoint(ckpt, par.model, None, restore_rng=False, verified=True)  # verified by the caller
     par.model.eval()
     tokenizer = load_tokenizer(cfg.data.tokenizer)

@@ -33,11 +33,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from scalelab.errors import ConfigError
-from scalelab.models.llama import build_model
-from scalelab.parallel.dims import ParallelDims
 from scalelab.parallel.layouts import layout_name
-from scalelab.parallel.parallelize import Parallelized, parallelize
+from scalelab.parallel.parallelize import Parallelized
 from scalelab.train import checkpoint as ckpt
 from scalelab.train.config import RunConfig, config_hash, to_dict
 from scalelab.train.data.bundle import build_data
@@ -47,6 +44,7 @@ from scalelab.train.eval_tasks import evaluate_tasks, load_tasks
 from scalelab.train.evaluate import autocast_for, evaluate_sources
 from scalelab.train.loggers import open_progress, open_wandb
 from scalelab.train.optim import build_optimizer, set_lr
+from scalelab.train.parallel_model import parallel_model
 from scalelab.train.profiling import StepProfiler, region
 from scalelab.train.records import (
     RecordWriter,
@@ -88,32 +86,6 @@ def _build_data(cfg: RunConfig, dp_rank: int = 0, dp_size: int = 1):
         dp_size=dp_size,
         val_batch_size=cfg.eval.val_batch_sequences,
     )
-
-
-def _parallelize(cfg: RunConfig, runtime: Runtime, layout: WorkerLayout) -> Parallelized:
-    """The model under the attempt's layout (cfg.parallel, or a smaller elastic one) on this process.
-
-    Built on the meta device and sharded first, then only this rank's shards are allocated and
-    initialised (the same values as the single-device init): no rank ever holds the whole model.
-    The layout was validated against the model and the batch with the config (build_run_config).
-    """
-    dims = ParallelDims.from_config(layout.parallel)
-    if dims.world_size != runtime.world_size:
-        raise ConfigError(
-            "parallel",
-            f"the layout needs {dims.world_size} processes but this job has {runtime.world_size}",
-            f"start {dims.world_size} processes (torchrun --nproc_per_node={dims.world_size}) or change the layout",
-        )
-    par = parallelize(
-        build_model(cfg.model, device="meta"),
-        dims,
-        layout.parallel,
-        seq_len=cfg.data.seq_len,
-        z_loss=cfg.optim.z_loss,
-        device=runtime.device,
-    )
-    par.materialize(cfg.train.seed)
-    return par
 
 
 def _seed_everything(seed: int) -> None:
@@ -274,7 +246,7 @@ def _train(
     watchdog: StepWatchdog,
 ) -> dict[str, Any]:
     _seed_everything(cfg.train.seed)
-    par = _parallelize(cfg, runtime, layout)
+    par = parallel_model(cfg, runtime, layout.parallel, seed=cfg.train.seed, z_loss=cfg.optim.z_loss)
     if par.dp_size > 1:  # the layout is known now: this rank reads its slice of each batch
         data = _build_data(cfg, par.dp_rank, par.dp_size)
     optimizer = build_optimizer(par.model, cfg.optim, runtime.device.type)
