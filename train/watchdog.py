@@ -35,6 +35,10 @@ from pathlib import Path
 from scalelab.train.records import read_status, write_status
 
 HANG_EXIT_CODE = 75  # EX_TEMPFAIL: the run is retryable
+# Other ranks wait this long before exiting: rank 0, blocked in the same step's collective, fires
+# within a poll of them and records the hang; had a peer exited first, rank 0's collective would fail
+# with a peer error instead and no record of the hang would be written.
+PEER_EXIT_GRACE_S = 5.0
 _HANG_ENV = "SCALELAB_TEST_HANG"
 
 
@@ -105,6 +109,8 @@ class StepWatchdog:
             hangs = (read_status(self.run_dir) or {}).get("hangs") or []
             hang = dict(step=step, rank=self.rank, elapsed_s=elapsed_s, median_s=median_s, at=time.time())
             write_status(self.run_dir, "failed", error=reason, hangs=hangs + [hang])
+        else:
+            time.sleep(PEER_EXIT_GRACE_S)
         os._exit(HANG_EXIT_CODE)
 
 
