@@ -16,15 +16,7 @@ import time
 
 import torch
 
-
-def matmul_peak(n: int = 512, reps: int = 20) -> float:
-    """FLOP/s of an n x n fp32 matmul on this process (one thread)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - t0)
+from scalelab.train.profiling import matmul_flops
 
 
 def time_steps(cfg, lay, mbs: int, seq_len: int, sequences: int, steps: int) -> float:
@@ -57,7 +49,7 @@ def main() -> int:
     from scalelab.parallel.config import ParallelConfig
     from scalelab.parallel.planner import CostConstants, Hardware, Measurement, calibrate, candidate_name, estimate
 
-    hw = Hardware(gpu_memory_bytes=2**40, peak_flops=matmul_peak(), gpus_per_node=1)
+    hw = Hardware(gpu_memory_bytes=2**40, peak_flops=matmul_flops(reps=20), gpus_per_node=1)
     seq_len, sequences = 128, 8
     runs = []
     for name in ("tiny-1m", "tiny-3m", "small-10m"):
