@@ -100,6 +100,9 @@ def ray_session(address: str | None, num_cpus: int | None) -> Iterator[None]:
         ray.shutdown()
 
 
+SUBMIT_WAIT_S = 120.0  # how long a submission waits for the head's job agent
+
+
 def check_dashboard_address(address: str | None) -> None:
     """A Ray Job is submitted through the cluster's dashboard: its http(s) URL, checked before anything is written."""
     if not address or not address.startswith(("http://", "https://")):
@@ -121,11 +124,22 @@ def submit_driver(address: str, sweep_dir: str | Path, argv: list[str]) -> str:
     sweep_dir = Path(sweep_dir)
     env = forwarded_env()
     entrypoint = shlex.join(["python", "-m", "scalelab.cli", *argv])
-    job_id = JobSubmissionClient(address).submit_job(
-        entrypoint=entrypoint,
-        runtime_env={"env_vars": env} if env else None,
-        metadata={"scalelab_sweep": str(sweep_dir)},
-    )
+    client = JobSubmissionClient(address)
+    deadline = time.monotonic() + SUBMIT_WAIT_S
+    while True:
+        try:
+            job_id = client.submit_job(
+                entrypoint=entrypoint,
+                runtime_env={"env_vars": env} if env else None,
+                metadata={"scalelab_sweep": str(sweep_dir)},
+            )
+            break
+        except RuntimeError as err:
+            # A cluster that has just started may not have its head's job agent up yet; Ray answers
+            # 500 "No available agent to submit job, please try again later".
+            if "No available agent" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(2.0)
     record = dict(job_id=job_id, address=address, entrypoint=entrypoint, submitted_at=time.time())
     atomic_write_json(sweep_dir / DRIVER_FILE, record)
     return job_id
