@@ -1,0 +1,244 @@
+"""The closed loop's sections of the report: the law fit, the identification gates, the proposed round, the ledger.
+
+The fit is the loop's (scalelab.fitting.loopfit): the latest `sweep next` round's own fit when the store
+has rounds, else the same fit made on the store's done runs.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from scalelab.analysis.report_html import html_table
+from scalelab.errors import UsageError
+
+
+def loop_fit(store: Path, runs: pl.DataFrame, note: str, *, law: str, n_boot: int, seed: int, latest_round: bool):
+    """(loop-fit record, note): the latest `sweep next` round's own fit, or the same fit of `runs`."""
+    from scalelab.fitting.loopfit import fit_for_loop
+
+    rounds = sorted(store.glob("fits/round_*.json"), key=lambda p: int(p.stem.split("_")[1])) if store.is_dir() else []
+    for path in rounds[-1:] if latest_round else []:
+        saved = json.loads(path.read_text())
+        record = saved.get("fit")
+        if not record or "points" not in record:
+            break
+        used = set(record.get("run_ids", []))
+        later = [r for r in runs["run_id"].to_list() if r not in used]
+        note = f"the fit of {path.stem} (what `sweep next` proposed from), {len(used)} runs"
+        if later:
+            note += (
+                f"; {len(later)} run(s) finished after it and are not in it (the round's own proposals among "
+                "them): `scalelab sweep next` refits with them"
+            )
+        return record, note
+    df = runs.filter(pl.col("loss").is_not_null() & pl.col("params").is_not_null())
+    if df.height < 6:
+        raise UsageError(f"{df.height} runs with a loss; a law fit needs at least 6")
+    flops = df["flops"].cast(pl.Float64).to_numpy()
+    if "flops_budget" in df.columns and df["flops_budget"].dtype.is_numeric():
+        label = df["flops_budget"].cast(pl.Float64).to_numpy()
+        flops = np.where(np.isfinite(label), label, flops)
+    lf = fit_for_loop(
+        params=df["params"].to_numpy(),
+        tokens=df["tokens"].to_numpy(),
+        loss=df["loss"].to_numpy(),
+        budgets=flops,
+        law=law,
+        replicates=n_boot,
+        seed=seed,
+        run_ids=df["run_id"].to_list(),
+    )
+    return lf.to_dict(), note
+
+
+def fit_section(fit, note: str, record: dict, level: float = 0.95) -> str:
+    law = fit.law_object()
+    rows = []
+    intervals = record.get("intervals") or {}
+    for name in law.param_names:
+        lo, hi = (intervals.get(name) or [math.nan, math.nan])[:2]
+        rows.append([name, fit.params[name], float(lo), float(hi)])
+    if record.get("a") is not None and "a" in intervals:
+        rows.append(["a = beta/(alpha+beta)", record["a"], *intervals["a"]])
+    out = [
+        f"<h2>Fit: {html.escape(fit.law)}</h2>",
+        f'<p class="muted">{len(fit.loss)} runs ({html.escape(note)}); Huber on log loss (scalelab.fitting); '
+        f"{len(fit.draws)} bootstrap refits over runs give the {100 * level:.0f}% percentile intervals.</p>",
+        html_table(["parameter", "estimate", "lower", "upper"], rows),
+    ]
+    if law.name == "chinchilla":
+        a, b = fit.params["alpha"], fit.params["beta"]
+        out.append(f'<p class="muted">compute-optimal N* ∝ C^{b / (a + b):.3f}, D* ∝ C^{a / (a + b):.3f}</p>')
+    ext = record.get("extrapolation") or {}
+    if ext.get("per_decade") is not None:
+        out.append(
+            f'<p class="muted">out-of-sample error {100 * ext["per_decade"]:.2f}% per decade of extrapolation '
+            f"(RMS over {ext['n_runs']} backtest runs that extrapolate); prediction intervals add it, scaled to "
+            "their distance, to the bootstrap spread and the run noise</p>"
+        )
+    bt = fit.backtest
+    if bt:
+        out.append("<h2>Backtest</h2>")
+        out.append(
+            html_table(
+                ["protocol", "MARE", "bias", "train runs", "test runs", "extrapolation (decades)"],
+                [
+                    [
+                        bt["protocol"],
+                        f"{100 * bt['mare']:.2f}%",
+                        f"{100 * bt['bias']:+.2f}%",
+                        bt["n_train"],
+                        bt["n_test"],
+                        bt["extrapolation_decades"],
+                    ]
+                ],
+            )
+        )
+    warns = list(fit.warnings) + (bt.get("warnings", []) if bt else [])
+    out.append("<h2>Warnings</h2>")
+    out.extend(f'<div class="warn">{html.escape(w)}</div>' for w in warns)
+    if not warns:
+        out.append('<div class="ok">none</div>')
+    return "\n".join(out)
+
+
+def proposal_section(store: Path, fit) -> str:
+    out = ["<h2>Proposed next round</h2>"]
+    fits = sorted(store.glob("fits/*.json")) if store.is_dir() else []
+    for path in fits[-1:]:
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        props = saved.get("proposals") or []
+        if props:
+            out.append(
+                f'<p class="muted">from {html.escape(str(path.relative_to(store)))} '
+                "(written by <code>scalelab sweep next</code>)</p>"
+            )
+            rows = [
+                [
+                    p.get("kind", ""),
+                    p.get("params"),
+                    p.get("tokens"),
+                    p.get("flops"),
+                    p.get("predicted_loss"),
+                    str([round(x, 4) for x in p.get("predicted_interval") or []]),
+                ]
+                for p in props
+            ]
+            out.append(html_table(["kind", "N", "D", "C", "predicted loss", "interval"], rows))
+            return "\n".join(out)
+    from scalelab.analysis.plots import _frontier, _optimum
+
+    c_next = float(fit.flops.max() * 3)
+    n, d = _optimum(fit, fit.params, c_next)
+    loss = float(_frontier(fit, fit.params, np.array([c_next]))[0])
+    if len(fit.draws):
+        ls = np.array([_frontier(fit, p, np.array([c_next]))[0] for p in fit.draw_dicts()])
+        iv = [float(x) for x in np.quantile(ls, [0.025, 0.975])]
+    else:
+        iv = [math.nan, math.nan]
+    out.append(
+        '<p class="muted">No <code>scalelab sweep next</code> proposal in this store; the fit\'s '
+        "compute-optimal run at 3x the largest budget:</p>"
+    )
+    out.append(
+        html_table(
+            ["C", "N*", "D*", "D*/N*", "predicted loss", "95% interval"],
+            [[c_next, n, d, d / n, loss, f"[{iv[0]:.4g}, {iv[1]:.4g}]"]],
+        )
+    )
+    return "\n".join(out)
+
+
+def gates_section(record: dict) -> str:
+    gates = record.get("gates")
+    if not gates:
+        return ""
+    out = ["<h2>Identification gates</h2>"]
+    verdict = (
+        "every gate passes: the law may be extrapolated"
+        if gates["passed"]
+        else ("failed: " + ", ".join(gates["failed"]) + " — no compute-optimal run is proposed from this fit")
+    )
+    out.append(f'<div class="{"ok" if gates["passed"] else "warn"}">{html.escape(verdict)}</div>')
+    rows = [[g["name"], "pass" if g["passed"] else "FAIL", g["value"], g["threshold"]] for g in gates["gates"]]
+    out.append(html_table(["gate", "result", "value", "passes when"], rows, left=4))
+    rows = []
+    for b in gates["brackets"]:
+        iv = b.get("vertex_interval")
+        rows.append(
+            [
+                b["flops"],
+                ", ".join(f"{s:,.0f}" for s in b["sizes"]),
+                b["best_size"],
+                b["vertex"] if b["vertex"] is not None else math.nan,
+                f"[{iv[0]:.3g}, {iv[1]:.3g}]" if iv else "n/a",
+                "yes" if b["bracketed"] else f"no ({b['edge'] or ('flat' if b['flat'] else 'vertex outside')})",
+            ]
+        )
+    out.append(html_table(["budget C", "sizes N", "best N", "Approach 2 vertex", "vertex interval", "bracketed"], rows))
+    return "\n".join(out)
+
+
+def ledger_section(store: Path) -> str:
+    from scalelab.sweeps.ledger import coverage, read_ledger, score
+
+    if not (store / "ledger.json").exists():
+        return ""
+    score(store)
+    book = read_ledger(store)
+    out = ["<h2>Ledger: predictions against measured runs</h2>"]
+    rows = []
+    for f in book["fits"]:
+        g = f.get("gates") or {}
+        drift = ", ".join(f"{k} moved outside the previous interval" for k in (f.get("drift") or {}))
+        rows.append(
+            [
+                f["round"],
+                len(f.get("run_ids", [])),
+                "pass" if g.get("passed") else "FAIL " + ",".join(g.get("failed", [])),
+                ", ".join(f"{k}={v:.4g}" for k, v in f["params"].items()),
+                drift or "none",
+            ]
+        )
+    out.append(html_table(["round", "runs", "gates", "parameters", "drift"], rows, left=5))
+    rows = []
+    for p in book["predictions"]:
+        lo, hi = p["interval"]
+        rows.append(
+            [
+                p["round"],
+                p["run_id"],
+                p["kind"],
+                p["params"],
+                p["tokens"],
+                p["flops"],
+                p["predicted"],
+                f"[{lo:.4f}, {hi:.4f}]",
+                p["measured"] if p.get("measured") is not None else "pending",
+                f"{100 * p['rel_error']:+.2f}%" if p.get("rel_error") is not None else "",
+                "" if p.get("covered") is None else ("yes" if p["covered"] else "NO"),
+            ]
+        )
+    out.append(
+        html_table(
+            ["round", "run", "kind", "N", "D", "C", "predicted", "interval", "measured", "error", "covered"],
+            rows,
+            left=3,
+        )
+    )
+    c = coverage(book["predictions"])
+    if c["n_scored"]:
+        out.append(
+            f'<p class="muted">coverage: {c["n_covered"]} of {c["n_scored"]} scored predictions inside their '
+            f"interval ({100 * c['rate']:.0f}%); mean |error| {100 * c['mare']:.2f}%</p>"
+        )
+    return "\n".join(out)
