@@ -32,9 +32,15 @@ depth so the residual stream's total update is depth-independent; at α = 1 the 
 depth factor r^(α-1) is 1, and the init of the branch outputs no longer needs the 1/sqrt(2L)
 depth scaling (the multiplier does that job), so it stays at the base depth's value.
 
-Not scaled here (documented in docs/hp-transfer.md): AdamW's ε (fine while gradients are far above
-1e-8, true at these sizes) and weight decay (torch's AdamW multiplies it by each group's LR, so
-hidden matrices decay 1/m as fast per step).
+AdamW's ε and weight decay (`eps_scale`, train/optim.py; Everett et al. 2024, Dey et al. 2025).
+With the 1/m readout multiplier every gradient that reaches the residual stream is scaled by 1/m,
+so the per-coordinate gradient of *every* parameter (embedding, hidden, readout, gains) shrinks as
+1/m; inside a completep branch it passes the 1/r multiplier too. Adam divides by sqrt(v) + ε,
+and an ε that does not shrink with the gradient takes over at width (the update falls below lr):
+ε is scaled by the gradient's factor, 1/m (x 1/r inside completep's blocks). torch's AdamW decays
+a parameter by lr x wd per step, so a hidden matrix whose LR is divided by m would decay m times
+slower at width: its group's weight decay is divided by lr_scale, which keeps lr x wd (the decay per
+step, and the equilibrium norm of the weights) that of the base. Both are 1 under sp.
 """
 
 from __future__ import annotations
@@ -118,6 +124,15 @@ def lr_scale(cfg, param_name: str, ndim: int) -> float:
     m = multipliers(cfg)
     depth = m.depth ** (COMPLETEP_ALPHA - 1.0) if cfg.parametrization == "completep" else 1.0
     return depth / m.width
+
+
+def eps_scale(cfg, param_name: str) -> float:
+    """Factor on AdamW's ε for `param_name`: the scale of its per-coordinate gradient (docstring)."""
+    if cfg.parametrization == "sp":
+        return 1.0
+    m = multipliers(cfg)
+    inside_block = clean_name(param_name).startswith("layers.")
+    return (m.residual if inside_block else 1.0) / m.width
 
 
 def validate(cfg, prefix: str = "model") -> None:

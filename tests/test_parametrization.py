@@ -144,3 +144,39 @@ def test_completep_run_resumes_bit_exactly(tmp_path):
     train_run(cfg, tmp_path / "b", resume=True)
     a, b = (pl.read_parquet(tmp_path / r / "metrics.parquet") for r in ("a", "b"))
     assert a["loss"].to_list() == b["loss"].to_list() and len(a) == 30
+
+
+def _mup_groups(d_model: int, **kw):
+    cfg = _cfg(d_model=d_model, d_ff=2 * d_model, parametrization="mup", base_d_model=32, base_head_dim=8, **kw)
+    model = build_model(cfg, seed=0)
+    return model, build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1, eps=1e-8), "cpu")
+
+
+def test_mup_eps_follows_the_gradient_and_decay_per_step_is_width_independent():
+    """ε x 1/m (every gradient shrinks as 1/m); a decayed group's lr x wd equals the base's."""
+    model, opt = _mup_groups(128)  # width multiplier 4
+    group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        g = group_of[id(p)]
+        assert g["eps"] == pytest.approx(1e-8 / 4), name
+        hidden = p.ndim == 2 and name.startswith("layers.")
+        decayed = p.ndim == 2 and name != "tok_embeddings.weight"
+        assert g["weight_decay"] == pytest.approx(0.4 if hidden else 0.1 if decayed else 0.0), name
+    # one step with zero gradients only decays: a hidden weight shrinks by 1 - lr x wd at every width
+    for d_model in (32, 128):
+        model, opt = _mup_groups(d_model)
+        w = model.layers["0"].feed_forward.w1.weight
+        before = w.detach().clone()
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        torch.testing.assert_close(w.detach(), before * (1 - 1e-2 * 0.1), rtol=1e-6, atol=0)
+
+
+def test_completep_eps_inside_blocks_has_the_branch_factor():
+    cfg = _cfg(num_layers=4, d_model=128, d_ff=256, parametrization="completep", base_d_model=32, base_num_layers=2)
+    assert parametrization.eps_scale(cfg, "layers.3.attention.wq.weight") == pytest.approx(1 / 8)  # 1/m x 1/r
+    assert parametrization.eps_scale(cfg, "layers.0.ffn_norm.weight") == pytest.approx(1 / 8)
+    assert parametrization.eps_scale(cfg, "tok_embeddings.weight") == pytest.approx(1 / 4)
+    assert parametrization.eps_scale(cfg, "output.weight") == pytest.approx(1 / 4)
+    assert parametrization.eps_scale(_cfg(), "layers.0.attention.wq.weight") == 1.0  # sp
