@@ -24,7 +24,7 @@ minimum is not bracketed (its best grid LR on the grid's edge, or no interior ve
 drift is not measured), launch refuses with exit 2 and the table, unless `--force`. Otherwise the
 ladder's runs all take the base size's best LR (3 significant digits; `optim.lr`, overriding a
 recipe's LR rule) with the check's base shape
-(model.base_d_model / base_num_layers / base_head_dim = the smallest width and depth), which is
+(model.base_d_model / base_num_layers / base_head_dim / base_d_ff = the smallest width and depth), which is
 exactly the LR transfer µP (width) and CompleteP (width and depth) promise.
 
 Under `sp` no such transfer exists; the check shows it (the best LR falls as the width grows).
@@ -141,12 +141,13 @@ def parse_transfer(section: Any, ladder: Sweep) -> TransferSpec | None:
 
 
 def _base_shape(spec: TransferSpec) -> dict[str, int]:
-    from scalelab.models.shapes import head_dim_for_width
+    from scalelab.models.shapes import ffn_width, head_dim_for_width
 
     return {
         "base_d_model": spec.base_width,
         "base_num_layers": spec.base_depth,
         "base_head_dim": head_dim_for_width(spec.base_width),
+        "base_d_ff": ffn_width(spec.base_width),
     }
 
 

@@ -64,7 +64,7 @@ def test_sp_model_and_optimizer_are_bit_identical_to_before(tied):
 def test_sp_run_ids_unchanged_and_mup_ids_distinct():
     base = {"model": {"preset": "debug"}, "data": {"seq_len": 64}}
     sp = build_run_config(base)
-    new = {"parametrization", "base_d_model", "base_num_layers", "base_head_dim"}
+    new = {"parametrization", "base_d_model", "base_num_layers", "base_head_dim", "base_d_ff"}
     assert set(identity_dict(sp)["model"]) == set(ModelConfig.__dataclass_fields__) - new  # the old fields
     mup = build_run_config(base, ["model.parametrization=mup", "model.base_d_model=32"])
     mup2 = build_run_config(base, ["model.parametrization=mup", "model.base_d_model=16"])
@@ -89,6 +89,27 @@ def test_mup_multipliers_init_and_lr_groups():
     for name, p in model.named_parameters():
         hidden = p.ndim == 2 and name.startswith("layers.")
         assert lr_of[id(p)] == pytest.approx(1e-3 if hidden else 4e-3), name
+
+
+def test_mup_w2_scales_with_its_own_fan_in_when_d_ff_is_not_in_proportion():
+    """A shape rule's d_ff need not grow with d_model (32 -> 128 wide: d_ff 96 -> 352, x3.67 not x4):
+    w2's init and LR follow its fan-in d_ff / base_d_ff; 0 keeps d_ff in proportion (x4)."""
+    cfg = _cfg(d_model=128, d_ff=352, parametrization="mup", base_d_model=32, base_head_dim=8, base_d_ff=96)
+    assert parametrization.lr_scale(cfg, "layers.0.feed_forward.w2.weight", 2) == pytest.approx(96 / 352)
+    assert parametrization.lr_scale(cfg, "layers.0.feed_forward.w1.weight", 2) == pytest.approx(1 / 4)
+    w2_std = 0.02 * math.sqrt(96 / 352) / math.sqrt(2 * 3)
+    assert parametrization.init_std(cfg, "layers.0.feed_forward.w2") == pytest.approx(w2_std)
+    model = build_model(cfg, seed=0)
+    opt = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1), "cpu")
+    w2 = model.layers["1"].feed_forward.w2.weight
+    group = next(g for g in opt.param_groups if any(p is w2 for p in g["params"]))
+    assert group["lr"] == pytest.approx(1e-2 * 96 / 352) and group["weight_decay"] == pytest.approx(0.1 * 352 / 96)
+    in_proportion = _cfg(d_model=128, d_ff=352, parametrization="mup", base_d_model=32, base_head_dim=8)
+    assert parametrization.lr_scale(in_proportion, "layers.0.feed_forward.w2.weight", 2) == pytest.approx(1 / 4)
+    # base_d_ff left at 0 keeps the run ids mup runs had before the field existed
+    base = {"model": {"preset": "debug", "parametrization": "mup", "base_d_model": 32}, "data": {"seq_len": 64}}
+    assert "base_d_ff" not in identity_dict(build_run_config(base))["model"]
+    assert identity_dict(build_run_config(base, ["model.base_d_ff=96"]))["model"]["base_d_ff"] == 96
 
 
 def test_completep_depth_multiplier_and_base_equals_sp():

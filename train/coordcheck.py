@@ -13,7 +13,7 @@ width after the last step is the one number a test checks.
 
 Each (parametrization, depth, width) model is `model_cfg` with d_model = width (d_ff scaled in
 proportion, heads fixed so head_dim grows with width, as µP's 1/d_head assumes), num_layers =
-depth, and its base shape (base_d_model / base_num_layers / base_head_dim) the config's own unless
+depth, and its base shape (base_d_model / base_num_layers / base_head_dim / base_d_ff) the config's own unless
 it names one. All models see the same batches and train with AdamW at a constant LR (no warmup,
 no clipping: both would hide the scale of an update). After each step the RMS of every layer's
 output is measured on a fixed probe batch (by default the first batch; the CLI draws a larger one),
@@ -54,6 +54,7 @@ def scaled_config(cfg: ModelConfig, *, d_model: int, num_layers: int, parametriz
         base_d_model=cfg.base_d_model or cfg.d_model,
         base_num_layers=cfg.base_num_layers or cfg.num_layers,
         base_head_dim=cfg.base_head_dim or cfg.head_dim,
+        base_d_ff=cfg.base_d_ff or cfg.d_ff,
     )
 
 
