@@ -10,7 +10,10 @@ to --out. Flat (|slope| <= ~0.1) = activations do not grow with width; SP's hidd
     scalelab coordcheck examples/debug.yaml --widths 64,256 --depths 2,4 --parametrizations completep
 
 Widths keep CONFIG's heads (head_dim grows); the base shape of mup/completep is CONFIG's model
-(or its base_d_model / base_num_layers / base_head_dim when set).
+(or its base_d_model / base_num_layers / base_head_dim / base_d_ff when set). Every model trains on
+the same --batch-sequences batches and is measured on one --probe-sequences batch that none of
+them trains on; each RMS is the geometric mean over --seeds inits (noise from one init shows up
+as non-monotone RMS across widths, and so as slope).
 """
 
 from __future__ import annotations
