@@ -35,7 +35,7 @@ import polars as pl
 import yaml
 
 from scalelab.fitting.hyperparams import best_lr, grid_position
-from scalelab.models.shapes import head_dim_for_width, shape_for_width
+from scalelab.models.shapes import ffn_width, head_dim_for_width, shape_for_width
 from scalelab.sweeps import store
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.spec import expand_sweep
@@ -48,16 +48,16 @@ SEQ_LEN, BATCH_SEQUENCES = 32, 4
 RUNS = {"sp": SIZES, "mup": SIZES, "completep": [(4, 16)]}  # completep at 2 layers = mup (docstring)
 # The 4x wider size costs ~50x a base run, so it sweeps 5 of the grid's LRs with one seed: sp's
 # optimum lies low (1e-3 or below in the first measurement), mup's around the base's.
-WIDE_LRS = {"sp": LRS[:5], "mup": LRS[2:7]}
-SEEDS, WIDE_SEEDS = [0, 1], [0]
+WIDE_LRS = {"sp": LRS[:4], "mup": LRS[2:7]}
+BASE_SEEDS, OTHER_SEEDS = [0, 1], [0]  # 2 seeds where the loss curve was flat: the base
 
 
 def lrs_for(p: str, layers: int, width: int) -> list[float]:
     return WIDE_LRS[p] if width > BASE_WIDTH else LRS[1:]
 
 
-def seeds_for(width: int) -> list[int]:
-    return WIDE_SEEDS if width > BASE_WIDTH else SEEDS
+def seeds_for(layers: int, width: int) -> list[int]:
+    return BASE_SEEDS if (layers, width) == SIZES[0] else OTHER_SEEDS
 
 
 def spec() -> dict:
@@ -65,13 +65,13 @@ def spec() -> dict:
 
     points = []
     keys = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff", "max_seq_len")
-    # the wide size's runs first: the longest runs start early and the short ones fill in around them
-    todo = sorted(((p, size) for p, sizes in RUNS.items() for size in sizes), key=lambda t: -t[1][1])
+    # in order of SIZES (base, wider, deeper): a run stopped by the clock leaves the base complete
+    todo = sorted(((p, size) for p, sizes in RUNS.items() for size in sizes), key=lambda t: SIZES.index(t[1]))
     for p, (layers, width) in todo:
         shape = shape_for_width(layers, width, 320, max_seq_len=SEQ_LEN)
         step = SEQ_LEN * BATCH_SEQUENCES
         tokens = int(round(TOKENS_PER_PARAM * num_params(shape) / step)) * step
-        for seed in seeds_for(width):
+        for seed in seeds_for(layers, width):
             for lr in lrs_for(p, layers, width):
                 point = {f"model.{k}": getattr(shape, k) for k in keys}
                 point |= {
@@ -79,6 +79,7 @@ def spec() -> dict:
                     "model.base_d_model": BASE_WIDTH,
                     "model.base_num_layers": BASE_LAYERS,
                     "model.base_head_dim": head_dim_for_width(BASE_WIDTH),
+                    "model.base_d_ff": ffn_width(BASE_WIDTH),
                     "train.num_tokens": tokens,
                     "train.seed": seed,
                     "optim.lr": lr,
@@ -94,14 +95,14 @@ def spec() -> dict:
         "checkpoint": {"interval_steps": 0},
         "logging": {"wandb": "disabled", "interval_steps": 10},
     }
-    return {"name": "lr-transfer", "base": base, "points": points, "execution": {"max_concurrent": 2}}
+    return {"name": "lr-transfer", "base": base, "points": points, "execution": {"max_concurrent": 3}}
 
 
 def _runs(df: pl.DataFrame, p: str, layers: int, width: int) -> tuple[list[float], list[float], list[str]]:
     """(lr, final val loss, missing) of every run of one size; diverged runs as inf."""
     sub = df.filter((pl.col("parametrization") == p) & (pl.col("num_layers") == layers) & (pl.col("d_model") == width))
     lrs, losses, missing = [], [], []
-    for seed in seeds_for(width):
+    for seed in seeds_for(layers, width):
         for lr in lrs_for(p, layers, width):
             hit = sub.filter(((pl.col("lr") - lr).abs() <= 1e-9) & (pl.col("seed") == seed))
             status = hit["status"][0] if hit.height else "missing"
@@ -159,7 +160,7 @@ def table(df: pl.DataFrame) -> tuple[str, dict[str, float]]:
             interval = f"[{opt.interval[0]:.3g}, {opt.interval[1]:.3g}]"
             flag = "" if opt.interior else "  (no bracketed minimum: best at the edge of its LRs)"
             lines.append(
-                f"{p:<10} {tag:<8} {n:>7,} {len(seeds_for(width)):>5} {cells}{opt.lr:>8.3g} {interval:>17} "
+                f"{p:<10} {tag:<8} {n:>7,} {len(seeds_for(layers, width)):>5} {cells}{opt.lr:>8.3g} {interval:>17} "
                 f"{moved:>+6.2f} {f'[{moved_span[0]:+.2f}, {moved_span[1]:+.2f}]':>15}{flag}"
             )
     lines += [f"not finished: {m}" for m in dict.fromkeys(missing)]
@@ -169,7 +170,7 @@ def table(df: pl.DataFrame) -> tuple[str, dict[str, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/bench/lr_transfer", help="sweep directory (store root = its parent)")
-    ap.add_argument("--num-cpus", type=int, default=2)
+    ap.add_argument("--num-cpus", type=int, default=3)
     ap.add_argument("--report", action="store_true", help="print the table of the runs in --out; train nothing")
     args = ap.parse_args()
     t0 = time.time()
