@@ -5,9 +5,10 @@ bench/lr_sweep.py: a points spec, `launch`, `load_runs`) an LR grid x2 apart at 
 shape rule (scalelab.models.shapes.shape_for_width): the base (2 layers x 16), 4x wider (2 x 64)
 and 2x deeper (4 x 16), each at the same 1 token per parameter, batch 4 x 32 tokens, cosine
 schedule with 5% warmup, for each parametrization. mup/completep are relative to the base
-(base_d_model 16, base_num_layers 2). The base and the deeper size sweep 7 LRs (1e-3..6.4e-2)
-with 2 seeds (init and data order); the 4x wider size (~50x the cost of a base run) sweeps 5 LRs
-with one seed (WIDE_LRS). Per size the best LR is the vertex of a parabola of the final
+(base_d_model 16, base_num_layers 2, base_head_dim and base_d_ff of the base's shape). The base
+and the deeper size sweep 7 LRs (1e-3..6.4e-2), the base with 2 seeds (init and data order: its
+curve is the flat one), the others with one; the 4x wider size (~50x the cost of a base run)
+sweeps 4-5 LRs (WIDE_LRS). Runs go in the order base, wider, deeper. Per size the best LR is the vertex of a parabola of the final
 validation loss in log2 LR around the grid minimum, fitted to every seed's point, with a 90%
 residual-bootstrap interval (scalelab.fitting.hyperparams.best_lr, the estimator the transfer gate
 uses too); "moved" is the distance of that vertex from the base's, in grid steps (fractional),
