@@ -2,18 +2,18 @@
 
 Runs (on local Ray, into a store, so a rerun trains nothing twice; the machinery of
 bench/lr_sweep.py: a points spec, `launch`, `load_runs`) an LR grid x2 apart at three sizes of the
-shape rule (scalelab.models.shapes.shape_for_width): the base (2 layers x 16), 4x wider (2 x 64)
-and 2x deeper (4 x 16), each at the same 1 token per parameter, batch 4 x 32 tokens, cosine
-schedule with 5% warmup, for each parametrization. mup/completep are relative to the base
-(base_d_model 16, base_num_layers 2, base_head_dim and base_d_ff of the base's shape). The base
-and the deeper size sweep 7 LRs (1e-3..6.4e-2), the base with 2 seeds (init and data order: its
-curve is the flat one), the others with one; the 4x wider size (~50x the cost of a base run)
-sweeps 4-5 LRs (WIDE_LRS). Runs go in the order base, wider, deeper. Per size the best LR is the vertex of a parabola of the final
+shape rule (scalelab.models.shapes.shape_for_width): the base (2 layers x 16), 4x wider (2 x 64) and
+2x deeper (4 x 16), each at the same 1 token per parameter, batch 4 x 32 tokens, cosine schedule
+with 5% warmup, for each parametrization. mup/completep are relative to the base (base_d_model 16,
+base_num_layers 2, base_head_dim and base_d_ff of the base's shape). The base and the deeper size
+sweep 7 LRs (1e-3..6.4e-2), the base with 2 seeds (init and data order: its curve is the flat one),
+the others with one; the 4x wider size (~50x the cost of a base run) sweeps 4-5 LRs (WIDE_LRS). Runs
+go in the order base, wider, deeper. Per size the best LR is the vertex of a parabola of the final
 validation loss in log2 LR around the grid minimum, fitted to every seed's point, with a 90%
 residual-bootstrap interval (scalelab.fitting.hyperparams.best_lr, the estimator the transfer gate
-uses too); "moved" is the distance of that vertex from the base's, in grid steps (fractional),
-with the conservative interval (size's interval minus the base's). Goal (issue 13): under
-mup/completep the best LR moves by at most one grid step, under sp by more.
+uses too); "moved" is the distance of that vertex from the base's, in grid steps (fractional), with
+the conservative interval (size's interval minus the base's). Goal (issue 13): under mup/completep
+the best LR moves by at most one grid step, under sp by more.
 
 completep at 2 layers is the mup model exactly (every depth multiplier is 1 at the base depth),
 so its 2-layer rows are the mup runs; only its 4-layer size is trained separately.
