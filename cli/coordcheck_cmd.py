@@ -10,7 +10,10 @@ to --out. Flat (|slope| <= ~0.1) = activations do not grow with width; SP's hidd
     scalelab coordcheck examples/debug.yaml --widths 64,256 --depths 2,4 --parametrizations completep
 
 Widths keep CONFIG's heads (head_dim grows); the base shape of mup/completep is CONFIG's model
-(or its base_d_model / base_num_layers / base_head_dim when set).
+(or its base_d_model / base_num_layers / base_head_dim / base_d_ff when set). Every model trains on
+the same --batch-sequences batches and is measured on one --probe-sequences batch that none of
+them trains on; each RMS is the geometric mean over --seeds inits (noise from one init shows up
+as non-monotone RMS across widths, and so as slope).
 """
 
 from __future__ import annotations
@@ -28,9 +31,12 @@ def add_parser(sub) -> None:
     p.add_argument("--depths", default="", help="comma-separated num_layers values (default: the config's)")
     p.add_argument("--steps", type=int, default=4, help="AdamW steps per model (default 4)")
     p.add_argument("--parametrizations", default="", help="e.g. sp,mup,completep (default: the config's)")
-    p.add_argument("--seeds", type=int, default=3, help="inits averaged per model (geometric mean; default 3)")
+    p.add_argument("--seeds", type=int, default=4, help="inits averaged per model (geometric mean; default 4)")
     p.add_argument("--lr", type=float, default=0.0, help="constant LR (default: the config's optim.lr)")
-    p.add_argument("--batch-sequences", type=int, default=8, help="sequences per step (default 8)")
+    p.add_argument("--batch-sequences", type=int, default=16, help="sequences per step (default 16)")
+    p.add_argument(
+        "--probe-sequences", type=int, default=32, help="sequences the RMS is measured on, not trained on (default 32)"
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     p.add_argument("--out", default="", help="directory for coordcheck.png and coordcheck.json")
     p.set_defaults(func=run)
@@ -65,8 +71,10 @@ def _check(args, cfg) -> tuple[list[int], list[int], list[str]]:
     for name in names:
         if name not in PARAMETRIZATIONS:
             raise ConfigError("--parametrizations", f"{name!r} is not known", f"use {','.join(PARAMETRIZATIONS)}")
-    if args.steps < 1 or args.seeds < 1 or args.batch_sequences < 1:
-        raise ConfigError("--steps", "--steps, --seeds and --batch-sequences must be >= 1", "e.g. --steps 4")
+    for key in ("steps", "seeds", "batch_sequences", "probe_sequences"):
+        if getattr(args, key) < 1:
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(flag, f"{getattr(args, key)} must be >= 1", f"e.g. {flag} 4")
     if len(widths) < 2:
         raise ConfigError("--widths", "one width has no slope", "give two or more, e.g. 64,128,256,512")
     return widths, depths, names
@@ -87,9 +95,10 @@ def run(args) -> int:
     torch.manual_seed(cfg.train.seed)
     data = build_data(cfg.data, seed=cfg.train.seed)
     batches = [data.sampler.next_batch(args.batch_sequences) for _ in range(args.steps)]
+    probe = data.sampler.next_batch(args.probe_sequences)[:, :-1]  # a fixed batch none of the models trains on
     check = coord_check(
         cfg.model, widths=widths, depths=depths, steps=args.steps, batches=batches, optim_cfg=optim,
-        parametrizations=names, seeds=args.seeds,
+        parametrizations=names, seeds=args.seeds, probe=probe,
     )  # fmt: skip
     print(check.table())
     if args.out:
@@ -103,7 +112,8 @@ def run(args) -> int:
         depth_slopes = [dict(parametrization=p, layer=k, slope=v) for (p, k), v in check.depth_slopes.items()]
         record = dict(
             config=args.config, widths=widths, depths=depths, steps=args.steps, lr=optim.lr, seeds=args.seeds,
-            rows=check.rows(), slopes=slopes, depth_slopes=depth_slopes,
+            batch_sequences=args.batch_sequences, probe_sequences=args.probe_sequences, rows=check.rows(),
+            slopes=slopes, depth_slopes=depth_slopes,
         )  # fmt: skip
         (out / "coordcheck.json").write_text(json.dumps(record, indent=1))
         print(f"wrote {out / 'coordcheck.png'} and {out / 'coordcheck.json'}")

@@ -4,8 +4,10 @@
 
 Two steps, both pure:
 1. `optimal_per_budget(flops, hparam, loss)` reduces a sweep (several hyperparameter values per
-   FLOP budget) to one optimum per budget: the vertex of a parabola of loss in log10 h when it is
-   located inside the swept range, else the best measured value (flagged).
+   FLOP budget) to one optimum per budget: the vertex of a parabola of loss in log h when it is
+   located inside the swept range, else the best measured value (flagged). The vertex is
+   `best_lr(values, loss)`, which also gives a bootstrap interval for one size's best LR (several
+   seeds per value allowed): what bench/lr_transfer.py and the transfer gate (sweeps/transfer.py) use.
 2. `fit_hyperparam_law(flops, h_opt, robust=...)` fits the line with statsmodels OLS, or RLM with
    Huber's T norm when outlying budgets should not drag the slope. Intervals on slope/intercept
    and on predictions come from the model's covariance.
@@ -132,13 +134,91 @@ def fit_hyperparam_law(
 
 
 @dataclass(kw_only=True, slots=True)
+class LROptimum:
+    """The best value of a hyperparameter (a learning rate) at one size, from a sweep over it."""
+
+    lr: float  # the parabola's vertex; the best measured value when not interior
+    interval: tuple[float, float]  # bootstrap interval of lr at `level` (a point when not interior)
+    grid_lr: float  # the swept value with the lowest mean loss
+    loss: float  # fitted loss at lr (the best mean loss when not interior)
+    interior: bool  # a minimum was bracketed: vertex strictly inside the fitted window
+    level: float
+
+
+def best_lr(lrs, losses, *, window: int = 2, n_boot: int = 1000, level: float = 0.9, seed: int = 0) -> LROptimum:
+    """Sub-grid estimate of the best LR: a parabola of loss in log2 LR around the grid minimum.
+
+    The grid minimum is the swept value with the lowest mean loss over its points (seeds); the
+    parabola is fitted by least squares to every point within `window` grid values of it, and its
+    vertex is the estimate when it lies strictly inside that window (else the grid minimum, with
+    interior=False: the optimum is not bracketed). The interval is a residual bootstrap: the fitted
+    parabola plus resampled residuals (inflated by sqrt(n / (n - 3)) for the three fitted
+    parameters), refitted, each resample's minimum taken over the window (so a flat or inverted
+    resample lands on the window's edge and widens the interval, as a flat loss curve should).
+
+    Args:
+        lrs, losses: one entry per run; repeated values = several seeds. Non-finite losses
+            (diverged runs) are left out of the fit and never make a value the best.
+        window: grid values on each side of the minimum that the parabola is fitted to.
+        n_boot, level, seed: bootstrap resamples, two-sided level, RNG seed (0: no interval).
+    Returns:
+        LROptimum (values in the unit of `lrs`).
+    Raises:
+        UsageError: non-positive values, or no finite loss.
+    """
+    x = np.asarray(lrs, dtype=float)
+    y = np.asarray(losses, dtype=float)
+    if x.shape != y.shape or np.any(x <= 0):
+        raise UsageError("lrs and losses must have equal length and the lrs must be positive")
+    finite = np.isfinite(y)
+    if not finite.any():
+        raise UsageError("no finite loss: every run diverged")
+    grid = np.unique(x)
+    mean = np.array([y[(x == v) & finite].mean() if ((x == v) & finite).any() else np.inf for v in grid])
+    best = int(np.argmin(mean))
+    point = LROptimum(lr=float(grid[best]), interval=(float(grid[best]),) * 2, grid_lr=float(grid[best]),
+                      loss=float(mean[best]), interior=False, level=level)  # fmt: skip
+    lo, hi = max(best - window, 0), min(best + window, grid.size - 1)
+    sel = finite & (x >= grid[lo]) & (x <= grid[hi])
+    u, ys = np.log2(x[sel]), y[sel]
+    if best in (0, grid.size - 1) or np.unique(u).size < 3:
+        return point
+    q2, q1, q0 = np.polyfit(u, ys, 2)
+    u_lo, u_hi = np.log2(grid[lo]), np.log2(grid[hi])
+    vertex = -q1 / (2 * q2) if q2 > 0 else np.nan
+    if not u_lo < vertex < u_hi:
+        return point
+    interval = (float(2**vertex),) * 2
+    if n_boot > 0:
+        fitted = np.polyval((q2, q1, q0), u)
+        resid = (ys - fitted) * np.sqrt(u.size / max(u.size - 3, 1))
+        rng = np.random.default_rng(seed)
+        fine = np.linspace(u_lo, u_hi, 401)
+        draws = []
+        for _ in range(n_boot):
+            coef = np.polyfit(u, fitted + rng.choice(resid, size=u.size, replace=True), 2)
+            draws.append(fine[np.argmin(np.polyval(coef, fine))])
+        tail = (1 - level) / 2
+        interval = tuple(float(2**q) for q in np.quantile(draws, [tail, 1 - tail]))
+    return LROptimum(lr=float(2**vertex), interval=interval, grid_lr=float(grid[best]),
+                     loss=float(np.polyval((q2, q1, q0), vertex)), interior=True, level=level)  # fmt: skip
+
+
+def grid_position(lr: float, grid) -> float:
+    """Where `lr` sits on an ascending geometric grid, in grid steps (index 0 = grid[0]; fractional
+    between grid values, linear in log LR)."""
+    logs = np.log(np.asarray(grid, dtype=float))
+    return float(np.interp(np.log(lr), logs, np.arange(logs.size)))
+
+
+@dataclass(kw_only=True, slots=True)
 class BudgetOptimum:
     """The best hyperparameter value measured at one budget."""
 
     flops: float
     h_opt: float
     loss_opt: float
-    interior: bool  # vertex located strictly inside the swept range
+    interior: bool  # vertex located strictly inside the fitted window around the best value
 
 
 def optimal_per_budget(
@@ -146,10 +226,10 @@ def optimal_per_budget(
 ) -> list[BudgetOptimum]:
     """Reduce a hyperparameter sweep to one optimum per FLOP budget.
 
-    With >= 3 distinct values at a budget, fits loss = q2 u^2 + q1 u + q0 (u = log10 h) through the
-    best run and its neighbours and takes the vertex if q2 > 0 and it lies inside the swept range;
-    otherwise the best measured value is returned with interior=False (the optimum may lie outside
-    the sweep, which biases the law: check it before trusting the slope).
+    Per budget, `best_lr` of its runs (no bootstrap): the vertex of a parabola of loss in log h
+    through the best value and its two neighbours on each side when it lies inside them; otherwise
+    the best measured value with interior=False (the optimum may lie outside the sweep, which
+    biases the law: check it before trusting the slope).
 
     Args:
         flops, hparam, loss: per-run arrays.
@@ -170,22 +250,7 @@ def optimal_per_budget(
     out = []
     for lab in np.unique(labels):
         idx = np.flatnonzero(labels == lab)
-        order = idx[np.argsort(h[idx])]
-        u, l_sorted = np.log10(h[order]), loss[order]
-        best = int(np.argmin(l_sorted))
+        opt = best_lr(h[idx], loss[idx], n_boot=0)
         budget = float(np.exp(np.mean(np.log(c[idx]))))
-        point = BudgetOptimum(flops=budget, h_opt=float(10 ** u[best]), loss_opt=float(l_sorted[best]), interior=False)
-        if 0 < best < u.size - 1 and np.unique(u).size >= 3:
-            lo, hi = max(best - 2, 0), min(best + 3, u.size)  # local window around the best run
-            q2, q1, q0 = np.polyfit(u[lo:hi], l_sorted[lo:hi], 2)
-            if q2 > 0:
-                vertex = -q1 / (2 * q2)
-                if u[0] < vertex < u[-1]:
-                    point = BudgetOptimum(
-                        flops=budget,
-                        h_opt=float(10**vertex),
-                        loss_opt=float(q0 + q1 * vertex + q2 * vertex**2),
-                        interior=True,
-                    )
-        out.append(point)
+        out.append(BudgetOptimum(flops=budget, h_opt=opt.lr, loss_opt=opt.loss, interior=opt.interior))
     return sorted(out, key=lambda p: p.flops)

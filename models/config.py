@@ -52,6 +52,7 @@ class ModelConfig:
     base_d_model: int = 0  # width the base hyperparameters were tuned at
     base_num_layers: int = 0  # depth of the base (completep scales the residual branches by base/L)
     base_head_dim: int = 0  # head_dim of the base (attention logits x sqrt(base_head_dim) / head_dim)
+    base_d_ff: int = 0  # d_ff of the base (w2's fan-in); 0 = d_ff x base_d_model / d_model (in proportion)
     # --- MoE (family "moe"; see scalelab.models.moe) ---
     num_experts: int = 8  # routed experts per MoE layer
     num_experts_per_tok: int = 2  # top-k experts each token is sent to

@@ -16,12 +16,15 @@ A sweep spec opts in with a `transfer:` section:
 the shape rule (scalelab.models.shapes.shape_for_width) at the same tokens per parameter and with
 the spec's base config and recipe, into the sibling sweep directory `<out>-transfer` (ordinary
 runs of the store: deduplicated, resumable, listed by `sweep status`). Per size the best LR is
-the grid point with the lowest final loss (the spec's `fit.loss`); the drift of a size is the
-number of grid steps between its best LR and the base size's. When any drift exceeds the
-tolerance, or a best LR sits on the grid's edge (then the drift is not measured), launch refuses
-with exit 2 and the table, unless `--force`. Otherwise the ladder's runs all take the base size's
-best LR (`optim.lr`, overriding a recipe's LR rule) with the check's base shape
-(model.base_d_model / base_num_layers / base_head_dim = the smallest width and depth), which is
+the vertex of a parabola of the final loss (the spec's `fit.loss`) in log LR around the grid's
+minimum, with a bootstrap interval (scalelab.fitting.hyperparams.best_lr, the estimator
+bench/lr_transfer.py uses too); the drift of a size is the distance in grid steps (fractional)
+between its best LR and the base size's. When any drift exceeds the tolerance, or a size's
+minimum is not bracketed (its best grid LR on the grid's edge, or no interior vertex: then the
+drift is not measured), launch refuses with exit 2 and the table, unless `--force`. Otherwise the
+ladder's runs all take the base size's best LR (3 significant digits; `optim.lr`, overriding a
+recipe's LR rule) with the check's base shape
+(model.base_d_model / base_num_layers / base_head_dim / base_d_ff = the smallest width and depth), which is
 exactly the LR transfer µP (width) and CompleteP (width and depth) promise.
 
 Under `sp` no such transfer exists; the check shows it (the best LR falls as the width grows).
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.errors import ConfigError
+from scalelab.fitting.hyperparams import best_lr, grid_position
 from scalelab.sweeps.spec import Sweep, expand_sweep
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
 
@@ -74,16 +78,18 @@ class TransferPlan:
 
 @dataclass(kw_only=True, slots=True)
 class GateResult:
-    rows: list[dict[str, Any]]  # per size: width, depth, params, losses per LR, best LR, index, drift
-    base_lr: float  # best LR of the base size: what the ladder takes
-    max_drift: int
-    edge: list[str]  # sizes whose best LR is at the end of the grid
+    # per size: width, depth, params, losses per LR, best_index (the grid's minimum), best_lr (the
+    # vertex), interval, drift (grid steps from the base's best LR, fractional)
+    rows: list[dict[str, Any]]
+    base_lr: float  # best LR of the base size (3 significant digits): what the ladder takes
+    max_drift: float
+    edge: list[str]  # sizes whose minimum is not bracketed by the grid
     tolerance: int
     parametrization: str
 
     @property
     def ok(self) -> bool:
-        return self.max_drift <= self.tolerance and not self.edge
+        return self.max_drift <= self.tolerance + 1e-6 and not self.edge
 
 
 def _int_list(value: Any, key: str) -> list[int]:
@@ -135,12 +141,13 @@ def parse_transfer(section: Any, ladder: Sweep) -> TransferSpec | None:
 
 
 def _base_shape(spec: TransferSpec) -> dict[str, int]:
-    from scalelab.models.shapes import head_dim_for_width
+    from scalelab.models.shapes import ffn_width, head_dim_for_width
 
     return {
         "base_d_model": spec.base_width,
         "base_num_layers": spec.base_depth,
         "base_head_dim": head_dim_for_width(spec.base_width),
+        "base_d_ff": ffn_width(spec.base_width),
     }
 
 
@@ -223,18 +230,21 @@ def evaluate_gate(plan: TransferPlan, df) -> GateResult:
                 ok = value is not None and math.isfinite(value) and hit["status"][0] == "done"
                 losses[lr] = float(value) if ok else math.inf
             best = min(range(len(spec.lrs)), key=lambda i: losses[spec.lrs[i]])
+            opt = best_lr(spec.lrs, [losses[lr] for lr in spec.lrs]) if math.isfinite(losses[spec.lrs[best]]) else None
             params = int(sub["params"][0]) if sub.height else 0
             rows.append(dict(width=width, depth=depth, params=params, losses=losses, best_index=best,
-                             best_lr=spec.lrs[best]))  # fmt: skip
+                             best_lr=opt.lr if opt else math.nan, interval=opt.interval if opt else (math.nan,) * 2,
+                             interior=bool(opt and opt.interior),
+                             position=grid_position(opt.lr, spec.lrs) if opt else math.nan))  # fmt: skip
     base = next(r for r in rows if r["width"] == spec.base_width and r["depth"] == spec.base_depth)
     for r in rows:
-        r["drift"] = r["best_index"] - base["best_index"]
-    last = len(spec.lrs) - 1
-    edge = [f"d_model {r['width']} x {r['depth']} layers" for r in rows if r["best_index"] in (0, last)]
+        r["drift"] = r["position"] - base["position"]
+    edge = [f"d_model {r['width']} x {r['depth']} layers" for r in rows if not r["interior"]]
+    drifts = [abs(r["drift"]) for r in rows]
     return GateResult(
         rows=rows,
-        base_lr=base["best_lr"],
-        max_drift=max(abs(r["drift"]) for r in rows),
+        base_lr=float(f"{base['best_lr']:.3g}"),
+        max_drift=max(drifts) if all(math.isfinite(d) for d in drifts) else math.inf,
         edge=edge,
         tolerance=spec.tolerance,
         parametrization=plan.parametrization,
@@ -246,22 +256,28 @@ def format_gate(gate: GateResult, lrs: list[float], loss_col: str = "final_val_l
     head = (
         f"{'d_model':>7} {'layers':>6} {'N':>9} "
         + " ".join(f"{lr:>8.3g}" for lr in lrs)
-        + f" {'best LR':>8} {'drift':>5}"
+        + f" {'best LR':>8} {'interval':>17} {'drift':>6}"
     )
-    lines = [f"LR transfer check ({gate.parametrization}; {loss_col}; * = best per size)", head]
+    lines = [
+        f"LR transfer check ({gate.parametrization}; {loss_col}; * = grid minimum; best LR = parabola "
+        "vertex in log LR, 90% bootstrap interval; drift in grid steps)",
+        head,
+    ]
     for r in gate.rows:
         cells = " ".join(
             f"{'diverged' if not math.isfinite(r['losses'][lr]) else format(r['losses'][lr], '.4f')}"
             f"{'*' if i == r['best_index'] else ' '}".rjust(9)
             for i, lr in enumerate(lrs)
         )
+        lo, hi = r["interval"]
         lines.append(
-            f"{r['width']:>7} {r['depth']:>6} {r['params']:>9,} {cells} {r['best_lr']:>8.3g} {r['drift']:>+5d}"
+            f"{r['width']:>7} {r['depth']:>6} {r['params']:>9,} {cells} {r['best_lr']:>8.3g} "
+            f"{f'[{lo:.3g}, {hi:.3g}]':>17} {r['drift']:>+6.2f}"
         )
     verdict = "passes" if gate.ok else "FAILS"
     lines.append(
-        f"max drift {gate.max_drift} grid step(s), tolerance {gate.tolerance}: {verdict}"
-        + (f"; best LR at the grid's edge for {', '.join(gate.edge)} (widen transfer.lrs)" if gate.edge else "")
+        f"max drift {gate.max_drift:.2f} grid step(s), tolerance {gate.tolerance}: {verdict}"
+        + (f"; no bracketed minimum for {', '.join(gate.edge)} (widen transfer.lrs)" if gate.edge else "")
         + (f"; the ladder takes lr {gate.base_lr:.3g}" if gate.ok else "")
     )
     return "\n".join(lines)

@@ -11,7 +11,7 @@ import pytest
 from scalelab.errors import ConfigError, UsageError
 from scalelab.fitting.approaches import approach1, approach2, group_budgets
 from scalelab.fitting.downstream import fit_sigmoid, two_step_predict
-from scalelab.fitting.hyperparams import fit_hyperparam_law, optimal_per_budget
+from scalelab.fitting.hyperparams import best_lr, fit_hyperparam_law, grid_position, optimal_per_budget
 from scalelab.fitting.io import ColumnMap, read_runs
 
 E, A, B, ALPHA, BETA = 1.69, 406.4, 410.7, 0.34, 0.28
@@ -150,6 +150,40 @@ def test_optimal_per_budget_parabola_vertex():
         assert o.h_opt == pytest.approx(10 ** (1.5 - 0.25 * np.log10(o.flops)), rel=1e-6)
     law = fit_hyperparam_law([o.flops for o in opts], [o.h_opt for o in opts])
     assert law.slope == pytest.approx(-0.25, abs=1e-6)
+
+
+LR_GRID = 1e-3 * 2.0 ** np.arange(7)
+
+
+def _lr_sweep(best: float, curvature: float, noise: float, seeds: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    lrs = np.repeat(LR_GRID, seeds)
+    return lrs, 3 + curvature * np.log2(lrs / best) ** 2 + rng.normal(0, noise, lrs.size)
+
+
+def test_best_lr_sub_grid_vertex_and_bootstrap_interval():
+    rng = np.random.default_rng(0)
+    true = 5.2e-3  # between grid values 4e-3 and 8e-3, nearer 4e-3
+    exact = best_lr(*_lr_sweep(true, 0.05, 0.0, 1, rng))
+    assert exact.interior and exact.lr == pytest.approx(true, rel=1e-6) and exact.grid_lr == 4e-3
+    # two seeds of noisy losses: the interval covers the truth in most of 40 repeats, and a flat
+    # curve (curvature 10x smaller, same noise) gets a much wider one
+    covered, widths = 0, {}
+    for curvature in (0.05, 0.005):
+        spans = []
+        for rep in range(40):
+            opt = best_lr(*_lr_sweep(true, curvature, 0.01, 2, rng), n_boot=300, seed=rep)
+            spans.append(grid_position(opt.interval[1], LR_GRID) - grid_position(opt.interval[0], LR_GRID))
+            covered += curvature == 0.05 and opt.interval[0] <= true <= opt.interval[1]
+        widths[curvature] = float(np.median(spans))
+    assert covered >= 30, covered  # nominal 90%
+    assert widths[0.005] > 2 * widths[0.05], widths
+    # the best at the grid's edge, or a diverged run, is never turned into a vertex
+    edge = best_lr(*_lr_sweep(5e-4, 0.05, 0.0, 1, rng))
+    assert not edge.interior and edge.lr == 1e-3
+    lrs, loss = _lr_sweep(true, 0.05, 0.0, 1, rng)
+    loss[3] = np.inf  # the run at 8e-3 diverged
+    assert best_lr(lrs, loss).grid_lr == 4e-3
+    assert grid_position(5.657e-3, LR_GRID) == pytest.approx(2.5, abs=1e-3)
 
 
 def test_sigmoid_recovery_and_two_step():

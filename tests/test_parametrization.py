@@ -64,7 +64,7 @@ def test_sp_model_and_optimizer_are_bit_identical_to_before(tied):
 def test_sp_run_ids_unchanged_and_mup_ids_distinct():
     base = {"model": {"preset": "debug"}, "data": {"seq_len": 64}}
     sp = build_run_config(base)
-    new = {"parametrization", "base_d_model", "base_num_layers", "base_head_dim"}
+    new = {"parametrization", "base_d_model", "base_num_layers", "base_head_dim", "base_d_ff"}
     assert set(identity_dict(sp)["model"]) == set(ModelConfig.__dataclass_fields__) - new  # the old fields
     mup = build_run_config(base, ["model.parametrization=mup", "model.base_d_model=32"])
     mup2 = build_run_config(base, ["model.parametrization=mup", "model.base_d_model=16"])
@@ -89,6 +89,27 @@ def test_mup_multipliers_init_and_lr_groups():
     for name, p in model.named_parameters():
         hidden = p.ndim == 2 and name.startswith("layers.")
         assert lr_of[id(p)] == pytest.approx(1e-3 if hidden else 4e-3), name
+
+
+def test_mup_w2_scales_with_its_own_fan_in_when_d_ff_is_not_in_proportion():
+    """A shape rule's d_ff need not grow with d_model (32 -> 128 wide: d_ff 96 -> 352, x3.67 not x4):
+    w2's init and LR follow its fan-in d_ff / base_d_ff; 0 keeps d_ff in proportion (x4)."""
+    cfg = _cfg(d_model=128, d_ff=352, parametrization="mup", base_d_model=32, base_head_dim=8, base_d_ff=96)
+    assert parametrization.lr_scale(cfg, "layers.0.feed_forward.w2.weight", 2) == pytest.approx(96 / 352)
+    assert parametrization.lr_scale(cfg, "layers.0.feed_forward.w1.weight", 2) == pytest.approx(1 / 4)
+    w2_std = 0.02 * math.sqrt(96 / 352) / math.sqrt(2 * 3)
+    assert parametrization.init_std(cfg, "layers.0.feed_forward.w2") == pytest.approx(w2_std)
+    model = build_model(cfg, seed=0)
+    opt = build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1), "cpu")
+    w2 = model.layers["1"].feed_forward.w2.weight
+    group = next(g for g in opt.param_groups if any(p is w2 for p in g["params"]))
+    assert group["lr"] == pytest.approx(1e-2 * 96 / 352) and group["weight_decay"] == pytest.approx(0.1 * 352 / 96)
+    in_proportion = _cfg(d_model=128, d_ff=352, parametrization="mup", base_d_model=32, base_head_dim=8)
+    assert parametrization.lr_scale(in_proportion, "layers.0.feed_forward.w2.weight", 2) == pytest.approx(1 / 4)
+    # base_d_ff left at 0 keeps the run ids mup runs had before the field existed
+    base = {"model": {"preset": "debug", "parametrization": "mup", "base_d_model": 32}, "data": {"seq_len": 64}}
+    assert "base_d_ff" not in identity_dict(build_run_config(base))["model"]
+    assert identity_dict(build_run_config(base, ["model.base_d_ff=96"]))["model"]["base_d_ff"] == 96
 
 
 def test_completep_depth_multiplier_and_base_equals_sp():
@@ -144,3 +165,39 @@ def test_completep_run_resumes_bit_exactly(tmp_path):
     train_run(cfg, tmp_path / "b", resume=True)
     a, b = (pl.read_parquet(tmp_path / r / "metrics.parquet") for r in ("a", "b"))
     assert a["loss"].to_list() == b["loss"].to_list() and len(a) == 30
+
+
+def _mup_groups(d_model: int, **kw):
+    cfg = _cfg(d_model=d_model, d_ff=2 * d_model, parametrization="mup", base_d_model=32, base_head_dim=8, **kw)
+    model = build_model(cfg, seed=0)
+    return model, build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1, eps=1e-8), "cpu")
+
+
+def test_mup_eps_follows_the_gradient_and_decay_per_step_is_width_independent():
+    """ε x 1/m (every gradient shrinks as 1/m); a decayed group's lr x wd equals the base's."""
+    model, opt = _mup_groups(128)  # width multiplier 4
+    group_of = {id(p): g for g in opt.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():
+        g = group_of[id(p)]
+        assert g["eps"] == pytest.approx(1e-8 / 4), name
+        hidden = p.ndim == 2 and name.startswith("layers.")
+        decayed = p.ndim == 2 and name != "tok_embeddings.weight"
+        assert g["weight_decay"] == pytest.approx(0.4 if hidden else 0.1 if decayed else 0.0), name
+    # one step with zero gradients only decays: a hidden weight shrinks by 1 - lr x wd at every width
+    for d_model in (32, 128):
+        model, opt = _mup_groups(d_model)
+        w = model.layers["0"].feed_forward.w1.weight
+        before = w.detach().clone()
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        torch.testing.assert_close(w.detach(), before * (1 - 1e-2 * 0.1), rtol=1e-6, atol=0)
+
+
+def test_completep_eps_inside_blocks_has_the_branch_factor():
+    cfg = _cfg(num_layers=4, d_model=128, d_ff=256, parametrization="completep", base_d_model=32, base_num_layers=2)
+    assert parametrization.eps_scale(cfg, "layers.3.attention.wq.weight") == pytest.approx(1 / 8)  # 1/m x 1/r
+    assert parametrization.eps_scale(cfg, "layers.0.ffn_norm.weight") == pytest.approx(1 / 8)
+    assert parametrization.eps_scale(cfg, "tok_embeddings.weight") == pytest.approx(1 / 4)
+    assert parametrization.eps_scale(cfg, "output.weight") == pytest.approx(1 / 4)
+    assert parametrization.eps_scale(_cfg(), "layers.0.attention.wq.weight") == 1.0  # sp

@@ -361,7 +361,10 @@ def _nearest_multiples(value: int, step: int) -> str:
 _NOT_IDENTITY = ("parallel", "logging", "profile")
 # The parametrization's model fields (added after run ids were first recorded): under sp they do
 # not change the numbers, so they are left out and existing stores keep their run ids.
-_NEUTRAL_MODEL_FIELDS = ("parametrization", "base_d_model", "base_num_layers", "base_head_dim")
+_NEUTRAL_MODEL_FIELDS = ("parametrization", "base_d_model", "base_num_layers", "base_head_dim", "base_d_ff")
+# Added after mup/completep run ids were recorded: left out at their default, which computes what
+# those runs computed, so their ids stay too.
+_ADDED_MODEL_DEFAULTS = {"base_d_ff": 0}
 
 
 def identity_dict(cfg: RunConfig) -> dict[str, Any]:
@@ -370,6 +373,10 @@ def identity_dict(cfg: RunConfig) -> dict[str, Any]:
     model = out["model"]
     if model.get("parametrization", "sp") == "sp":  # sp ignores the base shape
         out["model"] = {k: v for k, v in model.items() if k not in _NEUTRAL_MODEL_FIELDS}
+    else:
+        out["model"] = {
+            k: v for k, v in model.items() if k not in _ADDED_MODEL_DEFAULTS or v != _ADDED_MODEL_DEFAULTS[k]
+        }
     return out
 
 

@@ -13,11 +13,13 @@ width after the last step is the one number a test checks.
 
 Each (parametrization, depth, width) model is `model_cfg` with d_model = width (d_ff scaled in
 proportion, heads fixed so head_dim grows with width, as µP's 1/d_head assumes), num_layers =
-depth, and its base shape (base_d_model / base_num_layers / base_head_dim) the config's own unless
+depth, and its base shape (base_d_model / base_num_layers / base_head_dim / base_d_ff) the config's own unless
 it names one. All models see the same batches and train with AdamW at a constant LR (no warmup,
 no clipping: both would hide the scale of an update). After each step the RMS of every layer's
-output is measured on a fixed probe batch (the first batch), without gradients; each model is
-trained from `seeds` inits and the RMS is their geometric mean.
+output is measured on a fixed probe batch (by default the first batch; the CLI draws a larger one),
+without gradients; each model is trained from `seeds` inits and the RMS is their geometric mean.
+completep at its base depth is the mup model exactly (every depth multiplier is 1), so it is
+measured once and reported under both names.
 
 Layers: `embedding`, `block{i}.attn` / `block{i}.ffn` (the branch outputs, before the residual
 add and any branch multiplier), `block{i}` (the residual stream after block i), `logits`. Under
@@ -52,6 +54,7 @@ def scaled_config(cfg: ModelConfig, *, d_model: int, num_layers: int, parametriz
         base_d_model=cfg.base_d_model or cfg.d_model,
         base_num_layers=cfg.base_num_layers or cfg.num_layers,
         base_head_dim=cfg.base_head_dim or cfg.head_dim,
+        base_d_ff=cfg.base_d_ff or cfg.d_ff,
     )
 
 
@@ -74,12 +77,15 @@ def _layer_hooks(model) -> tuple[dict[str, float], list]:
     return rms, handles
 
 
-def measure(cfg: ModelConfig, batches: list[torch.Tensor], optim_cfg, *, seed: int) -> list[dict[str, float]]:
-    """RMS of every layer after each of len(batches) AdamW steps (one dict per step)."""
+def measure(
+    cfg: ModelConfig, batches: list[torch.Tensor], optim_cfg, *, seed: int, probe: torch.Tensor | None = None
+) -> list[dict[str, float]]:
+    """RMS of every layer on `probe` [B, T] (default: the first batch's inputs) after each of
+    len(batches) AdamW steps (one dict per step)."""
     model = build_model(cfg, seed=seed)
     opt = build_optimizer(model, optim_cfg, "cpu")
     set_lr(opt, optim_cfg.lr)
-    probe = batches[0][:, :-1]
+    probe = batches[0][:, :-1] if probe is None else probe
     rms, handles = _layer_hooks(model)
     out = []
     for batch in batches:
@@ -162,28 +168,35 @@ def coord_check(
     optim_cfg,
     parametrizations: list[str] | None = None,
     seeds: int = 3,
+    probe: torch.Tensor | None = None,
 ) -> CoordCheck:
     """Train every (parametrization, depth, width) for `steps` steps and measure (module docstring).
 
     batches: at least `steps` token batches [B, T + 1] (the first is also the probe batch).
     optim_cfg: an OptimConfig; its lr is the constant LR, grad_clip is ignored.
     seeds: inits per model (seed 0..seeds-1); RMS is their geometric mean. One init's RMS wanders by
-        ~±30% from width to width at these sizes; three bring the µP slopes to within ~0.05.
+        ~±30% from width to width at these sizes, which is what the slope of a few widths picks up.
+    probe: token ids [B, T] the RMS is measured on (default: the first batch's inputs).
     """
     depths = depths or [model_cfg.num_layers]
     parametrizations = parametrizations or [model_cfg.parametrization]
     if len(batches) < steps:
         raise ValueError(f"{len(batches)} batches for {steps} steps")
-    rms = {}
+    rms, measured = {}, {}
     for p in parametrizations:
         for d in depths:
             for w in widths:
                 cfg = scaled_config(model_cfg, d_model=w, num_layers=d, parametrization=p)
-                runs = [measure(cfg, batches[:steps], optim_cfg, seed=s) for s in range(seeds)]
-                rms[(p, d, w)] = [
-                    {k: math.exp(sum(math.log(r[t][k]) for r in runs) / seeds) for k in runs[0][t]}
-                    for t in range(steps)
-                ]
+                if p == "completep" and cfg.num_layers == cfg.base_num_layers:
+                    cfg = dataclasses.replace(cfg, parametrization="mup")  # the same model (docstring)
+                key = repr(cfg)  # ModelConfig is mutable, so not hashable
+                if key not in measured:
+                    runs = [measure(cfg, batches[:steps], optim_cfg, seed=s, probe=probe) for s in range(seeds)]
+                    measured[key] = [
+                        {k: math.exp(sum(math.log(r[t][k]) for r in runs) / seeds) for k in runs[0][t]}
+                        for t in range(steps)
+                    ]
+                rms[(p, d, w)] = measured[key]
     result = CoordCheck(widths=list(widths), depths=list(depths), steps=steps, lr=optim_cfg.lr, seeds=seeds, rms=rms)
     for p in parametrizations:
         for d in depths:

@@ -4,8 +4,10 @@ Excluding embeddings and norm gains from decay follows common LLM practice (nano
 2-D tensor; Llama-style recipes exclude embeddings too: a decayed embedding shrinks rare tokens).
 
 Under `model.parametrization: mup | completep` the groups are further split by the per-parameter
-LR factor of scalelab.models.parametrization (hidden matrices: 1 / width multiplier); each group
-keeps its factor as `lr_scale` and `set_lr` sets `lr = peak-schedule lr x lr_scale`. Groups are
+factors of scalelab.models.parametrization: the LR's (hidden matrices: 1 / width multiplier), each
+group keeping it as `lr_scale` so that `set_lr` sets `lr = peak-schedule lr x lr_scale`; ε's
+(`eps_scale`: the gradient's scale, 1 / width multiplier); and the weight decay's (1 / lr_scale, so
+a decayed group's lr x weight_decay, torch's decay per step, is the base's at every width). Groups are
 built from parameter names, which FSDP2 / TP / pipeline chunks keep as on one device, so the same
 parameter gets the same LR under every layout. Under `sp` the groups are exactly the two above.
 """
@@ -28,24 +30,29 @@ def model_config_of(model: torch.nn.Module) -> ModelConfig | None:
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float, model_cfg: ModelConfig | None = None) -> list[dict]:
-    """AdamW groups: (weight decay or not) x (LR factor of the parametrization)."""
+    """AdamW groups: (weight decay or not) x (LR factor, ε factor of the parametrization).
+
+    Under mup/completep each group carries `lr_scale` and `eps_scale`, and a decayed group's
+    weight_decay is already divided by its lr_scale (module docstring)."""
     model_cfg = model_cfg or model_config_of(model)
-    groups: dict[tuple[bool, float], list] = {}
+    groups: dict[tuple[bool, float, float], list] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         is_embedding = "tok_embeddings" in name
         decay = p.ndim >= 2 and not is_embedding
-        scale = parametrization.lr_scale(model_cfg, name, p.ndim) if model_cfg is not None else 1.0
-        groups.setdefault((decay, scale), []).append(p)
-    if all(scale == 1.0 for _, scale in groups):  # sp: the plain two groups, decay first
-        out = [{"params": groups.get((True, 1.0), []), "weight_decay": weight_decay}]
-        if (False, 1.0) in groups:
-            out.append({"params": groups[(False, 1.0)], "weight_decay": 0.0})
+        scales = (1.0, 1.0)
+        if model_cfg is not None:
+            scales = (parametrization.lr_scale(model_cfg, name, p.ndim), parametrization.eps_scale(model_cfg, name))
+        groups.setdefault((decay, *scales), []).append(p)
+    if all(key[1:] == (1.0, 1.0) for key in groups):  # sp: the plain two groups, decay first
+        out = [{"params": groups.get((True, 1.0, 1.0), []), "weight_decay": weight_decay}]
+        if (False, 1.0, 1.0) in groups:
+            out.append({"params": groups[(False, 1.0, 1.0)], "weight_decay": 0.0})
         return out
     return [
-        {"params": ps, "weight_decay": weight_decay if decay else 0.0, "lr_scale": scale}
-        for (decay, scale), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1]))
+        {"params": ps, "weight_decay": weight_decay / lr if decay else 0.0, "lr_scale": lr, "eps_scale": eps}
+        for (decay, lr, eps), ps in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1], kv[0][2]))
     ]
 
 
@@ -62,6 +69,7 @@ def build_optimizer(
     for g in groups:
         if "lr_scale" in g:
             g["lr"] = optim_cfg.lr * g["lr_scale"]
+            g["eps"] = optim_cfg.eps * g["eps_scale"]
     return torch.optim.AdamW(groups, **kwargs)
 
 
