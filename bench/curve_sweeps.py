@@ -55,7 +55,7 @@ from scalelab.errors import UsageError
 from scalelab.fitting.curves import fit_curves
 from scalelab.fitting.pipeline import fit_table
 from scalelab.sweeps import store
-from scalelab.sweeps.early_stop import STATUS, EarlyStopConfig, decide, runs_for_fit
+from scalelab.sweeps.early_stop import STATUS, EarlyStopConfig, decide, predict_from_prefix, runs_for_fit
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.run_curves import store_curves
 from scalelab.sweeps.spec import expand_sweep
@@ -132,14 +132,9 @@ def prefix_table(sweep: pathlib.Path, fraction: float = 0.3) -> None:
     pre = [c.prefix(fraction) for c in curves]
     errs: dict[str, dict[str, np.ndarray]] = {"others complete": {}, "all at 30%": {}}
     for law in LAWS:
-        loo = []
-        for i in range(len(curves)):
-            others = [c for j, c in enumerate(curves) if j != i]
-            cf = fit_curves([*others, pre[i]], law)
-            own = np.array([cf.predict_final(o) for o in others])
-            factor = np.exp(np.mean(np.log(finals[np.arange(len(curves)) != i] / own)))  # as early stopping does
-            loo.append(factor * cf.predict_final(curves[i]))
-        errs["others complete"][law] = (np.array(loo) - finals) / finals
+        others = [[c for j, c in enumerate(curves) if j != i] for i in range(len(curves))]
+        loo = [predict_from_prefix(pre[i], others[i], np.delete(finals, i), law)[0] for i in range(len(curves))]
+        errs["others complete"][law] = (np.array(loo) - finals) / finals  # as early stopping predicts
         cf = fit_curves([p for p in pre if p.steps.size], law)
         errs["all at 30%"][law] = (np.array([cf.predict_final(c) for c in curves]) - finals) / finals
     print(f"\n## 1. final validation loss from the first {fraction:.0%} of steps ({sweep})")
@@ -250,6 +245,8 @@ def early_stop_table(full: pathlib.Path, es: pathlib.Path, bootstrap: int) -> No
         print(f"early-stop checks with a fit: {len(checks)}, fitting time {sum(e['seconds'] for e in checks):.0f} s")
         err = np.array([e["predicted_loss"] / actual[e["run_id"]] - 1 for e in checks])
         cover = np.array([e["interval"][0] <= actual[e["run_id"]] <= e["interval"][1] for e in checks])
+        boot = [e.get("interval_bootstrap", e["interval"]) for e in checks]
+        cover_b = np.array([lo <= actual[e["run_id"]] <= hi for e, (lo, hi) in zip(checks, boot)])
         half = np.array([(e["interval"][1] - e["interval"][0]) / 2 / e["predicted_loss"] for e in checks])
         frac = np.array([e["fraction"] for e in checks])
         for lo, hi in ((0.3, 0.5), (0.5, 0.7), (0.7, 1.0)):
@@ -258,7 +255,8 @@ def early_stop_table(full: pathlib.Path, es: pathlib.Path, bootstrap: int) -> No
                 print(
                     f"  checks at {lo:.0%}-{hi:.0%} of a run: {int(m.sum()):>3}, |error| of the predicted final loss "
                     f"{100 * np.mean(np.abs(err[m])):.2f}% (max {100 * np.max(np.abs(err[m])):.2f}%), interval "
-                    f"half-width {100 * np.mean(half[m]):.2f}%, intervals covering the actual {cover[m].mean():.0%}"
+                    f"half-width {100 * np.mean(half[m]):.2f}%, intervals covering the actual {cover[m].mean():.0%} "
+                    f"(bootstrap alone {cover_b[m].mean():.0%})"
                 )
     rows = [
         _fit_row("full sweep (no early stopping)", runs_for_fit(full), bootstrap),
@@ -269,7 +267,8 @@ def early_stop_table(full: pathlib.Path, es: pathlib.Path, bootstrap: int) -> No
 
 
 def replay_checks(full: pathlib.Path) -> tuple[pl.DataFrame, dict[str, list]]:
-    """Early-stopping checks replayed on a finished sweep: (runs, {run_id: [(fraction, pred, lo, hi)]}).
+    """Early-stopping checks replayed on a finished sweep:
+    (runs, {run_id: [(fraction, pred, lo, hi, lo_bootstrap, hi_bootstrap, misspecification)]}).
 
     Each run is checked at its checkpoints (>= min_fraction, check_every apart) in the order the
     runs started, with the runs that had ended before it started as the finished ones. The checks
@@ -283,6 +282,7 @@ def replay_checks(full: pathlib.Path) -> tuple[pl.DataFrame, dict[str, list]]:
     end = {e["run_id"]: e["time"] for e in events if e["event"] == "end"}
     ckpt = ISO["base"]["checkpoint"]["interval_steps"]
     checks: dict[str, list] = {}
+    backtests: dict = {}
     for rid in sorted(start, key=start.get):
         c = by_id[rid]
         done = [r for r in end if end[r] < start[rid] and r in by_id]
@@ -293,10 +293,45 @@ def replay_checks(full: pathlib.Path) -> tuple[pl.DataFrame, dict[str, list]]:
             if frac < cfg.min_fraction or frac - last < cfg.check_every - 1e-9:
                 continue
             last = frac
-            d = decide(c.prefix(max_step=step), finished, losses, step, cfg)
+            d = decide(c.prefix(max_step=step), finished, losses, step, cfg, backtests)
             if math.isfinite(d.predicted_loss):
-                checks[rid].append((d.fraction, d.predicted_loss, *d.interval))
+                checks[rid].append(
+                    (d.fraction, d.predicted_loss, *d.interval, *d.interval_bootstrap, d.misspecification)
+                )
+                print(f"  replay {rid} at {d.fraction:.0%}: {d.reason} ({d.seconds:.0f} s)", flush=True)
     return runs, checks
+
+
+def coverage_table(runs: pl.DataFrame, checks: dict[str, list]) -> None:
+    """How often the replayed checks' 95% intervals cover the run's real final loss: the run
+    bootstrap alone, and with the backtested misspecification term (sweeps/early_stop.decide)."""
+    actual = dict(zip(runs["run_id"], runs["loss"]))
+    rows = [(r[0], r[1] / actual[rid] - 1, actual[rid], *r[1:]) for rid, rs in checks.items() for r in rs]
+    if not rows:
+        return
+    frac, err, act, pred, lo, hi, lo_b, hi_b, mis = (np.array(v, dtype=float) for v in zip(*rows))
+    print(
+        f"{'checks at':<12}{'n':>4}{'|error|':>9}{'bootstrap: cover':>18}{'half-width':>12}"
+        f"{'+ misspec.: cover':>19}{'half-width':>12}{'misspec. sd':>13}"
+    )
+    for a, b in ((0.3, 0.5), (0.5, 0.7), (0.7, 1.0), (0.3, 1.0)):
+        m = (frac >= a) & (frac < b)
+        if not m.any():
+            continue
+        print(
+            f"{f'{a:.0%}-{b:.0%}':<12}{int(m.sum()):>4}{100 * np.mean(np.abs(err[m])):>8.2f}%"
+            f"{_cover(m, act, lo_b, hi_b):>18.0%}{_half(m, pred, lo_b, hi_b):>11.2f}%"
+            f"{_cover(m, act, lo, hi):>19.0%}{_half(m, pred, lo, hi):>11.2f}%"
+            f"{100 * np.nanmean(mis[m]):>12.2f}%"
+        )
+
+
+def _cover(m: np.ndarray, act: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> float:
+    return float(np.mean((lo[m] <= act[m]) & (act[m] <= hi[m])))
+
+
+def _half(m: np.ndarray, pred: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> float:
+    return float(100 * np.mean((hi[m] - lo[m]) / 2 / pred[m]))
 
 
 def replay_stops(runs: pl.DataFrame, checks: dict[str, list], full: pathlib.Path, tolerance: float):
@@ -304,7 +339,7 @@ def replay_stops(runs: pl.DataFrame, checks: dict[str, list], full: pathlib.Path
     z = 1.959964
     frame, stops = runs_for_fit(full), []
     for rid, rows in checks.items():
-        for frac, pred, lo, hi in rows:
+        for frac, pred, lo, hi, *_ in rows:
             if (hi - lo) / 2 / pred > tolerance:
                 continue
             s = (math.log(hi) - math.log(lo)) / (2 * z)
@@ -337,6 +372,7 @@ def replay_table(full: pathlib.Path, tolerances: list[float], bootstrap: int, ca
         runs, checks = replay_checks(full)
         cache.write_text(json.dumps(checks))
     print(f"\nreplayed on {full} ({sum(map(len, checks.values()))} checks at checkpoints, >= 30% and 10% apart):")
+    coverage_table(runs, checks)
     rows = [_fit_row("no early stopping", runs_for_fit(full), bootstrap)]
     summary_rows = []
     for tol in tolerances:
