@@ -98,7 +98,8 @@ SCHEDULES = {
     "axes": {"schedule.name": ["constant", "wsd", "cosine"]},
     "execution": EXECUTION,
 }
-LAWS = ("lr_annealing", "lr_area", "chinchilla")
+LAWS = ("lr_annealing", "lr_annealing_sized", "lr_area", "chinchilla")
+SCHEDULE_LAWS = ("lr_annealing", "lr_area")  # tables 2 and 3: one size or a few (the size term is moot)
 
 
 def run_sweep(spec: dict, out: pathlib.Path) -> None:
@@ -130,18 +131,21 @@ def prefix_table(sweep: pathlib.Path, fraction: float = 0.3) -> None:
     runs, curves = store_curves(sweep, source="val")
     finals = np.array([c.final_loss for c in curves])
     pre = [c.prefix(fraction) for c in curves]
-    errs: dict[str, dict[str, np.ndarray]] = {"others complete": {}, "all at 30%": {}}
+    errs: dict[str, dict[str, np.ndarray]] = {"in-sample": {}, "others complete": {}, "all at 30%": {}}
     for law in LAWS:
+        cf = fit_curves(curves, law)  # every run complete: how well the law's shape can fit at all
+        errs["in-sample"][law] = np.array([cf.predict_final(c) for c in curves]) / finals - 1
         others = [[c for j, c in enumerate(curves) if j != i] for i in range(len(curves))]
         loo = [predict_from_prefix(pre[i], others[i], np.delete(finals, i), law)[0] for i in range(len(curves))]
         errs["others complete"][law] = (np.array(loo) - finals) / finals  # as early stopping predicts
         cf = fit_curves([p for p in pre if p.steps.size], law)
         errs["all at 30%"][law] = (np.array([cf.predict_final(c) for c in curves]) - finals) / finals
     print(f"\n## 1. final validation loss from the first {fraction:.0%} of steps ({sweep})")
-    head = "".join(f"{f'{law} ({s[:6]})':>24}" for s in errs for law in LAWS)
+    shown = ("in-sample", "others complete")
+    head = "".join(f"{f'{law[:18]} ({s[:6]})':>28}" for s in shown for law in LAWS)
     print(f"{'run':<13}{'N':>8}{'steps':>7}{'C':>9}{'final':>8}{head}")
     for i, (row, c) in enumerate(zip(runs.iter_rows(named=True), curves)):
-        cells = "".join(f"{pct(errs[s][law][i]):>24}" for s in errs for law in LAWS)
+        cells = "".join(f"{pct(errs[s][law][i]):>28}" for s in shown for law in LAWS)
         print(f"{c.run_id:<13}{c.params:>8.0f}{c.num_steps:>7}{row['flops']:>9.2g}{finals[i]:>8.4f}{cells}")
     for s, e in errs.items():
         print(f"{s:>16}: {summary(e)}")
@@ -157,12 +161,13 @@ def cooldown_table(sweep: pathlib.Path) -> None:
     by_id = dict(zip(runs["run_id"], curves))
     print(f"\n## 2. WSD cooldown branches predicted from the stable run alone ({sweep})")
     print(
-        f"{'branch':<13}{'N':>8}{'branch@':>8}{'steps':>7}{'observed':>10}" + "".join(f"{law:>16}" for law in LAWS[:2])
+        f"{'branch':<13}{'N':>8}{'branch@':>8}{'steps':>7}{'observed':>10}"
+        + "".join(f"{law:>16}" for law in SCHEDULE_LAWS)
     )
-    errs: dict[str, list[float]] = {law: [] for law in LAWS[:2]}
+    errs: dict[str, list[float]] = {law: [] for law in SCHEDULE_LAWS}
     for row in runs.filter(pl.col("cooldown") == "stable").iter_rows(named=True):
         stable = by_id[row["run_id"]]
-        fits = {law: fit_curves([stable], law) for law in LAWS[:2]}
+        fits = {law: fit_curves([stable], law) for law in SCHEDULE_LAWS}
         for b in runs.filter(pl.col("branch_of") == row["run_id"]).sort("tokens").iter_rows(named=True):
             c = by_id[b["run_id"]]
             cells = ""
@@ -183,9 +188,9 @@ def schedule_table(sweep: pathlib.Path) -> None:
     sources = {"constant only": pick(("constant",)), "constant + wsd": pick(("constant", "wsd"))}
     print(
         f"{'cosine run':<13}{'N':>8}{'steps':>7}{'observed':>10}"
-        + "".join(f"{f'{law} ({s})':>30}" for s in sources for law in LAWS[:2])
+        + "".join(f"{f'{law} ({s})':>30}" for s in sources for law in SCHEDULE_LAWS)
     )
-    fits = {(s, law): fit_curves(train, law) for s, train in sources.items() for law in LAWS[:2]}
+    fits = {(s, law): fit_curves(train, law) for s, train in sources.items() for law in SCHEDULE_LAWS}
     errs = {k: [] for k in fits}
     for c in cosine:
         cells = ""
