@@ -271,7 +271,7 @@ def early_stop_table(full: pathlib.Path, es: pathlib.Path, bootstrap: int) -> No
     _print_fits(rows, list(rows[0]["params"]), bootstrap)
 
 
-def replay_checks(full: pathlib.Path) -> tuple[pl.DataFrame, dict[str, list]]:
+def replay_checks(full: pathlib.Path, settings: dict | None = None) -> tuple[pl.DataFrame, dict[str, list]]:
     """Early-stopping checks replayed on a finished sweep:
     (runs, {run_id: [(fraction, pred, lo, hi, lo_bootstrap, hi_bootstrap, misspecification)]}).
 
@@ -279,7 +279,7 @@ def replay_checks(full: pathlib.Path) -> tuple[pl.DataFrame, dict[str, list]]:
     runs started, with the runs that had ended before it started as the finished ones. The checks
     do not depend on the tolerance, which only decides at which check a run stops.
     """
-    cfg = EarlyStopConfig(**{**EARLY_STOP, "tolerance": 1e-9})
+    cfg = EarlyStopConfig(**{**EARLY_STOP, **(settings or {}), "tolerance": 1e-9})
     runs, curves = store_curves(full, source="val")
     by_id = dict(zip(runs["run_id"], curves))
     events = store.read_events(full)
@@ -369,12 +369,14 @@ def replay_stops(runs: pl.DataFrame, checks: dict[str, list], full: pathlib.Path
     return frame, stops
 
 
-def replay_table(full: pathlib.Path, tolerances: list[float], bootstrap: int, cache: pathlib.Path) -> None:
+def replay_table(
+    full: pathlib.Path, tolerances: list[float], bootstrap: int, cache: pathlib.Path, settings: dict | None = None
+) -> None:
     total = float(store.load_runs(full)["flops"].sum())
     if cache.exists():  # the checks take minutes; the tolerances and fits below are cheap
         runs, checks = store_curves(full, source="val")[0], json.loads(cache.read_text())
     else:
-        runs, checks = replay_checks(full)
+        runs, checks = replay_checks(full, settings)
         cache.write_text(json.dumps(checks))
     print(f"\nreplayed on {full} ({sum(map(len, checks.values()))} checks at checkpoints, >= 30% and 10% apart):")
     coverage_table(runs, checks)
@@ -419,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-training", action="store_true", help="only analyse what the stores hold")
     parser.add_argument("--tolerances", type=float, nargs="+", default=[0.01, 0.02, 0.03, 0.05])
     parser.add_argument("--tables", default="1234", help="which tables to print (digits)")
+    parser.add_argument("--replay-boot", type=int, default=EARLY_STOP["n_boot"], help="refits per replayed check")
+    parser.add_argument("--replay-backtests", type=int, default=8, help="finished runs backtested per replayed check")
     args = parser.parse_args(argv)
     full, es = args.out / "full" / "iso", args.out / "early_stop" / "iso"
     wsd, sch = args.out / "full" / "wsd", args.out / "full" / "schedules"
@@ -434,8 +438,10 @@ def main(argv: list[str] | None = None) -> int:
     if "3" in args.tables:
         schedule_table(sch)
     if "4" in args.tables:
-        early_stop_table(full, es, args.bootstrap)
-        replay_table(full, args.tolerances, args.bootstrap, args.out / "replay_checks.json")
+        if es.exists():  # the live early-stopping sweep (skipped when it was not trained)
+            early_stop_table(full, es, args.bootstrap)
+        replay = {"n_boot": args.replay_boot, "backtest_runs": args.replay_backtests}
+        replay_table(full, args.tolerances, args.bootstrap, args.out / "replay_checks.json", replay)
     return 0
 
 
