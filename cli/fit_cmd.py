@@ -34,8 +34,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--law",
         default="chinchilla",
-        help="law form for approach 3 (default chinchilla); auto: chosen by backtest; lr_annealing, lr_area: "
-        "curve laws (need curves: a sweep directory or a table of logged steps)",
+        help="law form for approach 3 (default chinchilla); auto: chosen by backtest; lr_annealing, lr_area, "
+        "lr_annealing_sized: curve laws (need curves: a sweep directory or a table of logged steps)",
     )
     p.add_argument(
         "--stopped",

@@ -53,6 +53,7 @@ DECAYS = (0.9, 0.97, 0.99, 0.995, 0.999)  # momentum lambdas profiled for the an
 CURVE_INPUTS = ("params", "tokens", "flops", "s1", "s2")
 SIGMA_RUN = 0.005  # default seed-to-seed sd of log loss between runs (0.5%)
 EXPONENT_GRID = np.geomspace(0.02, 2.0, 24)  # alpha, beta values of the variable-projection grid
+GAMMA_GRID = np.linspace(-0.6, 0.9, 11)  # size exponents of the data term (lr_annealing_sized)
 TOP_STARTS = 6  # grid points that start the L-BFGS fit (per decay tried)
 
 
@@ -237,7 +238,7 @@ def curve_points(
 # ---------------------------------------------------------------------------------------------
 
 
-def _design(law: Law, x: dict[str, np.ndarray], alpha: float, beta: float) -> np.ndarray | None:
+def _design(law: Law, x: dict[str, np.ndarray], alpha: float, beta: float, gamma: float = 0.0) -> np.ndarray | None:
     """Columns multiplying the law's linear coefficients (in param order E, A, B[, C]), or None."""
     n_term = x["params"] ** -alpha
     if law.name == "chinchilla":
@@ -246,6 +247,9 @@ def _design(law: Law, x: dict[str, np.ndarray], alpha: float, beta: float) -> np
         return np.stack([np.ones_like(n_term), n_term, x["s1"] ** -beta], axis=1)
     if law.name == "lr_annealing":
         return np.stack([np.ones_like(n_term), n_term, x["s1"] ** -beta, -x["s2"]], axis=1)
+    if law.name == "lr_annealing_sized":
+        data = x["params"] ** gamma * x["s1"] ** -beta
+        return np.stack([np.ones_like(n_term), n_term, data, -x["s2"]], axis=1)
     return None
 
 
@@ -256,18 +260,20 @@ def varpro_starts(law: Law, x: dict[str, np.ndarray], loss: np.ndarray, weights:
         return None, math.inf
     scale = np.sqrt(weights) / loss
     b = loss * scale
+    gammas = GAMMA_GRID if "gamma" in law.param_names else (0.0,)
     found = []
     for alpha in EXPONENT_GRID:
         for beta in EXPONENT_GRID:
-            a_mat = _design(law, x, alpha, beta) * scale[:, None]
-            coef, rnorm = optimize.nnls(a_mat, b, maxiter=50 * a_mat.shape[1])
-            found.append((rnorm**2, alpha, beta, coef))
+            for gamma in gammas:
+                a_mat = _design(law, x, alpha, beta, gamma) * scale[:, None]
+                coef, rnorm = optimize.nnls(a_mat, b, maxiter=50 * a_mat.shape[1])
+                found.append((rnorm**2, alpha, beta, gamma, coef))
     found.sort(key=lambda t: t[0])
     lo, hi = (np.array(v) for v in zip(*law.fit_bounds))
     starts = []
-    for _sse, alpha, beta, coef in found[:k]:
+    for _sse, alpha, beta, gamma, coef in found[:k]:
         logs = np.log(np.maximum(coef, 1e-9))  # a zero coefficient starts near its floor
-        theta = np.concatenate([logs[:1], logs[1:3], logs[3:], [alpha, beta]])
+        theta = np.concatenate([logs, [alpha, beta], [gamma] if len(gammas) > 1 else []])
         starts.append(np.clip(theta, lo, hi))
     return np.array(starts), found[0][0]
 

@@ -426,6 +426,37 @@ class LRAnnealing(Law):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LRAnnealingSized(LRAnnealing):
+    """LRAnnealing whose data term's coefficient depends on the model size:
+
+        L(N, s) = E + A / N^alpha + B N^gamma / S1(s)^beta - C * S2(s)
+
+    Chinchilla's data term B / D^beta is the same for every size; Farseer (Li et al. 2025,
+    "Predictable Scale: Part II") lets its coefficient and exponent vary with N. This is the
+    one-parameter case of that: a power of N on B (gamma = 0 is lr_annealing). On the CPU IsoFLOP
+    sweeps (one peak LR for every size) the larger models gain less per token than the smaller
+    ones, which a common B cannot express (bench/curve_sweeps.py). Fitted in log space (g = gamma).
+    """
+
+    name: str = "lr_annealing_sized"
+    param_names: tuple[str, ...] = ("E", "A", "B", "C", "alpha", "beta", "gamma")
+    fit_names: tuple[str, ...] = ("e", "a", "b", "c", "alpha", "beta", "gamma")
+    fit_bounds: tuple[tuple[float, float], ...] = (*LRAnnealing.fit_bounds, (-1.5, 1.5))
+    log_fit: tuple[bool, ...] = (True, True, True, True, False, False, False)
+
+    def log_predict_fit(self, theta: torch.Tensor, x: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        e, a, b, c, alpha, beta, gamma = (theta[:, i : i + 1] for i in range(7))
+        log_n, log_s1 = torch.log(x["params"]), torch.log(x["s1"])
+        data = torch.exp(b + gamma * log_n - beta * log_s1)
+        total = torch.exp(e) + torch.exp(a - alpha * log_n) + data - torch.exp(c) * x["s2"]
+        return torch.log(total.clamp_min(1e-6))  # the floor: see LRAnnealing
+
+    def init_grid(self) -> np.ndarray:
+        base = LRAnnealing.init_grid(self)
+        return np.concatenate([np.column_stack([base, np.full(len(base), g)]) for g in (-0.3, 0.0, 0.3)])
+
+
+@dataclass(frozen=True, kw_only=True)
 class LRArea(Law):
     """The forward-area law: Chinchilla with D replaced by the LR area S1 (no annealing term),
 
@@ -467,8 +498,13 @@ _REGISTRY: dict[str, type[Law]] = {
     "data_constrained": DataConstrained,
     "lr_annealing": LRAnnealing,
     "lr_area": LRArea,
+    "lr_annealing_sized": LRAnnealingSized,
 }
-CURVE_LAWS = ("lr_annealing", "lr_area")  # laws of LR areas: fitted on loss curves (fitting/curves.py)
+CURVE_LAWS = (
+    "lr_annealing",
+    "lr_area",
+    "lr_annealing_sized",
+)  # laws of LR areas: fitted on loss curves (fitting/curves.py)
 
 
 def get_law(name: str | Law, **config: Any) -> Law:

@@ -191,8 +191,10 @@ def simulate_curve(
     noise_sigma: float = 0.005,
     run_sigma: float = 0.0,
     seed: int = 0,
+    law: str = "lr_annealing",
 ):
-    """One run's logged losses from the lr_annealing law (fitting/laws.LRAnnealing) with noise:
+    """One run's logged losses from a curve law (`law`: lr_annealing, fitting/laws.LRAnnealing, or
+    lr_annealing_sized) with noise:
 
         loss(step) = L(N, S1, S2) * exp(run_sigma * u + noise_sigma * z_step),   u, z ~ N(0, 1)
 
@@ -200,14 +202,14 @@ def simulate_curve(
     schedule (one LR per step). Returns a fitting.curves.RunCurve whose final_loss is the noisy
     loss at the last step.
     """
-    law = get_law("lr_annealing", decay=decay)
+    law = get_law(law, decay=decay)
     rng = np.random.default_rng(seed)
     steps = np.unique(np.r_[np.arange(log_every, len(lr) + 1, log_every), len(lr)])
     curve = RunCurve(
         run_id=run_id, params=params, lr=lr, steps=steps, loss=np.ones(steps.size), tokens_per_step=tokens_per_step
     )
     x = curve.inputs(steps, decay)
-    clean = law.predict(true_params, params=x["params"], s1=x["s1"], s2=x["s2"])
+    clean = law.predict(true_params, **{k: x[k] for k in law.inputs})
     curve.loss = clean * np.exp(run_sigma * rng.standard_normal() + noise_sigma * rng.standard_normal(steps.size))
     curve.final_loss = float(curve.loss[-1])
     return curve

@@ -73,6 +73,29 @@ def test_decide_stops_a_run_whose_final_loss_is_known():
     assert not strict.stop and "half-width" in strict.reason
 
 
+def test_misspecification_from_backtests_widens_the_interval():
+    """Finished runs whose recorded losses the law misses by ~3% (as on the CPU sweeps): the backtest
+    of the prefix prediction measures the miss and keeps the interval from claiming 1%."""
+    runs = [(2e4, 800), (5e4, 800), (1.2e5, 800), (2e4, 1600), (5e4, 1600)]
+    finished = [
+        simulate_curve(TRUE, run_id=f"r{i}", params=n, lr=_cosine(t), seed=i, noise_sigma=0.002, decay=0.99)
+        for i, (n, t) in enumerate(runs)
+    ]
+    miss = np.array([0.03, -0.03, 0.03, -0.03, 0.03])  # the law's error on each run's recorded loss
+    losses = np.array([c.final_loss for c in finished]) * np.exp(miss)
+    target = simulate_curve(TRUE, run_id="t", params=1.2e5, lr=_cosine(1600), seed=9, noise_sigma=0.002, decay=0.99)
+    step = int(0.4 * target.num_steps)
+    cache: dict = {}
+    honest = decide(target.prefix(max_step=step), finished, losses, step, EarlyStopConfig(n_boot=16), cache)
+    assert honest.n_backtest == len(finished) and 0.02 < honest.misspecification < 0.06, honest.reason
+    assert not honest.stop and honest.half_width > 0.04, honest.reason
+    lo_b, hi_b = honest.interval_bootstrap
+    assert honest.interval[0] < lo_b and honest.interval[1] > hi_b
+    assert len(cache) == 1  # a second check at the same fraction reuses the backtests
+    blind = decide(target.prefix(max_step=step), finished, losses, step, EarlyStopConfig(n_boot=16, backtest_runs=0))
+    assert blind.n_backtest == 0 and blind.half_width < 0.02
+
+
 def test_train_run_stops_at_a_checkpoint_with_records_flushed(tmp_path):
     cfg = build_run_config(RUN)
 

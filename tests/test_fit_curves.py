@@ -105,6 +105,31 @@ def test_curve_fit_recovers_the_law_and_its_momentum():
     assert cf.params["C"] == pytest.approx(TRUE["C"], rel=0.25)
 
 
+def test_sized_curve_law_recovers_a_size_dependent_data_term():
+    """A ladder whose larger models gain less per token (B N^gamma, gamma = 0.3): lr_annealing_sized
+    recovers gamma and the final losses; lr_annealing, whose B is the same for every size, cannot."""
+    true = {**TRUE, "B": 80.0 / 5e4**0.3, "gamma": 0.3}  # B N^gamma = 80 at N = 5e4
+    curves = [
+        simulate_curve(
+            true,
+            run_id=f"{n:.0e}-{t}",
+            params=n,
+            lr=schedule("cosine", t),
+            tokens_per_step=TPS,
+            decay=DECAY,
+            seed=k,
+            noise_sigma=0.003,
+            law="lr_annealing_sized",
+        )
+        for k, (n, t) in enumerate((n, t) for n in (2e4, 5e4, 1.2e5) for t in (400, 800, 1600))
+    ]
+    sized = fit_curves(curves, "lr_annealing_sized")
+    assert sized.params["gamma"] == pytest.approx(0.3, abs=0.1)
+    assert max(rel(sized.predict_final(c), c.final_loss) for c in curves) < 0.01
+    plain = fit_curves(curves, "lr_annealing")
+    assert max(rel(plain.predict_final(c), c.final_loss) for c in curves) > 0.015
+
+
 def test_final_loss_predicted_from_the_first_30_percent():
     curves = ladder()
     target = curves[-1]  # the largest size at the longest run

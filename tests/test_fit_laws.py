@@ -21,6 +21,7 @@ def test_registry_and_names():
         "data_constrained",
         "kaplan",
         "lr_annealing",
+        "lr_annealing_sized",
         "lr_area",
         "power_law",
         "power_law_no_e",
