@@ -58,17 +58,18 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
 def axis_group(lay: ParallelConfig, axis: str, hw: Hardware) -> tuple[int, int]:
     """(GPUs in one group of `axis`, nodes that group spans). Ranks are laid out tp innermost, then
-    cp, dp_shard, dp_replicate, pp; ep groups sit inside dp_shard × cp with stride tp. FSDP's group
-    (dp_shard × cp) spans what the dp_shard axis spans."""
+    cp, dp_shard, dp_replicate, pp; ep groups sit inside dp_shard × cp with stride tp; "fsdp" is
+    FSDP's group, dp_shard × cp with stride tp."""
     stride = {
         "tp": 1,
         "cp": lay.tp,
         "dp_shard": lay.tp * lay.cp,
         "ep": lay.tp,
+        "fsdp": lay.tp,
         "dp_replicate": lay.tp * lay.cp * lay.dp_shard,
     }
     stride["pp"] = stride["dp_replicate"] * lay.dp_replicate
-    size = getattr(lay, axis)
+    size = lay.dp_shard * lay.cp if axis == "fsdp" else getattr(lay, axis)
     nodes = min(size, max(1, math.ceil(size * stride[axis] / hw.gpus_per_node)))
     return size, nodes
 
@@ -167,11 +168,10 @@ def step_communication(
     dense, expert = layer_param_split(cfg, lay)
     embed = cfg.vocab_size * d * (1 if cfg.tied_embeddings else 2) / lay.tp
     fsdp_n = lay.dp_shard * lay.cp
-    window = [ov * block_bwd]  # backward compute per block left to hide the replicate all-reduce
+    dp_window = ov * block_bwd  # backward compute per block left to hide the replicate all-reduce
 
     if fsdp_n > 1:
-        size, nodes = axis_group(lay, "dp_shard", hw)
-        size = fsdp_n
+        size, nodes = axis_group(lay, "fsdp", hw)
         m = fsdp_n // lay.ep
         block = dense * (fsdp_n - 1) / fsdp_n + expert * (m - 1) / m  # elements one GPU receives
         root = embed * (fsdp_n - 1) / fsdp_n
@@ -191,7 +191,7 @@ def step_communication(
         bwd_block = (ag(block) if zero3 else 0.0) + rs(block)
         bwd = (ag(block) if zero3 else 0.0) + rs(block) + rs(root)  # the first gather, the last reduce-scatters
         bwd += (layers_rank - 1) * max(0.0, bwd_block - ov * bwd_c)
-        window = [max(0.0, ov * block_bwd - bwd_block)]
+        dp_window = max(0.0, ov * block_bwd - bwd_block)
         gathered = (2 if zero3 else 1) * layers_rank * block + root
         nbytes = passes * (gathered * act + (layers_rank * block + root) * 4)
         count = passes * (per_pass_units * 2 + (layers_rank if zero3 else 0))
@@ -207,7 +207,7 @@ def step_communication(
         ar_root = collective_time("all_reduce", nbytes * root_share, size, nodes, hw, consts)
         if overlap_grad_reduce:
             total = layers_rank * ar_block + ar_root
-            exposed = ar_block + ar_root + (layers_rank - 1) * max(0.0, ar_block - window[0])
+            exposed = ar_block + ar_root + (layers_rank - 1) * max(0.0, ar_block - dp_window)
             out.add("dp_replicate", nbytes, layers_rank + 1, total, exposed)
         else:  # one synchronous all-reduce of every gradient after backward
             total = collective_time("all_reduce", nbytes, size, nodes, hw, consts)

@@ -57,7 +57,7 @@ ERRORS = {
     "Llama 3 405B 16K GPUs 128K V=2": -0.27,
     "Llama 3 405B 8K GPUs V=8 (assumed)": 0.011,
     "Llama 3 405B 16K GPUs V=8 (assumed)": 0.002,
-    "Llama 3 405B 16K GPUs 128K V=8 (assumed)": -0.085,
+    "Llama 3 405B 16K GPUs 128K V=8 (assumed)": -0.086,
     "torchtitan 8B FSDP8 (500 W)": 0.535,
     "torchtitan 8B FSDP128 (500 W)": 0.324,
     "torchtitan 8B FSDP8 eager (500 W)": 0.776,

@@ -41,6 +41,8 @@ def test_groups_span_nodes_by_axis_order():
     assert axis_group(lay, "tp", HW) == (8, 1)
     assert axis_group(lay, "dp_shard", HW) == (4, 4)  # stride 8: one GPU per node
     assert axis_group(ParallelConfig(tp=2, dp_shard=8), "dp_shard", HW) == (8, 2)
+    # FSDP's group is dp_shard x cp: with tp 8, cp 16 and dp_shard 8 every member is on its own node
+    assert axis_group(ParallelConfig(tp=8, cp=16, dp_shard=8), "fsdp", HW) == (128, 128)
 
 
 def _comm(cfg, lay, *, mbs=1, seq=2048, micro=4, compute=10.0, hw=HW, consts=CONSTS, grad_bytes=1e9, overlap=True):
