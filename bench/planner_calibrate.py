@@ -6,6 +6,12 @@ no communication, so only `mfu` is identifiable) and reports the step-time error
 before (default constants) and after calibration. The CPU "peak" is a measured fp32 matmul rate.
 
     python bench/planner_calibrate.py [--steps 3]
+    python bench/planner_calibrate.py --gloo      # gloo's alpha-beta between two processes, seconds
+
+`--gloo` times fp32 all-reduces of 1 to 2**20 elements between two gloo processes (one thread each)
+and fits time = 2(n-1)·alpha + 2(n-1)/n·bytes / bandwidth by least squares on relative error: alpha is the planner's
+latency per ring step on this machine (`Hardware.intra_node_step_latency_s` for CPU runs;
+scalelab.train.profile_report.GLOO_STEP_LATENCY_S), bandwidth its bus bandwidth.
 """
 
 from __future__ import annotations
@@ -14,9 +20,14 @@ import argparse
 import statistics
 import time
 
+import numpy as np
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from scalelab.train.profiling import matmul_flops
+from scalelab.train.profiling import all_reduce_seconds, matmul_flops
+
+GLOO_SIZES = (1, 2**8, 2**12, 2**14, 2**16, 2**18, 2**20)  # fp32 elements per all-reduce
 
 
 def time_steps(cfg, lay, mbs: int, seq_len: int, sequences: int, steps: int) -> float:
@@ -40,10 +51,47 @@ def time_steps(cfg, lay, mbs: int, seq_len: int, sequences: int, steps: int) -> 
     return statistics.median(times[1:])
 
 
+def _gloo_rank(rank: int, world: int, port: int, out) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    times = [all_reduce_seconds(n, reps=20 if n < 2**16 else 5) for n in GLOO_SIZES]
+    if rank == 0:
+        out.put(times)
+    dist.destroy_process_group()
+
+
+def gloo_alpha_beta(world: int = 2, port: int = 29731) -> tuple[float, float, list[float]]:
+    """(alpha: seconds per ring step, bus bandwidth in bytes/s, the median times) between `world`
+    gloo processes on this machine."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_gloo_rank, args=(r, world, port, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    times = q.get(timeout=300)
+    for p in procs:
+        p.join()
+    steps = 2 * (world - 1)
+    wire = np.array([steps / world * n * 4 for n in GLOO_SIZES])  # bytes one rank sends
+    t = np.array(times)
+    # relative residuals: every size counts alike (absolute ones let the largest decide alpha)
+    a = np.stack([np.full(len(wire), float(steps)), wire], axis=1) / t[:, None]
+    (alpha, inv_bw), *_ = np.linalg.lstsq(a, np.ones(len(t)), rcond=None)
+    return float(alpha), float(1 / inv_bw), times
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--gloo", action="store_true", help="fit gloo's alpha-beta between two processes instead")
     args = ap.parse_args()
+    if args.gloo:
+        alpha, bw, times = gloo_alpha_beta()
+        print("fp32 all-reduce between 2 gloo processes (median seconds):")
+        for n, t in zip(GLOO_SIZES, times):
+            print(f"  {n * 4:>9} bytes  {t * 1e6:>9.1f} us")
+        print(f"alpha {alpha * 1e6:.1f} us per ring step; bus bandwidth {bw / 1e9:.2f} GB/s")
+        return 0
     torch.set_num_threads(1)
     from scalelab.models.presets import get_preset
     from scalelab.parallel.config import ParallelConfig

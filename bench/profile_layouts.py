@@ -21,10 +21,12 @@ import os
 import statistics
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from scalelab.parallel.planner import Hardware
 from scalelab.train.profile_report import (
+    GLOO_STEP_LATENCY_S,
     build_report,
     cpu_constants,
     cpu_hardware,
@@ -46,11 +48,15 @@ def _profile(layout: str, out: Path, steps: int, warmup: int) -> None:
 
 
 def shared_hardware(dirs: dict[str, Path]) -> Hardware:
+    """This machine for all five layouts: the single run's matmul rate, the two-rank runs' median gloo
+    bandwidth and per-step latency (GLOO_STEP_LATENCY_S where a run did not record it)."""
     single = load_rank_summaries(dirs["single"])[0]["hardware"]
-    bws = [s["hardware"]["bus_bytes_per_s"] for k, d in dirs.items() if k != "single" for s in load_rank_summaries(d)]
-    bw = statistics.median(bws)
-    return Hardware(gpu_memory_bytes=2**50, peak_flops=single["matmul_flops"], gpus_per_node=2,
-                    intra_node_bytes_per_s=bw, inter_node_bytes_per_s=bw)  # fmt: skip
+    pairs = [s["hardware"] for k, d in dirs.items() if k != "single" for s in load_rank_summaries(d)]
+    bw = statistics.median(h["bus_bytes_per_s"] for h in pairs)
+    alpha = statistics.median(h.get("step_latency_s", GLOO_STEP_LATENCY_S) for h in pairs)
+    return replace(cpu_hardware(load_rank_summaries(dirs["dp2"])), peak_flops=single["matmul_flops"],
+                   intra_node_bytes_per_s=bw, inter_node_bytes_per_s=bw,
+                   intra_node_step_latency_s=alpha, inter_node_step_latency_s=alpha)  # fmt: skip
 
 
 def main() -> int:
@@ -68,7 +74,8 @@ def main() -> int:
     hw = shared_hardware(dirs)
     consts = cpu_constants(hw, [dirs["single"]])
     print(f"hardware: matmul {hw.peak_flops / 1e9:.1f} GFLOP/s (1 thread), gloo all-reduce bus bandwidth "
-          f"{hw.intra_node_bytes_per_s / 1e9:.2f} GB/s; calibrated mfu {consts.mfu:.3f} (on single)")  # fmt: skip
+          f"{hw.intra_node_bytes_per_s / 1e9:.2f} GB/s, {hw.intra_node_step_latency_s * 1e6:.0f} us per ring step; "
+          f"calibrated mfu {consts.mfu:.3f} (on single)")  # fmt: skip
     reports = {lay: build_report(d, hw, consts) for lay, d in dirs.items()}
     head = ["layout", "step (unprofiled)", "step (profiled)", *CATEGORIES, "comm total"]
     head += ["planner step", "planner compute", "planner comm exposed", "planner bubble", "planner step (run's rates)"]

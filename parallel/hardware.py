@@ -13,8 +13,15 @@ published cluster results):
     per node = 25 GB/s; H100 at Meta and most H100 clusters: 400 Gb/s NDR / RoCE = 50 GB/s).
   - comm_efficiency 0.8: NCCL's bus bandwidth at large messages is ~75-90% of the link rate
     (nccl-tests on DGX systems, from memory, not measured here); the middle of that range.
-  - fsdp_overlap 0.9: FSDP2 prefetches the next unit's all-gather and overlaps the reduce-scatter
-    with the previous unit's backward; the first all-gather and last reduce-scatter are exposed.
+  - collective_latency_s 8.4 us, intra_node_step_latency_s 3.4 us, inter_node_step_latency_s 14 us:
+    NCCL's own cost model for large messages (NVIDIA/nccl src/graph/tuning.cc @ b6475625, Ring /
+    Simple protocol: baseLat 8.4, hwLat NVLink 3.4, NET 14 microseconds); the same table serves
+    A100 and H100, as it does in NCCL. Each collective costs the base plus a latency per ring
+    step (planner_time).
+  - fsdp_overlap 0.9: a prefetched FSDP all-gather / reduce-scatter or a DDP/HSDP per-unit
+    all-reduce hides behind at most 0.9 of one unit's compute (the rest of the unit's time goes to
+    the kernels competing for memory bandwidth and SMs); the first all-gather and the last
+    reduce-scatter/all-reduce are exposed (planner_time). Not fitted.
   - mfu (the fraction of peak the step's FLOPs run at when nothing waits on communication): ONE
     value per GPU type, 0.60 (A100) and 0.55 (H100, whose sustained clock under load sits below
     the boost clock its datasheet peak assumes). mfu and comm_efficiency were set once for all
@@ -33,6 +40,9 @@ A100_80GB = Hardware(
     gpus_per_node=8,
     intra_node_bytes_per_s=300e9,
     inter_node_bytes_per_s=25e9,
+    collective_latency_s=8.4e-6,
+    intra_node_step_latency_s=3.4e-6,
+    inter_node_step_latency_s=14e-6,
 )
 H100_SXM = Hardware(
     gpu_memory_bytes=80 * GIB,
@@ -40,6 +50,9 @@ H100_SXM = Hardware(
     gpus_per_node=8,
     intra_node_bytes_per_s=450e9,
     inter_node_bytes_per_s=50e9,
+    collective_latency_s=8.4e-6,
+    intra_node_step_latency_s=3.4e-6,
+    inter_node_step_latency_s=14e-6,
 )
 
 # mfu per GPU type; comm_efficiency, fsdp_overlap and overhead shared by both (see the docstring)

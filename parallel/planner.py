@@ -21,14 +21,14 @@ NCCL). A layout fits when the total ≤ gpu_memory_bytes.
 
 Step time: compute = exact causal training FLOPs (+ one forward of the matmuls under full AC,
 +2% under selective) / (peak × mfu), × (1 + pipeline bubble (pp-1)/(micro-batches × v), v = model
-chunks per rank: 2 for interleaved 1F1B and zero-bubble V, else 1); plus exposed
-communication: FSDP all-gathers (forward and backward, bf16) and reduce-scatters (fp32) per
-micro-batch, minus what overlaps compute (`fsdp_overlap` × compute); HSDP all-reduce (shrunk by
-`parallel.grad_compression`: `grad_compression_fraction`); TP/SP 4
-activation collectives per block per micro-batch (6 with full AC; MoE blocks: `tp_units`); CP K/V all-gather +
-reduce-scatter (or ring hops) per block; EP 4 all-to-alls per MoE block; PP activations per stage
-boundary. A collective's bandwidth is the intra-node one when its group fits in a node (axes are
-laid out tp innermost, then cp, dp_shard, dp_replicate, pp), else the inter-node one, × comm_efficiency.
+chunks per rank: 2 for interleaved 1F1B and zero-bubble V, else 1); plus the exposed part of each
+axis's communication (`planner_time`): every collective an alpha-beta cost (NCCL's latency per
+collective and per ring step, bytes over the link's bandwidth × comm_efficiency; intra-node when the
+group fits in a node, axes laid out tp innermost, then cp, dp_shard, dp_replicate, pp), counted per
+block, unit and micro-batch as the layout issues them; FSDP's prefetched gathers and
+reduce-scatters and DDP/HSDP's per-unit all-reduces hide behind at most `fsdp_overlap` × one unit's
+compute, the first and last exposed; TP, CP, EP and PP collectives are exposed. The replicate
+all-reduce is shrunk by `parallel.grad_compression` (`grad_compression_fraction`).
 Every number is an estimate from these constants; `calibrate` refits them from measured runs.
 """
 
@@ -52,11 +52,11 @@ from scalelab.parallel.layouts import layout_name
 from scalelab.parallel.planner_memory import (
     activation_bytes,
     layer_param_count,
-    layer_param_split,
     local_shape,
     param_shapes,
     state_bytes,
 )
+from scalelab.parallel.planner_time import step_communication
 
 GIB = 2**30
 AC_CHOICES = ("none", "selective", "full")
@@ -69,6 +69,13 @@ class Hardware:
     gpus_per_node: int = 8
     intra_node_bytes_per_s: float = 450e9  # NVLink, per GPU, one direction
     inter_node_bytes_per_s: float = 50e9  # 400 Gb/s InfiniBand per GPU
+    # per-collective latency (planner_time's alpha-beta model), NCCL's own figures for large messages
+    # (src/graph/tuning.cc, Ring/Simple): a base per collective and a latency per ring step by link
+    collective_latency_s: float = 8.4e-6
+    intra_node_step_latency_s: float = 3.4e-6  # NVLink
+    inter_node_step_latency_s: float = 14e-6  # network (InfiniBand / RoCE)
+    compute_dtype_bytes: int = 2  # activations and gathered parameters on the wire: bf16 (CPU runs fp32: 4)
+    host_runs_ahead: bool = True  # the host queues work ahead of the device, so FSDP prefetches forward (not on CPU)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -77,7 +84,7 @@ class CostConstants:
 
     mfu: float = 0.45  # fraction of peak FLOPs the matmuls reach
     comm_efficiency: float = 0.7  # fraction of link bandwidth collectives reach
-    fsdp_overlap: float = 0.9  # FSDP communication hidden behind this fraction of compute time
+    fsdp_overlap: float = 0.9  # a prefetched FSDP/DDP collective hides behind this fraction of one unit's compute
     activation_scale: float = 1.0  # measured / formula activation bytes
     overhead_bytes: float = 3.0 * GIB  # CUDA context, allocator fragmentation, NCCL buffers
 
@@ -174,25 +181,6 @@ def _buildable(lay: ParallelConfig, cfg) -> bool:
     return True
 
 
-def tp_units(cfg, lay: ParallelConfig) -> float:
-    """TP traffic of one block per micro-batch, in units of (tp-1)/tp × tokens × d_model elements
-    (an all-gather or reduce-scatter of the block's activations is 1 unit, an all-reduce 2).
-
-    Dense block: attention and MLP each one all-reduce forward and one backward (or AG + RS under
-    SP): 8 units, 12 under full AC (forward replayed). MoE block (scalelab.parallel.expert_parallel):
-    attention as dense; the routed experts all-reduce their k output rows per token forward and the
-    rows' input gradients backward (2k + 2k), shared experts one all-reduce each way (2 + 2), and
-    under SP the block's input all-gather forward and the output-gradient all-gather backward (1 + 1).
-    """
-    replay = lay.activation_checkpoint == "full"
-    if cfg.family != "moe":
-        return 12.0 if replay else 8.0
-    k, shared, sp = cfg.num_experts_per_tok, 2.0 if cfg.num_shared_experts else 0.0, float(lay.sequence_parallel)
-    forward = 2.0 + 2 * k + shared + sp  # attention all-reduce + the MoE block's forward collectives
-    backward = 2.0 + 2 * k + shared + sp
-    return forward * (2 if replay else 1) + backward
-
-
 def grad_compression_fraction(cfg, lay: ParallelConfig) -> float:
     """Bytes of the replicate all-reduce under `lay.grad_compression` / uncompressed fp32 bytes.
 
@@ -218,24 +206,6 @@ def grad_compression_fraction(cfg, lay: ParallelConfig) -> float:
     return sent / total if total else 1.0
 
 
-def _axis_bandwidth(lay: ParallelConfig, axis: str, hw: Hardware, consts: CostConstants) -> float:
-    """Bytes/s of one GPU in a collective over `axis` (intra-node when the group fits in a node)."""
-    # stride of each axis in the rank order (tp innermost, then cp, dp_shard, dp_replicate, pp)
-    inner = {
-        "tp": 1,
-        "cp": lay.tp,
-        "dp_shard": lay.tp * lay.cp,
-        "ep": lay.tp,
-        "dp_replicate": lay.tp * lay.cp * lay.dp_shard,
-    }
-    inner["pp"] = inner["dp_replicate"] * lay.dp_replicate
-    # FSDP's group is dp_shard x cp: stride tp, span tp*cp*dp_shard, the same as the dp_shard axis
-    size = getattr(lay, axis)
-    span = inner[axis] * size
-    bw = hw.intra_node_bytes_per_s if span <= hw.gpus_per_node else hw.inter_node_bytes_per_s
-    return bw * consts.comm_efficiency
-
-
 def estimate(
     cfg,
     lay: ParallelConfig,
@@ -246,16 +216,18 @@ def estimate(
     hw: Hardware,
     consts: CostConstants,
     virtual_stages: int | None = None,
+    overlap_grad_reduce: bool = True,
 ) -> Plan:
     """Memory, communication and step time of one layout (see the module docstring).
 
     virtual_stages: model chunks per pipeline rank for the bubble (default: the schedule's, 2 for
-    interleaved 1F1B); other frameworks' interleaved schedules take more (Llama 3's V)."""
+    interleaved 1F1B); other frameworks' interleaved schedules take more (Llama 3's V).
+    overlap_grad_reduce: False for frameworks whose DDP all-reduces every gradient in one call after
+    backward (Megatron-LM before its `overlap_grad_reduce` option); scalelab's DDP/HSDP overlaps."""
     mbs = micro_batch_sequences
     tokens_step = global_batch_sequences * seq_len
     local_sequences = global_batch_sequences // lay.dp_size
     num_micro = local_sequences // mbs
-    tokens_micro = mbs * seq_len / lay.cp  # per GPU per micro-batch
     # --- memory
     state = state_bytes(cfg, lay, seq_len=seq_len)
     saved, transient = activation_bytes(cfg, lay, seq_len, micro_batch_sequences=mbs, kernels="fused", act=2)
@@ -285,50 +257,22 @@ def estimate(
     # shrink each slot v-fold (Narayanan et al. 2021, §2.2.2)
     v = virtual_stages or stages_per_rank(lay.pp_schedule)
     bubble = compute * (lay.pp - 1) / (num_micro * v) if lay.pp > 1 else 0.0
-    # --- communication (bytes per GPU per step)
-    comm: dict[str, float] = {}
-    times: dict[str, float] = {}
-    layers = cfg.num_layers / lay.pp
-    d = cfg.d_model
-    fsdp_n = lay.dp_shard * lay.cp
-    if fsdp_n > 1:
-        # elements a rank receives in one all-gather of its stage: dense block parameters are
-        # sharded over dp_shard×cp, experts (already split by ep) over dp_shard×cp/ep only
-        dense, expert = layer_param_split(cfg, lay)
-        layers_rank = math.ceil(cfg.num_layers / lay.pp)
-        embed = cfg.vocab_size * d * (1 if cfg.tied_embeddings else 2) / lay.tp
-        m = fsdp_n // lay.ep
-        stage = layers_rank * (dense * (fsdp_n - 1) / fsdp_n + expert * (m - 1) / m) + embed * (fsdp_n - 1) / fsdp_n
-        passes = num_micro if lay.pp == 1 else 1
-        gather = (2 if lay.fsdp_reshard_after_forward else 1) * stage * 2  # bf16, forward (+ backward under ZeRO-3)
-        reduce = stage * 4  # fp32 reduce-scatter
-        comm["fsdp"] = passes * (gather + reduce)
-        times["fsdp"] = comm["fsdp"] / _axis_bandwidth(lay, "dp_shard", hw, consts)
-    if lay.dp_replicate > 1:
-        r = lay.dp_replicate
-        comm["dp_replicate"] = 2 * (r - 1) / r * state.grad_bytes * grad_compression_fraction(cfg, lay)
-        times["dp_replicate"] = comm["dp_replicate"] / _axis_bandwidth(lay, "dp_replicate", hw, consts)
-    if lay.tp > 1:
-        per = tp_units(cfg, lay) * (lay.tp - 1) / lay.tp * tokens_micro * d * 2
-        comm["tp"] = per * layers * num_micro
-        times["tp"] = comm["tp"] / _axis_bandwidth(lay, "tp", hw, consts)
-    if lay.cp > 1:
-        kv = 2 * cfg.num_kv_heads / lay.tp * cfg.head_dim * 2  # bytes of K and V per token (bf16)
-        per = 2 * (lay.cp - 1) / lay.cp * mbs * seq_len * kv  # AG + RS
-        if lay.cp_variant == "ring":  # K/V hops forward and again backward, fp32 dK/dV for cp hops
-            per = (2 * (lay.cp - 1) + 2 * lay.cp) / lay.cp * mbs * seq_len * kv
-        comm["cp"] = per * layers * num_micro
-        times["cp"] = comm["cp"] / _axis_bandwidth(lay, "cp", hw, consts)
-    if lay.ep > 1 and cfg.family == "moe":
-        per = 4 * (lay.ep - 1) / lay.ep * cfg.num_experts_per_tok * tokens_micro * d * 2
-        comm["ep"] = per * layers * num_micro
-        times["ep"] = comm["ep"] / _axis_bandwidth(lay, "ep", hw, consts)
-    if lay.pp > 1:
-        comm["pp"] = 2 * tokens_micro * d * 2 * num_micro * (2 if lay.pp_schedule != "1f1b" else 1)
-        times["pp"] = comm["pp"] / _axis_bandwidth(lay, "pp", hw, consts)
-    exposed = {k: v for k, v in times.items()}
-    if "fsdp" in exposed:
-        exposed["fsdp"] = max(0.0, times["fsdp"] - consts.fsdp_overlap * compute)
+    # --- communication: alpha-beta collectives, minus what overlaps compute (scalelab.parallel.planner_time)
+    comm = step_communication(
+        cfg,
+        lay,
+        micro_batch_sequences=mbs,
+        seq_len=seq_len,
+        num_micro=num_micro,
+        compute_s=compute,
+        forward_share=(model_flops / 3) / hw_flops,
+        replicate_grad_bytes=state.grad_bytes * grad_compression_fraction(cfg, lay),
+        virtual_stages=v,
+        overlap_grad_reduce=overlap_grad_reduce,
+        hw=hw,
+        consts=consts,
+    )
+    exposed = comm.exposed_s
     step = compute + bubble + sum(exposed.values())
     time_parts = {"compute": compute, "bubble": bubble} | {f"comm_{k}": v for k, v in exposed.items()}
     return Plan(
@@ -339,7 +283,7 @@ def estimate(
         tokens_per_s_per_gpu=tokens_step / step / lay.world_size,
         mfu=model_flops / lay.world_size / hw.peak_flops / step,
         memory=memory,
-        comm_bytes=comm,
+        comm_bytes=comm.bytes,
         time_parts=time_parts,
     )
 

@@ -72,6 +72,7 @@ class PublishedRow:
     schedules: tuple[str, ...] = ("1f1b", "interleaved-1f1b")  # with pp > 1, those the source allows
     virtual_stages: int | None = None  # chunks per pipeline rank when the source's schedule has more than 2
     zero2: bool = False  # FSDP keeps parameters gathered from forward to backward
+    overlap_grad_reduce: bool = True  # False: the source's DDP all-reduces once, after backward
     any_microbatch_count: bool = False  # the source's schedule runs fewer micro-batches than stages
     metric: str = "tokens_per_s_per_gpu"  # megatron_tflops | mfu | tokens_per_s_per_gpu
     published: float = 0.0
@@ -96,6 +97,7 @@ def _megatron(params_b, heads, h, layers, t, p, n, batch, tflops, verified=_MEG_
         pp=p,
         dp_replicate=n // (t * p),
         activation_checkpoint="full",  # the paper recomputes every layer (Eq. 3's factor 96 = 4 passes)
+        overlap_grad_reduce=False,  # Megatron-LM's DDP gained bucketed overlap only later (docs/planner-at-scale.md)
         metric="megatron_tflops",
         published=tflops,
     )
@@ -320,6 +322,7 @@ def predict_published(row: PublishedRow, hw=None, consts=None) -> tuple[Plan, fl
             hw=hw,
             consts=consts,
             virtual_stages=row.virtual_stages,
+            overlap_grad_reduce=row.overlap_grad_reduce,
         )
         for lay, mbs in published_layouts(row)
     ]

@@ -43,26 +43,26 @@ INPUTS = {
 # predicted / published - 1 with hardware.GPU_TYPES (the table in docs/planner-at-scale.md)
 ERRORS = {
     "GPT 1.7B": 0.135,
-    "GPT 3.6B": 0.069,
-    "GPT 7.5B": -0.027,
-    "GPT 18.4B": 0.056,
-    "GPT 39.1B": 0.076,
-    "GPT 76.1B": 0.066,
-    "GPT 145.6B": 0.034,
-    "GPT 310.1B": -0.005,
-    "GPT 529.6B": -0.067,
-    "GPT 1008.0B": -0.069,
-    "Llama 3 405B 8K GPUs V=2": -0.126,
-    "Llama 3 405B 16K GPUs V=2": -0.210,
-    "Llama 3 405B 16K GPUs 128K V=2": -0.276,
-    "Llama 3 405B 8K GPUs V=8 (assumed)": -0.006,
-    "Llama 3 405B 16K GPUs V=8 (assumed)": -0.003,
-    "Llama 3 405B 16K GPUs 128K V=8 (assumed)": -0.083,
-    "torchtitan 8B FSDP8 (500 W)": 0.554,
-    "torchtitan 8B FSDP128 (500 W)": 0.436,
-    "torchtitan 8B FSDP8 eager (500 W)": 0.798,
-    "torchtitan 8B FSDP64 A100": -0.188,
-    "torchtitan 70B FSDP64 A100": -0.185,
+    "GPT 3.6B": 0.068,
+    "GPT 7.5B": -0.029,
+    "GPT 18.4B": 0.054,
+    "GPT 39.1B": 0.067,
+    "GPT 76.1B": 0.072,
+    "GPT 145.6B": 0.055,
+    "GPT 310.1B": 0.032,
+    "GPT 529.6B": -0.002,
+    "GPT 1008.0B": 0.013,
+    "Llama 3 405B 8K GPUs V=2": -0.09,
+    "Llama 3 405B 16K GPUs V=2": -0.19,
+    "Llama 3 405B 16K GPUs 128K V=2": -0.27,
+    "Llama 3 405B 8K GPUs V=8 (assumed)": 0.011,
+    "Llama 3 405B 16K GPUs V=8 (assumed)": 0.002,
+    "Llama 3 405B 16K GPUs 128K V=8 (assumed)": -0.086,
+    "torchtitan 8B FSDP8 (500 W)": 0.535,
+    "torchtitan 8B FSDP128 (500 W)": 0.324,
+    "torchtitan 8B FSDP8 eager (500 W)": 0.776,
+    "torchtitan 8B FSDP64 A100": -0.185,
+    "torchtitan 70B FSDP64 A100": -0.189,
 }
 GOAL_MISSES = {  # in the goal, outside 15%: the reasons are in docs/planner-at-scale.md
     "Llama 3 405B 16K GPUs V=2",
@@ -95,6 +95,12 @@ def test_constants_are_the_datasheet_ones():
     h100, _ = GPU_TYPES["H100-SXM"]
     assert (a100.peak_flops, a100.intra_node_bytes_per_s, a100.inter_node_bytes_per_s) == (312e12, 300e9, 25e9)
     assert (h100.peak_flops, h100.intra_node_bytes_per_s, h100.inter_node_bytes_per_s) == (989e12, 450e9, 50e9)
+    for hw in (a100, h100):  # NCCL's Ring/Simple latencies (src/graph/tuning.cc): base, NVLink step, network step
+        assert (hw.collective_latency_s, hw.intra_node_step_latency_s, hw.inter_node_step_latency_s) == (
+            8.4e-6,
+            3.4e-6,
+            14e-6,
+        )
 
 
 def test_megatron_flop_formula():

@@ -140,10 +140,15 @@ def test_dp2_profile_reports_all_reduce_per_rank_beside_the_planner(dp2_profile,
         assert rank["exposed_by_collective"]["all_reduce"] <= rank["comm_by_collective"]["all_reduce"] + 1e-9
         assert sum(rank["times"].values()) == pytest.approx(rank["step_s"], rel=1e-9)
     for rank_dir in sorted((out / "profile").glob("rank*")):
-        for step in json.loads((rank_dir / "summary.json").read_text())["steps"]:
+        summary = json.loads((rank_dir / "summary.json").read_text())
+        for step in summary["steps"]:
             _check_partition(step)
+        # the ranks measured gloo's per-step latency (the planner's alpha on CPU): microseconds to ms
+        assert 1e-6 < summary["hardware"]["step_latency_s"] < 0.1
     planner = report["planner"]
     assert planner["comm_bytes"]["dp_replicate"] > 0 and planner["step_s"] > 0
+    # DDP's per-block all-reduces hide behind backward except the last block's and the root's
+    assert 0 < planner["comm_exposed_by_axis"]["dp_replicate"]
     assert planner["memory"]["params"] == report["ranks"][0]["memory"]["params"]  # exact on both sides
     assert (out / "profile" / "profile.png").stat().st_size > 0
     text = (out / "profile" / "report.md").read_text()

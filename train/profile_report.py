@@ -15,8 +15,8 @@ recording every op and allocation slows a step down.
 On CPU the planner's hardware is this machine as the ranks measured it just before profiling:
 `peak_flops` a one-thread fp32 matmul rate, the link bandwidth gloo's all-reduce bus bandwidth
 between the job's own processes (comm_efficiency 1: the measurement already is what collectives
-reach). The planner counts
-communicated bytes in bf16; CPU runs communicate fp32, so its CPU communication times are low by 2x.
+reach), gloo's latency per ring step (a one-element all-reduce), fp32 on the wire, and no forward
+prefetch of FSDP's all-gathers (CPU ops run on the calling thread, so nothing queues ahead).
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ from scalelab.parallel.planner_memory import activation_bytes, layer_param_count
 from scalelab.train.trace_analysis import CATEGORIES
 
 MIB = 2**20
+# gloo's latency per ring step between two processes on this machine, for summaries recorded before
+# the ranks measured it (bench/planner_calibrate.py --gloo: the intercept of all-reduce time vs bytes)
+GLOO_STEP_LATENCY_S = 1.6e-4  # 117, 162, 196 us in three fits at 11:45 UTC (load average ~13): the median
 MEMORY = ("params", "grads", "optimizer", "activations", "peak")
 
 
@@ -61,12 +64,18 @@ def cpu_hardware(summaries: list[dict]) -> Hardware:
     measured = [s.get("hardware") or {} for s in summaries]
     peak = min((m["matmul_flops"] for m in measured if m.get("matmul_flops")), default=Hardware().peak_flops)
     bw = min((m["bus_bytes_per_s"] for m in measured if m.get("bus_bytes_per_s")), default=1e9)
+    alpha = max((m["step_latency_s"] for m in measured if m.get("step_latency_s")), default=GLOO_STEP_LATENCY_S)
     return Hardware(
         gpu_memory_bytes=2**50,
         peak_flops=peak,
         gpus_per_node=max(len(summaries), 1),
         intra_node_bytes_per_s=bw,
         inter_node_bytes_per_s=bw,
+        collective_latency_s=0.0,  # gloo's whole small-message cost is in the per-step figure
+        intra_node_step_latency_s=alpha,
+        inter_node_step_latency_s=alpha,
+        compute_dtype_bytes=4,  # fp32 activations and parameters on the wire
+        host_runs_ahead=False,  # ops run on the calling thread: FSDP's forward gathers wait
     )
 
 

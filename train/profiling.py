@@ -57,26 +57,40 @@ def matmul_flops(n: int = 512, reps: int = 10) -> float:
     return 2 * n**3 * reps / (time.perf_counter() - t0)
 
 
-def bus_bandwidth(numel: int = 2**18, reps: int = 5) -> float:
-    """All-reduce bus bandwidth of the default process group (bytes/s per rank, NCCL-tests' definition:
-    2(n-1)/n x the buffer over the median time). Every rank must call it."""
+def all_reduce_seconds(numel: int, reps: int = 5) -> float:
+    """Median seconds of an fp32 all-reduce of `numel` elements over the default process group
+    (after one warm-up call; a barrier before each). Every rank must call it."""
     x = torch.ones(numel)
     times = []
-    for i in range(reps + 1):  # one warm-up call
+    for i in range(reps + 1):
         dist.barrier()
         t0 = time.perf_counter()
         dist.all_reduce(x)
         if i:
             times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bus_bandwidth(numel: int = 2**18, reps: int = 5) -> float:
+    """All-reduce bus bandwidth of the default process group (bytes/s per rank, NCCL-tests' definition:
+    2(n-1)/n x the buffer over the median time). Every rank must call it."""
     n = dist.get_world_size()
-    return 2 * (n - 1) / n * x.numel() * x.element_size() / statistics.median(times)
+    return 2 * (n - 1) / n * numel * 4 / all_reduce_seconds(numel, reps)
+
+
+def step_latency(reps: int = 20) -> float:
+    """Seconds per ring step of an all-reduce too small for its bytes to count (one element):
+    the planner's alpha for this link (its all-reduce takes 2(n-1) steps). Every rank must call it."""
+    return all_reduce_seconds(1, reps) / (2 * (dist.get_world_size() - 1))
 
 
 def measure_cpu() -> dict[str, float]:
-    """This CPU as the planner's hardware: a matmul rate, and the gloo bandwidth between the ranks."""
+    """This CPU as the planner's hardware: a matmul rate, and gloo's bandwidth and per-step latency
+    between the ranks."""
     out = {"matmul_flops": matmul_flops()}
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         out["bus_bytes_per_s"] = bus_bandwidth()
+        out["step_latency_s"] = step_latency()
     return out
 
 
