@@ -32,7 +32,7 @@ published cluster results):
 
 from __future__ import annotations
 
-from scalelab.parallel.planner import GIB, CostConstants, Hardware
+from scalelab.parallel.planner_constants import GIB, CostConstants, Hardware
 
 A100_80GB = Hardware(
     gpu_memory_bytes=80 * GIB,

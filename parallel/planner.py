@@ -49,6 +49,7 @@ from scalelab.models.config import ModelConfig
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.dims import ParallelDims, stages_per_rank
 from scalelab.parallel.layouts import layout_name
+from scalelab.parallel.planner_constants import GIB, CostConstants, Hardware
 from scalelab.parallel.planner_memory import (
     activation_bytes,
     layer_param_count,
@@ -58,35 +59,7 @@ from scalelab.parallel.planner_memory import (
 )
 from scalelab.parallel.planner_time import step_communication
 
-GIB = 2**30
 AC_CHOICES = ("none", "selective", "full")
-
-
-@dataclass(kw_only=True, slots=True)
-class Hardware:
-    gpu_memory_bytes: int = 80 * GIB
-    peak_flops: float = 989e12  # bf16 dense matmul peak of one GPU (H100 SXM)
-    gpus_per_node: int = 8
-    intra_node_bytes_per_s: float = 450e9  # NVLink, per GPU, one direction
-    inter_node_bytes_per_s: float = 50e9  # 400 Gb/s InfiniBand per GPU
-    # per-collective latency (planner_time's alpha-beta model), NCCL's own figures for large messages
-    # (src/graph/tuning.cc, Ring/Simple): a base per collective and a latency per ring step by link
-    collective_latency_s: float = 8.4e-6
-    intra_node_step_latency_s: float = 3.4e-6  # NVLink
-    inter_node_step_latency_s: float = 14e-6  # network (InfiniBand / RoCE)
-    compute_dtype_bytes: int = 2  # activations and gathered parameters on the wire: bf16 (CPU runs fp32: 4)
-    host_runs_ahead: bool = True  # the host queues work ahead of the device, so FSDP prefetches forward (not on CPU)
-
-
-@dataclass(kw_only=True, slots=True)
-class CostConstants:
-    """The model's free constants; `calibrate` refits them from measured runs."""
-
-    mfu: float = 0.45  # fraction of peak FLOPs the matmuls reach
-    comm_efficiency: float = 0.7  # fraction of link bandwidth collectives reach
-    fsdp_overlap: float = 0.9  # a prefetched FSDP/DDP collective hides behind this fraction of one unit's compute
-    activation_scale: float = 1.0  # measured / formula activation bytes
-    overhead_bytes: float = 3.0 * GIB  # CUDA context, allocator fragmentation, NCCL buffers
 
 
 def candidate_name(pcfg: ParallelConfig, micro_batch_sequences: int) -> str:

@@ -45,13 +45,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.planner_constants import CostConstants, Hardware
 from scalelab.parallel.planner_memory import layer_param_split
-
-if TYPE_CHECKING:
-    from scalelab.parallel.planner import CostConstants, Hardware
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "p2p")
 
