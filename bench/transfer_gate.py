@@ -10,9 +10,11 @@ and its ladder runs at the base width's best LR.
 
     python bench/transfer_gate.py                # ~8 min on 2 shared cores; prints both tables
 
-Measured 2026-12-03 (tables verbatim in docs/hp-transfer.md): sp exits 2 (best LR 8e-3 at d_model
-16, 2e-3 at 128, at the grid's low edge: drift >= 2); mup exits 0 (3.2e-2 -> 1.6e-2, drift 1) and
-its ladder trains at 3.2e-2.
+Measured 2026-12-03 on the quiet machine (204 s; tables verbatim in docs/hp-transfer.md), best LR
+by the sub-grid estimator (fitting.hyperparams.best_lr): sp exits 2 (1.44e-2 at d_model 16, the
+grid's low edge 2e-3 at 128: drift -2.85, not bracketed); mup also exits 2 (5.6e-2 [3.0e-2, 0.128]
+-> 2.2e-2 [1.4e-2, 6.4e-2]: drift -1.37 > 1). The "passes under mup" expectation is not met with
+one seed and a width-16 base; see docs/hp-transfer.md.
 """
 
 from __future__ import annotations
