@@ -340,18 +340,23 @@ class CurveFit:
             self._boot = ((n_boot, seed, keep), np.stack([boot.samples[p] for p in self.law_object().param_names], 1))
         return self._boot[1]
 
-    def final_interval(self, curve: RunCurve, *, level: float = 0.95, n_boot: int = 64, seed: int = 0):
-        """Percentile interval of the predicted final loss over run-resampling bootstrap refits.
+    def final_draws(self, curve: RunCurve, *, n_boot: int = 64, seed: int = 0) -> np.ndarray:
+        """The predicted final loss of `curve` under each run-resampling bootstrap refit.
 
         When `curve` is one of the fitted runs (e.g. a prefix), it stays in every replicate: the
-        interval is conditional on the run's own points, and the other runs are resampled.
+        draws are conditional on the run's own points, and the other runs are resampled.
         """
         names = self.law_object().param_names
-        draws = [
-            self.predict(curve, np.array([curve.num_steps]), params=dict(zip(names, row)))[0]
-            for row in self.bootstrap_thetas(n_boot, seed, keep=curve.run_id)
-        ]
-        return percentile_interval(np.array(draws), level)
+        return np.array(
+            [
+                self.predict(curve, np.array([curve.num_steps]), params=dict(zip(names, row)))[0]
+                for row in self.bootstrap_thetas(n_boot, seed, keep=curve.run_id)
+            ]
+        )
+
+    def final_interval(self, curve: RunCurve, *, level: float = 0.95, n_boot: int = 64, seed: int = 0):
+        """Percentile interval of the predicted final loss over run-resampling bootstrap refits (final_draws)."""
+        return percentile_interval(self.final_draws(curve, n_boot=n_boot, seed=seed), level)
 
     def to_dict(self) -> dict[str, Any]:
         return {

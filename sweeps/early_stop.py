@@ -219,13 +219,7 @@ def decide(
         return out
     try:
         pred, cf, factor = predict_from_prefix(prefix, finished, finished_loss, cfg.law)
-        names = cf.law_object().param_names
-        draws = factor * np.array(
-            [
-                cf.predict(prefix, np.array([prefix.num_steps]), params=dict(zip(names, row)))[0]
-                for row in cf.bootstrap_thetas(cfg.n_boot, 0, keep=prefix.run_id)
-            ]
-        )
+        draws = factor * cf.final_draws(prefix, n_boot=cfg.n_boot, seed=0)
     except UsageError as e:
         out.reason = f"no fit: {e}"
         return out
