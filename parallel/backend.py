@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -143,6 +144,12 @@ def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: 
         fn(*args)
     finally:
         destroy_distributed()
+    # A normal interpreter exit runs C++ static destructors while gloo's or the store's threads can
+    # still be joinable, which aborts the rank now and then ("terminate called without an active
+    # exception") after its work succeeded. Leave without them; a failure above still propagates.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn(fn, world_size: int, args: tuple = (), backend: str = "auto") -> None:
