@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import socket
 import sys
@@ -122,7 +123,11 @@ def loopback_interface() -> str | None:
     return next((n for n in names if n in ("lo", "lo0")), None)
 
 
-def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: tuple) -> None:
+def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: tuple, env: dict) -> None:
+    # A forkserver's child starts with the server's environment, not the caller's: restore the
+    # caller's, as a spawned process would have it.
+    os.environ.clear()
+    os.environ.update(env)
     os.environ.update(
         RANK=str(local_rank),
         LOCAL_RANK=str(local_rank),
@@ -152,6 +157,9 @@ def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: 
     os._exit(0)
 
 
+_PRELOAD = ["torch", "torch.distributed", "scalelab.train.loop"]  # what every rank imports
+
+
 def spawn(fn, world_size: int, args: tuple = (), backend: str = "auto") -> None:
     """Run `fn(*args)` in `world_size` new processes joined in one process group; raise if any fails."""
     if torch.cuda.is_available() and backend != "gloo" and world_size > torch.cuda.device_count():
@@ -159,7 +167,17 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "auto") -> None:
             f"the layout needs {world_size} processes but only {torch.cuda.device_count()} GPUs "
             "are visible; use a smaller layout or parallel.backend=gloo"
         )
+    # Ranks are forked from a forkserver that imported torch and the training code once per
+    # process (a fresh interpreter, not a fork of this one: no threads or CUDA state inherited);
+    # a spawned rank re-imports torch, ~1-3 s per rank per launch on a small machine.
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    if method == "forkserver":
+        multiprocessing.get_context(method).set_forkserver_preload(_PRELOAD)
     with loopback_store() as port:
         mp.start_processes(
-            _entry, args=(fn, world_size, port, backend, args), nprocs=world_size, join=True, start_method="spawn"
+            _entry,
+            args=(fn, world_size, port, backend, args, dict(os.environ)),
+            nprocs=world_size,
+            join=True,
+            start_method=method,
         )
