@@ -11,6 +11,7 @@ A sweep spec opts in with a `transfer:` section:
       lrs: [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]   # the LR grid (ascending; x2 apart is the usual step)
       tolerance: 1               # grid steps the best LR may move from the base (smallest) size
       tokens_per_param: 20       # every check model trains on this many tokens per parameter
+      seeds: 1                   # inits per (size, LR): train.seed = base seed + k; best_lr fits every seed
 
 `scalelab sweep launch` then first trains the LR grid at every (width, depth) of the check, models of
 the shape rule (scalelab.models.shapes.shape_for_width) at the same tokens per parameter and with
@@ -45,7 +46,7 @@ from scalelab.fitting.hyperparams import best_lr, grid_position
 from scalelab.sweeps.spec import Sweep, expand_sweep
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
 
-TRANSFER_KEYS = ("check", "widths", "depths", "lrs", "tolerance", "tokens_per_param")
+TRANSFER_KEYS = ("check", "widths", "depths", "lrs", "tolerance", "tokens_per_param", "seeds")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -55,6 +56,7 @@ class TransferSpec:
     lrs: list[float]  # ascending
     tolerance: int  # grid steps
     tokens_per_param: float
+    seeds: int = 1  # runs per (size, LR), train.seed = base seed + k
 
     @property
     def base_width(self) -> int:
@@ -78,14 +80,16 @@ class TransferPlan:
 
 @dataclass(kw_only=True, slots=True)
 class GateResult:
-    # per size: width, depth, params, losses per LR, best_index (the grid's minimum), best_lr (the
-    # vertex), interval, drift (grid steps from the base's best LR, fractional)
+    # per size: width, depth, params, losses per LR (mean over seeds; inf when any diverged),
+    # best_index (the grid's minimum), best_lr (the vertex), interval, drift (grid steps from the
+    # base's best LR, fractional)
     rows: list[dict[str, Any]]
     base_lr: float  # best LR of the base size (3 significant digits): what the ladder takes
     max_drift: float
     edge: list[str]  # sizes whose minimum is not bracketed by the grid
     tolerance: int
     parametrization: str
+    seeds: int = 1
 
     @property
     def ok(self) -> bool:
@@ -137,7 +141,12 @@ def parse_transfer(section: Any, ladder: Sweep) -> TransferSpec | None:
     if tol < 0 or not tol.is_integer():
         raise ConfigError("transfer.tolerance", f"{tol!r} must be a whole number of grid steps >= 0", "e.g. 1")
     tpp = number(section.get("tokens_per_param", 20), "transfer.tokens_per_param", example="20")
-    return TransferSpec(widths=widths, depths=depths, lrs=lrs, tolerance=int(tol), tokens_per_param=tpp)
+    seeds = number(section.get("seeds", 1), "transfer.seeds", example="2")
+    if not seeds.is_integer():
+        raise ConfigError("transfer.seeds", f"{seeds!r} is not a whole number of seeds", "e.g. seeds: 2")
+    return TransferSpec(
+        widths=widths, depths=depths, lrs=lrs, tolerance=int(tol), tokens_per_param=tpp, seeds=int(seeds)
+    )
 
 
 def _base_shape(spec: TransferSpec) -> dict[str, int]:
@@ -171,6 +180,7 @@ def plan_transfer(raw: dict[str, Any], ladder: Sweep) -> TransferPlan | None:
         base["model"].pop(k, None)
     points = []
     keys = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff")
+    base_seed = int((base.get("train") or {}).get("seed", 0))
     for depth in spec.depths:
         for width in spec.widths:
             try:
@@ -181,10 +191,11 @@ def plan_transfer(raw: dict[str, Any], ladder: Sweep) -> TransferPlan | None:
                 ) from None
             tokens = int(round(spec.tokens_per_param * num_params(shape)))
             for lr in spec.lrs:
-                point = {f"model.{k}": getattr(shape, k) for k in keys} | {"model.max_seq_len": max_seq}
-                point |= {"train.num_tokens": tokens, "optim.lr": lr}
-                point["labels"] = {"transfer": True, "d_model": width, "num_layers": depth, "lr": lr}
-                points.append(point)
+                for seed in range(spec.seeds):
+                    point = {f"model.{k}": getattr(shape, k) for k in keys} | {"model.max_seq_len": max_seq}
+                    point |= {"train.num_tokens": tokens, "optim.lr": lr, "train.seed": base_seed + seed}
+                    point["labels"] = {"transfer": True, "d_model": width, "num_layers": depth, "lr": lr, "seed": seed}
+                    points.append(point)
     name = str(raw.get("name") or "sweep")
     check_raw = {"name": f"{name}-transfer", "base": base, "points": points}
     for k in ("recipe", "execution", "fit"):
@@ -223,14 +234,19 @@ def evaluate_gate(plan: TransferPlan, df) -> GateResult:
     for depth in spec.depths:
         for width in spec.widths:
             sub = df.filter((pl.col("d_model") == width) & (pl.col("num_layers") == depth))
-            losses = {}
+            losses, xs, ys = {}, [], []
             for lr in spec.lrs:
                 hit = sub.filter((pl.col("lr") - lr).abs() <= 1e-9 * lr)
-                value = hit[loss_col][0] if hit.height else None
-                ok = value is not None and math.isfinite(value) and hit["status"][0] == "done"
-                losses[lr] = float(value) if ok else math.inf
+                values = [
+                    float(v) if v is not None and math.isfinite(v) and status == "done" else math.inf
+                    for v, status in zip(hit[loss_col], hit["status"])
+                ] or [math.inf]
+                # a seed that diverged (or has not run) makes its LR unusable: never the best
+                losses[lr] = sum(values) / len(values)
+                xs += [lr] * len(values)
+                ys += values
             best = min(range(len(spec.lrs)), key=lambda i: losses[spec.lrs[i]])
-            opt = best_lr(spec.lrs, [losses[lr] for lr in spec.lrs]) if math.isfinite(losses[spec.lrs[best]]) else None
+            opt = best_lr(xs, ys) if math.isfinite(losses[spec.lrs[best]]) else None
             params = int(sub["params"][0]) if sub.height else 0
             rows.append(dict(width=width, depth=depth, params=params, losses=losses, best_index=best,
                              best_lr=opt.lr if opt else math.nan, interval=opt.interval if opt else (math.nan,) * 2,
@@ -248,6 +264,7 @@ def evaluate_gate(plan: TransferPlan, df) -> GateResult:
         edge=edge,
         tolerance=spec.tolerance,
         parametrization=plan.parametrization,
+        seeds=spec.seeds,
     )
 
 
@@ -259,8 +276,10 @@ def format_gate(gate: GateResult, lrs: list[float], loss_col: str = "final_val_l
         + f" {'best LR':>8} {'interval':>17} {'drift':>6}"
     )
     lines = [
-        f"LR transfer check ({gate.parametrization}; {loss_col}; * = grid minimum; best LR = parabola "
-        "vertex in log LR, 90% bootstrap interval; drift in grid steps)",
+        f"LR transfer check ({gate.parametrization}; {loss_col}"
+        + (f", mean of {gate.seeds} seeds" if gate.seeds > 1 else "")
+        + "; * = grid minimum; best LR = parabola vertex in log LR over every seed, 90% bootstrap "
+        "interval; drift in grid steps)",
         head,
     ]
     for r in gate.rows:

@@ -92,6 +92,24 @@ def test_gate_decision_drift_edge_and_the_transferred_lr():
     assert not math.isnan(ok.base_lr)
 
 
+def test_seeds_train_every_point_k_times_and_the_best_lr_uses_all_of_them():
+    plan = _plan(_spec(widths=[32, 256], seeds=2))
+    runs = plan.sweep.runs
+    assert len(runs) == 2 * 2 * len(LRS) and len({r.run_id for r in runs}) == len(runs)
+    assert sorted({r.config["train"]["seed"] for r in runs}) == [0, 1]
+    # seed 0 has its minimum at LRS[1], seed 1 at LRS[3]: together the vertex is LRS[2]
+    rows = []
+    for seed, best in ((0, 1), (1, 3)):
+        for w in (32, 256):
+            for i, lr in enumerate(LRS):
+                rows.append(dict(d_model=w, num_layers=1, lr=lr, params=w * 1000, status="done", seed=seed,
+                                 final_val_loss=3.0 + 0.1 * (i - best) ** 2))  # fmt: skip
+    gate = evaluate_gate(plan, pl.DataFrame(rows))
+    assert gate.rows[0]["best_lr"] == pytest.approx(LRS[2], rel=1e-6)
+    assert gate.rows[0]["losses"][LRS[2]] == pytest.approx(3.1) and gate.ok
+    assert "mean of 2 seeds" in format_gate(gate, LRS)
+
+
 @pytest.mark.parametrize(
     ("transfer", "key"),
     [
@@ -101,6 +119,7 @@ def test_gate_decision_drift_edge_and_the_transferred_lr():
         ({"tolerance": -1}, "transfer.tolerance"),
         ({"widths": [32, 40]}, "transfer.widths"),
         ({"check": "yes"}, "transfer.check"),
+        ({"seeds": 1.5}, "transfer.seeds"),
     ],
 )
 def test_bad_transfer_section_exits_2_before_anything_is_written(tmp_path, capsys, transfer, key):
