@@ -4,17 +4,18 @@ Launches (local Ray, 2 CPUs, into one store, so a rerun trains nothing twice) th
 twice, once with `model.parametrization: sp` and once with `mup`, through `scalelab sweep launch`.
 The ladder's sizes (1.5e4 .. 9e5 parameters, the shape rule at 32 channels per layer from 16 wide)
 go from d_model 16 to 128; its `transfer:` section checks 7 LRs x2 apart at those two widths
-(1 layer, 1 token per parameter, 4 sequences of 32 tokens per step). Expected: sp exits 2 with
-the check's table (its best LR moves more than one grid step from d_model 16 to 128); mup passes
-and its ladder runs at the base width's best LR.
+(1 layer, 1 token per parameter, 4 sequences of 32 tokens per step, 3 seeds per point). Expected:
+sp exits 2 with the check's table (its best LR moves more than one grid step from d_model 16 to
+128); mup passes and its ladder runs at the base width's best LR.
 
-    python bench/transfer_gate.py                # ~8 min on 2 shared cores; prints both tables
+    python bench/transfer_gate.py                # ~16 min on 2 idle cores (fresh store); prints both tables
 
-Measured 2026-12-03 on the quiet machine (204 s; tables verbatim in docs/hp-transfer.md), best LR
-by the sub-grid estimator (fitting.hyperparams.best_lr): sp exits 2 (1.44e-2 at d_model 16, the
-grid's low edge 2e-3 at 128: drift -2.85, not bracketed); mup also exits 2 (5.6e-2 [3.0e-2, 0.128]
--> 2.2e-2 [1.4e-2, 6.4e-2]: drift -1.37 > 1). The "passes under mup" expectation is not met with
-one seed and a width-16 base; see docs/hp-transfer.md.
+Measured 2026-12-03 (635 s with the seed-0 runs already in the store; tables verbatim in
+docs/hp-transfer.md section 4), best LR by the sub-grid estimator over every seed
+(fitting.hyperparams.best_lr): sp exits 2 (0.023 at d_model 16, the grid's low edge 0.002 at 128:
+drift -3.53, not bracketed); mup exits 0 (0.0172 [0.008, 0.0285] -> 0.021 [0.0178, 0.0289]: drift
++0.29) and its ladder trains at lr 0.0172. With one seed mup was refused (drift -1.37: the base's
+one-seed curve is flat and non-monotone above its minimum).
 """
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ SPEC = {
         "batch": {"ref_tokens": 128, "exponent": 0.0, "min_sequences": 4},
     },
     "ladder": {"sizes": [1.5e4, 1.0e5, 9.0e5], "tokens_per_param": [0.3]},
-    "transfer": {"check": True, "lrs": [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2, 1.28e-1], "tokens_per_param": 1},
+    "transfer": {
+        "check": True,
+        "lrs": [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2, 1.28e-1],
+        "tokens_per_param": 1,
+        "seeds": 3,
+    },
     "execution": {"max_concurrent": 2, "cpus_per_run": 1},
 }
 
