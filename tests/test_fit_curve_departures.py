@@ -1,6 +1,6 @@
 """Departures of a run from its curve law (fitting/curve_departures.py), on simulated runs: an LR cut
 the law is not told about is found at its checkpoint; a run that follows the law, or has one
-outlier point, has none."""
+outlier point, has none; law selection reports the held-out run's departures."""
 
 import numpy as np
 import pytest
@@ -8,6 +8,7 @@ import pytest
 from scalelab.errors import UsageError
 from scalelab.fitting.curve_departures import departures, residual_path
 from scalelab.fitting.curves import RunCurve, fit_curves
+from scalelab.fitting.select import format_selection, select_law
 from scalelab.fitting.simulate import simulate_curve
 from scalelab.train.schedule import lr_at
 
@@ -37,10 +38,22 @@ def sim(run_id, n, lr, seed, log_every=50):
 
 
 @pytest.fixture(scope="module")
-def law_fit():
+def ladder():
     sizes_steps = [(n, t) for n in (2e4, 5e4, 1.2e5) for t in (400, 800)]
-    runs = [sim(f"r{k}", n, cosine(t), k) for k, (n, t) in enumerate(sizes_steps)]
-    return fit_curves(runs, "lr_annealing", decays=(DECAY,))
+    return [sim(f"r{k}", n, cosine(t), k) for k, (n, t) in enumerate(sizes_steps)]
+
+
+@pytest.fixture(scope="module")
+def law_fit(ladder):
+    return fit_curves(ladder, "lr_annealing", decays=(DECAY,))
+
+
+def cut_run(run_id: str, n: float, seed: int) -> RunCurve:
+    """A run whose LR was cut to 0.3x at CUT_STEP, carrying the planned schedule that does not show it."""
+    planned = cosine(1600)
+    real = planned.copy()
+    real[CUT_STEP:] *= 0.3
+    return with_schedule(sim(run_id, n, real, seed), planned)
 
 
 def with_schedule(curve: RunCurve, lr: np.ndarray) -> RunCurve:
@@ -50,17 +63,16 @@ def with_schedule(curve: RunCurve, lr: np.ndarray) -> RunCurve:
 
 
 def test_an_lr_cut_the_law_is_not_given_is_found_at_its_checkpoint(law_fit):
-    planned = cosine(1600)
-    real = planned.copy()
-    real[CUT_STEP:] *= 0.3  # lowered by hand at a restart; the logged schedule still says `planned`
-    run = sim("cut", 5e4, real, 99)
-    found = departures(law_fit, with_schedule(run, planned))
+    run = cut_run("cut", 5e4, 99)  # lowered by hand at a restart; the logged schedule does not say so
+    found = departures(law_fit, run)
     assert found, "the lowered LR was not found"
     first = found[0]
     assert first.step_before <= CUT_STEP < first.step_after > CUT_STEP
     assert first.jump < -0.005  # the run's loss fell below what its planned schedule explains
     assert first.z < -5
     # told the real schedule, the law explains the same losses: nothing departs
+    real = cosine(1600)
+    real[CUT_STEP:] *= 0.3
     assert departures(law_fit, with_schedule(run, real)) == []
 
 
@@ -79,3 +91,14 @@ def test_departures_rejects_bad_settings(law_fit):
     with pytest.raises(UsageError, match="z > 0"):
         departures(law_fit, run, z=0.0)
     assert departures(law_fit, run.prefix(max_step=60)) == []  # too few checkpoints to judge
+
+
+def test_law_selection_reports_a_held_out_run_that_departs(ladder):
+    kw = dict(score="tail", candidates=["lr_annealing"], curve_kwargs={"decays": (DECAY,)}, refit=False)
+    clean = select_law(curves=[*ladder, sim("big", 3e5, cosine(1600), 5)], **kw)
+    assert clean.holdout == ["big"] and clean.departures == []
+    sel = select_law(curves=[*ladder, cut_run("big", 3e5, 5)], **kw)
+    assert [d.run_id for d in sel.departures][:1] == ["big"]
+    assert sel.departures[0].step_before <= CUT_STEP < sel.departures[0].step_after
+    assert sel.to_dict()["departures"][0]["jump"] < 0
+    assert "held-out run big leaves the chosen law" in format_selection(sel)
