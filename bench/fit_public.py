@@ -47,8 +47,9 @@ same split, with every family's checkpoints as loss curves:
                         training models (hold out the largest of them, score the last 30% of its
                         curve; Chinchilla kept unless beaten by 10%), refitted on all training models.
                         `auto*` is the plain lowest-MARE choice, for comparison.
-The last lines give where the held-out run's residual against the chosen law shifts level
-(fitting/curve_departures.py). bench/fit_public_sensitivity.py varies the fit's settings.
+The last lines give where the held-out run's residual against the chosen law shifts level, and
+where the nested selection's held-out run's does (fitting/curve_departures.py).
+bench/fit_public_sensitivity.py varies the fit's settings.
 
 Measured 2026-12-03 (2-core CPU shared, ~65 s in all), mean ARE on the largest model's last 30%:
     family  A3     chinchilla+ kaplan+ lr_area lr_annealing lr_ann_sized average auto (picked)        vs A3
@@ -304,6 +305,11 @@ def score_curves(name: str, df: pl.DataFrame, *, drop_first: float = 0.1, score_
         "plain_choice": plain.chosen,
         "selection_backtest": {c.name: (c.backtest.mare if c.backtest else None) for c in sel.candidates.values()},
         "heldout_departures": shifts,
+        "nested_departures": [
+            {"run_id": d.run_id, "tokens_before": float(b), "tokens_after": float(a), "jump": d.jump, "z": d.z}
+            for d in sel.departures
+            for b, a in [train[-1].tokens(np.array([d.step_before, d.step_after]))]
+        ],
         "params": {k: f.params for k, f in fits.items()},
         "decay": {k: f.decay for k, f in fits.items() if k == "lr_annealing"},
         "seconds": round(time.perf_counter() - t0, 1),
@@ -326,14 +332,16 @@ def print_curve_table(base: list[dict], rows: list[dict]) -> None:
     for r in rows:
         bt = ", ".join(f"{k} {100 * v:.2f}%" for k, v in r["selection_backtest"].items() if v is not None)
         print(f"  {r['family']:<22}{bt}")
-    print("level shifts of the held-out run's residual against the chosen law (log obs/pred; < 0: run got better):")
+    print("level shifts of the held-out run's residual against the chosen law (log obs/pred; < 0: run got better),")
+    print("and of the nested selection's held-out run (the largest training model) against its fit:")
     for r in rows:
-        shifts = ", ".join(
-            f"{d['tokens_before'] / 1e9:.0f}B -> {d['tokens_after'] / 1e9:.0f}B tokens {100 * d['jump']:+.2f}% "
-            f"(z {d['z']:+.1f})"
-            for d in r["heldout_departures"]
-        )
-        print(f"  {r['family']:<22}{shifts or 'none'}")
+        for key, what in (("heldout_departures", "held-out"), ("nested_departures", "nested")):
+            shifts = ", ".join(
+                f"{d['tokens_before'] / 1e9:.0f}B -> {d['tokens_after'] / 1e9:.0f}B tokens {100 * d['jump']:+.2f}% "
+                f"(z {d['z']:+.1f})"
+                for d in r[key]
+            )
+            print(f"  {r['family']:<22}{what:<10}{shifts or 'none'}")
 
 
 def main(argv: list[str] | None = None) -> int:
