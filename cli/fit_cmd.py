@@ -213,6 +213,11 @@ def _print_selection(sel: dict) -> None:
             print(f"  {c['name']:<18}{100 * c['mare']:>8.2f}%{100 * c['bias']:>+8.2f}%  {mark}")
         else:
             print(f"  {c['name']:<18}{'-':>9}{'-':>9}  {c.get('skipped', '')}")
+    for d in sel.get("departures", []):
+        print(
+            f"  held-out run {d['run_id']} leaves the chosen law between steps {d['step_before']} and "
+            f"{d['step_after']}: {100 * d['jump']:+.2f}% ({d['z']:+.1f} robust sd)"
+        )
 
 
 def _load(path: pathlib.Path) -> dict:
