@@ -7,8 +7,9 @@ shape rule (scalelab.models.shapes.shape_for_width): the base (2 layers x 16), 4
 with 5% warmup, for each parametrization. mup/completep are relative to the base (base_d_model 16,
 base_num_layers 2, base_head_dim and base_d_ff of the base's shape). The base and the deeper size
 sweep 7 LRs (1e-3..6.4e-2), the 4x wider size (~10x the cost of a base run) 4-5 LRs (WIDE_LRS);
-every point with 3 seeds (init and data order: one seed's curve is too noisy at 1 token per
-parameter to place its minimum within a grid step). Runs
+every point with 3 seeds, the base with 6 (init and data order: one seed's curve is too noisy at 1
+token per parameter to place its minimum within a grid step, and the base's curve is the flattest
+and its runs the cheapest). Runs
 go in the order base, wider, deeper. Per size the best LR is the vertex of a parabola of the final
 validation loss in log2 LR around the grid minimum, fitted to every seed's point, with a 90%
 residual-bootstrap interval (scalelab.fitting.hyperparams.best_lr, the estimator the transfer gate
@@ -23,9 +24,10 @@ so its 2-layer rows are the mup runs; only its 4-layer size is trained separatel
     python bench/lr_transfer.py --out DIR --report   # the table only
 
 Sizes: a first measurement used a base of 2 x 32 (4x wider = 2 x 128, 484k parameters); the sizes
-were halved when the machine was loaded. Measured 2026-12-03 (132 runs, 279 s on 2 cores): best LR
-moves sp -3.00 grid steps with width x4 (-0.05 with depth x2), mup -0.31 / -0.16, completep -0.30
-with depth; the table and what its intervals do and do not show: docs/hp-transfer.md section 3.
+were halved when the machine was loaded. Measured 2026-12-03 (174 runs, 329 s of training on 2
+cores): best LR moves sp -3.04 grid steps with width x4 (interval [-3.29, -2.81]; -0.09 with depth
+x2), mup -0.19 [-0.56, +0.18] with width and -0.04 with depth, completep -0.18 [-0.68, +0.48] with
+depth; the table and what it does and does not show: docs/hp-transfer.md section 3.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ RUNS = {"sp": SIZES, "mup": SIZES, "completep": [(4, 16)]}  # completep at 2 lay
 # The 4x wider size costs ~10x a base run, so it sweeps 4-5 of the grid's LRs: sp's
 # optimum lies low (1e-3 or below in the first measurement), mup's around the base's.
 WIDE_LRS = {"sp": LRS[:4], "mup": LRS[2:7]}
-BASE_SEEDS, OTHER_SEEDS = [0, 1, 2], [0, 1, 2]
+BASE_SEEDS, OTHER_SEEDS = [0, 1, 2, 3, 4, 5], [0, 1, 2]  # the base: a flat curve, cheap runs
 
 
 def lrs_for(p: str, layers: int, width: int) -> list[float]:
