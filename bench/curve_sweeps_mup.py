@@ -35,7 +35,7 @@ import yaml
 from curve_sweeps import ISO, prefix_table, run_sweep
 
 from scalelab.fitting.hyperparams import best_lr
-from scalelab.models.shapes import ffn_width, head_dim_for_width
+from scalelab.models.shapes import base_shape
 from scalelab.sweeps import store
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.spec import expand_sweep
@@ -53,14 +53,7 @@ def base_model() -> tuple[dict, int]:
 
 
 def parametrized(base: dict) -> dict:
-    width = base["model.d_model"]
-    return {
-        "parametrization": "completep",
-        "base_d_model": width,
-        "base_num_layers": base["model.num_layers"],
-        "base_head_dim": head_dim_for_width(width),
-        "base_d_ff": ffn_width(width),
-    }
+    return {"parametrization": "completep", **base_shape(base["model.d_model"], base["model.num_layers"])}
 
 
 def lr_spec(base: dict, tokens: int) -> dict:

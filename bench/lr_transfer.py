@@ -40,7 +40,7 @@ import polars as pl
 import yaml
 
 from scalelab.fitting.hyperparams import best_lr, grid_position
-from scalelab.models.shapes import ffn_width, head_dim_for_width, shape_for_width
+from scalelab.models.shapes import base_shape, shape_for_width
 from scalelab.sweeps import store
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.spec import expand_sweep
@@ -81,10 +81,7 @@ def spec() -> dict:
                 point = {f"model.{k}": getattr(shape, k) for k in keys}
                 point |= {
                     "model.parametrization": p,
-                    "model.base_d_model": BASE_WIDTH,
-                    "model.base_num_layers": BASE_LAYERS,
-                    "model.base_head_dim": head_dim_for_width(BASE_WIDTH),
-                    "model.base_d_ff": ffn_width(BASE_WIDTH),
+                    **{f"model.{k}": v for k, v in base_shape(BASE_WIDTH, BASE_LAYERS).items()},
                     "train.num_tokens": tokens,
                     "train.seed": seed,
                     "optim.lr": lr,

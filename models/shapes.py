@@ -60,6 +60,16 @@ def ffn_width(d_model: int) -> int:
     return -(-(8 * d_model) // (3 * multiple)) * multiple
 
 
+def base_shape(d_model: int, num_layers: int) -> dict[str, int]:
+    """The `model.base_*` keys of mup/completep for a base of the shape rule at this width and depth."""
+    return {
+        "base_d_model": d_model,
+        "base_num_layers": num_layers,
+        "base_head_dim": head_dim_for_width(d_model),
+        "base_d_ff": ffn_width(d_model),
+    }
+
+
 def shape_for_width(num_layers: int, d_model: int, vocab_size: int, **fields: Any) -> ModelConfig:
     """The full config the rule gives to (num_layers, d_model); `fields` set the other keys."""
     head_dim = head_dim_for_width(d_model)

@@ -150,14 +150,9 @@ def parse_transfer(section: Any, ladder: Sweep) -> TransferSpec | None:
 
 
 def _base_shape(spec: TransferSpec) -> dict[str, int]:
-    from scalelab.models.shapes import ffn_width, head_dim_for_width
+    from scalelab.models.shapes import base_shape
 
-    return {
-        "base_d_model": spec.base_width,
-        "base_num_layers": spec.base_depth,
-        "base_head_dim": head_dim_for_width(spec.base_width),
-        "base_d_ff": ffn_width(spec.base_width),
-    }
+    return base_shape(spec.base_width, spec.base_depth)
 
 
 def plan_transfer(raw: dict[str, Any], ladder: Sweep) -> TransferPlan | None:
