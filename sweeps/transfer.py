@@ -175,7 +175,6 @@ def plan_transfer(raw: dict[str, Any], ladder: Sweep) -> TransferPlan | None:
         base["model"].pop(k, None)
     points = []
     keys = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff")
-    base_seed = int((base.get("train") or {}).get("seed", 0))
     for depth in spec.depths:
         for width in spec.widths:
             try:
@@ -186,13 +185,13 @@ def plan_transfer(raw: dict[str, Any], ladder: Sweep) -> TransferPlan | None:
                 ) from None
             tokens = int(round(spec.tokens_per_param * num_params(shape)))
             for lr in spec.lrs:
-                for seed in range(spec.seeds):
-                    point = {f"model.{k}": getattr(shape, k) for k in keys} | {"model.max_seq_len": max_seq}
-                    point |= {"train.num_tokens": tokens, "optim.lr": lr, "train.seed": base_seed + seed}
-                    point["labels"] = {"transfer": True, "d_model": width, "num_layers": depth, "lr": lr, "seed": seed}
-                    points.append(point)
+                point = {f"model.{k}": getattr(shape, k) for k in keys} | {"model.max_seq_len": max_seq}
+                point |= {"train.num_tokens": tokens, "optim.lr": lr}
+                point["labels"] = {"transfer": True, "d_model": width, "num_layers": depth, "lr": lr}
+                points.append(point)
     name = str(raw.get("name") or "sweep")
-    check_raw = {"name": f"{name}-transfer", "base": base, "points": points}
+    # the spec's own seeds axis: every point k times, train.seed = base seed + k
+    check_raw = {"name": f"{name}-transfer", "base": base, "points": points, "seeds": spec.seeds}
     for k in ("recipe", "execution", "fit"):
         if k in raw:
             check_raw[k] = raw[k]
