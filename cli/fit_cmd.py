@@ -213,11 +213,11 @@ def _print_selection(sel: dict) -> None:
             print(f"  {c['name']:<18}{100 * c['mare']:>8.2f}%{100 * c['bias']:>+8.2f}%  {mark}")
         else:
             print(f"  {c['name']:<18}{'-':>9}{'-':>9}  {c.get('skipped', '')}")
-    for d in sel.get("departures", []):
-        print(
-            f"  held-out run {d['run_id']} leaves the chosen law between steps {d['step_before']} and "
-            f"{d['step_after']}: {100 * d['jump']:+.2f}% ({d['z']:+.1f} robust sd)"
-        )
+    if sel.get("departures"):
+        from scalelab.fitting.select import departure_line
+
+        for d in sel["departures"]:
+            print(departure_line(d))
 
 
 def _load(path: pathlib.Path) -> dict:

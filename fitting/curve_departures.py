@@ -53,6 +53,10 @@ class Departure:
     def z(self) -> float:
         return self.jump / self.scale if self.scale > 0 else math.inf
 
+    def to_dict(self) -> dict:
+        return {"run_id": self.run_id, "step_before": self.step_before, "step_after": self.step_after,
+                "jump": self.jump, "z": self.z}  # fmt: skip
+
 
 def residual_path(
     cf: CurveFit, curve: RunCurve, *, drop_first: float | None = None, max_points: int = MAX_POINTS

@@ -133,10 +133,7 @@ class Selection:
             "candidates": [c.to_dict() for c in self.candidates.values()],
             "fits": fits,
             "calibration": dict(self.calibration),
-            "departures": [
-                {"run_id": d.run_id, "step_before": d.step_before, "step_after": d.step_after, "jump": d.jump, "z": d.z}
-                for d in self.departures
-            ],
+            "departures": [d.to_dict() for d in self.departures],
         }
 
 
@@ -372,12 +369,14 @@ def format_selection(sel: Selection) -> str:
             lines.append(f"  {c.name:<18}{'-':>9}{'-':>9}  {c.skipped}")
         else:
             lines.append(f"  {c.name:<18}{100 * c.backtest.mare:>8.2f}%{100 * c.backtest.bias:>+8.2f}%{mark}")
-    lines += [_departure_line(d) for d in sel.departures]
+    lines += [departure_line(d.to_dict()) for d in sel.departures]
     return "\n".join(lines)
 
 
-def _departure_line(d: Departure) -> str:
+def departure_line(d: dict) -> str:
+    """One held-out departure (Departure.to_dict, as a selection's dict keeps it) as a line of text."""
     return (
-        f"  held-out run {d.run_id} leaves the chosen law between steps {d.step_before} and {d.step_after}: "
-        f"{100 * d.jump:+.2f}% ({d.z:+.1f} robust sd); its backtest judges a run that changed mid-way"
+        f"  held-out run {d['run_id']} leaves the chosen law between steps {d['step_before']} and "
+        f"{d['step_after']}: {100 * d['jump']:+.2f}% ({d['z']:+.1f} robust sd); its backtest judges a run "
+        "that changed mid-way"
     )
