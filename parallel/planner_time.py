@@ -186,7 +186,7 @@ def step_communication(
         fwd = ag(root) + ag(block)  # the first units' gathers: nothing to hide behind
         fwd += (layers_rank - 1) * (max(0.0, ag(block) - ov * fwd_c) if forward_hidden else ag(block))
         bwd_block = (ag(block) if zero3 else 0.0) + rs(block)
-        bwd = (ag(block) if zero3 else 0.0) + rs(block) + rs(root)  # the first gather, the last reduce-scatters
+        bwd = bwd_block + rs(root)  # the first gather, the last reduce-scatters
         bwd += (layers_rank - 1) * max(0.0, bwd_block - ov * bwd_c)
         dp_window = max(0.0, ov * block_bwd - bwd_block)
         gathered = (2 if zero3 else 1) * layers_rank * block + root
