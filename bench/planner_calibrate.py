@@ -17,14 +17,17 @@ scalelab.train.profile_report.GLOO_STEP_LATENCY_S), bandwidth its bus bandwidth.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from scalelab.parallel.backend import spawn
 from scalelab.train.profiling import all_reduce_seconds, matmul_flops
 
 GLOO_SIZES = (1, 2**8, 2**12, 2**14, 2**16, 2**18, 2**20)  # fp32 elements per all-reduce
@@ -51,26 +54,19 @@ def time_steps(cfg, lay, mbs: int, seq_len: int, sequences: int, steps: int) -> 
     return statistics.median(times[1:])
 
 
-def _gloo_rank(rank: int, world: int, port: int, out) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _gloo_worker(out: str) -> None:
     times = [all_reduce_seconds(n, reps=20 if n < 2**16 else 5) for n in GLOO_SIZES]
-    if rank == 0:
-        out.put(times)
-    dist.destroy_process_group()
+    if dist.get_rank() == 0:
+        Path(out).write_text(json.dumps(times))
 
 
-def gloo_alpha_beta(world: int = 2, port: int = 29731) -> tuple[float, float, list[float]]:
+def gloo_alpha_beta(world: int = 2) -> tuple[float, float, list[float]]:
     """(alpha: seconds per ring step, bus bandwidth in bytes/s, the median times) between `world`
     gloo processes on this machine."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_gloo_rank, args=(r, world, port, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    times = q.get(timeout=300)
-    for p in procs:
-        p.join()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp, "times.json")
+        spawn(_gloo_worker, world, (str(out),), backend="gloo")  # one thread per rank, loopback
+        times = json.loads(out.read_text())
     steps = 2 * (world - 1)
     wire = np.array([steps / world * n * 4 for n in GLOO_SIZES])  # bytes one rank sends
     t = np.array(times)
