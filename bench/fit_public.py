@@ -254,13 +254,18 @@ def family_curves(name: str, df: pl.DataFrame) -> list[RunCurve]:
 CURVE_CANDIDATES = ("chinchilla", "kaplan", "lr_area", "lr_annealing", "lr_annealing_sized")
 
 
+def _in_tokens(dep, curve: RunCurve) -> dict:
+    """A departure (fitting.curve_departures) with its two checkpoints in tokens of `curve`."""
+    before, after = curve.tokens(np.array([dep.step_before, dep.step_after]))
+    return dep.to_dict() | {"tokens_before": float(before), "tokens_after": float(after)}
+
+
 def score_curves(name: str, df: pl.DataFrame, *, drop_first: float = 0.1, score_last: float = 0.3) -> dict:
     """Mean ARE on the largest model's last 30% for each curve candidate, their average and auto."""
     df = df.unique(subset=["model", "tokens", "loss"], keep="first", maintain_order=True)
     curves = family_curves(name, df)
     train, test = curves[:-1], curves[-1]
-    d = test.tokens(test.steps)
-    steps = test.steps[d >= (1.0 - score_last) * d.max()]
+    steps = test.tail_steps(score_last)
     obs = test.loss[np.isin(test.steps, steps)]
     names = [c for c in CURVE_CANDIDATES if name in SCHEDULES or c in ("chinchilla", "kaplan")]
     t0 = time.perf_counter()
@@ -290,11 +295,7 @@ def score_curves(name: str, df: pl.DataFrame, *, drop_first: float = 0.1, score_
     preds["auto*"] = preds[plain.chosen]
     # where the held-out run leaves the chosen law (fitting/curve_departures.py): a level shift of its
     # residual says the run changed mid-way in a way its given schedule does not show
-    shifts = []
-    if isinstance(fits.get(sel.chosen), CurveFit):
-        for dep in departures(fits[sel.chosen], test):
-            before, after = test.tokens(np.array([dep.step_before, dep.step_after]))
-            shifts.append({"tokens_before": float(before), "tokens_after": float(after), "jump": dep.jump, "z": dep.z})
+    held = departures(fits[sel.chosen], test) if isinstance(fits.get(sel.chosen), CurveFit) else []
     are = {k: float(np.mean(np.abs(p - obs) / obs)) for k, p in preds.items()}
     bias = {k: float(np.mean((p - obs) / obs)) for k, p in preds.items()}
     return {
@@ -304,12 +305,8 @@ def score_curves(name: str, df: pl.DataFrame, *, drop_first: float = 0.1, score_
         "auto_choice": sel.chosen,
         "plain_choice": plain.chosen,
         "selection_backtest": {c.name: (c.backtest.mare if c.backtest else None) for c in sel.candidates.values()},
-        "heldout_departures": shifts,
-        "nested_departures": [
-            {"run_id": d.run_id, "tokens_before": float(b), "tokens_after": float(a), "jump": d.jump, "z": d.z}
-            for d in sel.departures
-            for b, a in [train[-1].tokens(np.array([d.step_before, d.step_after]))]
-        ],
+        "heldout_departures": [_in_tokens(d, test) for d in held],
+        "nested_departures": [_in_tokens(d, train[-1]) for d in sel.departures],
         "params": {k: f.params for k, f in fits.items()},
         "decay": {k: f.decay for k, f in fits.items() if k == "lr_annealing"},
         "seconds": round(time.perf_counter() - t0, 1),

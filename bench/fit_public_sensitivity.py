@@ -45,8 +45,7 @@ TAIL = 0.3
 
 def tail_score(train: list[RunCurve], test: RunCurve, law: str, **kw) -> tuple[float, float]:
     """(mean ARE, mean signed relative error) of `law` fitted on `train`, on the last 30% of `test`."""
-    d = test.tokens(test.steps)
-    steps = test.steps[d >= (1.0 - TAIL) * d.max()]
+    steps = test.tail_steps(TAIL)
     obs = test.loss[np.isin(test.steps, steps)]
     rel = (fit_curves(train, law, **kw).predict(test, steps) - obs) / obs
     return float(np.mean(np.abs(rel))), float(np.mean(rel))
@@ -79,8 +78,7 @@ def opt_cut(curves: list[RunCurve]) -> list[dict]:
     """lr_annealing's error on OPT-175B's tail with an LR cut at 81B tokens of varied depth."""
     fit = fit_curves(curves[:-1], "lr_annealing")
     test = curves[-1]
-    d = test.tokens(test.steps)
-    steps = test.steps[d >= (1.0 - TAIL) * d.max()]
+    steps = test.tail_steps(TAIL)
     obs = test.loss[np.isin(test.steps, steps)]
     tokens_before = test.tokens(np.arange(1, test.num_steps + 1)) - test.tokens_per_step
     out = []

@@ -114,6 +114,11 @@ class RunCurve:
         tps = np.broadcast_to(np.asarray(self.tokens_per_step, dtype=np.float64), self.lr.shape)
         return np.cumsum(tps)[np.asarray(steps, dtype=np.int64) - 1]
 
+    def tail_steps(self, fraction: float) -> np.ndarray:
+        """The logged steps in the last `fraction` of the run's logged tokens (what a tail backtest scores)."""
+        d = self.tokens(self.steps)
+        return self.steps[d >= (1.0 - fraction) * d.max()]
+
     def areas(self, decay: float, units: str = "peak_tokens") -> tuple[np.ndarray, np.ndarray]:
         """(S1, S2) after every step of the schedule, cached per (decay, units).
 

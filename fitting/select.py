@@ -204,12 +204,6 @@ def _applicable(names, table: RunTable | None, curves, score: str) -> dict[str, 
 # ---------------------------------------------------------------------------------------------
 
 
-def _curve_tail(curve: RunCurve, tail: float) -> np.ndarray:
-    """Steps of the curve's points in the last `tail` of its tokens."""
-    d = curve.tokens(curve.steps)
-    return curve.steps[d >= (1.0 - tail) * d.max()]
-
-
 def select_law(
     table: RunTable | None = None,
     curves: Sequence[RunCurve] | None = None,
@@ -271,7 +265,7 @@ def select_law(
         if np.unique([c.params for c in train_c]).size < 2:
             raise UsageError("law selection: fewer than 2 model sizes below the held-out largest")
         holdout = [c.run_id for c in test_c]
-        tail_steps = [_curve_tail(c, tail) for c in test_c]
+        tail_steps = [c.tail_steps(tail) for c in test_c]
         observed = np.concatenate([c.loss[np.isin(c.steps, s)] for c, s in zip(test_c, tail_steps)])
         point_ids = [f"{c.run_id}@{st}" for c, s in zip(test_c, tail_steps) for st in s]
         point_flops = np.concatenate([c.inputs(s, 0.999)["flops"] for c, s in zip(test_c, tail_steps)])
