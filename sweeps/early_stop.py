@@ -102,8 +102,13 @@ def parse_early_stop(section: Any) -> EarlyStopConfig | None:
         "law": cfg.law in CURVE_LAWS,
         "source": cfg.source in SOURCES,
     }
-    ranges = {"law": f"one of {CURVE_LAWS}", "source": f"one of {SOURCES}", "min_runs": ">= 1", "n_boot": ">= 8"}
-    ranges["backtest_runs"] = ">= 0"
+    ranges = {
+        "law": f"one of {CURVE_LAWS}",
+        "source": f"one of {SOURCES}",
+        "min_runs": ">= 1",
+        "n_boot": ">= 8",
+        "backtest_runs": ">= 0",
+    }
     for key, ok in checks.items():
         if not ok:
             fix = ranges.get(key, "a value in (0, 1)")
