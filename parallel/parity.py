@@ -49,31 +49,11 @@ from scalelab.parallel.planner_memory import state_bytes
 # world size; the golden losses (tests/assets/golden_losses.json) pin the numbers of the world 2
 # and 4 layouts. `single-accum2` is the floor: one device, the batch in two accumulation steps.
 PARITY_LAYOUTS: dict[int, tuple[str, ...]] = {
-    2: (
-        "single-accum2",
-        "dp2",
-        "fsdp2",
-        "fsdp2-zero2",
-        "tp2",
-        "tp2sp",
-        "pp2-gpipe",
-        "pp2-1f1b",
-        "pp2-interleaved",
-        "pp2-zb",
-        "tp2sp+sac",
-        "fsdp2+ac",
-        "cp2",
+    2: tuple(
+        "single-accum2 dp2 fsdp2 fsdp2-zero2 tp2 tp2sp pp2-gpipe pp2-1f1b pp2-interleaved pp2-zb "
+        "tp2sp+sac fsdp2+ac cp2".split()
     ),
-    4: (
-        "dp2xfsdp2",
-        "dp2xtp2",
-        "fsdp2xtp2",
-        "fsdp2xtp2sp",
-        "fsdp2xpp2",
-        "pp2xtp2sp",
-        "fsdp2-zero2xpp2-zb",
-        "fsdp2xcp2",
-    ),
+    4: tuple("dp2xfsdp2 dp2xtp2 fsdp2xtp2 fsdp2xtp2sp fsdp2xpp2 pp2xtp2sp fsdp2-zero2xpp2-zb fsdp2xcp2".split()),
     8: ("dp2xpp2xtp2sp",),
 }
 
