@@ -27,7 +27,7 @@ UPDATE = "python scripts/golden_losses.py --write, then commit tests/assets/gold
 
 def _script(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=1200
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=540
     )
 
 
