@@ -39,9 +39,8 @@ from scalelab.train import checkpoint as ckpt
 from scalelab.train.config import RunConfig, config_hash, to_dict
 from scalelab.train.data.bundle import build_data
 from scalelab.train.elastic import WorkerLayout, micro_sequences
-from scalelab.train.eval_parallel import step_logprobs
-from scalelab.train.eval_tasks import evaluate_tasks, load_tasks
-from scalelab.train.evaluate import autocast_for, evaluate_sources
+from scalelab.train.eval_tasks import load_tasks
+from scalelab.train.evaluate import autocast_for, evaluate
 from scalelab.train.loggers import open_progress, open_wandb
 from scalelab.train.optim import build_optimizer, set_lr
 from scalelab.train.parallel_model import parallel_model
@@ -369,7 +368,8 @@ def _train_step(s: _Session, lr: float) -> tuple[float, float]:
         batch = s.data.sampler.next_batch(cfg.global_batch_sequences).to(runtime.device, non_blocking=True)
     loss_sum = torch.zeros((), device=runtime.device)
     for chunk in batch.split(s.micro_sequences):
-        with autocast_for(runtime):  # backward included; returns the detached cross-entropy (no z-loss)
+        # autocast over backward too; forward_backward returns the detached cross-entropy (no z-loss)
+        with autocast_for(runtime.device, runtime.autocast_dtype):
             loss_sum += s.par.step.forward_backward(chunk[:, :-1], chunk[:, 1:], 1.0 / s.num_micro)
     grad_norm = s.par.step.clip_grad_norm(s.model, cfg.optim.grad_clip)
     s.optimizer.step()
@@ -412,21 +412,22 @@ def _log_step(s: _Session, step: int, lr: float, loss_val: float, grad_norm: flo
 
 def _evaluate(s: _Session, step: int) -> None:
     """Validation loss/bpb on every source, and the multiple-choice tasks (every rank runs them)."""
-    rows = evaluate_sources(s.model, s.data.val_sets, s.par.step.eval_loss, s.runtime)
-    if s.tasks:  # every rank runs it: under a layout the scoring is collective
-        seq_len, eot = s.cfg.model.max_seq_len, s.data.tokenizer.eot_id
-        scorer = None  # one device: batched logits
-        if s.par.dims.world_size > 1:  # any layout, pp included: through the step's eval loss
-            scorer = lambda requests: step_logprobs(s.par, requests, eot_id=eot, seq_len=seq_len)  # noqa: E731
-        rows += evaluate_tasks(s.model, s.data.tokenizer, s.tasks, max_seq_len=seq_len, scorer=scorer)
+    ev = evaluate(
+        s.par,
+        tokenizer=s.data.tokenizer,
+        tasks=s.tasks,
+        val_sets=s.data.val_sets,
+        max_seq_len=s.cfg.model.max_seq_len,
+        autocast_dtype=s.runtime.autocast_dtype,
+    )
     if s.writer is None:
         return
     tokens = step * s.cfg.tokens_per_step
-    for r in rows:
-        s.writer.log_eval(dict(r, step=step, tokens=tokens, flops=s.flops_per_step * step))
-    _emit(s.callbacks, "eval", {"step": step, "tokens": tokens, "rows": rows})
+    for row in ev.stamped(step=step, tokens=tokens, flops=s.flops_per_step * step):
+        s.writer.log_eval(row)
+    _emit(s.callbacks, "eval", {"step": step, "tokens": tokens, "rows": ev.rows})
     if s.logger is not None:
-        s.logger.log({f"{r['task']}/{r['metric']}": r["value"] for r in rows}, step=step)
+        s.logger.log({f"{r['task']}/{r['metric']}": r["value"] for r in ev.rows}, step=step)
 
 
 def _checkpoint(s: _Session, step: int) -> None:
