@@ -28,6 +28,7 @@ from scalelab.sweeps.spec import expand_sweep, load_sweep
 from scalelab.sweeps.wandb_fit import fit_run_id, update_ledger
 from scalelab.sweeps.wandb_live import LivePrediction
 from scalelab.sweeps.wandb_runs import parse_wandb_section, run_tags, trial_context
+from scalelab.train import loggers
 from scalelab.train.config import build_run_config
 from scalelab.train.loggers import WandbRun, start_wandb, wandb_mode
 from scalelab.train.loop import StopRun, train_run
@@ -118,8 +119,26 @@ def test_online_with_a_closed_port_logs_offline_after_one_warning(monkeypatch, t
     run = start_wandb(mode="online", project="p", run_id="abc", directory=tmp_path, warn=lines.append)
     run.log({"x": 1.0}, step=1)
     run.finish()
+    # the health check answers at once (wandb.init would retry for INIT_TIMEOUT_S): "Connection refused"
     assert len(lines) == 1 and "W&B was not reached" in lines[0] and "127.0.0.1" in lines[0]
+    assert "Connection refused" in lines[0]
     assert read_offline_run(next((tmp_path / "wandb").glob("offline-run-*-abc")), wait_s=60).series("x") == [(1, 1)]
+
+
+def test_a_server_that_answers_but_fails_init_still_leaves_an_offline_record(monkeypatch, tmp_path):
+    """Past the health check, wandb.init itself fails (here: nothing behind the port, the check
+    skipped): after INIT_TIMEOUT_S the run logs offline, one warning line."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setattr(loggers, "unreachable", lambda *a, **k: None)
+    monkeypatch.setattr(loggers, "INIT_TIMEOUT_S", 3.0)
+    lines = []
+    run = start_wandb(mode="online", project="p", run_id="abd", directory=tmp_path, warn=lines.append)
+    run.log({"x": 2.0}, step=1)
+    run.finish()
+    assert len(lines) == 1 and "W&B was not reached" in lines[0], lines
+    assert read_offline_run(next((tmp_path / "wandb").glob("offline-run-*-abd")), wait_s=60).series("x") == [(1, 2)]
 
 
 def test_spec_section_is_checked_before_anything_runs(tmp_path, capsys):
@@ -271,4 +290,5 @@ def test_an_online_sweep_whose_server_is_a_closed_port_completes(tmp_path):
     assert df["status"].to_list() == ["done", "done"] and df["final_val_loss"].is_finite().all()
     runs = _runs(out)
     assert sorted(r.id for r in runs) == sorted(df["run_id"].to_list()) and {r.exit_code for r in runs} == {0}
+    assert {r.group for r in runs} == {"live"}  # the trials' W&B context: the sweep's group
     assert load_sweep(tmp_path / "s.yaml").runs[0].config["logging"]["wandb"] == "online"

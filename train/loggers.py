@@ -169,11 +169,19 @@ def start_wandb(
             return wandb.init(mode=attempt, settings=settings, **kwargs)
         except Exception as e:  # noqa: BLE001 - W&B must never stop a run (module docstring)
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            _teardown(wandb)  # a failed init keeps the run id "in use" in W&B's service
             if attempt == "online":
                 warn(f"warning: W&B was not reached ({reason}); logging offline to {directory}/wandb (`wandb sync`)")
             else:
                 warn(f"warning: W&B failed ({reason}); logging to the records only")
     return None
+
+
+def _teardown(wandb) -> None:
+    try:
+        wandb.teardown()
+    except Exception:  # noqa: BLE001 - already broken: the next attempt reports what fails
+        pass
 
 
 def _stderr(line: str) -> None:
