@@ -193,6 +193,17 @@ def fit_summary(record: dict[str, Any], book: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def fit_tags(sw: SweepWandb, record: dict[str, Any]) -> list[str]:
+    verdict = "gates:pass" if (record.get("gates") or {}).get("passed") else "gates:fail"
+    return [f"round:{record['round']}", verdict, f"law:{record.get('law')}", *sw.section.tags]
+
+
+def fit_config(sw: SweepWandb, record: dict[str, Any]) -> dict[str, Any]:
+    keys = ("target_flops", "budget_flops", "next_budget", "loss_column", "flops_convention", "code_version", "run_ids")
+    head = {"sweep": sw.group, "round": record["round"], "options": (record.get("fit") or {}).get("options")}
+    return head | {k: record.get(k) for k in keys}
+
+
 def _coverage(book: dict[str, Any]) -> dict[str, Any]:
     c = ledger.coverage(book.get("predictions", []))
     return {"ledger/n_scored": c["n_scored"], "ledger/coverage": c["rate"], "ledger/mare": c["mare"]}
@@ -243,8 +254,6 @@ def log_round(
     if mode == "disabled":
         return None
     k = int(record["round"])
-    gates = record.get("gates") or {}
-    verdict = "gates:pass" if gates.get("passed") else "gates:fail"
     book = ledger.read_ledger(sweep_dir)
     run = start_wandb(
         mode=mode,
@@ -253,20 +262,9 @@ def log_round(
         directory=sweep_dir,
         name=f"fit round {k}",
         group=sw.group,
-        tags=[f"round:{k}", verdict, f"law:{record.get('law')}", *sw.section.tags],
+        tags=fit_tags(sw, record),
         job_type="fit",
-        config={
-            "sweep": sw.group,
-            "round": k,
-            "options": (record.get("fit") or {}).get("options"),
-            "target_flops": record.get("target_flops"),
-            "budget_flops": record.get("budget_flops"),
-            "next_budget": record.get("next_budget"),
-            "loss_column": record.get("loss_column"),
-            "flops_convention": record.get("flops_convention"),
-            "code_version": record.get("code_version"),
-            "run_ids": record.get("run_ids"),
-        },
+        config=fit_config(sw, record),
         warn=log,
     )
     if run is None:
@@ -312,20 +310,23 @@ def update_ledger(sweep_dir: str | Path, scored: list[dict[str, Any]], *, log=pr
     if mode == "disabled":
         return []
     book = ledger.read_ledger(sweep_dir)
+    records = {int(r["round"]): r for r in round_records(sweep_dir)}
     out = []
-    for k in sorted({int(p["round"]) for p in scored}):
+    for k in sorted({int(p["round"]) for p in scored} & set(records)):
         wandb_id = fit_run_id(sw.group, k)
         if logged(sweep_dir, wandb_id) and guarded(
-            f"the ledger of round {k}", log, _log_ledger, sw, mode, sweep_dir, k, book, log
+            f"the ledger of round {k}", log, _log_ledger, sw, mode, sweep_dir, records[k], book, log
         ):
             out.append(wandb_id)
     return out
 
 
-def _log_ledger(sw: SweepWandb, mode: str, sweep_dir: Path, k: int, book: dict[str, Any], log) -> bool:
+def _log_ledger(sw: SweepWandb, mode: str, sweep_dir: Path, record: dict[str, Any], book: dict[str, Any], log) -> bool:
+    """The round's fit run resumed (its id, tags and config), the ledger table at the next step."""
+    k = int(record["round"])
     run = start_wandb(
         mode=mode, project=sw.project, run_id=fit_run_id(sw.group, k), directory=sweep_dir, group=sw.group,
-        job_type="fit", name=f"fit round {k}", warn=log,
+        job_type="fit", name=f"fit round {k}", tags=fit_tags(sw, record), config=fit_config(sw, record), warn=log,
     )  # fmt: skip
     if run is None:
         return False

@@ -228,6 +228,7 @@ def test_sweep_wandb_logs_a_finished_store_and_its_rounds(offline, tmp_path, cap
     resumed = [r for r in _runs(sd / "wandb") if r.id == fit_run_id("sim", 1)]
     assert len(resumed) == 2  # the fit run's second offline folder (`wandb sync` both)
     later = max(resumed, key=lambda r: r.history[-1]["_step"])
+    assert later.tags == fit.tags and later.group == "sim" and later.config["round"] == 1
     (row,) = later.table("ledger")[1]
     assert row[9] == pytest.approx(scored[0]["measured"]) and row[11] == scored[0]["covered"]
     assert later.summary["ledger/n_scored"] == 1
