@@ -1,6 +1,6 @@
 """The figures of a `sweep next` round for its W&B fit run (scalelab.sweeps.wandb_fit calls `fit_images`).
 
-    figures = fit_images(sweep_dir, record)   # record: fits/round_K.json; {"isoflop", "frontier", "ledger": Figure}
+    pngs = fit_images(sweep_dir, record, out_dir)   # fits/round_K.json -> {"isoflop", "frontier", "ledger": PNG}
 
 The IsoFLOP curves and the compute frontier of the round's own fit (the runs it used, its bootstrap
 draws and backtest), drawn as `scalelab report` draws them, and the sweep's ledger. The sweep side
@@ -20,8 +20,8 @@ from scalelab.analysis.store import load_store_runs
 from scalelab.sweeps.ledger import read_ledger
 
 
-def fit_images(sweep_dir: str | Path, record: dict[str, Any]) -> dict[str, Any]:
-    """{"isoflop", "frontier", "ledger"}: matplotlib Figures of the round (module docstring)."""
+def fit_images(sweep_dir: str | Path, record: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    """{"isoflop", "frontier", "ledger"}: the round's plots (module docstring) as PNGs in out_dir."""
     fit_record = record["fit"]
     fit = store_fit_from_record(fit_record)
     runs = load_store_runs(sweep_dir)
@@ -29,8 +29,13 @@ def fit_images(sweep_dir: str | Path, record: dict[str, Any]) -> dict[str, Any]:
     if used:
         runs = runs.filter(pl.col("run_id").is_in(list(used)))
     loss_col = record.get("loss_column") if record.get("loss_column") in runs.columns else "loss"
-    return {
+    figures = {
         "isoflop": plots.plot_isoflop(runs, fit, loss_col=loss_col),
         "frontier": plots.plot_frontier(runs, fit),
         "ledger": plots.plot_ledger(read_ledger(sweep_dir)),
     }
+    out = {}
+    for name, fig in figures.items():
+        out[name] = Path(out_dir) / f"{name}.png"
+        plots.save(fig, out[name])
+    return out

@@ -11,8 +11,8 @@ A fit run (id `fit-r<K>-<hash of the group>`, name `fit round K`, tags `round:K`
            (each budget's sizes, best size, Approach 2's vertex and interval), fit/backtest,
            proposals (kind, run, N, D, C, predicted loss and interval), ledger (every round's
            predictions with the measured loss once their runs are done, the error and coverage);
-  images   what `images(sweep_dir, record)` draws (the CLI passes scalelab.analysis.wandb_images:
-           the IsoFLOP curves, the compute frontier, the ledger) — the sweep side draws nothing;
+  images   the PNGs `images(sweep_dir, record, out_dir)` draws (the CLI passes scalelab.analysis.
+           wandb_images: the IsoFLOP curves, the compute frontier, the ledger) — the sweep side draws nothing;
   summary  the constants (`fit/<name>`, `fit/<name>_lo|_hi`), gates_passed, failed gates, the loss at
            the target with its interval, backtest MAREs, the ledger's coverage.
 
@@ -37,7 +37,7 @@ from scalelab.sweeps.wandb_runs import SweepWandb, guarded, reachable_mode, swee
 from scalelab.train import storage
 from scalelab.train.loggers import start_wandb
 
-Images = Callable[[Path, dict[str, Any]], dict[str, Any]]  # (sweep_dir, round record) -> {name: Figure}
+Images = Callable[[Path, dict[str, Any], Path], dict[str, Path]]  # (sweep_dir, round record, out dir) -> {name: PNG}
 
 
 def fit_run_id(group: str, k: int) -> str:
@@ -219,24 +219,15 @@ def _tables(wandb, tables: dict[str, list[list[Any]]]) -> dict[str, Any]:
 
 
 def _images(wandb, images: Images | None, sweep_dir: Path, record: dict[str, Any], log) -> dict[str, Any]:
-    """The round's figures as W&B images (PNG files: W&B copies them into the run)."""
+    """The round's plots as W&B images (W&B copies the PNGs into the run)."""
     if images is None:
         return {}
-    import matplotlib.pyplot as plt
-
-    out = {}
-    tmp = Path(tempfile.mkdtemp(prefix="scalelab-wandb-"))
     try:
-        figures = images(sweep_dir, record)
+        pngs = images(sweep_dir, record, Path(tempfile.mkdtemp(prefix="scalelab-wandb-")))
     except Exception as e:  # noqa: BLE001 - a plot that cannot be drawn must not lose the tables
         log(f"warning: the round's plots for W&B failed ({type(e).__name__}: {e}); logging the tables only")
         return {}
-    for name, fig in figures.items():
-        path = tmp / f"{name.replace('/', '_')}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        out[f"plots/{name}"] = wandb.Image(str(path))
-    return out
+    return {f"plots/{name}": wandb.Image(str(path)) for name, path in pngs.items()}
 
 
 def log_round(

@@ -47,7 +47,8 @@ from scalelab.sweeps.wandb_live import LivePrediction, PredictConfig, parse_pred
 from scalelab.train import storage
 from scalelab.train.config import LoggingConfig
 from scalelab.train.config_tree import from_dict, load_yaml
-from scalelab.train.loggers import WandbRun, unreachable, wandb_mode
+from scalelab.train.loggers import WandbRun, base_url, unreachable, wandb_mode
+from scalelab.train.records import atomic_write_json
 
 STATE = "wandb.json"  # <sweep>/wandb.json: the driver's verdict on reaching W&B (prepare)
 
@@ -129,8 +130,6 @@ def reachable_mode(requested: str, log) -> str:
     once per process through `log`)."""
     if requested != "online":
         return requested
-    from scalelab.train.loggers import base_url
-
     url = base_url()
     if url not in _VERDICTS:
         _VERDICTS[url] = unreachable(url)
@@ -152,9 +151,6 @@ def prepare(sweep_dir: str | Path, runs: list[dict[str, Any]], log) -> None:
     if "online" not in modes or reachable_mode("online", log) == "online":
         path.unlink(missing_ok=True)
         return
-    from scalelab.train.loggers import base_url
-    from scalelab.train.records import atomic_write_json
-
     url = base_url()
     atomic_write_json(path, {"mode": "offline", "requested": "online", "base_url": url, "reason": _VERDICTS[url]})
 
