@@ -41,4 +41,7 @@ def run(args) -> int:
     result = run_demo(
         args.out, quick=args.quick, num_cpus=args.num_cpus, address=args.address, plot=plot_demo, fit_images=fit_images
     )
+    if args.wandb == "offline":
+        d = f"{args.out}/isoflop"
+        print(f"W&B (offline): upload with `wandb sync {d}/runs/*/wandb/offline-run-* {d}/wandb/offline-run-*`")
     return 0 if result.get("ok") else 1

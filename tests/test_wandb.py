@@ -10,6 +10,7 @@ and a sweep launched online against a closed port (slow: its own Ray).
 """
 
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from scalelab.errors import ConfigError
 from scalelab.sweeps import ledger, store, wandb_runs
 from scalelab.sweeps.propose import propose_next
 from scalelab.sweeps.spec import expand_sweep, load_sweep
+from scalelab.sweeps.wandb_export import log_evals
 from scalelab.sweeps.wandb_fit import fit_run_id, update_ledger
 from scalelab.sweeps.wandb_live import LivePrediction
 from scalelab.sweeps.wandb_runs import parse_wandb_section, run_tags, trial_context
@@ -237,6 +239,20 @@ def test_sweep_wandb_logs_a_finished_store_and_its_rounds(offline, tmp_path, cap
     assert "0 run(s) and 0 fit run(s) logged; 16 run(s) already logged" in capsys.readouterr().out
 
 
+def test_sweep_eval_scores_become_an_eval_run_in_the_group(offline, tmp_path):
+    sd = tmp_path / "root" / "sim"
+    run_ids = launch_synthetic(ISO, sd, LAW, noise_std=0.003)
+    rows = [
+        {"step": step, "task": "stdlib_completion", "metric": "acc", "value": acc, "tokens": 0, "flops": 0.0}
+        for step, acc in ((100, 0.31), (200, 0.35))
+    ]
+    (wandb_id,) = log_evals(sd, {store.run_path(sd, run_ids[0]): rows}, log=_quiet)
+    run = _one_run(store.run_path(sd, run_ids[0]))
+    assert run.id == wandb_id and run.job_type == "eval" and run.group == "sim"
+    assert {"round:0", "v1"} <= set(run.tags) and run.summary["N"] > 0
+    assert run.series("stdlib_completion/acc") == [(100, 0.31), (200, 0.35)]
+
+
 SWEEP = {
     "name": "live",
     "base": {**RUN, "train": {"global_batch_tokens": 256, "num_tokens": 30 * 256}},
@@ -256,6 +272,7 @@ def test_a_trial_logs_its_predicted_final_loss_while_it_trains(offline, tmp_path
         train_run(build_run_config(r.config), store.run_path(sd, r.run_id))
     ctx = trial_context(sd, last.run_id, last.config)
     assert isinstance(ctx.predict, LivePrediction) and ctx.group == "live" and ctx.mode == "offline"
+    assert pickle.loads(pickle.dumps(ctx)).predict.run_id == last.run_id  # travels to Ray Train workers
     train_run(build_run_config(last.config), store.run_path(sd, last.run_id), wandb=ctx)
     run = _one_run(store.run_path(sd, last.run_id))
     preds = run.series("predict/final_loss")
