@@ -16,7 +16,8 @@ W&B must never stop a run. Before an online run starts, `unreachable()` asks the
 endpoint (PROBE_TIMEOUT_S): a server that does not answer costs seconds, not wandb.init's retries.
 An online run that cannot reach its server logs offline instead, with one warning line on stderr
 (`wandb sync` uploads it later); wandb.init is bounded by `init_timeout` (INIT_TIMEOUT_S); and any
-failure of W&B itself leaves the run logging to its records only.
+failure of W&B itself leaves the run logging to its records only. An online run's finish() waits
+at most FINISH_TIMEOUT_S for its uploads.
 
 wandb and tqdm are imported when used: wandb costs seconds to import, and neither is needed by a
 run that logs only to its records.
@@ -38,6 +39,10 @@ from scalelab.train.config import config_hash, to_dict
 MODES = ("offline", "online", "disabled")
 INIT_TIMEOUT_S = 30.0  # wandb.init's own limit (its default is 90 s); a server that slow is not reached
 PROBE_TIMEOUT_S = 5.0  # the health check before an online run
+# An online run.finish() waits this long for its uploads (W&B's default: forever). A server that went
+# away mid-run then costs minutes, not the trial; the run's local W&B files keep what was not sent
+# (`wandb sync` uploads it).
+FINISH_TIMEOUT_S = 120.0
 
 Predict = Callable[[str, dict[str, Any]], "dict[str, float] | None"]
 
@@ -166,6 +171,8 @@ def start_wandb(
     for attempt in (mode, "offline") if mode == "online" else (mode,):
         try:
             settings = wandb.Settings(silent=True, console="off", init_timeout=INIT_TIMEOUT_S)
+            if attempt == "online":
+                settings.finish_timeout = FINISH_TIMEOUT_S
             return wandb.init(mode=attempt, settings=settings, **kwargs)
         except Exception as e:  # noqa: BLE001 - W&B must never stop a run (module docstring)
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
