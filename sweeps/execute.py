@@ -64,6 +64,7 @@ from scalelab.train.config import build_run_config, config_hash, to_dict
 from scalelab.train.config_tree import from_dict
 from scalelab.train.elastic import min_world_size
 from scalelab.train.launch import ray_train_fn
+from scalelab.train.loggers import WandbRun
 from scalelab.train.loop import train_run
 from scalelab.train.watchdog import HangPolicy
 
@@ -245,7 +246,7 @@ def _check_same_run(stored: dict[str, Any], cfg, run_id: str) -> None:
         )
 
 
-def _train_multiworker(tc: dict, run_dir: Path, cfg, wb=None) -> dict[str, Any]:
+def _train_multiworker(tc: dict, run_dir: Path, cfg, wb: WandbRun | None = None) -> dict[str, Any]:
     """A multi-process run as a Ray Train TorchTrainer inside this trial.
 
     The trainer restarts its worker group after a worker failure (a lost node, the step watchdog)
