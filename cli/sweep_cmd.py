@@ -10,11 +10,16 @@
     scalelab sweep next results/iso --target-flops 1e13 [--budget-flops 3e12]
     scalelab sweep ledger results/iso [--json]                        # every fit and prediction, scored
     scalelab sweep eval results/iso --tasks bundled:stdlib_completion@100  # add a task to finished runs
+    scalelab sweep wandb results/iso [--mode offline|online] [--force]   # log a finished store to W&B
 
 Specs are validated before Ray starts; a bad spec exits 2 with one line naming the key. A spec with
 `transfer: {check: true, ...}` (scalelab.sweeps.transfer) gets its LR-transfer check planned beside
 it, and launched first: launch exits 2 with the check's table when the best LR drifts (--force
 launches anyway); the ladder's runs take the transferred LR.
+
+W&B (docs/wandb.md): runs log live under the sweep's group with their design as tags; `sweep next`
+(and each round of `--rounds`) logs its fit, gates, proposals and ledger as a fit run with the
+round's plots; `sweep wandb` logs a store that trained without W&B.
 """
 
 from __future__ import annotations
@@ -105,6 +110,17 @@ def add_parser(sub) -> None:
     q.add_argument("sweep_dir")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_ledger)
+
+    q = s.add_parser("wandb", help="log a sweep's runs and rounds to W&B (those not logged while they ran)")
+    q.add_argument("sweep_dir")
+    q.add_argument(
+        "--mode",
+        choices=("offline", "online"),
+        default=None,
+        help="default: WANDB_MODE, else the spec's logging.wandb, else offline (`wandb sync` afterwards)",
+    )
+    q.add_argument("--force", action="store_true", help="log runs and rounds again that already have W&B records")
+    q.set_defaults(func=run_wandb)
 
 
 def _ray_args(q) -> None:
@@ -199,6 +215,7 @@ def run_launch(args) -> int:
         proposal = propose_next(out, target_flops=target, budget_flops=args.budget_flops, log=print)
         spec_path = Path(proposal["spec_path"])
         nxt = load_sweep(spec_path)
+        _log_fit_runs(out, print)
         print(f"round {k} of {args.rounds - 1}: {len(nxt.runs)} proposed run(s) from {spec_path}")
         result = launch(
             nxt,
@@ -347,10 +364,38 @@ def run_next(args) -> int:
         replicates=args.replicates,
         log=(lambda m: None) if args.json else print,
     )
+    _log_fit_runs(args.sweep_dir, (lambda m: print(m, file=sys.stderr)) if args.json else print)
     if args.json:
         print(json.dumps(proposal, indent=2, default=str))
     else:
         print(format_proposal(proposal))
+    return 0
+
+
+def _log_fit_runs(sweep_dir, log) -> None:
+    """The rounds `sweep next` wrote, as W&B fit runs with their plots (off when W&B is disabled)."""
+    from scalelab.analysis.wandb_images import fit_images
+    from scalelab.sweeps.wandb_fit import log_rounds
+
+    for wandb_id in log_rounds(sweep_dir, images=fit_images, log=log):
+        log(f"W&B: fit run {wandb_id} (fit, gates, proposals, ledger, plots)")
+
+
+def run_wandb(args) -> int:
+    from scalelab.analysis.wandb_images import fit_images
+    from scalelab.sweeps.wandb_export import export_sweep
+
+    result = export_sweep(args.sweep_dir, mode=args.mode, images=fit_images, force=args.force)
+    if result.mode == "disabled":
+        print("W&B is disabled (WANDB_MODE=disabled); nothing logged", file=sys.stderr)
+        return 0
+    print(
+        f"W&B ({result.mode}, group {result.group}): {len(result.runs)} run(s) and {len(result.fits)} fit run(s) "
+        f"logged; {len(result.skipped)} run(s) already logged or not started"
+    )
+    if result.mode == "offline" and (result.runs or result.fits):
+        d = Path(args.sweep_dir)
+        print(f"  upload: wandb sync {d}/runs/*/wandb/offline-run-* {d}/wandb/offline-run-*")
     return 0
 
 

@@ -15,11 +15,13 @@
 
     run_demo("results/demo", plot=plot_demo)   # prints as it goes; returns the numbers it printed
 
-`plot` draws the PNG (`scalelab.analysis.plots.plot_demo`, which `scalelab demo` passes): the
-analysis side reads the store, so the sweep side does not import it.
+`plot` draws the PNG (`scalelab.analysis.plots.plot_demo`, which `scalelab demo` passes) and
+`fit_images` a round's figures for its W&B fit run (scalelab.analysis.wandb_images): the analysis
+side reads the store, so the sweep side does not import it.
 
 The sweep lives at <out>/isoflop (the store root is <out>), so running the demo again trains
-nothing it has already trained. wandb is disabled in the demo (it costs seconds per run on a CPU).
+nothing it has already trained. W&B is disabled in the demo's spec (it costs seconds per run on a
+CPU); `scalelab demo --wandb offline` (WANDB_MODE) turns it on without changing a run id.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from scalelab.sweeps import ledger, store
+from scalelab.sweeps import ledger, store, wandb_fit
 
 MAX_ROUNDS = 3  # fits (and remedial rounds) before the demo gives up on identification
 
@@ -81,6 +83,7 @@ def run_demo(
     address: str | None = None,
     log=print,
     plot=None,
+    fit_images=None,
 ) -> dict[str, Any]:
     from scalelab.sweeps.execute import launch
     from scalelab.sweeps.proposal_text import format_gates
@@ -110,6 +113,7 @@ def run_demo(
         proposal = _existing_round(sweep_dir) or propose_next(
             sweep_dir, target_flops=next_budget, budget_flops=next_budget, step=3.0, log=log
         )
+        wandb_fit.log_rounds(sweep_dir, images=fit_images, log=log)  # a W&B fit run (when W&B is on)
         if proposal["gates"]["passed"]:
             break
         log(format_gates(proposal["gates"]))
