@@ -1,0 +1,216 @@
+"""Stacking weights of candidate laws from forward backtests: a law that levels off and one that does not.
+
+A Chinchilla-form law (L = E + A/N^alpha + B/D^beta) levels off at E; a Kaplan-form law does not.
+Fitted to small runs, the two often bracket the truth far away: one pessimistic, one optimistic, and
+their disagreement grows with distance. The forward backtests (scalelab.fitting.forward) measure each
+law's error beyond its fitted range. If each law's log error grows about linearly with distance,
+
+    log(pred_j / obs) ~= b_j * decades        (b_j: the law's bias per decade),
+
+then the combination log L = sum_j w_j log L_j has bias sum_j w_j b_j per decade at *every* distance:
+weights that cancel the bias at half a decade also cancel it at 1.5 decades. That is what makes
+weights learned at short range usable far away.
+
+The rule (fixed before any scored run; `StackRule` holds its constants):
+
+1. Per forward group g (one predicted budget of one fold) and candidate j, the per-decade error
+   r_jg = e_jg / d_g. Groups count in proportion to their fold's training runs (a fold that saw more
+   runs resembles the final fit more).
+2. The incumbent (Chinchilla unless told otherwise) keeps all the weight unless the groups show it
+   biased: its weighted mean per-decade error is more than `z_adopt` standard errors from zero. The
+   standard error is the larger of the groups' scatter over sqrt(effective groups) and the run noise
+   carried into a group's mean (noise / sqrt(runs) / decades).
+3. Otherwise the weights minimise the weighted mean squared per-decade error of the combination over
+   the simplex (weights >= 0, summing to 1).
+4. The combination's drift: k, its forward error per decade, from every fold's groups (not only the
+   recent ones) as a regression through the origin of error on distance, k^2 = sum w_g e_g^2 /
+   sum w_g d_g^2 (far groups, whose error is least diluted by the runs' noise, weigh most); it rests
+   on as many independent fits as there are folds.
+5. The rule is re-applied to `draws` bootstrap resamples of the groups, each group's error shifted by
+   a draw of its runs' noise: the weights' uncertainty (which reaches the prediction interval as the
+   spread of the combined prediction over the draws). With no forward group at all the draws are
+   uniform on the simplex: nothing has said which form extrapolates.
+
+With one or two candidates of the same sign of bias, step 3 gives all weight to the less biased one;
+with opposite signs it interpolates. A selection by one or two held-out runs is not this: the rule
+reads every forward group and refuses to move off the incumbent on noise.
+
+    st = stack_weights(groups, ("chinchilla", "kaplan"), noise=0.0056)
+    st.weights                 # e.g. {"chinchilla": 0.66, "kaplan": 0.34}
+    st.draws                   # (B, 2) weight draws
+    st.per_decade["chinchilla"]  # (mean, se) of its forward error per decade
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import optimize
+
+from scalelab.fitting.forward import ForwardGroup
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StackRule:
+    z_adopt: float = 2.0  # standard errors of forward bias before the incumbent shares its weight
+    recent_folds: int = 2  # only the latest fold origins count (0: all)
+    draws: int = 400  # bootstrap resamples of the forward groups
+    seed: int = 0
+
+
+@dataclass(kw_only=True)
+class Stack:
+    names: tuple[str, ...]
+    weights: dict[str, float]
+    draws: np.ndarray  # (B, K) weight draws, columns in `names` order
+    per_decade: dict[str, tuple[float, float]]  # candidate -> (weighted mean, standard error)
+    drift: float | None  # k: the combination's forward error per decade over every fold (None: no groups)
+    drift_folds: int  # folds k rests on
+    n_groups: int
+    n_folds: int
+    adopted: bool  # False: the incumbent kept all the weight
+    reason: str
+    incumbent: str
+    groups: list[ForwardGroup] = field(default_factory=list)
+
+    def weight_vector(self) -> np.ndarray:
+        return np.array([self.weights[n] for n in self.names])
+
+    def to_dict(self) -> dict:
+        return {
+            "names": list(self.names),
+            "weights": dict(self.weights),
+            "weight_intervals": {
+                n: [float(np.quantile(self.draws[:, i], 0.025)), float(np.quantile(self.draws[:, i], 0.975))]
+                for i, n in enumerate(self.names)
+            }
+            if self.draws.size
+            else {},
+            "per_decade": {n: list(v) for n, v in self.per_decade.items()},
+            "drift_per_decade": self.drift,
+            "drift_folds": self.drift_folds,
+            "n_groups": self.n_groups,
+            "n_folds": self.n_folds,
+            "adopted": self.adopted,
+            "reason": self.reason,
+            "incumbent": self.incumbent,
+            "groups": [g.to_dict() for g in self.groups],
+        }
+
+
+def _simplex_lsq(r: np.ndarray, omega: np.ndarray) -> np.ndarray:
+    """argmin_w sum_g omega_g (r_g . w)^2 with w >= 0, sum w = 1 (r: (G, K))."""
+    k = r.shape[1]
+    if k == 1:
+        return np.ones(1)
+    q = (r * omega[:, None]).T @ r
+    res = optimize.minimize(
+        lambda w: float(w @ q @ w),
+        np.full(k, 1.0 / k),
+        jac=lambda w: 2.0 * q @ w,
+        bounds=[(0.0, 1.0)] * k,
+        constraints=[{"type": "eq", "fun": lambda w: float(np.sum(w) - 1.0), "jac": lambda w: np.ones(k)}],
+        method="SLSQP",
+    )
+    w = np.clip(res.x, 0.0, None)
+    return w / w.sum()
+
+
+def _bias(r: np.ndarray, omega: np.ndarray, noise_se: np.ndarray) -> tuple[float, float]:
+    """Weighted mean of r and its standard error (scatter-based, floored by the noise carried in)."""
+    wsum = omega.sum()
+    mean = float(np.sum(omega * r) / wsum)
+    n_eff = wsum**2 / np.sum(omega**2)
+    scatter = float(np.sqrt(np.sum(omega * (r - mean) ** 2) / wsum / max(n_eff - 1.0, 1.0))) if r.size > 1 else 0.0
+    noise = float(np.sqrt(np.sum(omega**2 * noise_se**2)) / wsum)
+    return mean, max(scatter, noise)
+
+
+def _drift(groups: Sequence[ForwardGroup], names: Sequence[str], w: np.ndarray) -> tuple[float, int]:
+    """(k, folds): the combination's error per decade over `groups`, regressed through the origin."""
+    e = np.array([[g.errors[n] for n in names] for g in groups]) @ w
+    dec = np.array([g.decades for g in groups])
+    omega = np.array([float(g.n_train) for g in groups])
+    return float(math.sqrt(np.sum(omega * e**2) / np.sum(omega * dec**2))), len({g.fold for g in groups})
+
+
+def _rule(r: np.ndarray, omega: np.ndarray, noise_se: np.ndarray, inc: int, z: float) -> tuple[np.ndarray, bool]:
+    mean, se = _bias(r[:, inc], omega, noise_se)
+    if not abs(mean) > z * se:
+        w = np.zeros(r.shape[1])
+        w[inc] = 1.0
+        return w, False
+    return _simplex_lsq(r, omega), True
+
+
+def stack_weights(
+    groups: Sequence[ForwardGroup],
+    names: Sequence[str],
+    *,
+    noise: float,
+    incumbent: str | None = None,
+    rule: StackRule | None = None,
+) -> Stack:
+    """Weights of `names` from forward groups (module docstring). `noise`: a run's log-sd."""
+    rule = rule or StackRule()
+    names = tuple(names)
+    incumbent = incumbent or names[0]
+    inc = names.index(incumbent)
+    every = [g for g in groups if all(n in g.errors for n in names) and g.decades > 0]
+    groups = every
+    if rule.recent_folds and groups:
+        keep = sorted({g.fold for g in groups})[-rule.recent_folds :]
+        groups = [g for g in groups if g.fold in keep]
+    if not groups:
+        # Nothing says which form extrapolates: the incumbent predicts, and the weight draws are
+        # uniform on the simplex, so the interval carries the whole disagreement between the forms.
+        w = {n: float(n == incumbent) for n in names}
+        draws = np.random.default_rng(rule.seed).dirichlet(np.ones(len(names)), size=rule.draws)
+        return Stack(
+            names=names, weights=w, draws=draws, per_decade={}, drift=None, drift_folds=0, n_groups=0, n_folds=0,
+            adopted=False, incumbent=incumbent,
+            reason="no forward backtest (too few groups): the incumbent predicts, every weighting is open",
+        )  # fmt: skip
+    dec = np.array([g.decades for g in groups])
+    r = np.array([[g.errors[n] for n in names] for g in groups]) / dec[:, None]
+    omega = np.array([float(g.n_train) for g in groups])
+    noise_se = np.array([noise / math.sqrt(g.n_test) / g.decades for g in groups])
+    w, adopted = _rule(r, omega, noise_se, inc, rule.z_adopt)
+    rng = np.random.default_rng(rule.seed)
+    draws = np.empty((rule.draws, len(names)))
+    for b in range(rule.draws):
+        # groups resampled, and each group's observed runs redrawn: their noise shifts every
+        # candidate's error in that group alike (one set of runs is scored against all of them)
+        idx = rng.integers(0, len(groups), len(groups))
+        shifted = r[idx] + (noise_se[idx] * rng.standard_normal(len(groups)))[:, None]
+        draws[b], _ = _rule(shifted, omega[idx], noise_se[idx], inc, rule.z_adopt)
+    per_decade = {n: _bias(r[:, j], omega, noise_se) for j, n in enumerate(names)}
+    drift, drift_folds = _drift(every, names, w)
+    m, se = per_decade[incumbent]
+    if adopted:
+        reason = (
+            f"{incumbent} is {100 * m:+.2f}% per decade forward (se {100 * se:.2f}%, {len(groups)} groups): "
+            "weights minimise the combination's forward error"
+        )
+    else:
+        reason = (
+            f"{incumbent}'s forward error {100 * m:+.2f}% per decade is within {rule.z_adopt:g} se "
+            f"({100 * se:.2f}%) of zero over {len(groups)} groups: {incumbent} alone"
+        )
+    return Stack(
+        names=names,
+        weights={n: float(x) for n, x in zip(names, w)},
+        draws=draws,
+        per_decade=per_decade,
+        drift=drift,
+        drift_folds=drift_folds,
+        n_groups=len(groups),
+        n_folds=len({g.fold for g in groups}),
+        adopted=adopted,
+        reason=reason,
+        incumbent=incumbent,
+        groups=list(groups),
+    )
