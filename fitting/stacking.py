@@ -24,8 +24,8 @@ The rule (fixed before any scored run; `StackRule` holds its constants):
    the simplex (weights >= 0, summing to 1).
 4. The combination's drift: k, its forward error per decade, from every fold's groups (not only the
    recent ones) as a regression through the origin of error on distance, k^2 = sum w_g e_g^2 /
-   sum w_g d_g^2 (far groups, whose error is least diluted by the runs' noise, weigh most); it rests
-   on as many independent fits as there are folds.
+   sum w_g d_g^2 (far groups, whose error is least diluted by the runs' noise, weigh most), each
+   fold scored with the weights chosen without it; it rests on as many fits as there are folds.
 5. The rule is re-applied to `draws` bootstrap resamples of the groups, each group's error shifted by
    a draw of its runs' noise: the weights' uncertainty (which reaches the prediction interval as the
    spread of the combined prediction over the draws). With no forward group at all the draws are
@@ -129,12 +129,39 @@ def _bias(r: np.ndarray, omega: np.ndarray, noise_se: np.ndarray) -> tuple[float
     return mean, max(scatter, noise)
 
 
-def _drift(groups: Sequence[ForwardGroup], names: Sequence[str], w: np.ndarray) -> tuple[float, int]:
-    """(k, folds): the combination's error per decade over `groups`, regressed through the origin."""
-    e = np.array([[g.errors[n] for n in names] for g in groups]) @ w
+def _recent(groups: Sequence[ForwardGroup], folds: int) -> list[ForwardGroup]:
+    if not folds or not groups:
+        return list(groups)
+    keep = sorted({g.fold for g in groups})[-folds:]
+    return [g for g in groups if g.fold in keep]
+
+
+def _arrays(groups: Sequence[ForwardGroup], names: Sequence[str], noise: float):
+    dec = np.array([g.decades for g in groups])
+    r = np.array([[g.errors[n] for n in names] for g in groups]) / dec[:, None]
+    omega = np.array([float(g.n_train) for g in groups])
+    noise_se = np.array([noise / math.sqrt(g.n_test) / g.decades for g in groups])
+    return r, omega, noise_se
+
+
+def _drift(groups, names, w, inc: int, noise: float, rule: StackRule) -> tuple[float, int]:
+    """(k, folds): the combination's forward error per decade, regressed through the origin.
+
+    Out of sample where it can be: each fold's groups are scored with the weights the rule gives
+    without that fold (weights chosen on the groups they are scored on would hide their own error);
+    with a single fold, the in-sample weights `w`."""
+    folds = sorted({g.fold for g in groups})
+    e = np.empty(len(groups))
+    for f in folds:
+        mine = np.array([g.fold == f for g in groups])
+        rest = _recent([g for g in groups if g.fold != f], rule.recent_folds)
+        w_f = w
+        if rest:
+            w_f, _ = _rule(*_arrays(rest, names, noise), inc, rule.z_adopt)
+        e[mine] = np.array([[g.errors[n] for n in names] for g in groups])[mine] @ w_f
     dec = np.array([g.decades for g in groups])
     omega = np.array([float(g.n_train) for g in groups])
-    return float(math.sqrt(np.sum(omega * e**2) / np.sum(omega * dec**2))), len({g.fold for g in groups})
+    return float(math.sqrt(np.sum(omega * e**2) / np.sum(omega * dec**2))), len(folds)
 
 
 def _rule(r: np.ndarray, omega: np.ndarray, noise_se: np.ndarray, inc: int, z: float) -> tuple[np.ndarray, bool]:
@@ -160,10 +187,7 @@ def stack_weights(
     incumbent = incumbent or names[0]
     inc = names.index(incumbent)
     every = [g for g in groups if all(n in g.errors for n in names) and g.decades > 0]
-    groups = every
-    if rule.recent_folds and groups:
-        keep = sorted({g.fold for g in groups})[-rule.recent_folds :]
-        groups = [g for g in groups if g.fold in keep]
+    groups = _recent(every, rule.recent_folds)
     if not groups:
         # Nothing says which form extrapolates: the incumbent predicts, and the weight draws are
         # uniform on the simplex, so the interval carries the whole disagreement between the forms.
@@ -174,10 +198,7 @@ def stack_weights(
             adopted=False, incumbent=incumbent,
             reason="no forward backtest (too few groups): the incumbent predicts, every weighting is open",
         )  # fmt: skip
-    dec = np.array([g.decades for g in groups])
-    r = np.array([[g.errors[n] for n in names] for g in groups]) / dec[:, None]
-    omega = np.array([float(g.n_train) for g in groups])
-    noise_se = np.array([noise / math.sqrt(g.n_test) / g.decades for g in groups])
+    r, omega, noise_se = _arrays(groups, names, noise)
     w, adopted = _rule(r, omega, noise_se, inc, rule.z_adopt)
     rng = np.random.default_rng(rule.seed)
     draws = np.empty((rule.draws, len(names)))
@@ -188,7 +209,7 @@ def stack_weights(
         shifted = r[idx] + (noise_se[idx] * rng.standard_normal(len(groups)))[:, None]
         draws[b], _ = _rule(shifted, omega[idx], noise_se[idx], inc, rule.z_adopt)
     per_decade = {n: _bias(r[:, j], omega, noise_se) for j, n in enumerate(names)}
-    drift, drift_folds = _drift(every, names, w)
+    drift, drift_folds = _drift(every, names, w, inc, noise, rule)
     m, se = per_decade[incumbent]
     if adopted:
         reason = (
