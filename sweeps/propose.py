@@ -10,8 +10,9 @@ What it does, in order:
 
 1. Score the ledger: proposed runs of earlier rounds that are now done get their measured loss
    beside their prediction (scalelab.sweeps.ledger).
-2. Fit the done runs (scalelab.fitting.loopfit: the spec's law, Huber on log loss, bootstrap over
-   runs, hold-out and leave-one-budget-out backtests), and check the identification gates
+2. Fit the done runs (scalelab.sweeps.store_fit, the one fit entry with the spec's `fit:` options:
+   the spec's law, Huber on log loss, bootstrap over runs, hold-out and leave-one-budget-out
+   backtests), and check the identification gates
    (scalelab.fitting.gates): minima bracketed, exponents plausible and off their bounds, starts
    agree, Approach 2 and Approach 3 agree.
 3a. Gates pass: the compute-optimal run at C_next = min(step x the largest budget, C*) (N* from the
@@ -36,15 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 
 from scalelab.errors import ConfigError, UsageError
-from scalelab.fitting.io import read_runs
-from scalelab.fitting.loopfit import FIT_STARTS, LoopFit, fit_for_loop
-from scalelab.fitting.select import select_law
+from scalelab.fitting.intervals import percentile_interval
+from scalelab.fitting.scaling_fit import ScalingFit, code_version
 from scalelab.sweeps import ledger, store
 from scalelab.sweeps.spec import (
-    LOOP_LAWS,
     ExecutionConfig,
     FitSpec,
     _Context,
@@ -52,37 +50,13 @@ from scalelab.sweeps.spec import (
     expand_sweep,
     read_spec,
 )
+from scalelab.sweeps.store_fit import FIT_STARTS, MIN_LOOP_RUNS, fit_options, fit_store
 from scalelab.train.config_tree import from_dict
 
 NUM_SIZES = 5  # sizes of a new IsoFLOP slice
 SPAN = 3.0  # a new slice spans N*/SPAN .. SPAN N*
 BRACKET_FACTOR = 1.7  # a bracketing run steps this far beyond the edge (at least; the slice's own step otherwise)
 MAX_NARROWING = 3  # narrowing candidates added at most
-
-
-def _completeness(df: pl.DataFrame) -> list[str]:
-    warnings = []
-    not_done = df.filter(pl.col("status") != "done")
-    if not_done.height:
-        warnings.append(
-            f"partial grid: the fit uses {df.height - not_done.height} of {df.height} planned runs "
-            f"({not_done.height} not done: {', '.join(sorted(set(not_done['status'].to_list())))})"
-        )
-        if "flops_budget" in df.columns:
-            for budget in sorted({b for b in not_done["flops_budget"].to_list() if b is not None}):
-                sub = df.filter(pl.col("flops_budget") == budget)
-                ok = sub.filter(pl.col("status") == "done").height
-                warnings.append(f"budget {budget:.3g}: {ok} of {sub.height} runs done")
-    return warnings
-
-
-def _budgets(done: pl.DataFrame, flops_col: str) -> np.ndarray:
-    """Each run's FLOP budget: its IsoFLOP label when it has one, else its own FLOPs."""
-    flops = done[flops_col].cast(pl.Float64).to_numpy()
-    if "flops_budget" not in done.columns:
-        return flops
-    label = done["flops_budget"].cast(pl.Float64).to_numpy()
-    return np.where(np.isfinite(label), label, flops)
 
 
 def fit_sweep(
@@ -92,74 +66,21 @@ def fit_sweep(
     replicates: int | None = None,
     seed: int = 0,
     fit_starts: int = FIT_STARTS,
-) -> tuple[LoopFit, dict[str, Any], FitSpec, list[str]]:
-    """The loop's fit of a sweep's done runs: (LoopFit, raw spec, fit spec, warnings)."""
+) -> tuple[ScalingFit, dict[str, Any], FitSpec, list[str]]:
+    """The loop's fit of a sweep's done runs: (ScalingFit, raw spec, fit spec, warnings)."""
     sweep_dir = Path(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
         raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
     raw = read_spec(sweep_dir / "sweep.yaml")
     fit_spec = from_dict(FitSpec, raw.get("fit") or {})
-    df = store.load_runs(sweep_dir)
-    warnings = _completeness(df)
-    loss_col = fit_spec.loss
-    flops_col = "flops" if fit_spec.flops == "6n" else "flops_exact"
-    done = (
-        df.filter((pl.col("status") == "done") & pl.col(loss_col).is_not_null())
-        if loss_col in df.columns
-        else df.clear()
+    options = fit_options(
+        fit_spec, bootstrap=replicates, seed=seed, starts=fit_starts, target_flops=target_flops or None
     )
-    if done.height < 6:
-        raise UsageError(
-            f"{sweep_dir}: {done.height} done run(s) with {loss_col}; a {fit_spec.law} fit needs at least 6"
-        )
-    budgets = _budgets(done, flops_col)
-    law, selection = fit_spec.law, None
-    if law == "auto":
-        law, selection = _select(done, loss_col, budgets)
-        warnings += [f"law selection: {selection['rule']}"]
-    lf = fit_for_loop(
-        params=done["params"].to_numpy(),
-        tokens=done["tokens"].to_numpy(),
-        loss=done[loss_col].to_numpy(),
-        budgets=budgets,
-        law=law,
-        replicates=fit_spec.bootstrap if replicates is None else replicates,
-        seed=seed,
-        target_flops=target_flops or fit_spec.target_flops or None,
-        starts=fit_starts,
-        run_ids=done["run_id"].to_list(),
-        noise_floor=fit_spec.noise_floor,
-    )
-    lf.selection = selection
+    lf, warnings = fit_store(sweep_dir, options, min_runs=MIN_LOOP_RUNS)
+    if lf.selection is not None:
+        warnings += [f"law selection: {lf.selection['rule']}"]
     warnings += [f"fit: {w}" for w in lf.fit.warnings]
     return lf, raw, fit_spec, warnings
-
-
-def _select(done: pl.DataFrame, loss_col: str, budgets: np.ndarray) -> tuple[str, dict[str, Any]]:
-    """`fit.law: auto`: the (N, D) law the loop fits, by the held-out-largest-budget backtest.
-
-    The loop extrapolates one law's optimum, so "average" (the geometric mean of the candidates,
-    no closed optimum) cannot be the loop's law; when it wins, the best-scored single law is used
-    and the rule says so.
-    """
-    table = read_runs(
-        {
-            "params": done["params"].to_numpy(),
-            "tokens": done["tokens"].to_numpy(),
-            "loss": done[loss_col].to_numpy(),
-            "flops": budgets,
-            "run_id": done["run_id"].to_numpy(),
-        }
-    )
-    sel = select_law(table, candidates=(*LOOP_LAWS, "average"), refit=False)
-    out = sel.to_dict()
-    law = sel.chosen
-    if law not in LOOP_LAWS:
-        singles = [c.name for c in sel.ranking() if c.name in LOOP_LAWS]
-        law = singles[0] if singles else "chinchilla"
-        out["rule"] = f"{out['rule']}; {sel.chosen} has no closed optimum, so the loop fits {law}"
-    out["loop_law"] = law
-    return law, out
 
 
 def propose_next(
@@ -184,7 +105,7 @@ def propose_next(
     lf, raw, fit_spec, warnings = fit_sweep(
         sweep_dir, target_flops=target, replicates=replicates, seed=seed, fit_starts=fit_starts
     )
-    log(f"fitted {lf.law.name} to {lf.loss.size} runs ({len(lf.draws)} bootstrap replicates)")
+    log(f"fitted {lf.law} to {lf.loss.size} runs ({len(lf.draws)} bootstrap replicates)")
     largest = float(lf.budgets.max())
     c_next = min(step * largest, target)
     budget = budget_flops or 2 * c_next
@@ -230,7 +151,7 @@ def propose_next(
     return _write_round(sweep_dir, raw, lf, fit_spec, k, info, runs)
 
 
-def _size_for(lf: LoopFit, flops: float) -> float:
+def _size_for(lf: ScalingFit, flops: float) -> float:
     return lf.optimum(flops)[0]
 
 
@@ -249,7 +170,7 @@ def _point(ctx: _Context, n_target: float, flops: float, kind: str, exclude=froz
     }
 
 
-def _remedies(lf: LoopFit, ctx: _Context, c_next: float) -> list[dict[str, Any]]:
+def _remedies(lf: ScalingFit, ctx: _Context, c_next: float) -> list[dict[str, Any]]:
     """Runs that would pass the failed gates (module docstring, 3b)."""
     points: list[dict[str, Any]] = []
     failed = set(lf.gates.failed)
@@ -295,7 +216,7 @@ def _trend_size(brackets, flops: float) -> float:
     return float(np.exp(n[-1]) * (flops / pts[-1][0]) ** 0.5)
 
 
-def _at_budget(ctx: _Context, lf: LoopFit, flops: float, targets, kind: str) -> list[dict[str, Any]]:
+def _at_budget(ctx: _Context, lf: ScalingFit, flops: float, targets, kind: str) -> list[dict[str, Any]]:
     """Points at one budget for target sizes, skipping shapes the store already ran at that budget."""
     at_budget = np.isclose(lf.budgets, flops, rtol=0.05)
     have = set(np.round(lf.n[at_budget]).astype(int).tolist())
@@ -345,7 +266,7 @@ def _resolve_points(raw: dict[str, Any], points: list[dict[str, Any]], k: int):
     return expand_sweep(_round_spec(raw, points, k), default_name=f"round_{k}").runs
 
 
-def _prediction(lf: LoopFit, run, fit_spec: FitSpec) -> dict[str, Any]:
+def _prediction(lf: ScalingFit, run, fit_spec: FitSpec) -> dict[str, Any]:
     flops = run.flops_6n if fit_spec.flops == "6n" else run.flops_exact
     budget = float(run.labels.get("flops_budget", flops))
     pi = lf.predict_interval(run.params, run.num_tokens, flops=budget)
@@ -366,7 +287,7 @@ def _flops_of(point: dict[str, Any]) -> float:
     return 6.0 * _params_of(point) * point["overrides"]["train.num_tokens"]
 
 
-def _narrowing(lf: LoopFit, ctx: _Context, first: dict[str, Any], target: float, budget: float, max_runs: int, log):
+def _narrowing(lf: ScalingFit, ctx: _Context, first: dict[str, Any], target: float, budget: float, max_runs: int, log):
     """Runs within the budget that most narrow the interval of L*(target) (module docstring, 3a).
 
     Returns (points, {index in the round: width reduction}, candidates scored)."""
@@ -402,17 +323,15 @@ def _narrowing(lf: LoopFit, ctx: _Context, first: dict[str, Any], target: float,
     return picked, gains, len(cands)
 
 
-def _width(lf: LoopFit, draws: list[dict[str, float]], target: float) -> float:
+def _width(lf: ScalingFit, draws: list[dict[str, float]], target: float) -> float:
     vals = []
     for p in draws:
         try:
             vals.append(lf.optimum(target, p)[2])
         except UsageError:
             continue
-    if len(vals) < 2:
-        return float("nan")
-    lo, hi = np.quantile(vals, [0.5 - lf.level / 2, 0.5 + lf.level / 2])
-    return float(hi - lo)
+    lo, hi = percentile_interval(vals, lf.level)
+    return hi - lo
 
 
 def _next_round(sweep_dir: Path) -> int:
@@ -420,8 +339,7 @@ def _next_round(sweep_dir: Path) -> int:
     return 1 + len(list(rounds.glob("round_*.yaml"))) if rounds.exists() else 1
 
 
-def _write_round(sweep_dir: Path, raw: dict, lf: LoopFit, fit_spec: FitSpec, k: int, info: dict, runs) -> dict:
-    from scalelab.fitting.pipeline import code_version
+def _write_round(sweep_dir: Path, raw: dict, lf: ScalingFit, fit_spec: FitSpec, k: int, info: dict, runs) -> dict:
     from scalelab.train.records import atomic_write_bytes, atomic_write_json
 
     name = f"round_{k}"
@@ -438,18 +356,18 @@ def _write_round(sweep_dir: Path, raw: dict, lf: LoopFit, fit_spec: FitSpec, k: 
     atomic_write_bytes(spec_path, dump_spec(spec).encode())
     fit_path = sweep_dir / "fits" / f"{name}.json"
     fit_record = dict(
-        lf.to_dict(),
+        lf.to_record(),
         round=k,
         code_version=code_version(),
         options={"law": fit_spec.law, "loss": fit_spec.loss, "flops": fit_spec.flops, "replicates": len(lf.draws)},
-        law=lf.law.name,
+        law=lf.law,
         selection=lf.selection,
     )
     report = dict(
         info,
-        law=lf.law.name,
+        law=lf.law,
         params=lf.params,
-        intervals=lf.intervals,
+        intervals=fit_record["intervals"],
         fit=fit_record,
         objective=float(lf.fit.objective),
         n_points=int(lf.loss.size),
