@@ -30,6 +30,7 @@ Percentile intervals: scalelab.fitting.intervals.percentile_interval.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,8 +176,6 @@ def bootstrap(
     Raises:
         UsageError: bad data (as fit_law), groups of the wrong length or fewer than 2 groups.
     """
-    import time
-
     t0 = time.perf_counter()
     law = get_law(law, **fit.law_config) if isinstance(law, str) else law
     x, loss, w_fit = diagnostics.validate_data(law, data, fit.weights)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
+import torch
 
 from scalelab.errors import UsageError
 from scalelab.fitting.approaches import group_budgets
@@ -64,8 +65,6 @@ DERIVED_FNS = {  # quantities derived from a Chinchilla-form law's parameters
 def one_torch_thread():
     """Run the fits on one torch thread: their tensors are (starts x points), far too small for
     intra-op threads, and on shared machines two threads spin-wait against other processes."""
-    import torch  # the fits' own dependency; imported here so reading a table does not pay for it
-
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -25,6 +25,7 @@ import statsmodels.api as sm
 from scipy import stats
 
 from scalelab.errors import UsageError
+from scalelab.fitting.approaches import group_budgets
 from scalelab.fitting.intervals import percentile_interval
 
 
@@ -237,8 +238,6 @@ def optimal_per_budget(
     Returns:
         One BudgetOptimum per budget, sorted by flops.
     """
-    from scalelab.fitting.approaches import group_budgets
-
     c = np.asarray(flops, dtype=float)
     h = np.asarray(hparam, dtype=float)
     loss = np.asarray(loss, dtype=float)

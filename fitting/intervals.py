@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from scipy import stats
 
 from scalelab.fitting.laws import Chinchilla, Law, get_law
@@ -115,8 +116,6 @@ class DeltaMethodResult:
 
 
 def _jacobian(law: Law, x: Mapping[str, np.ndarray], theta: np.ndarray) -> np.ndarray:
-    import torch
-
     xt = {k: torch.as_tensor(np.asarray(v, dtype=np.float64)) for k, v in x.items()}
     t = torch.as_tensor(np.asarray(theta, dtype=np.float64))
     # Exact Jacobian with P double-backward passes (no per-point loop, no functorch start-up):
@@ -190,8 +189,6 @@ def delta_method(
 
 
 def _log_residuals(law: Law, x: Mapping[str, np.ndarray], loss: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    import torch
-
     xt = {k: torch.as_tensor(np.asarray(v, dtype=np.float64)) for k, v in x.items()}
     with torch.no_grad():
         lp = law.log_predict_fit(torch.as_tensor(theta).reshape(1, -1), xt)[0].numpy()
