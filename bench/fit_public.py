@@ -1,7 +1,7 @@
 """Benchmark: extrapolation error of scalelab's fitter on public model families (not a test).
 
 Protocol (Choshen, Zhang & Andreas 2025, "A Hitchhiker's Guide to Scaling Law Estimation"; the data
-are their release, copied to shared/data/scaling, see its README):
+are their release, copied to bench/data/scaling with its provenance and licence):
   1. per family, drop the largest model; from every other model keep its checkpoints after the
      first 10% of training (by tokens);
   2. fit the law (default: Chinchilla, Approach 3, Huber on log loss) on those points;
@@ -85,9 +85,7 @@ from scalelab.fitting.from_report import predict_from_fit
 from scalelab.fitting.io import read_runs
 from scalelab.fitting.select import select_law
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "shared" / "data" / "scaling"
-if not DATA.exists():  # the shared folder sits beside the repository on the development machines
-    DATA = pathlib.Path("/work/shared/data/scaling")
+DATA = pathlib.Path(__file__).resolve().parent / "data" / "scaling"  # provenance and licence: its README.md
 
 GPT3_SIZES = {
     "small": 125e6,

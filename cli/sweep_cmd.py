@@ -10,12 +10,17 @@
     scalelab sweep next results/iso --target-flops 1e13 [--budget-flops 3e12]
     scalelab sweep ledger results/iso [--json]                        # every fit and prediction, scored
     scalelab sweep eval results/iso --tasks bundled:stdlib_completion@100  # add a task to finished runs
+    scalelab sweep wandb results/iso [--mode offline|online] [--force]   # log a finished store to W&B
 
 Specs are validated before Ray starts; a bad spec exits 2 with one line naming the key. A spec with
 `transfer: {check: true, ...}` (scalelab.sweeps.transfer) gets its LR-transfer check planned beside
 it, and launched first: launch exits 2 with the check's table when the best LR drifts (--force
 launches anyway); the ladder's runs take the transferred LR. `launch --rounds R` is the closed loop
 (scalelab.sweeps.rounds.run_rounds): the spec, then R - 1 rounds of `sweep next` launched in turn.
+
+W&B (docs/wandb.md): runs log live under the sweep's group with their design as tags; `sweep next`
+(and each round of `--rounds`) logs its fit, gates, proposals and ledger as a fit run with the
+round's plots; `sweep wandb` logs a store that trained without W&B.
 """
 
 from __future__ import annotations
@@ -107,6 +112,17 @@ def add_parser(sub) -> None:
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_ledger)
 
+    q = s.add_parser("wandb", help="log a sweep's runs and rounds to W&B (those not logged while they ran)")
+    q.add_argument("sweep_dir")
+    q.add_argument(
+        "--mode",
+        choices=("offline", "online"),
+        default=None,
+        help="default: WANDB_MODE, else the spec's logging.wandb, else offline (`wandb sync` afterwards)",
+    )
+    q.add_argument("--force", action="store_true", help="log runs and rounds again that already have W&B records")
+    q.set_defaults(func=run_wandb)
+
 
 def _ray_args(q) -> None:
     q.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
@@ -173,6 +189,10 @@ def run_launch(args) -> int:
         return _detach(args, sweep, check is None, out)
     print(f"sweep {sweep.name}: {len(sweep.runs)} runs -> {out}")
 
+    fit_images = None
+    if args.rounds > 1:  # the rounds' W&B fit runs draw their plots (matplotlib: only when there are rounds)
+        from scalelab.analysis.wandb_images import fit_images
+
     def announce(i: int, proposal) -> None:
         print(f"round {i} of {args.rounds - 1}: {len(proposal.runs)} proposed run(s) from {proposal.spec_path}")
 
@@ -189,6 +209,7 @@ def run_launch(args) -> int:
             address=args.address, max_concurrent=args.max_concurrent, num_cpus=args.num_cpus, fault_steps=faults
         ),
         before_launch=announce,
+        fit_images=fit_images,
     )
     if result.transfer is not None and result.transfer.refused:
         print(result.transfer.table, file=sys.stderr)
@@ -298,10 +319,38 @@ def run_next(args) -> int:
         replicates=args.replicates,
         log=(lambda m: None) if args.json else print,
     )
+    _log_fit_runs(args.sweep_dir, (lambda m: print(m, file=sys.stderr)) if args.json else print)
     if args.json:
         print(json.dumps(proposal, indent=2, default=str))
     else:
         print(format_proposal(proposal))
+    return 0
+
+
+def _log_fit_runs(sweep_dir, log) -> None:
+    """The rounds `sweep next` wrote, as W&B fit runs with their plots (off when W&B is disabled)."""
+    from scalelab.analysis.wandb_images import fit_images
+    from scalelab.sweeps.wandb_fit import log_rounds
+
+    for wandb_id in log_rounds(sweep_dir, images=fit_images, log=log):
+        log(f"W&B: fit run {wandb_id} (fit, gates, proposals, ledger, plots)")
+
+
+def run_wandb(args) -> int:
+    from scalelab.analysis.wandb_images import fit_images
+    from scalelab.sweeps.wandb_export import export_sweep
+
+    result = export_sweep(args.sweep_dir, mode=args.mode, images=fit_images, force=args.force)
+    if result.mode == "disabled":
+        print("W&B is disabled (WANDB_MODE=disabled); nothing logged", file=sys.stderr)
+        return 0
+    print(
+        f"W&B ({result.mode}, group {result.group}): {len(result.runs)} run(s) and {len(result.fits)} fit run(s) "
+        f"logged; {len(result.skipped)} run(s) already logged or not started"
+    )
+    if result.mode == "offline" and (result.runs or result.fits):
+        d = Path(args.sweep_dir)
+        print(f"  upload: wandb sync {d}/runs/*/wandb/offline-run-* {d}/wandb/offline-run-*")
     return 0
 
 

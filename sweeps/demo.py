@@ -15,11 +15,13 @@
 
     run_demo("results/demo", plot=plot_demo)   # prints as it goes; returns the numbers it printed
 
-`plot` draws the PNG (`scalelab.analysis.plots.plot_demo`, which `scalelab demo` passes): the
-analysis side reads the store, so the sweep side does not import it.
+`plot` draws the PNG (`scalelab.analysis.plots.plot_demo`, which `scalelab demo` passes) and
+`fit_images` a round's figures for its W&B fit run (scalelab.analysis.wandb_images): the analysis
+side reads the store, so the sweep side does not import it.
 
 The sweep lives at <out>/isoflop (the store root is <out>), so running the demo again trains
-nothing it has already trained. wandb is disabled in the demo (it costs seconds per run on a CPU).
+nothing it has already trained. W&B is disabled in the demo's spec (it costs seconds per run on a
+CPU); `scalelab demo --wandb offline` (WANDB_MODE) turns it on without changing a run id.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def run_demo(
     address: str | None = None,
     log=print,
     plot=None,
+    fit_images=None,
 ) -> dict[str, Any]:
     """The demo (module docstring): the closed loop (scalelab.sweeps.rounds.run_rounds) with its steps
     printed. A fit whose gates fail gets its remedial round launched and is fitted again, at most
@@ -130,6 +133,7 @@ def run_demo(
         log=log,
         before_fit=before_fit,
         before_launch=before_launch,
+        fit_images=fit_images,
     )
     if not result.proposals:
         log("some runs did not finish; see `scalelab sweep status " + str(sweep_dir) + "`")

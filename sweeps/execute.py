@@ -56,7 +56,7 @@ from typing import Any
 
 from scalelab.errors import UsageError
 from scalelab.parallel.config import ParallelConfig
-from scalelab.sweeps import early_stop, ledger, ray_reaper, store
+from scalelab.sweeps import early_stop, ledger, ray_reaper, store, wandb_fit, wandb_runs
 from scalelab.sweeps.lease import remote_run
 from scalelab.sweeps.ray_cluster import local_ray_on_loopback, start_ray
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
@@ -65,6 +65,7 @@ from scalelab.train.config import build_run_config, config_hash, to_dict
 from scalelab.train.config_tree import from_dict
 from scalelab.train.elastic import min_world_size
 from scalelab.train.launch import ray_train_fn
+from scalelab.train.loggers import WandbRun
 from scalelab.train.loop import train_run
 from scalelab.train.watchdog import HangPolicy
 
@@ -204,14 +205,15 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
         attempt = int(prev.get("attempts", 0)) + 1
         store.append_event(sweep_dir, "start", run_id, attempt=attempt, node=ray.get_runtime_context().get_node_id())
         t0 = time.perf_counter()
+        wb = wandb_runs.trial_context(sweep_dir, run_id, tc.config)  # group, tags, live prediction
         try:
             if cfg.parallel.world_size > 1:
-                summary = _train_multiworker(tc, run_dir, cfg)
+                summary = _train_multiworker(tc, run_dir, cfg, wb)
             else:
                 fault = _fault_callback(run_dir, tc.fail_at_step)
                 stop = early_stop.callback(sweep_dir, run_id, tc.config)
                 cbs = [cb for cb in (fault, _hold_callback(), stop) if cb]
-                summary = train_run(cfg, run_dir, resume=True, callbacks=cbs, hang=_hang_policy(tc))
+                summary = train_run(cfg, run_dir, resume=True, callbacks=cbs, hang=_hang_policy(tc), wandb=wb)
         except BaseException as e:
             store.append_event(
                 sweep_dir,
@@ -268,7 +270,7 @@ def _check_same_run(stored: dict[str, Any], cfg, run_id: str) -> None:
         )
 
 
-def _train_multiworker(tc: TrialArgs, run_dir: Path, cfg) -> dict[str, Any]:
+def _train_multiworker(tc: TrialArgs, run_dir: Path, cfg, wb: WandbRun | None = None) -> dict[str, Any]:
     """A multi-process run as a Ray Train TorchTrainer inside this trial.
 
     The trainer restarts its worker group after a worker failure (a lost node, the step watchdog)
@@ -287,6 +289,7 @@ def _train_multiworker(tc: TrialArgs, run_dir: Path, cfg) -> dict[str, Any]:
             "run_dir": str(run_dir),
             "resume": True,
             "hang": None if policy is None else {"factor": policy.factor, "min_s": policy.min_s},
+            "wandb": wb,
         },
         scaling_config=ScalingConfig(
             num_workers=(min_world_size(cfg.parallel), world) if tc.elastic else world,
@@ -384,6 +387,7 @@ def execute(
     t0 = time.time()
     by_id = {r["run_id"]: r for r in runs}
     states = store.attach_runs(sweep_dir, list(by_id))
+    wandb_runs.prepare(sweep_dir, runs, log)  # an online sweep that cannot reach W&B: one line, runs log offline
     skipped = [i for i, s in states.items() if s in store.TERMINAL]
     if skipped:
         log(f"{len(skipped)} of {len(runs)} run(s) already finished in the store; not trained again")
@@ -452,8 +456,9 @@ def execute(
             ray_reaper.stop_reaper(reaper)
             ray.shutdown()
     # proposed runs that finished get their measured loss in the ledger (rounds need a local store)
-    if not storage.is_url(sweep_dir) and ledger.score(sweep_dir):
+    if not storage.is_url(sweep_dir) and (scored := ledger.score(sweep_dir)):
         log("ledger: measured losses recorded beside their predictions (scalelab sweep ledger)")
+        wandb_fit.update_ledger(sweep_dir, scored, log=log)  # the rounds' W&B ledger tables
     counts: dict[str, int] = {}
     for s in states.values():
         counts[s] = counts.get(s, 0) + 1

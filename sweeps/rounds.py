@@ -20,8 +20,10 @@
    so a loop run again continues where it stopped. No round is proposed after a launch that left
    a run unfinished (failed, its retries spent): `result.stopped` says so.
 
-Hooks let a caller print between the steps: `before_fit(i)` before round i is fitted and
-proposed, `before_launch(i, proposal)` before it is launched.
+Each round's fit, gates, proposals and ledger go to W&B as a fit run when W&B is on
+(scalelab.sweeps.wandb_fit.log_rounds; `fit_images` draws its plots). Hooks let a caller print
+between the steps: `before_fit(i)` before round i is fitted and proposed, `before_launch(i,
+proposal)` before it is launched.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scalelab.errors import UsageError
-from scalelab.sweeps import store
+from scalelab.sweeps import store, wandb_fit
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.proposal import Proposal, latest_round, read_round
 from scalelab.sweeps.propose import propose_round
@@ -45,6 +47,7 @@ from scalelab.sweeps.transfer import (
     plan_transfer,
     transfer_dir,
 )
+from scalelab.sweeps.wandb_fit import Images
 from scalelab.train import storage
 
 Log = Callable[[str], None]
@@ -97,6 +100,7 @@ def run_rounds(
     log: Log = print,
     before_fit: Callable[[int], None] | None = None,
     before_launch: Callable[[int, Proposal], None] | None = None,
+    fit_images: Images | None = None,
 ) -> RoundsResult:
     """Launch `sweep` into `sweep_dir` and run up to `rounds - 1` closed-loop rounds (module docstring).
 
@@ -125,6 +129,8 @@ def run_rounds(
         proposal = (_open_round(out) if reopen else None) or propose_round(
             out, target_flops=target, budget_flops=budget_flops, step=step, log=log
         )
+        for wandb_id in wandb_fit.log_rounds(out, images=fit_images, log=log):  # when W&B is on
+            log(f"W&B: fit run {wandb_id} (fit, gates, proposals, ledger, plots)")
         if before_launch is not None:
             before_launch(i, proposal)
         launched = _launch(proposal.sweep, out, proposal.spec_path.read_text(), proposal.spec_path.stem, options, log)

@@ -15,6 +15,7 @@ A spec is a base run config (the same tree `scalelab run` reads) plus exactly on
     data: {mixtures: [{web: 0.7, code: 0.3}], num_tokens: [...], epochs: [1, 2, 4], unique_tokens: 1e6}
     cooldowns: {fractions: [0.25, 0.5]}   # optional, WSD only: decay branches off each run
     early_stop: {tolerance: 0.01}         # optional: stop runs whose final loss is predicted (sweeps/early_stop.py)
+    wandb: {group: iso-v2, tags: [v2]}    # optional: W&B group, tags, live prediction (sweeps/wandb_runs.py)
     transfer: {check: true, widths: [32, 256], lrs: [...]}   # optional: the LR-transfer gate (sweeps/transfer.py)
     execution: {max_concurrent: 2, max_failures: 2, cpus_per_run: 1, gpus_per_run: 0}
     fit: {law: chinchilla, loss: final_val_loss, target_flops: 1e12}
@@ -58,6 +59,7 @@ from scalelab.sweeps.isoflop_grid import check_isoflop_tolerance, isoflop_points
 from scalelab.sweeps.recipe import plan_run
 from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
+from scalelab.sweeps.wandb_runs import parse_wandb_section
 from scalelab.train.config import build_run_config, merge_defaults
 from scalelab.train.config_tree import from_dict, load_yaml, set_in_dict
 from scalelab.train.data.config import SourceConfig
@@ -78,6 +80,7 @@ TOP_KEYS = (
     "recipe",
     "early_stop",
     "transfer",  # the LR-transfer gate (scalelab.sweeps.transfer), read by `sweep plan/launch`
+    "wandb",  # W&B group, tags and live prediction (scalelab.sweeps.wandb_runs), read back by the trials
 )
 
 
@@ -165,6 +168,7 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         raise ConfigError("execution.hang_min_s", f"{execution.hang_min_s} s is not positive", "use e.g. 60")
     fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
     parse_early_stop(raw.get("early_stop"))  # checked here; the trials read it back from the spec
+    parse_wandb_section(raw.get("wandb"))  # the same
     if fit.law not in (*LOOP_LAWS, "auto"):
         raise ConfigError(
             "fit.law", f"{fit.law!r} is not a law of (N, D) the loop can fit", f"use {', '.join(LOOP_LAWS)} or auto"
