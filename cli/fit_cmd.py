@@ -38,9 +38,22 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--law",
         default=None,
-        help="law form for approach 3 (default chinchilla; a sweep store: its spec's fit.law); auto: chosen by "
-        "backtest; lr_annealing, lr_area, lr_annealing_sized: curve laws (need curves: a sweep directory or a "
-        "table of logged steps)",
+        help="law form for approach 3 (default chinchilla; a sweep store: its spec's fit.law); auto: the stacked "
+        "law (Chinchilla, and Kaplan when forward backtests say Chinchilla drifts; --candidates); select: one law "
+        "chosen by the held-out-largest backtest, curve laws included; lr_annealing, lr_area, lr_annealing_sized: "
+        "curve laws (need curves: a sweep directory or a table of logged steps)",
+    )
+    p.add_argument(
+        "--candidates",
+        default=None,
+        help="--law auto: the stacked forms, incumbent first, comma-separated (default chinchilla,kaplan; a form "
+        "may weight runs by compute: chinchilla@flops)",
+    )
+    p.add_argument(
+        "--params",
+        choices=("total", "nonembed"),
+        default=None,
+        help="sweep stores: fit on total parameters (default) or without the embedding table",
     )
     p.add_argument(
         "--stopped",
@@ -146,6 +159,8 @@ def _options(args: argparse.Namespace, store: pathlib.Path | None):
 
     given = dict(
         law=args.law,
+        candidates=tuple(c.strip() for c in args.candidates.split(",") if c.strip()) if args.candidates else None,
+        params=args.params,
         approach=args.approach,
         loss=args.loss_col,
         stopped=args.stopped,
@@ -171,7 +186,9 @@ def _fit(args: argparse.Namespace):
     from scalelab.fitting.io import read_runs
     from scalelab.fitting.laws import CURVE_LAWS
 
-    wants_curves = args.law == "auto" or args.law in CURVE_LAWS
+    if args.candidates and args.law != "auto":
+        raise UsageError("--candidates: the stacked forms of --law auto; add --law auto")
+    wants_curves = args.law == "select" or args.law in CURVE_LAWS
     path = storage.local_view(args.data, "DATA") if storage.is_url(args.data) else pathlib.Path(args.data)
     if path.is_dir():
         from scalelab.sweeps.run_curves import store_curves
@@ -232,13 +249,21 @@ def run_fit(args: argparse.Namespace) -> int:
         from scalelab.sweeps.proposal_text import format_gates
 
         print(format_gates(report["gates"]))
-    if "selection" in report:
+    if "stacked" in report:
+        _print_stacked(report["stacked"])
+    elif "selection" in report:
         _print_selection(report["selection"])
     for w in report["warnings"]:
         print(f"warning: {w}")
     if args.out is not None:
         print(f"saved {args.out}")
     return 0
+
+
+def _print_stacked(st: dict) -> None:
+    from scalelab.fitting.ensemble import format_stacked
+
+    print("\n".join(format_stacked(st)))
 
 
 def _print_selection(sel: dict) -> None:

@@ -35,6 +35,7 @@ from scipy import optimize, stats
 
 from scalelab.errors import UsageError
 from scalelab.fitting.allocate import optimum_for_law
+from scalelab.fitting.bootstrap import REFIT_TOLERANCES
 from scalelab.fitting.fit import FitResult, fit_law
 from scalelab.fitting.forward import forward_backtest
 from scalelab.fitting.laws import get_law
@@ -103,7 +104,7 @@ class StackedFit:
     def log_components(self, n, d, params: Mapping[str, Mapping[str, float]] | None = None) -> np.ndarray:
         """(K, ...) log-loss of every component at (n, d)."""
         n, d = np.asarray(n, dtype=float), np.asarray(d, dtype=float)
-        params = params or {k: f.params for k, f in self.components.items()}
+        params = params or self.component_params()
         return np.stack([np.log(self._law(k).predict(params[k], params=n, tokens=d)) for k in self.names])
 
     def log_predict(self, n, d, weights: np.ndarray | None = None, params=None) -> np.ndarray:
@@ -141,7 +142,7 @@ class StackedFit:
 
     def optimum(self, flops: float, weights: np.ndarray | None = None, params=None) -> tuple[float, float, float]:
         """(N*, D*, L*) of the combined law at compute C = 6 N D."""
-        params = params or {k: f.params for k, f in self.components.items()}
+        params = params or self.component_params()
         guesses = [optimum_for_law(self._law(k))(params[k], flops)[0] for k in self.names]
         lo = math.log(max(min(guesses) / 30.0, 1.0))
         hi = math.log(max(guesses) * 30.0)
@@ -159,9 +160,11 @@ class StackedFit:
         n, d, _ = self.optimum(flops)
         return self.predict_interval(n, d, flops)
 
+    def component_params(self) -> dict[str, dict[str, float]]:
+        return {k: dict(f.params) for k, f in self.components.items()}
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "law": "stacked",
             "names": list(self.names),
             "weights": self.weights,
             "components": {k: {"law": f.law, "params": dict(f.params)} for k, f in self.components.items()},
@@ -171,6 +174,50 @@ class StackedFit:
             "train_range": list(self.train_range),
             "level": self.level,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StackedFit:
+        """A saved stacked fit (to_dict) back, for predictions and allocations from a fit file."""
+        names = tuple(data["names"])
+        components = {
+            k: FitResult(law=v["law"], params=dict(v["params"]), objective=float("nan"), n_points=0, inputs={})
+            for k, v in data["components"].items()
+        }
+        return cls(
+            names=names,
+            components=components,
+            stack=Stack.from_dict(data["stack"]),
+            replicates=[{k: dict(p) for k, p in rep.items()} for rep in data.get("replicates") or []],
+            noise=float(data["noise"]),
+            train_range=(float(data["train_range"][0]), float(data["train_range"][1])),
+            level=float(data.get("level", LEVEL)),
+        )
+
+
+def format_stacked(st: Mapping[str, Any], indent: str = "  ") -> list[str]:
+    """Text lines of a saved stacked fit (StackedFit.to_dict): weights, the rule's reason, drift, folds."""
+    stack = st["stack"]
+    wiv = stack.get("weight_intervals") or {}
+    weights = ", ".join(
+        f"{n} {w:.2f}" + (f" [{wiv[n][0]:.2f}, {wiv[n][1]:.2f}]" if n in wiv else "") for n, w in st["weights"].items()
+    )
+    lines = [f"stacked law (forward backtests): {weights}", f"{indent}{stack['reason']}"]
+    if stack.get("drift_per_decade") is not None:
+        lines.append(
+            f"{indent}the combination drifts {100 * stack['drift_per_decade']:.2f}% per decade out of sample "
+            f"({stack['drift_folds']} fold(s))"
+        )
+    for g in stack["groups"]:
+        errs = "  ".join(f"{n} {100 * e:+.2f}%" for n, e in g["errors"].items())
+        head = f"{indent}fold {g['fold']} ({g['n_train']} runs) -> C={g['flops']:.3g}"
+        lines.append(f"{head} at {g['decades']:.2f} decades: {errs}")
+    return lines
+
+
+def format_parts(parts: Mapping[str, float]) -> str:
+    """'bootstrap 0.0080, weights 0.0040, noise 0.0056, extrapolation 0.0348 at 0.48 decades' (log-sds)."""
+    shown = ", ".join(f"{'run noise' if k == 'noise' else k} {v:.4f}" for k, v in parts.items() if k != "decades")
+    return shown + (f" at {parts['decades']:.2f} decades" if "decades" in parts else "")
 
 
 def _z(level: float) -> float:
@@ -185,12 +232,17 @@ def _half_width(values: np.ndarray, level: float) -> float:
     return float(hi - lo) / 2.0
 
 
-def _fit_one(name: str, n, d, y, c, starts=None, weights=None) -> FitResult:
+def _fit_one(name: str, n, d, y, c, starts=None, weights=None, tight: bool = False) -> FitResult:
+    """One candidate's fit. `tight`: a bootstrap refit from a warm start, run to tight tolerances
+    (with the default ones a replicate stops where it started and the spread collapses)."""
     law, weighting = parse_candidate(name)
     w = run_weights(weighting, c)
     if weights is not None:
         w = weights if w is None else w * weights
-    return fit_law(law, {"params": n, "tokens": d, "loss": y}, starts=starts, weights=w, diagnose=False, n_polish=1)
+    tol = REFIT_TOLERANCES if tight else {}
+    return fit_law(
+        law, {"params": n, "tokens": d, "loss": y}, starts=starts, weights=w, diagnose=False, n_polish=1, **tol
+    )
 
 
 def fit_stacked(
@@ -206,6 +258,7 @@ def fit_stacked(
     bootstrap: int = 32,
     seed: int = 0,
     scored=None,
+    weights=None,
     min_train_runs: int | None = None,
     rule: StackRule | None = None,
     level: float = LEVEL,
@@ -221,20 +274,22 @@ def fit_stacked(
         noise: a new run's log-sd (the larger of the fit's residual scale and a seed study's floor).
         bootstrap: run-resampling replicates (0: none).
         scored: per-run mask of the runs forward folds score (default all).
+        weights: per-run fit weights every component's fit multiplies in (e.g. runs stopped early).
         min_train_runs: a forward fold's least training runs (default: the largest parameter count + 3).
     """
     names = tuple(candidates)
     for name in names:
         parse_candidate(name)
     n, d, y, c = (np.asarray(a, dtype=float) for a in (params, tokens, loss, flops))
+    base = np.ones(y.size) if weights is None else np.asarray(weights, dtype=float)
     groups = np.asarray(groups)
     if min_train_runs is None:
         min_train_runs = max(get_law(parse_candidate(k)[0]).n_params for k in names) + 3
-    components = {k: _fit_one(k, n, d, y, c) for k in names}
+    components = {k: _fit_one(k, n, d, y, c, weights=base) for k in names}
 
     def fitter(name: str):
         def fit_on(mask: np.ndarray):
-            f = _fit_one(name, n[mask], d[mask], y[mask], c[mask])
+            f = _fit_one(name, n[mask], d[mask], y[mask], c[mask], weights=base[mask])
             law = get_law(parse_candidate(name)[0])
             return lambda nn, dd: law.predict(f.params, params=nn, tokens=dd)
 
@@ -258,7 +313,9 @@ def fit_stacked(
                 starts = np.vstack(
                     [law.to_fit(components[k].params)[None, :], grid[rng.choice(len(grid), BOOT_EXTRA_STARTS)]]
                 )
-                rep[k] = dict(_fit_one(k, n[keep], d[keep], y[keep], c[keep], starts, w[keep]).params)
+                rep[k] = dict(
+                    _fit_one(k, n[keep], d[keep], y[keep], c[keep], starts, (w * base)[keep], tight=True).params
+                )
         except UsageError:
             continue  # a degenerate resample (too few distinct points)
         replicates.append(rep)

@@ -98,7 +98,27 @@ class Stack:
             "reason": self.reason,
             "incumbent": self.incumbent,
             "groups": [g.to_dict() for g in self.groups],
+            "draws": self.draws.tolist(),
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Stack:
+        """A saved stack (to_dict) back: what a saved fit predicts with."""
+        names = tuple(data["names"])
+        return cls(
+            names=names,
+            weights={n: float(data["weights"][n]) for n in names},
+            draws=np.asarray(data.get("draws") or np.zeros((0, len(names))), dtype=float).reshape(-1, len(names)),
+            per_decade={n: tuple(v) for n, v in (data.get("per_decade") or {}).items()},
+            drift=data.get("drift_per_decade"),
+            drift_folds=int(data.get("drift_folds") or 0),
+            n_groups=int(data.get("n_groups") or 0),
+            n_folds=int(data.get("n_folds") or 0),
+            adopted=bool(data.get("adopted")),
+            reason=str(data.get("reason", "")),
+            incumbent=str(data.get("incumbent", names[0])),
+            groups=[ForwardGroup.from_dict(g) for g in data.get("groups") or []],
+        )
 
 
 def _simplex_lsq(r: np.ndarray, omega: np.ndarray) -> np.ndarray:
