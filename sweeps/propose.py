@@ -167,8 +167,8 @@ def propose_round(
     k = _next_round(sweep_dir)
     gains: dict[int, float] = {}
     candidates_scored = 0
-    if lf.gates.passed and max_runs > 1 and budget > cands[0].flops:
-        extra, gains, candidates_scored = _narrowing(lf, ctx, cands[0], target, budget, max_runs, log)
+    if lf.gates.passed and max_runs > seeds and budget > seeds * cands[0].flops:
+        extra, gains, candidates_scored = _narrowing(lf, ctx, cands[0], target, budget, max_runs, log, seeds=seeds)
         cands += extra
     sweep = _resolve(raw, cands, k, seeds=seeds)
     runs = [_predicted(lf, r, fit_spec) for r in sweep.runs]
@@ -270,12 +270,15 @@ def _at_budget(ctx: DesignContext, lf: ScalingFit, flops: float, targets, kind: 
     return out
 
 
-def _narrowing(lf: ScalingFit, ctx: DesignContext, first: Candidate, target: float, budget: float, max_runs: int, log):
-    """Runs within the budget that most narrow the interval of L*(target) (module docstring, 3a).
+def _narrowing(
+    lf: ScalingFit, ctx: DesignContext, first: Candidate, target: float, budget: float, max_runs: int, log, seeds=1
+):
+    """Runs within the budget that most narrow the interval of L*(target) (module docstring, 3a); the
+    compute-optimal run's `seeds` copies are spent first.
 
     Returns (candidates, {index in the round: width reduction}, candidates scored)."""
     first_nd = (first.params_fit, first.num_tokens)
-    spent = first.flops
+    spent = seeds * first.flops
     cands: list[Candidate] = []
     for c in np.geomspace(lf.budgets.max(), first.budget, 3):
         n_opt = lf.optimum(c)[0]
@@ -297,7 +300,7 @@ def _narrowing(lf: ScalingFit, ctx: DesignContext, first: Candidate, target: flo
         )
     picked, gains = [], {}
     for gain, p in sorted(scored, key=lambda t: -t[0] / t[1].flops):
-        if 1 + len(picked) >= max_runs or len(picked) >= MAX_NARROWING or not gain > 0:
+        if seeds + len(picked) >= max_runs or len(picked) >= MAX_NARROWING or not gain > 0:
             continue
         if spent + p.flops > budget:
             continue
@@ -368,7 +371,7 @@ def _write_round(sweep_dir: Path, raw: dict[str, Any], proposal: Proposal, sweep
     k = proposal.round
     labels = [
         {
-            **{key: v for key, v in r.run.labels.items() if key in ("proposal", "flops_budget")},
+            **{key: v for key, v in r.run.labels.items() if key in ("proposal", "flops_budget", "seed_replicate")},
             "round": k,
             "predicted_loss": r.prediction.point,
             "predicted_interval": [r.prediction.lo, r.prediction.hi],

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic, simulate_runs
-from scalelab.errors import ConfigError
+from scalelab.errors import ConfigError, UsageError
 from scalelab.fitting.allocate import chinchilla_optimum
 from scalelab.fitting.gates import BudgetBracket, approaches_gate, exponents_gate, starts_gate
 from scalelab.fitting.laws import get_law
@@ -267,3 +267,21 @@ def test_prediction_interval_carries_the_noise_floor():
     assert bare.residual_scale < 0.005 and floored.residual_scale == pytest.approx(0.013)
     wide, tight = floored.predict_interval(2e5, 5e6), bare.predict_interval(2e5, 5e6)
     assert wide.parts["noise"] == pytest.approx(0.013) and wide.hi - wide.lo > tight.hi - tight.lo
+
+
+def test_seeds_repeat_the_compute_optimal_run_and_every_seed_is_predicted_and_scored(tmp_path):
+    sd = tmp_path / "sim"
+    launch_synthetic(_spec(5.0), sd, LAW, noise_std=0.003)
+    p = propose_next(sd, target_flops=1e13, replicates=4, max_runs=2, seeds=2, log=_quiet)
+    opt = [q for q in p["proposals"] if q["kind"] == "compute_optimal"]
+    assert len(opt) == 2 and len({q["run_id"] for q in opt}) == 2
+    assert opt[0]["params"] == opt[1]["params"] and opt[0]["tokens"] == opt[1]["tokens"]
+    assert opt[0]["predicted_loss"] == opt[1]["predicted_loss"]
+    sweep = load_sweep(p["spec_path"])
+    assert sorted(r.config["train"]["seed"] for r in sweep.runs) == [0, 1]
+    assert len(sweep.runs) == 2  # max_runs counts the seeds: no narrowing run fits beside them
+    launch_synthetic(p["spec_path"], sd, LAW, noise_std=0.003)
+    scored = [q for q in ledger.score(sd) if q["measured"] is not None]
+    assert {q["run_id"] for q in scored} == {q["run_id"] for q in opt}
+    with pytest.raises(UsageError, match="--seeds"):
+        propose_next(sd, target_flops=1e13, seeds=0, log=_quiet)
