@@ -51,6 +51,9 @@ from scalelab.fitting.stacking import Stack, StackRule, stack_weights
 DEFAULT_CANDIDATES = ("chinchilla", "kaplan")
 WEIGHTINGS = ("equal", "flops")
 BOOT_EXTRA_STARTS = 8
+# A forward group this close to its fold's training range measures the fit's misfit at the range's
+# edge, not its drift: divided by a tiny distance, that misfit reads as a huge error per decade.
+MIN_FORWARD_DECADES = 0.25
 LEVEL = 0.95
 
 
@@ -296,7 +299,15 @@ def fit_stacked(
         return fit_on
 
     fwd = forward_backtest(
-        {k: fitter(k) for k in names}, n, d, y, c, groups, scored=scored, min_train_runs=min_train_runs
+        {k: fitter(k) for k in names},
+        n,
+        d,
+        y,
+        c,
+        groups,
+        scored=scored,
+        min_train_runs=min_train_runs,
+        min_decades=MIN_FORWARD_DECADES,
     )
     stack = stack_weights(fwd, names, noise=noise, incumbent=incumbent, rule=rule or StackRule())
     rng = np.random.default_rng(seed)

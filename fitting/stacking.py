@@ -25,7 +25,9 @@ The rule (fixed before any scored run; `StackRule` holds its constants):
 4. The combination's drift: k, its forward error per decade, from every fold's groups (not only the
    recent ones) as a regression through the origin of error on distance, k^2 = sum w_g e_g^2 /
    sum w_g d_g^2 (far groups, whose error is least diluted by the runs' noise, weigh most), each
-   fold scored with the weights chosen without it; it rests on as many fits as there are folds.
+   fold scored with the weights chosen without it; it rests on as many fits as there are folds. It is
+   never below the groups' noise resolution (a run's noise / sqrt(runs) / decades, RMS over the
+   groups): with one fold the in-sample weights cancel its error exactly, which measures nothing.
 5. The rule is re-applied to `draws` bootstrap resamples of the groups, each group's error shifted by
    a draw of its runs' noise: the weights' uncertainty (which reaches the prediction interval as the
    spread of the combined prediction over the draws). With no forward group at all the draws are
@@ -57,6 +59,7 @@ from scalelab.fitting.forward import ForwardGroup
 class StackRule:
     z_adopt: float = 2.0  # standard errors of forward bias before the incumbent shares its weight
     recent_folds: int = 2  # only the latest fold origins count (0: all)
+    evidence: str = "growth"  # growth: the incumbent's error must grow with distance; level: be nonzero per decade
     draws: int = 400  # bootstrap resamples of the forward groups
     seed: int = 0
 
@@ -126,7 +129,8 @@ def _simplex_lsq(r: np.ndarray, omega: np.ndarray) -> np.ndarray:
     k = r.shape[1]
     if k == 1:
         return np.ones(1)
-    q = (r * omega[:, None]).T @ r
+    r = r / max(float(np.abs(r).max()), 1e-300)  # errors of ~1e-2 would square below SLSQP's tolerance
+    q = (r * omega[:, None]).T @ r / omega.sum()
     res = optimize.minimize(
         lambda w: float(w @ q @ w),
         np.full(k, 1.0 / k),
@@ -156,12 +160,51 @@ def _recent(groups: Sequence[ForwardGroup], folds: int) -> list[ForwardGroup]:
     return [g for g in groups if g.fold in keep]
 
 
-def _arrays(groups: Sequence[ForwardGroup], names: Sequence[str], noise: float):
-    dec = np.array([g.decades for g in groups])
-    r = np.array([[g.errors[n] for n in names] for g in groups]) / dec[:, None]
-    omega = np.array([float(g.n_train) for g in groups])
-    noise_se = np.array([noise / math.sqrt(g.n_test) / g.decades for g in groups])
-    return r, omega, noise_se
+@dataclass(frozen=True, slots=True)
+class _Evidence:
+    e: np.ndarray  # (G, K) log errors
+    dec: np.ndarray  # (G,) distances in decades
+    omega: np.ndarray  # (G,) group weights (training runs of the fold)
+    noise_e: np.ndarray  # (G,) noise of a group's mean error (a run's noise / sqrt(runs))
+
+    @property
+    def r(self) -> np.ndarray:  # per-decade errors
+        return self.e / self.dec[:, None]
+
+    @property
+    def noise_se(self) -> np.ndarray:  # ... and their noise
+        return self.noise_e / self.dec
+
+    def take(self, idx: np.ndarray, shift: np.ndarray | None = None) -> _Evidence:
+        e = self.e[idx] + (0.0 if shift is None else shift[:, None])
+        return _Evidence(e=e, dec=self.dec[idx], omega=self.omega[idx], noise_e=self.noise_e[idx])
+
+
+def _arrays(groups: Sequence[ForwardGroup], names: Sequence[str], noise: float) -> _Evidence:
+    return _Evidence(
+        e=np.array([[g.errors[n] for n in names] for g in groups]),
+        dec=np.array([g.decades for g in groups]),
+        omega=np.array([float(g.n_train) for g in groups]),
+        noise_e=np.array([noise / math.sqrt(g.n_test) for g in groups]),
+    )
+
+
+def _slopes(ev: _Evidence) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per candidate, the growth of the error with distance (weighted least squares e = a + b d) and
+    the slope's standard error (groups' scatter, floored by their noise); None when the groups'
+    distances do not spread (a slope needs two distances a tenth of a decade apart)."""
+    d, w = ev.dec, ev.omega / ev.omega.mean()
+    if d.size < 2 or d.max() - d.min() < 0.1:
+        return None
+    dbar = np.sum(w * d) / w.sum()
+    sxx = np.sum(w * (d - dbar) ** 2)
+    ebar = np.sum(w[:, None] * ev.e, axis=0) / w.sum()
+    b = np.sum(w[:, None] * (d - dbar)[:, None] * (ev.e - ebar), axis=0) / sxx
+    resid = ev.e - ebar - np.outer(d - dbar, b)
+    scatter2 = np.sum(w[:, None] * resid**2, axis=0) / max(d.size - 2, 1) if d.size > 2 else np.zeros(b.size)
+    noise2 = np.mean(ev.noise_e**2)
+    se = np.sqrt(np.maximum(scatter2, noise2) * np.sum(w**2 * (d - dbar) ** 2) / sxx**2)
+    return b, se
 
 
 def _drift(groups, names, w, inc: int, noise: float, rule: StackRule) -> tuple[float, int]:
@@ -177,20 +220,25 @@ def _drift(groups, names, w, inc: int, noise: float, rule: StackRule) -> tuple[f
         rest = _recent([g for g in groups if g.fold != f], rule.recent_folds)
         w_f = w
         if rest:
-            w_f, _ = _rule(*_arrays(rest, names, noise), inc, rule.z_adopt)
+            w_f, _ = _rule(_arrays(rest, names, noise), inc, rule)
         e[mine] = np.array([[g.errors[n] for n in names] for g in groups])[mine] @ w_f
     dec = np.array([g.decades for g in groups])
     omega = np.array([float(g.n_train) for g in groups])
     return float(math.sqrt(np.sum(omega * e**2) / np.sum(omega * dec**2))), len(folds)
 
 
-def _rule(r: np.ndarray, omega: np.ndarray, noise_se: np.ndarray, inc: int, z: float) -> tuple[np.ndarray, bool]:
-    mean, se = _bias(r[:, inc], omega, noise_se)
-    if not abs(mean) > z * se:
-        w = np.zeros(r.shape[1])
-        w[inc] = 1.0
-        return w, False
-    return _simplex_lsq(r, omega), True
+def _rule(ev: _Evidence, inc: int, rule: StackRule) -> tuple[np.ndarray, bool]:
+    keep = np.zeros(ev.e.shape[1])
+    keep[inc] = 1.0
+    if rule.evidence == "level":
+        mean, se = _bias(ev.r[:, inc], ev.omega, ev.noise_se)
+        if not abs(mean) > rule.z_adopt * se:
+            return keep, False
+        return _simplex_lsq(ev.r, ev.omega), True
+    slopes = _slopes(ev)
+    if slopes is None or not abs(slopes[0][inc]) > rule.z_adopt * slopes[1][inc]:
+        return keep, False
+    return _simplex_lsq(slopes[0][None, :], np.ones(1)), True
 
 
 def stack_weights(
@@ -218,20 +266,37 @@ def stack_weights(
             adopted=False, incumbent=incumbent,
             reason="no forward backtest (too few groups): the incumbent predicts, every weighting is open",
         )  # fmt: skip
-    r, omega, noise_se = _arrays(groups, names, noise)
-    w, adopted = _rule(r, omega, noise_se, inc, rule.z_adopt)
+    ev = _arrays(groups, names, noise)
+    w, adopted = _rule(ev, inc, rule)
     rng = np.random.default_rng(rule.seed)
     draws = np.empty((rule.draws, len(names)))
     for b in range(rule.draws):
         # groups resampled, and each group's observed runs redrawn: their noise shifts every
         # candidate's error in that group alike (one set of runs is scored against all of them)
         idx = rng.integers(0, len(groups), len(groups))
-        shifted = r[idx] + (noise_se[idx] * rng.standard_normal(len(groups)))[:, None]
-        draws[b], _ = _rule(shifted, omega[idx], noise_se[idx], inc, rule.z_adopt)
-    per_decade = {n: _bias(r[:, j], omega, noise_se) for j, n in enumerate(names)}
+        draws[b], _ = _rule(ev.take(idx, ev.noise_e[idx] * rng.standard_normal(len(groups))), inc, rule)
+    per_decade = {n: _bias(ev.r[:, j], ev.omega, ev.noise_se) for j, n in enumerate(names)}
+    slopes = _slopes(ev)
     drift, drift_folds = _drift(every, names, w, inc, noise, rule)
+    # a drift below what the groups' own noise can resolve is not measured, only bounded by it
+    resolution = float(np.sqrt(np.mean([(noise / math.sqrt(g.n_test) / g.decades) ** 2 for g in every])))
+    drift = max(drift, resolution)
     m, se = per_decade[incumbent]
-    if adopted:
+    if rule.evidence == "growth":
+        if slopes is None:
+            reason = (
+                f"{len(groups)} forward group(s) at one distance: no growth of the error to test; {incumbent} alone"
+            )
+        else:
+            b, b_se = slopes[0][inc], slopes[1][inc]
+            growth = f"{incumbent}'s forward error grows {100 * b:+.2f}% per decade of distance (se {100 * b_se:.2f}%"
+            growth += f", {len(groups)} groups)"
+            reason = growth + (
+                ": weights cancel the growth of the combination's error"
+                if adopted
+                else f", within {rule.z_adopt:g} se of none: {incumbent} alone"
+            )
+    elif adopted:
         reason = (
             f"{incumbent} is {100 * m:+.2f}% per decade forward (se {100 * se:.2f}%, {len(groups)} groups): "
             "weights minimise the combination's forward error"
