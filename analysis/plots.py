@@ -294,9 +294,9 @@ def plot_demo(sweep_dir, proposal: dict, measured: float | None, png) -> None:
     prediction and interval against its measured loss, and the frontier N*(C) with the best runs."""
     from pathlib import Path
 
+    from scalelab import store
     from scalelab.fitting.allocate import optimum_for_law
     from scalelab.fitting.laws import get_law
-    from scalelab.sweeps import store
 
     law, params = get_law(proposal["law"]), proposal["params"]
     optimum = optimum_for_law(law)

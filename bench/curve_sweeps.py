@@ -64,10 +64,10 @@ import numpy as np
 import polars as pl
 import yaml
 
+from scalelab import store
 from scalelab.errors import UsageError
 from scalelab.fitting.curves import fit_curves
 from scalelab.fitting.pipeline import fit_table
-from scalelab.sweeps import store
 from scalelab.sweeps.early_stop import STATUS, EarlyStopConfig, decide, predict_from_prefix, runs_for_fit
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.run_curves import store_curves

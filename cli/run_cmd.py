@@ -30,8 +30,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from scalelab.store.records import read_status
     from scalelab.train.config import load_run_config
-    from scalelab.train.records import read_status
 
     cfg = load_run_config(args.config, args.overrides)
     if "://" in args.out:
@@ -52,14 +52,15 @@ def run(args) -> int:
             "pass --resume to continue it or choose another --out"
         )
     if args.resume and status is not None and (out / "config.json").exists():
-        from scalelab.train.config import build_run_config, identity_dict
+        from scalelab.train.identity import NotSameRun, same_run
 
-        saved = build_run_config(json.loads((out / "config.json").read_text()))
-        if identity_dict(saved) != identity_dict(cfg):  # parallel/logging may change on resume
+        try:  # parallel/logging may change on resume: they are not the run's identity
+            same_run(json.loads((out / "config.json").read_text()), status.get("run_id"), today=cfg)
+        except NotSameRun as e:
             raise UsageError(
-                f"--resume: the config differs from {out}/config.json beyond parallel/logging; "
+                f"--resume: the config differs from {out}/config.json beyond parallel/logging (at {e.path}); "
                 "resume with that file (a new layout may be given with --set parallel.*)"
-            )
+            ) from None
     if cfg.parallel.world_size > 1:
         _check_sources(cfg, out, args.resume)  # in the ranks they would fail one by one, with tracebacks
         from scalelab.train.launch import launch_local

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from scalelab.errors import UsageError
-from scalelab.train import storage
+from scalelab.store import objects
 
 
 def add_parser(sub) -> None:
@@ -171,11 +171,11 @@ def run_launch(args) -> int:
     if args.rounds > 1 and not target:
         raise UsageError("--rounds > 1 needs --target-flops (or fit.target_flops in the spec)")
     faults = _faults(args.inject_fault)
-    out = args.out if storage.is_url(args.out) else Path(args.out)
-    if storage.is_url(out) and (check is not None or args.rounds > 1):
+    out = args.out if objects.is_url(args.out) else Path(args.out)
+    if objects.is_url(out) and (check is not None or args.rounds > 1):
         raise UsageError(f"--out {out}: transfer gates and --rounds need a local or shared POSIX store")
     if args.detach:
-        if storage.is_url(out):
+        if objects.is_url(out):
             raise UsageError(f"--out {out}: --detach needs a shared POSIX store (the driver's spec copy lives there)")
         return _detach(args, sweep, check is None, out)
     if check is not None:
@@ -217,7 +217,7 @@ def _detach(args, sweep, pre_record: bool, out: Path) -> int:
 
     A spec without a transfer check is recorded in the store first, so `sweep status` shows its
     runs (pending) before the job's driver starts."""
-    from scalelab.sweeps import store
+    from scalelab import store
     from scalelab.sweeps.execute import check_runnable, save_execution
     from scalelab.sweeps.ray_cluster import check_dashboard_address, submit_driver
 
@@ -252,7 +252,7 @@ def _detach(args, sweep, pre_record: bool, out: Path) -> int:
 def _transfer_gate(check, out: Path, args):
     """Train the LR-transfer check into `<out>-transfer`; the ladder at the transferred LR, or None
     (after printing the table) when the gate refuses."""
-    from scalelab.sweeps import store
+    from scalelab import store
     from scalelab.sweeps.execute import launch
     from scalelab.sweeps.spec import dump_spec
     from scalelab.sweeps.transfer import evaluate_gate, format_gate, ladder_with_lr, transfer_dir
@@ -328,7 +328,7 @@ def run_eval(args) -> int:
 
 
 def run_export(args) -> int:
-    from scalelab.sweeps.store import export_table
+    from scalelab.store import export_table
 
     n = export_table(args.sweep_dir, args.csv, done_only=not args.all)
     print(f"{n} run(s) -> {args.csv}", file=sys.stderr)
@@ -355,8 +355,8 @@ def run_next(args) -> int:
 
 
 def run_ledger(args) -> int:
-    from scalelab.sweeps import store
-    from scalelab.sweeps.ledger import format_ledger, read_ledger, score
+    from scalelab import store
+    from scalelab.store.ledger import format_ledger, read_ledger, score
 
     if not store.is_sweep_dir(args.sweep_dir):
         raise UsageError(f"{args.sweep_dir} is not a sweep directory (no sweep.yaml)")

@@ -31,7 +31,8 @@ from typing import Any
 
 import yaml
 
-from scalelab.sweeps import ledger, store
+from scalelab import store
+from scalelab.store import ledger
 
 MAX_ROUNDS = 3  # fits (and remedial rounds) before the demo gives up on identification
 

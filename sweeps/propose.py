@@ -9,7 +9,7 @@
 What it does, in order:
 
 1. Score the ledger: proposed runs of earlier rounds that are now done get their measured loss
-   beside their prediction (scalelab.sweeps.ledger).
+   beside their prediction (scalelab.store.ledger).
 2. Fit the done runs (scalelab.fitting.loopfit: the spec's law, Huber on log loss, bootstrap over
    runs, hold-out and leave-one-budget-out backtests), and check the identification gates
    (scalelab.fitting.gates): minima bracketed, exponents plausible and off their bounds, starts
@@ -38,11 +38,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from scalelab import store
+from scalelab.config_tree import from_dict
 from scalelab.errors import ConfigError, UsageError
 from scalelab.fitting.io import read_runs
 from scalelab.fitting.loopfit import FIT_STARTS, LoopFit, fit_for_loop
 from scalelab.fitting.select import select_law
-from scalelab.sweeps import ledger, store
+from scalelab.store import ledger
 from scalelab.sweeps.spec import (
     LOOP_LAWS,
     ExecutionConfig,
@@ -52,7 +54,6 @@ from scalelab.sweeps.spec import (
     expand_sweep,
     read_spec,
 )
-from scalelab.train.config_tree import from_dict
 
 NUM_SIZES = 5  # sizes of a new IsoFLOP slice
 SPAN = 3.0  # a new slice spans N*/SPAN .. SPAN N*
@@ -422,7 +423,7 @@ def _next_round(sweep_dir: Path) -> int:
 
 def _write_round(sweep_dir: Path, raw: dict, lf: LoopFit, fit_spec: FitSpec, k: int, info: dict, runs) -> dict:
     from scalelab.fitting.pipeline import code_version
-    from scalelab.train.records import atomic_write_bytes, atomic_write_json
+    from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
 
     name = f"round_{k}"
     proposals = info["proposals"]

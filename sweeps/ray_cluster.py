@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.errors import UsageError
+from scalelab.store.atomic import atomic_write_json
 from scalelab.sweeps import ray_reaper
-from scalelab.train.records import atomic_write_json
 
 _FORWARDED_ENV = ("SCALELAB_", "WANDB_", "HF_", "TRITON_", "RAY_TRAIN_")
 _JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in the driver process of a Ray Job

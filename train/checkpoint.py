@@ -7,24 +7,22 @@ A checkpoint is a directory `<run>/checkpoints/step_<N>/` holding
   - rng_rank<r>.pt: each rank's torch RNG state (loaded with weights_only=True);
   - manifest.json, written last: every file's size and sha256 (scalelab.train.checkpoint_verify).
 It is written under `step_<N>.tmp` and renamed when complete, so a crash mid-save never leaves a
-directory that looks finished; `latest_checkpoint` only considers completed ones.
+directory that looks finished; `list_checkpoints` (scalelab.store.checkpoint_files) only considers
+completed ones.
 
 Loading never trusts the files: every load verifies the checkpoint first (manifest, metadata read
 by a restricted unpickler, shard sizes) and reads it through checkpoint_verify's SafeReader and
 SafeLoadPlanner. `select_resume_checkpoint` picks the newest checkpoint that verifies, moves the
 ones that do not aside (`step_<N>.corrupt`, kept for inspection, never considered again) and says why.
 
-On object storage (a run of an `s3://` store, scalelab.sweeps.lease) a checkpoint is saved here
-as always, then `upload_checkpoint` puts its files, manifest.json last; `pull_checkpoints` only
-takes step_<N>/ prefixes whose manifest is there, so an upload cut short is never loaded (and
-never mistaken for a legacy checkpoint without a manifest).
+On object storage (a run of an `s3://` store, scalelab.store.lease) a checkpoint is saved here
+as always and the store uploads the directory (scalelab.store.checkpoint_files).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import re
 import shutil
 import warnings
 from collections.abc import Callable
@@ -40,9 +38,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from scalelab.train import storage
+from scalelab.store.atomic import atomic_write_json
+from scalelab.store.checkpoint_files import list_checkpoints
 from scalelab.train.checkpoint_verify import (
-    MANIFEST,
     TRAIN_STATE,
     CheckpointError,
     SafeLoadPlanner,
@@ -51,9 +49,6 @@ from scalelab.train.checkpoint_verify import (
     verify_checkpoint,
     write_manifest,
 )
-from scalelab.train.records import atomic_write_json
-
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def _is_dist() -> bool:
@@ -75,24 +70,6 @@ def single_process_ok():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         yield
-
-
-def list_checkpoints(ckpt_root: str | Path) -> list[tuple[int, Path]]:
-    """Completed checkpoints as (step, path), oldest first."""
-    root = Path(ckpt_root)
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and p.is_dir():  # step_<N> appears by rename only once the save completed
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def latest_checkpoint(ckpt_root: str | Path) -> Path | None:
-    ckpts = list_checkpoints(ckpt_root)
-    return ckpts[-1][1] if ckpts else None
 
 
 def save_checkpoint(
@@ -257,39 +234,3 @@ def load_checkpoint(
     if train_state is None:  # verified by the caller
         train_state = json.loads((path / TRAIN_STATE).read_text())
     return train_state
-
-
-def upload_checkpoint(path: Path, url: str) -> None:
-    """A completed checkpoint directory to `url/` on object storage, manifest.json last.
-
-    The manifest object is what makes the checkpoint exist there (pull_checkpoints): whatever
-    stops the upload before it leaves a prefix that no resume takes.
-    """
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.name != MANIFEST)
-    for f in files:
-        storage.upload_file(storage.join(url, f.name), f)
-    storage.upload_file(storage.join(url, MANIFEST), path / MANIFEST)
-
-
-def remote_checkpoints(url: str) -> dict[str, list[str]]:
-    """{step_<N>: its object names} of the completed checkpoints (manifest present) under `url/`."""
-    found: dict[str, list[str]] = {}
-    for rel in storage.list_objects(url):
-        step_dir, _, fname = rel.partition("/")
-        if _STEP_DIR.match(step_dir) and fname and "/" not in fname:
-            found.setdefault(step_dir, []).append(fname)
-    return {d: names for d, names in found.items() if MANIFEST in names}
-
-
-def pull_checkpoints(url: str, ckpt_root: Path) -> list[str]:
-    """Download the completed checkpoints under `url/` into ckpt_root (each under a .tmp name,
-    renamed when whole, as save_checkpoint does); returns their names."""
-    pulled = []
-    for step_dir, names in sorted(remote_checkpoints(url).items()):
-        tmp = ckpt_root / f"{step_dir}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        for fname in names:
-            storage.download(storage.join(url, step_dir, fname), tmp / fname)
-        tmp.rename(ckpt_root / step_dir)
-        pulled.append(step_dir)
-    return pulled

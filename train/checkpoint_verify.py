@@ -39,8 +39,8 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import ReadItem
 
 from scalelab.errors import UsageError
+from scalelab.store.checkpoint_files import MANIFEST
 
-MANIFEST = "manifest.json"
 METADATA = ".metadata"
 TRAIN_STATE = "train_state.json"
 MANIFEST_FORMAT = 1

@@ -20,13 +20,16 @@ import torch
 from scalelab.errors import UsageError
 from scalelab.models.llama import build_model
 from scalelab.models.loss import lm_loss
-from scalelab.train.checkpoint import list_checkpoints, load_checkpoint
+from scalelab.store.atomic import atomic_write_parquet
+from scalelab.store.checkpoint_files import list_checkpoints
+from scalelab.store.records import EVALS_SCHEMA
+from scalelab.train.checkpoint import load_checkpoint
 from scalelab.train.config import load_run_config
 from scalelab.train.data.bundle import build_data
 from scalelab.train.data.tokenizer import load_tokenizer
 from scalelab.train.eval_tasks import MCTask, evaluate_tasks
 from scalelab.train.evaluate import evaluate_sources
-from scalelab.train.records import EVALS_SCHEMA, atomic_write_parquet, run_summary_fields
+from scalelab.train.run_summary import run_summary_fields
 
 
 def find_checkpoints(path: str | os.PathLike) -> tuple[Path, list[Path]]:

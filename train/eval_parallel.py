@@ -34,7 +34,7 @@ from scalelab.train.data.tokenizer import load_tokenizer
 from scalelab.train.eval_tasks import MC_METRICS, load_tasks, request_sequence, score_mc_task
 from scalelab.train.evaluate import evaluate_sources
 from scalelab.train.parallel_model import parallel_model
-from scalelab.train.records import run_summary_fields
+from scalelab.train.run_summary import run_summary_fields
 from scalelab.train.runtime import make_runtime
 
 IGNORE = -100

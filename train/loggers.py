@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from scalelab.train.config import config_hash, to_dict
+from scalelab.train.config import to_dict
+from scalelab.train.identity import config_hash
 
 
 def open_progress(cfg, runtime, start_step: int):

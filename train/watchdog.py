@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalelab.train.records import read_status, write_status
+from scalelab.store.records import read_status, write_status
 
 HANG_EXIT_CODE = 75  # EX_TEMPFAIL: the run is retryable
 # Other ranks wait this long before exiting: rank 0, blocked in the same step's collective, fires

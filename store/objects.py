@@ -1,15 +1,15 @@
 """Where a sweep store lives: a local or shared POSIX path, or object storage (`s3://bucket/prefix`).
 
-    from scalelab.train import storage
-    storage.is_url("s3://lab/sweeps/iso")              # True; local paths keep their Path code
-    storage.write_bytes("s3://lab/sweeps/iso/x.json", b"{}")   # one PutObject: whole or absent
-    view = storage.local_view("s3://lab/sweeps/iso")   # a read-only local copy for the readers
+    from scalelab.store import objects
+    objects.is_url("s3://lab/sweeps/iso")              # True; local paths keep their Path code
+    objects.write_bytes("s3://lab/sweeps/iso/x.json", b"{}")   # one PutObject: whole or absent
+    view = objects.local_view("s3://lab/sweeps/iso")   # a read-only local copy for the readers
 
-Local paths are written to a temporary name and renamed (scalelab.train.records). Object storage
+Local paths are written to a temporary name and renamed (scalelab.store.atomic). Object storage
 has no rename; there every file is one object written by a single request (PutObject, or a
 multipart upload, which is also invisible until it completes), so a reader sees the previous
 object or the new one, never part of one. Conditional writes (`If-None-Match: *`, `If-Match:
-<etag>`) make the run lease (scalelab.sweeps.lease) safe without a lock server.
+<etag>`) make the run lease (scalelab.store.lease) safe without a lock server.
 
 The client is boto3's; credentials and the endpoint come from the usual AWS environment
 (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL for an S3-compatible server,

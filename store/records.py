@@ -1,4 +1,4 @@
-"""Run records in the sweep-store format (ARCHITECTURE.md), written atomically.
+"""A run's records in the store's format (docs/architecture.md), written whole (scalelab.store.atomic).
 
     <run>/config.json       the resolved config
     <run>/status.json       {"status": pending|running|done|failed|diverged|stopped_early, ...}
@@ -6,28 +6,25 @@
     <run>/evals.parquet     per eval: step, tokens, flops, task, metric, value, stderr
     <run>/router.parquet    MoE runs: per logged step, moe_aux_loss, moe_z_loss, moe_imbalance(_max), moe_dropped_frac
 
-Every file is written to a temporary name in the same directory and renamed over the target, so a
-reader (a sweep scan, polars) never sees a half-written file, whatever happens to the writer. On
-object storage (an `s3://` path, scalelab.train.storage) there is no rename: each file is one
-object put whole, which gives readers the same guarantee.
+Every file is written whole (a temporary name renamed over the target, or one object on object
+storage), so a reader (a sweep scan, polars) never sees a half-written file, whatever happens to
+the writer. The training loop (scalelab.train.loop) writes a run's records through this module.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from scalelab.models.accounting import flops_per_token, num_params, num_params_nonembedding
-from scalelab.train import storage
+from scalelab.store import objects
+from scalelab.store.atomic import atomic_write_json, atomic_write_parquet
 
 STATUSES = ("pending", "running", "done", "failed", "diverged", "stopped_early")
+TERMINAL = ("done", "diverged", "stopped_early")  # states a run never leaves; anything else is (re)started
 
 METRICS_SCHEMA = {
     "step": pl.Int64,
@@ -58,46 +55,6 @@ EVALS_SCHEMA = {
 }
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    if storage.is_url(path):
-        storage.write_bytes(path, data)
-        return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
-
-
-def atomic_write_parquet(path: str | Path, df: pl.DataFrame) -> None:
-    if storage.is_url(path):
-        buf = io.BytesIO()
-        df.write_parquet(buf)
-        storage.write_bytes(path, buf.getvalue())
-        return
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        df.write_parquet(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_status(run_dir: str | Path, status: str, **extra: Any) -> None:
     if status not in STATUSES:
         raise ValueError(f"status {status!r} not in {STATUSES}")
@@ -108,17 +65,26 @@ def write_status(run_dir: str | Path, status: str, **extra: Any) -> None:
 
 
 def _join(run_dir: str | Path, name: str) -> str | Path:
-    return storage.join(run_dir, name) if storage.is_url(run_dir) else Path(run_dir) / name
+    return objects.join(run_dir, name) if objects.is_url(run_dir) else Path(run_dir) / name
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any] | None:
-    if storage.is_url(run_dir):
-        data = storage.read_bytes(storage.join(run_dir, "status.json"))
+    if objects.is_url(run_dir):
+        data = objects.read_bytes(objects.join(run_dir, "status.json"))
         return None if data is None else json.loads(data)
     path = Path(run_dir) / "status.json"
     if not path.exists():
         return None
     return json.loads(path.read_text())
+
+
+def run_state(run_dir: str | Path) -> str:
+    """pending (nothing on disk) | running | done | failed | diverged, from status.json."""
+    try:
+        status = read_status(run_dir)
+    except (OSError, json.JSONDecodeError):
+        return "pending"
+    return (status or {}).get("status", "pending")
 
 
 class RecordWriter:
@@ -160,16 +126,12 @@ def rows_through(path: Path, max_step: int) -> list[dict]:
     return pl.read_parquet(path).filter(pl.col("step") <= max_step).to_dicts()
 
 
-def run_summary_fields(cfg) -> dict[str, Any]:
-    """Static facts about a run config (sizes, FLOPs) that the store keeps beside its losses."""
-    fpt = flops_per_token(cfg.model, cfg.data.seq_len)
-    return dict(
-        params=num_params(cfg.model),
-        params_nonembed=num_params_nonembedding(cfg.model),
-        flops_per_token_6n=fpt.six_n,
-        # exact: every matmul (output layer included) plus causal attention (half the T x T scores)
-        flops_per_token_exact=fpt.exact_causal,
-        num_steps=cfg.num_steps,
-        tokens_per_step=cfg.tokens_per_step,
-        num_tokens=cfg.num_steps * cfg.tokens_per_step,
-    )
+def last_step(run_dir: Path) -> int:
+    """The last step in a run's metrics.parquet (0 when there is none or it cannot be read)."""
+    path = run_dir / "metrics.parquet"
+    if not path.exists():
+        return 0
+    try:
+        return int(pl.read_parquet(path, columns=["step"])["step"].max() or 0)
+    except Exception:  # noqa: BLE001 - an unreadable file counts as no progress (never a crash)
+        return 0

@@ -3,7 +3,7 @@
     with remote_run("s3://lab/sweeps/iso", run_id, wait_s=180) as run_dir:
         train_run(cfg, run_dir, resume=True)      # run_dir: a local directory, synced to the store
 
-A local store serialises the trainers of a run with an fcntl lock (scalelab.sweeps.execute).
+A local store serialises the trainers of a run with an fcntl lock (scalelab.store.run_lock).
 Object storage has no locks, so a run there is guarded by a *lease*: the object
 `<store root>/.leases/<run_id>.json` = {holder, expires_at}. It is taken with a conditional put
 (`If-None-Match: *`: of two takers exactly one succeeds), renewed every ttl_s/3 by a thread with
@@ -14,7 +14,7 @@ are assumed to agree within a small fraction of ttl_s (NTP).
 
 The run is trained in a local directory (the files the training loop, DCP and the restricted
 checkpoint reader expect) that starts as a copy of the run's objects, checkpoints included
-(scalelab.train.checkpoint.pull_checkpoints takes only complete ones). A second thread uploads what
+(scalelab.store.checkpoint_files.pull_checkpoints takes only complete ones). A second thread uploads what
 changed every ttl_s/3 and once more at the end, in the order that keeps the store consistent at
 every instant: the records, then the checkpoints they cover (manifest last), then status.json.
 A holder whose lease was taken stops uploading (fencing by silence) and its trial fails, so Tune
@@ -36,8 +36,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from scalelab.train import storage
-from scalelab.train.checkpoint import list_checkpoints, pull_checkpoints, upload_checkpoint
+from scalelab.store import objects
+from scalelab.store.checkpoint_files import list_checkpoints, pull_checkpoints, upload_checkpoint
 
 LEASE_TTL_S = 30.0  # a dead holder's run is taken over this long after its last heartbeat
 LEASES = ".leases"
@@ -62,7 +62,7 @@ class Lease:
         return json.dumps({"holder": self.holder, "renewed_at": now, "expires_at": now + self.ttl_s}).encode()
 
     def current(self) -> dict | None:
-        got = storage.read(self.url)
+        got = objects.read(self.url)
         if got is None:
             return None
         try:
@@ -73,19 +73,19 @@ class Lease:
     def try_acquire(self) -> bool:
         """Take the lease if nobody holds it or its holder's expiry has passed; True on success."""
         try:
-            self.etag = storage.write_bytes(self.url, self._body(), if_none_match=True)
+            self.etag = objects.write_bytes(self.url, self._body(), if_none_match=True)
             return True
         except Exception as e:  # noqa: BLE001 - botocore's ClientError, sorted by is_precondition_failure
-            if not storage.is_precondition_failure(e):
+            if not objects.is_precondition_failure(e):
                 raise
         cur = self.current()
         if cur is None or cur["expires_at"] > time.time():
             return False  # held (or released just now: the next try takes it)
         try:
-            self.etag = storage.write_bytes(self.url, self._body(), if_match=cur["etag"])
+            self.etag = objects.write_bytes(self.url, self._body(), if_match=cur["etag"])
             return True
         except Exception as e:  # noqa: BLE001
-            if storage.is_precondition_failure(e):
+            if objects.is_precondition_failure(e):
                 return False  # another taker was faster
             raise
 
@@ -104,9 +104,9 @@ class Lease:
     def renew(self) -> None:
         """Extend the lease; LeaseLost if another holder has it now."""
         try:
-            self.etag = storage.write_bytes(self.url, self._body(), if_match=self.etag)
+            self.etag = objects.write_bytes(self.url, self._body(), if_match=self.etag)
         except Exception as e:  # noqa: BLE001
-            if storage.is_precondition_failure(e):
+            if objects.is_precondition_failure(e):
                 self.lost.set()
                 raise LeaseLost(f"{self.url}: lease taken by {(self.current() or {}).get('holder')}") from None
             raise
@@ -115,9 +115,9 @@ class Lease:
         if self.etag is None or self.lost.is_set():
             return
         try:
-            storage.delete(self.url, if_match=self.etag)
+            objects.delete(self.url, if_match=self.etag)
         except Exception as e:  # noqa: BLE001
-            if not storage.is_precondition_failure(e):
+            if not objects.is_precondition_failure(e):
                 raise
 
 
@@ -135,12 +135,12 @@ class RunMirror:
 
     def pull(self) -> None:
         self.local.mkdir(parents=True, exist_ok=True)
-        for rel, meta in storage.list_objects(self.url).items():
+        for rel, meta in objects.list_objects(self.url).items():
             if "/" not in rel:
-                storage.download(storage.join(self.url, rel), self.local / rel, meta["mtime"])
+                objects.download(objects.join(self.url, rel), self.local / rel, meta["mtime"])
                 self.sent[rel] = _sha(self.local / rel)
         (self.local / "checkpoints").mkdir(exist_ok=True)
-        for name in pull_checkpoints(storage.join(self.url, "checkpoints"), self.local / "checkpoints"):
+        for name in pull_checkpoints(objects.join(self.url, "checkpoints"), self.local / "checkpoints"):
             self.sent[f"checkpoints/{name}"] = _sha(self.local / "checkpoints" / name / "manifest.json")
 
     def push(self) -> None:
@@ -160,16 +160,16 @@ class RunMirror:
                 continue
             self._check_fence()
             try:
-                upload_checkpoint(path, storage.join(self.url, rel))
+                upload_checkpoint(path, objects.join(self.url, rel))
             except FileNotFoundError:
                 continue  # pruned by keep_last while uploading: its objects go below
             self.sent[rel] = hashlib.sha256(manifest).hexdigest()
-        ckpt_url = storage.join(self.url, "checkpoints")
-        remote = storage.list_objects(ckpt_url)
+        ckpt_url = objects.join(self.url, "checkpoints")
+        remote = objects.list_objects(ckpt_url)
         for rel in remote:  # pruned checkpoints, and uploads cut short, once newer ones are up
             if rel.partition("/")[0] not in kept:
                 self._check_fence()
-                storage.delete(storage.join(ckpt_url, rel))
+                objects.delete(objects.join(ckpt_url, rel))
         self._put("status.json", status)
 
     def _put(self, rel: str, data: bytes | None) -> None:
@@ -178,7 +178,7 @@ class RunMirror:
         digest = hashlib.sha256(data).hexdigest()
         if self.sent.get(rel) != digest:
             self._check_fence()
-            storage.write_bytes(storage.join(self.url, rel), data)
+            objects.write_bytes(objects.join(self.url, rel), data)
             self.sent[rel] = digest
 
 
@@ -194,7 +194,7 @@ def _sha(path: Path) -> str:
 
 
 def lease_url(sweep_url: str, run_id: str) -> str:
-    return storage.join(storage.parent(sweep_url), LEASES, f"{run_id}.json")
+    return objects.join(objects.parent(sweep_url), LEASES, f"{run_id}.json")
 
 
 @contextlib.contextmanager
@@ -212,7 +212,7 @@ def remote_run(sweep_url: str, run_id: str, wait_s: float | None, ttl_s: float =
     top, pulled = None, False
     try:
         top = Path(tempfile.mkdtemp(prefix=f"scalelab-run-{run_id}-"))
-        mirror = RunMirror(storage.join(sweep_url, "runs", run_id), top / run_id, fence=lease.lost)
+        mirror = RunMirror(objects.join(sweep_url, "runs", run_id), top / run_id, fence=lease.lost)
         mirror.pull()
         pulled = True
         # Renewing and uploading run apart: a long checkpoint upload never delays a renewal.

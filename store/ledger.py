@@ -10,7 +10,7 @@ the run that is trained is exactly the one predicted), N, D, C, the predicted lo
 and, once the run is done, the measured loss, the relative error and whether the interval covered it.
 
 Predictions are recorded before their runs start (`record_round`), and scored whenever the ledger
-is touched after a launch (`score`; sweeps/execute.py calls it at the end of every launch). The
+is touched after a launch (`score`; scalelab.sweeps.execute calls it at the end of every launch). The
 file is rewritten atomically; `scalelab sweep ledger DIR` prints it.
 """
 
@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scalelab.sweeps import store
-from scalelab.train.records import atomic_write_json, read_status
+from scalelab.store.atomic import atomic_write_json
+from scalelab.store.paths import run_path
+from scalelab.store.records import read_status
 
 LEDGER = "ledger.json"
 
@@ -81,7 +82,7 @@ def score(sweep_dir: str | Path, loss_column: str | None = None) -> list[dict[st
     for p in ledger["predictions"]:
         if p.get("measured") is not None:
             continue
-        status = read_status(store.run_path(sweep_dir, p["run_id"])) or {}
+        status = read_status(run_path(sweep_dir, p["run_id"])) or {}
         if status.get("status") != "done":
             continue
         measured = status.get(loss_column or p.get("loss_column") or "final_val_loss")
