@@ -8,6 +8,7 @@ reports and notebooks alike:
     fig = plot_allocation(fit)                     fig = plot_residuals(fit)
     fig = plot_backtest(fit)                       fig = plot_sensitivity(runs, "lr")
     fig = plot_comparison(cmp)                     fig = plot_noise(noise_table)
+    fig = plot_ledger(read_ledger(sweep_dir))
 
 `runs` is `scalelab.analysis.store.load_store_runs(...)`, `fit` a `lawfit.StoreFit`, `cmp` a
 `compare.Comparison`. Intervals are percentile bands over the fit's bootstrap draws.
@@ -26,6 +27,8 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
+from scalelab.fitting.intervals import percentile_interval  # noqa: E402
+
 LEVEL = 0.95
 
 
@@ -37,8 +40,7 @@ def _axes(ax, figsize=(6.4, 4.2)):
 
 
 def _band(values: np.ndarray, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
-    v = np.where(np.isfinite(values), values, np.nan)
-    return np.nanquantile(v, 0.5 - level / 2, axis=0), np.nanquantile(v, 0.5 + level / 2, axis=0)
+    return percentile_interval(values, level)
 
 
 def _budget_groups(flops: np.ndarray) -> np.ndarray:
@@ -278,6 +280,35 @@ def plot_noise(table: pl.DataFrame, ax=None):
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decade labels only
     ax.set_xlabel("SNR (spread across runs / noise)")
     ax.set_title("Evaluation noise")
+    return fig
+
+
+def plot_ledger(book: dict, ax=None):
+    """The ledger (scalelab.store.ledger): every proposed run's predicted loss with its interval
+    against its FLOPs, by round, and its measured loss once done (filled: inside the interval)."""
+    fig, ax = _axes(ax)
+    preds = book.get("predictions", [])
+    rounds = sorted({p["round"] for p in preds})
+    for color, k in zip(_cmap(len(rounds)), rounds):
+        mine = [p for p in preds if p["round"] == k]
+        c = np.array([p["flops"] for p in mine], dtype=float)
+        y = np.array([p["predicted"] for p in mine], dtype=float)
+        lo = np.array([p["interval"][0] for p in mine], dtype=float)
+        hi = np.array([p["interval"][1] for p in mine], dtype=float)
+        ax.errorbar(c, y, yerr=[y - lo, hi - y], fmt="D", mfc="none", color=color, capsize=3,
+                    label=f"round {k}: predicted, {100 * LEVEL:.0f}% interval")  # fmt: skip
+        done = [p for p in mine if p.get("measured") is not None]
+        for p in done:
+            face = color if p.get("covered") else "none"
+            ax.scatter([p["flops"]], [p["measured"]], marker="*", s=120, color=color, facecolor=face, zorder=5)
+    ax.scatter([], [], marker="*", s=120, color="0.3", label="measured (hollow: outside the interval)")
+    scored = [p for p in preds if p.get("measured") is not None]
+    covered = sum(bool(p.get("covered")) for p in scored)
+    title = "Ledger: none measured yet"
+    if scored:
+        title = f"Ledger: {covered} of {len(scored)} measured inside their interval"
+    ax.set(xscale="log", xlabel="training FLOPs C (6ND)", ylabel="final loss", title=title)
+    ax.legend(fontsize=7)
     return fig
 
 

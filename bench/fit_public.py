@@ -1,7 +1,7 @@
 """Benchmark: extrapolation error of scalelab's fitter on public model families (not a test).
 
 Protocol (Choshen, Zhang & Andreas 2025, "A Hitchhiker's Guide to Scaling Law Estimation"; the data
-are their release, copied to shared/data/scaling, see its README):
+are their release, copied to bench/data/scaling with its provenance and licence):
   1. per family, drop the largest model; from every other model keep its checkpoints after the
      first 10% of training (by tokens);
   2. fit the law (default: Chinchilla, Approach 3, Huber on log loss) on those points;
@@ -79,13 +79,13 @@ import polars as pl
 
 from scalelab.fitting.curve_departures import departures
 from scalelab.fitting.curves import CurveFit, RunCurve, fit_curves
+from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.fit_runs import fit_runs
 from scalelab.fitting.from_report import predict_from_fit
-from scalelab.fitting.pipeline import fit_table
+from scalelab.fitting.io import read_runs
 from scalelab.fitting.select import select_law
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "shared" / "data" / "scaling"
-if not DATA.exists():  # the shared folder sits beside the repository on the development machines
-    DATA = pathlib.Path("/work/shared/data/scaling")
+DATA = pathlib.Path(__file__).resolve().parent / "data" / "scaling"  # provenance and licence: its README.md
 
 GPT3_SIZES = {
     "small": 125e6,
@@ -202,7 +202,8 @@ def split_protocol(df: pl.DataFrame, *, drop_first: float = 0.1, score_last: flo
 def score_family(name: str, df: pl.DataFrame, *, law: str) -> dict:
     train, test = split_protocol(df)
     t0 = time.perf_counter()
-    fit = fit_table(train.select("params", "tokens", "loss"), law=law, approach=3, backtest=False)
+    table = read_runs(train.select("params", "tokens", "loss"), min_rows=2)
+    fit = fit_runs(table, FitOptions(law=law, backtest=False)).to_report()
     n_test, d_test = (np.array(test[c].to_numpy(), dtype=float) for c in ("params", "tokens"))
     pred = predict_from_fit(fit, params=n_test, tokens=d_test)["loss"]
     obs = np.array(test["loss"].to_numpy(), dtype=float)

@@ -4,7 +4,7 @@ An IsoFLOP sweep of tiny models at 3 budgets on the default corpus (local Ray), 
 a proposed next round of one compute-optimal run at ~3x the largest budget, that run, and a printed
 comparison of predicted vs measured loss with its interval, plus a PNG of the IsoFLOP curves.
 
-    scalelab demo [--out results/demo] [--quick]
+    scalelab demo [--out results/demo] [--quick] [--wandb offline|online]
 """
 
 from __future__ import annotations
@@ -20,12 +20,28 @@ def add_parser(sub) -> None:
     p.add_argument("--quick", action="store_true", help="a smaller demo (~2 minutes) for smoke tests")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--address", default=None, help="run on an existing Ray cluster instead")
+    p.add_argument(
+        "--wandb",
+        choices=("offline", "online", "disabled"),
+        default=None,
+        help="log the runs, live predictions and fit runs to W&B (sets WANDB_MODE; default: disabled)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    import os
+
     from scalelab.analysis.plots import plot_demo
+    from scalelab.analysis.wandb_images import fit_images
     from scalelab.sweeps.demo import run_demo
 
-    result = run_demo(args.out, quick=args.quick, num_cpus=args.num_cpus, address=args.address, plot=plot_demo)
+    if args.wandb:  # before Ray starts: the trials inherit it (and a cluster's, through the forwarded WANDB_*)
+        os.environ["WANDB_MODE"] = args.wandb
+    result = run_demo(
+        args.out, quick=args.quick, num_cpus=args.num_cpus, address=args.address, plot=plot_demo, fit_images=fit_images
+    )
+    if args.wandb == "offline":
+        d = f"{args.out}/isoflop"
+        print(f"W&B (offline): upload with `wandb sync {d}/runs/*/wandb/offline-run-* {d}/wandb/offline-run-*`")
     return 0 if result.get("ok") else 1

@@ -46,7 +46,6 @@ def run(args) -> int:
     from scalelab.parallel.layouts import parse_layout
     from scalelab.train.checkpoint import verify
     from scalelab.train.eval_checkpoint import evaluate_checkpoint, find_checkpoints, merge_eval_rows
-    from scalelab.train.eval_parallel import evaluate_checkpoint_parallel
     from scalelab.train.eval_tasks import load_tasks
 
     _check_args(args)
@@ -56,20 +55,16 @@ def run(args) -> int:
         verify(ckpt)
     tasks = load_tasks(args.tasks, args.limit)
     all_rows = []
-    for ckpt in ckpts:
-        if layout is not None:  # the ranks load their shards and score through the layout's step
-            rows, _ = evaluate_checkpoint_parallel(
-                ckpt, args.tasks, layout, limit=args.limit, with_val=not args.no_val, verified=True
-            )
-        else:
-            rows = evaluate_checkpoint(
-                ckpt,
-                tasks,
-                with_val=not args.no_val,
-                device=args.device,
-                batch_sequences=args.batch_sequences,
-                verified=True,
-            )
+    for ckpt in ckpts:  # under a layout the ranks load their shards and score through the layout's step
+        rows = evaluate_checkpoint(
+            ckpt,
+            tasks,
+            layout=layout,
+            with_val=not args.no_val,
+            device=args.device,
+            batch_sequences=args.batch_sequences,
+            verified=True,
+        ).rows
         all_rows += rows
         for r in rows:
             se = "" if r["stderr"] is None or math.isnan(r["stderr"]) else f" ± {r['stderr']:.4f}"

@@ -55,7 +55,7 @@ def run(args) -> int:
 
     from scalelab.analysis.eval_parity import REFERENCE, format_parity, parity_table
     from scalelab.train.data.tokenizer import load_tokenizer
-    from scalelab.train.eval_checkpoint import find_checkpoints, load_checkpoint_model
+    from scalelab.train.eval_checkpoint import find_checkpoints, load_on_one_device
     from scalelab.train.eval_setups import parse_setup, parse_variants, score_examples, score_layout
     from scalelab.train.eval_tasks import load_tasks
 
@@ -71,14 +71,14 @@ def run(args) -> int:
     noise = _store_noise(args.store) if args.store else None
 
     def scores(ckpt: Path) -> pl.DataFrame:
-        model, cfg, _ = load_checkpoint_model(ckpt)
+        par, cfg, _ = load_on_one_device(ckpt)  # verified here
         tok = load_tokenizer(cfg.data.tokenizer)
         frames = []
         for label, setup in [(REFERENCE, reference), *[(v.label(reference), v) for v in variants]]:
             if setup.layout == "single":
-                frame = score_examples(model, tok, tasks, setup, max_seq_len=cfg.model.max_seq_len)
+                frame = score_examples(par, tok, tasks, setup, max_seq_len=cfg.model.max_seq_len)
             else:
-                frame = score_layout(ckpt, args.tasks, setup, limit=args.limit, verified=True)  # loaded above
+                frame = score_layout(ckpt, tasks, setup, verified=True)
             frames.append(frame.with_columns(setup=pl.lit(label)))
         return pl.concat(frames)
 

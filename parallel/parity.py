@@ -45,6 +45,18 @@ from scalelab.parallel.memory import expected_memory, measured_memory
 from scalelab.parallel.parallelize import parallelize
 from scalelab.parallel.planner_memory import state_bytes
 
+# The parity list: the dense layouts that tests/test_parallel_parity.py holds to one device, by
+# world size; the golden losses (tests/assets/golden_losses.json) pin the numbers of the world 2
+# and 4 layouts. `single-accum2` is the floor: one device, the batch in two accumulation steps.
+PARITY_LAYOUTS: dict[int, tuple[str, ...]] = {
+    2: tuple(
+        "single-accum2 dp2 fsdp2 fsdp2-zero2 tp2 tp2sp pp2-gpipe pp2-1f1b pp2-interleaved pp2-zb "
+        "tp2sp+sac fsdp2+ac cp2".split()
+    ),
+    4: tuple("dp2xfsdp2 dp2xtp2 fsdp2xtp2 fsdp2xtp2sp fsdp2xpp2 pp2xtp2sp fsdp2-zero2xpp2-zb fsdp2xcp2".split()),
+    8: ("dp2xpp2xtp2sp",),
+}
+
 _ACCUM = re.compile(r"^single(-accum(\d+))?$")
 _BASE = ParallelConfig(mixed_precision="fp32", backend="gloo")  # what a layout name leaves unset
 
@@ -300,6 +312,8 @@ class LayoutResult:
     optimizer: str
     dtype: str
     world_size: int
+    losses: list[float]  # the layout's loss per step (rank 0's: every rank holds the dp mean)
+    grad_norms: list[float]  # the layout's global gradient norm per step, before clipping
     loss_diffs: list[float]  # |loss - reference| per step
     max_loss_diff: float
     max_grad_diff: float  # first step, before clipping, over every element of every gradient
@@ -460,6 +474,8 @@ def _compare(name: str, world: int, results: list[dict], ref: dict, spec: Parity
         optimizer=spec.optimizer,
         dtype=spec.dtype,
         world_size=world,
+        losses=list(losses),
+        grad_norms=list(norms),
         loss_diffs=loss_diffs,
         max_loss_diff=max_loss,
         max_grad_diff=grad,

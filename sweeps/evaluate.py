@@ -22,13 +22,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from scalelab import store
 from scalelab.errors import UsageError
 from scalelab.store.atomic import atomic_write_json
 from scalelab.store.checkpoint_files import list_checkpoints
+from scalelab.sweeps import wandb_export
 from scalelab.sweeps.ray_cluster import ray_session
 from scalelab.train.checkpoint_verify import MANIFEST, METADATA, TRAIN_STATE
-from scalelab.train.eval_checkpoint import merge_eval_rows
+from scalelab.train.eval_checkpoint import evaluate_checkpoint, merge_eval_rows
 from scalelab.train.eval_tasks import MCTask, load_tasks
 
 INDEX = "evals_index.json"
@@ -99,12 +102,10 @@ def plan_jobs(
 
 
 def _evaluate_remote(ckpt: str, specs: list[str], limit: int | None, with_val: bool, batch: int) -> list[dict]:
-    import torch
-
-    from scalelab.train.eval_checkpoint import evaluate_checkpoint
-
+    """One checkpoint in a Ray task (one CPU): the one evaluation, on one device."""
     torch.set_num_threads(1)
-    return evaluate_checkpoint(ckpt, load_tasks(specs, limit), with_val=with_val, batch_sequences=batch, device="cpu")
+    ev = evaluate_checkpoint(ckpt, load_tasks(specs, limit), with_val=with_val, batch_sequences=batch, device="cpu")
+    return ev.rows
 
 
 def _record(job: Job, rows: list[dict], tasks_by_hash: dict[str, MCTask]) -> None:
@@ -150,6 +151,7 @@ def evaluate_sweep(
         )
     log(f"{already} evaluation(s) already in the store; {len(jobs)} checkpoint(s) to evaluate")
     evaluated, failed = [], {}
+    new_rows: dict[Path, list[dict]] = {}  # per run, for its W&B eval run
     if jobs:
         tasks_by_hash = {task_hash(t): t for t in tasks}
         with ray_session(address, num_cpus):
@@ -168,7 +170,9 @@ def evaluate_sweep(
                     log(f"  failed {name}: {failed[name]}")
                     continue
                 _record(job, rows, tasks_by_hash)
+                new_rows.setdefault(job.run_dir, []).extend(rows)
                 evaluated.append(name)
                 log(f"  {name}: {len(job.specs)} task(s){' + val' if job.with_val else ''}, {len(rows)} rows")
     log(f"evaluated {len(evaluated)} checkpoint(s), {len(failed)} failed ({time.time() - t0:.0f} s)")
+    wandb_export.log_evals(sweep_dir, new_rows, log=log)  # one W&B eval run per run scored (when W&B is on)
     return {"evaluated": evaluated, "failed": failed, "already": already, "skipped": skipped}

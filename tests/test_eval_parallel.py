@@ -13,10 +13,8 @@ import pytest
 
 from scalelab.parallel.config import ParallelConfig
 from scalelab.train.config import build_run_config
-from scalelab.train.data.tokenizer import load_tokenizer
-from scalelab.train.eval_checkpoint import load_checkpoint_model, validation_rows
-from scalelab.train.eval_parallel import evaluate_checkpoint_parallel
-from scalelab.train.eval_tasks import load_tasks, score_mc_task
+from scalelab.train.eval_checkpoint import evaluate_checkpoint
+from scalelab.train.eval_tasks import load_tasks
 from scalelab.train.loop import train_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,20 +34,18 @@ RUN = {
 
 
 def _single(ckpt):
-    model, cfg, _ = load_checkpoint_model(ckpt)
-    tok = load_tokenizer(cfg.data.tokenizer)
-    task = load_tasks(TASKS)[0]
-    res = score_mc_task(model, tok, task, max_seq_len=cfg.model.max_seq_len)
-    val = {(r["task"], r["metric"]): r["value"] for r in validation_rows(model, cfg, model.output.weight.device)}
-    return res, val
+    ev = evaluate_checkpoint(ckpt, load_tasks(TASKS))  # one device
+    val = {(r["task"], r["metric"]): r["value"] for r in ev.rows if r["task"].startswith("val")}
+    return ev.examples[load_tasks(TASKS)[0].name], val
 
 
 def _check(ckpt, layout: ParallelConfig):
-    ref, ref_val = _single(ckpt)
-    rows, examples = evaluate_checkpoint_parallel(ckpt, TASKS, layout)
+    ref_examples, ref_val = _single(ckpt)
+    ev = evaluate_checkpoint(ckpt, load_tasks(TASKS), layout=layout)
+    rows, examples = ev.rows, ev.examples
     got = examples[load_tasks(TASKS)[0].name]
-    assert len(got) == len(ref["examples"])
-    for a, b in zip(got, ref["examples"]):
+    assert len(got) == len(ref_examples)
+    for a, b in zip(got, ref_examples):
         for x, y in zip(a["logprobs"], b["logprobs"]):
             assert abs(x - y) <= REL * abs(y), (x, y)
         assert a["pred"] == b["pred"] and a["pred_norm"] == b["pred_norm"]

@@ -9,16 +9,32 @@ import pytest
 import torch
 
 from scalelab.errors import ConfigError
+from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.dims import ParallelDims
+from scalelab.parallel.parallelize import parallelize
 from scalelab.train.data.tokenizer import load_tokenizer
 from scalelab.train.eval_tasks import (
     MCExample,
     MCTask,
-    evaluate_tasks,
     load_jsonl_task,
     load_olmes_task,
     resolve_task,
     score_mc_task,
 )
+from scalelab.train.evaluate import evaluate
+
+
+def evaluate_tasks(model, tokenizer, tasks, *, max_seq_len, batch_sequences=16) -> list[dict]:
+    """The rows of the one evaluation (scalelab.train.evaluate) for `model` on one device (a world-1 layout)."""
+    par = parallelize(model, ParallelDims(), ParallelConfig(), seq_len=max_seq_len)
+    return evaluate(
+        par,
+        tokenizer=tokenizer,
+        tasks=tasks,
+        max_seq_len=max_seq_len,
+        autocast_dtype=None,
+        batch_sequences=batch_sequences,
+    ).rows
 
 
 class Bigram(torch.nn.Module):

@@ -25,40 +25,17 @@ checked against the unsplit single-device batch, with z-loss 1e-2 (SGD, 1e-5).
 import pytest
 import torch
 
-from scalelab.parallel.parity import ParitySpec, run_parity_jobs
+from scalelab.parallel.parity import PARITY_LAYOUTS, ParitySpec, run_parity_jobs
 
 FP32_TOL = 1e-5
 BF16_TOL = 2e-3
 
-WORLD2 = [
-    "single-accum2",
-    "dp2",
-    "fsdp2",
-    "fsdp2-zero2",
-    "tp2",
-    "tp2sp",
-    "pp2-gpipe",
-    "pp2-1f1b",
-    "pp2-interleaved",
-    "pp2-zb",
-    "tp2sp+sac",
-    "fsdp2+ac",
-    "cp2",
-]
+WORLD2 = list(PARITY_LAYOUTS[2])
 WORLD2_BF16 = ["fsdp2+bf16", "tp2sp+bf16", "pp2-1f1b+bf16"]
 NO_CLIP = dict(optimizer="sgd", grad_clip=0.0, tolerance=FP32_TOL)
 WORLD2_ACCUM = ["fsdp2", "tp2sp", "pp2-1f1b", "pp2-interleaved"]
-WORLD4 = [
-    "dp2xfsdp2",
-    "dp2xtp2",
-    "fsdp2xtp2",
-    "fsdp2xtp2sp",
-    "fsdp2xpp2",
-    "pp2xtp2sp",
-    "fsdp2-zero2xpp2-zb",
-    "fsdp2xcp2",
-]
-WORLD8 = ["dp2xpp2xtp2sp"]
+WORLD4 = list(PARITY_LAYOUTS[4])
+WORLD8 = list(PARITY_LAYOUTS[8])
 
 
 def _check(report):

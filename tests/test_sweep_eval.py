@@ -62,7 +62,7 @@ def test_a_task_added_to_a_finished_sweep_is_evaluated_once(ray_local, tmp_path,
 
     # the numbers are those of `scalelab eval` on the same checkpoint
     ckpt = next(p for p in ckpts if p.name == "step_5")
-    direct = evaluate_checkpoint(ckpt, load_tasks([NEXTLINE], 12), with_val=False)
+    direct = evaluate_checkpoint(ckpt, load_tasks([NEXTLINE], 12), with_val=False).rows
     stored = nextline.filter((pl.col("run") == ckpt.parent.parent.name) & (pl.col("step") == 5))
     assert {r["metric"]: r["value"] for r in direct} == dict(zip(stored["metric"], stored["value"]))
 

@@ -2,7 +2,8 @@
 
     ref = parse_setup("dtype=fp32,batch=16,padding=right")
     variants = parse_variants("dtype=bf16;batch=1,32;padding=left", ref)   # one field changed each
-    frame = score_examples(model, tokenizer, tasks, variants[0], max_seq_len=cfg.model.max_seq_len)
+    frame = score_examples(par, tokenizer, tasks, variants[0], max_seq_len=cfg.model.max_seq_len)
+    frame = score_layout(checkpoint, tasks, parse_setup("layout=fsdp2"), verified=True)
 
 A setup is what an evaluation run chooses besides the checkpoint: the parallel layout, the dtype
 the model computes in, the batch size (which changes padding and the shapes of every matmul) and
@@ -20,8 +21,10 @@ import torch
 
 from scalelab.errors import UsageError
 from scalelab.parallel.layouts import parse_layout
-from scalelab.train.eval_parallel import evaluate_checkpoint_parallel
-from scalelab.train.eval_tasks import MCTask, score_mc_task
+from scalelab.parallel.parallelize import Parallelized
+from scalelab.train.eval_checkpoint import evaluate_checkpoint
+from scalelab.train.eval_tasks import MCTask
+from scalelab.train.evaluate import evaluate
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PADDINGS = ("right", "left")
@@ -111,33 +114,32 @@ def examples_frame(examples: dict[str, list[dict]]) -> pl.DataFrame:
 
 
 def score_examples(
-    model: torch.nn.Module, tokenizer, tasks: list[MCTask], setup: EvalSetup, *, max_seq_len: int
+    par: Parallelized, tokenizer, tasks: list[MCTask], setup: EvalSetup, *, max_seq_len: int
 ) -> pl.DataFrame:
-    """Per-example metric values of `tasks` under a one-device `setup` (layouts: score_layout)."""
+    """Per-example metric values of `tasks` under a one-device `setup` (`par`: the checkpoint's model
+    on one device, fp32; layouts: score_layout)."""
     if setup.layout != "single":
         raise UsageError(f"layout={setup.layout}: a layout is scored by score_layout, from the checkpoint")
-    m = model_for(model, setup)
-    examples = {}
-    for task in tasks:
-        res = score_mc_task(
-            m, tokenizer, task, max_seq_len=max_seq_len, batch_sequences=setup.batch, padding=setup.padding
-        )
-        examples[task.name] = res["examples"]
-    return examples_frame(examples)
+    # the setup's dtype: the same step on a copy of the model in that dtype (fp32: the model itself)
+    ev = evaluate(
+        replace(par, model=model_for(par.model, setup)),
+        tokenizer=tokenizer,
+        tasks=tasks,
+        max_seq_len=max_seq_len,
+        autocast_dtype=None,
+        batch_sequences=setup.batch,
+        padding=setup.padding,
+    )
+    return examples_frame(ev.examples)
 
 
-def score_layout(
-    checkpoint, specs: list[str], setup: EvalSetup, *, limit: int | None, verified: bool = False
-) -> pl.DataFrame:
+def score_layout(checkpoint, tasks: list[MCTask], setup: EvalSetup, *, verified: bool = False) -> pl.DataFrame:
     """Per-example metric values under a parallel layout: the checkpoint loaded sharded on its ranks.
 
-    The layout's ranks score one row per request in fp32 (scalelab.train.eval_parallel), so a layout
-    setup may differ from an fp32, right-padded reference in its layout only.
+    The layout's ranks score one row per request in fp32 (scalelab.train.evaluate.step_logprobs), so
+    a layout setup may differ from an fp32, right-padded reference in its layout only.
     """
     if setup.dtype != "fp32" or setup.padding != "right":
         raise UsageError(f"{setup.label()}: a layout setup is scored in fp32 with right padding; vary one field")
-    layout = parse_layout(setup.layout)
-    _, examples = evaluate_checkpoint_parallel(
-        checkpoint, specs, layout, limit=limit, with_val=False, verified=verified
-    )
-    return examples_frame(examples)
+    ev = evaluate_checkpoint(checkpoint, tasks, layout=parse_layout(setup.layout), with_val=False, verified=verified)
+    return examples_frame(ev.examples)

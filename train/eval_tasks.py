@@ -1,8 +1,10 @@
-"""Checkpoint evaluation: multiple-choice tasks scored by log-likelihood, and held-out loss/bpb.
+"""Multiple-choice tasks: loaded (JSONL, bundled, OLMES) and scored by log-likelihood.
 
     task = resolve_task("bundled:stdlib_nextline")          # or "olmes:arc_easy/rc_0shot", "my.jsonl"
-    rows = evaluate_tasks(model, tokenizer, [task])          # [{task, metric, value, stderr}, ...]
-    rows = evaluate_checkpoint("runs/r1/checkpoints/step_400", ["bundled:stdlib_nextline"])
+    res = score_mc_task(model, tokenizer, task, max_seq_len=256)   # {metric: (value, stderr)}, "examples"
+
+Scoring only: the evaluation that turns tasks into evals.parquet rows, for the training loop, a
+saved checkpoint and eval-parity alike, is scalelab.train.evaluate.evaluate.
 
 A multiple-choice example is (context, choices, gold). Each choice is scored as the summed
 log-probability of its tokens after the context (`[eot] + context + choice`, the end-of-text in
@@ -242,7 +244,7 @@ def _device_of(model) -> torch.device:
 def request_sequence(ctx: list[int], cont: list[int], *, eot_id: int, max_seq_len: int) -> tuple[list[int], int]:
     """([eot] + context + continuation truncated from the left to max_seq_len inputs, scored length).
 
-    Every scorer (batched logits here, a layout's eval loss in scalelab.train.eval_parallel) builds
+    Every scorer (batched logits here, a layout's eval loss: scalelab.train.evaluate.step_logprobs) builds
     its rows with this, so they score the same tokens.
     """
     if not cont:
@@ -326,7 +328,7 @@ def score_mc_task(
 
     Each example's details hold its choices' log-likelihoods, the gold index, the predictions and
     the example's value of every metric (what eval-parity pairs across setups). `scorer` replaces
-    the single-device `continuation_logprobs` (a parallel layout's: scalelab.train.eval_parallel).
+    the single-device `continuation_logprobs` (a parallel layout's: scalelab.train.evaluate.step_logprobs).
     """
     requests, owner = [], []
     for e, ex in enumerate(task.examples):
@@ -373,27 +375,6 @@ def score_mc_task(
     }
 
 
-def evaluate_tasks(
-    model,
-    tokenizer,
-    tasks: Sequence[MCTask],
-    *,
-    max_seq_len: int,
-    batch_sequences: int = 16,
-    scorer: Callable[[list[tuple[list[int], list[int]]]], list[float]] | None = None,
-) -> list[dict]:
-    """Rows {task, metric, value, stderr} for every task and metric (the evals.parquet columns)."""
-    rows = []
-    for task in tasks:
-        res = score_mc_task(
-            model, tokenizer, task, max_seq_len=max_seq_len, batch_sequences=batch_sequences, scorer=scorer
-        )
-        for metric in MC_METRICS:
-            value, stderr = res[metric]
-            rows.append(dict(task=task.name, metric=metric, value=value, stderr=stderr))
-    return rows
-
-
 def load_tasks(specs: Sequence[str], limit: int | None = None) -> list[MCTask]:
-    """Resolve task specs once (the training loop calls this at start, then evaluate_tasks per eval)."""
+    """Resolve task specs once (the training loop calls this at start, then scores them at every eval)."""
     return [resolve_task(s, limit=limit) for s in specs]

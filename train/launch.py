@@ -83,7 +83,8 @@ def launch_local(cfg: RunConfig, out_dir: str | Path, resume: bool = False) -> i
 def ray_train_fn(config: dict[str, Any]) -> None:
     """Entry point for a Ray Train `TorchTrainer` worker.
 
-    config: {"config": RunConfig dict, "run_dir", "resume", "hang": HangPolicy fields or None}.
+    config: {"config": RunConfig dict, "run_dir", "resume", "hang": HangPolicy fields or None,
+    "wandb": a WandbRun or None}.
     Ray has already created the process group; the worker group's size picks the layout (the
     configured one, or a smaller dp when an elastic trainer got fewer workers); the same `train_run`
     as everywhere else runs, and rank 0 writes the records.
@@ -111,6 +112,7 @@ def ray_train_fn(config: dict[str, Any]) -> None:
         resume=bool(config.get("resume", False)),
         layout=WorkerLayout(parallel=parallel, nodes=nodes),
         hang=hang,
+        wandb=config.get("wandb"),  # a sweep's WandbRun (scalelab.train.loggers); rank 0 uses it
     )
 
 

@@ -41,11 +41,10 @@ from scalelab.train import checkpoint as ckpt
 from scalelab.train.config import RunConfig, to_dict
 from scalelab.train.data.bundle import build_data
 from scalelab.train.elastic import WorkerLayout, micro_sequences
-from scalelab.train.eval_parallel import step_logprobs
-from scalelab.train.eval_tasks import evaluate_tasks, load_tasks
-from scalelab.train.evaluate import autocast_for, evaluate_sources
+from scalelab.train.eval_tasks import load_tasks
+from scalelab.train.evaluate import autocast_for, evaluate
 from scalelab.train.identity import config_hash
-from scalelab.train.loggers import open_progress, open_wandb
+from scalelab.train.loggers import WandbRun, eval_metrics, open_progress, open_wandb, step_metrics
 from scalelab.train.optim import build_optimizer, set_lr
 from scalelab.train.parallel_model import parallel_model
 from scalelab.train.profiling import StepProfiler, region
@@ -105,6 +104,7 @@ def train_run(
     stop_after_steps: int | None = None,
     layout: WorkerLayout | None = None,
     hang: HangPolicy | None = None,
+    wandb: WandbRun | None = None,
 ) -> dict[str, Any]:
     """Train one run into `run_dir`; returns the summary that status.json also holds.
 
@@ -119,6 +119,8 @@ def train_run(
         layout: the layout this attempt trains under and its ranks' nodes (default cfg.parallel);
             an elastic attempt with fewer workers passes a smaller dp (scalelab.train.elastic).
         hang: the step watchdog's policy (scalelab.train.watchdog); None = no watchdog.
+        wandb: what the launcher adds to the run's W&B record (group, tags, live prediction;
+            scalelab.train.loggers); None = the config's W&B settings alone.
     """
     run_dir = Path(run_dir)
     runtime = make_runtime(cfg)
@@ -137,7 +139,7 @@ def train_run(
     try:
         with StepWatchdog(hang, run_dir, rank=runtime.rank) as watchdog:
             hooks = _SessionEnd(stop_after_steps)
-            return _train(cfg, run_dir, runtime, data, resume, callbacks, hooks, layout, watchdog)
+            return _train(cfg, run_dir, runtime, data, resume, callbacks, hooks, layout, watchdog, wandb)
     except StopRun as stop:
         if runtime.is_rank0:
             write_status(run_dir, stop.status, **stop.record)
@@ -240,6 +242,7 @@ def _train(
     hooks: _SessionEnd,
     layout: WorkerLayout,
     watchdog: StepWatchdog,
+    wandb: WandbRun | None = None,
 ) -> dict[str, Any]:
     _seed_everything(cfg.train.seed)
     par = parallel_model(cfg, runtime, layout.parallel, seed=cfg.train.seed, z_loss=cfg.optim.z_loss)
@@ -289,6 +292,7 @@ def _train(
             **static,
         )
     local_sequences = cfg.global_batch_sequences // par.dp_size
+    logger = open_wandb(cfg, run_dir, runtime, wandb)
     s = _Session(
         cfg=cfg,
         run_dir=run_dir,
@@ -297,8 +301,8 @@ def _train(
         optimizer=optimizer,
         data=data,
         writer=writer,
-        logger=open_wandb(cfg, run_dir, runtime),
-        callbacks=callbacks,
+        logger=logger,
+        callbacks=[*callbacks, logger.observe] if logger is not None else callbacks,
         tasks=load_tasks(cfg.eval.tasks, cfg.eval.task_limit or None) if cfg.eval.tasks else [],
         static=static,
         best_loss=float(start.state.get("best_loss", math.inf)),
@@ -343,7 +347,14 @@ def _train(
     except _Interrupted as stop:
         if writer is not None:
             writer.flush()
+        _end_wandb(s, {"status": "running"})
         return {"status": "running", "step": stop.args[0]}
+    except StopRun as stop:
+        _end_wandb(s, {"status": stop.status, **stop.record})
+        raise
+    except BaseException as e:
+        _end_wandb(s, {"status": "diverged" if isinstance(e, Diverged) else "failed"}, exit_code=1)
+        raise
     finally:
         profiler.close()
         if bar is not None:
@@ -351,10 +362,15 @@ def _train(
     summary = _summary(cfg, run_dir, writer, static, s.best_loss) if writer is not None else {"status": "done"}
     if runtime.is_rank0:
         write_status(run_dir, "done", **summary)
+    _end_wandb(s, dict(summary, status="done"))
+    return dict(summary, status="done")
+
+
+def _end_wandb(s: _Session, summary: dict[str, Any], exit_code: int = 0) -> None:
+    """Close the run's W&B record with how the session ended (a stopped or failed run's too)."""
     if s.logger is not None:
         s.logger.summary_update(summary)
-        s.logger.finish()
-    return dict(summary, status="done")
+        s.logger.finish(exit_code=exit_code)
 
 
 def _train_step(s: _Session, lr: float) -> tuple[float, float]:
@@ -365,7 +381,8 @@ def _train_step(s: _Session, lr: float) -> tuple[float, float]:
         batch = s.data.sampler.next_batch(cfg.global_batch_sequences).to(runtime.device, non_blocking=True)
     loss_sum = torch.zeros((), device=runtime.device)
     for chunk in batch.split(s.micro_sequences):
-        with autocast_for(runtime):  # backward included; returns the detached cross-entropy (no z-loss)
+        # autocast over backward too; forward_backward returns the detached cross-entropy (no z-loss)
+        with autocast_for(runtime.device, runtime.autocast_dtype):
             loss_sum += s.par.step.forward_backward(chunk[:, :-1], chunk[:, 1:], 1.0 / s.num_micro)
     grad_norm = s.par.step.clip_grad_norm(s.model, cfg.optim.grad_clip)
     s.optimizer.step()
@@ -394,35 +411,27 @@ def _log_step(s: _Session, step: int, lr: float, loss_val: float, grad_norm: flo
     s.writer.log_metrics(row)
     _emit(s.callbacks, "step", row)
     if s.logger is not None:
-        s.logger.log(
-            {
-                "train/loss": loss_val,
-                "train/lr": lr,
-                "train/grad_norm": grad_norm,
-                "perf/tokens_per_s": tps,
-                "tokens": row["tokens"],
-            },
-            step=step,
-        )
+        s.logger.log(step_metrics(row), step=step)
 
 
 def _evaluate(s: _Session, step: int) -> None:
     """Validation loss/bpb on every source, and the multiple-choice tasks (every rank runs them)."""
-    rows = evaluate_sources(s.model, s.data.val_sets, s.par.step.eval_loss, s.runtime)
-    if s.tasks:  # every rank runs it: under a layout the scoring is collective
-        seq_len, eot = s.cfg.model.max_seq_len, s.data.tokenizer.eot_id
-        scorer = None  # one device: batched logits
-        if s.par.dims.world_size > 1:  # any layout, pp included: through the step's eval loss
-            scorer = lambda requests: step_logprobs(s.par, requests, eot_id=eot, seq_len=seq_len)  # noqa: E731
-        rows += evaluate_tasks(s.model, s.data.tokenizer, s.tasks, max_seq_len=seq_len, scorer=scorer)
+    ev = evaluate(
+        s.par,
+        tokenizer=s.data.tokenizer,
+        tasks=s.tasks,
+        val_sets=s.data.val_sets,
+        max_seq_len=s.cfg.model.max_seq_len,
+        autocast_dtype=s.runtime.autocast_dtype,
+    )
     if s.writer is None:
         return
     tokens = step * s.cfg.tokens_per_step
-    for r in rows:
-        s.writer.log_eval(dict(r, step=step, tokens=tokens, flops=s.flops_per_step * step))
-    _emit(s.callbacks, "eval", {"step": step, "tokens": tokens, "rows": rows})
+    for row in ev.stamped(step=step, tokens=tokens, flops=s.flops_per_step * step):
+        s.writer.log_eval(row)
+    _emit(s.callbacks, "eval", {"step": step, "tokens": tokens, "rows": ev.rows})
     if s.logger is not None:
-        s.logger.log({f"{r['task']}/{r['metric']}": r["value"] for r in rows}, step=step)
+        s.logger.log(eval_metrics(ev.rows), step=step)
 
 
 def _checkpoint(s: _Session, step: int) -> None:
