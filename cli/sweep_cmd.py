@@ -128,6 +128,14 @@ def _ray_args(q) -> None:
     q.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
     q.add_argument("--max-concurrent", type=int, default=None, help="runs at a time (default: as resources allow)")
     q.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    q.add_argument(
+        "--pass-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a credential (WANDB_API_KEY, HF_TOKEN, ...) the runs may read: forwarded to the cluster's "
+        "workers (never in clear text to another machine); others are never sent (repeatable)",
+    )
 
 
 def run_plan(args) -> int:
@@ -206,7 +214,11 @@ def run_launch(args) -> int:
         budget_flops=args.budget_flops,
         force_transfer=args.force,
         options=LaunchOptions(
-            address=args.address, max_concurrent=args.max_concurrent, num_cpus=args.num_cpus, fault_steps=faults
+            address=args.address,
+            max_concurrent=args.max_concurrent,
+            num_cpus=args.num_cpus,
+            fault_steps=faults,
+            pass_env=args.pass_env,
         ),
         before_launch=announce,
         fit_images=fit_images,
@@ -230,9 +242,10 @@ def _detach(args, sweep, pre_record: bool, out: Path) -> int:
     runs (pending) before the job's driver starts."""
     from scalelab import store
     from scalelab.sweeps.execute import check_runnable, save_execution
-    from scalelab.sweeps.ray_cluster import check_dashboard_address, submit_driver
+    from scalelab.sweeps.ray_cluster import check_dashboard_address, check_pass_env, submit_driver
 
     check_dashboard_address(args.address)
+    check_pass_env(args.address, args.pass_env)  # before anything is written
     out = out.resolve()
     text = Path(args.spec).read_text()
     if pre_record:
@@ -254,7 +267,7 @@ def _detach(args, sweep, pre_record: bool, out: Path) -> int:
     argv += ["--force"] if args.force else []
     for item in args.inject_fault:
         argv += ["--inject-fault", item]
-    job_id = submit_driver(args.address, out, argv)
+    job_id = submit_driver(args.address, out, argv, pass_env=args.pass_env)
     print(f"sweep {sweep.name}: driver submitted as Ray job {job_id} on {args.address} -> {out}")
     print(f"  follow: ray job logs --address {args.address} --follow {job_id};  scalelab sweep status {out}")
     return 0
@@ -263,7 +276,13 @@ def _detach(args, sweep, pre_record: bool, out: Path) -> int:
 def run_resume(args) -> int:
     from scalelab.sweeps.execute import resume
 
-    result = resume(args.sweep_dir, address=args.address, max_concurrent=args.max_concurrent, num_cpus=args.num_cpus)
+    result = resume(
+        args.sweep_dir,
+        address=args.address,
+        max_concurrent=args.max_concurrent,
+        num_cpus=args.num_cpus,
+        pass_env=args.pass_env,
+    )
     return 0 if all(s in ("done", "diverged") for s in result["states"].values()) else 1
 
 

@@ -33,7 +33,14 @@ The functions most callers need are importable from the package itself:
     store.run_state(store.run_path(sweep_dir, run_id))
 """
 
-from scalelab.store.claims import attach_runs, claim_run, claimed_elsewhere, find_finished_elsewhere, renamed_runs
+from scalelab.store.claims import (
+    attach_runs,
+    claim_run,
+    claimed_elsewhere,
+    find_finished_elsewhere,
+    renamed_runs,
+    run_location,
+)
 from scalelab.store.events import append_event, read_events
 from scalelab.store.paths import RESOLVED, is_sweep_dir, location, run_path, runs_dir
 from scalelab.store.records import STATUSES, TERMINAL, last_step, read_status, run_state, write_status
@@ -59,6 +66,7 @@ __all__ = [
     "read_resolved",
     "read_status",
     "renamed_runs",
+    "run_location",
     "run_path",
     "run_state",
     "runs_dir",

@@ -7,15 +7,14 @@ What is inside a checkpoint (DCP shards, train state, RNG) and how it is verifie
 scalelab.train.checkpoint's; this module only moves and lists the directories, so the store
 (scalelab.store.lease) can sync a run without torch.
 
-On object storage a checkpoint is uploaded file by file, manifest.json last (`upload_checkpoint`);
-`pull_checkpoints` only takes step_<N>/ prefixes whose manifest is there, so an upload cut short
-is never loaded (and never mistaken for a legacy checkpoint without a manifest).
+On object storage a checkpoint is uploaded file by file, manifest.json last, and only step_<N>/
+prefixes whose manifest is there count (`remote_checkpoints`; scalelab.store.lease pulls those), so
+an upload cut short is never loaded (and never mistaken for a legacy checkpoint without a manifest).
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 from scalelab.store import objects
@@ -42,18 +41,6 @@ def latest_checkpoint(ckpt_root: str | Path) -> Path | None:
     return ckpts[-1][1] if ckpts else None
 
 
-def upload_checkpoint(path: Path, url: str) -> None:
-    """A completed checkpoint directory to `url/` on object storage, manifest.json last.
-
-    The manifest object is what makes the checkpoint exist there (pull_checkpoints): whatever
-    stops the upload before it leaves a prefix that no resume takes.
-    """
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.name != MANIFEST)
-    for f in files:
-        objects.upload_file(objects.join(url, f.name), f)
-    objects.upload_file(objects.join(url, MANIFEST), path / MANIFEST)
-
-
 def remote_checkpoints(url: str) -> dict[str, list[str]]:
     """{step_<N>: its object names} of the completed checkpoints (manifest present) under `url/`."""
     found: dict[str, list[str]] = {}
@@ -62,17 +49,3 @@ def remote_checkpoints(url: str) -> dict[str, list[str]]:
         if STEP_DIR.match(step_dir) and fname and "/" not in fname:
             found.setdefault(step_dir, []).append(fname)
     return {d: names for d, names in found.items() if MANIFEST in names}
-
-
-def pull_checkpoints(url: str, ckpt_root: Path) -> list[str]:
-    """Download the completed checkpoints under `url/` into ckpt_root (each under a .tmp name,
-    renamed when whole, as save_checkpoint does); returns their names."""
-    pulled = []
-    for step_dir, names in sorted(remote_checkpoints(url).items()):
-        tmp = ckpt_root / f"{step_dir}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        for fname in names:
-            objects.download(objects.join(url, step_dir, fname), tmp / fname)
-        tmp.rename(ckpt_root / step_dir)
-        pulled.append(step_dir)
-    return pulled

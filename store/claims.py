@@ -10,6 +10,13 @@ once: the second waits for the first and finds it done (or, if the first died, r
 checkpoints). Runs that are `done` anywhere in the root from before claims existed are linked the
 same way. Ids change when the code gains a config field; `renamed_runs` finds a finished run under
 its new id (and load_runs lists it once).
+
+Object storage has no symlinks; the same rules hold with objects: the claim is
+`<root>/.claims/<run_id>.json` = {"sweep": name} (a conditional put: one sweep wins), and a sweep
+whose run another one claimed keeps `<sweep>/links/<run_id>.json` = {"sweep": owner} instead of its
+own copy. The lease (scalelab.store.lease) is keyed by root and run id, so the second sweep's trial
+waits for the first one's trainer and finds the run done; readers follow the link
+(objects.local_view copies the linked run's records into the view).
 """
 
 from __future__ import annotations
@@ -71,8 +78,8 @@ def attach_runs(sweep_dir: str | Path, run_ids: list[str], *, current_id: Curren
     config (see renamed_runs; skipped when current_id is None); a match is linked as
     runs/<id> -> its directory (relative symlink).
     """
-    if objects.is_url(sweep_dir):  # no links on object storage: each sweep trains its own runs
-        return {run_id: run_state(run_path(sweep_dir, run_id)) for run_id in run_ids}
+    if objects.is_url(sweep_dir):  # a run another sweep of the root claimed: a link object to it
+        return {run_id: run_state(locate_object_run(sweep_dir, run_id)) for run_id in run_ids}
     sweep_dir = Path(sweep_dir)
     states, renamed = {}, None
     for run_id in run_ids:
@@ -142,3 +149,83 @@ def claimed_elsewhere(sweep_dir: str | Path, run_id: str) -> Path | None:
     if owner.is_dir() and owner != run_path(sweep_dir, run_id).resolve():
         return owner
     return None
+
+
+def _owner_of(claim: str) -> tuple[str, str] | None:
+    """(sweep name, ETag) of an object-storage claim, or None when there is none."""
+    got = objects.read(claim)
+    if got is None:
+        return None
+    try:
+        owner = json.loads(got[0])["sweep"]
+        assert isinstance(owner, str)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        owner = ""
+    return objects.confined(owner, f"{claim}: sweep") if owner else "", got[1]
+
+
+def owner_body(owner: str) -> bytes:
+    """The body of a link object: the sweep that holds the run."""
+    return json.dumps({"sweep": owner}).encode()
+
+
+def claim_object_run(sweep_url: str, run_id: str) -> str:
+    """claim_run on object storage: the URL of the root's one copy of run_id, claimed for this sweep
+    unless another live sweep of the root holds the claim (then linked there, see the docstring)."""
+    root, me = objects.parent(sweep_url), objects.name(sweep_url)
+    own = objects.join(sweep_url, "runs", run_id)
+    claim = objects.join(root, CLAIMS, f"{run_id}.json")
+    body = json.dumps({"sweep": me}).encode()
+    for _ in range(3):
+        try:
+            objects.write_bytes(claim, body, if_none_match=True)
+            return own
+        except Exception as e:  # noqa: BLE001 - botocore's ClientError, sorted below
+            if not objects.is_precondition_failure(e):
+                raise
+        got = _owner_of(claim)
+        if got is None:
+            continue
+        owner, etag = got
+        if owner == me:
+            return own
+        if owner and objects.exists(objects.join(root, owner, "sweep.yaml")):
+            if objects.list_objects(own):
+                return own  # progress of its own: never thrown away
+            objects.write_bytes(objects.join(sweep_url, objects.LINKS, f"{run_id}.json"), owner_body(owner))
+            return objects.join(root, owner, "runs", run_id)
+        try:  # the claiming sweep is gone (or the claim unreadable): take over
+            objects.write_bytes(claim, body, if_match=etag)
+            return own
+        except Exception as e:  # noqa: BLE001
+            if not (objects.is_precondition_failure(e) or objects.is_not_found(e)):
+                raise
+    return own
+
+
+def locate_object_run(sweep_url: str, run_id: str) -> str:
+    """Where run_id of a sweep on object storage lives: its own prefix, or (a link, or a live claim
+    of another sweep, which is then linked) that sweep's."""
+    root = objects.parent(sweep_url)
+    own = objects.join(sweep_url, "runs", run_id)
+    link = objects.read_bytes(objects.join(sweep_url, objects.LINKS, f"{run_id}.json"))
+    if link is not None:
+        owner = objects.linked_sweep(link, f"{sweep_url}/{objects.LINKS}/{run_id}.json")
+        return objects.join(root, owner, "runs", run_id)
+    if objects.exists(objects.join(own, "status.json")):
+        return own
+    got = _owner_of(objects.join(root, CLAIMS, f"{run_id}.json"))
+    if got is None or not got[0] or got[0] == objects.name(sweep_url):
+        return own
+    if not objects.exists(objects.join(root, got[0], "sweep.yaml")):
+        return own
+    objects.write_bytes(objects.join(sweep_url, objects.LINKS, f"{run_id}.json"), owner_body(got[0]))
+    return objects.join(root, got[0], "runs", run_id)
+
+
+def run_location(sweep_dir: str | Path, run_id: str) -> str | Path:
+    """Where a sweep's run lives: runs/<id> (a symlink to the root's one copy, locally), or the
+    claimed copy on object storage."""
+    if objects.is_url(sweep_dir):
+        return locate_object_run(sweep_dir, run_id)
+    return run_path(sweep_dir, run_id)

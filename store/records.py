@@ -13,8 +13,13 @@ the writer. The training loop (scalelab.train.loop) writes a run's records throu
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +61,45 @@ EVALS_SCHEMA = {
 
 
 def write_status(run_dir: str | Path, status: str, **extra: Any) -> None:
+    """Update status.json: the previous record's fields, then `status` and `extra`.
+
+    Read-modify-write under the run's status lock (`<run>/.status.lock`, fcntl), so two writers
+    (the loop and the step watchdog, rank 0 and a launcher) never lose each other's fields. A
+    previous record that cannot be parsed is started afresh (and kept as status.json.corrupt)."""
     if status not in STATUSES:
         raise ValueError(f"status {status!r} not in {STATUSES}")
-    prev = read_status(run_dir) or {}
-    record = {k: v for k, v in prev.items() if k not in ("status", "error", "reason")}
-    record.update(status=status, updated_at=time.time(), **extra)
-    atomic_write_json(_join(run_dir, "status.json"), record)
+    with _status_lock(run_dir):
+        try:
+            prev = read_status(run_dir) or {}
+        except ValueError:
+            if not objects.is_url(run_dir):
+                _keep_aside(Path(run_dir) / "status.json")
+            prev = {}
+        record = {k: v for k, v in prev.items() if k not in ("status", "error", "reason")}
+        record.update(status=status, updated_at=time.time(), **extra)
+        atomic_write_json(_join(run_dir, "status.json"), record)
+
+
+@contextlib.contextmanager
+def _status_lock(run_dir: str | Path) -> Iterator[None]:
+    if objects.is_url(run_dir):  # one writer per run there (the lease holder's copy is local)
+        yield
+        return
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(run_dir) / ".status.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _keep_aside(path: Path) -> Path:
+    """An unreadable record renamed <name>.corrupt (kept for inspection, never read again)."""
+    target = path.with_name(path.name + ".corrupt")
+    os.replace(path, target)
+    print(f"records: {path} is unreadable; kept as {target.name}", file=sys.stderr, flush=True)
+    return target
 
 
 def _join(run_dir: str | Path, name: str) -> str | Path:
@@ -69,13 +107,16 @@ def _join(run_dir: str | Path, name: str) -> str | Path:
 
 
 def read_status(run_dir: str | Path) -> dict[str, Any] | None:
+    """status.json as a dict; None when there is none, or it is empty (a write a power loss cut
+    before it reached the disk). ValueError for anything else that does not parse."""
     if objects.is_url(run_dir):
         data = objects.read_bytes(objects.join(run_dir, "status.json"))
-        return None if data is None else json.loads(data)
-    path = Path(run_dir) / "status.json"
-    if not path.exists():
+    else:
+        path = Path(run_dir) / "status.json"
+        data = path.read_bytes() if path.exists() else None
+    if not data:
         return None
-    return json.loads(path.read_text())
+    return json.loads(data)
 
 
 def run_state(run_dir: str | Path) -> str:
@@ -120,10 +161,18 @@ class RecordWriter:
 
 
 def rows_through(path: Path, max_step: int) -> list[dict]:
-    """The rows of a records file with step <= max_step (none if the file does not exist)."""
+    """The rows of a records file with step <= max_step (none if the file does not exist).
+
+    A file that cannot be read (empty or cut by a power loss) is kept aside as <name>.corrupt and
+    counts as no rows: the resumed run records from its checkpoint on, and says so."""
     if not path.exists():
         return []
-    return pl.read_parquet(path).filter(pl.col("step") <= max_step).to_dicts()
+    try:
+        df = pl.read_parquet(path)
+    except Exception:  # noqa: BLE001 - polars raises several kinds for an empty or cut file
+        _keep_aside(path)
+        return []
+    return df.filter(pl.col("step") <= max_step).to_dicts()
 
 
 def last_step(run_dir: Path) -> int:

@@ -6,8 +6,9 @@
 
 A local or shared POSIX store: the root's one directory of the run (scalelab.store.claims.claim_run)
 under an exclusive fcntl lock on `<run>/.lock`, which the OS drops when its holder dies. Object
-storage: a lease and a node-local copy synced to the store (scalelab.store.lease). A run claimed by
-a sibling sweep waits as long as its holder lives.
+storage: a lease and a node-local copy synced to the store (scalelab.store.lease) of the root's one
+copy of the run (claims.claim_object_run). A run claimed by a sibling sweep waits as long as its
+holder lives.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from scalelab.store import objects
-from scalelab.store.claims import claim_run
+from scalelab.store.claims import claim_object_run, claim_run
 from scalelab.store.lease import remote_run
 
 LOCK_WAIT_S = 180.0  # how long a trainer waits for a previous process of the same run to go away
@@ -31,7 +32,9 @@ LOCK_WAIT_S = 180.0  # how long a trainer waits for a previous process of the sa
 def run_lock(sweep_dir: str | Path, run_id: str, wait_s: float = LOCK_WAIT_S) -> Iterator[Path]:
     """Be the one process training run_id in its store root; yields the directory to train into."""
     if objects.is_url(sweep_dir):
-        with remote_run(sweep_dir, run_id, wait_s=wait_s) as run_dir:
+        run_url = claim_object_run(sweep_dir, run_id)
+        linked = run_url != objects.join(sweep_dir, "runs", run_id)  # another sweep's: wait as long as it trains
+        with remote_run(sweep_dir, run_id, wait_s=None if linked else wait_s, run_url=run_url) as run_dir:
             yield run_dir
         return
     run_dir = claim_run(sweep_dir, run_id)

@@ -19,7 +19,7 @@ from typing import Any
 from scalelab.errors import UsageError
 from scalelab.store import objects
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
-from scalelab.store.paths import RESOLVED, is_sweep_dir, runs_dir
+from scalelab.store.paths import RESOLVED, check_run_id, is_sweep_dir, runs_dir
 
 
 def init_sweep(sweep_dir: str | Path, spec_text: str, spec_name: str, runs: list[dict], name: str) -> str:
@@ -87,10 +87,17 @@ def write_resolved(sweep_dir: str | Path, resolved: dict[str, Any]) -> None:
 
 
 def read_resolved(sweep_dir: str | Path) -> dict[str, Any]:
+    """sweep.resolved.json ({} when there is none); every run id in it checked before any is used
+    in a path (UsageError naming it)."""
+    where = objects.join(sweep_dir, RESOLVED) if objects.is_url(sweep_dir) else str(Path(sweep_dir) / RESOLVED)
     if objects.is_url(sweep_dir):
-        data = objects.read_bytes(objects.join(sweep_dir, RESOLVED))
-        return {} if data is None else json.loads(data)
-    path = Path(sweep_dir) / RESOLVED
-    if not path.exists():
-        return {}
-    return json.loads(path.read_text())
+        data = objects.read_bytes(where)
+        resolved = {} if data is None else json.loads(data)
+    else:
+        path = Path(where)
+        resolved = json.loads(path.read_text()) if path.exists() else {}
+    for r in resolved.get("runs") or []:
+        check_run_id(r.get("run_id"), f"{where}: run")
+        if r.get("depends_on") is not None:
+            check_run_id(r["depends_on"], f"{where}: depends_on")
+    return resolved

@@ -61,7 +61,7 @@ from scalelab.parallel.config import ParallelConfig
 from scalelab.store import ledger, objects
 from scalelab.store.run_lock import remove_stale_temp_files, run_lock
 from scalelab.sweeps import early_stop, ray_reaper, wandb_fit, wandb_runs
-from scalelab.sweeps.ray_cluster import local_ray_on_loopback, start_ray
+from scalelab.sweeps.ray_cluster import check_pass_env, local_ray_on_loopback, start_ray
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
 from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.elastic import min_world_size
@@ -302,6 +302,7 @@ def execute(
     max_concurrent: int | None = None,
     num_cpus: int | None = None,
     fault_steps: dict[str, int] | None = None,
+    pass_env: list[str] | tuple[str, ...] = (),
     log: Log = print,
 ) -> dict[str, Any]:
     """Train every unfinished run of `runs` (entries of sweep.resolved.json) into the sweep's store.
@@ -339,7 +340,7 @@ def execute(
             if wave > 0 and set(r["run_id"] for r in ready) <= set(trained):
                 break  # everything runnable was tried this launch and did not finish
             if not ray.is_initialized():
-                reaper, started = start_ray(address, num_cpus), True
+                reaper, started = start_ray(address, num_cpus, pass_env), True
             log(f"wave {wave}: {len(ready)} run(s) on Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)")
             trial_configs = [
                 asdict(
@@ -380,7 +381,7 @@ def execute(
             )
             tuner.fit()
             trained += [r["run_id"] for r in ready]
-            states = {i: store.run_state(store.run_path(sweep_dir, i)) for i in by_id}
+            states = {i: store.run_state(store.run_location(sweep_dir, i)) for i in by_id}
             wave += 1
     finally:
         if started:
@@ -430,9 +431,11 @@ def launch(
     max_concurrent: int | None = None,
     num_cpus: int | None = None,
     fault_steps: dict[str, int] | None = None,
+    pass_env: list[str] | tuple[str, ...] = (),
     log: Log = print,
 ) -> dict[str, Any]:
     """Record the sweep in the store (sweep.yaml, sweep.resolved.json) and train what is unfinished."""
+    check_pass_env(address, pass_env)
     entries = [r.to_dict() for r in sweep.runs]
     check_runnable(entries)
     if objects.is_url(sweep_dir):
@@ -447,6 +450,7 @@ def launch(
         max_concurrent=max_concurrent,
         num_cpus=num_cpus,
         fault_steps=fault_steps,
+        pass_env=pass_env,
         log=log,
     )
 
@@ -457,9 +461,11 @@ def resume(
     address: str | None = None,
     max_concurrent: int | None = None,
     num_cpus: int | None = None,
+    pass_env: list[str] | tuple[str, ...] = (),
     log: Log = print,
 ) -> dict[str, Any]:
     """Finish a sweep from its store alone (after the driver died): done runs stay done."""
+    check_pass_env(address, pass_env)
     if objects.is_url(sweep_dir):
         objects.check(sweep_dir, "sweep_dir")
     else:
@@ -478,6 +484,7 @@ def resume(
         address=address,
         max_concurrent=max_concurrent,
         num_cpus=num_cpus,
+        pass_env=pass_env,
         log=log,
     )
 

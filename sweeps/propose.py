@@ -350,9 +350,10 @@ def _write_round(sweep_dir: Path, raw: dict[str, Any], proposal: Proposal, sweep
         for r in proposal.runs
     ]
     spec = round_spec(raw, [r.run for r in proposal.runs], k, labels)
-    atomic_write_bytes(proposal.spec_path, dump_spec(spec).encode())
     for r, lab in zip(proposal.runs, labels):
         r.run = dataclasses.replace(r.run, labels=dict(lab, generator="points"))
     proposal.sweep = dataclasses.replace(sweep, raw=spec, runs=[r.run for r in proposal.runs])
     atomic_write_json(proposal.fit_path, proposal.to_dict())
     ledger.record_round(sweep_dir, proposal.fit, proposal.ledger_entries())
+    # the spec last: a round is launchable only once its predictions are in the ledger
+    atomic_write_bytes(proposal.spec_path, dump_spec(spec).encode())

@@ -62,6 +62,7 @@ class LaunchOptions:
     max_concurrent: int | None = None
     num_cpus: int | None = None  # CPUs of the local Ray
     fault_steps: dict[str, int] = field(default_factory=dict)  # testing: run id -> step it raises once at
+    pass_env: list[str] = field(default_factory=list)  # credentials forwarded to a joined cluster (--pass-env)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -168,6 +169,7 @@ def _launch(sweep: Sweep, out, spec_text: str, spec_name: str, options: LaunchOp
         max_concurrent=options.max_concurrent,
         num_cpus=options.num_cpus,
         fault_steps=options.fault_steps if faults else None,
+        pass_env=options.pass_env,
         log=log,
     )
 

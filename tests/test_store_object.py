@@ -1,6 +1,6 @@
 """The sweep store on object storage (`--out s3://bucket/prefix`), against a local S3 server.
 
-The server is moto's server mode (a real HTTP S3 endpoint) started by this module on 127.0.0.1 and
+The server is moto's server mode (a real HTTP S3 endpoint, tests/s3_local.py) on 127.0.0.1 and
 a free port; scalelab reaches it through the AWS environment (AWS_ENDPOINT_URL, keys) as it would
 reach S3 or an S3-compatible store (MinIO, Ceph). Covered: bad store URLs (exit 2, nothing
 written), the lease (conditional puts: one taker wins, a dead holder's lease is taken over, the old
@@ -12,7 +12,6 @@ resumes from the checkpoint in the bucket, then `sweep status`, `fit` and `repor
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -30,13 +29,12 @@ from scalelab.store.lease import Lease, LeaseLost, RunMirror, lease_url
 from scalelab.train.config import build_run_config
 from scalelab.train.loop import train_run
 
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
+from s3_local import reset_client as _reset_client  # noqa: E402
+from s3_local import serve  # noqa: E402
 
 BUCKET = "scalelab-test"
-AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-# Ignore any AWS files of the machine running the tests: credentials come from the lines above.
-NO_FILES = {"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent"}
 SWEEP = {
     "name": "objstore",
     "base": {
@@ -53,36 +51,11 @@ SWEEP = {
 OUT_DIR = Path(os.environ.get("SCALELAB_TEST_OUTPUTS", "")) if os.environ.get("SCALELAB_TEST_OUTPUTS") else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _reset_client() -> None:
-    objects._clients.clear()
-    objects._checked.clear()
-
-
 @pytest.fixture(scope="module")
 def s3():
     """A moto S3 server on loopback with one bucket; the AWS environment pointing at it."""
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    env = dict(AWS_ENV, **NO_FILES, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    _reset_client()
-    objects._client().create_bucket(Bucket=BUCKET)
-    yield env
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    _reset_client()
-    server.stop()
+    with serve(BUCKET) as env:
+        yield env
 
 
 def _objects(prefix: str) -> dict:
@@ -187,14 +160,14 @@ def test_checkpoint_upload_cut_before_its_manifest_is_never_resumed(s3, tmp_path
         for name in ("__0_0.distcp", ".metadata", "train_state.json", "manifest.json"):
             (d / name).write_bytes(f"{step}{name}".encode())
     (local / "status.json").write_text(json.dumps({"status": "running"}))
-    real = objects.upload_file
+    real = objects.put_file
 
-    def cut(u, path):
+    def cut(u, path, **condition):
         if "step_10" in u and path.name == "manifest.json":
             raise ConnectionError("killed mid-upload")
-        real(u, path)
+        return real(u, path, **condition)
 
-    monkeypatch.setattr(objects, "upload_file", cut)
+    monkeypatch.setattr(objects, "put_file", cut)
     mirror = RunMirror(url, local)
     with pytest.raises(ConnectionError):
         mirror.push()  # step_10's upload stops before its manifest
@@ -204,14 +177,15 @@ def test_checkpoint_upload_cut_before_its_manifest_is_never_resumed(s3, tmp_path
     fresh = tmp_path / "fresh" / "r1"
     RunMirror(url, fresh).pull()
     assert [p.name for _, p in checkpoint_files.list_checkpoints(fresh / "checkpoints")] == ["step_5"]
-    monkeypatch.setattr(objects, "upload_file", real)
+    monkeypatch.setattr(objects, "put_file", real)
     mirror.push()
     assert set(checkpoint_files.remote_checkpoints(f"{url}/checkpoints")) == {"step_5", "step_10"}
     assert json.loads(objects.read_bytes(f"{url}/status.json")) == {"status": "running"}
-    lost = threading.Event()  # a holder whose lease was taken writes nothing more
-    fenced = RunMirror(url, local, fence=lost)
+    lease = Lease(f"s3://{BUCKET}/ckpt/.leases/r1.json", ttl_s=60, holder="taken")
+    lease.acquire(wait_s=0)
+    fenced = RunMirror(url, local, lease=lease)  # a holder whose lease was taken writes nothing more
     (local / "status.json").write_text(json.dumps({"status": "done"}))
-    lost.set()
+    lease.lost.set()
     with pytest.raises(LeaseLost):
         fenced.push()
     assert json.loads(objects.read_bytes(f"{url}/status.json")) == {"status": "running"}
