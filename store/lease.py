@@ -59,7 +59,7 @@ from scalelab.store.checkpoint_files import MANIFEST, STEP_DIR, list_checkpoints
 
 LEASE_TTL_S = 30.0  # a dead holder's run is taken over this long after its last renewal
 LEASES = ".leases"
-NOT_SYNCED = ("status.json", ".lock")  # status.json is uploaded last, on its own; .lock is local
+NOT_SYNCED = ("status.json", ".lock", ".status.lock")  # status.json goes last, on its own; locks are local
 CLOCK_SLACK_S = 1.0  # the store's clock reads whole seconds (Date, LastModified)
 
 
