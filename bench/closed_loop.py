@@ -29,10 +29,11 @@ from pathlib import Path
 
 import yaml
 
+from scalelab import store
 from scalelab.fitting.allocate import optimum_for_law
 from scalelab.fitting.ensemble import StackedFit
 from scalelab.fitting.laws import get_law
-from scalelab.sweeps import ledger, store
+from scalelab.store import ledger
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.proposal_text import format_gates

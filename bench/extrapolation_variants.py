@@ -7,10 +7,12 @@ sets the accounting and the law; the runs' N follows the accounting). Variants:
 
   accounting  total N | non-embedding N | exact-FLOP N (N = C_exact / 6D)
   law         chinchilla | kaplan | farseer (N-dependent data term) | select (one law by the
-              held-out-largest backtest) | auto (the stacked law) | auto@flops (stacked, with a
-              compute-weighted Chinchilla as a third form)
+              held-out-largest backtest) | auto (the stacked law) | auto-level (the stacked law
+              with the level evidence rule) | auto@flops (stacked, with a compute-weighted
+              Chinchilla as a third form)
 
     python bench/extrapolation_variants.py results/bench/closed_loop/loop [--extra N,D,LOSS,C ...]
+        [--accounting total,nonembed] [--laws chinchilla,auto]
 
 `--extra` adds a scored point the store does not hold (e.g. a run of an earlier session), with its N
 in the three accountings.
@@ -31,7 +33,7 @@ from scalelab.errors import UsageError
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.fit_runs import fit_runs
 from scalelab.fitting.io import read_runs
-from scalelab.sweeps.store import load_runs
+from scalelab.store import load_runs
 
 ACCOUNTING = ("total", "nonembed", "exact")
 LAWS = {
@@ -40,6 +42,7 @@ LAWS = {
     "farseer": dict(law="farseer"),
     "select": dict(law="select", candidates=("chinchilla", "kaplan")),
     "auto": dict(law="auto"),
+    "auto-level": dict(law="auto", evidence="level"),
     "auto@flops": dict(law="auto", candidates=("chinchilla", "kaplan", "chinchilla@flops")),
 }
 
@@ -59,7 +62,17 @@ def main(argv: list[str] | None = None) -> int:
         "--extra", nargs="*", default=[], help="N,D,LOSS,C,N_NONEMBED,N_EXACT of a scored point not in the store"
     )
     ap.add_argument("--bootstrap", type=int, default=16)
+    ap.add_argument(
+        "--accounting", default=",".join(ACCOUNTING), help="comma-separated subset of " + ", ".join(ACCOUNTING)
+    )
+    ap.add_argument("--laws", default=",".join(LAWS), help="comma-separated subset of " + ", ".join(LAWS))
     args = ap.parse_args(argv)
+    accountings = [a for a in args.accounting.split(",") if a]
+    if unknown := set(args.laws.split(",")) - set(LAWS) - {""}:
+        raise SystemExit(f"--laws: {', '.join(sorted(unknown))} unknown; use {', '.join(LAWS)}")
+    laws = {k: LAWS[k] for k in args.laws.split(",") if k}
+    if unknown := set(accountings) - set(ACCOUNTING):
+        raise SystemExit(f"--accounting: {', '.join(sorted(unknown))} unknown; use {', '.join(ACCOUNTING)}")
     runs = load_runs(args.sweep_dir).filter(pl.col("status") == "done")
     runs = runs.with_columns(round=pl.col("round").fill_null(0) if "round" in runs.columns else pl.lit(0))
     base = runs.filter(pl.col("round") == 0)
@@ -88,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     print("scored runs: " + ", ".join(f"{p['label']} ({p['loss']:.4f})" for p in points))
     head = f"{'accounting':<10} {'law':<11} {'fitted on':<9}"
     print(head + "".join(f"{p['label']:>16}" for p in points) + "   mean|err| by distance; mean width")
-    for accounting, (name, law_kw), (stage, frame) in itertools.product(ACCOUNTING, LAWS.items(), stages.items()):
+    for accounting, (name, law_kw), (stage, frame) in itertools.product(accountings, laws.items(), stages.items()):
         table = read_runs(
             {"params": _n(frame, accounting), "tokens": frame["tokens"].to_numpy().astype(float),
              "loss": frame["final_val_loss"].to_numpy(), "flops": frame["flops_budget"].to_numpy()}

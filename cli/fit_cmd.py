@@ -29,7 +29,7 @@ import math
 import pathlib
 
 from scalelab.errors import UsageError
-from scalelab.train import storage
+from scalelab.store import objects
 
 
 def add_parser(sub) -> None:
@@ -48,6 +48,13 @@ def add_parser(sub) -> None:
         default=None,
         help="--law auto: the stacked forms, incumbent first, comma-separated (default chinchilla,kaplan; a form "
         "may weight runs by compute: chinchilla@flops)",
+    )
+    p.add_argument(
+        "--evidence",
+        choices=("growth", "level"),
+        default=None,
+        help="--law auto: what moves weight off the incumbent: its forward error growing with distance (growth, "
+        "default) or nonzero per decade (level); docs/extrapolation.md",
     )
     p.add_argument(
         "--params",
@@ -161,6 +168,7 @@ def _options(args: argparse.Namespace, store: pathlib.Path | None):
         law=args.law,
         candidates=tuple(c.strip() for c in args.candidates.split(",") if c.strip()) if args.candidates else None,
         params=args.params,
+        evidence=args.evidence,
         approach=args.approach,
         loss=args.loss_col,
         stopped=args.stopped,
@@ -186,10 +194,10 @@ def _fit(args: argparse.Namespace):
     from scalelab.fitting.io import read_runs
     from scalelab.fitting.laws import CURVE_LAWS
 
-    if args.candidates and args.law != "auto":
-        raise UsageError("--candidates: the stacked forms of --law auto; add --law auto")
+    if (args.candidates or args.evidence) and args.law != "auto":
+        raise UsageError("--candidates, --evidence: options of --law auto; add --law auto")
     wants_curves = args.law == "select" or args.law in CURVE_LAWS
-    path = storage.local_view(args.data, "DATA") if storage.is_url(args.data) else pathlib.Path(args.data)
+    path = objects.local_view(args.data, "DATA") if objects.is_url(args.data) else pathlib.Path(args.data)
     if path.is_dir():
         from scalelab.sweeps.run_curves import store_curves
         from scalelab.sweeps.store_fit import fit_store

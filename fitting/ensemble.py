@@ -85,6 +85,8 @@ class StackedFit:
     noise: float  # log-sd of a new run
     train_range: tuple[float, float]  # smallest and largest training compute (group compute)
     level: float = LEVEL
+    # the incumbent's own extrapolation error (a single law's backtests, scalelab.fitting.fit_runs)
+    incumbent_extrapolation: ExtrapolationError | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -93,6 +95,19 @@ class StackedFit:
 
     @property
     def extrapolation(self) -> ExtrapolationError:
+        """k of the interval's extrapolation part. The combination's drift over the forward folds; but
+        while the incumbent keeps all the weight the stacked law *is* the incumbent, and its own
+        backtests measure the same error: the estimate resting on more folds is used (the larger on
+        a tie), so that one forward fold's k is not stretched by Student's t for one degree of freedom."""
+        forward = self._forward_extrapolation()
+        own = self.incumbent_extrapolation
+        if self.stack.adopted or own is None or own.per_decade is None:
+            return forward
+        if forward.per_decade is None or (own.n_folds, own.per_decade) > (forward.n_folds, forward.per_decade):
+            return own
+        return forward
+
+    def _forward_extrapolation(self) -> ExtrapolationError:
         dmax = max((g.decades for g in self.stack.groups), default=0.0)
         return ExtrapolationError(
             per_decade=self.stack.drift,
@@ -176,6 +191,9 @@ class StackedFit:
             "noise": self.noise,
             "train_range": list(self.train_range),
             "level": self.level,
+            "incumbent_extrapolation": (
+                None if self.incumbent_extrapolation is None else self.incumbent_extrapolation.to_dict()
+            ),
         }
 
     @classmethod
@@ -194,6 +212,9 @@ class StackedFit:
             noise=float(data["noise"]),
             train_range=(float(data["train_range"][0]), float(data["train_range"][1])),
             level=float(data.get("level", LEVEL)),
+            incumbent_extrapolation=(
+                ExtrapolationError(**data["incumbent_extrapolation"]) if data.get("incumbent_extrapolation") else None
+            ),
         )
 
 

@@ -29,6 +29,8 @@ class FitOptions:
     law: str = "chinchilla"  # a law name; "auto": the stacked law; "select": the best of `candidates` by backtest
     candidates: tuple[str, ...] | None = None  # auto: the stacked forms, incumbent first (None: chinchilla, kaplan);
     # select: the laws compared (None: every law the data allow)
+    evidence: str = "growth"  # auto: what moves weight off the incumbent (scalelab.fitting.stacking.StackRule):
+    # growth (its forward error grows with distance) | level (its forward error per decade is nonzero)
     require_optimum: bool = False  # one law of N and D with a compute-optimal allocation (the loop proposes
     # from N*(C)): when "auto" picks a curve law or the average, the best-scored such law is fitted instead
     approach: int = 3  # 1 (envelope), 2 (IsoFLOP parabolas) or 3 (parametric law), Chinchilla's approaches
@@ -69,6 +71,7 @@ class FitOptions:
             ("flops", self.flops, ("6n", "exact")),
             ("params", self.params, ("total", "nonembed")),
             ("stopped", self.stopped, ("include", "exclude")),
+            ("evidence", self.evidence, ("growth", "level")),
         ):
             if value not in allowed:
                 raise UsageError(f"{name} {value!r} is not known; use {' or '.join(allowed)}")

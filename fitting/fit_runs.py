@@ -51,6 +51,7 @@ from scalelab.fitting.laws import CURVE_LAWS, Law, get_law
 from scalelab.fitting.predictive import extrapolation_error
 from scalelab.fitting.scaling_fit import ScalingFit, optimum_fn
 from scalelab.fitting.select import select_law
+from scalelab.fitting.stacking import StackRule
 
 BACKTEST_STARTS = 16  # grid rows added to the full fit's optimum in each backtest refit
 MAX_LOBO_BUDGETS = 12  # leave-one-budget-out refits once per budget; above this it is skipped
@@ -165,7 +166,9 @@ def fit_stacked_runs(table: RunTable, options: FitOptions) -> ScalingFit:
         bootstrap=options.bootstrap,
         seed=options.seed,
         level=options.level,
+        rule=StackRule(evidence=options.evidence),
     )
+    fit.stacked.incumbent_extrapolation = fit.extrapolation
     st = fit.stacked.stack
     fit.selection = {
         "protocol": "forward backtests (rolling origin over compute), stacked in log space",

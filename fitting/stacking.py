@@ -11,17 +11,23 @@ then the combination log L = sum_j w_j log L_j has bias sum_j w_j b_j per decade
 weights that cancel the bias at half a decade also cancel it at 1.5 decades. That is what makes
 weights learned at short range usable far away.
 
-The rule (fixed before any scored run; `StackRule` holds its constants):
+The rule (`StackRule` holds its constants; `evidence` chooses step 2):
 
-1. Per forward group g (one predicted budget of one fold) and candidate j, the per-decade error
-   r_jg = e_jg / d_g. Groups count in proportion to their fold's training runs (a fold that saw more
-   runs resembles the final fit more).
-2. The incumbent (Chinchilla unless told otherwise) keeps all the weight unless the groups show it
-   biased: its weighted mean per-decade error is more than `z_adopt` standard errors from zero. The
-   standard error is the larger of the groups' scatter over sqrt(effective groups) and the run noise
-   carried into a group's mean (noise / sqrt(runs) / decades).
-3. Otherwise the weights minimise the weighted mean squared per-decade error of the combination over
-   the simplex (weights >= 0, summing to 1).
+1. Per forward group g (one predicted budget of one fold) and candidate j, the log error e_jg at
+   distance d_g decades. Groups count in proportion to their fold's training runs (a fold that saw
+   more runs resembles the final fit more); only the `recent_folds` latest fold origins vote.
+2. The incumbent (Chinchilla unless told otherwise) keeps all the weight unless the groups show that
+   its error *grows with distance* ("growth", the default): the slope b of a weighted least-squares
+   line e = a + b d is more than `z_adopt` standard errors from zero (the se from the groups' scatter
+   about the line, floored by the run noise carried into a group's mean). The intercept a is what a
+   law misses at the edge of its fitted range; it does not grow, so it is not a reason to move
+   weight. With all groups at one distance there is no slope to test and the incumbent stays.
+   "level" reads the weighted mean per-decade error e/d instead: an edge miss divided by a short
+   distance reads as a large bias per decade, so it moves weight on evidence that does not
+   extrapolate (docs/extrapolation.md has the tables that made growth the default).
+3. Otherwise the weights minimise the combination's squared error over the simplex (weights >= 0,
+   summing to 1): the squared slope sum_j w_j b_j ("growth"), or the weighted mean squared
+   per-decade error ("level").
 4. The combination's drift: k, its forward error per decade, from every fold's groups (not only the
    recent ones) as a regression through the origin of error on distance, k^2 = sum w_g e_g^2 /
    sum w_g d_g^2 (far groups, whose error is least diluted by the runs' noise, weigh most), each
@@ -33,8 +39,8 @@ The rule (fixed before any scored run; `StackRule` holds its constants):
    spread of the combined prediction over the draws). With no forward group at all the draws are
    uniform on the simplex: nothing has said which form extrapolates.
 
-With one or two candidates of the same sign of bias, step 3 gives all weight to the less biased one;
-with opposite signs it interpolates. A selection by one or two held-out runs is not this: the rule
+With candidates whose errors grow with the same sign, step 3 gives all weight to the one that grows
+least; with opposite signs it interpolates. A selection by one or two held-out runs is not this: the rule
 reads every forward group and refuses to move off the incumbent on noise.
 
     st = stack_weights(groups, ("chinchilla", "kaplan"), noise=0.0056)

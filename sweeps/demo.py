@@ -32,8 +32,9 @@ from typing import Any
 
 import yaml
 
+from scalelab import store
 from scalelab.fitting.ensemble import format_parts, format_stacked
-from scalelab.sweeps import ledger, store
+from scalelab.store import ledger
 from scalelab.sweeps.proposal import Proposal
 from scalelab.sweeps.proposal_text import format_gates
 from scalelab.sweeps.rounds import LaunchOptions, run_rounds

@@ -29,7 +29,7 @@ generator go through the shape rule (scalelab.models.shapes).
 Run identity: every run is fully resolved (`build_run_config`) and its id is `config_hash(cfg)`.
 Design labels (generator, budget, tokens per parameter, seed index, branch point) are kept in
 sweep.resolved.json, not in the config, so the same run reached from two sweeps has one id and is
-trained once per store root (see scalelab.sweeps.store).
+trained once per store root (see scalelab.store).
 
 Cooldowns (WSD-S, scalelab.sweeps.cooldowns): each generated run becomes the long "stable" run of
 its size, and decay branches of f x D tokens start from its checkpoints; a branch costs its tail.
@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from scalelab.config_tree import from_dict, load_yaml, set_in_dict
 from scalelab.errors import ConfigError
 from scalelab.models.accounting import num_params
 from scalelab.models.config import ModelConfig
@@ -61,7 +62,6 @@ from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
 from scalelab.sweeps.wandb_runs import parse_wandb_section
 from scalelab.train.config import build_run_config, merge_defaults
-from scalelab.train.config_tree import from_dict, load_yaml, set_in_dict
 from scalelab.train.data.config import SourceConfig
 
 LOOP_LAWS = ("chinchilla", "kaplan")  # laws of (N, D) with a compute-optimal allocation; fit.law may also be auto
@@ -102,6 +102,7 @@ class FitSpec:
     law: str = "chinchilla"  # chinchilla | kaplan | auto (the stacked law: candidates weighted by forward backtests)
     candidates: list[str] = field(default_factory=list)  # law auto: the stacked forms, incumbent first
     # (empty: chinchilla, kaplan; a form may carry an estimator, e.g. chinchilla@flops: runs weighted by compute)
+    evidence: str = "growth"  # law auto: growth | level, what moves weight off the incumbent (docs/extrapolation.md)
     loss: str = "final_val_loss"  # load_runs column used as the loss
     flops: str = "6n"  # 6n | exact: which FLOP count the fit and the proposals use
     params: str = "total"  # total | nonembed: which parameter count the law is fitted on
@@ -180,6 +181,8 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         raise ConfigError("fit.flops", f"{fit.flops!r} unknown", "use 6n or exact")
     if fit.params not in ("total", "nonembed"):
         raise ConfigError("fit.params", f"{fit.params!r} unknown", "use total or nonembed")
+    if fit.evidence not in ("growth", "level"):
+        raise ConfigError("fit.evidence", f"{fit.evidence!r} unknown", "use growth or level")
     if fit.candidates and fit.law != "auto":
         raise ConfigError("fit.candidates", f"set with fit.law {fit.law!r}", "candidates are stacked by law auto")
     for i, name in enumerate(fit.candidates):

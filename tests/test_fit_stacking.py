@@ -1,14 +1,16 @@
 """Forward backtests, stacking weights and the stacked law (fitting/forward.py, stacking.py, ensemble.py)."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from scalelab.errors import UsageError
-from scalelab.fitting.ensemble import fit_stacked, parse_candidate
+from scalelab.fitting.ensemble import StackedFit, fit_stacked, parse_candidate
 from scalelab.fitting.forward import ForwardGroup, forward_backtest
 from scalelab.fitting.laws import get_law
+from scalelab.fitting.predictive import ExtrapolationError, t_over_z
 from scalelab.fitting.stacking import StackRule, stack_weights
 
 CHIN = {"E": 1.2, "A": 60.0, "B": 80.0, "alpha": 0.32, "beta": 0.30}
@@ -84,6 +86,27 @@ def test_the_incumbent_keeps_its_weight_when_its_forward_bias_is_within_the_nois
     assert st.adopted and 0.0 < st.weights["kaplan"] < 0.2
 
 
+def test_an_edge_miss_that_does_not_grow_keeps_the_incumbent_under_the_growth_rule():
+    # Chinchilla 2% high at every distance (a miss at the fitted range's edge), Kaplan drifting low
+    groups = [
+        ForwardGroup(fold=f, n_train=8 * f, train_max_flops=1.0, flops=10**dd, decades=dd, n_test=4,
+                     errors={"chinchilla": 0.02, "kaplan": -0.03 * dd})
+        for dd, f in zip((0.25, 0.5, 0.75, 0.5, 1.0), (2, 2, 2, 3, 3))
+    ]  # fmt: skip
+    names = ["chinchilla", "kaplan"]
+    st = stack_weights(groups, names, noise=0.005)
+    assert not st.adopted and st.weights == {"chinchilla": 1.0, "kaplan": 0.0}, st.reason
+    assert "grows +0.00% per decade" in st.reason
+    # read per decade, the same constant miss is 2-8% per decade: the level rule moves weight to Kaplan
+    st = stack_weights(groups, names, noise=0.005, rule=StackRule(evidence="level"))
+    assert st.adopted and st.weights["kaplan"] > 0.3
+    # a miss that grows is what the growth rule acts on, and the weights cancel the growth
+    grown = [replace(g, errors={"chinchilla": 0.02 + 0.04 * g.decades, "kaplan": -0.03 * g.decades}) for g in groups]
+    st = stack_weights(grown, names, noise=0.005)
+    assert st.adopted
+    assert st.weights["chinchilla"] == pytest.approx(3 / 7, abs=1e-3)
+
+
 def test_only_recent_folds_set_the_weights_but_every_fold_measures_the_drift():
     old = _groups({"chinchilla": 0.20, "kaplan": -0.02}, decades=(0.5, 0.8), folds=(2, 2))
     new = _groups({"chinchilla": 0.001, "kaplan": -0.04}, decades=(0.4, 0.6), folds=(3, 4))
@@ -145,3 +168,25 @@ def test_identify_pins_exponents_on_a_wide_design_but_not_on_one_isoflop_slice()
     )
     rows = identify("chinchilla", n, d, y, names=["beta"])
     assert rows["beta"].verdict.startswith("not identified"), rows["beta"]
+
+
+def test_while_the_incumbent_keeps_the_weight_its_better_measured_extrapolation_error_is_used():
+    budgets = [2e11, 6e11, 2e12]
+    n, d, c = _design(budgets)
+    y = get_law("chinchilla").predict(CHIN, params=n, tokens=d) * np.exp(
+        0.004 * np.random.default_rng(3).standard_normal(n.size)
+    )
+    sf = fit_stacked(params=n, tokens=d, loss=y, flops=c, groups=c, noise=0.004, bootstrap=0)
+    assert not sf.stack.adopted and sf.extrapolation.n_folds == 1
+    own = ExtrapolationError(per_decade=0.02, n_runs=8, n_folds=2, max_decades=0.5)
+    sf.incumbent_extrapolation = own
+    assert sf.extrapolation == own  # two folds measure it better than one forward fold
+    back = StackedFit.from_dict(sf.to_dict())
+    assert back.extrapolation == own
+    far = 30 * budgets[-1]
+    assert back.predict_interval(*sf.optimum(far)[:2], far).parts["extrapolation"] == pytest.approx(
+        t_over_z(2, 0.95) * 0.02 * sf.decades(far)
+    )
+    # once forward evidence moves weight, the combination's own drift is what extrapolates
+    sf.stack = replace(sf.stack, adopted=True)
+    assert sf.extrapolation.n_folds == 1 and sf.extrapolation != own
