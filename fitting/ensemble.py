@@ -231,6 +231,12 @@ def format_stacked(st: Mapping[str, Any], indent: str = "  ") -> list[str]:
             f"{indent}the combination drifts {100 * stack['drift_per_decade']:.2f}% per decade out of sample "
             f"({stack['drift_folds']} fold(s))"
         )
+    used = StackedFit.from_dict(st).extrapolation
+    if used.per_decade is not None and used.per_decade != stack.get("drift_per_decade"):
+        lines.append(
+            f"{indent}the interval's extrapolation part uses the incumbent's own backtests: "
+            f"{100 * used.per_decade:.2f}% per decade ({used.n_folds} fold(s))"
+        )
     for g in stack["groups"]:
         errs = "  ".join(f"{n} {100 * e:+.2f}%" for n, e in g["errors"].items())
         head = f"{indent}fold {g['fold']} ({g['n_train']} runs) -> C={g['flops']:.3g}"
