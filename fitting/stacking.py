@@ -21,7 +21,8 @@ The rule (`StackRule` holds its constants; `evidence` chooses step 2):
    line e = a + b d is more than `z_adopt` standard errors from zero (the se from the groups' scatter
    about the line, floored by the run noise carried into a group's mean). The intercept a is what a
    law misses at the edge of its fitted range; it does not grow, so it is not a reason to move
-   weight. With all groups at one distance there is no slope to test and the incumbent stays.
+   weight. With fewer than three groups, or all at one distance, there is no slope to test and the
+   incumbent stays.
    "level" reads the weighted mean per-decade error e/d instead: an edge miss divided by a short
    distance reads as a large bias per decade, so it moves weight on evidence that does not
    extrapolate (docs/extrapolation.md has the tables that made growth the default).
@@ -59,6 +60,8 @@ import numpy as np
 from scipy import optimize
 
 from scalelab.fitting.forward import ForwardGroup
+
+MIN_SLOPE_GROUPS = 3  # forward groups the growth rule needs to test a slope
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -197,10 +200,11 @@ def _arrays(groups: Sequence[ForwardGroup], names: Sequence[str], noise: float) 
 
 def _slopes(ev: _Evidence) -> tuple[np.ndarray, np.ndarray] | None:
     """Per candidate, the growth of the error with distance (weighted least squares e = a + b d) and
-    the slope's standard error (groups' scatter, floored by their noise); None when the groups'
-    distances do not spread (a slope needs two distances a tenth of a decade apart)."""
+    the slope's standard error (groups' scatter, floored by their noise); None when there are fewer
+    than MIN_SLOPE_GROUPS groups (a line through two groups has no scatter to judge it by: only the
+    noise floor would, and misfit is not noise) or their distances do not spread (a tenth of a decade)."""
     d, w = ev.dec, ev.omega / ev.omega.mean()
-    if d.size < 2 or d.max() - d.min() < 0.1:
+    if d.size < MIN_SLOPE_GROUPS or d.max() - d.min() < 0.1:
         return None
     dbar = np.sum(w * d) / w.sum()
     sxx = np.sum(w * (d - dbar) ** 2)
@@ -291,7 +295,8 @@ def stack_weights(
     if rule.evidence == "growth":
         if slopes is None:
             reason = (
-                f"{len(groups)} forward group(s) at one distance: no growth of the error to test; {incumbent} alone"
+                f"{len(groups)} forward group(s), too few or at one distance: no growth of the error to test; "
+                f"{incumbent} alone"
             )
         else:
             b, b_se = slopes[0][inc], slopes[1][inc]

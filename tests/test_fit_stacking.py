@@ -64,13 +64,14 @@ def test_weights_cancel_opposite_biases_and_the_zero_bias_mix_holds_at_every_dis
     assert st.adopted
     assert st.weights["chinchilla"] == pytest.approx(2 / 3, abs=1e-4)
     assert st.weights["kaplan"] == pytest.approx(1 / 3, abs=1e-4)
-    # the mix cancels the drift; what is left is the groups' noise resolution (0.5% / sqrt(4) / decades)
+    # out of fold, fold 3's two groups alone are too few to move the weights, so fold 2 is scored
+    # with Chinchilla's: the drift is not the mix's zero but never below the noise resolution
     resolution = math.sqrt(np.mean([(0.0025 / dd) ** 2 for dd in (0.25, 0.5, 0.75, 0.5, 1.0)]))
-    assert st.drift == pytest.approx(resolution, rel=1e-9)
+    assert resolution < st.drift < 0.03
     # biases of one sign: all weight on the less biased form
     st = stack_weights(_groups({"chinchilla": 0.03, "kaplan": 0.01}), ["chinchilla", "kaplan"], noise=0.005)
     assert st.weights == pytest.approx({"chinchilla": 0.0, "kaplan": 1.0}, abs=1e-4)
-    assert st.drift == pytest.approx(0.01, rel=1e-6)
+    assert 0.01 <= st.drift <= 0.03  # between the chosen form's bias and the incumbent's (out of fold)
 
 
 def test_the_incumbent_keeps_its_weight_when_its_forward_bias_is_within_the_noise():
