@@ -23,6 +23,18 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 import pytest  # noqa: E402
+from cputime import CpuTime  # noqa: E402
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("cputime", "CPU time of each test's process tree (tests/cputime.py)")
+    group.addoption("--cputime", action="store_true", help="print the tests that used the most CPU seconds")
+    group.addoption("--cputime-out", default=None, help="and write every test's CPU and wall seconds here (TSV)")
+
+
+def pytest_configure(config):
+    if config.getoption("--cputime") or config.getoption("--cputime-out"):
+        config.pluginmanager.register(CpuTime(config.getoption("--cputime-out")), "cputime")
 
 
 @pytest.fixture(scope="module")
