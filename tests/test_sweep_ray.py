@@ -1,6 +1,9 @@
 """Sweeps on a local Ray (the session's `ray_local` cluster): completion, dedupe, fault injection with
 bit-exact resume, and a SIGKILLed driver followed by `sweep resume`.
 
+A multi-process run (a Ray Train TorchTrainer inside its trial) is tested on the simulated cluster of
+test_cluster_multinode.py (dp=2 over two nodes, equal to one node's run bit for bit; elastic).
+
 Runs are the debug model on 64-token sequences, a few thousand tokens each (~0.5-2 s of training).
 """
 
@@ -23,6 +26,8 @@ from scalelab.sweeps import store
 from scalelab.sweeps.execute import launch, resume
 from scalelab.sweeps.spec import expand_sweep
 from scalelab.train.checkpoint import latest_checkpoint, list_checkpoints
+from scalelab.train.config import build_run_config
+from scalelab.train.loop import train_run
 from scalelab.train.records import read_status
 
 BASE = {
@@ -133,7 +138,8 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
         ],
         "execution": {"max_concurrent": 2},
     }
-    long_id = next(r.run_id for r in expand_sweep(spec).runs if r.config["train"]["num_tokens"] == 25600)
+    long_run = next(r for r in expand_sweep(spec).runs if r.config["train"]["num_tokens"] == 25600)
+    long_id = long_run.run_id
     spec_path = tmp_path / "kill.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "root" / "kill"
@@ -188,10 +194,9 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
     assert not list(out.rglob("*.tmp"))
 
     # the numbers of the interrupted-and-resumed run are those of an uninterrupted one, bit for bit
-    ref_spec = {**spec, "points": [spec["points"][-1]]}
-    ref_out = tmp_path / "ref_root" / "ref"
-    assert _launch(ref_spec, ref_out)["states"] == {long_id: "done"}
-    ref_dir = store.run_path(ref_out, long_id)
+    # (trained here, as one process: a trial runs the same train_run, test_cluster_multinode.py)
+    ref_dir = tmp_path / "ref"
+    train_run(build_run_config(long_run.config), ref_dir)
     assert read_status(ref_dir)["loaded_steps"] == [None]
     m_ref, m_got = (pl.read_parquet(d / "metrics.parquet").drop("tokens_per_s") for d in (ref_dir, long_dir))
     assert m_got.height == 100 and m_got.equals(m_ref)
@@ -231,13 +236,3 @@ def test_sibling_sweeps_launched_together_train_each_run_once(ray_local, tmp_pat
     for name in ("a", "b"):
         assert store.load_runs(root / name)["status"].to_list() == ["done"] * 4
     assert store.load_runs(root).height == 4
-
-
-@pytest.mark.slow
-def test_multiworker_run_is_a_torchtrainer_inside_its_trial(ray_local, tmp_path):
-    """world_size 2 (FSDP over 2 CPU processes): the trial starts a Ray Train TorchTrainer (~15-60 s)."""
-    spec = {"name": "mw", "base": {**BASE, "parallel": {"dp_shard": 2}}, "grid": {"optim.lr": [3e-3]}}
-    result = _launch(spec, tmp_path / "root" / "mw")
-    assert set(result["states"].values()) == {"done"}
-    df = store.load_runs(tmp_path / "root" / "mw")
-    assert df["loss"].is_finite().all() and df["tokens"].to_list() == [5120]
