@@ -41,12 +41,13 @@ class Role:
 ROLES = (
     Role(
         "fit entries",
-        "take a table of runs and return a fitted law with its intervals (what `scalelab fit`, "
-        "`sweep next` and the report call)",
+        "fit a scaling law to a table of runs, for its parameters and intervals (what `scalelab fit`, "
+        "`sweep next`, the report, `compare` and the benches call)",
         (
             "fitting.pipeline.fit_table",
             "fitting.loopfit.fit_for_loop",
             "analysis.lawfit.fit_store",
+            "analysis.lawfit.fit_point",  # with bootstrap_params: the fit of analyses (compare, downstream)
             "fitting.fit_runs.fit_runs",
             "sweeps.store_fit.fit_store",
         ),
