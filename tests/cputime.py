@@ -16,7 +16,8 @@ What a process did after its last reading and before dying unreaped is lost, as 
 started and ended between two readings without being waited for by the tree. Linux only.
 
 Prints the slowest tests by CPU seconds, beside their wall seconds, at the end of the session, and
-writes every test's figures (tab-separated: nodeid, phase, cpu_s, wall_s) to --cputime-out if given.
+writes every test's figures (tab-separated: nodeid, phase, cpu_s, wall_s) to --cputime-out if given;
+`python tests/cputime.py BEFORE.tsv AFTER.tsv` sets two such files side by side.
 """
 
 from __future__ import annotations
@@ -134,3 +135,37 @@ class CpuTime:
         if self.out:
             lines = [f"{n}\t{p}\t{c:.2f}\t{w:.2f}" for n, p, c, w in self.rows]
             Path(self.out).write_text("\n".join(["nodeid\tphase\tcpu_s\twall_s", *lines]) + "\n")
+
+
+def compare(before: Path, after: Path, top: int = 40) -> str:
+    """Per-test CPU seconds of two --cputime-out files side by side (phases summed), biggest change first."""
+
+    def load(path: Path) -> dict[str, tuple[float, float]]:
+        out: dict[str, tuple[float, float]] = {}
+        for line in path.read_text().splitlines()[1:]:
+            nodeid, _, cpu, wall = line.split("\t")
+            c, w = out.get(nodeid, (0.0, 0.0))
+            out[nodeid] = (c + float(cpu), w + float(wall))
+        return out
+
+    a, b = load(before), load(after)
+    lines = [f"{'before':>8} {'after':>8} {'change':>8}  CPU s (wall s before / after)  test"]
+    rows = []
+    for nodeid in sorted(set(a) | set(b)):
+        ca, wa = a.get(nodeid, (0.0, 0.0))
+        cb, wb = b.get(nodeid, (0.0, 0.0))
+        rows.append((cb - ca, ca, cb, wa, wb, nodeid + ("" if nodeid in b else "  (gone)")))
+    for d, ca, cb, wa, wb, nodeid in sorted(rows)[:top]:
+        lines.append(f"{ca:8.1f} {cb:8.1f} {d:+8.1f}  ({wa:6.1f} / {wb:6.1f})  {nodeid}")
+    total_a, total_b = sum(c for c, _ in a.values()), sum(c for c, _ in b.values())
+    wall_a, wall_b = sum(w for _, w in a.values()), sum(w for _, w in b.values())
+    lines.append(f"{total_a:8.1f} {total_b:8.1f} {total_b - total_a:+8.1f}  ({wall_a:6.1f} / {wall_b:6.1f})  all tests")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3:
+        sys.exit("usage: python tests/cputime.py BEFORE.tsv AFTER.tsv")
+    print(compare(Path(sys.argv[1]), Path(sys.argv[2])))
