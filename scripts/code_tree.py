@@ -15,7 +15,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # The folders pyproject.toml maps into scalelab.<folder>, for a checkout whose pyproject does not say.
-DEFAULT_PACKAGE_FOLDERS = ("scalelab", "models", "parallel", "kernels", "train", "sweeps", "fitting", "analysis", "cli")
+DEFAULT_PACKAGE_FOLDERS = (
+    "scalelab",
+    "store",
+    "models",
+    "parallel",
+    "kernels",
+    "train",
+    "sweeps",
+    "fitting",
+    "analysis",
+    "cli",
+)
 OTHER_FOLDERS = ("tests", "bench", "scripts")
 
 
