@@ -17,10 +17,7 @@ Protocol (all on local Ray, into one sweep; every prediction is in the sweep's l
 Prints, per round: runs fitted, the gates, alpha/beta/E/a, L*(T) with its interval and width; then
 predicted vs measured for every scored prediction (ledger) and the coverage.
 
-Measured 2026-12-03 (--out sharing the demo's store root, so round 0 and the 3x run were reused;
-the 10x run took 48 min beside the test suite): gates passed at round 1; 3x run 1.3557 vs
-predicted 1.3818 (+1.93%, inside [1.3331, 1.4324]); 10x run (N 414,656, D 24.1M, 6e13 FLOPs)
-1.1983 vs 1.2870 (+7.40%, inside [1.0612, 1.5609]). docs/closed-loop.md discusses the miss.
+Figures it printed, with the date and the machine's load: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -22,10 +22,8 @@ fcntl lock so the others wait instead of duplicating the work. A killed process 
 `.<name>.tmp-*` dir behind; it is never read and may be deleted.
 
 Memory: token arrays are held until written (~2 bytes per token for the byte tokenizer), fine
-for corpora up to a few GB. Speed, measured on 2 CPU cores shared with other jobs (load ~6): the
-stdlib corpus (12.1 MB) prepares in 0.3-0.4 s with the byte tokenizer (numpy views of the raw
-bytes; `python -m scalelab.train.data.prepare`) and in ~10 s wall / 4 s CPU with a 2048-id BPE
-(`scalelab data prepare default --out DIR --tokenizer tok.json`; HF encode_batch).
+for corpora up to a few GB. The byte tokenizer takes numpy views of the raw bytes; a BPE tokenizer
+encodes through HF's encode_batch. Preparation times: docs/benchmarks.md ("Data preparation").
 """
 
 from __future__ import annotations
