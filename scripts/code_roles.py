@@ -60,7 +60,7 @@ ROLES = (
             "train.loop._evaluate",
             "train.eval_checkpoint.evaluate_checkpoint",
             "train.eval_parallel.evaluate_checkpoint_parallel",
-            "train.evaluate.evaluate",
+            "train.eval_model.evaluate",
         ),
     ),
 )

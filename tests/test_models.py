@@ -469,7 +469,7 @@ def test_init_under_activation_checkpointing_wrappers_matches_plain_init():
     """A model wrapped before init (the meta-device path of parallel layouts) gets the single-device
     weights: the checkpoint wrapper's `_checkpoint_wrapped_module` is not part of the seed name."""
     from scalelab.models.llama import build_model
-    from scalelab.parallel.checkpointing import apply_ac
+    from scalelab.parallel.activation_checkpointing import apply_ac
 
     cfg = get_preset("moe-debug", kernels="torch")
     plain = build_model(cfg, seed=3)

@@ -33,6 +33,7 @@ from scalelab.parallel.dims import num_microbatches
 from scalelab.parallel.layouts import layout_name
 from scalelab.parallel.planner import CostConstants, Hardware, Measurement, calibrate, estimate
 from scalelab.parallel.planner_memory import activation_bytes, layer_param_count, state_bytes
+from scalelab.train.config import build_run_config
 from scalelab.train.trace_analysis import CATEGORIES
 
 MIB = 2**20
@@ -96,8 +97,6 @@ def cpu_constants(hw: Hardware, calibrate_from: list[Path] | None = None) -> Cos
 
 # --- reading a profiled run --------------------------------------------------------------------------
 def _run_config(run_dir: Path):
-    from scalelab.train.config import build_run_config
-
     return build_run_config(json.loads((run_dir / "config.json").read_text()))
 
 
@@ -276,7 +275,7 @@ def format_report(r: ProfileReport) -> str:
 
 def plot_report(r: ProfileReport, path: str | Path) -> Path:
     """Stacked bars of the time categories per rank and the planner's estimate."""
-    import matplotlib
+    import matplotlib  # start-up time: only the plot needs it; the backend is chosen before pyplot loads
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
