@@ -17,11 +17,7 @@ Ray's defaults are a 3000 ms health-check period and a threshold of 5 (~15 s to 
 dead); pass --health-period-ms 3000 --health-threshold 5 to measure them. A simulated node's killed
 processes close their connections, so Ray notices the loss before any health check fails.
 
-Measured (2-core machine shared with other jobs, load average ~10; seconds after the kill, medians):
-    --kills 3 (500 ms x 4):          detect 1.8, restart 14.3, resumed 15.2 (min 15.0, max 16.8)
-    --kills 2 (3000 ms x 5, Ray's):  detect 2.6, restart  9.6, resumed 10.1 (min  9.7, max 10.5)
-Restart includes a new worker process on the replacement node (imports of torch and scalelab); in
-tests/test_cluster_multinode.py a warm trial actor on the surviving node restarts in ~2-5 s.
+Figures it printed, with the date and the machine's load: docs/benchmarks.md.
 """
 
 from __future__ import annotations

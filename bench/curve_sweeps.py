@@ -20,35 +20,12 @@ sequences, then prints four tables:
      the runs that had ended before it started as the finished ones (what the live sweep saw at
      least); compute saved, errors of the stopped runs, and the fits with and without them.
 
-Measured 2026-12-03 on the current corpus (2 cores shared, load 20-27): training the IsoFLOP sweep
-took 53 min of wall time; the schedules and cooldown sweeps and the live early-stopping sweep did
-not fit in that session, so tables 2, 3 and the live part of 4 are the 2026-12-02 figures (older
-corpus, marked *). The replay of table 4 ran with --replay-boot 16 --replay-backtests 6.
-  1. from the first 30%, others complete: lr_annealing mean |err| 1.31% (max 3.96%),
-     lr_annealing_sized 1.18% (max 2.73%), lr_area 2.17%, chinchilla-on-checkpoints 2.53%; all runs
-     at 30%: 6.73% / 6.34% / 6.73% / 3.41%. In-sample (complete curves): 0.81% / 0.74% / 3.24% /
-     1.83%. The 1% goal is not reached; docs/curves.md says why (older corpus: 3.03% from 30%,
-     2.03% in-sample; 2.22% / 1.32% with lr_annealing_sized).
-  2.* cooldown branches from the stable run alone: lr_annealing 1.40% (max 2.25%), lr_area 6.65%.
-  3.* cosine from constant-LR runs: 9.1% (constant runs only: C is not identified without any
-     annealing in the data); from constant + WSD runs: 1.45% (max 2.71%).
-  4.* live early stopping at tolerance 1% (bootstrap-only intervals, before the misspecification
-     term): 3 of 12 runs stopped, 4.7% of the FLOPs saved, stopped runs within 1.2% of their real
-     final loss; the live checks' 95% intervals covered the real final loss 65-81% of the time.
-     Replay on the current corpus (46 checks): the run-bootstrap intervals alone covered the real
-     final loss in 59% of the checks (half-width 1.15% mean, |error| 0.74% mean); with the
-     backtested misspecification term 100% (half-width 4.83%; misspecification sd 1.81%): honest,
-     and wide, since the backtests predict the finished runs from the start of the check's bucket
-     (30/50/70/90%) and the first runs to finish are the short ones the law fits worst. Stops at
-     1/2/3/5/10%: 0/1/2/8/8 of 12 runs, 0/0.3/0.6/11.2/20.7% of the FLOPs saved, stopped runs'
-     max error -/0.02/0.14/2.13/2.17%; every Chinchilla parameter fitted with the stopped runs
-     (included, or excluded where >= 6 runs remain) lies inside the full sweep's interval and the
-     full sweep's inside its interval.
-
 Predictions use fitting/curves.py (lr_annealing: Tissue et al. 2024 with a size term;
 lr_annealing_sized: its data term times N^gamma; lr_area: the forward area only; chinchilla on every
 checkpoint for reference) on validation-loss curves. Errors
 are (predicted - observed) / observed of the final validation loss.
+
+Figures it printed, with the date and the machine's load: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -15,12 +15,7 @@ best LR = fitting.hyperparams.best_lr (parabola vertex in log LR over every seed
 IsoFLOP sweep at that LR (3 significant digits). The base is tuned at the shortest run length;
 longer runs may prefer a lower LR (not corrected here: the same holds for any one-LR sweep).
 
-Measured 2026-12-03 (2 cores; base sweep 116 s, IsoFLOP sweep 311 s): best base LR 0.00454
-[0.00382, 0.00512]; from the first 30% (others complete) lr_annealing 2.00%, lr_annealing_sized
-1.79% mean |error| (the sp sweep at 3e-3: 1.31% / 1.18%); the 130k model's final losses are 3-6%
-above the sp sweep's. Through the LR-transfer gate at 5 tokens per parameter (best LR 0.00646 at
-32 and 80 wide) the prefix errors were 1.69% / 1.81%. Tables: docs/curves.md ("A test of that
-explanation that did not confirm it").
+Figures it printed, with the date and the machine's load: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -13,30 +13,7 @@ Cost savers, stated in the output: the full-data fit uses every 9th point of Hof
 (500 starts; --grid-stride) - the optimum is the same as with 4500 on these designs - and each
 replicate is warm-started plus --extra-starts of the fit's other distinct end points.
 
-Measured 2026-12-02 (`--datasets 200 --n-boot 400`, 1% noise, 417 s on the shared box): bootstrap
-coverage alpha 95.5%, beta 98.0%, a_opt 98.5% (binomial SE 1.5%); delta method 91.5%, 96.0%, 92.0%.
-bootstrap_sd_over_mc_sd (rms bootstrap sd / sd of the estimates over these 200 datasets): alpha
-1.01, beta 1.10, a_opt 1.11. With 2% noise (`--n-boot 200 --grid-stride 45 --noise 0.02`):
-bootstrap 94.5%, 98.0%, 98.0%.
-
-Why beta and a_opt over-cover (investigated 2026-12-02; no code defect found):
-- Replicates are at their own optimum (60 datasets, 200 replicates each): re-running every
-  replicate from its end point with ftol = 0, gtol = 1e-12 (4 restarts) lowers no objective by
-  more than 3e-8 and leaves every bootstrap sd unchanged to 3 digits; no replicate sits at a
-  bound (200 datasets); all converged.
-- The 200-dataset Monte-Carlo sd is itself noisy (SE ~5%): over 1000 datasets (seeds 1000-1999)
-  sd(alpha) = 0.0128, sd(beta) = 0.0229, sd(a_opt) = 0.0183. Against these the bootstrap sd is
-  ~7% wide for ALL three (1.07, 1.07, 1.07), while the delta-method se / MC sd is 0.99 for all three.
-  The apparent alpha/beta difference is the seed set: its first 200 datasets spread alpha 6.5%
-  more and beta 2.4% less than the 1000. A uniform 7% excess predicts ~96.4% coverage; 95.5% and
-  98.0% are within ~1.1 binomial SE of it.
-- The 7% comes from the near-LAD objective (Huber delta = 1e-3 on 1% noise), not from the fitter:
-  with objective="squared" the same pipeline's bootstrap sd (200 datasets x 200 replicates) /
-  1000-dataset MC sd is 1.00, 1.01, 0.99. The pairs bootstrap of a LAD-type estimator is mildly
-  conservative at this n; the sample median of n = 240 normals shows the same (rms bootstrap sd /
-  MC sd = 1.04, 2000 samples).
-The intervals are therefore honest 95% percentile intervals of a slightly over-dispersed
-bootstrap; no width or level adjustment is applied.
+Figures it printed, with the date and the machine's load: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -20,14 +20,6 @@ loss columns are transformed, negative values), single-model logs (K2, RedPajama
 
     python bench/fit_public.py [--law chinchilla] [--json OUT.json]
 
-Measured 2026-12-02 (2-core CPU, ~30 s per run), mean ARE on the largest model's last 30%:
-    law         OPT (5 models -> 175B)   GPT-3 (7 -> 175B)   LM-1 (4 -> 1.07B)
-    chinchilla  1.72%                    1.28%               1.17%
-    kaplan      2.70%                    3.30%               0.89%
-All errors are one-signed (a bias, not scatter); the Chinchilla fits warn that OPT's beta is not
-identified and that GPT-3's E sits on its lower bound - read them as extrapolation curves, not as
-estimates of the irreducible loss.
-
 Curve laws and law selection (`--curves`, on by default; fitting/curves.py, fitting/select.py). The
 same split, with every family's checkpoints as loss curves:
   chinchilla+, kaplan+  the (N, D) laws fitted by the curve fitter: checkpoints grouped per run,
@@ -51,19 +43,7 @@ The last lines give where the held-out run's residual against the chosen law shi
 where the nested selection's held-out run's does (fitting/curve_departures.py).
 bench/fit_public_sensitivity.py varies the fit's settings.
 
-Measured 2026-12-03 (2-core CPU shared, ~65 s in all), mean ARE on the largest model's last 30%:
-    family  A3     chinchilla+ kaplan+ lr_area lr_annealing lr_ann_sized average auto (picked)        vs A3
-    OPT     1.74%  1.66%       2.82%   2.32%   1.61%        3.45%        2.37%   1.61% (lr_annealing) -8%
-    GPT-3   1.28%  1.13%       3.23%   3.99%   0.30%        0.50%        0.27%   0.30% (lr_annealing) -77%
-    LM-1    1.17%  0.52%       0.87%   n/a     n/a          n/a          0.70%   0.52% (chinchilla)   -55%
-The issue's goal (auto at least 25% below Approach 3 on every family, never worse) holds on GPT-3
-and LM-1 and not on OPT (-8%; the goal is 1.30%). Every candidate's error on OPT-175B is a positive
-bias (+1.6% to +3.5%), so no average or selection of them gets below 1.61%. The 175B run leaves
-chinchilla+ and lr_annealing at one checkpoint: between 72B and 80B tokens its residual against
-lr_annealing shifts by -1.8% (7 robust sds); the law is 1.1% below the observed loss at 72B and
-0.8% to 2.4% above it from 80B on (chinchilla+ alike). 81B tokens is 27%
-of the 300B plan, where the OPT team's note of December 3, 2021 (metaseq, projects/OPT/chronicles)
-says they lowered the LR; its note of December 16 records two more cuts. See docs/curves.md.
+Figures it printed, with the date and the machine's load: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ fraction of the planned LR from 81B tokens on (27% of 300B: the OPT team's note 
 says they lowered the LR then; how far is not in the data, so the fraction is varied). This is a
 diagnosis of the miss, not a candidate: the fraction is not known without the held-out run.
 
-Measured 2026-12-03 (2-core CPU shared, ~5 min): see docs/curves.md ("Why OPT-175B misses").
+Figures it printed: docs/curves.md ("Why OPT-175B misses").
 """
 
 from __future__ import annotations

@@ -15,11 +15,7 @@ Measured in the same process, on the same simulated Chinchilla sweep (16 x 15 gr
 Wall and CPU seconds are printed with the load average (the development machines are shared).
 Goals from the issue: full grid <= 5 s, 1000 bootstrap refits <= 30 s on 2 cores.
 
-Measured 2026-12-02 on the shared 2-core development box (load average ~1, 1 torch thread,
-`--ref-stride 1 --ref-boot 100`): full grid 1.96 s, 1000 bootstrap refits 1.44 s; the scipy loop
-over all 4500 starts 6.03 s (12.0 s CPU) reaching the same optimum (objective gap 6e-13, exponents
-within 2e-6); reference bootstrap 3.3 s extrapolated. With SCALELAB_FIT_THREADS=2: 1.70 s and
-1.18 s. Under load average ~12 from other jobs: 11.4 s and 14.1 s wall (2.5 s and 2.1 s CPU).
+Figures it printed, with the date and the machine's load: docs/benchmarks.md.
 """
 
 from __future__ import annotations

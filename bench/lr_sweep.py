@@ -9,8 +9,7 @@ best: the recipe is trusted when every ratio is within x2.
 
     python bench/lr_sweep.py                     # ~14 min on 2 idle cores; prints the table
 
-Measured 2026-12-02: best LR 8.1e-3 / 3.4e-3 / 2.7e-3 at 29k / 86k / 197k parameters; the recipe
-picks 5.9e-3 / 4.3e-3 / 3.3e-3, within x1.39 of the best at every size (docs/closed-loop.md).
+Figures it printed, with the date and the machine's load: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -23,11 +23,7 @@ so its 2-layer rows are the mup runs; only its 4-layer size is trained separatel
     python bench/lr_transfer.py --out DIR        # trains what DIR lacks, prints the table
     python bench/lr_transfer.py --out DIR --report   # the table only
 
-Sizes: a first measurement used a base of 2 x 32 (4x wider = 2 x 128, 484k parameters); the sizes
-were halved when the machine was loaded. Measured 2026-12-03 (174 runs, 329 s of training on 2
-cores): best LR moves sp -3.04 grid steps with width x4 (interval [-3.29, -2.81]; -0.09 with depth
-x2), mup -0.19 [-0.56, +0.18] with width and -0.04 with depth, completep -0.18 [-0.68, +0.48] with
-depth; the table and what it does and does not show: docs/hp-transfer.md section 3.
+Figures it printed, with the date and the machine's load: docs/benchmarks.md.
 """
 
 from __future__ import annotations

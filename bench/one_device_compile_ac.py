@@ -11,8 +11,7 @@ Each variant (plain, compile: true, activation_checkpoint: full, selective, comp
                optimizer state, activations and allocator slack, all in one number)
   final loss   the last logged loss: activation checkpointing recomputes the same numbers, compile
                may reorder floating-point sums
-Ratios are against the plain run measured in the same invocation. Before scalelab's world-size-1
-runs went through `parallelize`, the five rows would have been the same run (both options ignored).
+Ratios are against the plain run measured in the same invocation.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ GLOO_SIZES = (1, 2**8, 2**12, 2**14, 2**16, 2**18, 2**20)  # fp32 elements per a
 def time_steps(cfg, lay, mbs: int, seq_len: int, sequences: int, steps: int) -> float:
     from scalelab.models.llama import build_model
     from scalelab.models.loss import lm_loss
-    from scalelab.parallel.checkpointing import apply_ac
+    from scalelab.parallel.activation_checkpointing import apply_ac
 
     model = build_model(cfg, seed=0)
     apply_ac(model, lay.activation_checkpoint)

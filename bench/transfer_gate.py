@@ -10,12 +10,7 @@ sp exits 2 with the check's table (its best LR moves more than one grid step fro
 
     python bench/transfer_gate.py                # ~16 min on 2 idle cores (fresh store); prints both tables
 
-Measured 2026-12-03 (635 s with the seed-0 runs already in the store; tables verbatim in
-docs/hp-transfer.md section 4), best LR by the sub-grid estimator over every seed
-(fitting.hyperparams.best_lr): sp exits 2 (0.023 at d_model 16, the grid's low edge 0.002 at 128:
-drift -3.53, not bracketed); mup exits 0 (0.0172 [0.008, 0.0285] -> 0.021 [0.0178, 0.0289]: drift
-+0.29) and its ladder trains at lr 0.0172. With one seed mup was refused (drift -1.37: the base's
-one-seed curve is flat and non-monotone above its minimum).
+Figures it printed, with the date and the machine's load: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Identification gates: may a fitted law be extrapolated to propose a compute-optimal run?
 
 A law fitted to IsoFLOP runs is only a basis for extrapolation when the runs identify it. The
-gates (what a reviewer checks first, shared/SCALING-METHOD.md):
+gates (what a reviewer checks first; docs/architecture.md, "Method"):
 
   bracketed         every IsoFLOP slice's minimum is measured (a slice: a budget with 3+ sizes;
                     single proposed runs are points, not slices): the best run is not the smallest

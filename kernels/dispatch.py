@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
+import torch
+
 from scalelab.errors import ConfigError
 from scalelab.kernels import reference
 
@@ -22,11 +24,9 @@ BACKENDS = ("auto", "triton", "torch")
 def triton_available() -> bool:
     """True when Triton imports and there is a CUDA device or the interpreter is on."""
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401  (optional extra: scalelab[triton])
     except Exception:
         return False
-    import torch
-
     return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 

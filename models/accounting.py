@@ -15,7 +15,7 @@ MoE (family "moe"): num_params counts every expert (total parameters);
   FLOPs use the active parameters (the matmul term counts k routed experts + shared + router).
 
 Training FLOPs per token (multiply-add = 2 FLOPs), see `flops_per_token`:
-  six_n           6 * num_params(cfg)                   (ARCHITECTURE.md's default C = 6 N D)
+  six_n           6 * num_params(cfg)                   (the default: C = 6 N D)
   six_n_nonembed  6 * num_params_nonembedding(cfg)      (Kaplan's C = 6 N D)
   exact           3 * forward FLOPs, where forward =
                     matmuls: 2 * (every nn.Linear weight, the output layer included even when tied)

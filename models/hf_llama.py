@@ -107,7 +107,7 @@ def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict
 
 def to_hf_model(model: torch.nn.Module, cfg: ModelConfig):
     """A `transformers.LlamaForCausalLM` (fp32, eager attention) holding a copy of `model`'s weights."""
-    import transformers
+    import transformers  # optional: the dev extra (export checks and tests), not a dependency
 
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**to_hf_config(cfg), attn_implementation="eager"))
     hf.load_state_dict(to_hf_state_dict(model.state_dict(), cfg), strict=True)

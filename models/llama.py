@@ -292,7 +292,7 @@ def _param_seed(seed: int, name: str) -> int:
 def _is_dtensor(t: torch.Tensor) -> bool:
     if not torch.distributed.is_available():  # builds without distributed have no DTensor
         return False
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # optional: only where torch.distributed is available
 
     return isinstance(t, DTensor)
 
@@ -312,7 +312,7 @@ def _normal_(weight: torch.Tensor, std: float, seed: int | None, name: str) -> N
     full = torch.empty(weight.shape, dtype=weight.dtype, device=local.device)
     full.normal_(0.0, std, generator=gen)
     if is_dtensor:
-        from torch.distributed.tensor import distribute_tensor
+        from torch.distributed.tensor import distribute_tensor  # optional: a DTensor implies torch.distributed
 
         # src_data_rank=None: every rank holds the same `full`, so each slices its shard locally.
         local.copy_(distribute_tensor(full, weight.device_mesh, weight.placements, src_data_rank=None).to_local())

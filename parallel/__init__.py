@@ -6,11 +6,11 @@ Dense models (one file per piece):
     parallelize.py    parallelize(model, dims, parallel_cfg, *, seq_len, z_loss): PP split → TP/SP →
                       CP/EP → AC → compile → FSDP2, one device included; returns a typed Parallelized
     tp.py             tensor + sequence + loss parallel DTensor plans
-    checkpointing.py  activation checkpointing (none | full | selective)
+    activation_checkpointing.py  activation checkpointing (none | full | selective)
     data_parallel.py  FSDP2 fully_shard: ZeRO-3, ZeRO-2, HSDP, DDP; mixed-precision policy
     compression.py    gradient compression (bf16, PowerSGD) of the dp reductions via torch's DDP comm hooks
     compression_check.py  bytes per step and loss effect of each compression on gloo (bench, tests)
-    pipeline.py       stages balanced by FLOPs, GPipe / 1F1B / interleaved 1F1B / ZB-V schedules
+    pipeline_parallel.py  stages balanced by FLOPs, GPipe / 1F1B / interleaved 1F1B / ZB-V schedules
     step.py           forward_backward / eval loss / global grad-norm clipping / router row under a layout
     backend.py        spawning a local process group, process-group setup, the gloo notes
     memory.py         per-rank bytes of params, grads and optimizer state (exact)

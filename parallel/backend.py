@@ -7,7 +7,7 @@ one place that works around what gloo gets wrong, and shared collective ops.
     for_collective(t)             # a contiguous tensor for a collective (see below)
     SumOverGroup.apply(x, group)  # all-reduce forward, identity backward (vocab / expert tensor parallel)
 
-gloo on torch 2.13 (see ARCHITECTURE.md, "Known platform facts"):
+gloo on torch 2.13 (docs/architecture.md, "Known platform facts"):
   - it silently corrupts a scatter into a non-contiguous tensor, so every tensor handed to a
     collective must be contiguous. Our own collectives (loss broadcast, pipeline eval P2P,
     grad-norm all-reduce) go through `for_collective`; DTensor/FSDP2 pack into contiguous buffers.

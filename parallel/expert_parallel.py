@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
 from scalelab.models.moe import grouped_swiglu, moe_modules, summarize_stats
@@ -51,7 +52,7 @@ def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], gro
     """Differentiable all_to_all_single with uneven splits: rows x[in_splits[r] block] go to rank r;
     returns the received rows. Backward is the reverse exchange. A functional collective (an op of
     its own, `_c10d_functional.all_to_all_single`), so that selective activation checkpointing can
-    save its output instead of communicating again in recompute (scalelab.parallel.checkpointing)."""
+    save its output instead of communicating again in recompute (scalelab.parallel.activation_checkpointing)."""
     out = funcol.all_to_all_single_autograd(x.contiguous(), out_splits, in_splits, group)
     return funcol.wait_tensor(out)
 
@@ -179,8 +180,6 @@ def apply_ep_fsdp(model: nn.Module, emesh, **fsdp_kwargs) -> None:
     (`model.fsdp_ignored_params`, which the blocks' FSDP honours). A 1-rank FSDP unit nested in a
     checkpointed block would also make selective activation checkpointing fail (its profiler
     records differ between forward and recompute)."""
-    from torch.distributed.fsdp import fully_shard
-
     size = emesh["dp_mod_ep"].size()
     if size == 1 and "dp_replicate" not in emesh.mesh_dim_names:
         model.fsdp_ignored_params = {p for moe in moe_modules(model) for p in moe.experts.parameters()}

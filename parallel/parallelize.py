@@ -24,14 +24,14 @@ import torch
 import torch.nn as nn
 
 from scalelab.models.moe import moe_modules
-from scalelab.parallel.checkpointing import apply_ac
+from scalelab.parallel.activation_checkpointing import apply_ac
 from scalelab.parallel.compression import GradCompression
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.context_parallel import apply_cp
 from scalelab.parallel.data_parallel import apply_fsdp, fsdp_options
 from scalelab.parallel.dims import ParallelDims
 from scalelab.parallel.expert_parallel import apply_ep, apply_ep_fsdp
-from scalelab.parallel.pipeline import Pipeline
+from scalelab.parallel.pipeline_parallel import Pipeline
 from scalelab.parallel.step import ParallelStep
 from scalelab.parallel.tp import apply_tp
 

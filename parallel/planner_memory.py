@@ -8,7 +8,7 @@
 State (exact, the rank holding the most): FSDP2 keeps fp32 sharded parameters even under bf16
 compute; gradients have the parameters' local shapes; AdamW holds exp_avg + exp_avg_sq and one fp32
 `step` per parameter tensor. Sharding: pipeline stages hold their blocks (+ embedding first, norm and
-output last; `scalelab.parallel.pipeline`'s split), TP splits wq/wk/wv/w1/w3/output rows and
+output last; `scalelab.parallel.pipeline_parallel`'s split), TP splits wq/wk/wv/w1/w3/output rows and
 wo/w2 columns and the embedding's vocabulary, EP splits the experts' dim 0 by ep, and FSDP then
 chunks dim 0 over dp_shard×cp (experts: over dp_shard×cp/ep) like torch.chunk, rank 0 getting the
 largest chunk. Equal to `scalelab.parallel.memory.expected_memory` for dense layouts (tests).
@@ -41,10 +41,11 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.dims import stages_per_rank
-from scalelab.parallel.pipeline import layer_costs, split_layers, stage_ids_for_rank
+from scalelab.parallel.pipeline_parallel import layer_costs, split_layers, stage_ids_for_rank
 
 _COLWISE = (
     "attention.wq",
@@ -186,7 +187,7 @@ def _layers_of_pp_rank(cfg, lay: ParallelConfig, pp_rank: int, seq_len: int) -> 
 
 
 def params_of_pp_rank(cfg, lay: ParallelConfig, pp_rank: int, seq_len: int) -> list[str]:
-    """Parameter names pipeline rank `pp_rank` holds (scalelab.parallel.pipeline's layer split)."""
+    """Parameter names pipeline rank `pp_rank` holds (scalelab.parallel.pipeline_parallel's layer split)."""
     names = list(param_shapes(cfg))
     if lay.pp == 1:
         return names
@@ -389,7 +390,6 @@ def measure_saved_bytes(model: torch.nn.Module, run) -> tuple[int, object]:
     """Bytes of distinct storages autograd saves for backward while `run()` executes the forward
     (parameters and buffers excluded; DTensors counted by their local shard). Returns (bytes, run()).
     Under activation checkpointing this sees what the checkpoint keeps (the block inputs)."""
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     def plain(t) -> list[torch.Tensor]:
         """The plain tensors holding the data of `t` (DTensor and async-collective wrappers unwrapped)."""

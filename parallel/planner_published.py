@@ -104,7 +104,9 @@ def _megatron(params_b, heads, h, layers, t, p, n, batch, tflops, verified=_MEG_
 
 
 def published_rows() -> list[PublishedRow]:
-    """Every published row compared (inputs pinned by tests/test_planner_published.py)."""
+    """Every published row compared (inputs pinned by tests/test_planner_published.py).
+
+    One piece: a table, one published result per line, each beside its source."""
     llama8b = get_preset("8b")
     llama70b = get_preset("70b")
     rows = [

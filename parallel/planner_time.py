@@ -130,6 +130,26 @@ def tp_units(cfg, lay: ParallelConfig) -> float:
     return forward * (2 if replay else 1) + backward
 
 
+@dataclass(frozen=True, slots=True)
+class _StepShape:
+    """What every axis's cost reads: one GPU's share of the model and of the step's compute."""
+
+    act: float  # bytes per activation element
+    d: int
+    ov: float  # consts.fsdp_overlap
+    layers_rank: int  # blocks on this pipeline rank (whole)
+    layers: float  # blocks per pipeline rank (mean)
+    tokens_micro: float  # tokens per GPU per micro-batch
+    block_fwd: float  # one block's forward compute in one micro-batch, seconds
+    block_bwd: float  # and its backward
+    dense: float  # parameters per block: dense part, expert part (this GPU's TP share)
+    expert: float
+    embed: float  # the root's parameters (embeddings and output layer)
+    num_micro: int
+    micro_batch_sequences: int
+    seq_len: int
+
+
 def step_communication(
     cfg,
     lay: ParallelConfig,
@@ -153,102 +173,152 @@ def step_communication(
     overlap_grad_reduce False: the replicate all-reduce is one synchronous call after backward (how
     Megatron-LM's own DDP worked before its `overlap_grad_reduce` option)."""
     out = StepCommunication()
-    act = hw.compute_dtype_bytes
-    d = cfg.d_model
-    ov = consts.fsdp_overlap
-    layers_rank = math.ceil(cfg.num_layers / lay.pp)
     layers = cfg.num_layers / lay.pp
-    tokens_micro = micro_batch_sequences * seq_len / lay.cp  # per GPU per micro-batch
-    # one block's compute in one micro-batch, forward and backward
-    block_fwd = compute_s * forward_share / (num_micro * layers)
-    block_bwd = compute_s * (1 - forward_share) / (num_micro * layers)
     dense, expert = layer_param_split(cfg, lay)
-    embed = cfg.vocab_size * d * (1 if cfg.tied_embeddings else 2) / lay.tp
-    fsdp_n = lay.dp_shard * lay.cp
-    dp_window = ov * block_bwd  # backward compute per block left to hide the replicate all-reduce
-
-    if fsdp_n > 1:
-        size, nodes = axis_group(lay, "fsdp", hw)
-        m = fsdp_n // lay.ep
-        block = dense * (fsdp_n - 1) / fsdp_n + expert * (m - 1) / m  # elements one GPU receives
-        root = embed * (fsdp_n - 1) / fsdp_n
-        passes = num_micro if lay.pp == 1 else 1
-        zero3 = lay.fsdp_reshard_after_forward
-        ag = lambda n: collective_time("all_gather", n * act, size, nodes, hw, consts)  # noqa: E731
-        rs = lambda n: collective_time("reduce_scatter", n * 4, size, nodes, hw, consts)  # noqa: E731 fp32
-        per_pass_units = layers_rank + 1
-        # FSDP2 keeps the root gathered from forward to backward: it gathers once per pass
-        gathers = (2 if zero3 else 1) * layers_rank * ag(block) + ag(root)
-        total = passes * (gathers + layers_rank * rs(block) + rs(root))
-        # with PP one pass spans every micro-batch: a block's compute in it is num_micro blocks' worth
-        fwd_c, bwd_c = (block_fwd, block_bwd) if lay.pp == 1 else (block_fwd * num_micro, block_bwd * num_micro)
-        forward_hidden = hw.host_runs_ahead
-        fwd = ag(root) + ag(block)  # the first units' gathers: nothing to hide behind
-        fwd += (layers_rank - 1) * (max(0.0, ag(block) - ov * fwd_c) if forward_hidden else ag(block))
-        bwd_block = (ag(block) if zero3 else 0.0) + rs(block)
-        bwd = bwd_block + rs(root)  # the first gather, the last reduce-scatters
-        bwd += (layers_rank - 1) * max(0.0, bwd_block - ov * bwd_c)
-        dp_window = max(0.0, ov * block_bwd - bwd_block)
-        gathered = (2 if zero3 else 1) * layers_rank * block + root
-        nbytes = passes * (gathered * act + (layers_rank * block + root) * 4)
-        count = passes * (per_pass_units * 2 + (layers_rank if zero3 else 0))
-        out.add("fsdp", nbytes, count, total, passes * (fwd + bwd))
-
+    sh = _StepShape(
+        act=hw.compute_dtype_bytes,
+        d=cfg.d_model,
+        ov=consts.fsdp_overlap,
+        layers_rank=math.ceil(cfg.num_layers / lay.pp),
+        layers=layers,
+        tokens_micro=micro_batch_sequences * seq_len / lay.cp,
+        block_fwd=compute_s * forward_share / (num_micro * layers),
+        block_bwd=compute_s * (1 - forward_share) / (num_micro * layers),
+        dense=dense,
+        expert=expert,
+        embed=cfg.vocab_size * cfg.d_model * (1 if cfg.tied_embeddings else 2) / lay.tp,
+        num_micro=num_micro,
+        micro_batch_sequences=micro_batch_sequences,
+        seq_len=seq_len,
+    )
+    dp_window = sh.ov * sh.block_bwd  # backward compute per block left to hide the replicate all-reduce
+    if lay.dp_shard * lay.cp > 1:
+        dp_window = _fsdp(out, lay, sh, hw, consts)
     if lay.dp_replicate > 1:
-        r = lay.dp_replicate
-        size, nodes = axis_group(lay, "dp_replicate", hw)
-        nbytes = 2 * (r - 1) / r * replicate_grad_bytes
-        root_share = embed / (embed + layers_rank * (dense + expert))
-        per_block = nbytes * (1 - root_share) / layers_rank
-        ar_block = collective_time("all_reduce", per_block, size, nodes, hw, consts)
-        ar_root = collective_time("all_reduce", nbytes * root_share, size, nodes, hw, consts)
-        if overlap_grad_reduce:
-            total = layers_rank * ar_block + ar_root
-            exposed = ar_block + ar_root + (layers_rank - 1) * max(0.0, ar_block - dp_window)
-            out.add("dp_replicate", nbytes, layers_rank + 1, total, exposed)
-        else:  # one synchronous all-reduce of every gradient after backward
-            total = collective_time("all_reduce", nbytes, size, nodes, hw, consts)
-            out.add("dp_replicate", nbytes, 1, total, total)
-
-    blocks_micro = layers * num_micro  # block passes per step on this GPU
+        _dp_replicate(out, lay, sh, replicate_grad_bytes, dp_window, overlap_grad_reduce, hw, consts)
+    blocks_micro = sh.layers * num_micro  # block passes per step on this GPU
     if lay.tp > 1:
-        size, nodes = axis_group(lay, "tp", hw)
-        units = tp_units(cfg, lay)
-        per_unit = (lay.tp - 1) / lay.tp * tokens_micro * d * act
-        # an all-reduce is 2 units, an all-gather or reduce-scatter 1: the same ring steps per unit
-        kind, count = ("all_gather", units) if lay.sequence_parallel else ("all_reduce", units / 2)
-        unit_time = units / count * per_unit
-        seconds = blocks_micro * count * collective_time(kind, unit_time, size, nodes, hw, consts)
-        out.add("tp", units * per_unit * blocks_micro, count * blocks_micro, seconds, seconds)
-
+        _tp(out, cfg, lay, sh, blocks_micro, hw, consts)
     if lay.cp > 1:
-        size, nodes = axis_group(lay, "cp", hw)
-        kv = 2 * cfg.num_kv_heads / lay.tp * cfg.head_dim * act  # bytes of K and V per token
-        full = micro_batch_sequences * seq_len * kv
-        if lay.cp_variant == "ring":  # K/V hops forward and again backward, fp32 dK/dV for cp hops
-            hops = 2 * (lay.cp - 1) + lay.cp
-            per = (2 * (lay.cp - 1) + 2 * lay.cp) / lay.cp * full
-            hop = collective_latency("p2p", size, nodes, hw)
-            seconds = blocks_micro * (hops * hop + per / bandwidth(nodes, hw, consts))
-            out.add("cp", per * blocks_micro, hops * blocks_micro, seconds, seconds)
-        else:  # all-gather K/V forward, reduce-scatter dK/dV backward
-            one = (lay.cp - 1) / lay.cp * full
-            seconds = blocks_micro * 2 * collective_time("all_gather", one, size, nodes, hw, consts)
-            out.add("cp", 2 * one * blocks_micro, 2 * blocks_micro, seconds, seconds)
-
+        _cp(out, cfg, lay, sh, blocks_micro, hw, consts)
     if lay.ep > 1 and cfg.family == "moe":
         size, nodes = axis_group(lay, "ep", hw)
-        one = (lay.ep - 1) / lay.ep * cfg.num_experts_per_tok * tokens_micro * d * act
+        one = (lay.ep - 1) / lay.ep * cfg.num_experts_per_tok * sh.tokens_micro * sh.d * sh.act
         seconds = blocks_micro * 4 * collective_time("all_to_all", one, size, nodes, hw, consts)
         out.add("ep", 4 * one * blocks_micro, 4 * blocks_micro, seconds, seconds)
-
     if lay.pp > 1:
         size, nodes = axis_group(lay, "pp", hw)
         sends = 2 * num_micro * virtual_stages  # activation forward + gradient backward, per chunk
         # under SP a stage's output is sequence-sharded over tp: each TP rank sends its 1/tp
         # (Megatron's scatter/gather optimization does the same without SP, Narayanan et al. §4.1)
-        one = tokens_micro * d * act / (lay.tp if lay.sequence_parallel else 1)
+        one = sh.tokens_micro * sh.d * sh.act / (lay.tp if lay.sequence_parallel else 1)
         nbytes = one * sends
         seconds = sends * collective_latency("p2p", size, nodes, hw) + nbytes / bandwidth(nodes, hw, consts)
         out.add("pp", nbytes, sends, seconds, seconds)
     return out
+
+
+def _fsdp(out: StepCommunication, lay: ParallelConfig, sh: _StepShape, hw: Hardware, consts: CostConstants) -> float:
+    """FSDP's gathers and reduce-scatters (dp_shard x cp); returns the backward compute per block
+    left to hide the replicate all-reduce behind."""
+    fsdp_n = lay.dp_shard * lay.cp
+    num_micro, layers_rank, ov, act = sh.num_micro, sh.layers_rank, sh.ov, sh.act
+    size, nodes = axis_group(lay, "fsdp", hw)
+    m = fsdp_n // lay.ep
+    block = sh.dense * (fsdp_n - 1) / fsdp_n + sh.expert * (m - 1) / m  # elements one GPU receives
+    root = sh.embed * (fsdp_n - 1) / fsdp_n
+    passes = num_micro if lay.pp == 1 else 1
+    zero3 = lay.fsdp_reshard_after_forward
+    ag = lambda n: collective_time("all_gather", n * act, size, nodes, hw, consts)  # noqa: E731
+    rs = lambda n: collective_time("reduce_scatter", n * 4, size, nodes, hw, consts)  # noqa: E731 fp32
+    per_pass_units = layers_rank + 1
+    # FSDP2 keeps the root gathered from forward to backward: it gathers once per pass
+    gathers = (2 if zero3 else 1) * layers_rank * ag(block) + ag(root)
+    total = passes * (gathers + layers_rank * rs(block) + rs(root))
+    # with PP one pass spans every micro-batch: a block's compute in it is num_micro blocks' worth
+    block_fwd, block_bwd = sh.block_fwd, sh.block_bwd
+    fwd_c, bwd_c = (block_fwd, block_bwd) if lay.pp == 1 else (block_fwd * num_micro, block_bwd * num_micro)
+    forward_hidden = hw.host_runs_ahead
+    fwd = ag(root) + ag(block)  # the first units' gathers: nothing to hide behind
+    fwd += (layers_rank - 1) * (max(0.0, ag(block) - ov * fwd_c) if forward_hidden else ag(block))
+    bwd_block = (ag(block) if zero3 else 0.0) + rs(block)
+    bwd = bwd_block + rs(root)  # the first gather, the last reduce-scatters
+    bwd += (layers_rank - 1) * max(0.0, bwd_block - ov * bwd_c)
+    gathered = (2 if zero3 else 1) * layers_rank * block + root
+    nbytes = passes * (gathered * act + (layers_rank * block + root) * 4)
+    count = passes * (per_pass_units * 2 + (layers_rank if zero3 else 0))
+    out.add("fsdp", nbytes, count, total, passes * (fwd + bwd))
+    return max(0.0, ov * block_bwd - bwd_block)
+
+
+def _dp_replicate(
+    out: StepCommunication,
+    lay: ParallelConfig,
+    sh: _StepShape,
+    replicate_grad_bytes: float,
+    dp_window: float,
+    overlap_grad_reduce: bool,
+    hw: Hardware,
+    consts: CostConstants,
+) -> None:
+    """DDP/HSDP's all-reduces: one per unit hidden behind backward, or one after it."""
+    r = lay.dp_replicate
+    layers_rank = sh.layers_rank
+    size, nodes = axis_group(lay, "dp_replicate", hw)
+    nbytes = 2 * (r - 1) / r * replicate_grad_bytes
+    root_share = sh.embed / (sh.embed + layers_rank * (sh.dense + sh.expert))
+    per_block = nbytes * (1 - root_share) / layers_rank
+    ar_block = collective_time("all_reduce", per_block, size, nodes, hw, consts)
+    ar_root = collective_time("all_reduce", nbytes * root_share, size, nodes, hw, consts)
+    if overlap_grad_reduce:
+        total = layers_rank * ar_block + ar_root
+        exposed = ar_block + ar_root + (layers_rank - 1) * max(0.0, ar_block - dp_window)
+        out.add("dp_replicate", nbytes, layers_rank + 1, total, exposed)
+    else:  # one synchronous all-reduce of every gradient after backward
+        total = collective_time("all_reduce", nbytes, size, nodes, hw, consts)
+        out.add("dp_replicate", nbytes, 1, total, total)
+
+
+def _tp(
+    out: StepCommunication,
+    cfg,
+    lay: ParallelConfig,
+    sh: _StepShape,
+    blocks_micro: float,
+    hw: Hardware,
+    consts: CostConstants,
+) -> None:
+    """TP/SP's collectives: per block per micro-batch, on the critical path."""
+    size, nodes = axis_group(lay, "tp", hw)
+    units = tp_units(cfg, lay)
+    per_unit = (lay.tp - 1) / lay.tp * sh.tokens_micro * sh.d * sh.act
+    # an all-reduce is 2 units, an all-gather or reduce-scatter 1: the same ring steps per unit
+    kind, count = ("all_gather", units) if lay.sequence_parallel else ("all_reduce", units / 2)
+    unit_time = units / count * per_unit
+    seconds = blocks_micro * count * collective_time(kind, unit_time, size, nodes, hw, consts)
+    out.add("tp", units * per_unit * blocks_micro, count * blocks_micro, seconds, seconds)
+
+
+def _cp(
+    out: StepCommunication,
+    cfg,
+    lay: ParallelConfig,
+    sh: _StepShape,
+    blocks_micro: float,
+    hw: Hardware,
+    consts: CostConstants,
+) -> None:
+    """Context parallel's K/V exchange: all-gather and reduce-scatter, or the ring's sends."""
+    size, nodes = axis_group(lay, "cp", hw)
+    kv = 2 * cfg.num_kv_heads / lay.tp * cfg.head_dim * sh.act  # bytes of K and V per token
+    full = sh.micro_batch_sequences * sh.seq_len * kv
+    if lay.cp_variant == "ring":  # K/V hops forward and again backward, fp32 dK/dV for cp hops
+        hops = 2 * (lay.cp - 1) + lay.cp
+        per = (2 * (lay.cp - 1) + 2 * lay.cp) / lay.cp * full
+        hop = collective_latency("p2p", size, nodes, hw)
+        seconds = blocks_micro * (hops * hop + per / bandwidth(nodes, hw, consts))
+        out.add("cp", per * blocks_micro, hops * blocks_micro, seconds, seconds)
+    else:  # all-gather K/V forward, reduce-scatter dK/dV backward
+        one = (lay.cp - 1) / lay.cp * full
+        seconds = blocks_micro * 2 * collective_time("all_gather", one, size, nodes, hw, consts)
+        out.add("cp", 2 * one * blocks_micro, 2 * blocks_micro, seconds, seconds)

@@ -26,8 +26,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from scalelab.models.llama import build_model
 from scalelab.models.loss import lm_loss
 from scalelab.models.presets import get_preset
+from scalelab.parallel.activation_checkpointing import SAVE_OPS, apply_ac
 from scalelab.parallel.backend import spawn
-from scalelab.parallel.checkpointing import SAVE_OPS, apply_ac
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.context_parallel import apply_cp, shard_sequence_batch
 from scalelab.parallel.dims import ParallelDims
@@ -114,7 +114,7 @@ def _measure_first_stage(cfg, lay: ParallelConfig, mbs: int, seq_len: int) -> in
 
 def _measure_last_stage(cfg, lay: ParallelConfig, mbs: int, seq_len: int) -> int:
     """Pipeline rank 1 of pp=2 (1F1B): the second half of the blocks and the head (final norm,
-    output, cross-entropy from logits as scalelab.parallel.pipeline computes it), one micro-batch."""
+    output, cross-entropy from logits as scalelab.parallel.pipeline_parallel computes it), one micro-batch."""
     model = build_model(cfg, seed=0)
     for i in range(cfg.num_layers // 2):
         del model.layers[str(i)]

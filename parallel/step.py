@@ -116,7 +116,7 @@ class ParallelStep:
         self.model = model
         self.dims = dims
         self.z_loss = z_loss
-        self.pipeline = pipeline  # scalelab.parallel.pipeline.Pipeline or None
+        self.pipeline = pipeline  # scalelab.parallel.pipeline_parallel.Pipeline or None
         self.loss_parallel = dims.tp > 1 and pcfg.loss_parallel
         # Without TP the output layer is whole on each rank (FSDP gathers it inside forward): the
         # fused projection + cross-entropy then runs in the model's forward, never building logits.

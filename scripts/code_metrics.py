@@ -1,4 +1,5 @@
-"""Code-shape figures of the repository: lines per folder, imports inside functions, import circles, long files.
+"""Code-shape figures of the repository: lines, imports inside functions, import circles, long files and
+functions, and how many fit entries, evaluation paths and rounds loops the code has.
 
     python scripts/code_metrics.py [ROOT]        # ROOT defaults to the repository this script sits in
 
@@ -10,92 +11,46 @@ tests/, bench/ and scripts/ are listed in the line counts but not in the import 
   - lines: physical lines of the .py files under each folder;
   - imports between our own modules (`scalelab.*`, relative imports resolved), and how many of them
     sit inside a function body (an import inside a function hides a dependency from the reader);
+    outside cli/ (where imports inside functions keep the CLI's start-up short) each one is listed
+    with file:line, the module it imports and the comment on its line or the line above (its reason);
+    imports of other packages inside functions (optional dependencies, heavy modules) are counted
+    and listed the same way;
   - import circles: strongly connected components of the module graph, every import counted
     (module level, inside functions, under `if TYPE_CHECKING`), because a circle hidden behind an
-    import inside a function is still a circle; and the same at folder level (train ↔ parallel);
-  - files over 500 lines (STYLE.md: core files stay readable end to end, 300–600 lines).
+    import inside a function is still a circle; and the same at folder level (train <-> parallel);
+  - files over 500 lines (core files stay readable end to end);
+  - functions over 80 and over 100 lines (from the `def` line to the function's last line, its
+    decorators not counted; a nested function counts inside its parent and on its own);
+  - fit entries (the functions that take runs and return a fitted law with its intervals),
+    evaluation paths (the functions that score a model on the validation sources and the tasks) and
+    rounds loops (the loops that launch runs, fit and propose the next round). The first two are
+    recognised by a short list of the names known to have played the role (ROLES in
+    scripts/code_roles.py: listed, checked to exist, their callers shown, a wrapper of another
+    listed one not counted), rounds loops by their shape; scripts/code_roles.py says how.
+
+The reading of sources (folders, module names, imports) is scripts/code_tree.py.
 """
 
 from __future__ import annotations
 
-import ast
 import sys
 from collections import defaultdict
 from pathlib import Path
 
-PACKAGE_FOLDERS = (
-    "scalelab",
-    "store",
-    "models",
-    "parallel",
-    "kernels",
-    "train",
-    "sweeps",
-    "fitting",
-    "analysis",
-    "cli",
+from code_roles import ROLES, function_index, long_functions, role_report, rounds_loops, where
+from code_tree import (
+    OTHER_FOLDERS,
+    comment_reason,
+    folder_of,
+    import_records,
+    package_files,
+    package_folders,
+    short,
 )
-OTHER_FOLDERS = ("tests", "bench", "scripts")
+
 LONG_FILE_LINES = 500
-
-
-def module_name(root: Path, path: Path) -> str:
-    """scalelab.<folder>.<...> for a file under a package folder (the setuptools package-dir mapping)."""
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    if parts[0] != "scalelab":
-        parts.insert(0, "scalelab")
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def package_files(root: Path) -> dict[str, Path]:
-    files = {}
-    for folder in PACKAGE_FOLDERS:
-        for path in sorted((root / folder).rglob("*.py")):
-            files[module_name(root, path)] = path
-    return files
-
-
-def _resolve(name: str, modules: set[str]) -> str | None:
-    """The longest module of ours that `name` (a dotted import target) names or lies inside."""
-    while name:
-        if name in modules:
-            return name
-        name = name.rpartition(".")[0]
-    return None
-
-
-def imports_of(mod: str, path: Path, modules: set[str]) -> list[tuple[str, bool]]:
-    """(imported module of ours, inside a function?) for every import statement in `path`."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    is_pkg = path.name == "__init__.py"
-    found: list[tuple[str, bool]] = []
-
-    def visit(node: ast.AST, in_function: bool) -> None:
-        for child in ast.iter_child_nodes(node):
-            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
-            targets: list[str] = []
-            if isinstance(child, ast.Import):
-                targets = [alias.name for alias in child.names]
-            elif isinstance(child, ast.ImportFrom):
-                base = child.module or ""
-                if child.level:
-                    pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                    pkg = pkg[: len(pkg) - (child.level - 1)]
-                    base = ".".join(pkg + ([base] if base else []))
-                # `from scalelab.train import checkpoint` imports the module scalelab.train.checkpoint
-                targets = [
-                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in child.names
-                ]
-            for target in dict.fromkeys(targets):
-                hit = _resolve(target, modules)
-                if hit is not None and hit != mod:
-                    found.append((hit, in_function))
-            visit(child, inside)
-
-    visit(tree, False)
-    return found
+LONG_FUNCTION_LINES = (80, 100)
+CLI_FOLDER = "cli"  # imports inside functions keep the CLI's start-up short: not counted against the code
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -136,55 +91,72 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(out)
 
 
-def folder_of(mod: str) -> str:
-    parts = mod.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in PACKAGE_FOLDERS else "scalelab"
-
-
-def main(root: Path) -> None:
-    print(f"code metrics of {root}")
+def print_lines(root: Path, folders: tuple[str, ...]) -> None:
     print("\nlines per folder (.py files)")
     total = 0
-    for folder in PACKAGE_FOLDERS + OTHER_FOLDERS:
+    for folder in folders + OTHER_FOLDERS:
         paths = list((root / folder).rglob("*.py"))
         n = sum(len(p.read_text().splitlines()) for p in paths)
         total += n
         print(f"  {folder + '/':<11}{len(paths):>4} files {n:>7} lines")
     print(f"  {'total':<11}{'':>10} {total:>7} lines")
 
-    files = package_files(root)
+
+def print_imports(root: Path, folders: tuple[str, ...]) -> dict[str, set[str]]:
+    """The import figures; returns the module graph (every import of ours counted)."""
+    files = package_files(root, folders)
     modules = set(files)
     graph: dict[str, set[str]] = defaultdict(set)
-    n_imports = n_inside = 0
+    n_imports = n_inside = outside_cli = 0
     inside_by_folder: dict[str, int] = defaultdict(int)
+    listed: dict[bool, list[str]] = {True: [], False: []}  # inside functions outside cli/: ours, others'
     for mod, path in files.items():
-        for target, inside in imports_of(mod, path, modules):
-            graph[mod].add(target)
-            n_imports += 1
-            if inside:
-                n_inside += 1
-                inside_by_folder[folder_of(mod)] += 1
+        text = path.read_text().splitlines()
+        in_cli = folder_of(mod, folders) == CLI_FOLDER
+        for r in import_records(mod, path, modules):
+            if r.ours:
+                graph[mod].add(r.target)
+                n_imports += 1
+                outside_cli += not in_cli
+                n_inside += r.inside
+                inside_by_folder[folder_of(mod, folders)] += r.inside
+            if r.inside and not in_cli:
+                at = f"{path.relative_to(root)}:{r.line}"
+                listed[r.ours].append(f"  {at:<40} {short(r.target):<36} {comment_reason(text, r.line)}")
     print(f"\nimports between our own modules: {n_imports}; inside functions: {n_inside}")
     for folder, n in sorted(inside_by_folder.items()):
-        print(f"  {folder + '/':<11}{n:>4} inside functions")
+        if n:
+            print(f"  {folder + '/':<11}{n:>4} inside functions")
+    n = len(listed[True])
+    share = 100.0 * n / outside_cli if outside_cli else 0.0
+    print(f"\nimports of our modules inside functions outside {CLI_FOLDER}/: {n} of {outside_cli} ({share:.1f}%)")
+    print("  (file:line, the module imported, the comment on its line or the line above: its reason)")
+    print("\n".join(listed[True]) or "  none")
+    print(f"\nimports of other packages inside functions outside {CLI_FOLDER}/: {len(listed[False])}")
+    print("\n".join(listed[False]) or "  none")
+    return graph
 
+
+def print_circles(graph: dict[str, set[str]], folders: tuple[str, ...]) -> None:
     circles = strongly_connected(graph)
     print(f"\nimport circles between modules (every import counted): {len(circles)}")
     for comp in circles:
-        print("  " + " <-> ".join(m.removeprefix("scalelab.") for m in comp))
+        print("  " + " <-> ".join(short(m) for m in comp))
     folder_graph: dict[str, set[str]] = defaultdict(set)
     for mod, targets in graph.items():
         for t in targets:
-            if folder_of(mod) != folder_of(t):
-                folder_graph[folder_of(mod)].add(folder_of(t))
+            if folder_of(mod, folders) != folder_of(t, folders):
+                folder_graph[folder_of(mod, folders)].add(folder_of(t, folders))
     folder_circles = strongly_connected(folder_graph)
     print(f"import circles between folders: {len(folder_circles)}")
     for comp in folder_circles:
         print("  " + " <-> ".join(comp))
 
+
+def print_long_files(root: Path, folders: tuple[str, ...]) -> None:
     print(f"\nfiles over {LONG_FILE_LINES} lines")
     long_files = []
-    for folder in PACKAGE_FOLDERS + OTHER_FOLDERS:
+    for folder in folders + OTHER_FOLDERS:
         for path in (root / folder).rglob("*.py"):
             n = len(path.read_text().splitlines())
             if n > LONG_FILE_LINES:
@@ -193,6 +165,39 @@ def main(root: Path) -> None:
         print(f"  {n:>5}  {rel}")
     if not long_files:
         print("  none")
+
+
+def print_functions(root: Path, folders: tuple[str, ...]) -> None:
+    """Long functions of the package folders; fit entries, evaluation paths, rounds loops."""
+    index = function_index(root, folders, folders + OTHER_FOLDERS)
+    lo, hi = LONG_FUNCTION_LINES
+    long = [f for f in long_functions(index, lo) if f.path.relative_to(root).parts[0] in folders]
+    print(f"\nfunctions over {hi} lines: {sum(f.lines > hi for f in long)}; over {lo} lines: {len(long)}")
+    for f in long:
+        print(f"  {f.lines:>5}  {f.name:<52} {where(root, f)}")
+
+    for role in ROLES:
+        lines, entries = role_report(root, index, role)
+        print(f"\n{role.name}: functions that {role.what}")
+        print("\n".join(lines))
+        print(f"  {role.name}: {entries}")
+    loops = rounds_loops(index)
+    print("\nrounds loops: functions with a for/while loop that proposes a round (calls *propose*) and")
+    print("launches runs (calls *launch*, *execute* or *resume*)")
+    for f in loops:
+        print(f"  {f.name:<52} {where(root, f)}")
+    in_bench = sum(f.name.startswith("bench.") for f in loops)
+    print(f"  rounds loops: {len(loops) - in_bench} in the package folders, {in_bench} in bench/")
+
+
+def main(root: Path) -> None:
+    folders = package_folders(root)
+    print(f"code metrics of {root}")
+    print_lines(root, folders)
+    graph = print_imports(root, folders)
+    print_circles(graph, folders)
+    print_long_files(root, folders)
+    print_functions(root, folders)
 
 
 if __name__ == "__main__":

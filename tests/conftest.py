@@ -5,12 +5,20 @@
 - SCALELAB_CACHE points at one temporary directory for the whole session, so the default corpus is
   prepared once per test session and never touches the user's ~/.cache.
 - wandb never talks to the network in tests; Ray listens on loopback without token auth.
+- One OpenMP / BLAS thread per process (torch's intra-op pool, numpy's OpenBLAS, MKL), set before
+  either library loads and inherited by every subprocess, Ray worker and spawned rank: the tests'
+  problems are tiny, and on a shared 2-core machine a second thread mostly spins against the other
+  processes. A value set in the environment wins.
+- The tests on the session's Ray cluster (`ray_local`) run last, together (pytest_collection_modifyitems).
 """
 
 import os
 import tempfile
 
-import torch
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -23,6 +31,24 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 import pytest  # noqa: E402
+from cputime import CpuTime  # noqa: E402
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("cputime", "CPU time of each test's process tree (tests/cputime.py)")
+    group.addoption("--cputime", action="store_true", help="print the tests that used the most CPU seconds")
+    group.addoption("--cputime-out", default=None, help="and write every test's CPU and wall seconds here (TSV)")
+
+
+def pytest_configure(config):
+    if config.getoption("--cputime") or config.getoption("--cputime-out"):
+        config.pluginmanager.register(CpuTime(config.getoption("--cputime-out")), "cputime")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests on the session's Ray cluster last, in their collected order: the first of them
+    starts the cluster, which lives until the session ends, so no other test runs beside it."""
+    items.sort(key=lambda item: "ray_local" in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ session's `ray_local` cluster of later tests is untouched. Runs: the debug model
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -50,6 +51,12 @@ WAIT_S = 600  # how long a state may take before a test calls it a hang (a loade
 METRIC_COLS = ["step", "tokens", "flops", "loss", "lr", "grad_norm"]
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class SimCluster:
     """The module's cluster and the worker nodes it has now (one CPU each)."""
 
@@ -57,10 +64,12 @@ class SimCluster:
         # A node that vanished silently is declared dead after ~4 missed 0.5 s health checks (Ray's
         # default: ~15 s); a killed simulated node closes its connections and is noticed sooner.
         health = {"health_check_period_ms": 500, "health_check_timeout_ms": 500, "health_check_failure_threshold": 4}
+        # The dashboard serves Ray Jobs (`sweep launch --detach`); on free ports, not Ray's fixed
+        # defaults (8265, 52365), which another cluster on the machine may hold.
+        ports = {"dashboard_port": _free_port(), "dashboard_agent_listen_port": _free_port()}
         self.cluster = Cluster(
             initialize_head=True,
-            # the dashboard serves Ray Jobs (`sweep launch --detach`)
-            head_node_args={"num_cpus": 0, "include_dashboard": True, "_system_config": health},
+            head_node_args={"num_cpus": 0, "include_dashboard": True, "_system_config": health} | ports,
         )
         self.workers = []
 

@@ -13,6 +13,7 @@ from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.dims import ParallelDims
 from scalelab.parallel.parallelize import parallelize
 from scalelab.train.data.tokenizer import load_tokenizer
+from scalelab.train.eval_model import evaluate
 from scalelab.train.eval_tasks import (
     MCExample,
     MCTask,
@@ -21,11 +22,10 @@ from scalelab.train.eval_tasks import (
     resolve_task,
     score_mc_task,
 )
-from scalelab.train.evaluate import evaluate
 
 
 def evaluate_tasks(model, tokenizer, tasks, *, max_seq_len, batch_sequences=16) -> list[dict]:
-    """The rows of the one evaluation (scalelab.train.evaluate) for `model` on one device (a world-1 layout)."""
+    """The rows of the one evaluation (scalelab.train.eval_model) for `model` on one device (a world-1 layout)."""
     par = parallelize(model, ParallelDims(), ParallelConfig(), seq_len=max_seq_len)
     return evaluate(
         par,

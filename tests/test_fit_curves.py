@@ -1,5 +1,5 @@
 """Loss-curve laws: LR areas, curve fits on simulated sweeps, predictions of prefixes, cooldown branches
-and schedules never trained, and law selection by backtest (all on simulated data, no /work/shared)."""
+and schedules never trained, and law selection by backtest (all on simulated data)."""
 
 import math
 

@@ -11,7 +11,10 @@ import math
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -28,6 +31,7 @@ from scalelab.models.llama import Transformer, build_model
 from scalelab.models.loss import lm_loss
 from scalelab.models.presets import get_preset, list_presets
 from scalelab.models.shapes import SHAPE_TOLERANCE, preferred_width, shape_for_params
+from scalelab.parallel.backend import spawn
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread per module
 
@@ -425,57 +429,47 @@ def test_triton_kernels_match_torch_in_the_model():
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def _fsdp_init_worker(rank: int, world: int, init_file: str) -> None:
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        cfg = small_cfg(vocab_size=97, d_ff=72)  # odd row counts: uneven shards
-        mesh = init_device_mesh("cpu", (world,))
-        with torch.device("meta"):
-            model = Transformer(cfg)
-        for layer in model.layers.values():
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        model.to_empty(device="cpu")
-        model.init_weights(seed=11)
-        ref_model = build_model(cfg, seed=11)
-        ref = ref_model.state_dict()
-        for name, p in model.named_parameters():
-            assert torch.equal(p.full_tensor(), ref[name]), name
-        assert torch.equal(model.rope_cos, rope_cos_sin(cfg.max_seq_len, cfg.head_dim)[0])  # recomputed
-        # lm_loss goes through model(...) (hidden_states), so FSDP2's all-gather hooks run; the same
-        # batch on both ranks makes the averaged gradient equal the single-device one.
-        tokens = torch.randint(0, cfg.vocab_size, (2, 13), generator=torch.Generator().manual_seed(0))
-        ref_loss, _ = lm_loss(ref_model, tokens[:, :-1], tokens[:, 1:], z_loss=1e-3)
-        ref_loss.backward()
-        loss, _ = lm_loss(model, tokens[:, :-1], tokens[:, 1:], z_loss=1e-3)
-        loss.backward()
-        torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-6)
-        ref_grads = dict(ref_model.named_parameters())
-        for name, p in model.named_parameters():
-            grad = p.grad.full_tensor()
-            torch.testing.assert_close(grad, ref_grads[name].grad, atol=1e-6, rtol=1e-5, msg=name)
-    finally:
-        dist.destroy_process_group()
+def _fsdp_init_worker() -> None:
+    """One rank of a world-2 gloo group (scalelab.parallel.backend.spawn set it up)."""
+    cfg = small_cfg(vocab_size=97, d_ff=72)  # odd row counts: uneven shards
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    for layer in model.layers.values():
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    model.init_weights(seed=11)
+    ref_model = build_model(cfg, seed=11)
+    ref = ref_model.state_dict()
+    for name, p in model.named_parameters():
+        assert torch.equal(p.full_tensor(), ref[name]), name
+    assert torch.equal(model.rope_cos, rope_cos_sin(cfg.max_seq_len, cfg.head_dim)[0])  # recomputed
+    # lm_loss goes through model(...) (hidden_states), so FSDP2's all-gather hooks run; the same
+    # batch on both ranks makes the averaged gradient equal the single-device one.
+    tokens = torch.randint(0, cfg.vocab_size, (2, 13), generator=torch.Generator().manual_seed(0))
+    ref_loss, _ = lm_loss(ref_model, tokens[:, :-1], tokens[:, 1:], z_loss=1e-3)
+    ref_loss.backward()
+    loss, _ = lm_loss(model, tokens[:, :-1], tokens[:, 1:], z_loss=1e-3)
+    loss.backward()
+    torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-6)
+    ref_grads = dict(ref_model.named_parameters())
+    for name, p in model.named_parameters():
+        grad = p.grad.full_tensor()
+        torch.testing.assert_close(grad, ref_grads[name].grad, atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_seeded_init_of_fsdp_sharded_model_matches_single_device(tmp_path):
+def test_seeded_init_of_fsdp_sharded_model_matches_single_device():
     """init_weights(seed) on DTensor (FSDP2) parameters gives the single-device weights, shard by shard;
     lm_loss through the sharded model gives the single-device loss and gradients."""
-    import torch.multiprocessing as mp
-
-    mp.spawn(_fsdp_init_worker, args=(2, str(tmp_path / "init")), nprocs=2, join=True)
+    spawn(_fsdp_init_worker, 2, backend="gloo")  # ranks forked from a server that imported torch once
 
 
 def test_init_under_activation_checkpointing_wrappers_matches_plain_init():
     """A model wrapped before init (the meta-device path of parallel layouts) gets the single-device
     weights: the checkpoint wrapper's `_checkpoint_wrapped_module` is not part of the seed name."""
     from scalelab.models.llama import build_model
-    from scalelab.parallel.checkpointing import apply_ac
+    from scalelab.parallel.activation_checkpointing import apply_ac
 
     cfg = get_preset("moe-debug", kernels="torch")
     plain = build_model(cfg, seed=3)

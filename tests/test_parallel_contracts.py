@@ -17,7 +17,7 @@ the dense gradient; the logits are the rank's chunk of the vocabulary.
 Tolerances (fp32): parameters exact; activations and gradients rtol 1e-5, atol 1e-7 (row-parallel
 sums run in another order: errors of ~1e-8, against gradients of 3e-4 and more here).
 
-Pipeline stage split (scalelab.parallel.pipeline.Pipeline, one process): every schedule's stages,
+Pipeline stage split (scalelab.parallel.pipeline_parallel.Pipeline, one process): every schedule's stages,
 composed in stage order, are the dense model: each parameter in exactly one stage, the logits and
 every gradient equal to the dense model's exactly (the same operations in the same order).
 """
@@ -39,7 +39,7 @@ from scalelab.models.llama import build_model
 from scalelab.parallel.backend import spawn
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.parity import debug_model
-from scalelab.parallel.pipeline import Pipeline
+from scalelab.parallel.pipeline_parallel import Pipeline
 from scalelab.parallel.step import loss_from_logits
 from scalelab.parallel.tp import apply_tp
 

@@ -197,8 +197,11 @@ def _cli(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(900)
-def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, tmp_path):
-    """The must-show: a sweep whose store is the bucket, read back by status, fit and report."""
+def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, tmp_path, capsys):
+    """The must-show: a sweep whose store is the bucket, read back by status, fit and report.
+
+    The launch is a `scalelab` process of its own (its private Ray inherits the AWS environment);
+    the commands that read the bucket after it run here, through the same CLI entry point."""
     spec = tmp_path / "objstore.yaml"
     spec.write_text(yaml.safe_dump(SWEEP))
     out = f"s3://{BUCKET}/sweeps/objstore"
@@ -222,6 +225,14 @@ def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, tmp_path):
         assert r.returncode == 0, "\n".join(shown) + r.stderr
         return r.stdout
 
+    def step_here(args):  # the environment is the fixture's (os.environ); the working directory tmp_path
+        capsys.readouterr()
+        code = main(args)
+        r = capsys.readouterr()
+        shown.append(f"$ scalelab {' '.join(args)}\n{r.out}{r.err if code else ''}")
+        assert code == 0, "\n".join(shown) + r.err
+        return r.out
+
     # Another run's lease held by a node that died: its trial waits for the expiry, then takes over.
     orphan_id = next(r["run_id"] for r in runs if r["run_id"] != crash_id)
     dead = Lease(lease_url(out, orphan_id), ttl_s=15, holder="dead-node:1:x")
@@ -229,12 +240,12 @@ def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, tmp_path):
     expires_at = dead.current()["expires_at"]
     launch = step(["sweep", "launch", str(spec), "--out", out, "--num-cpus", "2", "--inject-fault", f"{crash_id}:12"])
     assert "states: done=6" in launch
-    status = step(["sweep", "status", out])
-    fit = step(["fit", out, "--law", "power_law_no_e", "--no-backtest"])
+    status = step_here(["sweep", "status", out])
+    fit = step_here(["fit", out, "--law", "power_law_no_e", "--no-backtest"])
     report = tmp_path / "report.html"
-    step(["report", out, "-o", str(report), "--bootstrap", "20"])
-    again = step(["sweep", "launch", str(spec), "--out", out, "--num-cpus", "2"])
-    resumed = step(["sweep", "resume", out, "--num-cpus", "2"])
+    step_here(["report", out, "-o", str(report), "--bootstrap", "20"])
+    again = step_here(["sweep", "launch", str(spec), "--out", out, "--num-cpus", "2"])
+    resumed = step_here(["sweep", "resume", out, "--num-cpus", "2"])
     text = "\n".join(shown)
     print(text)
     if OUT_DIR is not None:

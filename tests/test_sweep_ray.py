@@ -1,6 +1,9 @@
 """Sweeps on a local Ray (the session's `ray_local` cluster): completion, dedupe, fault injection with
 bit-exact resume, and a SIGKILLed driver followed by `sweep resume`.
 
+A multi-process run (a Ray Train TorchTrainer inside its trial) is tested on the simulated cluster of
+test_cluster_multinode.py (dp=2 over two nodes, equal to one node's run bit for bit; elastic).
+
 Runs are the debug model on 64-token sequences, a few thousand tokens each (~0.5-2 s of training).
 """
 
@@ -24,6 +27,8 @@ from scalelab.store.checkpoint_files import latest_checkpoint, list_checkpoints
 from scalelab.store.records import read_status
 from scalelab.sweeps.execute import launch, resume
 from scalelab.sweeps.spec import expand_sweep
+from scalelab.train.config import build_run_config
+from scalelab.train.loop import train_run
 
 BASE = {
     "model": {"preset": "debug"},
@@ -57,8 +62,13 @@ def _starts(sweep_dir: Path) -> dict[str, int]:
 
 
 def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path, capsys):
+    """Six runs on the session's Ray, one of them crashing once; dedupe; the crashed run's numbers."""
     a = tmp_path / "root" / "a"
-    result = _launch(GRID, a)
+    # Fault injection: one of the six raises at step 12 (checkpoint at 10); Tune retries it, it
+    # resumes from step 10 and ends bit for bit where an uninterrupted run ends (checked below).
+    runs = expand_sweep(GRID).runs
+    faulty = next(r for r in runs if r.config["optim"]["lr"] == 3e-3 and r.config["model"]["d_model"] == 64)
+    result = _launch(GRID, a, fault_steps={faulty.run_id: 12})
     assert len(result["states"]) == 6 and set(result["states"].values()) == {"done"}
     df = store.load_runs(a)
     assert isinstance(df, pl.DataFrame) and df.height == 6
@@ -66,7 +76,8 @@ def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path, capsys)
     assert df["loss"].is_finite().all() and (df["tokens"] == 5120).all()
     assert set(df["d_model"].to_list()) == {32, 64} and df["flops"].min() > 0
     assert not list(a.rglob("*.tmp")), "a temp file survived"
-    assert set(_starts(a).values()) == {1}
+    starts = {i: 2 if i == faulty.run_id else 1 for i in result["states"]}
+    assert _starts(a) == starts
     assert main(["sweep", "status", str(a)]) == 0
     assert "6 runs: done 6" in capsys.readouterr().out
     assert main(["sweep", "export", str(a), "--csv", str(tmp_path / "runs.csv")]) == 0
@@ -75,27 +86,22 @@ def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path, capsys)
 
     # Dedupe: the same spec again (same sweep, and a sibling sweep of the same store root) trains nothing.
     again = _launch(GRID, a)
-    assert again["trained"] == [] and set(_starts(a).values()) == {1}
+    assert again["trained"] == [] and _starts(a) == starts
     b = tmp_path / "root" / "b"
     other = _launch(GRID, b)
     assert other["trained"] == [] and _starts(b) == {}
     assert all(store.run_path(b, i).is_symlink() for i in other["states"])
     assert store.load_runs(b)["status"].to_list() == ["done"] * 6
 
-    # Fault injection: one of those runs, in another store root, raises at step 12 (checkpoint at 10);
-    # Tune retries it, it resumes from step 10 and ends bit for bit where the clean run ended.
-    one = {**GRID, "grid": {"optim.lr": [3e-3], "model.d_model": [64]}}
-    c = tmp_path / "root2" / "c"
-    run_id = expand_sweep(one).runs[0].run_id
-    faulty = _launch(one, c, fault_steps={run_id: 12})
-    assert faulty["states"] == {run_id: "done"}
-    events = [e for e in store.read_events(c) if e["run_id"] == run_id]
+    events = [e for e in store.read_events(a) if e["run_id"] == faulty.run_id]
     # the trial's own `fail`, then the driver's `retry` (Tune's recovery), then the retried trial
     assert [e["event"] for e in events] == ["start", "fail", "retry", "start", "end"]
     assert "InjectedFault" in events[1]["error"]
     # the retry loaded the step-10 checkpoint (a retry from step 0 would log the same losses)
     assert events[1]["loaded_step"] is None and events[4]["loaded_step"] == 10
-    clean, resumed = store.run_path(a, run_id), store.run_path(c, run_id)
+    # the uninterrupted run, trained here as one process (a trial runs the same train_run)
+    clean, resumed = tmp_path / "clean", store.run_path(a, faulty.run_id)
+    train_run(build_run_config(faulty.config), clean)
     s_clean, s_resumed = (json.loads((d / "status.json").read_text()) for d in (clean, resumed))
     for key in ("final_train_loss", "final_val_loss", "best_val_loss"):
         assert s_resumed[key] == s_clean[key], key  # bit for bit
@@ -133,7 +139,8 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
         ],
         "execution": {"max_concurrent": 2},
     }
-    long_id = next(r.run_id for r in expand_sweep(spec).runs if r.config["train"]["num_tokens"] == 25600)
+    long_run = next(r for r in expand_sweep(spec).runs if r.config["train"]["num_tokens"] == 25600)
+    long_id = long_run.run_id
     spec_path = tmp_path / "kill.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     out = tmp_path / "root" / "kill"
@@ -188,10 +195,9 @@ def test_driver_sigkill_then_resume(ray_local, tmp_path):
     assert not list(out.rglob("*.tmp"))
 
     # the numbers of the interrupted-and-resumed run are those of an uninterrupted one, bit for bit
-    ref_spec = {**spec, "points": [spec["points"][-1]]}
-    ref_out = tmp_path / "ref_root" / "ref"
-    assert _launch(ref_spec, ref_out)["states"] == {long_id: "done"}
-    ref_dir = store.run_path(ref_out, long_id)
+    # (trained here, as one process: a trial runs the same train_run, test_cluster_multinode.py)
+    ref_dir = tmp_path / "ref"
+    train_run(build_run_config(long_run.config), ref_dir)
     assert read_status(ref_dir)["loaded_steps"] == [None]
     m_ref, m_got = (pl.read_parquet(d / "metrics.parquet").drop("tokens_per_s") for d in (ref_dir, long_dir))
     assert m_got.height == 100 and m_got.equals(m_ref)
@@ -231,13 +237,3 @@ def test_sibling_sweeps_launched_together_train_each_run_once(ray_local, tmp_pat
     for name in ("a", "b"):
         assert store.load_runs(root / name)["status"].to_list() == ["done"] * 4
     assert store.load_runs(root).height == 4
-
-
-@pytest.mark.slow
-def test_multiworker_run_is_a_torchtrainer_inside_its_trial(ray_local, tmp_path):
-    """world_size 2 (FSDP over 2 CPU processes): the trial starts a Ray Train TorchTrainer (~15-60 s)."""
-    spec = {"name": "mw", "base": {**BASE, "parallel": {"dp_shard": 2}}, "grid": {"optim.lr": [3e-3]}}
-    result = _launch(spec, tmp_path / "root" / "mw")
-    assert set(result["states"].values()) == {"done"}
-    df = store.load_runs(tmp_path / "root" / "mw")
-    assert df["loss"].is_finite().all() and df["tokens"].to_list() == [5120]

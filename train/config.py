@@ -252,7 +252,10 @@ def _check_finite(node: Any, key: str) -> None:
 
 
 def validate_run_config(cfg: RunConfig) -> None:
-    """Cross-field checks; each raises ConfigError with the key path and the fix."""
+    """Cross-field checks; each raises ConfigError with the key path and the fix.
+
+    One piece: a flat list of independent checks in the order of the config's sections, each a few
+    lines; split, it would be many one-check functions called in the same order."""
     _check_finite(cfg, "")
     # the degrees first: the batch arithmetic below divides by them
     ParallelDims.from_config(cfg.parallel, world_size=cfg.parallel.world_size)

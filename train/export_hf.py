@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -248,10 +249,6 @@ def export_hf(
 
 
 def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        raise UsageError("export needs the safetensors package: pip install safetensors") from None
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(path)

@@ -89,7 +89,7 @@ def ray_train_fn(config: dict[str, Any]) -> None:
     configured one, or a smaller dp when an elastic trainer got fewer workers); the same `train_run`
     as everywhere else runs, and rank 0 writes the records.
     """
-    import ray
+    import ray  # start-up time: only a Ray Train worker needs Ray, and it takes seconds to import
     from ray import train
 
     cfg = config["config"]

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from scalelab.train.config import to_dict
 from scalelab.train.identity import config_hash
 
@@ -55,8 +57,6 @@ def open_progress(cfg, runtime, start_step: int):
     mode = cfg.logging.progress
     if mode == "off" or (mode == "auto" and not sys.stderr.isatty()):
         return None
-    from tqdm import tqdm
-
     return tqdm(total=cfg.num_steps, initial=start_step, unit="step", desc=cfg.name, dynamic_ncols=True)
 
 
@@ -89,7 +89,7 @@ def base_url() -> str:
     """The W&B server this process would use: WANDB_BASE_URL, else the `wandb login --host` settings
     file, else wandb's default (resolved as wandb.setup resolves it)."""
     try:
-        from wandb.sdk.wandb_settings import Settings
+        from wandb.sdk.wandb_settings import Settings  # optional at run time, and slow to import
 
         settings = Settings()
         config_dir = os.environ.get("WANDB_CONFIG_DIR")
@@ -152,7 +152,7 @@ def start_wandb(
         warn(f"warning: W&B was not reached ({why}); logging offline to {directory}/wandb (`wandb sync`)")
         mode = "offline"
     try:
-        import wandb
+        import wandb  # optional at run time (a run logs without it), and slow to import
     except ImportError:
         warn("warning: wandb is not installed; logging to the records only (pip install wandb)")
         return None

@@ -41,8 +41,8 @@ from scalelab.train import checkpoint as ckpt
 from scalelab.train.config import RunConfig, to_dict
 from scalelab.train.data.bundle import build_data
 from scalelab.train.elastic import WorkerLayout, micro_sequences
+from scalelab.train.eval_model import autocast_for, evaluate
 from scalelab.train.eval_tasks import load_tasks
-from scalelab.train.evaluate import autocast_for, evaluate
 from scalelab.train.identity import config_hash
 from scalelab.train.loggers import WandbRun, eval_metrics, open_progress, open_wandb, step_metrics
 from scalelab.train.optim import build_optimizer, set_lr
@@ -257,58 +257,8 @@ def _train(
     # the configured layout's micro-batch: an elastic attempt with a smaller dp accumulates more of them
     micro = micro_sequences(cfg.parallel, cfg.global_batch_sequences, cfg.train.micro_batch_sequences)
     if runtime.is_rank0:
-        prev = read_status(run_dir) or {}
-        attempt = int(prev.get("attempts", 0)) + 1
-        # One entry per attempt: the step of the checkpoint that attempt loaded (None: it started
-        # from step 0). Deterministic training makes a restart's losses equal a resume's, so this
-        # record is what tells them apart.
-        loaded_steps = ((prev.get("loaded_steps") or []) + [None] * attempt)[: attempt - 1]
-        loaded_steps.append(start.step if start.source is not None else None)
-        # One entry per attempt too: the layout it trained under from which step, and when (an
-        # elastic attempt on fewer workers shows here as a smaller dp with more accumulation).
-        layouts = ((prev.get("layouts") or []) + [None] * attempt)[: attempt - 1]
-        layouts.append(
-            dict(
-                attempt=attempt,
-                from_step=start.step,
-                at=time.time(),
-                world_size=par.dims.world_size,
-                dp=par.dp_size,
-                accumulation=cfg.global_batch_sequences // par.dp_size // micro,
-                elastic=layout.parallel != cfg.parallel,
-                nodes=layout.nodes,
-            )
-        )
-        write_status(
-            run_dir,
-            "running",
-            run_id=config_hash(cfg),
-            started_steps=start.step,
-            started_from=str(start.source) if start.source is not None else None,
-            loaded_steps=loaded_steps,
-            layouts=layouts,
-            skipped_checkpoints=[f"{name}: {why}" for name, why in start.skipped],
-            attempts=attempt,
-            **static,
-        )
-    local_sequences = cfg.global_batch_sequences // par.dp_size
-    logger = open_wandb(cfg, run_dir, runtime, wandb)
-    s = _Session(
-        cfg=cfg,
-        run_dir=run_dir,
-        runtime=runtime,
-        par=par,
-        optimizer=optimizer,
-        data=data,
-        writer=writer,
-        logger=logger,
-        callbacks=[*callbacks, logger.observe] if logger is not None else callbacks,
-        tasks=load_tasks(cfg.eval.tasks, cfg.eval.task_limit or None) if cfg.eval.tasks else [],
-        static=static,
-        best_loss=float(start.state.get("best_loss", math.inf)),
-        micro_sequences=micro,
-        num_micro=local_sequences // micro,
-    )
+        _record_attempt(cfg, run_dir, start, par, layout, micro, static)
+    s = _open_session(cfg, run_dir, runtime, par, optimizer, data, writer, callbacks, wandb, start, micro, static)
     bar = open_progress(cfg, runtime, start.step)
     par.model.train()
     if hasattr(par.model, "set_moe_loss_scale"):  # MoE aux losses get the LM loss's 1/num_micro too
@@ -335,14 +285,7 @@ def _train(
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_val:.3f}", tok_s=f"{tps:,.0f}")
             last = step == cfg.num_steps
-            if last or (cfg.eval.interval_steps and step % cfg.eval.interval_steps == 0):
-                _evaluate(s, step)
-            if writer is not None and (last or step % max(cfg.logging.interval_steps, 10) == 0):
-                writer.flush()
-            if (last and cfg.checkpoint.final) or (
-                cfg.checkpoint.interval_steps and step % cfg.checkpoint.interval_steps == 0
-            ):
-                _checkpoint(s, step)
+            _evaluate_flush_checkpoint(s, step, last)
             hooks.after(step, last)
     except _Interrupted as stop:
         if writer is not None:
@@ -364,6 +307,90 @@ def _train(
         write_status(run_dir, "done", **summary)
     _end_wandb(s, dict(summary, status="done"))
     return dict(summary, status="done")
+
+
+def _record_attempt(cfg, run_dir: Path, start, par, layout: WorkerLayout, micro: int, static: dict) -> None:
+    """Rank 0: status.json says `running`, with this attempt's loaded checkpoint and layout appended."""
+    prev = read_status(run_dir) or {}
+    attempt = int(prev.get("attempts", 0)) + 1
+    # One entry per attempt: the step of the checkpoint that attempt loaded (None: it started
+    # from step 0). Deterministic training makes a restart's losses equal a resume's, so this
+    # record is what tells them apart.
+    loaded_steps = ((prev.get("loaded_steps") or []) + [None] * attempt)[: attempt - 1]
+    loaded_steps.append(start.step if start.source is not None else None)
+    # One entry per attempt too: the layout it trained under from which step, and when (an
+    # elastic attempt on fewer workers shows here as a smaller dp with more accumulation).
+    layouts = ((prev.get("layouts") or []) + [None] * attempt)[: attempt - 1]
+    layouts.append(
+        dict(
+            attempt=attempt,
+            from_step=start.step,
+            at=time.time(),
+            world_size=par.dims.world_size,
+            dp=par.dp_size,
+            accumulation=cfg.global_batch_sequences // par.dp_size // micro,
+            elastic=layout.parallel != cfg.parallel,
+            nodes=layout.nodes,
+        )
+    )
+    write_status(
+        run_dir,
+        "running",
+        run_id=config_hash(cfg),
+        started_steps=start.step,
+        started_from=str(start.source) if start.source is not None else None,
+        loaded_steps=loaded_steps,
+        layouts=layouts,
+        skipped_checkpoints=[f"{name}: {why}" for name, why in start.skipped],
+        attempts=attempt,
+        **static,
+    )
+
+
+def _open_session(
+    cfg,
+    run_dir: Path,
+    runtime: Runtime,
+    par,
+    optimizer,
+    data,
+    writer,
+    callbacks,
+    wandb,
+    start,
+    micro: int,
+    static: dict,
+) -> _Session:
+    """The session's state: the model and optimizer, where records go, the tasks, the micro-batching."""
+    local_sequences = cfg.global_batch_sequences // par.dp_size
+    logger = open_wandb(cfg, run_dir, runtime, wandb)
+    return _Session(
+        cfg=cfg,
+        run_dir=run_dir,
+        runtime=runtime,
+        par=par,
+        optimizer=optimizer,
+        data=data,
+        writer=writer,
+        logger=logger,
+        callbacks=[*callbacks, logger.observe] if logger is not None else callbacks,
+        tasks=load_tasks(cfg.eval.tasks, cfg.eval.task_limit or None) if cfg.eval.tasks else [],
+        static=static,
+        best_loss=float(start.state.get("best_loss", math.inf)),
+        micro_sequences=micro,
+        num_micro=local_sequences // micro,
+    )
+
+
+def _evaluate_flush_checkpoint(s: _Session, step: int, last: bool) -> None:
+    """After a step: evaluate, flush the records, save a checkpoint, each when it is due, in this order."""
+    cfg = s.cfg
+    if last or (cfg.eval.interval_steps and step % cfg.eval.interval_steps == 0):
+        _evaluate(s, step)
+    if s.writer is not None and (last or step % max(cfg.logging.interval_steps, 10) == 0):
+        s.writer.flush()
+    if (last and cfg.checkpoint.final) or (cfg.checkpoint.interval_steps and step % cfg.checkpoint.interval_steps == 0):
+        _checkpoint(s, step)
 
 
 def _end_wandb(s: _Session, summary: dict[str, Any], exit_code: int = 0) -> None:

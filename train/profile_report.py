@@ -33,12 +33,14 @@ from scalelab.parallel.dims import num_microbatches
 from scalelab.parallel.layouts import layout_name
 from scalelab.parallel.planner import CostConstants, Hardware, Measurement, calibrate, estimate
 from scalelab.parallel.planner_memory import activation_bytes, layer_param_count, state_bytes
+from scalelab.train.config import build_run_config
 from scalelab.train.trace_analysis import CATEGORIES
 
 MIB = 2**20
-# gloo's latency per ring step between two processes on this machine, for summaries recorded before
-# the ranks measured it (bench/planner_calibrate.py --gloo: the intercept of all-reduce time vs bytes)
-GLOO_STEP_LATENCY_S = 1.6e-4  # 117, 162, 196 us in three fits at 11:45 UTC (load average ~13): the median
+# gloo's latency per ring step between two processes on a 2-core CPU machine, for summaries recorded
+# before the ranks measured it: the median of three fits of bench/planner_calibrate.py --gloo (the
+# intercept of all-reduce time vs bytes; the fits are in docs/benchmarks.md)
+GLOO_STEP_LATENCY_S = 1.6e-4
 MEMORY = ("params", "grads", "optimizer", "activations", "peak")
 
 
@@ -95,8 +97,6 @@ def cpu_constants(hw: Hardware, calibrate_from: list[Path] | None = None) -> Cos
 
 # --- reading a profiled run --------------------------------------------------------------------------
 def _run_config(run_dir: Path):
-    from scalelab.train.config import build_run_config
-
     return build_run_config(json.loads((run_dir / "config.json").read_text()))
 
 
@@ -275,7 +275,7 @@ def format_report(r: ProfileReport) -> str:
 
 def plot_report(r: ProfileReport, path: str | Path) -> Path:
     """Stacked bars of the time categories per rank and the planner's estimate."""
-    import matplotlib
+    import matplotlib  # start-up time: only the plot needs it; the backend is chosen before pyplot loads
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -12,11 +12,10 @@ which decides the validation split. Empty documents are skipped.
 
 The default corpus is chosen because it is on every machine with Python: `sysconfig`'s stdlib
 folder, *.py files only, test suites included, excluding site-packages/dist-packages and the
-generated encodings/ tables and pydoc_data/ (see _STDLIB_SKIP_DIRS). Measured on CPython 3.11.7
-(`python -m scalelab.train.data.corpus`): 1,666 files, 29,353,484 bytes, 1,639 non-empty documents,
-so 29,355,239 byte-tokenizer tokens (one end-of-text each; a few test files hold deliberately
-malformed bytes, decoded as U+FFFD). The figures vary with the
-Python version; each prepared shard's index.json records its own.
+generated encodings/ tables and pydoc_data/ (see _STDLIB_SKIP_DIRS). `python -m
+scalelab.train.data.corpus` prints its files, bytes, documents and tokens (a few test files hold
+deliberately malformed bytes, decoded as U+FFFD); they vary with the Python version, and each
+prepared shard's index.json records its own. One count: docs/benchmarks.md ("Data preparation").
 """
 
 from __future__ import annotations

@@ -22,10 +22,8 @@ fcntl lock so the others wait instead of duplicating the work. A killed process 
 `.<name>.tmp-*` dir behind; it is never read and may be deleted.
 
 Memory: token arrays are held until written (~2 bytes per token for the byte tokenizer), fine
-for corpora up to a few GB. Speed, measured on 2 CPU cores shared with other jobs (load ~6): the
-stdlib corpus (12.1 MB) prepares in 0.3-0.4 s with the byte tokenizer (numpy views of the raw
-bytes; `python -m scalelab.train.data.prepare`) and in ~10 s wall / 4 s CPU with a 2048-id BPE
-(`scalelab data prepare default --out DIR --tokenizer tok.json`; HF encode_batch).
+for corpora up to a few GB. The byte tokenizer takes numpy views of the raw bytes; a BPE tokenizer
+encodes through HF's encode_batch. Preparation times: docs/benchmarks.md ("Data preparation").
 """
 
 from __future__ import annotations
@@ -203,6 +201,46 @@ def prepare(
         raise UsageError(f"{out_dir} already exists; choose another output dir or pass --overwrite")
     dtype = token_dtype(tok.vocab_size)
 
+    keys, nbytes, arrays, first = _read_and_tokenize(inputs, patterns, text_field, tok, dtype)
+    doc_tokens = [a.size + 1 for a in arrays]
+    val_ids = select_val_documents(keys, doc_tokens, val_fraction, val_tokens)
+    target = val_tokens if val_tokens is not None else val_fraction * sum(doc_tokens)
+    if not val_ids and target > 0:
+        val_ids = _cut_val_from_one_document(
+            keys, nbytes, arrays, doc_tokens, target, first, tok, dtype, inputs, patterns, text_field
+        )
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        eot = np.array([tok.eot_id], dtype=dtype)
+        h = hashlib.sha256(tok.fingerprint.encode())
+        splits = {}
+        for split, members in (("train", False), ("val", True)):
+            idx = [i for i in range(len(keys)) if (i in val_ids) == members]
+            num_tokens = _write_split(tmp / f"{split}.bin", [arrays[i] for i in idx], eot, dtype, h)
+            splits[split] = {
+                "num_tokens": num_tokens,
+                "num_bytes": int(sum(nbytes[i] for i in idx)),
+                "num_documents": len(idx),
+            }
+        index = _index(
+            out_dir, name, dtype, tok, keys, splits, val_fraction, val_tokens, inputs, patterns, text_field, h, t0
+        )
+        _write_index(tmp / "index.json", index)
+        _publish(tmp, out_dir, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return _open_checked(out_dir, tok, name)
+
+
+def _read_and_tokenize(
+    inputs, patterns, text_field: str, tok: Tokenizer, dtype
+) -> tuple[list, list, list, Document | None]:
+    """Every document's key, byte count and tokens, tokenized in chunks of _CHUNK_BYTES; and the first
+    document when it is the only one (kept for the validation cut)."""
     keys: list[str] = []
     nbytes: list[int] = []
     arrays: list[np.ndarray] = []
@@ -226,67 +264,57 @@ def prepare(
     flush()
     if not keys:
         raise UsageError(f"no documents found in {[str(i) for i in inputs]} (patterns {patterns or 'default'})")
-    doc_tokens = [a.size + 1 for a in arrays]
-    val_ids = select_val_documents(keys, doc_tokens, val_fraction, val_tokens)
-    target = val_tokens if val_tokens is not None else val_fraction * sum(doc_tokens)
-    if not val_ids and target > 0:
-        # No whole document fits (a lone document, or only huge ones): cut the tail off the
-        # document with the lowest key hash instead.
-        i = min(range(len(keys)), key=lambda j: (_unit_hash(keys[j]), j))
-        doc = first if first is not None else _reread(inputs, keys[i], patterns, text_field)
-        if len(doc.data) > 1:
-            train_part, val_part = _split_document(doc, min(0.5, target / doc_tokens[i]))
-            keys[i], nbytes[i] = train_part.key, len(train_part.data)
-            keys.append(val_part.key)
-            nbytes.append(len(val_part.data))
-            arrays[i], val_array = _tokenize([train_part, val_part], tok, dtype)
-            arrays.append(val_array)
-            val_ids = {len(keys) - 1}
+    if not keys:
+        raise UsageError(f"no documents found in {[str(i) for i in inputs]} (patterns {patterns or 'default'})")
+    return keys, nbytes, arrays, first
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    try:
-        eot = np.array([tok.eot_id], dtype=dtype)
-        h = hashlib.sha256(tok.fingerprint.encode())
-        splits = {}
-        for split, members in (("train", False), ("val", True)):
-            idx = [i for i in range(len(keys)) if (i in val_ids) == members]
-            num_tokens = _write_split(tmp / f"{split}.bin", [arrays[i] for i in idx], eot, dtype, h)
-            splits[split] = {
-                "num_tokens": num_tokens,
-                "num_bytes": int(sum(nbytes[i] for i in idx)),
-                "num_documents": len(idx),
-            }
-        index = {
-            "format": FORMAT,
-            "name": name or out_dir.name,
-            "dtype": dtype.name,
-            "tokenizer": tok.spec,
-            "tokenizer_fingerprint": tok.fingerprint,
-            "vocab_size": tok.vocab_size,
-            "eot_id": tok.eot_id,
-            "num_documents": len(keys),
-            "num_tokens": {s: splits[s]["num_tokens"] for s in splits},
-            "num_bytes": {s: splits[s]["num_bytes"] for s in splits},
-            "splits": splits,
-            "val_rule": {
-                "val_fraction": val_fraction,
-                "val_tokens": val_tokens,
-                "by": "sha256(document key)",
-            },
-            "sources": [str(i) if str(i) == "default" else str(Path(i).expanduser().resolve()) for i in inputs],
-            "patterns": list(patterns) if patterns else None,
-            "text_field": text_field,
-            "content_hash": h.hexdigest(),
-            "prepare_seconds": round(time.perf_counter() - t0, 3),
-        }
-        _write_index(tmp / "index.json", index)
-        _publish(tmp, out_dir, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return _open_checked(out_dir, tok, name)
+
+def _cut_val_from_one_document(
+    keys, nbytes, arrays, doc_tokens, target: float, first, tok: Tokenizer, dtype, inputs, patterns, text_field: str
+) -> set[int]:
+    """No whole document fits the validation target (a lone document, or only huge ones): cut the
+    tail off the document with the lowest key hash instead. Updates the lists in place; returns the
+    validation ids (none when that document is too short to cut)."""
+    i = min(range(len(keys)), key=lambda j: (_unit_hash(keys[j]), j))
+    doc = first if first is not None else _reread(inputs, keys[i], patterns, text_field)
+    if len(doc.data) > 1:
+        train_part, val_part = _split_document(doc, min(0.5, target / doc_tokens[i]))
+        keys[i], nbytes[i] = train_part.key, len(train_part.data)
+        keys.append(val_part.key)
+        nbytes.append(len(val_part.data))
+        arrays[i], val_array = _tokenize([train_part, val_part], tok, dtype)
+        arrays.append(val_array)
+        return {len(keys) - 1}
+    return set()
+
+
+def _index(
+    out_dir, name, dtype, tok: Tokenizer, keys, splits, val_fraction, val_tokens, inputs, patterns, text_field, h, t0
+) -> dict:
+    """index.json's content."""
+    return {
+        "format": FORMAT,
+        "name": name or out_dir.name,
+        "dtype": dtype.name,
+        "tokenizer": tok.spec,
+        "tokenizer_fingerprint": tok.fingerprint,
+        "vocab_size": tok.vocab_size,
+        "eot_id": tok.eot_id,
+        "num_documents": len(keys),
+        "num_tokens": {s: splits[s]["num_tokens"] for s in splits},
+        "num_bytes": {s: splits[s]["num_bytes"] for s in splits},
+        "splits": splits,
+        "val_rule": {
+            "val_fraction": val_fraction,
+            "val_tokens": val_tokens,
+            "by": "sha256(document key)",
+        },
+        "sources": [str(i) if str(i) == "default" else str(Path(i).expanduser().resolve()) for i in inputs],
+        "patterns": list(patterns) if patterns else None,
+        "text_field": text_field,
+        "content_hash": h.hexdigest(),
+        "prepare_seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 def _open_checked(path: Path, tok: Tokenizer, name: str | None) -> PreparedSource:

@@ -24,6 +24,8 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from scalelab.errors import ConfigError
 from scalelab.train.data.corpus import iter_documents
@@ -117,8 +119,6 @@ class BPETokenizer(Tokenizer):
     """A byte-level BPE loaded from a tokenizer.json written by `train_bpe`."""
 
     def __init__(self, path: str | os.PathLike) -> None:
-        from tokenizers import Tokenizer as HFTokenizer
-
         # Absolute, because Ray trials run in their own working directories.
         path = Path(path).expanduser().resolve()
         raw = path.read_bytes()
@@ -179,9 +179,6 @@ def train_bpe(
     the JSON syntax). vocab_size counts the 256 byte symbols and <|endoftext|>; it must exceed 257.
     The file is written atomically (temp file + rename).
     """
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-
     if vocab_size < 258:
         raise ConfigError("vocab_size", f"{vocab_size} leaves no room for merges", "use at least 258, e.g. 4096")
     tok = HFTokenizer(models.BPE())

@@ -1,0 +1,91 @@
+"""scripts/code_metrics.py on a small made-up checkout: every figure it prints is the one built in."""
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import code_metrics  # noqa: E402
+
+PYPROJECT = """
+[tool.setuptools.package-dir]
+"scalelab" = "scalelab"
+"scalelab.fitting" = "fitting"
+"scalelab.sweeps" = "sweeps"
+"scalelab.cli" = "cli"
+"""
+LONG_BODY = "\n".join(f"    x{i} = {i}" for i in range(101))
+FILES = {
+    "scalelab/__init__.py": '"""root"""\n',
+    "fitting/__init__.py": '"""fitting"""\n',
+    # the one fit entry, and a long function
+    "fitting/fit_runs.py": "import numpy as np\n\n\ndef fit_runs(table):\n    return np.mean(table)\n\n\n"
+    + "def long_one():\n"
+    + LONG_BODY,
+    "sweeps/__init__.py": '"""sweeps"""\n',
+    # a wrapper of the fit entry (not a second entry), two imports inside functions, a module cycle
+    "sweeps/store_fit.py": """
+        from scalelab.fitting import fit_runs as fr
+        from scalelab.sweeps import rounds
+
+        def fit_store(path):
+            from scalelab.fitting.fit_runs import fit_runs  # the reason
+            import json
+            return fit_runs(json.loads(path)), fr.fit_runs
+        """,
+    "sweeps/rounds.py": """
+        from scalelab.sweeps.store_fit import fit_store
+
+        def propose_round(d):
+            return fit_store(d)
+
+        def launch(p):
+            return p
+
+        def run_rounds(d, n):
+            for _ in range(n):
+                launch(propose_round(d))
+        """,
+    "cli/__init__.py": '"""cli"""\n',
+    "cli/main.py": """
+        def main():
+            from scalelab.sweeps.rounds import run_rounds  # CLI start-up: not counted
+            return run_rounds(".", 2)
+        """,
+    # a second fit stack in the benches' clothing: a rounds loop of its own
+    "bench/loop.py": """
+        from scalelab.sweeps.rounds import launch, propose_round
+
+        while True:
+            launch(propose_round("."))
+        """,
+}
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    (tmp_path / "pyproject.toml").write_text(PYPROJECT)
+    for rel, text in FILES.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return tmp_path
+
+
+def test_figures_of_a_made_up_checkout(checkout, capsys):
+    code_metrics.main(checkout)
+    out = capsys.readouterr().out
+    assert "imports of our modules inside functions outside cli/: 1 of 4 (25.0%)" in out, out
+    assert "sweeps/store_fit.py:6" in out and "fitting.fit_runs" in out and "the reason" in out
+    assert "imports of other packages inside functions outside cli/: 1" in out and "sweeps/store_fit.py:7" in out
+    assert "import circles between modules (every import counted): 1" in out
+    assert "sweeps.rounds <-> sweeps.store_fit" in out
+    assert "functions over 100 lines: 1; over 80 lines: 1" in out and "fitting.fit_runs.long_one" in out
+    assert "sweeps.store_fit.fit_store" in out and "calls fitting.fit_runs.fit_runs" in out
+    assert "called by sweeps.store_fit.fit_store" in out
+    assert "fit entries: 1\n" in out and "fitting.pipeline.fit_table" in out and "not in this checkout" in out
+    assert "evaluation paths: 0\n" in out
+    assert "sweeps.rounds.run_rounds" in out and "bench.loop.<module>" in out
+    assert "rounds loops: 1 in the package folders, 1 in bench/" in out
