@@ -28,6 +28,7 @@ from scipy import optimize
 
 from scalelab.analysis.lawfit import bootstrap_params, fit_point
 from scalelab.errors import UsageError
+from scalelab.fitting.intervals import percentile_interval
 
 LEVEL = 0.95
 
@@ -70,14 +71,11 @@ def _slope(budgets: np.ndarray, mults: np.ndarray) -> float:
 
 def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
     v = np.asarray(values, dtype=float)
-    v = v[~np.isnan(v)]
-    if v.size < 2:
-        return (math.nan, math.nan)
-    # +inf (A never reaches B's loss) must survive the quantile: interpolating between two infs
-    # gives NaN, so clip to a huge finite value and map it back
+    # +inf (A never reaches B's loss) must survive the quantile, which drops non-finite values:
+    # clip it to a huge finite value and map it back
     big = 1e300
-    lo, hi = np.quantile(np.minimum(v, big), [0.5 - level / 2, 0.5 + level / 2])
-    return (math.inf if lo >= big else float(lo)), (math.inf if hi >= big else float(hi))
+    lo, hi = percentile_interval(np.minimum(v, big), level)
+    return (math.inf if lo >= big else lo), (math.inf if hi >= big else hi)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -23,6 +23,7 @@ import polars as pl
 from scalelab.analysis.lawfit import bootstrap_params, fit_point
 from scalelab.analysis.noise import fit_weights
 from scalelab.errors import UsageError
+from scalelab.fitting.intervals import percentile_interval
 
 
 @dataclass(kw_only=True, slots=True)
@@ -105,7 +106,6 @@ def predict_task(
     sig = fit_sigmoid(pairs["bpb"].to_numpy(), pairs["acc"].to_numpy(), seed=seed)
     acc = float(np.clip(sig.predict(bpb), 0.0, 1.0))  # accuracy is a fraction, whatever the sigmoid's ceiling
     rng = np.random.default_rng(seed + 17)
-    q = (0.5 - level / 2, 0.5 + level / 2)
     if bpb_draws.size:
         cov = np.asarray(sig.cov, dtype=float)
         mean = np.array([sig.a, sig.k, sig.L0, sig.b])
@@ -116,8 +116,8 @@ def predict_task(
         from scalelab.fitting.downstream import sigmoid
 
         acc_draws = np.clip([sigmoid(x, *p) for x, p in zip(bpb_draws, sig_draws)], 0.0, 1.0)
-        bpb_iv = tuple(float(v) for v in np.quantile(bpb_draws, q))
-        acc_iv = tuple(float(v) for v in np.quantile(acc_draws, q))
+        bpb_iv = percentile_interval(bpb_draws, level)
+        acc_iv = percentile_interval(acc_draws, level)
     else:
         bpb_iv = acc_iv = (math.nan, math.nan)
     return TaskPrediction(

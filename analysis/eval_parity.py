@@ -27,6 +27,8 @@ import math
 import numpy as np
 import polars as pl
 
+from scalelab.fitting.intervals import percentile_interval
+
 REFERENCE = "reference"
 FRACTION = 0.25
 REPLICATES = 2000
@@ -39,7 +41,7 @@ def paired_shift(ref: np.ndarray, var: np.ndarray, *, replicates: int = REPLICAT
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(d), size=(replicates, len(d)))
     means = d[idx].mean(axis=1)
-    return float(d.mean()), float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+    return float(d.mean()), *percentile_interval(means, 0.95)
 
 
 def _pivot(frame: pl.DataFrame, setup: str, task: str, metric: str) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 from scipy import optimize
 
 from scalelab.errors import UsageError
-from scalelab.fitting.pipeline import one_torch_thread
+from scalelab.fitting.fit_runs import one_torch_thread
 
 _COARSE = {  # per fit-space name: a few starting values for the pre-fit
     "e": [0.0, 1.0],
@@ -163,60 +163,8 @@ class StoreFit:
         return [dict(zip(names, row)) for row in self.draws]
 
 
-def fit_store(
-    runs, *, law: str = "chinchilla", n_boot: int = 100, seed: int = 0, loss_col: str = "loss", backtest: bool = True
-) -> StoreFit:
-    """Fit `law` to the done runs of a store frame (params, tokens, flops, loss columns)."""
-    import polars as pl
-
-    from scalelab.fitting.backtest import holdout_backtest
-    from scalelab.fitting.io import read_runs
-
-    df = runs.filter(pl.col(loss_col).is_not_null() & pl.col("params").is_not_null())
-    if df.height < 6:
-        raise UsageError(f"{df.height} runs with a '{loss_col}' value; a law fit needs at least 6")
-    table = read_runs(
-        pl.DataFrame(
-            {
-                "params": df["params"].cast(pl.Float64),
-                "tokens": df["tokens"].cast(pl.Float64),
-                "loss": df[loss_col].cast(pl.Float64),
-                "flops": df["flops"].cast(pl.Float64),
-                "run_id": df["run_id"].cast(pl.Utf8),
-            }
-        ),
-        min_rows=6,
-    )
-    point = fit_point(law, {"params": table.params, "tokens": table.tokens, "loss": table.loss})
-    draws = bootstrap_params(point, n_boot=n_boot, seed=seed) if n_boot else np.empty((0, point.law_object().n_params))
-    bt = None
-    warnings = list(point.warnings)
-    if backtest:
-
-        def fitter(train):
-            f = fit_point(law, {"params": train.params, "tokens": train.tokens, "loss": train.loss})
-            return lambda test: np.asarray(f.predict(params=test.params, tokens=test.tokens))
-
-        try:
-            bt = holdout_backtest(table, fitter, min_train=6).to_dict()
-        except UsageError as e:
-            warnings.append(f"backtest skipped: {e}")
-    return StoreFit(
-        law=point.law,
-        params=dict(point.params),
-        draws=draws,
-        n=np.array(table.params),  # writable copies: polars hands out read-only views
-        d=np.array(table.tokens),
-        loss=np.array(table.loss),
-        flops=np.array(table.flops),
-        run_id=list(table.run_id),
-        backtest=bt,
-        warnings=warnings,
-    )
-
-
 def store_fit_from_record(record: dict) -> StoreFit:
-    """The StoreFit the plots draw, from a loop fit's record (scalelab.fitting.loopfit.LoopFit.to_dict:
+    """The StoreFit the plots draw, from a store fit's record (scalelab.fitting.scaling_fit.ScalingFit.to_record:
     what `sweep next` saves in fits/round_K.json), so the report shows exactly the round's fit."""
     from scalelab.fitting.laws import get_law
 

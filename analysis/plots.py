@@ -27,6 +27,8 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
+from scalelab.fitting.intervals import percentile_interval  # noqa: E402
+
 LEVEL = 0.95
 
 
@@ -38,8 +40,7 @@ def _axes(ax, figsize=(6.4, 4.2)):
 
 
 def _band(values: np.ndarray, level: float = LEVEL) -> tuple[np.ndarray, np.ndarray]:
-    v = np.where(np.isfinite(values), values, np.nan)
-    return np.nanquantile(v, 0.5 - level / 2, axis=0), np.nanquantile(v, 0.5 + level / 2, axis=0)
+    return percentile_interval(values, level)
 
 
 def short_number(value: float, plain: bool = False, sci: bool = False) -> str:

@@ -12,9 +12,10 @@ store, or against other stores), the runs planned from the sweep (`scalelab plan
 DIR/plans/: scalelab.analysis.plan_page), and the plots. Images are PNGs embedded as base64 data URIs and
 the CSS is inline: the file opens offline, from anywhere, with no network access.
 
-The fit is the closed loop's (scalelab.fitting.loopfit): in a sweep with `sweep next` rounds it is
-the latest round's fit itself, read from fits/round_K.json (runs finished after it are named, not
-silently refitted); otherwise the same fit made on the store's done runs.
+The fit is the closed loop's (scalelab.sweeps.store_fit: the one fit entry, with the options of the
+spec's `fit:` section unless --law/--bootstrap say otherwise): in a sweep with `sweep next` rounds
+it is the latest round's fit itself, read from fits/round_K.json (runs finished after it are
+named, not silently refitted); otherwise the same fit made on the store's done runs.
 """
 
 from __future__ import annotations
@@ -147,14 +148,15 @@ def _comparison_section(cmps: list) -> str:
 def build_report(
     store: str | Path,
     *,
-    law: str = "chinchilla",
-    n_boot: int = 100,
+    law: str | None = None,
+    n_boot: int | None = None,
     compare_by: str | None = None,
     compare_with: list[str] | None = None,
     target_flops: float | None = None,
     seed: int = 0,
 ) -> str:
-    """The report's HTML text (see module docstring)."""
+    """The report's HTML text (see module docstring). `law`, `n_boot`: the fit's, when not the spec's
+    (scalelab.sweeps.store_fit.fit_options)."""
     from scalelab.analysis import plots
     from scalelab.analysis.compare import compare_sweeps, split_by_tag
     from scalelab.analysis.lawfit import store_fit_from_record
@@ -171,15 +173,18 @@ def build_report(
     if groups:  # one law per side: the headline fit is the first value's runs (the baseline)
         first = next(iter(groups))
         fit_runs, fit_note = groups[first], f"the runs with {compare_by}={first}"
-    record, fit_note = loop_fit(store, fit_runs, fit_note, law=law, n_boot=n_boot, seed=seed, latest_round=not groups)
+    record, fit_note, options = loop_fit(
+        store, fit_runs, fit_note, law=law, n_boot=n_boot, seed=seed, latest_round=not groups
+    )
     fit = store_fit_from_record(record)
+    law, n_boot = fit.law, options.bootstrap  # the comparisons fit the headline fit's law
     parts = [
         f"<h1>scalelab report: {html.escape(store.name)}</h1>",
         f'<p class="muted">generated {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}</p>',
         _summary(runs_all, runs, shown),
-        fit_section(fit, fit_note, record),
+        fit_section(fit, fit_note, record, record.get("level", options.level)),
         gates_section(record),
-        proposal_section(store, fit),
+        proposal_section(store, fit, record.get("level", options.level)),
         ledger_section(store),
         *(plan_section(p) for p in (read_plans(store) if store.is_dir() else [])),
     ]

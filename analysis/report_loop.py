@@ -1,7 +1,8 @@
 """The closed loop's sections of the report: the law fit, the identification gates, the proposed round, the ledger.
 
-The fit is the loop's (scalelab.fitting.loopfit): the latest `sweep next` round's own fit when the store
-has rounds, else the same fit made on the store's done runs.
+The fit is the loop's (scalelab.sweeps.store_fit, the one fit entry with the spec's options): the
+latest `sweep next` round's own fit when the store has rounds, else the same fit made on the
+store's done runs.
 """
 
 from __future__ import annotations
@@ -15,13 +16,24 @@ import numpy as np
 import polars as pl
 
 from scalelab.analysis.report_html import html_table
-from scalelab.errors import UsageError
+from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.intervals import percentile_interval
+from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_options, fit_store, store_fit_spec
 
 
-def loop_fit(store: Path, runs: pl.DataFrame, note: str, *, law: str, n_boot: int, seed: int, latest_round: bool):
-    """(loop-fit record, note): the latest `sweep next` round's own fit, or the same fit of `runs`."""
-    from scalelab.fitting.loopfit import fit_for_loop
-
+def loop_fit(
+    store: Path,
+    runs: pl.DataFrame,
+    note: str,
+    *,
+    law: str | None = None,
+    n_boot: int | None = None,
+    seed: int = 0,
+    latest_round: bool = True,
+) -> tuple[dict, str, FitOptions]:
+    """(loop-fit record, note, options): the latest `sweep next` round's own fit, or the same fit of
+    `runs` (scalelab.sweeps.store_fit: the options `sweep next` fits with, unless `law` / `n_boot`)."""
+    options = fit_options(store_fit_spec(store), law=law, bootstrap=n_boot, seed=seed)
     rounds = sorted(store.glob("fits/round_*.json"), key=lambda p: int(p.stem.split("_")[1])) if store.is_dir() else []
     for path in rounds[-1:] if latest_round else []:
         saved = json.loads(path.read_text())
@@ -36,25 +48,9 @@ def loop_fit(store: Path, runs: pl.DataFrame, note: str, *, law: str, n_boot: in
                 f"; {len(later)} run(s) finished after it and are not in it (the round's own proposals among "
                 "them): `scalelab sweep next` refits with them"
             )
-        return record, note
-    df = runs.filter(pl.col("loss").is_not_null() & pl.col("params").is_not_null())
-    if df.height < 6:
-        raise UsageError(f"{df.height} runs with a loss; a law fit needs at least 6")
-    flops = df["flops"].cast(pl.Float64).to_numpy()
-    if "flops_budget" in df.columns and df["flops_budget"].dtype.is_numeric():
-        label = df["flops_budget"].cast(pl.Float64).to_numpy()
-        flops = np.where(np.isfinite(label), label, flops)
-    lf = fit_for_loop(
-        params=df["params"].to_numpy(),
-        tokens=df["tokens"].to_numpy(),
-        loss=df["loss"].to_numpy(),
-        budgets=flops,
-        law=law,
-        replicates=n_boot,
-        seed=seed,
-        run_ids=df["run_id"].to_list(),
-    )
-    return lf.to_dict(), note
+        return record, note, options
+    fit, _ = fit_store(store, options, runs=runs, min_runs=MIN_LOOP_RUNS)
+    return fit.to_record(), note, options
 
 
 def fit_section(fit, note: str, record: dict, level: float = 0.95) -> str:
@@ -69,7 +65,11 @@ def fit_section(fit, note: str, record: dict, level: float = 0.95) -> str:
     out = [
         f"<h2>Fit: {html.escape(fit.law)}</h2>",
         f'<p class="muted">{len(fit.loss)} runs ({html.escape(note)}); Huber on log loss (scalelab.fitting); '
-        f"{len(fit.draws)} bootstrap refits over runs give the {100 * level:.0f}% percentile intervals.</p>",
+        + (
+            f"{len(fit.draws)} bootstrap refits over runs give the {100 * level:.0f}% percentile intervals.</p>"
+            if len(fit.draws)
+            else f"{100 * level:.0f}% delta-method intervals (no bootstrap replicates).</p>"
+        ),
         html_table(["parameter", "estimate", "lower", "upper"], rows),
     ]
     if law.name == "chinchilla":
@@ -108,7 +108,7 @@ def fit_section(fit, note: str, record: dict, level: float = 0.95) -> str:
     return "\n".join(out)
 
 
-def proposal_section(store: Path, fit) -> str:
+def proposal_section(store: Path, fit, level: float = 0.95) -> str:
     out = ["<h2>Proposed next round</h2>"]
     fits = sorted(store.glob("fits/*.json")) if store.is_dir() else []
     for path in fits[-1:]:
@@ -140,18 +140,15 @@ def proposal_section(store: Path, fit) -> str:
     c_next = float(fit.flops.max() * 3)
     n, d = _optimum(fit, fit.params, c_next)
     loss = float(_frontier(fit, fit.params, np.array([c_next]))[0])
-    if len(fit.draws):
-        ls = np.array([_frontier(fit, p, np.array([c_next]))[0] for p in fit.draw_dicts()])
-        iv = [float(x) for x in np.quantile(ls, [0.025, 0.975])]
-    else:
-        iv = [math.nan, math.nan]
+    ls = [_frontier(fit, p, np.array([c_next]))[0] for p in fit.draw_dicts()]
+    iv = percentile_interval(ls, level)
     out.append(
         '<p class="muted">No <code>scalelab sweep next</code> proposal in this store; the fit\'s '
         "compute-optimal run at 3x the largest budget:</p>"
     )
     out.append(
         html_table(
-            ["C", "N*", "D*", "D*/N*", "predicted loss", "95% interval"],
+            ["C", "N*", "D*", "D*/N*", "predicted loss", f"{100 * level:.0f}% interval"],
             [[c_next, n, d, d / n, loss, f"[{iv[0]:.4g}, {iv[1]:.4g}]"]],
         )
     )

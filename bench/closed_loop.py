@@ -35,14 +35,11 @@ from scalelab.sweeps import ledger
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.proposal_text import format_gates
-from scalelab.sweeps.propose import propose_next
-from scalelab.sweeps.spec import expand_sweep, load_sweep
+from scalelab.sweeps.propose import propose_round
+from scalelab.sweeps.rounds import LaunchOptions, run_rounds
+from scalelab.sweeps.spec import expand_sweep
 
 MAX_ROUNDS = 4
-
-
-def _launch_spec(path: Path, sweep_dir: Path, num_cpus) -> None:
-    launch(load_sweep(path), sweep_dir, spec_text=path.read_text(), spec_name=path.stem, num_cpus=num_cpus)
 
 
 def main() -> None:
@@ -58,21 +55,30 @@ def main() -> None:
     spec["isoflop"]["budgets"] = [float(f"{b * args.budget_scale:.3g}") for b in spec["isoflop"]["budgets"]]
     largest = max(spec["isoflop"]["budgets"])
     target = 30.0 * largest  # 10x the budget of the 3x run
-    launch(expand_sweep(spec), sweep_dir, spec_text=yaml.safe_dump(spec, sort_keys=False), spec_name="loop",
-           num_cpus=args.num_cpus)  # fmt: skip
-    history = []
-    for k in range(1, MAX_ROUNDS + 1):
-        p = propose_next(sweep_dir, target_flops=target, budget_flops=3 * largest, step=3.0)
-        history.append(p)
-        print(f"round {k}: {p['n_points']} runs fitted; " + format_gates(p["gates"]).splitlines()[0])
-        _launch_spec(Path(p["spec_path"]), sweep_dir, args.num_cpus)
-        if p["gates"]["passed"]:
-            break
-    final = propose_next(sweep_dir, target_flops=target, budget_flops=target, step=10.0)
-    history.append(final)
-    print(format_gates(final["gates"]))
-    if final["gates"]["passed"]:
-        _launch_spec(Path(final["spec_path"]), sweep_dir, args.num_cpus)
+
+    def announce(k, p) -> None:
+        print(f"round {k}: {len(p.fit['run_ids'])} runs fitted; " + format_gates(p.gates.to_dict()).splitlines()[0])
+
+    result = run_rounds(
+        expand_sweep(spec),
+        sweep_dir,
+        spec_text=yaml.safe_dump(spec, sort_keys=False),
+        spec_name="loop",
+        rounds=1 + MAX_ROUNDS,
+        target_flops=target,
+        budget_flops=3 * largest,
+        step=3.0,
+        until_passed=True,
+        options=LaunchOptions(num_cpus=args.num_cpus),
+        before_launch=announce,
+    )
+    history = [p.to_dict() for p in result.proposals]
+    final = propose_round(sweep_dir, target_flops=target, budget_flops=target, step=10.0)
+    history.append(final.to_dict())
+    print(format_gates(final.gates.to_dict()))
+    if final.passed:
+        launch(final.sweep, sweep_dir, spec_text=final.spec_path.read_text(), spec_name=final.spec_path.stem,
+               num_cpus=args.num_cpus)  # fmt: skip
     ledger.score(sweep_dir)
     print(f"\nclosed loop: {time.time() - t0:.0f} s; target T = {target:.3g} FLOPs")
     print(

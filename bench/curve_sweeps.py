@@ -66,12 +66,15 @@ import yaml
 
 from scalelab.errors import UsageError
 from scalelab.fitting.curves import fit_curves
-from scalelab.fitting.pipeline import fit_table
+from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.fit_runs import fit_runs
+from scalelab.fitting.io import read_runs
 from scalelab.sweeps import store
-from scalelab.sweeps.early_stop import STATUS, EarlyStopConfig, decide, predict_from_prefix, runs_for_fit
+from scalelab.sweeps.early_stop import STATUS, EarlyStopConfig, decide, predict_from_prefix
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.run_curves import store_curves
 from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.store_fit import fit_frame
 
 COMMON = {
     "data": {"seq_len": 64, "val_sequences": 64},
@@ -228,10 +231,16 @@ def schedule_table(sweep: pathlib.Path) -> None:
 
 def _fit_row(name: str, frame: pl.DataFrame, bootstrap: int) -> dict:
     try:
-        rep = fit_table(frame, law="chinchilla", bootstrap=bootstrap, backtest=False)
+        table = read_runs(frame.drop("status"), min_rows=2)
+        rep = fit_runs(table, FitOptions(law="chinchilla", bootstrap=bootstrap, backtest=False)).to_report()
     except UsageError as e:  # e.g. too few runs left once the stopped ones are excluded
         return {"name": name, "n": frame.height, "params": {}, "intervals": {}, "error": str(e)}
     return {"name": name, "n": frame.height, "params": rep["params"], "intervals": rep["intervals"]}
+
+
+def runs_for_fit(path: pathlib.Path, stopped: str = "include") -> pl.DataFrame:
+    """The runs a fit of `path` uses, stopped runs at their predicted loss and weight (store_fit.fit_frame)."""
+    return fit_frame(store.load_runs(path), FitOptions(stopped=stopped), store_path=path)
 
 
 def early_stop_table(full: pathlib.Path, es: pathlib.Path, bootstrap: int) -> None:

@@ -79,8 +79,10 @@ import polars as pl
 
 from scalelab.fitting.curve_departures import departures
 from scalelab.fitting.curves import CurveFit, RunCurve, fit_curves
+from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.fit_runs import fit_runs
 from scalelab.fitting.from_report import predict_from_fit
-from scalelab.fitting.pipeline import fit_table
+from scalelab.fitting.io import read_runs
 from scalelab.fitting.select import select_law
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "scaling"  # provenance and licence: its README.md
@@ -200,7 +202,8 @@ def split_protocol(df: pl.DataFrame, *, drop_first: float = 0.1, score_last: flo
 def score_family(name: str, df: pl.DataFrame, *, law: str) -> dict:
     train, test = split_protocol(df)
     t0 = time.perf_counter()
-    fit = fit_table(train.select("params", "tokens", "loss"), law=law, approach=3, backtest=False)
+    table = read_runs(train.select("params", "tokens", "loss"), min_rows=2)
+    fit = fit_runs(table, FitOptions(law=law, backtest=False)).to_report()
     n_test, d_test = (np.array(test[c].to_numpy(), dtype=float) for c in ("params", "tokens"))
     pred = predict_from_fit(fit, params=n_test, tokens=d_test)["loss"]
     obs = np.array(test["loss"].to_numpy(), dtype=float)

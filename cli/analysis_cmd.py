@@ -86,8 +86,8 @@ def add_parser(sub) -> None:
     p.add_argument("store")
     p.add_argument("--kind", required=True, choices=PLOT_KINDS)
     p.add_argument("-o", "--out", required=True, help="output image (.png, .pdf, .svg)")
-    p.add_argument("--law", default="chinchilla")
-    p.add_argument("--bootstrap", type=int, default=100)
+    p.add_argument("--law", default=None, help="the fitted kinds' law (default: the spec's fit.law, else chinchilla)")
+    p.add_argument("--bootstrap", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
     p.add_argument("--x", default="tokens", choices=("tokens", "flops"), help="x axis of --kind curves")
     p.add_argument("--param", default="lr", help="hyperparameter of --kind sensitivity")
     p.add_argument("--by", help="tag splitting the store for --kind comparison")
@@ -101,16 +101,16 @@ def add_parser(sub) -> None:
     )
     p.add_argument("store")
     p.add_argument("-o", "--out", required=True, help="output .html")
-    p.add_argument("--law", default="chinchilla")
-    p.add_argument("--bootstrap", type=int, default=100)
+    p.add_argument("--law", default=None, help="the fit's law (default: the spec's fit.law, else chinchilla)")
+    p.add_argument("--bootstrap", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
     p.add_argument("--compare-by", help="tag to compare within the store")
     p.add_argument("--compare-with", action="append", default=[], help="another store to compare against")
     p.add_argument("--target-flops", type=float, default=None)
     p.set_defaults(func=run_report)
 
 
-def _check_positive(name: str, value: int) -> None:
-    if value < 0:
+def _check_positive(name: str, value: int | None) -> None:
+    if value is not None and value < 0:
         raise UsageError(f"--{name} must be >= 0, got {value}")
 
 
@@ -210,7 +210,8 @@ def run_plot(args) -> int:
 
         stores = [args.store] + ([args.other] if args.other else [])
         (name_a, a), (name_b, b) = _sides(stores, args.by)
-        fig = plots.plot_comparison(compare_sweeps(a, b, names=(name_a, name_b), law=args.law, n_boot=args.bootstrap))
+        law, n_boot = args.law or "chinchilla", 100 if args.bootstrap is None else args.bootstrap
+        fig = plots.plot_comparison(compare_sweeps(a, b, names=(name_a, name_b), law=law, n_boot=n_boot))
     else:
         runs = load_store_runs(args.store)
         if kind == "curves":
@@ -222,9 +223,12 @@ def run_plot(args) -> int:
 
             fig = plots.plot_noise(noise_table(runs, load_evals(runs)))
         else:
-            from scalelab.analysis.lawfit import fit_store
+            from scalelab.analysis.lawfit import store_fit_from_record
+            from scalelab.sweeps.store_fit import fit_options, fit_store, store_fit_spec
 
-            fit = fit_store(runs, law=args.law, n_boot=args.bootstrap, backtest=kind in ("frontier", "backtest"))
+            _check_positive("bootstrap", args.bootstrap)
+            options = fit_options(store_fit_spec(args.store), law=args.law, bootstrap=args.bootstrap)
+            fit = store_fit_from_record(fit_store(args.store, options, runs=runs)[0].to_record())
             fig = {
                 "isoflop": lambda: plots.plot_isoflop(runs, fit),
                 "frontier": lambda: plots.plot_frontier(runs, fit),

@@ -1,7 +1,8 @@
 """`scalelab fit`, `scalelab predict`, `scalelab allocate`: scaling-law fits from a run table.
 
     scalelab fit runs.csv --law chinchilla --approach 3 --bootstrap 200 --json --out fit.json
-    scalelab fit results/iso --law auto              # a sweep store: picks the law by backtest
+    scalelab fit results/iso                         # a sweep store: the fit `sweep next` makes of it
+    scalelab fit results/iso --law auto              # ... with the law picked by backtest
     scalelab fit metrics.csv --law lr_annealing      # a table of logged steps (run_id, step, lr, params, loss)
     scalelab predict fit.json --params 7e9 --tokens 1.4e12
     scalelab predict fit.json --flops 1e23          # compute-optimal loss and allocation
@@ -10,11 +11,14 @@
 DATA is CSV or Parquet with columns params, tokens, loss (optional flops, run_id, group, weight);
 other names map with --params-col etc. tokens may be derived as flops / (6 params). DATA may also
 be a table of logged steps (columns run_id, step, lr, params, loss[, tokens]: an export of another
-framework's metrics), or a sweep directory / store root: its done runs, plus the runs stopped early
-at their predicted loss and weight (--stopped include, the default) or not (--stopped exclude), and
-their loss curves for the curve laws. --law auto fits every candidate law and picks one by the
-held-out-largest backtest (scalelab.fitting.select). The logic lives in scalelab.fitting.pipeline;
-this module parses arguments and prints.
+framework's metrics), or a sweep directory / store root: its runs table's done runs (plus, with
+--stopped include, the runs stopped early at their predicted loss and weight) and their loss
+curves for the curve laws, fitted with the options of the spec's `fit:` section (law, loss,
+bootstrap, noise floor; 200 starts, seed 0: scalelab.sweeps.store_fit) unless an option here
+says otherwise - so `scalelab fit DIR`, `sweep next DIR` and `scalelab report DIR` agree.
+--law auto fits every candidate law and picks one by the held-out-largest backtest
+(scalelab.fitting.select). The fit is scalelab.fitting.fit_runs.fit_runs; this module parses
+arguments and prints.
 """
 
 from __future__ import annotations
@@ -29,37 +33,51 @@ from scalelab.train import storage
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("fit", help="fit a scaling law to a run table (CSV/Parquet)")
-    p.add_argument("data", help="CSV or Parquet file, one row per run/checkpoint")
+    p = sub.add_parser("fit", help="fit a scaling law to a run table (CSV/Parquet) or a sweep store")
+    p.add_argument("data", help="CSV or Parquet file, one row per run/checkpoint; or a sweep directory")
     p.add_argument(
         "--law",
-        default="chinchilla",
-        help="law form for approach 3 (default chinchilla); auto: chosen by backtest; lr_annealing, lr_area, "
-        "lr_annealing_sized: curve laws (need curves: a sweep directory or a table of logged steps)",
+        default=None,
+        help="law form for approach 3 (default chinchilla; a sweep store: its spec's fit.law); auto: chosen by "
+        "backtest; lr_annealing, lr_area, lr_annealing_sized: curve laws (need curves: a sweep directory or a "
+        "table of logged steps)",
     )
     p.add_argument(
         "--stopped",
         choices=("include", "exclude"),
-        default="include",
+        default=None,
         help="sweep stores: runs stopped early enter at their predicted loss, weighted by its precision (include) "
-        "or not at all (exclude)",
+        "or not at all (exclude, the default, as `sweep next`)",
     )
     p.add_argument(
         "--curve-source", choices=("auto", "val", "train"), default="auto", help="sweep stores: which loss curves"
     )
     p.add_argument("--approach", type=int, choices=(1, 2, 3), default=3, help="Chinchilla approach (default 3)")
-    p.add_argument("--bootstrap", type=int, default=0, metavar="B", help="bootstrap resamples (0: delta method)")
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=None,
+        metavar="B",
+        help="bootstrap resamples (0: delta method; default 0, a sweep store: its spec's fit.bootstrap)",
+    )
     p.add_argument("--holdout-frac", type=float, default=None, metavar="F", help="backtest hold-out fraction")
     p.add_argument("--no-backtest", action="store_true", help="skip the backtests (on by default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--starts", type=int, default=None, metavar="K", help="thin the law's start grid to K starts (default: all)"
+        "--starts",
+        type=int,
+        default=None,
+        metavar="K",
+        help="K evenly spaced starts of the law's start grid (default: all; a sweep store: 200 drawn at random)",
     )
     p.add_argument("--level", type=float, default=0.95, help="interval level (default 0.95)")
     p.add_argument("--objective", choices=("huber", "squared"), default="huber")
     p.add_argument("--delta", type=float, default=1e-3, help="Huber threshold on log-loss residuals")
-    for role in ("params", "tokens", "loss", "flops", "run-id", "group", "unique-tokens", "weight"):
+    for role in ("params", "tokens", "flops", "run-id", "group", "unique-tokens", "weight"):
         p.add_argument(f"--{role}-col", default=role.replace("-", "_"), metavar="NAME")
+    p.add_argument(
+        "--loss-col", default=None, metavar="NAME", help="the loss column (default loss; a sweep store: fit.loss)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", type=pathlib.Path, default=None, help="save the fit (with samples) here")
     p.set_defaults(func=run_fit)
@@ -92,7 +110,7 @@ def _columns(args):
     return ColumnMap(
         params=args.params_col,
         tokens=args.tokens_col,
-        loss=args.loss_col,
+        loss=args.loss_col or "loss",
         flops=args.flops_col,
         run_id=args.run_id_col,
         group=args.group_col,
@@ -122,54 +140,66 @@ def _iv(iv) -> str:
     return f"[{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else "-"
 
 
-def _data(args: argparse.Namespace):
-    """(table or path, curves or None) from DATA: a sweep store, a table of logged steps, or a run table."""
+def _options(args: argparse.Namespace, store: pathlib.Path | None):
+    """FitOptions from the arguments; for a sweep store, the spec's where an argument is not given."""
+    from scalelab.fitting.fit_options import FitOptions
+
+    given = dict(
+        law=args.law,
+        approach=args.approach,
+        loss=args.loss_col,
+        stopped=args.stopped,
+        starts=args.starts,
+        bootstrap=args.bootstrap,
+        seed=args.seed,
+        level=args.level,
+        objective=args.objective,
+        delta=args.delta,
+        backtest=not args.no_backtest,
+        holdout_frac=args.holdout_frac,
+    )
+    if store is None:
+        return FitOptions(**{k: v for k, v in given.items() if v is not None})
+    from scalelab.sweeps.store_fit import fit_options, store_fit_spec
+
+    return fit_options(store_fit_spec(store), **given)
+
+
+def _fit(args: argparse.Namespace):
+    """The ScalingFit of DATA: a sweep store (its runs table), a table of logged steps, or a run table."""
+    from scalelab.fitting.fit_runs import fit_runs
+    from scalelab.fitting.io import read_runs
     from scalelab.fitting.laws import CURVE_LAWS
 
     wants_curves = args.law == "auto" or args.law in CURVE_LAWS
     path = storage.local_view(args.data, "DATA") if storage.is_url(args.data) else pathlib.Path(args.data)
     if path.is_dir():
-        from scalelab.sweeps.early_stop import runs_for_fit
         from scalelab.sweeps.run_curves import store_curves
+        from scalelab.sweeps.store_fit import fit_store
 
-        frame = runs_for_fit(path, stopped=args.stopped, loss_col=args.loss_col)
+        options = _options(args, path)
         curves = None
         if wants_curves:
-            statuses = ("done", "stopped_early") if args.stopped == "include" else ("done",)
-            curves = store_curves(path, source=args.curve_source, statuses=statuses)[1]
-        return frame, curves
+            statuses = ("done", "stopped_early") if options.stopped == "include" else ("done",)
+            curves = store_curves(path, source=args.curve_source, statuses=statuses, loss_col=options.loss)[1]
+        return fit_store(path, options, curves=curves)[0]
+    options = _options(args, None)
     if wants_curves and path.is_file():
         from scalelab.analysis.tables import read_table
         from scalelab.fitting.curves import curves_from_table, is_curve_table
 
         frame = read_table(path)
         if is_curve_table(frame):
-            return curves_from_table(frame)
-    return str(path), None
+            table, curves = curves_from_table(frame)
+            return fit_runs(read_runs(table, columns=_columns(args), min_rows=2), options, curves=curves)
+    return fit_runs(read_runs(str(path), columns=_columns(args), min_rows=2), options)
 
 
 def run_fit(args: argparse.Namespace) -> int:
-    from scalelab.fitting.pipeline import fit_table
-
     if not 0.0 < args.level < 1.0:
         raise UsageError(f"--level must be in (0, 1), got {args.level}")
-    data, curves = _data(args)
-    report = fit_table(
-        data,
-        law=args.law,
-        approach=args.approach,
-        bootstrap=args.bootstrap,
-        holdout_frac=args.holdout_frac,
-        seed=args.seed,
-        columns=_columns(args),
-        objective=args.objective,
-        delta=args.delta,
-        level=args.level,
-        backtest=not args.no_backtest,
-        keep_samples=args.out is not None,
-        max_starts=args.starts,
-        curves=curves,
-    )
+    fit = _fit(args)
+    report = fit.to_report(keep_samples=args.out is not None)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(_clean(report), indent=1))
@@ -182,7 +212,7 @@ def run_fit(args: argparse.Namespace) -> int:
         f"law {report['law']}  approach {report['approach']}  points {report['n_points']}  "
         f"objective {_fmt(report['objective'])}  ({report['code_version']})"
     )
-    print(f"{'parameter':<28}{'value':>12}   {lvl}% interval")
+    print(f"{'parameter':<28}{'value':>12}   {lvl}% interval ({report['interval_method']})")
     for name, val in {**report["params"], **report["derived"]}.items():
         print(f"{name:<28}{_fmt(val):>12}   {_iv(report['intervals'].get(name))}")
     for member, fit in report.get("members", {}).items():  # curve laws and the average
@@ -191,10 +221,17 @@ def run_fit(args: argparse.Namespace) -> int:
         cal = report.get("calibration", {}).get(member)
         print(f"  {member}: {params}{extra}" + (f"  (x{cal:.4f} to the table's loss)" if cal else ""))
     for proto, bt in report["backtest"].items():
+        if "mare" not in bt:
+            print(f"backtest {proto}: skipped ({bt.get('skipped', '')})")
+            continue
         print(
             f"backtest {proto}: MARE {100 * bt['mare']:.2f}%  bias {100 * bt['bias']:+.2f}%  "
             f"(train {bt['n_train']}, test {bt['n_test']})"
         )
+    if "gates" in report:
+        from scalelab.sweeps.proposal_text import format_gates
+
+        print(format_gates(report["gates"]))
     if "selection" in report:
         _print_selection(report["selection"])
     for w in report["warnings"]:

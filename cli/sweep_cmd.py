@@ -15,7 +15,8 @@
 Specs are validated before Ray starts; a bad spec exits 2 with one line naming the key. A spec with
 `transfer: {check: true, ...}` (scalelab.sweeps.transfer) gets its LR-transfer check planned beside
 it, and launched first: launch exits 2 with the check's table when the best LR drifts (--force
-launches anyway); the ladder's runs take the transferred LR.
+launches anyway); the ladder's runs take the transferred LR. `launch --rounds R` is the closed loop
+(scalelab.sweeps.rounds.run_rounds): the spec, then R - 1 rounds of `sweep next` launched in turn.
 
 W&B (docs/wandb.md): runs log live under the sweep's group with their design as tags; `sweep next`
 (and each round of `--rounds`) logs its fit, gates, proposals and ledger as a fit run with the
@@ -175,58 +176,51 @@ def _faults(items: list[str]) -> dict[str, int]:
 
 
 def run_launch(args) -> int:
-    from scalelab.sweeps.execute import launch
+    from scalelab.sweeps.rounds import LaunchOptions, check_rounds, run_rounds
     from scalelab.sweeps.spec import load_sweep
-    from scalelab.sweeps.transfer import plan_transfer
 
-    if args.rounds < 1:
-        raise UsageError("--rounds must be >= 1")
     sweep = load_sweep(args.spec)  # every run validated before Ray starts
-    check = plan_transfer(sweep.raw, sweep)  # the transfer section too
-    target = args.target_flops or sweep.fit.target_flops or None
-    if args.rounds > 1 and not target:
-        raise UsageError("--rounds > 1 needs --target-flops (or fit.target_flops in the spec)")
-    faults = _faults(args.inject_fault)
     out = args.out if storage.is_url(args.out) else Path(args.out)
-    if storage.is_url(out) and (check is not None or args.rounds > 1):
-        raise UsageError(f"--out {out}: transfer gates and --rounds need a local or shared POSIX store")
+    check, target = check_rounds(sweep, out, rounds=args.rounds, target_flops=args.target_flops)
+    faults = _faults(args.inject_fault)
     if args.detach:
         if storage.is_url(out):
             raise UsageError(f"--out {out}: --detach needs a shared POSIX store (the driver's spec copy lives there)")
         return _detach(args, sweep, check is None, out)
-    if check is not None:
-        sweep = _transfer_gate(check, out, args)
-        if sweep is None:
-            return 2
     print(f"sweep {sweep.name}: {len(sweep.runs)} runs -> {out}")
-    result = launch(
+
+    fit_images = None
+    if args.rounds > 1:  # the rounds' W&B fit runs draw their plots (matplotlib: only when there are rounds)
+        from scalelab.analysis.wandb_images import fit_images
+
+    def announce(i: int, proposal) -> None:
+        print(f"round {i} of {args.rounds - 1}: {len(proposal.runs)} proposed run(s) from {proposal.spec_path}")
+
+    result = run_rounds(
         sweep,
         out,
         spec_text=Path(args.spec).read_text(),
         spec_name=Path(args.spec).stem,
-        address=args.address,
-        max_concurrent=args.max_concurrent,
-        num_cpus=args.num_cpus,
-        fault_steps=faults,
+        rounds=args.rounds,
+        target_flops=target,
+        budget_flops=args.budget_flops,
+        force_transfer=args.force,
+        options=LaunchOptions(
+            address=args.address, max_concurrent=args.max_concurrent, num_cpus=args.num_cpus, fault_steps=faults
+        ),
+        before_launch=announce,
+        fit_images=fit_images,
     )
-    for k in range(1, args.rounds):
-        from scalelab.sweeps.propose import propose_next
-
-        proposal = propose_next(out, target_flops=target, budget_flops=args.budget_flops, log=print)
-        spec_path = Path(proposal["spec_path"])
-        nxt = load_sweep(spec_path)
-        _log_fit_runs(out, print)
-        print(f"round {k} of {args.rounds - 1}: {len(nxt.runs)} proposed run(s) from {spec_path}")
-        result = launch(
-            nxt,
-            out,
-            spec_text=spec_path.read_text(),
-            spec_name=spec_path.stem,
-            address=args.address,
-            max_concurrent=args.max_concurrent,
-            num_cpus=args.num_cpus,
+    if result.transfer is not None and result.transfer.refused:
+        print(result.transfer.table, file=sys.stderr)
+        print(
+            f"scalelab sweep launch: error: transfer: the best LR drifts beyond {result.transfer.gate.tolerance} grid "
+            "step(s) (or sits on the grid's edge); under sp set each size's LR from a fitted LR law (recipe.lr), "
+            "use parametrization mup/completep, widen transfer.lrs, or pass --force",
+            file=sys.stderr,
         )
-    return 0 if all(s in ("done", "diverged") for s in result["states"].values()) else 1
+        return 2
+    return 0 if result.ok else 1
 
 
 def _detach(args, sweep, pre_record: bool, out: Path) -> int:
@@ -264,45 +258,6 @@ def _detach(args, sweep, pre_record: bool, out: Path) -> int:
     print(f"sweep {sweep.name}: driver submitted as Ray job {job_id} on {args.address} -> {out}")
     print(f"  follow: ray job logs --address {args.address} --follow {job_id};  scalelab sweep status {out}")
     return 0
-
-
-def _transfer_gate(check, out: Path, args):
-    """Train the LR-transfer check into `<out>-transfer`; the ladder at the transferred LR, or None
-    (after printing the table) when the gate refuses."""
-    from scalelab.sweeps import store
-    from scalelab.sweeps.execute import launch
-    from scalelab.sweeps.spec import dump_spec
-    from scalelab.sweeps.transfer import evaluate_gate, format_gate, ladder_with_lr, transfer_dir
-
-    check_dir = transfer_dir(out)
-    print(f"LR-transfer check: {len(check.sweep.runs)} runs -> {check_dir}")
-    for w in check.warnings:
-        print(f"warning: {w}")
-    launch(
-        check.sweep,
-        check_dir,
-        spec_text=dump_spec(check.sweep.raw),
-        spec_name=f"{Path(args.spec).stem}-transfer",
-        address=args.address,
-        max_concurrent=args.max_concurrent,
-        num_cpus=args.num_cpus,
-    )
-    gate = evaluate_gate(check, store.load_runs(check_dir))
-    table = format_gate(gate, check.spec.lrs, check.sweep.fit.loss)
-    (check_dir / "gate.txt").write_text(table + "\n")
-    if not gate.ok and not args.force:
-        print(table, file=sys.stderr)
-        print(
-            f"scalelab sweep launch: error: transfer: the best LR drifts beyond {gate.tolerance} grid step(s) "
-            "(or sits on the grid's edge); under sp set each size's LR from a fitted LR law (recipe.lr), "
-            "use parametrization mup/completep, widen transfer.lrs, or pass --force",
-            file=sys.stderr,
-        )
-        return None
-    print(table)
-    if not gate.ok:
-        print("--force: launching the ladder anyway")
-    return ladder_with_lr(check, gate.base_lr)
 
 
 def run_resume(args) -> int:

@@ -27,6 +27,7 @@ import numpy as np
 from scipy import optimize
 
 from scalelab.errors import UsageError
+from scalelab.fitting.intervals import percentile_interval
 
 LossFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (N, D) -> loss
 
@@ -40,6 +41,7 @@ class Allocation:
     d_opt: float
     loss_opt: float
     tokens_per_param: float
+    # percentile_interval of the samples' optima: None without samples, (nan, nan) with fewer than 2
     n_opt_interval: tuple[float, float] | None = None
     d_opt_interval: tuple[float, float] | None = None
     loss_opt_interval: tuple[float, float] | None = None
@@ -103,14 +105,6 @@ def optimum_for_law(law) -> Callable[[dict[str, float], float], tuple]:
     return lambda p, c: numeric_optimum(lambda n, d: law.predict(p, params=n, tokens=d), c)
 
 
-def _percentile(values: np.ndarray, level: float) -> tuple[float, float] | None:
-    values = values[np.isfinite(values)]
-    if values.size < 2:
-        return None
-    lo, hi = np.quantile(values, [0.5 - level / 2.0, 0.5 + level / 2.0])
-    return float(lo), float(hi)
-
-
 def allocate(
     optimum: Callable[[dict[str, float], float], tuple],
     params: dict[str, float],
@@ -151,10 +145,10 @@ def allocate(
             except (UsageError, ValueError, FloatingPointError, ZeroDivisionError):
                 vals.append((np.nan, np.nan, np.nan))
         arr = np.asarray(vals, dtype=float)
-        out.n_opt_interval = _percentile(arr[:, 0], level)
-        out.d_opt_interval = _percentile(arr[:, 1], level)
-        out.loss_opt_interval = _percentile(arr[:, 2], level)
-        out.tokens_per_param_interval = _percentile(arr[:, 1] / arr[:, 0], level)
+        out.n_opt_interval = percentile_interval(arr[:, 0], level)
+        out.d_opt_interval = percentile_interval(arr[:, 1], level)
+        out.loss_opt_interval = percentile_interval(arr[:, 2], level)
+        out.tokens_per_param_interval = percentile_interval(arr[:, 1] / arr[:, 0], level)
     return out
 
 

@@ -1,21 +1,27 @@
 """Backtests: fit on the smaller-compute runs, predict the held-out ones, score relative error.
 
-Two protocols over a RunTable:
+Two protocols over a RunTable (its `flops` are the runs' FLOP budgets):
 
 - `holdout_backtest`: hold out the largest-compute runs - by default every run in the largest FLOP
   budget (runs within 5% of each other's FLOPs share a budget), or the top `holdout_frac` of runs
   by FLOPs - fit on the rest, predict the held-out losses.
-- `leave_one_budget_out`: for each FLOP budget, fit on all other budgets and predict it.
+- `leave_one_budget_out`: for each FLOP budget in turn (smallest first), fit on all other budgets
+  and predict it.
 
 Scores, per held-out run i:  rel_i = (pred_i - obs_i) / obs_i.
     MARE = mean |rel_i|,   bias = mean rel_i   (positive bias = the law over-predicts loss).
+Every held-out run keeps its fold's training FLOP range, so the folds that extrapolate give the
+law's out-of-sample error per decade (scalelab.fitting.predictive.extrapolation_error).
 
-The fitter is injected: `fitter(train: RunTable) -> predict(test: RunTable) -> losses`, so the same
-protocol scores any law or approach (fitting/pipeline.py builds it from fit_law).
+A fold is fitted only with at least `min_train` training runs in at least `min_budgets` budgets
+(a law of N and D fitted to one budget is not identified). The fitter is injected:
+`fitter(train: RunTable) -> predict(test: RunTable) -> losses`, called once per fold in the order
+above, so the same protocol scores any law or approach (`law_fitter` builds it for a law).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,7 +29,9 @@ import numpy as np
 
 from scalelab.errors import UsageError
 from scalelab.fitting.approaches import BUDGET_REL_TOL, group_budgets
+from scalelab.fitting.bootstrap import refit_law
 from scalelab.fitting.io import RunTable
+from scalelab.fitting.laws import Law
 
 Predictor = Callable[[RunTable], np.ndarray]
 Fitter = Callable[[RunTable], Predictor]
@@ -43,12 +51,13 @@ class BacktestResult:
     bias: float
     n_train: int  # training points of the (last) fit; for LOBO the smallest training set
     n_test: int
+    train_range: np.ndarray | None = None  # (n_test, 2): each held-out run's fold's [min, max] training FLOPs
     per_budget: dict[str, dict[str, float]] = field(default_factory=dict)  # LOBO: flops -> mare, bias
     extrapolation_decades: float = 0.0  # log10(max test FLOPs / max train FLOPs), holdout only
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "protocol": self.protocol,
             "mare": self.mare,
             "bias": self.bias,
@@ -68,6 +77,31 @@ class BacktestResult:
             "per_budget": self.per_budget,
             "warnings": list(self.warnings),
         }
+        if self.train_range is not None:
+            out["folds"] = [
+                {"flops": float(c), "train_range": [float(lo), float(hi)]}
+                for c, (lo, hi) in zip(self.flops, self.train_range)
+            ]
+            if self.protocol == "holdout" and len(self.train_range):
+                out["train_range"] = [float(x) for x in self.train_range[0]]
+        return out
+
+
+def law_fitter(law: Law, starts, **fit_kwargs) -> Fitter:
+    """A backtest fitter that refits `law` on each fold's training runs (bootstrap.refit_law).
+
+    `starts`: fit-space start rows, or a function returning them, called once per fold just
+    before its fit (the fit entry draws each fold's grid starts from its generator this way).
+    fit_kwargs: objective, delta.
+    """
+
+    def fitter(train: RunTable) -> Predictor:
+        inputs = train.law_inputs()
+        data = {**{k: inputs[k] for k in law.inputs}, "loss": train.loss}
+        fit = refit_law(law, data, starts() if callable(starts) else starts, train.weight, **fit_kwargs)
+        return lambda test: np.asarray(law.predict(fit.params, **{k: test.law_inputs()[k] for k in law.inputs}))
+
+    return fitter
 
 
 def relative_errors(predicted: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, float, float]:
@@ -95,7 +129,7 @@ def holdout_mask(flops: np.ndarray, holdout_frac: float | None = None) -> np.nda
     return flops >= cut
 
 
-def _score(protocol, test: RunTable, pred, n_train, warnings) -> BacktestResult:
+def _score(protocol: str, test: RunTable, pred, train_range, n_train: int, warnings: list[str]) -> BacktestResult:
     rel, mare, bias = relative_errors(pred, test.loss)
     return BacktestResult(
         protocol=protocol,
@@ -108,12 +142,28 @@ def _score(protocol, test: RunTable, pred, n_train, warnings) -> BacktestResult:
         bias=bias,
         n_train=n_train,
         n_test=len(test),
+        train_range=np.asarray(train_range, dtype=float).reshape(-1, 2),
         warnings=warnings,
     )
 
 
+def _too_few(train: RunTable, min_train: int, min_budgets: int) -> str | None:
+    """Why a fold cannot be fitted on `train`, or None."""
+    if len(train) < min_train:
+        return f"only {len(train)} training runs (need {min_train})"
+    budgets = np.unique(group_budgets(train.flops)).size if len(train) else 0
+    if budgets < min_budgets:
+        return f"the training runs span {budgets} FLOP budget(s) (need {min_budgets})"
+    return None
+
+
 def holdout_backtest(
-    table: RunTable, fitter: Fitter, *, holdout_frac: float | None = None, min_train: int = 2
+    table: RunTable,
+    fitter: Fitter,
+    *,
+    holdout_frac: float | None = None,
+    min_train: int = 2,
+    min_budgets: int = 1,
 ) -> BacktestResult:
     """Fit on the runs below the held-out compute and score the predictions of the held-out runs.
 
@@ -121,53 +171,83 @@ def holdout_backtest(
         table: the runs.
         fitter: train table -> predictor (test table -> predicted losses).
         holdout_frac: None for "the largest budget", else the fraction of runs held out by FLOPs.
-        min_train: fewer training runs than this is an error.
+        min_train, min_budgets: the training runs and FLOP budgets a fit needs (module docstring).
     Returns:
         BacktestResult with protocol "holdout".
     Raises:
-        UsageError: too few training runs left.
+        UsageError: too few training runs or budgets left.
     """
     mask = holdout_mask(table.flops, holdout_frac)
-    n_train = int((~mask).sum())
-    if n_train < min_train:
-        raise UsageError(f"backtest: only {n_train} runs remain below the held-out compute (need {min_train})")
     train, test = table.subset(~mask), table.subset(mask)
+    why = _too_few(train, min_train, min_budgets)
+    if why is not None:
+        raise UsageError(f"backtest: below the held-out compute, {why}")
     predictor = fitter(train)
-    result = _score("holdout", test, predictor(test), n_train, [])
-    result.extrapolation_decades = float(np.log10(test.flops.max() / train.flops.max()))
+    lo, hi = float(train.flops.min()), float(train.flops.max())
+    result = _score("holdout", test, predictor(test), [[lo, hi]] * len(test), len(train), [])
+    result.extrapolation_decades = float(math.log10(float(test.flops.max()) / hi))
     return result
 
 
-def leave_one_budget_out(table: RunTable, fitter: Fitter, *, min_train: int = 2) -> BacktestResult:
-    """Each FLOP budget in turn is held out; the others fit the law that predicts it.
+def leave_one_budget_out(
+    table: RunTable, fitter: Fitter, *, min_train: int = 2, min_budgets: int = 1
+) -> BacktestResult:
+    """Each FLOP budget in turn (smallest first) is held out; the others fit the law that predicts it.
 
     Budgets are the `group` column when the table has one, else FLOPs within 5%. Budgets whose
-    complement has fewer than `min_train` runs are skipped (listed in warnings).
+    complement is too small (min_train runs in min_budgets budgets), or whose fit fails, are skipped
+    (listed in warnings). The runs come out fold by fold.
     """
-    labels = table.group if table.group is not None else group_budgets(table.flops).astype(str)
-    preds = np.full(len(table), np.nan)
+    labels = table.group if table.group is not None else group_budgets(table.flops)
+    parts: list[tuple[RunTable, np.ndarray, list[float]]] = []
     per_budget: dict[str, dict[str, float]] = {}
     warnings: list[str] = []
     smallest_train = len(table)
     for lab in np.unique(labels):
         test_mask = labels == lab
-        n_train = int((~test_mask).sum())
-        if n_train < min_train:
-            warnings.append(f"budget {lab}: only {n_train} other runs, skipped")
+        train, test = table.subset(~test_mask), table.subset(test_mask)
+        why = _too_few(train, min_train, min_budgets)
+        if why is not None:
+            warnings.append(f"budget {lab}: {why}, skipped")
             continue
-        test = table.subset(test_mask)
         try:
-            preds[test_mask] = fitter(table.subset(~test_mask))(test)
+            pred = np.asarray(fitter(train)(test), dtype=float)
         except UsageError as e:  # e.g. a fit without enough distinct sizes: report, don't abort
             warnings.append(f"budget {lab}: fit failed ({e})")
             continue
-        smallest_train = min(smallest_train, n_train)
-        _, mare, bias = relative_errors(preds[test_mask], test.loss)
+        smallest_train = min(smallest_train, len(train))
+        parts.append((test, pred, [float(train.flops.min()), float(train.flops.max())]))
+        _, mare, bias = relative_errors(pred, test.loss)
         key = f"{float(np.exp(np.mean(np.log(test.flops)))):.4g}" if table.group is None else str(lab)
         per_budget[key] = {"mare": mare, "bias": bias, "n_test": int(test_mask.sum())}
-    done = np.isfinite(preds)
-    if not done.any():
+    if not parts:
         raise UsageError("leave-one-budget-out: no budget could be predicted (too few budgets or runs)")
-    result = _score("leave_one_budget_out", table.subset(done), preds[done], smallest_train, warnings)
+    test = _concat([t for t, _, _ in parts])
+    ranges = [r for t, _, r in parts for _ in range(len(t))]
+    result = _score(
+        "leave_one_budget_out", test, np.concatenate([p for _, p, _ in parts]), ranges, smallest_train, warnings
+    )
     result.per_budget = per_budget
     return result
+
+
+def _concat(tables: list[RunTable]) -> RunTable:
+    """The rows of `tables` one after the other (same columns)."""
+
+    def cat(name):
+        cols = [getattr(t, name) for t in tables]
+        return None if cols[0] is None else np.concatenate(cols)
+
+    first = tables[0]
+    return RunTable(
+        params=cat("params"),
+        tokens=cat("tokens"),
+        loss=cat("loss"),
+        flops=cat("flops"),
+        flops_source=first.flops_source,
+        tokens_source=first.tokens_source,
+        run_id=cat("run_id"),
+        group=cat("group"),
+        unique_tokens=cat("unique_tokens"),
+        weight=cat("weight"),
+    )

@@ -1,13 +1,22 @@
-"""Nonparametric bootstrap of a law fit: percentile intervals for parameters, derived quantities
-and predictions.
+"""Nonparametric bootstrap of a law fit: resample the runs, refit, take percentile intervals.
 
-Each replicate resamples the runs with replacement (or, with `groups`, whole groups such as all
-runs of one model size) and refits. A resample is a vector of integer counts w_i over the original
-runs, so replicate b minimises sum_i w_bi h(r_i(theta)) - and all replicates run together as rows
-of one batched L-BFGS (fitting/optim.py). Each replicate starts from the full-data optimum (the
-warm start) plus `n_extra_starts` more (the full fit's next-best distinct end points, else init-grid
-points), not from the full 4500-point grid:
-the resampled optimum is close to the full-data one. Because the warm start is close, the
+Two ways to refit the replicates, over the same resampling of runs (integer counts w_i per run, so
+replicate b minimises sum_i w_bi h(r_i(theta))):
+
+`refit_bootstrap` (what `fit_runs`, and so `scalelab fit`, `sweep next` and the report, use): one
+fit per replicate from the full fit's optimum plus `BOOT_EXTRA_STARTS` init-grid points of its own
+(warm starts alone keep every replicate in the full fit's basin and understate the uncertainty).
+Each replicate keeps its plan (counts, starts, residuals drawn for runs added later), so
+`refit_with_runs` can refit every replicate with candidate runs added, all candidates seeing the
+same resamples (common random numbers: a design comparison on equal terms).
+
+    boot = refit_bootstrap(law, data, fit, replicates=64, rng=np.random.default_rng(0), start_pool=grid)
+    boot.draws                              # [{"E": ..., "alpha": ...}, ...]
+    percentile_interval([d["alpha"] for d in boot.draws])
+
+`bootstrap` (thousands of replicates, grouped resampling): every replicate as a row of one
+batched L-BFGS (fitting/optim.py) from the warm start plus `n_extra_starts` more (the full fit's
+next-best distinct end points, else init-grid points). Because the warm start is close, the
 stopping rules must be tight (gtol 1e-9, ftol 1e-14); see `bootstrap`.
 
     boot = bootstrap("chinchilla", data, fit, n_boot=1000)
@@ -15,11 +24,13 @@ stopping rules must be tight (gtol 1e-9, ftol 1e-14); see `bootstrap`.
     boot.interval("a_opt")                 # compute-optimal exponent beta / (alpha + beta)
     boot.prediction_interval(0.95, params=7e10, tokens=1.4e12)   # (median, lo, hi) for L
 
-Percentile interval at level 1 - 2q: the q and 1 - q quantiles of the replicate estimates.
+Percentile intervals: scalelab.fitting.intervals.percentile_interval.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +40,7 @@ import torch
 
 from scalelab.errors import UsageError
 from scalelab.fitting import diagnostics
-from scalelab.fitting.fit import MAX_THREADS, FitResult
+from scalelab.fitting.fit import MAX_THREADS, FitResult, fit_law
 from scalelab.fitting.intervals import default_derived, percentile_interval
 from scalelab.fitting.laws import Law, get_law
 from scalelab.fitting.objective import BatchObjective
@@ -81,9 +92,8 @@ class BootstrapResult:
         if include_noise:
             rng = np.random.default_rng(seed)
             preds = preds * np.exp(self.residual_scale * rng.standard_normal(preds.shape))
-        q = (1.0 - level) / 2.0
-        lo, med, hi = np.nanquantile(preds, [q, 0.5, 1.0 - q], axis=0)
-        return med, lo, hi
+        lo, hi = percentile_interval(preds, level)
+        return np.nanmedian(preds, axis=0), lo, hi
 
     def to_dict(self, level: float = 0.95) -> dict[str, Any]:
         """JSON-safe summary: estimates and percentile intervals (not the samples)."""
@@ -166,8 +176,6 @@ def bootstrap(
     Raises:
         UsageError: bad data (as fit_law), groups of the wrong length or fewer than 2 groups.
     """
-    import time
-
     t0 = time.perf_counter()
     law = get_law(law, **fit.law_config) if isinstance(law, str) else law
     x, loss, w_fit = diagnostics.validate_data(law, data, fit.weights)
@@ -231,3 +239,103 @@ def bootstrap(
         seconds=time.perf_counter() - t0,
         derived_names=tuple(dfun),
     )
+
+
+BOOT_EXTRA_STARTS = 8  # grid starts added to the warm start in each replicate of refit_bootstrap
+MAX_ADDED = 2  # runs refit_with_runs can add (a residual is drawn for each in advance)
+
+
+@dataclass(kw_only=True, slots=True)
+class Replicate:
+    """One resample of refit_bootstrap, kept so that it can be refitted with runs added."""
+
+    counts: np.ndarray  # (n,) times each run was drawn
+    starts: np.ndarray  # (K, P) fit-space starts: the full fit's optimum, then grid points
+    added_residuals: np.ndarray  # (MAX_ADDED,) log residuals for runs added later (refit_with_runs)
+
+
+@dataclass(kw_only=True, slots=True)
+class RefitBootstrap:
+    draws: list[dict[str, float]]  # natural parameters of every replicate that could be fitted
+    plan: list[Replicate]  # every replicate drawn, fitted or not
+    n_failed: int  # degenerate resamples (too few distinct runs) left out of `draws`
+
+
+def refit_law(law: Law, data: Mapping[str, np.ndarray], starts: np.ndarray, weights=None, **fit_kwargs) -> FitResult:
+    """The refit of a bootstrap replicate or a backtest fold: fit_law from `starts`, one polish, no
+    diagnostics (the point fit already reported them)."""
+    return fit_law(law, data, starts=starts, weights=weights, diagnose=False, n_polish=1, **fit_kwargs)
+
+
+def refit_bootstrap(
+    law: Law,
+    data: Mapping[str, np.ndarray],
+    fit: FitResult,
+    *,
+    replicates: int,
+    rng: np.random.Generator,
+    start_pool: np.ndarray,
+    weights: np.ndarray | None = None,
+    **fit_kwargs: Any,
+) -> RefitBootstrap:
+    """Resample the runs `replicates` times and refit each resample (module docstring).
+
+    Per replicate, in this order from `rng`: the counts (n draws with replacement), BOOT_EXTRA_STARTS
+    rows of `start_pool` (beside the full fit's optimum), and MAX_ADDED of the fit's log residuals
+    (for refit_with_runs). The replicate's weights are its counts times `weights`.
+
+    Args:
+        law, data: the law and its data (law.inputs + "loss"), as fitted by `fit`.
+        fit: the full-data fit (its parameters are every replicate's first start).
+        rng: the generator the caller's other draws (starts, backtests) share.
+        start_pool: fit-space rows the extra starts are drawn from (the point fit's starts).
+        fit_kwargs: objective, delta of the point fit.
+    """
+    y = np.asarray(data["loss"], dtype=float)
+    inputs = {k: np.asarray(data[k], dtype=float) for k in law.inputs}
+    warm = law.to_fit(fit.params)[None, :]
+    log_resid = np.log(y) - np.log(law.predict(fit.params, **inputs))
+    k = min(BOOT_EXTRA_STARTS, len(start_pool))
+    draws, plan, failed = [], [], 0
+    for _ in range(replicates):
+        counts = np.bincount(rng.integers(0, y.size, y.size), minlength=y.size).astype(float)
+        starts = np.vstack([warm, start_pool[rng.choice(len(start_pool), k, replace=False)]])
+        plan.append(Replicate(counts=counts, starts=starts, added_residuals=rng.choice(log_resid, size=MAX_ADDED)))
+        keep = counts > 0
+        w = counts[keep] if weights is None else (counts * weights)[keep]
+        try:
+            rep = refit_law(law, {**{n: v[keep] for n, v in inputs.items()}, "loss": y[keep]}, starts, w, **fit_kwargs)
+        except UsageError:
+            failed += 1  # a degenerate resample (too few distinct points)
+            continue
+        draws.append(dict(rep.params))
+    return RefitBootstrap(draws=draws, plan=plan, n_failed=failed)
+
+
+def refit_with_runs(
+    law: Law,
+    data: Mapping[str, np.ndarray],
+    plan: Sequence[Replicate],
+    added: Mapping[str, Sequence[float]],
+    predicted: Sequence[float],
+    *,
+    weights: np.ndarray | None = None,
+    **fit_kwargs: Any,
+) -> list[dict[str, float]]:
+    """Every replicate of `plan` refitted with runs added (inputs `added`, at most MAX_ADDED runs),
+    each at its `predicted` loss times exp of the residual the replicate drew for it in advance.
+    Replicates that cannot be fitted are left out."""
+    y = np.asarray(data["loss"], dtype=float)
+    inputs = {k: np.asarray(data[k], dtype=float) for k in law.inputs}
+    out = []
+    for rep in plan:
+        keep = rep.counts > 0
+        sub = {k: np.append(inputs[k][keep], added[k]) for k in law.inputs}
+        sub["loss"] = np.append(y[keep], [p * math.exp(e) for p, e in zip(predicted, rep.added_residuals)])
+        w = rep.counts[keep] if weights is None else (rep.counts * weights)[keep]
+        w = np.append(w, np.ones(len(predicted)))
+        try:
+            out.append(dict(refit_law(law, sub, rep.starts, w, **fit_kwargs).params))
+        except UsageError:
+            continue
+    return out

@@ -21,10 +21,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from scalelab.errors import UsageError
-from scalelab.fitting.backtest import holdout_backtest
+from scalelab.fitting.backtest import holdout_backtest, law_fitter
+from scalelab.fitting.fit import fit_law, subsample_starts
+from scalelab.fitting.fit_runs import one_torch_thread
 from scalelab.fitting.io import ColumnMap, RunTable, read_runs
 from scalelab.fitting.laws import get_law
-from scalelab.fitting.pipeline import BACKTEST_STARTS, _law_fitter, one_torch_thread, subsample_starts
+
+BACKTEST_STARTS = 100  # evenly spaced grid starts per backtest refit (plus the full-data optimum)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -75,7 +78,7 @@ def compare_laws(
         holdout_frac: backtest hold-out (None: the largest FLOP budget).
         objective, delta: passed to fit_law.
         max_starts: thin each law's start grid (None: all); backtest refits use at most
-            pipeline.BACKTEST_STARTS plus the full-data optimum.
+            BACKTEST_STARTS plus the full-data optimum.
     Returns:
         One LawComparison per law, best held-out error first.
     """
@@ -84,8 +87,6 @@ def compare_laws(
 
 
 def _compare(data, laws, columns, holdout_frac, objective, delta, max_starts) -> list[LawComparison]:
-    from scalelab.fitting.fit import fit_law
-
     table = data if isinstance(data, RunTable) else read_runs(data, columns=columns, min_rows=2)
     inputs = table.law_inputs()
     rows = []
@@ -111,7 +112,7 @@ def _compare(data, laws, columns, holdout_frac, objective, delta, max_starts) ->
         row.aic, row.bic = information_criteria(r, law.n_params)
 
         bt_cap = min(max_starts or BACKTEST_STARTS, BACKTEST_STARTS)
-        fitter = _law_fitter(law, objective, delta, starts=subsample_starts(law, bt_cap, np.asarray(fit.theta)))
+        fitter = law_fitter(law, subsample_starts(law, bt_cap, np.asarray(fit.theta)), objective=objective, delta=delta)
 
         try:
             bt = holdout_backtest(table, fitter, holdout_frac=holdout_frac, min_train=law.n_params + 1)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import polars as pl
 from scipy import optimize
 
 from scalelab.errors import UsageError
@@ -483,8 +484,6 @@ def curves_from_table(frame) -> tuple[Any, list[RunCurve]]:
     Raises:
         UsageError: a missing column, a run without rows.
     """
-    import polars as pl
-
     missing = [c for c in CURVE_TABLE_COLUMNS if c not in frame.columns]
     if missing:
         raise UsageError(f"a curve table needs columns {list(CURVE_TABLE_COLUMNS)}; missing {missing}")

@@ -21,6 +21,7 @@ import numpy as np
 from scipy import optimize, stats
 
 from scalelab.errors import UsageError
+from scalelab.fitting.intervals import percentile_interval
 
 SIGMOID_PARAMS = ("a", "k", "L0", "b")
 
@@ -141,8 +142,8 @@ def two_step_predict(
     """Map predicted loss(es) to accuracy: (median, lo, hi) over loss samples (e.g. bootstrap).
 
     Only the uncertainty of step one is propagated here; the sigmoid's own parameter uncertainty is
-    in `sig.intervals()`. A scalar loss gives a degenerate interval.
+    in `sig.intervals()`. A scalar loss gives no interval (nan, nan: percentile_interval).
     """
     acc = np.atleast_1d(sig.predict(np.asarray(loss_samples, dtype=float)))
-    lo, mid, hi = np.quantile(acc, [0.5 - level / 2.0, 0.5, 0.5 + level / 2.0])
-    return float(mid), float(lo), float(hi)
+    lo, hi = percentile_interval(acc, level)
+    return float(np.quantile(acc, 0.5)), lo, hi

@@ -118,6 +118,24 @@ class FitResult:
         return cls(**kw)
 
 
+def subsample_starts(law: Law, max_starts: int | None, extra: np.ndarray | None = None) -> np.ndarray | None:
+    """Evenly spaced rows of the law's init grid (fit space), at most `max_starts`; plus `extra` rows.
+
+    None when the full grid is wanted. The grid's first axis varies slowest, so even spacing in the
+    row index still visits every value of every axis when max_starts >= the grid's axis sizes.
+    """
+    grid = law.init_grid()
+    if max_starts is not None and max_starts < len(grid):
+        if max_starts < 1:
+            raise UsageError(f"starts must be >= 1, got {max_starts}")
+        grid = grid[np.unique(np.round(np.linspace(0, len(grid) - 1, max_starts)).astype(int))]
+    elif extra is None:
+        return None
+    if extra is not None:
+        grid = np.vstack([grid, np.atleast_2d(extra)])
+    return grid
+
+
 def _starts_array(law: Law, starts: Any) -> np.ndarray:
     if starts is None:
         return law.init_grid()

@@ -4,8 +4,8 @@
     predict_from_fit(report, params=1e9, tokens=2e10)       # needs the saved samples for intervals
     allocate_from_fit(report, flops=1e23)
 
-The report is the dict fitting.pipeline.fit_table returns (FIT.json); its `samples` (bootstrap or
-delta-method parameter draws) give the percentile intervals.
+The report is what `scalelab fit --out` saves (scalelab.fitting.scaling_fit.ScalingFit.to_report,
+FIT.json); its `samples` (bootstrap or delta-method parameter draws) give the percentile intervals.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import numpy as np
 
 from scalelab.errors import UsageError
 from scalelab.fitting import allocate as alloc
+from scalelab.fitting.fit_options import LEVEL
+from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.laws import CURVE_LAWS, get_law
-from scalelab.fitting.pipeline import LEVEL
 
 
 def sample_rows(samples: dict[str, list[float]]) -> list[dict[str, float]]:
@@ -26,11 +27,6 @@ def sample_rows(samples: dict[str, list[float]]) -> list[dict[str, float]]:
 def _samples_of(fit: dict) -> list[dict[str, float]]:
     s = fit.get("samples") or {}
     return sample_rows(s) if s else []
-
-
-def _quantiles(values: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
-    q = np.nanquantile(values, [0.5 - level / 2.0, 0.5 + level / 2.0], axis=0)
-    return q[0], q[1]
 
 
 def _pairs(lo, hi) -> list[list[float]]:
@@ -86,11 +82,11 @@ def predict_from_fit(
             # Confidence interval: parameter uncertainty only (the law's mean loss). Prediction
             # interval: each draw also times exp(sigma z), sigma the fit's residual scale (a new run).
             vals = np.array([law.predict(r, **x) for r in rows])
-            out["loss_interval"] = _pairs(*_quantiles(vals, level))
+            out["loss_interval"] = _pairs(*percentile_interval(vals, level))
             sigma = fit.get("residual_scale")
             if sigma:
                 noise = np.exp(sigma * np.random.default_rng(0).standard_normal(vals.shape))
-                out["loss_prediction_interval"] = _pairs(*_quantiles(vals * noise, level))
+                out["loss_prediction_interval"] = _pairs(*percentile_interval(vals * noise, level))
         out["level"] = level
         return out
     if "flops" in given and set(law.inputs) == {"params", "tokens"}:
@@ -123,7 +119,7 @@ def allocate_from_fit(fit: dict, *, flops=None, tokens=None, level: float | None
     """Compute-optimal N*, D*, tokens/param (and L* for Approach 3) with percentile intervals.
 
     Args:
-        fit: a report (fit_table / FIT.json; intervals need its "samples").
+        fit: a report (ScalingFit.to_report / FIT.json; intervals need its "samples").
         flops: FLOP budget(s) C: the allocation at each.
         tokens: data budget(s) D instead: the size for which D tokens is compute-optimal (solve
             D*(C) = D, then N*(C)) - the loss-optimal model per FLOP that uses exactly that data.

@@ -89,6 +89,16 @@ class GateReport:
             "brackets": [dict(asdict(b), bracketed=b.bracketed) for b in self.brackets],
         }
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GateReport:
+        """The report back from to_dict's JSON (a saved round's gates)."""
+        brackets = []
+        for b in d["brackets"]:
+            fields = {k: v for k, v in b.items() if k != "bracketed"}
+            iv = fields.get("vertex_interval")
+            brackets.append(BudgetBracket(**dict(fields, vertex_interval=None if iv is None else tuple(iv))))
+        return cls(gates=[Gate(**g) for g in d["gates"]], brackets=brackets)
+
 
 def budget_brackets(
     params: np.ndarray, loss: np.ndarray, flops: np.ndarray, budget_labels: np.ndarray | None = None

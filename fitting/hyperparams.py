@@ -25,6 +25,8 @@ import statsmodels.api as sm
 from scipy import stats
 
 from scalelab.errors import UsageError
+from scalelab.fitting.approaches import group_budgets
+from scalelab.fitting.intervals import percentile_interval
 
 
 @dataclass(kw_only=True, slots=True)
@@ -198,8 +200,7 @@ def best_lr(lrs, losses, *, window: int = 2, n_boot: int = 1000, level: float = 
         for _ in range(n_boot):
             coef = np.polyfit(u, fitted + rng.choice(resid, size=u.size, replace=True), 2)
             draws.append(fine[np.argmin(np.polyval(coef, fine))])
-        tail = (1 - level) / 2
-        interval = tuple(float(2**q) for q in np.quantile(draws, [tail, 1 - tail]))
+        interval = tuple(float(2**q) for q in percentile_interval(draws, level))
     return LROptimum(lr=float(2**vertex), interval=interval, grid_lr=float(grid[best]),
                      loss=float(np.polyval((q2, q1, q0), vertex)), interior=True, level=level)  # fmt: skip
 
@@ -237,8 +238,6 @@ def optimal_per_budget(
     Returns:
         One BudgetOptimum per budget, sorted by flops.
     """
-    from scalelab.fitting.approaches import group_budgets
-
     c = np.asarray(flops, dtype=float)
     h = np.asarray(hparam, dtype=float)
     loss = np.asarray(loss, dtype=float)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 from scipy import stats
 
 from scalelab.fitting.laws import Chinchilla, Law, get_law
@@ -59,15 +60,35 @@ def huber_variance_factor(sigma: float, delta: float | None) -> float:
     return float(e_psi2 / max(inside, 1e-300) ** 2)
 
 
-def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """Equal-tailed percentile interval of finite samples (NaN, NaN if none)."""
+def percentile_interval(samples, level: float = 0.95):
+    """Equal-tailed percentile interval: the 0.5 - level/2 and 0.5 + level/2 quantiles of the samples.
+
+    The project's one percentile-interval helper (bootstrap parameters, predictions, allocations,
+    comparisons, plots). Non-finite samples (a replicate that failed, a degenerate draw) are left
+    out. Fewer than two finite samples is no interval: (nan, nan) - never None and never a
+    zero-width (x, x); whoever prints or saves it shows the NaNs as missing ("-", JSON null).
+
+    Args:
+        samples: (S,) draws, or (S, K): one interval per column (axis 0 holds the draws).
+        level: coverage of the interval, in (0, 1).
+    Returns:
+        (lo, hi) as floats for 1-D samples, as (K,) arrays for 2-D ones.
+    """
     s = np.asarray(samples, dtype=np.float64)
-    s = s[np.isfinite(s)]
-    if s.size == 0:
-        return (float("nan"), float("nan"))
-    q = (1.0 - level) / 2.0
-    lo, hi = np.quantile(s, [q, 1.0 - q])
-    return (float(lo), float(hi))
+    q = [0.5 - level / 2.0, 0.5 + level / 2.0]
+    if s.ndim <= 1:
+        s = s.reshape(-1)
+        s = s[np.isfinite(s)]
+        if s.size < 2:
+            return (float("nan"), float("nan"))
+        lo, hi = np.quantile(s, q)
+        return (float(lo), float(hi))
+    s = np.where(np.isfinite(s), s, np.nan)
+    lo, hi = np.full(s.shape[1:], np.nan), np.full(s.shape[1:], np.nan)
+    enough = np.sum(np.isfinite(s), axis=0) >= 2
+    if enough.any():
+        lo[enough], hi[enough] = np.nanquantile(s[:, enough], q, axis=0)
+    return lo, hi
 
 
 @dataclass(kw_only=True, slots=True)
@@ -95,8 +116,6 @@ class DeltaMethodResult:
 
 
 def _jacobian(law: Law, x: Mapping[str, np.ndarray], theta: np.ndarray) -> np.ndarray:
-    import torch
-
     xt = {k: torch.as_tensor(np.asarray(v, dtype=np.float64)) for k, v in x.items()}
     t = torch.as_tensor(np.asarray(theta, dtype=np.float64))
     # Exact Jacobian with P double-backward passes (no per-point loop, no functorch start-up):
@@ -170,8 +189,6 @@ def delta_method(
 
 
 def _log_residuals(law: Law, x: Mapping[str, np.ndarray], loss: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    import torch
-
     xt = {k: torch.as_tensor(np.asarray(v, dtype=np.float64)) for k, v in x.items()}
     with torch.no_grad():
         lp = law.log_predict_fit(torch.as_tensor(theta).reshape(1, -1), xt)[0].numpy()

@@ -20,7 +20,7 @@ At a target d_t decades from the fitted budgets the three parts add in log space
     sd = sqrt(s_boot^2 + sigma_noise^2 + (t/z k d_t)^2),     interval = point * exp(+-z sd),
 
 with s_boot the bootstrap replicates' spread (their 95% half-width / z, in log space), sigma_noise
-a new run's noise (scalelab.fitting.loopfit.LoopFit.residual_scale: the fit's residual scale
+a new run's noise (scalelab.fitting.fit_runs.RunsFit.residual_scale: the fit's residual scale
 corrected for its parameters, seed replicates, or a seed study's floor, whichever is largest), and
 z the normal quantile of the level. With no
 extrapolating backtest (fewer than 3 budgets), k is unknown and the interval says so (k = None).
@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 from scipy import stats
+
+from scalelab.fitting.intervals import percentile_interval
 
 
 @dataclass(kw_only=True, slots=True)
@@ -119,8 +121,21 @@ def replicate_sd(replicate_values: np.ndarray, level: float = 0.95) -> float:
     vals = vals[np.isfinite(vals) & (vals > 0)]
     if vals.size < 2:
         return 0.0
-    lo_b, hi_b = np.quantile(np.log(vals), [0.5 - level / 2, 0.5 + level / 2])
+    lo_b, hi_b = percentile_interval(np.log(vals), level)
     return float(hi_b - lo_b) / (2 * z)
+
+
+def replicate_noise(n: np.ndarray, d: np.ndarray, loss: np.ndarray) -> float:
+    """Pooled sd of log loss over runs sharing (N, D) (seed replicates); 0 when there are none."""
+    groups: dict[tuple[float, float], list[float]] = {}
+    for a, b, y in zip(n, d, loss):
+        groups.setdefault((float(a), float(b)), []).append(math.log(y))
+    sq, dof = 0.0, 0
+    for vals in groups.values():
+        if len(vals) > 1:
+            sq += float(np.sum((np.array(vals) - np.mean(vals)) ** 2))
+            dof += len(vals) - 1
+    return math.sqrt(sq / dof) if dof else 0.0
 
 
 def interval_from_parts(point: float, parts: dict[str, float], level: float = 0.95) -> PredictionInterval:

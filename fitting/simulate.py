@@ -27,6 +27,7 @@ import numpy as np
 
 from scalelab.errors import UsageError
 from scalelab.fitting.curves import RunCurve
+from scalelab.fitting.fit import fit_law
 from scalelab.fitting.laws import Chinchilla, Law, get_law
 
 # Reference parameter sets (natural units: N in parameters, D in tokens, loss in nats).
@@ -150,8 +151,6 @@ def precision_vs_runs(
     Returns:
         one dict per design: {"n_runs", "design", "bias": {p: ...}, "std": {...}, "rmse": {...}}.
     """
-    from scalelab.fitting.fit import fit_law  # local: fit imports this module's siblings
-
     law = get_law(law)
     params = dict(DEFAULT_PARAMS[law.name] if true_params is None else true_params)
     rows = []

@@ -26,14 +26,17 @@ CPU); `scalelab demo --wandb offline` (WANDB_MODE) turns it on without changing 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from scalelab.sweeps import ledger, store, wandb_fit
+from scalelab.sweeps import ledger, store
+from scalelab.sweeps.proposal import Proposal
+from scalelab.sweeps.proposal_text import format_gates
+from scalelab.sweeps.rounds import LaunchOptions, run_rounds
+from scalelab.sweeps.spec import expand_sweep
 
 MAX_ROUNDS = 3  # fits (and remedial rounds) before the demo gives up on identification
 
@@ -85,49 +88,63 @@ def run_demo(
     plot=None,
     fit_images=None,
 ) -> dict[str, Any]:
-    from scalelab.sweeps.execute import launch
-    from scalelab.sweeps.proposal_text import format_gates
-    from scalelab.sweeps.propose import propose_next
-    from scalelab.sweeps.spec import expand_sweep, load_sweep
-
+    """The demo (module docstring): the closed loop (scalelab.sweeps.rounds.run_rounds) with its steps
+    printed. A fit whose gates fail gets its remedial round launched and is fitted again, at most
+    MAX_ROUNDS times; the first round proposed from a passing fit is the compute-optimal run."""
     t0 = time.time()
     sweep_dir = Path(out) / "isoflop"
     spec = demo_spec(quick)
     sweep = expand_sweep(spec, default_name="demo")
     log(f"[1/4] IsoFLOP sweep: {len(sweep.runs)} runs at budgets {spec['isoflop']['budgets']} -> {sweep_dir}")
     _print_design(sweep, log)
-    result = launch(
-        sweep, sweep_dir, spec_text=yaml.safe_dump(spec, sort_keys=False), spec_name="demo",
-        address=address, num_cpus=num_cpus, log=log,
-    )  # fmt: skip
-    if any(s != "done" for s in result["states"].values()):
-        log("some runs did not finish; see `scalelab sweep status " + str(sweep_dir) + "`")
-        return {"ok": False}
-    t_sweep = time.time() - t0
-
     largest = max(spec["isoflop"]["budgets"])
     next_budget = 3 * largest
-    log(f"[2/4] fit, gates and proposal (the compute-optimal run at {next_budget:.3g} FLOPs = 3x the largest budget)")
-    proposal = None
-    for _ in range(MAX_ROUNDS):
-        proposal = _existing_round(sweep_dir) or propose_next(
-            sweep_dir, target_flops=next_budget, budget_flops=next_budget, step=3.0, log=log
-        )
-        wandb_fit.log_rounds(sweep_dir, images=fit_images, log=log)  # a W&B fit run (when W&B is on)
-        if proposal["gates"]["passed"]:
-            break
-        log(format_gates(proposal["gates"]))
-        log(f"  -> launching the {len(proposal['proposals'])} run(s) that would pass the failed gate(s)")
-        _launch_round(proposal, sweep_dir, address, num_cpus, log, launch, load_sweep)
+    times = {"sweep": 0.0, "fit": 0.0}
+
+    def before_fit(i: int) -> None:
+        if i == 1:
+            times["sweep"] = time.time() - t0
+            log(
+                f"[2/4] fit, gates and proposal (the compute-optimal run at {next_budget:.3g} FLOPs = 3x the "
+                "largest budget)"
+            )
+
+    def before_launch(i: int, proposal: Proposal) -> None:
+        if not proposal.passed:
+            log(format_gates(proposal.gates.to_dict()))
+            log(f"  -> launching the {len(proposal.runs)} run(s) that would pass the failed gate(s)")
+            return
+        _print_fit(proposal.to_dict(), log)
+        times["fit"] = time.time() - t0 - times["sweep"]
+        log("[3/4] the proposed compute-optimal run")
+
+    result = run_rounds(
+        sweep,
+        sweep_dir,
+        spec_text=yaml.safe_dump(spec, sort_keys=False),
+        spec_name="demo",
+        rounds=1 + MAX_ROUNDS,
+        target_flops=next_budget,
+        budget_flops=next_budget,
+        step=3.0,
+        until_passed=True,
+        reopen=True,
+        options=LaunchOptions(address=address, num_cpus=num_cpus),
+        log=log,
+        before_fit=before_fit,
+        before_launch=before_launch,
+        fit_images=fit_images,
+    )
+    if not result.proposals:
+        log("some runs did not finish; see `scalelab sweep status " + str(sweep_dir) + "`")
+        return {"ok": False}
+    proposal = result.proposals[-1].to_dict()
     fit = proposal["fit"]
-    _print_fit(proposal, log)
-    t_fit = time.time() - t0 - t_sweep
     if not proposal["gates"]["passed"]:
+        _print_fit(proposal, log)
         log(f"the gates still fail after {MAX_ROUNDS} rounds; no compute-optimal run is proposed")
         return {"ok": False, "gates": proposal["gates"], "fit": fit}
-
-    log("[3/4] the proposed compute-optimal run")
-    _launch_round(proposal, sweep_dir, address, num_cpus, log, launch, load_sweep)
+    t_sweep, t_fit = times["sweep"], times["fit"]
     p = proposal["proposals"][0]
     status = store.read_status(store.run_path(sweep_dir, p["run_id"])) or {}
     measured = status.get("final_val_loss")
@@ -191,8 +208,6 @@ def _print_design(sweep, log) -> None:
 
 
 def _print_fit(proposal: dict[str, Any], log) -> None:
-    from scalelab.sweeps.proposal_text import format_gates
-
     fit, iv = proposal["fit"], proposal["intervals"]
     p = fit["params"]
     log(
@@ -212,21 +227,3 @@ def _print_fit(proposal: dict[str, Any], log) -> None:
             f"(from {ext['n_runs']} backtest runs)"
         )
     log("  " + format_gates(proposal["gates"]).replace("\n", "\n  "))
-
-
-def _launch_round(proposal, sweep_dir: Path, address, num_cpus, log, launch, load_sweep) -> None:
-    spec_path = Path(proposal["spec_path"])
-    launch(
-        load_sweep(spec_path), sweep_dir, spec_text=spec_path.read_text(), spec_name=spec_path.stem,
-        address=address, num_cpus=num_cpus, log=log,
-    )  # fmt: skip
-
-
-def _existing_round(sweep_dir: Path) -> dict[str, Any] | None:
-    """A rerun of the demo keeps the last proposal whose runs are not all done yet."""
-    fits = sorted((sweep_dir / "fits").glob("round_*.json"), key=lambda p: int(p.stem.split("_")[1]))
-    if not fits:
-        return None
-    last = json.loads(fits[-1].read_text())
-    done = all(store.run_state(store.run_path(sweep_dir, p["run_id"])) == "done" for p in last["proposals"])
-    return None if done and not last["gates"]["passed"] else last

@@ -24,10 +24,10 @@ curve law's final prediction times a calibration factor measured on the finished
 `loss` over the law's prediction for them), so a curve of training losses still predicts the loss
 the sweep's fits use.
 
-Fits over a store with stopped runs (`runs_for_fit`): `stopped="include"` gives each stopped run
-its predicted loss and the weight sigma^2 / (sigma^2 + s^2), s the sd of its prediction (from the
-interval) and sigma the noise floor (tolerance / z): a run predicted as precisely as a run is
-measured counts fully; `stopped="exclude"` drops them.
+Fits over a store with stopped runs (scalelab.sweeps.store_fit, FitOptions.stopped): "include" gives
+each stopped run its predicted loss and the weight sigma^2 / (sigma^2 + s^2) (`stopped_run_weight`),
+s the sd of its prediction (from the interval) and sigma the noise floor (tolerance / z): a run
+predicted as precisely as a run is measured counts fully; "exclude" (the default) drops them.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 from scipy import stats
 
 from scalelab.errors import ConfigError, UsageError
@@ -48,7 +47,7 @@ from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.laws import CURVE_LAWS
 from scalelab.fitting.predictive import interval_from_parts, replicate_sd, t_over_z
 from scalelab.sweeps import store
-from scalelab.sweeps.run_curves import SOURCES, resolve_source, run_curve, run_dir_of, store_curves
+from scalelab.sweeps.run_curves import SOURCES, resolve_source, run_curve, store_curves
 from scalelab.train.config import build_run_config
 from scalelab.train.config_tree import from_dict, load_yaml
 from scalelab.train.loop import StopRun
@@ -318,55 +317,13 @@ def _event(d: Decision) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def runs_for_fit(
-    path: str | Path, *, stopped: str = "include", loss_col: str = "loss", tolerance: float | None = None
-) -> pl.DataFrame:
-    """Done runs plus (stopped="include") stopped runs at their predicted loss, with a weight column.
-
-    Columns: run_id, params, tokens, flops, loss, weight, status, group (the FLOP budget label).
-    A stopped run's weight is sigma^2 / (sigma^2 + s^2) (module docstring); sigma comes from its
-    own early_stop tolerance unless `tolerance` is given.
-    """
-    if stopped not in ("include", "exclude"):
-        raise UsageError(f"stopped={stopped!r}; use include or exclude")
-    runs = store.load_runs(path)
-    if runs.is_empty():
-        raise UsageError(f"{path} holds no runs")
-    rows = []
-    for row in runs.iter_rows(named=True):
-        w, loss = 1.0, row.get(loss_col)
-        if row["status"] == STATUS:
-            if stopped == "exclude":
-                continue
-            info = _stop_info(path, row)
-            lo, hi = info.get("predicted_loss_interval") or (math.nan, math.nan)
-            loss = info.get("predicted_loss")
-            es = info.get("early_stop") or {}
-            z = float(stats.norm.ppf(0.5 + es.get("level", 0.95) / 2.0))
-            sigma = (tolerance if tolerance is not None else es.get("tolerance", 0.01)) / z
-            s = (math.log(hi) - math.log(lo)) / (2.0 * z) if lo and hi and lo > 0 else math.inf
-            w = sigma**2 / (sigma**2 + s**2)
-        elif row["status"] != "done":
-            continue
-        if loss is None:
-            continue
-        budget = row.get("flops_budget")
-        rows.append(
-            {
-                "run_id": row["run_id"],
-                "params": float(row["params"]),
-                "tokens": float(row["tokens"]),
-                "flops": float(row["flops"]),
-                "loss": float(loss),
-                "weight": float(w),
-                "status": row["status"],
-                "group": str(budget) if budget is not None else f"{row['flops']:.3g}",
-            }
-        )
-    if not rows:
-        raise UsageError(f"{path} has no done (or stopped) runs with a loss")
-    return pl.DataFrame(rows)
-
-
-def _stop_info(path: str | Path, row: dict) -> dict[str, Any]:
-    return store.read_status(run_dir_of(path, row)) or {}
+def stopped_run_weight(status: dict[str, Any], tolerance: float | None = None) -> tuple[float | None, float]:
+    """(predicted final loss, fit weight) of a stopped run from its status.json (module docstring):
+    weight sigma^2 / (sigma^2 + s^2), s the sd of the prediction (from its interval) and sigma the
+    noise floor, from the run's own early_stop tolerance unless `tolerance` is given."""
+    lo, hi = status.get("predicted_loss_interval") or (math.nan, math.nan)
+    es = status.get("early_stop") or {}
+    z = float(stats.norm.ppf(0.5 + es.get("level", 0.95) / 2.0))
+    sigma = (tolerance if tolerance is not None else es.get("tolerance", 0.01)) / z
+    s = (math.log(hi) - math.log(lo)) / (2.0 * z) if lo and hi and lo > 0 else math.inf
+    return status.get("predicted_loss"), sigma**2 / (sigma**2 + s**2)

@@ -50,6 +50,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -161,33 +162,56 @@ def _hold_callback():
     return cb
 
 
+@dataclass(kw_only=True, slots=True)
+class TrialArgs:
+    """What one Tune trial needs to train one run. It travels in Tune's param space as a plain
+    dict (`asdict`; Tune keeps trial configs as JSON), rebuilt by the trial and the resource hook."""
+
+    sweep_dir: str
+    run_id: str
+    config: dict[str, Any]  # the run's resolved config tree, as sweep.resolved.json holds it
+    cpus_per_run: int  # a single-process run: its CPUs (= its torch threads)
+    gpus_per_run: float
+    cpus_per_worker: int  # a multi-process run: per Ray Train worker
+    gpus_per_worker: float
+    max_failures: int  # retries; a multi-process run's TorchTrainer restarts its workers this often
+    elastic: bool  # a multi-process run may continue at a smaller dp after losing workers
+    hang_factor: float  # the step watchdog (scalelab.train.watchdog); 0 = off
+    hang_min_s: float
+    fail_at_step: int | None = None  # testing: the run raises once at this step
+
+    @classmethod
+    def of(cls, trial_config: dict[str, Any]) -> TrialArgs:
+        return cls(**trial_config["trial"])
+
+
 def sweep_trial(trial_config: dict[str, Any]) -> None:
     """Tune function trainable: train one run of the store (resuming whatever is on disk)."""
     import ray
     from ray import tune
 
-    tc = trial_config["trial"]
-    sweep_dir, run_id = store.location(tc["sweep_dir"]), tc["run_id"]
+    tc = TrialArgs.of(trial_config)
+    sweep_dir, run_id = store.location(tc.sweep_dir), tc.run_id
     with _run_lock(sweep_dir, run_id) as run_dir:
         _remove_stale_temp_files(run_dir)
         state = store.run_state(run_dir)
         if state in store.TERMINAL:  # finished by an earlier attempt whose driver died before seeing it
             tune.report({"status": state, "skipped": True})
             return
-        cfg = build_run_config(tc["config"])
-        _check_same_run(tc["config"], cfg, run_id)
+        cfg = build_run_config(tc.config)
+        _check_same_run(tc.config, cfg, run_id)
         os.chdir(run_dir)  # cooldown branches name their stable run's checkpoint relative to the run dir
         prev = (store.read_status(run_dir) or {}) if state != "pending" else {}
         attempt = int(prev.get("attempts", 0)) + 1
         store.append_event(sweep_dir, "start", run_id, attempt=attempt, node=ray.get_runtime_context().get_node_id())
         t0 = time.perf_counter()
-        wb = wandb_runs.trial_context(sweep_dir, run_id, tc["config"])  # group, tags, live prediction
+        wb = wandb_runs.trial_context(sweep_dir, run_id, tc.config)  # group, tags, live prediction
         try:
             if cfg.parallel.world_size > 1:
                 summary = _train_multiworker(tc, run_dir, cfg, wb)
             else:
-                fault = _fault_callback(run_dir, tc.get("fail_at_step"))
-                stop = early_stop.callback(sweep_dir, run_id, tc["config"])
+                fault = _fault_callback(run_dir, tc.fail_at_step)
+                stop = early_stop.callback(sweep_dir, run_id, tc.config)
                 cbs = [cb for cb in (fault, _hold_callback(), stop) if cb]
                 summary = train_run(cfg, run_dir, resume=True, callbacks=cbs, hang=_hang_policy(tc), wandb=wb)
         except BaseException as e:
@@ -219,9 +243,9 @@ def _loaded_step(run_dir: Path, attempt: int) -> int | None:
     return loaded[-1] if len(loaded) >= attempt else None
 
 
-def _hang_policy(tc: dict) -> HangPolicy | None:
-    factor = float(tc.get("hang_factor") or 0)
-    return HangPolicy(factor=factor, min_s=float(tc.get("hang_min_s", 60.0))) if factor else None
+def _hang_policy(tc: TrialArgs) -> HangPolicy | None:
+    factor = float(tc.hang_factor or 0)
+    return HangPolicy(factor=factor, min_s=float(tc.hang_min_s)) if factor else None
 
 
 def _check_same_run(stored: dict[str, Any], cfg, run_id: str) -> None:
@@ -246,7 +270,7 @@ def _check_same_run(stored: dict[str, Any], cfg, run_id: str) -> None:
         )
 
 
-def _train_multiworker(tc: dict, run_dir: Path, cfg, wb: WandbRun | None = None) -> dict[str, Any]:
+def _train_multiworker(tc: TrialArgs, run_dir: Path, cfg, wb: WandbRun | None = None) -> dict[str, Any]:
     """A multi-process run as a Ray Train TorchTrainer inside this trial.
 
     The trainer restarts its worker group after a worker failure (a lost node, the step watchdog)
@@ -255,29 +279,28 @@ def _train_multiworker(tc: dict, run_dir: Path, cfg, wb: WandbRun | None = None)
     from ray.train import RunConfig as TrainRunConfig
     from ray.train.torch import TorchTrainer
 
-    gpus = float(tc.get("gpus_per_worker", 0))
+    gpus = float(tc.gpus_per_worker)
     world = cfg.parallel.world_size
     policy = _hang_policy(tc)
     trainer = TorchTrainer(
         ray_train_fn,
         train_loop_config={
-            "config": tc["config"],
+            "config": tc.config,
             "run_dir": str(run_dir),
             "resume": True,
             "hang": None if policy is None else {"factor": policy.factor, "min_s": policy.min_s},
             "wandb": wb,
         },
         scaling_config=ScalingConfig(
-            num_workers=(min_world_size(cfg.parallel), world) if tc.get("elastic") else world,
+            num_workers=(min_world_size(cfg.parallel), world) if tc.elastic else world,
             use_gpu=gpus > 0,
             # each worker gives up TRIAL_CPU of its share so the trial's own bundle still fits
-            resources_per_worker={"CPU": float(tc.get("cpus_per_worker", 1)) - TRIAL_CPU}
-            | ({"GPU": gpus} if gpus else {}),
+            resources_per_worker={"CPU": float(tc.cpus_per_worker) - TRIAL_CPU} | ({"GPU": gpus} if gpus else {}),
         ),
         run_config=TrainRunConfig(
-            name=f"train-{tc['run_id']}",
+            name=f"train-{tc.run_id}",
             storage_path=str(run_dir / ".ray_train"),
-            failure_config=FailureConfig(max_failures=int(tc.get("max_failures", 0))),
+            failure_config=FailureConfig(max_failures=int(tc.max_failures)),
         ),
     )
     trainer.fit()
@@ -304,12 +327,12 @@ def _world_size(config: dict[str, Any]) -> int:
 def _trial_resources(trial_config: dict[str, Any]):
     from ray.tune import PlacementGroupFactory
 
-    tc = trial_config["trial"]
-    if _world_size(tc["config"]) > 1:
+    tc = TrialArgs.of(trial_config)
+    if _world_size(tc.config) > 1:
         return PlacementGroupFactory([{"CPU": TRIAL_CPU}])  # the TorchTrainer's workers hold the resources
-    bundle = {"CPU": float(tc["cpus_per_run"])}
-    if tc.get("gpus_per_run"):
-        bundle["GPU"] = float(tc["gpus_per_run"])
+    bundle = {"CPU": float(tc.cpus_per_run)}
+    if tc.gpus_per_run:
+        bundle["GPU"] = float(tc.gpus_per_run)
     return PlacementGroupFactory([bundle])
 
 
@@ -388,19 +411,21 @@ def execute(
                 reaper, started = start_ray(address, num_cpus), True
             log(f"wave {wave}: {len(ready)} run(s) on Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)")
             trial_configs = [
-                dict(
-                    sweep_dir=str(sweep_dir),
-                    run_id=r["run_id"],
-                    config=r["config"],
-                    cpus_per_run=execution.cpus_per_run,
-                    gpus_per_run=execution.gpus_per_run,
-                    cpus_per_worker=execution.cpus_per_run,
-                    gpus_per_worker=execution.gpus_per_run,
-                    fail_at_step=(fault_steps or {}).get(r["run_id"]),
-                    max_failures=execution.max_failures,
-                    elastic=execution.elastic,
-                    hang_factor=execution.hang_factor,
-                    hang_min_s=execution.hang_min_s,
+                asdict(
+                    TrialArgs(
+                        sweep_dir=str(sweep_dir),
+                        run_id=r["run_id"],
+                        config=r["config"],
+                        cpus_per_run=execution.cpus_per_run,
+                        gpus_per_run=execution.gpus_per_run,
+                        cpus_per_worker=execution.cpus_per_run,
+                        gpus_per_worker=execution.gpus_per_run,
+                        fail_at_step=(fault_steps or {}).get(r["run_id"]),
+                        max_failures=execution.max_failures,
+                        elastic=execution.elastic,
+                        hang_factor=execution.hang_factor,
+                        hang_min_s=execution.hang_min_s,
+                    )
                 )
                 for r in ready
             ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -20,13 +20,9 @@ from scalelab.fitting.allocate import optimum_for_law
 from scalelab.fitting.laws import get_law
 from scalelab.models.accounting import flops_per_token
 from scalelab.models.config import ModelConfig
+from scalelab.sweeps.design_context import DesignContext, Point
 from scalelab.sweeps.runspec import RunSpec
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
-
-if TYPE_CHECKING:  # spec.py builds the context and imports this module
-    from scalelab.sweeps.spec import _Context as Context
-
-Point = tuple[dict[str, Any], dict[str, Any]]  # (dotted overrides, labels), as in spec.py
 
 
 def _isoflop_targets(section: dict, budgets: list[float], num_sizes: int, key: str) -> list[list[float]]:
@@ -92,7 +88,7 @@ def _fit_centers(source: Any, budgets: list[float], key: str) -> list[float]:
         raise ConfigError(key, f"{path}: not a fit with law and params ({e})", "give a sweep directory") from None
 
 
-def distinct_shapes(ctx: Context, targets: list[float], key: str) -> list[dict[str, Any]]:
+def distinct_shapes(ctx: DesignContext, targets: list[float], key: str) -> list[dict[str, Any]]:
     """One shape per target, all distinct: each target takes the shape rule's pick among the shapes
     not yet used (so two nearby targets get neighbouring shapes instead of one)."""
     used: set[tuple[int, int]] = set()
@@ -104,7 +100,7 @@ def distinct_shapes(ctx: Context, targets: list[float], key: str) -> list[dict[s
     return shapes
 
 
-def isoflop_points(section: Any, ctx: Context, key: str) -> list[Point]:
+def isoflop_points(section: Any, ctx: DesignContext, key: str) -> list[Point]:
     check_keys(
         section,
         ("budgets", "num_sizes", "tokens_per_param", "params", "center", "span", "flops", "tolerance", "min_steps"),

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,18 +52,17 @@ import yaml
 from scalelab.errors import ConfigError
 from scalelab.models.accounting import num_params
 from scalelab.models.config import ModelConfig
-from scalelab.models.shapes import shape_for_params
 from scalelab.sweeps.cooldowns import expand_cooldowns
+from scalelab.sweeps.design_context import SHAPE_KEYS, DesignContext, Point
 from scalelab.sweeps.early_stop import parse_early_stop
 from scalelab.sweeps.isoflop_grid import check_isoflop_tolerance, isoflop_points
-from scalelab.sweeps.recipe import Recipe, parse_recipe, plan_run
+from scalelab.sweeps.recipe import plan_run
 from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
 from scalelab.sweeps.wandb_runs import parse_wandb_section
-from scalelab.train.config import DataConfig, TrainLoopConfig, build_run_config, merge_defaults, padded_vocab_size
-from scalelab.train.config_tree import from_dict, load_yaml, set_in_dict, to_dict
+from scalelab.train.config import build_run_config, merge_defaults
+from scalelab.train.config_tree import from_dict, load_yaml, set_in_dict
 from scalelab.train.data.config import SourceConfig
-from scalelab.train.data.tokenizer import load_tokenizer
 
 LOOP_LAWS = ("chinchilla", "kaplan")  # laws of (N, D) with a compute-optimal allocation; fit.law may also be auto
 GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
@@ -83,17 +81,6 @@ TOP_KEYS = (
     "early_stop",
     "transfer",  # the LR-transfer gate (scalelab.sweeps.transfer), read by `sweep plan/launch`
     "wandb",  # W&B group, tags and live prediction (scalelab.sweeps.wandb_runs), read back by the trials
-)
-SHAPE_KEYS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff")
-# model keys the shape rule passes through unchanged when a generator picks the size
-SHAPE_PASSTHROUGH = (
-    "max_seq_len",
-    "tied_embeddings",
-    "qk_norm",
-    "rope_theta",
-    "norm_eps",
-    "init_std",
-    "kernels",
 )
 
 
@@ -190,7 +177,7 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         raise ConfigError("fit.flops", f"{fit.flops!r} unknown", "use 6n or exact")
     if not 0.0 <= fit.noise_floor < 0.5:
         raise ConfigError("fit.noise_floor", f"{fit.noise_floor!r} must be in [0, 0.5)", "a log-sd, e.g. 0.01")
-    ctx = _Context.from_base(base, execution, raw.get("recipe"))
+    ctx = DesignContext.from_base(base, cpus_per_run=execution.cpus_per_run, recipe=raw.get("recipe"))
     gen = gens[0]
     points = _GENERATOR_FNS[gen](raw[gen], ctx, gen)
     points = _cross(points, _axes(raw.get("axes"), "axes"))
@@ -219,82 +206,11 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(kw_only=True, slots=True)
-class _Context:
-    base: dict[str, Any]
-    vocab_size: int
-    seq_len: int
-    tokens_per_step: int
-    execution: ExecutionConfig
-    recipe: Recipe | None = None  # the spec's `recipe:` (scalelab.sweeps.recipe), None = base config as is
-
-    @classmethod
-    def from_base(cls, base: dict[str, Any], execution: ExecutionConfig, recipe: Any = None) -> _Context:
-        base = copy.deepcopy(base)
-        model = base.get("model") or {}
-        data = base.get("data") or {}
-        train = base.get("train") or {}
-        for section in ("model", "data", "train"):
-            if not isinstance(base.get(section) or {}, dict):
-                raise ConfigError(f"base.{section}", "expected a mapping", "write it as a YAML mapping")
-        vocab = model.get("vocab_size") or padded_vocab_size(load_tokenizer(data.get("tokenizer", "byte")).vocab_size)
-        seq_len = int(data.get("seq_len", DataConfig().seq_len))
-        batch = int(float(train.get("global_batch_tokens", TrainLoopConfig().global_batch_tokens)))
-        if seq_len < 1 or batch < seq_len:
-            raise ConfigError("base.train.global_batch_tokens", f"{batch} < data.seq_len={seq_len}", "raise it")
-        # Threads follow the trial's CPUs so concurrent trials do not oversubscribe the cores.
-        base.setdefault("train", {}).setdefault("num_threads", execution.cpus_per_run)
-        return cls(
-            base=base,
-            vocab_size=int(vocab),
-            seq_len=seq_len,
-            tokens_per_step=(batch // seq_len) * seq_len,
-            execution=execution,
-            recipe=None if recipe is None else parse_recipe(recipe),
-        )
-
-    def round_tokens(self, target_tokens: float) -> int:
-        """Tokens of a generated run: the target as is under a recipe (it picks the batch and rounds
-        to whole steps itself), else rounded to whole steps of the base's batch."""
-        if self.recipe is not None:
-            return int(round(target_tokens))
-        return max(int(round(target_tokens / self.tokens_per_step)), 0) * self.tokens_per_step
-
-    def shape(self, target_params: float, key: str, exclude: frozenset = frozenset()) -> dict[str, Any]:
-        """Model fields for a target size by the shape rule, keeping the base's pass-through keys.
-
-        `exclude`: (num_layers, d_model) pairs already used, so a design's sizes stay distinct."""
-        model = self.base.get("model") or {}
-        extra = {k: model[k] for k in SHAPE_PASSTHROUGH if k in model}
-        extra.setdefault("max_seq_len", max(self.seq_len, 128))
-        if self.recipe is not None:
-            r = self.recipe.shape
-            extra |= dict(min_layers=r.min_layers, width_per_layer=r.width_per_layer, min_width=r.min_width)
-        extra["exclude"] = exclude
-
-        # Tiny sizes are coarse (one layer or 16 channels is a big step): when the rule cannot meet
-        # a target within its tolerance, take the buildable shape nearest to it (within ~35%).
-        found, error = [], None
-        for factor in (1.0, 1.15, 1 / 1.15, 1.3, 1 / 1.3):
-            try:
-                cfg = shape_for_params(target_params * factor, vocab_size=self.vocab_size, **extra)
-            except ConfigError as e:
-                error = e
-                continue
-            found.append((abs(math.log(num_params(cfg) / target_params)), cfg))
-            if factor == 1.0:
-                break
-        if not found:
-            raise ConfigError(key, f"size {target_params:.3g}: {str(error).split(': ', 1)[-1]}") from None
-        cfg = min(found, key=lambda t: t[0])[1]
-        return {k: v for k, v in to_dict(cfg).items() if k in SHAPE_KEYS or k in ("vocab_size", "max_seq_len")}
-
-
 def _set(tree: dict, dotted: str, value: Any) -> None:
     set_in_dict(tree, dotted.split("."), copy.deepcopy(value))
 
 
-def _resolve(ctx: _Context, overrides: dict[str, Any], labels: dict[str, Any], where: str) -> RunSpec:
+def _resolve(ctx: DesignContext, overrides: dict[str, Any], labels: dict[str, Any], where: str) -> RunSpec:
     # Defaults filled in first, so a point may index into sections the base left out
     # (data.sources.0.unique_tokens).
     tree = merge_defaults(copy.deepcopy(ctx.base))
@@ -317,7 +233,7 @@ def _resolve(ctx: _Context, overrides: dict[str, Any], labels: dict[str, Any], w
         raise ConfigError(f"{where}: {e.key}", str(e).split(": ", 1)[-1]) from None
 
 
-def _apply_recipe(ctx: _Context, tree: dict, labels: dict[str, Any], *, keep_lr: bool, where: str) -> None:
+def _apply_recipe(ctx: DesignContext, tree: dict, labels: dict[str, Any], *, keep_lr: bool, where: str) -> None:
     """Set batch, whole-step length, warmup and LR of a run by the spec's recipe (sweeps/recipe.py)."""
     cfg = build_run_config(tree)
     n = num_params(cfg.model)
@@ -341,10 +257,8 @@ def _apply_mixture(tree: dict, mixture: dict[str, float], key: str) -> None:
 # Generators: each returns [(overrides {dotted key: value}, labels)]
 # ---------------------------------------------------------------------------------------------
 
-Point = tuple[dict[str, Any], dict[str, Any]]
 
-
-def _grid(section: Any, ctx: _Context, key: str) -> list[Point]:
+def _grid(section: Any, ctx: DesignContext, key: str) -> list[Point]:
     if not isinstance(section, dict) or not section:
         raise ConfigError(
             key, "expected a mapping of config keys to value lists", "e.g. grid: {optim.lr: [1e-3, 3e-3]}"
@@ -356,7 +270,7 @@ def _grid(section: Any, ctx: _Context, key: str) -> list[Point]:
     ]
 
 
-def _points(section: Any, ctx: _Context, key: str) -> list[Point]:
+def _points(section: Any, ctx: DesignContext, key: str) -> list[Point]:
     out = []
     for i, point in enumerate(as_list(section, key)):
         if not isinstance(point, dict):
@@ -367,7 +281,7 @@ def _points(section: Any, ctx: _Context, key: str) -> list[Point]:
     return out
 
 
-def _random(section: Any, ctx: _Context, key: str) -> list[Point]:
+def _random(section: Any, ctx: DesignContext, key: str) -> list[Point]:
     check_keys(section, ("num_samples", "seed", "params"), key)
     n = int(number(section.get("num_samples"), f"{key}.num_samples"))
     rng = np.random.default_rng(int(section.get("seed", 0)))
@@ -406,7 +320,7 @@ def _random(section: Any, ctx: _Context, key: str) -> list[Point]:
     return [({name: draws[name][i] for name in draws}, {"sample": i}) for i in range(n)]
 
 
-def _ladder(section: Any, ctx: _Context, key: str) -> list[Point]:
+def _ladder(section: Any, ctx: DesignContext, key: str) -> list[Point]:
     check_keys(section, ("sizes", "tokens_per_param"), key)
     sizes = [number(v, f"{key}.sizes[{i}]") for i, v in enumerate(as_list(section.get("sizes"), f"{key}.sizes"))]
     tpps = [
@@ -451,7 +365,7 @@ def _axes(section: Any, key: str) -> list[Point]:
     return [(o, {k.split(".")[-1]: v for k, v in o.items()}) for o, _ in _grid(section, None, key)]
 
 
-def _data_axes(section: Any, ctx: _Context, gen: str) -> list[Point]:
+def _data_axes(section: Any, ctx: DesignContext, gen: str) -> list[Point]:
     if section is None:
         return []
     check_keys(section, ("num_tokens", "mixtures", "epochs", "unique_tokens"), "data")
@@ -503,7 +417,7 @@ def _data_axes(section: Any, ctx: _Context, gen: str) -> list[Point]:
     return points
 
 
-def _seeds(section: Any, ctx: _Context) -> list[Point]:
+def _seeds(section: Any, ctx: DesignContext) -> list[Point]:
     if section is None:
         return []
     base_seed = int((ctx.base.get("train") or {}).get("seed", 0))

@@ -235,7 +235,7 @@ def test_recipe_batch_grows_with_the_runs_tokens():
 
 
 def test_noise_term_takes_seed_replicates_and_the_stated_floor():
-    from scalelab.fitting.loopfit import replicate_noise
+    from scalelab.fitting.predictive import replicate_noise
 
     n = [1e5, 1e5, 2e5, 2e5, 3e5]
     d = [1e6, 1e6, 2e6, 2e6, 3e6]
@@ -248,15 +248,18 @@ def test_noise_term_takes_seed_replicates_and_the_stated_floor():
 
 
 def test_prediction_interval_carries_the_noise_floor():
-    from scalelab.fitting.loopfit import fit_for_loop
+    from scalelab.fitting.fit_options import FitOptions
+    from scalelab.fitting.fit_runs import fit_runs
+    from scalelab.fitting.io import read_runs
 
     sweep = expand_sweep(_spec(5.0))
     n = [r.params for r in sweep.runs]
     d = [r.num_tokens for r in sweep.runs]
     c = [r.labels["flops_budget"] for r in sweep.runs]
     loss = LAW.loss(n, d)  # noiseless: the fit's own residuals are ~0
-    bare = fit_for_loop(params=n, tokens=d, loss=loss, budgets=c, replicates=0)
-    floored = fit_for_loop(params=n, tokens=d, loss=loss, budgets=c, replicates=0, noise_floor=0.013)
+    table = read_runs({"params": n, "tokens": d, "loss": loss, "flops": c})
+    bare = fit_runs(table, FitOptions(starts=200, draw_starts=True))
+    floored = fit_runs(table, FitOptions(starts=200, draw_starts=True, noise_floor=0.013))
     assert bare.residual_scale < 0.005 and floored.residual_scale == pytest.approx(0.013)
     wide, tight = floored.predict_interval(2e5, 5e6), bare.predict_interval(2e5, 5e6)
     assert wide.parts["noise"] == pytest.approx(0.013) and wide.hi - wide.lo > tight.hi - tight.lo

@@ -12,12 +12,14 @@ import yaml
 
 from scalelab.cli.main import main
 from scalelab.errors import ConfigError
+from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.simulate import simulate_curve
 from scalelab.sweeps import store
-from scalelab.sweeps.early_stop import EarlyStopConfig, decide, parse_early_stop, runs_for_fit
+from scalelab.sweeps.early_stop import EarlyStopConfig, decide, parse_early_stop
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.run_curves import planned_lr, run_curve
 from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.store_fit import fit_frame
 from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.loop import StopRun, train_run
 from scalelab.train.records import read_status
@@ -148,8 +150,8 @@ def test_early_stopping_sweep_and_fits_with_and_without_stopped_runs(ray_local, 
     checks = [e for e in store.read_events(out) if e["event"] == "early_stop_check"]
     assert checks and all("reason" in e for e in checks)
 
-    inc = runs_for_fit(out, stopped="include")
-    exc = runs_for_fit(out, stopped="exclude")
+    inc = fit_frame(runs, FitOptions(stopped="include"), store_path=out)
+    exc = fit_frame(runs, FitOptions(stopped="exclude"), store_path=out)
     assert inc.height == len(states) and exc.height == list(states.values()).count("done")
     w = inc.filter(pl.col("status") == "stopped_early")["weight"]
     assert ((w > 0) & (w <= 1)).all() and (inc.filter(pl.col("status") == "done")["weight"] == 1).all()

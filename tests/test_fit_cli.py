@@ -11,7 +11,9 @@ import pytest
 
 from scalelab.cli.main import main
 from scalelab.fitting.allocate import chinchilla_optimum
-from scalelab.fitting.pipeline import fit_table
+from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.fit_runs import fit_runs
+from scalelab.fitting.io import read_runs
 from scalelab.fitting.simulate import CHINCHILLA_HOFFMANN, simulate
 
 
@@ -101,7 +103,7 @@ def test_bootstrap_intervals_are_saved(csv_path, tmp_path, capsys):
 def test_fit_table_equals_cli_json(csv_path, capsys):
     argv = ["fit", str(csv_path), "--json", "--no-backtest", "--starts", "30"]
     printed = run_json(capsys, argv)
-    direct = fit_table(str(csv_path), backtest=False, max_starts=30)
+    direct = fit_runs(read_runs(str(csv_path)), FitOptions(backtest=False, starts=30)).to_report()
     assert printed == json.loads(json.dumps(direct))
 
 

@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 
-from scalelab.fitting.backtest import holdout_backtest
+from scalelab.fitting.backtest import holdout_backtest, law_fitter
 from scalelab.fitting.compare import compare_laws, information_criteria
+from scalelab.fitting.fit import subsample_starts
+from scalelab.fitting.fit_runs import one_torch_thread
 from scalelab.fitting.io import read_runs
 from scalelab.fitting.laws import get_law
-from scalelab.fitting.pipeline import _law_fitter, one_torch_thread, subsample_starts
 from scalelab.fitting.simulate import CHINCHILLA_HOFFMANN, simulate
 
 
@@ -46,7 +47,7 @@ def test_compare_prefers_the_true_form(table):
 def test_real_fitter_backtest_is_within_noise(table):
     law = get_law("chinchilla")
     with one_torch_thread():
-        res = holdout_backtest(table, _law_fitter(law, "huber", 1e-3, starts=subsample_starts(law, 100)))
+        res = holdout_backtest(table, law_fitter(law, subsample_starts(law, 100), objective="huber", delta=1e-3))
     assert res.n_test == 7 and res.n_train == 21
     assert res.mare < 0.015  # 0.5% noise, one decade of extrapolation
     # against the simulated law itself: the held-out predictions sit on the noise-free losses

@@ -1,0 +1,258 @@
+"""The one fit entry: a table of runs and a FitOptions in, a ScalingFit out.
+
+    fit = fit_runs(read_runs("runs.parquet"), FitOptions(law="chinchilla", bootstrap=64, starts=200))
+    fit.params, fit.intervals["alpha"], fit.backtest["holdout"]["mare"]
+    fit.to_report()                 # `scalelab fit --json`;  fit.to_record(): fits/round_K.json
+
+`scalelab fit`, `sweep next`, `scalelab report` and the benches all fit through here (a sweep
+store's runs table and options: scalelab.sweeps.store_fit), so one store gives one set of numbers.
+
+A parametric law (approach 3), in this order from one generator seeded with `options.seed`:
+
+1. Fit: Huber on log loss, summed (scalelab.fitting.fit.fit_law), from the law's init grid, or
+   `options.starts` rows of it, evenly spaced or (options.draw_starts, a sweep store's rule) drawn
+   at random (the full 4500-start Chinchilla grid finds the same optimum on sweep-sized tables and
+   takes far longer).
+2. Intervals: `options.bootstrap` replicates reweighting the runs, each refitted from the full fit
+   and BOOT_EXTRA_STARTS of those grid rows (scalelab.fitting.bootstrap.refit_bootstrap); percentile
+   intervals (scalelab.fitting.intervals.percentile_interval) for every parameter and derived
+   quantity. With no replicates: delta-method intervals, and normal draws from their covariance
+   (a generator of their own) so that a saved fit can still give intervals.
+3. Backtests (scalelab.fitting.backtest): hold out the largest budget; leave each budget out in
+   turn when there are 3 to MAX_LOBO_BUDGETS; every fold refitted from the full fit and
+   BACKTEST_STARTS grid rows. Their extrapolating folds give the law's out-of-sample error per
+   decade (scalelab.fitting.predictive).
+4. Gates (scalelab.fitting.gates), when asked, at options.target_flops (default 3x the largest budget).
+
+Approaches 1 and 2, and the curve laws or their average chosen by law "auto", are fitted by
+scalelab.fitting.fit_approaches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+
+from scalelab.errors import UsageError
+from scalelab.fitting.approaches import group_budgets
+from scalelab.fitting.backtest import holdout_backtest, law_fitter, leave_one_budget_out
+from scalelab.fitting.bootstrap import refit_bootstrap
+from scalelab.fitting.curves import RunCurve
+from scalelab.fitting.fit import fit_law, subsample_starts
+from scalelab.fitting.fit_approaches import fit_approach, fit_curve_choice
+from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.gates import check_gates
+from scalelab.fitting.intervals import delta_method_intervals, percentile_interval
+from scalelab.fitting.io import RunTable
+from scalelab.fitting.laws import CURVE_LAWS, Law, get_law
+from scalelab.fitting.predictive import extrapolation_error
+from scalelab.fitting.scaling_fit import ScalingFit, optimum_fn
+from scalelab.fitting.select import select_law
+
+BACKTEST_STARTS = 16  # grid rows added to the full fit's optimum in each backtest refit
+MAX_LOBO_BUDGETS = 12  # leave-one-budget-out refits once per budget; above this it is skipped
+DELTA_SAMPLES = 1000  # normal draws from the delta-method covariance, saved for predict/allocate
+DERIVED_FNS = {  # quantities derived from a Chinchilla-form law's parameters
+    "n_opt_exponent": lambda p: p["beta"] / (p["alpha"] + p["beta"]),
+    "d_opt_exponent": lambda p: p["alpha"] / (p["alpha"] + p["beta"]),
+    "G": lambda p: (p["alpha"] * p["A"] / (p["beta"] * p["B"])) ** (1.0 / (p["alpha"] + p["beta"])),
+}
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """Run the fits on one torch thread: their tensors are (starts x points), far too small for
+    intra-op threads, and on shared machines two threads spin-wait against other processes."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
+def fit_runs(table: RunTable, options: FitOptions | None = None, *, curves: list[RunCurve] | None = None) -> ScalingFit:
+    """Fit a table of runs as `options` say (module docstring).
+
+    Args:
+        table: the runs (scalelab.fitting.io.read_runs; a store's: scalelab.sweeps.store_fit).
+            Its `flops` are the FLOP budgets the backtests and gates group by; `weight`, when
+            present, weights every fit.
+        options: FitOptions() when None.
+        curves: the runs' loss curves (matched by run_id), for the curve laws and law "auto".
+    Returns:
+        ScalingFit.
+    Raises:
+        UsageError / ConfigError: bad input (too few runs for the law, a missing column, a curve
+            law without curves, ...).
+    """
+    options = options or FitOptions()
+    with one_torch_thread():
+        if options.approach in (1, 2):
+            return fit_approach(table, options)
+        return fit_law_choice(table, options, curves)
+
+
+def fit_law_choice(table: RunTable, options: FitOptions, curves: list[RunCurve] | None) -> ScalingFit:
+    """Approach 3 for `options.law`: a named law, or "auto" - the one place that reads the choice."""
+    law = options.law
+    if law in CURVE_LAWS and not curves:
+        raise UsageError(f"law {law} is fitted on loss curves: pass a sweep directory or a table of logged steps")
+    if law != "auto" and law not in CURVE_LAWS:
+        return fit_law_runs(table, law, options)
+    if law == "auto":
+        kwargs = {} if options.candidates is None else {"candidates": options.candidates}
+    else:  # a curve law: its backtest comes from the selection protocol with it as the only candidate
+        kwargs = {"candidates": [law], "incumbent": None}
+    sel = select_law(table, curves, holdout_frac=options.holdout_frac, refit=False, **kwargs)
+    chosen, selection = sel.chosen, sel.to_dict()
+    if options.require_optimum:
+        if not has_optimum(chosen):
+            singles = [c.name for c in sel.ranking() if has_optimum(c.name)]
+            chosen = singles[0] if singles else "chinchilla"
+            selection["rule"] = f"{selection['rule']}; {sel.chosen} has no closed optimum, so the loop fits {chosen}"
+        selection["loop_law"] = chosen
+    if chosen in CURVE_LAWS or chosen == "average":
+        return fit_curve_choice(table, curves, sel, options)
+    fit = fit_law_runs(table, chosen, options)
+    fit.selection = selection
+    return fit
+
+
+def has_optimum(law_name: str) -> bool:
+    """A law of N and D alone, so with a compute-optimal allocation N*(C) (scalelab.fitting.allocate)."""
+    if law_name in CURVE_LAWS or law_name == "average":
+        return False
+    return set(get_law(law_name).inputs) == {"params", "tokens"}
+
+
+def law_data(law: Law, table: RunTable) -> dict[str, np.ndarray]:
+    """The law's inputs and the loss, from the table."""
+    inputs = table.law_inputs()
+    missing = [k for k in law.inputs if k not in inputs]
+    if missing:
+        raise UsageError(f"law {law.name} needs column(s) {missing}; map them with --{missing[0]}-col")
+    return {**{k: inputs[k] for k in law.inputs}, "loss": table.loss}
+
+
+def fit_law_runs(table: RunTable, law_name: str, options: FitOptions) -> ScalingFit:
+    """One parametric law: fit, intervals, backtests, gates (module docstring, 1-4)."""
+    law = get_law(law_name)
+    if len(table) <= law.n_params:
+        raise UsageError(
+            f"{len(table)} runs is too few to fit {law.n_params} parameters of {law.name}; need at least "
+            f"{law.n_params + 1}"
+        )
+    data = law_data(law, table)
+    fit_kwargs = {"objective": options.objective, "delta": options.delta}
+    rng = np.random.default_rng(options.seed)
+    pool = law.init_grid()
+    if options.starts is not None and options.draw_starts:
+        pool = pool[rng.choice(len(pool), min(options.starts, len(pool)), replace=False)]
+    elif options.starts is not None and options.starts < len(pool):
+        pool = subsample_starts(law, options.starts)
+    fit = fit_law(law, data, starts=pool, weights=table.weight, n_polish=1, **fit_kwargs)
+    params = {k: float(v) for k, v in fit.params.items()}
+    derived_fns = DERIVED_FNS if {"alpha", "beta", "A", "B"} <= set(params) else {}
+    warnings = list(fit.warnings)
+    out = ScalingFit(
+        options=options,
+        table=table,
+        law=law.name,
+        approach=3,
+        params=params,
+        intervals={},
+        objective=float(fit.objective),
+        n_points=int(fit.n_points),
+        derived={k: float(fn(params)) for k, fn in derived_fns.items()},
+        warnings=warnings,
+        fit=fit,
+    )
+    if options.bootstrap > 0:
+        boot = refit_bootstrap(
+            law, data, fit, replicates=options.bootstrap, rng=rng, start_pool=pool, weights=table.weight, **fit_kwargs
+        )
+        out.draws, out.boot_plan = boot.draws, boot.plan
+        for name in law.param_names:
+            out.intervals[name] = list(percentile_interval([p[name] for p in boot.draws], options.level))
+        for name, fn in derived_fns.items():
+            out.intervals[name] = list(percentile_interval([fn(p) for p in boot.draws], options.level))
+        out.samples = {n: [float(p[n]) for p in boot.draws] for n in law.param_names}
+        out.interval_method = f"bootstrap percentile (B={options.bootstrap})"
+        if boot.n_failed:
+            warnings.append(f"bootstrap: {boot.n_failed} of {options.bootstrap} resamples could not be fitted")
+    else:
+        out.intervals, out.samples = _delta_intervals(law, data, fit, derived_fns, options, warnings)
+        out.interval_method = "delta method"
+    if options.backtest:
+        warm = law.to_fit(fit.params)[None, :]
+        k = min(BACKTEST_STARTS, len(pool))
+        starts = lambda: np.vstack([warm, pool[rng.choice(len(pool), k, replace=False)]])  # noqa: E731
+        out.backtest = run_backtests(table, law_fitter(law, starts, **fit_kwargs), options, law.n_params + 1, warnings)
+        out.extrapolation = extrapolation_error(bt for bt in out.backtest.values() if "runs" in bt)
+    if options.gates and has_optimum(law.name):
+        out.target_flops = float(options.target_flops or 3.0 * table.flops.max())
+        out.gates = check_gates(
+            law,
+            params,
+            fit.theta,
+            fit.alt_thetas,
+            fit.alt_objectives,
+            optimum_fn(law),
+            n=table.params,
+            loss=table.loss,
+            flops=table.flops,
+            target_flops=out.target_flops,
+        )
+    return out
+
+
+def _delta_intervals(law, data, fit, derived_fns, options: FitOptions, warnings: list[str]):
+    """Delta-method intervals, and DELTA_SAMPLES draws from N(theta, Cov) in fit space (a generator
+    of their own, seeded with options.seed): symmetric-in-fit-space draws that let a saved fit give
+    approximate intervals on predictions and allocations without a bootstrap."""
+    try:
+        dm = delta_method_intervals(law, data, fit, level=options.level, derived=derived_fns)
+    except (UsageError, np.linalg.LinAlgError) as e:
+        warnings.append(f"no delta-method intervals: {e}")
+        return {}, {}
+    intervals = {k: [float(v[0]), float(v[1])] for k, v in dm.intervals.items()}
+    cov = np.asarray(dm.cov_fit, dtype=float)
+    samples: dict[str, list[float]] = {}
+    if np.all(np.isfinite(cov)):
+        draws = np.random.default_rng(options.seed).multivariate_normal(
+            np.asarray(fit.theta), cov, size=DELTA_SAMPLES, method="eigh"
+        )
+        nat = law.to_natural_array(draws)
+        samples = {n: nat[:, i].tolist() for i, n in enumerate(law.param_names)}
+    return intervals, samples
+
+
+def run_backtests(table: RunTable, fitter, options: FitOptions, min_train: int, warnings: list[str]) -> dict:
+    """Hold-out-the-largest (or options.holdout_frac) and, with 3 to MAX_LOBO_BUDGETS budgets,
+    leave-one-budget-out; each fold needs `min_train` runs in 2+ budgets. A protocol that cannot run
+    is {"skipped": why}, with a warning."""
+    out: dict = {}
+    try:
+        out["holdout"] = holdout_backtest(
+            table, fitter, holdout_frac=options.holdout_frac, min_train=min_train, min_budgets=2
+        ).to_dict()
+    except UsageError as e:
+        out["holdout"] = {"skipped": str(e)}
+        warnings.append(f"holdout backtest skipped: {e}")
+    num_budgets = len(np.unique(table.group if table.group is not None else group_budgets(table.flops)))
+    if 3 <= num_budgets <= MAX_LOBO_BUDGETS:
+        try:
+            out["leave_one_budget_out"] = leave_one_budget_out(
+                table, fitter, min_train=min_train, min_budgets=2
+            ).to_dict()
+        except UsageError as e:
+            warnings.append(f"leave-one-budget-out skipped: {e}")
+    elif num_budgets > MAX_LOBO_BUDGETS:
+        warnings.append(
+            f"leave-one-budget-out skipped: {num_budgets} FLOP budgets (> {MAX_LOBO_BUDGETS} refits); "
+            "give a 'group' column to define fewer budgets"
+        )
+    return out

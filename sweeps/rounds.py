@@ -1,0 +1,201 @@
+"""The closed loop as one call: launch a sweep, then fit -> gates -> propose -> launch, round after round.
+
+    result = run_rounds(load_sweep("iso.yaml"), "results/iso", spec_text=text, rounds=3, target_flops=1e13)
+    result.states                   # every run's state after the last launch
+    result.proposals[-1].passed     # the last round's fit passed every identification gate
+    result.transfer                 # the LR-transfer gate's outcome (a spec with `transfer:`)
+
+`scalelab sweep launch --rounds R` and `scalelab demo` both run this. In order:
+
+1. The LR-transfer gate, when the spec has a `transfer:` section (scalelab.sweeps.transfer): its
+   check trains into the sibling sweep <out>-transfer; a gate that fails refuses the ladder
+   (`result.transfer.refused`, nothing of the ladder written) unless `force_transfer`; otherwise
+   every run of the ladder takes the transferred LR.
+2. The sweep's own runs (scalelab.sweeps.execute.launch).
+3. Up to R - 1 rounds, each proposed from a fit of everything done so far
+   (scalelab.sweeps.propose.propose_round: the runs of a passing fit, or those that would pass its
+   failed gates) and launched into the same sweep as proposed - its runs resolved once, by the
+   proposer. `until_passed` stops after launching the first round proposed from a passing fit;
+   `reopen` first takes up the sweep's latest round when its runs are not all done (or it passed),
+   so a loop run again continues where it stopped. No round is proposed after a launch that left
+   a run unfinished (failed, its retries spent): `result.stopped` says so.
+
+Each round's fit, gates, proposals and ledger go to W&B as a fit run when W&B is on
+(scalelab.sweeps.wandb_fit.log_rounds; `fit_images` draws its plots). Hooks let a caller print
+between the steps: `before_fit(i)` before round i is fitted and proposed, `before_launch(i,
+proposal)` before it is launched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scalelab.errors import UsageError
+from scalelab.sweeps import store, wandb_fit
+from scalelab.sweeps.execute import launch
+from scalelab.sweeps.proposal import Proposal, latest_round, read_round
+from scalelab.sweeps.propose import propose_round
+from scalelab.sweeps.spec import Sweep, dump_spec
+from scalelab.sweeps.transfer import (
+    GateResult,
+    TransferPlan,
+    evaluate_gate,
+    format_gate,
+    ladder_with_lr,
+    plan_transfer,
+    transfer_dir,
+)
+from scalelab.sweeps.wandb_fit import Images
+from scalelab.train import storage
+
+Log = Callable[[str], None]
+
+
+@dataclass(kw_only=True, slots=True)
+class LaunchOptions:
+    """Where and how the rounds' runs train (scalelab.sweeps.execute.launch)."""
+
+    address: str | None = None  # an existing Ray cluster; None: a local one
+    max_concurrent: int | None = None
+    num_cpus: int | None = None  # CPUs of the local Ray
+    fault_steps: dict[str, int] = field(default_factory=dict)  # testing: run id -> step it raises once at
+
+
+@dataclass(kw_only=True, slots=True)
+class TransferOutcome:
+    gate: GateResult
+    table: str  # format_gate's table (also <out>-transfer/gate.txt)
+    refused: bool  # the gate failed and was not forced: the ladder was not launched
+
+
+@dataclass(kw_only=True)
+class RoundsResult:
+    states: dict[str, str] = field(default_factory=dict)  # run id -> state after the last launch
+    proposals: list[Proposal] = field(default_factory=list)  # the rounds launched, in order
+    transfer: TransferOutcome | None = None
+    stopped: str = ""  # why the loop stopped before its last round ("" when it did not)
+
+    @property
+    def ok(self) -> bool:
+        """Every run of the last launch done (or diverged: a finished run)."""
+        return all(s in ("done", "diverged") for s in self.states.values())
+
+
+def run_rounds(
+    sweep: Sweep,
+    sweep_dir: str | Path,
+    *,
+    spec_text: str,
+    spec_name: str = "sweep",
+    rounds: int = 1,
+    target_flops: float | None = None,
+    budget_flops: float | None = None,
+    step: float = 3.0,
+    until_passed: bool = False,
+    reopen: bool = False,
+    force_transfer: bool = False,
+    options: LaunchOptions | None = None,
+    log: Log = print,
+    before_fit: Callable[[int], None] | None = None,
+    before_launch: Callable[[int, Proposal], None] | None = None,
+    fit_images: Images | None = None,
+) -> RoundsResult:
+    """Launch `sweep` into `sweep_dir` and run up to `rounds - 1` closed-loop rounds (module docstring).
+
+    Raises:
+        UsageError: rounds < 1; rounds > 1 without a target (target_flops or the spec's
+            fit.target_flops); a transfer gate or rounds on object storage. All before anything runs.
+    """
+    options = options or LaunchOptions()
+    check, target = check_rounds(sweep, sweep_dir, rounds=rounds, target_flops=target_flops)
+    out = sweep_dir if storage.is_url(sweep_dir) else Path(sweep_dir)
+    result = RoundsResult()
+    if check is not None:
+        result.transfer = _transfer_gate(check, out, spec_name, options, force_transfer, log)
+        if result.transfer.refused:
+            result.stopped = "the LR-transfer gate refused the ladder"
+            return result
+        sweep = ladder_with_lr(check, result.transfer.gate.base_lr)
+    launched = _launch(sweep, out, spec_text, spec_name, options, log, faults=True)
+    result.states = launched["states"]
+    for i in range(1, rounds):
+        if any(s not in store.TERMINAL for s in result.states.values()):
+            result.stopped = "a run did not finish"
+            break
+        if before_fit is not None:
+            before_fit(i)
+        proposal = (_open_round(out) if reopen else None) or propose_round(
+            out, target_flops=target, budget_flops=budget_flops, step=step, log=log
+        )
+        for wandb_id in wandb_fit.log_rounds(out, images=fit_images, log=log):  # when W&B is on
+            log(f"W&B: fit run {wandb_id} (fit, gates, proposals, ledger, plots)")
+        if before_launch is not None:
+            before_launch(i, proposal)
+        launched = _launch(proposal.sweep, out, proposal.spec_path.read_text(), proposal.spec_path.stem, options, log)
+        result.states = launched["states"]
+        result.proposals.append(proposal)
+        if until_passed and proposal.passed:
+            break
+    return result
+
+
+def check_rounds(
+    sweep: Sweep, sweep_dir: str | Path, *, rounds: int, target_flops: float | None
+) -> tuple[TransferPlan | None, float | None]:
+    """(the spec's LR-transfer check or None, the rounds' target C*), or UsageError before anything
+    runs: rounds < 1, rounds > 1 without a target, a transfer gate or rounds on object storage."""
+    if rounds < 1:
+        raise UsageError("--rounds must be >= 1")
+    check = plan_transfer(sweep.raw, sweep)  # the transfer section is validated here
+    target = target_flops or sweep.fit.target_flops or None
+    if rounds > 1 and not target:
+        raise UsageError("--rounds > 1 needs --target-flops (or fit.target_flops in the spec)")
+    if storage.is_url(sweep_dir) and (check is not None or rounds > 1):
+        raise UsageError(f"--out {sweep_dir}: transfer gates and --rounds need a local or shared POSIX store")
+    return check, target
+
+
+def _launch(sweep: Sweep, out, spec_text: str, spec_name: str, options: LaunchOptions, log: Log, faults=False):
+    return launch(
+        sweep,
+        out,
+        spec_text=spec_text,
+        spec_name=spec_name,
+        address=options.address,
+        max_concurrent=options.max_concurrent,
+        num_cpus=options.num_cpus,
+        fault_steps=options.fault_steps if faults else None,
+        log=log,
+    )
+
+
+def _open_round(sweep_dir: Path) -> Proposal | None:
+    """The sweep's latest round unless its runs are all done and its fit failed (module docstring)."""
+    k = latest_round(sweep_dir)
+    if not k:
+        return None
+    last = read_round(sweep_dir, k)
+    done = all(store.run_state(store.run_path(sweep_dir, r.run_id)) == "done" for r in last.runs)
+    return None if done and not last.passed else last
+
+
+def _transfer_gate(
+    check: TransferPlan, out: Path, spec_name: str, options: LaunchOptions, force: bool, log: Log
+) -> TransferOutcome:
+    """Train the LR-transfer check into <out>-transfer and judge it; the table goes to gate.txt."""
+    check_dir = transfer_dir(out)
+    log(f"LR-transfer check: {len(check.sweep.runs)} runs -> {check_dir}")
+    for w in check.warnings:
+        log(f"warning: {w}")
+    _launch(check.sweep, check_dir, dump_spec(check.sweep.raw), f"{spec_name}-transfer", options, log)
+    gate = evaluate_gate(check, store.load_runs(check_dir))
+    table = format_gate(gate, check.spec.lrs, check.sweep.fit.loss)
+    (check_dir / "gate.txt").write_text(table + "\n")
+    refused = not gate.ok and not force
+    if not refused:
+        log(table)
+        if not gate.ok:
+            log("the gate fails; launching the ladder anyway (forced)")
+    return TransferOutcome(gate=gate, table=table, refused=refused)

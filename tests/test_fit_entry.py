@@ -1,0 +1,114 @@
+"""The one fit entry (scalelab.fitting.fit_runs): a store's fit is the same through `scalelab fit`,
+`sweep next` and the report; it reproduces the closed loop's numbers as they were recorded before
+the fit stacks were merged; and the one percentile-interval helper's behaviour."""
+
+import json
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from scalelab.analysis.report_loop import loop_fit
+from scalelab.analysis.store import load_store_runs
+from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
+from scalelab.cli.main import main
+from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.fit_runs import fit_runs
+from scalelab.fitting.intervals import percentile_interval
+from scalelab.fitting.io import read_runs
+
+# A 3-budget IsoFLOP design of the synthetic law (E 1.7, A 60, B 80, alpha 0.30, beta 0.28) with
+# 0.4% noise on the loss, and what the loop's fit (fitting/loopfit.py fit_for_loop, replicates=4,
+# seed 0, 200 starts drawn) gave for it before the fit stacks were merged: exact float-hex.
+N = [33888, 58512, 94400, 172320, 283104, 58512, 94400, 172320, 283104, 545552, 94400, 172320, 283104, 545552, 1008576]
+D = [1475584, 854528, 529408, 290304, 176640, 2848256, 1765376, 967168, 588800, 305664]
+D += [5296640, 2901504, 1765888, 916480, 495616]
+C = [3e11] * 5 + [1e12] * 5 + [3e12] * 5
+LOSS = [
+    "0x1.74bc79a5a3a5dp+2", "0x1.6ba1f2ec4aad3p+2", "0x1.67c6fafe50031p+2", "0x1.69e40fd853c21p+2",
+    "0x1.72ceba07c599ap+2", "0x1.49e60b7365feap+2", "0x1.43a924e7d7242p+2", "0x1.41a31199fca14p+2",
+    "0x1.411bebbaa9e76p+2", "0x1.4a0becbfb9632p+2", "0x1.2c027b0965958p+2", "0x1.23bdcef4362efp+2",
+    "0x1.21043fc8c9fc5p+2", "0x1.2253a199ce893p+2", "0x1.2bacb2b5dd619p+2",
+]  # fmt: skip
+LOOP = {
+    "params": {
+        "E": "0x1.c3a11bb141968p+0", "A": "0x1.ebfdb4f5ac828p+5", "B": "0x1.4890df5694bcfp+6",
+        "alpha": "0x1.3640db8de3c28p-2", "beta": "0x1.22e132770af7ep-2",
+    },
+    "intervals": {
+        "E": ["0x1.c388c9ac4eb0bp+0", "0x1.d5e1f78cf82cap+0"],
+        "A": ["0x1.ebfd0290c5f90p+5", "0x1.0a338b07b423cp+6"],
+        "B": ["0x1.488f2cf16cb9ep+6", "0x1.5ffc4726fc293p+6"],
+        "alpha": ["0x1.354c153cb8b0fp-2", "0x1.3f24ac27da064p-2"],
+        "beta": ["0x1.22bf259e80319p-2", "0x1.29a560c52812bp-2"],
+        "a": ["0x1.ee16fa6a3abcap-2", "0x1.f10653faf7420p-2"],
+    },
+    "holdout_mare": "0x1.37c2a1fe63c6ep-9",
+    "lobo_mare": "0x1.ee7070d91a786p-10",
+    "per_decade": "0x1.15318e507dc42p-8",
+    "prediction": ["0x1.058abc5bd34c2p+2", "0x1.02d5f2b2c0effp+2", "0x1.0846c44d7d0a6p+2"],  # (3e5, 6e6)
+    "with_first": {  # the first replicate refitted with a run at (2e5, 5e6) added
+        "E": "0x1.c3a164ec0d1cfp+0", "A": "0x1.ebfd8c490b4ffp+5", "B": "0x1.4890d5fb77b87p+6",
+        "alpha": "0x1.364289d5e07bep-2", "beta": "0x1.22e9b48acc39bp-2",
+    },
+}  # fmt: skip
+
+
+def test_a_store_fit_reproduces_the_loops_recorded_numbers():
+    table = read_runs({"params": N, "tokens": D, "loss": [float.fromhex(x) for x in LOSS], "flops": C})
+    fit = fit_runs(table, FitOptions(bootstrap=4, starts=200, draw_starts=True, gates=True))
+    record = fit.to_record()
+    assert {k: v.hex() for k, v in record["params"].items()} == LOOP["params"]
+    assert {k: [x.hex() for x in v] for k, v in record["intervals"].items()} == LOOP["intervals"]
+    assert record["backtest"]["holdout"]["mare"].hex() == LOOP["holdout_mare"]
+    assert record["backtest"]["leave_one_budget_out"]["mare"].hex() == LOOP["lobo_mare"]
+    assert record["extrapolation"]["per_decade"].hex() == LOOP["per_decade"]
+    pi = fit.predict_interval(3e5, 6e6)
+    assert [pi.point.hex(), pi.lo.hex(), pi.hi.hex()] == LOOP["prediction"]
+    assert {k: v.hex() for k, v in fit.replicates_with([(2e5, 5e6)])[0].items()} == LOOP["with_first"]
+    assert record["gates"]["passed"]
+
+
+SPEC = {
+    "name": "agree",
+    "base": {"data": {"seq_len": 64}, "train": {"global_batch_tokens": 512}},
+    "isoflop": {"budgets": [3e11, 1e12, 3e12], "num_sizes": 5, "center": {"tokens_per_param": 5}, "span": 3},
+    "fit": {"bootstrap": 6},
+}
+
+
+def test_fit_next_and_report_give_one_fit_of_one_store(tmp_path, capsys):
+    sd = tmp_path / "agree"
+    launch_synthetic(SPEC, sd, SyntheticLaw(), noise_std=0.003)
+    runs = load_store_runs(sd, done_only=False).filter(pl.col("status") == "done")
+    capsys.readouterr()
+    assert main(["fit", str(sd), "--json"]) == 0  # no options: the spec's, as `sweep next`
+    by_fit = json.loads(capsys.readouterr().out)
+    by_report, _, _ = loop_fit(sd, runs, "all done runs")  # `scalelab report DIR`'s fit, before any round
+    assert main(["sweep", "next", str(sd), "--target-flops", "1e13", "--budget-flops", "9e12", "--json"]) == 0
+    by_next = json.loads(capsys.readouterr().out)
+    saved, note, _ = loop_fit(sd, runs, "all done runs")  # after it: the report shows the round's own fit
+    assert "round_1" in note
+    assert by_next["replicates"] == by_report["replicates"] == 6 and by_fit["interval_method"].endswith("(B=6)")
+    for name in ("E", "A", "B", "alpha", "beta"):
+        values = {by_fit["params"][name], by_report["params"][name], by_next["params"][name], saved["params"][name]}
+        assert len(values) == 1, (name, values)
+        ivs = [by_fit["intervals"][name], by_report["intervals"][name], by_next["intervals"][name]]
+        assert ivs[0] == ivs[1] == ivs[2] == saved["intervals"][name], (name, ivs)
+    assert by_fit["intervals"]["n_opt_exponent"] == by_next["intervals"]["a"] == by_report["intervals"]["a"]
+    assert by_fit["gates"]["passed"] == by_next["gates"]["passed"]
+    mares = {by_fit["backtest"]["holdout"]["mare"], by_report["backtest"]["holdout"]["mare"]}
+    assert mares == {by_next["backtest"]["holdout"]["mare"]}
+
+
+def test_percentile_interval_has_one_behaviour():
+    assert percentile_interval([3.0, 1.0, 2.0], 0.5) == (1.5, 2.5)
+    assert percentile_interval(np.arange(101.0), 0.9) == pytest.approx((5.0, 95.0))
+    for few in ([], [2.0], [np.nan, 2.0, np.inf]):  # fewer than two finite samples: no interval
+        lo, hi = percentile_interval(few)
+        assert math.isnan(lo) and math.isnan(hi)
+    assert percentile_interval([np.nan, 1.0, 3.0, -np.inf], 0.5) == (1.5, 2.5)  # non-finite left out
+    cols = np.array([[1.0, 5.0, np.nan], [3.0, np.nan, 1.0], [2.0, 7.0, np.nan]])
+    lo, hi = percentile_interval(cols, 0.5)  # one interval per column
+    assert lo[:2].tolist() == [1.5, 5.5] and hi[:2].tolist() == [2.5, 6.5] and math.isnan(lo[2]) and math.isnan(hi[2])
