@@ -25,7 +25,8 @@ from scalelab.models.config import ModelConfig
 from scalelab.models.shapes import shape_for_params
 from scalelab.sweeps.recipe import Recipe
 from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
-from scalelab.sweeps.spec import SHAPE_KEYS, ExecutionConfig, _Context, expand_sweep, read_spec
+from scalelab.sweeps.design_context import SHAPE_KEYS, DesignContext
+from scalelab.sweeps.spec import expand_sweep, read_spec
 from scalelab.train.config import merge_defaults
 from scalelab.train.config_tree import load_yaml, set_in_dict, to_dict
 
@@ -38,7 +39,7 @@ class Design:
     seq_len: int
     recipe: Recipe | None
     raw: dict[str, Any] | None = None  # the sweep's spec (None for a fit file)
-    _ctx: _Context | None = None
+    _ctx: DesignContext | None = None
 
     def shape(self, target_params: float, exclude: frozenset = frozenset()) -> dict[str, Any]:
         """Model fields of the shape rule's pick for `target_params` (a sweep: with its recipe's options)."""
@@ -85,8 +86,8 @@ def sweep_design(sweep_dir: str | Path) -> Design:
         raise UsageError(f"{sweep_dir} has no sweep.yaml; give a sweep directory (or a FIT.json with --vocab-size)")
     raw = read_spec(path)
     base = raw.get("base") or {}
-    execution = ExecutionConfig(cpus_per_run=int((raw.get("execution") or {}).get("cpus_per_run", 1)))
-    ctx = _Context.from_base(base, execution, raw.get("recipe"))
+    cpus = int((raw.get("execution") or {}).get("cpus_per_run", 1))
+    ctx = DesignContext.from_base(base, cpus_per_run=cpus, recipe=raw.get("recipe"))
     return Design(
         name=str(raw.get("name") or sweep_dir.name),
         base=copy.deepcopy(ctx.base),

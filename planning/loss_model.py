@@ -17,15 +17,15 @@ Two saved forms are read:
     bootstrap draws, residual scale with the noise floor, extrapolation error per decade, the runs'
     FLOP budgets): the intervals are exactly those `sweep next` gave its proposals;
   - a fit report (`scalelab fit DATA --out FIT.json`, saved with its parameter samples): the same
-    three parts from its samples, its residual scale (corrected by sqrt(n / (n - p)) as the loop
-    does) and its hold-out backtest: the error per decade of the held-out runs that lie at least
-    MIN_DECADES beyond the training runs (as the loop's folds do: its budgets are 0.5 decades apart).
+    three parts from its samples, its residual scale and its backtests' folds: the error per decade
+    of the held-out runs that lie at least MIN_DECADES beyond their fold's training runs (as the
+    loop's folds do: its budgets are 0.5 decades apart).
     A table of checkpoints along loss curves holds out the last few checkpoints, a few hundredths
     of a decade beyond the rest: their miss is a level the fit gets wrong, not a drift per decade
     (2.5% at 0.05 decades would read as 50% per decade). Then the error per decade is unmeasured
     (no extrapolation part, said in the fit's warnings) and the hold-out's RMS relative error enters
     as a part of its own ("holdout"): the least a prediction out of sample misses by. The largest
-    fitted budget is the held-out runs' largest.
+    fitted budget is the largest training or held-out budget of its folds.
 Both need a law of N and D with a compute-optimal allocation (chinchilla, kaplan): anything else
 (Approaches 1/2, curve laws, a law of FLOPs alone) is refused with one line.
 """
@@ -161,7 +161,7 @@ def _plannable(law_name: str, where: str) -> Law:
 
 
 def _from_round(record: dict, where: str) -> DrawsLossModel:
-    """The closed loop's fit (fits/round_K.json "fit": scalelab.fitting.loopfit.LoopFit.to_dict)."""
+    """The closed loop's fit (fits/round_K.json "fit": scalelab.fitting.scaling_fit.ScalingFit.to_record)."""
     law = _plannable(str(record.get("law")), where)
     budgets = np.asarray(record["points"]["budgets"], dtype=float)
     return DrawsLossModel(
@@ -180,26 +180,32 @@ def _from_round(record: dict, where: str) -> DrawsLossModel:
     )
 
 
-def _holdout_extrapolation(backtest: dict) -> tuple[ExtrapolationError, float | None, float]:
-    """(error per decade, the largest held-out budget, the short-range floor) from a fit report's hold-out
-    backtest (module docstring): its held-out runs lie `extrapolation_decades` beyond the largest
-    training run at their largest."""
-    hold = backtest.get("holdout") or {}
-    runs = hold.get("runs") or []
+def _report_extrapolation(backtest: dict) -> tuple[ExtrapolationError, float | None, float]:
+    """(error per decade, the largest budget the folds saw, the short-range floor) from a fit report's
+    backtests (module docstring): each fold's runs with its training range."""
     none = ExtrapolationError(per_decade=None, n_runs=0, n_folds=0, max_decades=0.0)
-    if not runs:
-        return none, None, 0.0
-    top = max(r["flops"] for r in runs)
-    train_max = top / 10 ** float(hold.get("extrapolation_decades") or 0.0)
-    far = [r for r in runs if decades_outside(r["flops"], (train_max, train_max)) >= MIN_DECADES]
+    far, near, top = [], [], None
+    for bt in backtest.values():
+        if not isinstance(bt, dict) or "runs" not in bt:
+            continue
+        folds = bt.get("folds") or []
+        if len(folds) != len(bt["runs"]):
+            continue  # a report without each held-out run's training range
+        for r, fold in zip(bt["runs"], folds):
+            rng = fold["train_range"]
+            top = max(top or 0.0, r["flops"], rng[1])
+            if decades_outside(r["flops"], rng) >= MIN_DECADES:
+                far.append({"runs": [r], "train_range": rng})
+            elif r["flops"] > rng[1]:
+                near.append(r["rel_error"])
     if far:
-        return extrapolation_error([{"runs": far, "train_range": [train_max, train_max]}]), top, 0.0
-    floor = math.sqrt(float(np.mean([r["rel_error"] ** 2 for r in runs])))
+        return extrapolation_error(far), top, 0.0
+    floor = math.sqrt(float(np.mean(np.square(near)))) if near else 0.0
     return none, top, floor
 
 
 def _from_report(report: dict, where: str) -> DrawsLossModel:
-    """A `scalelab fit --out` report (scalelab.fitting.pipeline.fit_table with its samples)."""
+    """A `scalelab fit --out` report (scalelab.fitting.scaling_fit.ScalingFit.to_report with its samples)."""
     if report.get("approach") != 3:
         raise UsageError(
             f"{where}: an Approach {report.get('approach')} fit gives N*(C) only, no loss of N and D; "
@@ -213,22 +219,21 @@ def _from_report(report: dict, where: str) -> DrawsLossModel:
         )
     names = list(samples)
     draws = [dict(zip(names, map(float, vals))) for vals in zip(*(samples[n] for n in names))]
-    extrap, top, floor = _holdout_extrapolation(report.get("backtest") or {})
+    extrap, top, floor = _report_extrapolation(report.get("backtest") or {})
     if top is None:
         raise UsageError(
-            f"{where}: the fit has no hold-out backtest (its largest budget and out-of-sample error are unknown); "
-            "refit without --no-backtest"
+            f"{where}: the fit has no backtest with its folds' training ranges (its largest budget and out-of-sample "
+            "error are unknown); refit with `scalelab fit` without --no-backtest"
         )
     warnings = list(report.get("warnings") or [])
     if floor:
-        dist = float(report["backtest"]["holdout"].get("extrapolation_decades") or 0.0)
         warnings.append(
-            f"the hold-out backtest lies {dist:.2f} decades beyond the training runs (< {MIN_DECADES}): the error per "
-            f"decade of extrapolation is unmeasured, so intervals carry no extrapolation part; its RMS miss "
+            f"no backtest run lies {MIN_DECADES} decades or more beyond its fold's training runs: the error per decade "
+            f"of extrapolation is unmeasured, so intervals carry no extrapolation part; the held-out runs' RMS miss "
             f"({100 * floor:.2f}%) enters as the part 'holdout'"
         )
-    n, p = int(report.get("n_points") or 0), law.n_params
-    sigma = float(report.get("residual_scale") or 0.0) * math.sqrt(n / max(n - p, 1)) if n else 0.0
+    n = int(report.get("n_points") or 0)
+    sigma = float(report.get("residual_scale") or 0.0)  # the fit's: corrected for its parameters
     return DrawsLossModel(
         law_obj=law,
         params={k: float(v) for k, v in report["params"].items()},

@@ -13,7 +13,9 @@ import pytest
 
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.cli.main import main
-from scalelab.fitting.pipeline import fit_table
+from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.fit_runs import fit_runs
+from scalelab.fitting.io import read_runs
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.planner import CostConstants, Hardware, estimate
 from scalelab.planning.cluster import cpu_cluster, gpu_cluster
@@ -168,8 +170,9 @@ def fit_files(tmp_path_factory):
     n, d = np.array(n), np.array(d)
     loss = LAW.loss(n, d) * np.exp(rng.normal(0, 0.003, n.size))
     data = {"params": n, "tokens": d, "loss": loss}
-    a3 = fit_table(data, law="chinchilla", bootstrap=0, keep_samples=True, max_starts=60)
-    a2 = fit_table(data, approach=2, keep_samples=True)
+    table = read_runs(data)
+    a3 = fit_runs(table, FitOptions(law="chinchilla", bootstrap=0, starts=60)).to_report(keep_samples=True)
+    a2 = fit_runs(table, FitOptions(approach=2)).to_report(keep_samples=True)
     (root / "a3.json").write_text(json.dumps(a3))
     (root / "a2.json").write_text(json.dumps(a2))
     return root / "a3.json", root / "a2.json"
