@@ -23,9 +23,9 @@ from typing import Any
 from scalelab.errors import UsageError
 from scalelab.models.config import ModelConfig
 from scalelab.models.shapes import shape_for_params
+from scalelab.sweeps.design_context import SHAPE_KEYS, DesignContext
 from scalelab.sweeps.recipe import Recipe
 from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
-from scalelab.sweeps.design_context import SHAPE_KEYS, DesignContext
 from scalelab.sweeps.spec import expand_sweep, read_spec
 from scalelab.train.config import merge_defaults
 from scalelab.train.config_tree import load_yaml, set_in_dict, to_dict
