@@ -345,7 +345,11 @@ def plan_run(
     what_if_sizes: list[int] | None = None,
     flops_note: str = "given",
 ) -> RunPlan:
-    """The plan at `flops` (module docstring). what_if_sizes: None = the defaults (GPU clusters), [] = none."""
+    """The plan at `flops` (module docstring). what_if_sizes: None = the defaults (GPU clusters), [] = none.
+
+    One function: the steps of the module docstring in order, each feeding the next (the batch a
+    layout needs changes the run, which changes its cost and its loss).
+    """
     hp = hp or HPChoice()
     if not (math.isfinite(flops) and flops > model.max_flops):
         raise UsageError(

@@ -319,3 +319,12 @@ def test_a_pipeline_layout_becomes_a_config_that_builds():
     extra = {**_gpu_overrides(piped), "optim.lr": 3e-4, "train.global_batch_tokens": 2**21}
     run = design.resolve(shape, 2**21 * 100, extra, {})
     assert run.config["parallel"]["pp"] == piped.parallel.pp and run.config["train"]["micro_batch_sequences"] == 0
+
+
+def test_days_solve_for_the_budget_the_cluster_affords(sweep, tmp_path):
+    sd, _ = sweep
+    out = tmp_path / "d"
+    assert main(["plan-run", str(sd), "--days", "0.02", "--out", str(out)]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["cost"]["wall_s"] == pytest.approx(0.02 * 86400, rel=0.01)
+    assert plan["flops_note"].startswith("solved") and plan["flops"] > 3e12
