@@ -178,7 +178,7 @@ def shape_choices(model: LossModel, design: Design, n_opt: float, flops: float, 
     return sorted(below + above, key=lambda s: s.params)
 
 
-def _fit_hparams(design: Design, hp: HPChoice, params: float, nonembed_flops: float) -> HyperParams:
+def _fit_hparams(hp: HPChoice, params: float, nonembed_flops: float) -> HyperParams:
     """LR, batch and warmup for a design that sets them itself (a fit file's)."""
     if hp.table is not None:
         return table_hparams(hp.table, params=params, source=hp.table_source, sweep=hp.sweep)
@@ -328,7 +328,7 @@ def _resolve(design: Design, hp_choice: HPChoice, shape: dict[str, Any], flops: 
             design.overrides(shape, round(tokens), extra),
         )
     nonembed = flops_per_token(cfg, design.seq_len).six_n_nonembed * tokens
-    hp = _fit_hparams(design, hp_choice, n, nonembed)
+    hp = _fit_hparams(hp_choice, n, nonembed)
     over, batch = _fit_overrides(hp, design.seq_len, tokens)
     tokens = round(tokens / batch) * batch
     run = design.resolve(shape, tokens, {**over, **extra}, labels)
@@ -372,6 +372,11 @@ def plan_run(
         p = _layout(cfg, cluster, seq_len=seq_len, batch_tokens=batch * grown, config=run.config)
     if p is None:
         raise _cannot_hold(cfg, cluster, seq_len, batch, run.params)
+    if grown > 1 and design.recipe is not None:
+        raise UsageError(
+            f"--gpus {cluster.num_gpus}: no layout divides the {batch:,} tokens per step the sweep's recipe sets for "
+            f"this run (it holds {batch * grown:,}); the recipe fixes the batch: plan on fewer GPUs"
+        )
     if grown > 1 or not cluster.is_cpu:
         extra = {"train.global_batch_tokens": batch * grown} if grown > 1 else {}
         if not cluster.is_cpu:
