@@ -133,12 +133,12 @@ def plot_what_if(plan: dict[str, Any]):
         a1.scatter([w["ceiling"]], [w["ceiling_wall_s"] / 86400], marker="*", s=120, color="C2", zorder=4,
                    label="ceiling (shortest run)")  # fmt: skip
     labels, last = [], -math.inf
-    for x in g:  # a label within half an octave of the last one shown would touch it: its tick stays unlabelled
-        labels.append(short_number(x) if math.log2(x) - last >= 0.45 else "")
+    for x in g:  # a label within 0.6 octave of the last one shown would touch it: its tick stays unlabelled
+        labels.append(f"{int(x):,}" if math.log2(x) - last >= 0.6 else "")
         last = math.log2(x) if labels[-1] else last
     for ax in (a1, a2):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(g, labels, fontsize=8)
+        ax.set_xticks(g, labels, fontsize=7)
         ax.minorticks_off()
         ax.set_xlabel("GPUs")
     a1.set_yscale("log")
