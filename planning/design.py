@@ -23,10 +23,12 @@ from typing import Any
 from scalelab.errors import UsageError
 from scalelab.models.config import ModelConfig
 from scalelab.models.shapes import shape_for_params
+from scalelab.sweeps import store
 from scalelab.sweeps.design_context import SHAPE_KEYS, DesignContext
 from scalelab.sweeps.recipe import Recipe
 from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
 from scalelab.sweeps.spec import expand_sweep, read_spec
+from scalelab.sweeps.transfer import evaluate_gate, plan_transfer, transfer_dir
 from scalelab.train.config import merge_defaults
 from scalelab.train.config_tree import load_yaml, set_in_dict, to_dict
 
@@ -39,6 +41,7 @@ class Design:
     seq_len: int
     recipe: Recipe | None
     raw: dict[str, Any] | None = None  # the sweep's spec (None for a fit file)
+    path: Path | None = None  # the sweep directory
     _ctx: DesignContext | None = None
 
     def shape(self, target_params: float, exclude: frozenset = frozenset()) -> dict[str, Any]:
@@ -95,6 +98,7 @@ def sweep_design(sweep_dir: str | Path) -> Design:
         seq_len=ctx.seq_len,
         recipe=ctx.recipe,
         raw=raw,
+        path=sweep_dir,
         _ctx=ctx,
     )
 
@@ -111,3 +115,18 @@ def fit_design(*, vocab_size: int, seq_len: int, base: str | None = None, name: 
 
 def model_config(shape: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**shape)
+
+
+def transfer_gate(design: Design):
+    """The LR-transfer check of a µP / CompleteP sweep (scalelab.sweeps.transfer.GateResult), or None when
+    the sweep has no `transfer:` section or its check's runs are not in the store."""
+    if design.raw is None or design.path is None or not (design.raw.get("transfer") or {}).get("check"):
+        return None
+    check = plan_transfer(design.raw, expand_sweep(design.raw, default_name=design.name))
+    where = transfer_dir(design.path)
+    if check is None or not where.is_dir():
+        return None
+    runs = store.load_runs(where)
+    if runs.is_empty():
+        return None
+    return evaluate_gate(check, runs)

@@ -15,6 +15,9 @@ Where the values come from (the plan names the source of each):
     Table 2.1): lines of log LR and log batch against log N (scalelab.fitting.hyperparams
     .fit_hyperparam_law), the planned N's value with its 95% prediction interval (a new size's
     choice scatters around the line as the family's did).
+  - a µP / CompleteP sweep with an LR-transfer check (scalelab.sweeps.transfer): every run takes the
+    base size's best LR; its interval is the check's bootstrap interval of that best LR (90%, as the
+    gate reports it), the curvature the parabola of the base size's losses over the check's LR grid.
   - neither: DeepSeek LLM's fitted laws against compute, lr = 0.3118 C^-0.125 and
     B = 0.2920 C^0.3271 tokens (Bi et al. 2024, C in non-embedding FLOPs), without an interval.
 
@@ -243,6 +246,41 @@ def fixed_hparams(*, lr: float, batch_tokens: int, source: str, sweep: HPSweep |
         ),
         warmup_tokens=None,
         notes=["the LR's interval is unknown: the design fixes the LR (no law of it to compare with an LR sweep)"],
+    )
+
+
+def transfer_hparams(gate, *, lr: float, batch_tokens: int, sweep: HPSweep | None) -> HyperParams:
+    """The transferred LR of a µP / CompleteP sweep (`gate`: scalelab.sweeps.transfer.GateResult of its
+    check) with the base size's interval and curvature; the batch is the design's (module docstring)."""
+    base = gate.rows[0] if len(gate.rows) == 1 else min(gate.rows, key=lambda r: (r["depth"], r["width"]))
+    lrs = np.array(sorted(base["losses"]), dtype=float)
+    losses = np.array([base["losses"][x] for x in lrs], dtype=float)
+    ok = np.isfinite(losses)
+    k = _parabola(lrs[ok], losses[ok]) if ok.sum() >= 3 else None
+    lo, hi = base["interval"]
+    interval = (float(lo), float(hi)) if base["interior"] and math.isfinite(lo) and math.isfinite(hi) else None
+    k_b, k_b_src = _curvature(sweep, "batch_tokens")
+    notes = (
+        [] if gate.ok else [f"the sweep's LR-transfer check did not pass (max drift {gate.max_drift:.2f} grid steps)"]
+    )
+    return HyperParams(
+        lr=HParam(
+            value=lr,
+            interval=interval,
+            source=f"{gate.parametrization} transfer: the base size's best LR (d_model {base['width']} x "
+            f"{base['depth']} layers), its 90% bootstrap interval from the transfer check",
+            curvature=k,
+            curvature_source=f"the parabola of the base size's losses over the check's {lrs.size} LRs",
+        ),
+        batch_tokens=HParam(
+            value=float(batch_tokens),
+            interval=None,
+            source="the sweep's design (as every run of it)",
+            curvature=k_b,
+            curvature_source=k_b_src,
+        ),
+        warmup_tokens=None,
+        notes=notes,
     )
 
 

@@ -39,7 +39,7 @@ from scalelab.models.config import ModelConfig
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.planner import Plan, estimate, plan_layouts
 from scalelab.planning.cluster import Cluster
-from scalelab.planning.design import Design
+from scalelab.planning.design import Design, transfer_gate
 from scalelab.planning.hparams import (
     HPSweep,
     HyperParams,
@@ -47,6 +47,7 @@ from scalelab.planning.hparams import (
     fixed_hparams,
     recipe_hparams,
     table_hparams,
+    transfer_hparams,
 )
 from scalelab.planning.loss_model import LossModel
 from scalelab.planning.whatif import WhatIf, default_sizes, scale_what_ifs, shares
@@ -188,6 +189,9 @@ def _fit_hparams(hp: HPChoice, params: float, nonembed_flops: float) -> HyperPar
 def _design_hparams(design: Design, hp: HPChoice, config: dict[str, Any], params: float) -> HyperParams:
     """A sweep's own LR and batch for the resolved run (its recipe, or its base config)."""
     lr, batch = float(config["optim"]["lr"]), int(config["train"]["global_batch_tokens"])
+    gate = transfer_gate(design)
+    if gate is not None:
+        return transfer_hparams(gate, lr=lr, batch_tokens=batch, sweep=hp.sweep)
     if design.recipe is not None:
         return recipe_hparams(lr=lr, batch_tokens=batch, params=params, recipe=design.recipe, sweep=hp.sweep)
     return fixed_hparams(

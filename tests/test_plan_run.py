@@ -328,3 +328,29 @@ def test_days_solve_for_the_budget_the_cluster_affords(sweep, tmp_path):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["cost"]["wall_s"] == pytest.approx(0.02 * 86400, rel=0.01)
     assert plan["flops_note"].startswith("solved") and plan["flops"] > 3e12
+
+
+def test_a_transfer_check_gives_the_transferred_lr_its_interval_and_curvature():
+    """µP: every run takes the base size's best LR; the check's base losses give its interval and cost."""
+    import polars as pl
+
+    from scalelab.planning.hparams import transfer_hparams
+    from scalelab.sweeps.spec import expand_sweep
+    from scalelab.sweeps.transfer import evaluate_gate, plan_transfer
+
+    lrs = [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
+    raw = {
+        "name": "lad",
+        "base": {"model": {"parametrization": "mup"}, "data": {"seq_len": 32}, "train": {"global_batch_tokens": 128}},
+        "ladder": {"sizes": [3.4e4, 1.3e5], "tokens_per_param": [1]},
+        "transfer": {"check": True, "lrs": lrs, "tokens_per_param": 0.5, "widths": [32, 256]},
+    }
+    check = plan_transfer(raw, expand_sweep(raw))
+    rows = [dict(d_model=w, num_layers=1, lr=lr, params=w * 1000, status="done", seed=s,
+                 final_val_loss=3.0 * math.exp(0.03 * (i - 2) ** 2 + 0.002 * (s - 0.5)))
+            for w in (32, 256) for i, lr in enumerate(lrs) for s in (0, 1)]  # fmt: skip
+    gate = evaluate_gate(check, pl.DataFrame(rows))
+    hp = transfer_hparams(gate, lr=gate.base_lr, batch_tokens=128, sweep=None)
+    assert hp.lr.value == pytest.approx(8e-3) and hp.lr.interval[0] < 8e-3 < hp.lr.interval[1]
+    assert hp.lr.curvature == pytest.approx(0.03, rel=1e-6)  # log loss = 0.03 (log2 lr/lr*)^2 exactly
+    assert "mup transfer" in hp.lr.source and not hp.notes
