@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.errors import UsageError
-from scalelab.models.config import ModelConfig
 from scalelab.models.shapes import shape_for_params
 from scalelab.sweeps import store
 from scalelab.sweeps.design_context import SHAPE_KEYS, DesignContext
@@ -42,6 +41,7 @@ class Design:
     recipe: Recipe | None
     raw: dict[str, Any] | None = None  # the sweep's spec (None for a fit file)
     path: Path | None = None  # the sweep directory
+    notes: tuple[str, ...] = ()  # what the plan should tell about the design
     _ctx: DesignContext | None = None
 
     def shape(self, target_params: float, exclude: frozenset = frozenset()) -> dict[str, Any]:
@@ -110,11 +110,9 @@ def fit_design(*, vocab_size: int, seq_len: int, base: str | None = None, name: 
     tree = load_yaml(base) if base else {}
     set_in_dict(tree, ["data", "seq_len"], seq_len)
     set_in_dict(tree, ["model", "vocab_size"], vocab_size)
-    return Design(name=name, base=tree, vocab_size=vocab_size, seq_len=seq_len, recipe=None)
-
-
-def model_config(shape: dict[str, Any]) -> ModelConfig:
-    return ModelConfig(**shape)
+    notes = () if base else ("run.yaml's data section is the run config's default (this Python's stdlib): give --base "
+                             "CONFIG.yaml with the corpus and tokenizer to train on",)  # fmt: skip
+    return Design(name=name, base=tree, vocab_size=vocab_size, seq_len=seq_len, recipe=None, notes=notes)
 
 
 def transfer_gate(design: Design):

@@ -367,7 +367,7 @@ def plan_run(
     run, hparams, batch, over = _resolve(design, hp, shape, flops, {})
     cfg = ModelConfig(**run.config["model"])
     seq_len = int(run.config["data"]["seq_len"])
-    notes = list(hparams.notes)
+    notes = list(hparams.notes) + list(design.notes)
     shifts: dict[str, float] = {}
     p = _layout(cfg, cluster, seq_len=seq_len, batch_tokens=batch, config=run.config)
     grown = 1
