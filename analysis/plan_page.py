@@ -28,7 +28,7 @@ from scalelab.analysis.plan_plots import (
 )
 from scalelab.analysis.report_html import CSS, html_table, img
 from scalelab.planning.plan_text import duration, pct, si
-from scalelab.train.records import atomic_write_bytes
+from scalelab.store.atomic import atomic_write_bytes
 
 PART_MEANING = {
     "bootstrap": "the fit's parameters, resampling its runs",

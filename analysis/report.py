@@ -33,7 +33,7 @@ from scalelab.analysis.report_html import CSS, html_table, img
 from scalelab.analysis.report_loop import fit_section, gates_section, ledger_section, loop_fit, proposal_section
 from scalelab.errors import UsageError
 from scalelab.planning.plan_files import read_plans
-from scalelab.train import storage
+from scalelab.store import objects
 
 
 def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: str | Path) -> str:
@@ -163,7 +163,7 @@ def build_report(
     from scalelab.analysis.store import load_metrics, load_store_runs
 
     shown = store  # an s3:// store is read from a local copy of its records
-    store = storage.local_view(store, "STORE") if storage.is_url(store) else Path(store)
+    store = objects.local_view(store, "STORE") if objects.is_url(store) else Path(store)
     runs_all = load_store_runs(store, done_only=False)
     runs = runs_all.filter(pl.col("status") == "done")
     if runs.height == 0:
@@ -251,7 +251,7 @@ def build_report(
 
 
 def write_report(store: str | Path, out: str | Path, **kwargs) -> Path:
-    from scalelab.train.records import atomic_write_bytes
+    from scalelab.store.atomic import atomic_write_bytes
 
     text = build_report(store, **kwargs)
     out = Path(out)

@@ -29,13 +29,13 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
+from scalelab import store
 from scalelab.errors import UsageError
 from scalelab.models.config import ModelConfig
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.hardware import GPU_TYPES
 from scalelab.parallel.planner import CostConstants, Hardware, Measurement, estimate
 from scalelab.parallel.planner_published import evaluate_published
-from scalelab.sweeps import store
 from scalelab.train.config import build_run_config
 
 CPU = "cpu"

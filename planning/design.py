@@ -20,16 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scalelab import store
+from scalelab.config_tree import load_yaml, set_in_dict, to_dict
 from scalelab.errors import UsageError
 from scalelab.models.shapes import shape_for_params
-from scalelab.sweeps import store
 from scalelab.sweeps.design_context import SHAPE_KEYS, DesignContext
 from scalelab.sweeps.recipe import Recipe
 from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
 from scalelab.sweeps.spec import expand_sweep, read_spec
 from scalelab.sweeps.transfer import evaluate_gate, plan_transfer, transfer_dir
 from scalelab.train.config import merge_defaults
-from scalelab.train.config_tree import load_yaml, set_in_dict, to_dict
 
 
 @dataclass(kw_only=True)

@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from scalelab.store.atomic import atomic_write_bytes
 from scalelab.sweeps.spec import dump_spec
-from scalelab.train.records import atomic_write_bytes
 
 PLAN_FILE = "plan.json"
 

@@ -16,7 +16,8 @@ from scalelab.models import parametrization
 from scalelab.models.config import ModelConfig
 from scalelab.models.llama import build_model
 from scalelab.models.loss import lm_loss
-from scalelab.train.config import OptimConfig, build_run_config, config_hash, identity_dict
+from scalelab.train.config import OptimConfig, build_run_config
+from scalelab.train.identity import config_hash, identity_dict
 from scalelab.train.optim import build_optimizer, set_lr
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,22 +9,33 @@ import re
 
 import matplotlib.image as mpimg
 import numpy as np
+import polars as pl
 import pytest
+import yaml
+from chromium_check import render_and_check
 
+from scalelab import store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.cli.main import main
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.fit_runs import fit_runs
 from scalelab.fitting.io import read_runs
+from scalelab.models.config import ModelConfig
 from scalelab.parallel.config import ParallelConfig
-from scalelab.parallel.planner import CostConstants, Hardware, estimate
+from scalelab.parallel.planner import CostConstants, Hardware, estimate, plan_layouts
+from scalelab.planning import whatif
 from scalelab.planning.cluster import cpu_cluster, gpu_cluster
-from scalelab.planning.hparams import HParam, read_hp_sweep, table_hparams
+from scalelab.planning.design import fit_design
+from scalelab.planning.hparams import HParam, read_hp_sweep, table_hparams, transfer_hparams
 from scalelab.planning.loss_model import load_loss_model
+from scalelab.planning.plan import _gpu_overrides
 from scalelab.planning.whatif import scale_what_ifs
-from scalelab.sweeps import store
 from scalelab.sweeps.propose import propose_next
+from scalelab.sweeps.recipe import parse_recipe, peak_lr
+from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.transfer import evaluate_gate, plan_transfer
 from scalelab.train.config import build_run_config
+from scalelab.train.identity import config_hash
 
 LAW = SyntheticLaw()
 SPEC = {
@@ -77,11 +88,6 @@ def test_plan_at_the_next_budget_is_the_run_sweep_next_proposed_with_its_interva
     assert [plan["loss"]["lo"], plan["loss"]["hi"]] == pytest.approx(first["predicted_interval"], rel=1e-9)
     assert "predicted loss" in text and "wall time" in text and first["run_id"] in text
     # the written config trains exactly that run
-    import yaml
-
-    from scalelab.sweeps.spec import expand_sweep
-    from scalelab.train.config import config_hash
-
     assert config_hash(build_run_config(yaml.safe_load((out / "run.yaml").read_text()))) == first["run_id"]
     assert expand_sweep(yaml.safe_load((out / "sweep.yaml").read_text())).runs[0].run_id == first["run_id"]
     # rounding: the chosen shape has the lowest law loss among those listed, and the point carries its cost
@@ -117,7 +123,6 @@ def test_hp_sweep_gives_the_lr_interval_and_its_cost_enters_the_loss_interval(sw
     sd, _ = sweep
     # an LR sweep at two sizes whose loss is exactly a parabola in log2 LR with curvature 0.02, best at 2x
     # and at 0.5x the recipe's LR: the interval is x/÷2, its edge costs 0.02 (log2 2)^2 in log loss
-    from scalelab.sweeps.recipe import parse_recipe, peak_lr
 
     recipe = parse_recipe(SPEC["recipe"])
     rows = ["params,lr,loss"]
@@ -145,8 +150,6 @@ def test_hp_sweep_gives_the_lr_interval_and_its_cost_enters_the_loss_interval(sw
 
 
 def test_recipe_table_laws_recover_a_power_law():
-    import polars as pl
-
     n = np.array([1e8, 1e9, 1e10, 1e11])
     table = pl.DataFrame({"params": n, "lr": 3e-2 * n**-0.25, "batch_tokens": 2e3 * n**0.3, "warmup_tokens": [1e8] * 4})
     hp = table_hparams(table, params=1e12, source="t", sweep=None)
@@ -195,7 +198,6 @@ def test_gpu_plan_layout_cost_and_what_ifs(fit_files, tmp_path, capsys):
     assert band["n"] == 17 and band["within_15"] == 11  # the published-results check (docs/planner-at-scale.md)
     assert cost["wall_band_s"] == pytest.approx([cost["wall_s"] * band["lo"], cost["wall_s"] * band["hi"]])
     # the written config is the planned layout on 64 GPUs, in bf16 on CUDA
-    import yaml
 
     cfg = build_run_config(yaml.safe_load((out / "run.yaml").read_text()))
     assert cfg.parallel.world_size == 64 and cfg.train.dtype == "bf16"
@@ -220,8 +222,6 @@ def test_gpu_plan_layout_cost_and_what_ifs(fit_files, tmp_path, capsys):
 
 
 def test_knee_is_where_a_doubling_stops_paying():
-    from scalelab.planning import whatif
-
     rows = [
         whatif.WhatIfRow(num_gpus=g, layout="x", wall_s=w) for g, w in ((8, 100.0), (16, 51.0), (32, 40.0), (64, 38.0))
     ]
@@ -259,8 +259,6 @@ def test_bad_input_exits_2_with_one_line_before_anything_is_written(case, fit_fi
 
 
 def test_what_ifs_of_a_tiny_cluster_say_when_nothing_fits():
-    from scalelab.models.config import ModelConfig
-
     cfg = ModelConfig(vocab_size=32000, num_layers=32, d_model=4096, num_heads=32, num_kv_heads=8, d_ff=14336,
                       max_seq_len=2048)  # fmt: skip
     w = scale_what_ifs(cfg, seq_len=2048, batch_tokens=2**21, steps=1000, cluster=gpu_cluster("A100-80GB", 8),
@@ -282,8 +280,6 @@ def test_a_fit_report_reads_as_the_loop_fit_does(fit_files):
 
 @pytest.mark.chromium
 def test_plan_page_renders_in_headless_chromium(fit_files, tmp_path):
-    from chromium_check import render_and_check
-
     page = tmp_path / "plan.html"
     args = ["plan-run", str(fit_files[0]), "--flops", "1e21", "--gpu", "H100-SXM", "--gpus", "64", "--vocab-size",
             "32000", "--seq-len", "2048", "--scale", "16,64", "--out", str(tmp_path / "p"),
@@ -305,13 +301,8 @@ def test_report_shows_the_plans_under_the_sweep(sweep, tmp_path):
 def test_a_pipeline_layout_becomes_a_config_that_builds():
     """The planner's micro-batch under a pipeline is the pipeline's (pp_microbatches of them per step):
     the run config must not also accumulate over it in the loop."""
-    from scalelab.parallel.planner import plan_layouts
-    from scalelab.planning.design import fit_design
-    from scalelab.planning.plan import _gpu_overrides
-
     design = fit_design(vocab_size=32000, seq_len=2048)
     shape = design.shape(7e9)
-    from scalelab.models.config import ModelConfig
 
     plans = plan_layouts(ModelConfig(**shape), num_gpus=16, seq_len=2048, global_batch_tokens=2**21,
                          hw=gpu_cluster("H100-SXM", 16).hw)  # fmt: skip
@@ -332,12 +323,6 @@ def test_days_solve_for_the_budget_the_cluster_affords(sweep, tmp_path):
 
 def test_a_transfer_check_gives_the_transferred_lr_its_interval_and_curvature():
     """µP: every run takes the base size's best LR; the check's base losses give its interval and cost."""
-    import polars as pl
-
-    from scalelab.planning.hparams import transfer_hparams
-    from scalelab.sweeps.spec import expand_sweep
-    from scalelab.sweeps.transfer import evaluate_gate, plan_transfer
-
     lrs = [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
     raw = {
         "name": "lad",
