@@ -93,6 +93,9 @@ def add_parser(sub) -> None:
     q.add_argument("--budget-flops", type=float, default=None, help="FLOPs the next round may spend")
     q.add_argument("--step", type=float, default=3.0, help="next budget = step x the largest budget done")
     q.add_argument("--replicates", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
+    q.add_argument(
+        "--seeds", type=int, default=1, help="train the compute-optimal run with this many seeds (each one scored)"
+    )
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_next)
 
@@ -336,6 +339,7 @@ def run_next(args) -> int:
         budget_flops=args.budget_flops,
         step=args.step,
         replicates=args.replicates,
+        seeds=args.seeds,
         log=(lambda m: None) if args.json else print,
     )
     _log_fit_runs(args.sweep_dir, (lambda m: print(m, file=sys.stderr)) if args.json else print)
