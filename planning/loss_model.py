@@ -28,13 +28,18 @@ Two saved forms are read:
     fitted budget is the largest training or held-out budget of its folds.
 Both need a law of N and D with a compute-optimal allocation (chinchilla, kaplan): anything else
 (Approaches 1/2, curve laws, a law of FLOPs alone) is refused with one line.
+
+A stacked fit (law "auto": forms weighted by forward backtests, scalelab.fitting.ensemble) saved in
+either form is read as the loop reads it (ScalingFit with `stacked`): losses and their intervals
+are the stacked law's (bootstrap, weights, noise, extrapolation), and the compute-optimal N*, D*
+are the incumbent law's, the point `sweep next` proposes, with the stacked law's loss there.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -42,6 +47,7 @@ import numpy as np
 
 from scalelab.errors import UsageError
 from scalelab.fitting.allocate import allocate, optimum_for_law
+from scalelab.fitting.ensemble import StackedFit
 from scalelab.fitting.laws import Law, get_law
 from scalelab.fitting.predictive import (
     ExtrapolationError,
@@ -151,6 +157,51 @@ class DrawsLossModel:
         )
 
 
+@dataclass(kw_only=True)
+class StackedLossModel:
+    """A stacked fit: the stacked law's losses and intervals at the incumbent's compute-optimal point."""
+
+    incumbent: DrawsLossModel
+    stacked: StackedFit
+
+    @property
+    def law(self) -> str:
+        weights = ", ".join(f"{k} {w:.2f}" for k, w in self.stacked.weights.items())
+        return f"stacked ({weights}; N*, D* from {self.incumbent.law})"
+
+    @property
+    def level(self) -> float:
+        return self.stacked.level
+
+    @property
+    def max_flops(self) -> float:
+        return self.incumbent.max_flops
+
+    @property
+    def source(self) -> str:
+        return self.incumbent.source
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.incumbent.warnings
+
+    def point(self, n: float, d: float) -> float:
+        return float(self.stacked.predict(n, d))
+
+    def predict(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
+        return self.stacked.predict_interval(n, d, flops)
+
+    def optimum(self, flops: float) -> Optimum:
+        own = self.incumbent.optimum(flops)
+        return replace(own, loss=self.stacked.predict_interval(own.n, own.d, flops))
+
+
+def _with_stack(model: DrawsLossModel, data: dict) -> DrawsLossModel | StackedLossModel:
+    if not isinstance(data.get("stacked"), dict):
+        return model
+    return StackedLossModel(incumbent=model, stacked=StackedFit.from_dict(data["stacked"]))
+
+
 def _plannable(law_name: str, where: str) -> Law:
     if law_name not in PLANNABLE_LAWS:
         raise UsageError(
@@ -255,7 +306,7 @@ def latest_round_fit(sweep_dir: Path) -> Path | None:
     return rounds[-1] if rounds else None
 
 
-def load_loss_model(path: str | Path) -> DrawsLossModel:
+def load_loss_model(path: str | Path) -> DrawsLossModel | StackedLossModel:
     """The fit of a sweep directory (its latest round) or of a saved fit report (module docstring)."""
     path = Path(path)
     if path.is_dir():
@@ -275,9 +326,9 @@ def load_loss_model(path: str | Path) -> DrawsLossModel:
         raise UsageError(f"{path}: not a fit (a JSON object with law and params)")
     try:
         if isinstance(data.get("fit"), dict) and "points" in data["fit"]:
-            return _from_round(data["fit"], str(path))
+            return _with_stack(_from_round(data["fit"], str(path)), data["fit"])
         if "approach" in data and "params" in data:
-            return _from_report(data, str(path))
+            return _with_stack(_from_report(data, str(path)), data)
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, UsageError):
             raise

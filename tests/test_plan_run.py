@@ -339,3 +339,30 @@ def test_a_transfer_check_gives_the_transferred_lr_its_interval_and_curvature():
     assert hp.lr.value == pytest.approx(8e-3) and hp.lr.interval[0] < 8e-3 < hp.lr.interval[1]
     assert hp.lr.curvature == pytest.approx(0.03, rel=1e-6)  # log loss = 0.03 (log2 lr/lr*)^2 exactly
     assert "mup transfer" in hp.lr.source and not hp.notes
+
+
+def test_a_stacked_fit_plans_with_the_stacked_law_and_its_interval(tmp_path):
+    """law "auto": the plan's losses are the stacked law's with its parts (the weights' spread among
+    them), its optimum the incumbent's N* with the stacked loss there, as `sweep next` reads the fit."""
+    rng = np.random.default_rng(0)
+    n, d, budgets = [], [], []
+    for c in (1e17, 1e18, 1e19, 1e20):
+        for nn in np.geomspace(np.sqrt(c / 120) / 4, np.sqrt(c / 120) * 4, 5):
+            n, d, budgets = [*n, nn], [*d, c / (6 * nn)], [*budgets, c]
+    n, d = np.array(n), np.array(d)
+    data = {"params": n, "tokens": d, "loss": LAW.loss(n, d) * np.exp(rng.normal(0, 0.003, n.size)), "budget": budgets}
+    sf = fit_runs(read_runs(data), FitOptions(law="auto", bootstrap=10, starts=20))
+    assert sf.stacked is not None
+    (tmp_path / "round.json").write_text(json.dumps({"fit": sf.to_record()}))
+    (tmp_path / "fit.json").write_text(json.dumps(sf.to_report(keep_samples=True)))
+    for path in (tmp_path / "round.json", tmp_path / "fit.json"):
+        model = load_loss_model(path)
+        assert model.law.startswith("stacked")
+        got, want = model.predict(1e10, 2e11, 1e22), sf.predict_interval(1e10, 2e11, 1e22)
+        assert "weights" in got.parts
+        assert [got.point, got.lo, got.hi] == pytest.approx([want.point, want.lo, want.hi], rel=1e-9)
+        opt, want_opt = model.optimum(1e22), sf.optimum_interval(1e22)
+        assert opt.n == pytest.approx(sf.optimum(1e22)[0], rel=1e-9)
+        assert [opt.loss.point, opt.loss.lo, opt.loss.hi] == pytest.approx(
+            [want_opt.point, want_opt.lo, want_opt.hi], rel=1e-9
+        )
