@@ -43,6 +43,39 @@ def _band(values: np.ndarray, level: float = LEVEL) -> tuple[np.ndarray, np.ndar
     return percentile_interval(values, level)
 
 
+def short_number(value: float, plain: bool = False, sci: bool = False) -> str:
+    """A tick label that stays narrow: 20k, 1.5M, 3B; 2e13 from 1e13 up (or always, sci); plain %g when asked."""
+    if plain or value <= 0:
+        return f"{value:g}"
+    if value >= 1e13 or sci:
+        return f"{value:.0e}".replace("e+", "e")
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:g}"
+
+
+def readable_log_axis(ax, which: str = "x", *, plain: bool = False, sci: bool = False) -> None:
+    """Labels on a log axis that do not collide: about 3-7 short labels whatever the span (decades and,
+    on narrower axes, 3 x decade, or 2 and 5 x decade; linear steps under 0.7 decades), no minor labels.
+
+    Call it after the data are drawn (it reads the axis limits)."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    lo, hi = ax.get_xlim() if which == "x" else ax.get_ylim()
+    span = math.log10(hi / lo) if lo > 0 and hi > lo else 0.0
+    if span < 0.7:
+        locator = matplotlib.ticker.MaxNLocator(nbins=5)
+    elif span < 1.6:
+        locator = matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0))
+    elif span < 3.5:
+        locator = matplotlib.ticker.LogLocator(base=10, subs=(1.0, 3.0))
+    else:
+        locator = matplotlib.ticker.LogLocator(base=10, numticks=8)
+    axis.set_major_locator(locator)
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: short_number(v, plain, sci)))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
 def _budget_groups(flops: np.ndarray) -> np.ndarray:
     from scalelab.fitting.approaches import group_budgets
 
@@ -65,6 +98,7 @@ def plot_loss_curves(runs: pl.DataFrame, metrics: pl.DataFrame, *, x: str = "tok
     for n in sizes:
         ax.plot([], [], color=colors[n], label=f"N={n:.3g}")
     ax.set_xscale("log")
+    readable_log_axis(ax, "x", sci=True)
     ax.set_xlabel("training tokens" if x == "tokens" else "training FLOPs (6ND)")
     ax.set_ylabel("train loss (nats/token)")
     ax.set_title("Loss curves")
@@ -95,6 +129,7 @@ def plot_isoflop(runs: pl.DataFrame, fit=None, *, loss_col: str = "loss", ax=Non
             ns = np.geomspace(n[sel].min() / 1.5, n[sel].max() * 1.5, 60)
             ax.plot(ns, fit.predict(params=ns, tokens=c / (6 * ns)), color=color, lw=0.8, ls=":")
     ax.set_xscale("log")
+    readable_log_axis(ax, "x")
     ax.set_xlabel("parameters N")
     ax.set_ylabel(f"final {loss_col}")
     ax.set_title("IsoFLOP curves (parabola in ln N, * = bracketed minimum; dotted = law)", fontsize=10)
@@ -139,6 +174,8 @@ def plot_frontier(runs: pl.DataFrame, fit, *, extend: float = 30.0, ax=None, lev
         )
     ax.set_xscale("log")
     ax.set_yscale("log")
+    readable_log_axis(ax, "x", sci=True)
+    readable_log_axis(ax, "y", plain=True)
     ax.set_xlabel("training FLOPs C (6ND)")
     ax.set_ylabel("loss")
     ax.set_title("Compute frontier")
@@ -173,6 +210,8 @@ def plot_allocation(fit, *, extend: float = 30.0, axes=None, level: float = LEVE
             ax.fill_between(cs, lo, hi, color=f"C{j}", alpha=0.2)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        readable_log_axis(ax, "x", sci=True)
+        readable_log_axis(ax, "y")
         ax.set_xlabel("FLOPs C")
         ax.set_title(name)
     return fig
@@ -187,6 +226,7 @@ def plot_residuals(fit, ax=None):
     fig.colorbar(sc, ax=ax, label="log10 N")
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xscale("log")
+    readable_log_axis(ax, "x", sci=True)
     ax.set_xlabel("FLOPs C")
     ax.set_ylabel("residual (%)")
     ax.set_title(f"Residuals of the {fit.law} fit")
@@ -227,6 +267,7 @@ def plot_sensitivity(runs: pl.DataFrame, param: str = "lr", *, loss_col: str = "
         sub = df.filter(pl.col("params") == n).group_by(param).agg(pl.col(loss_col).mean()).sort(param)
         ax.plot(sub[param], sub[loss_col], marker="o", color=color, label=f"N={n:.3g}")
     ax.set_xscale("log")
+    readable_log_axis(ax, "x", plain=True)
     ax.set_xlabel(param)
     ax.set_ylabel(f"final {loss_col} (mean over seeds)")
     ax.set_title(f"Sensitivity to {param} per size")
@@ -257,6 +298,8 @@ def plot_comparison(cmp, ax=None):
     ax.axhline(1.0, color="k", lw=0.8, ls="--")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    readable_log_axis(ax, "x", sci=True)
+    readable_log_axis(ax, "y", plain=True)
     ax.set_xlabel("FLOPs C")
     ax.set_ylabel("compute multiplier m(C)")
     ax.set_title(f"Compute-efficiency multiplier (slope {cmp.slope:+.3f} per ln C)", fontsize=10)

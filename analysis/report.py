@@ -8,7 +8,8 @@ with their values and each budget's bracketing, the proposed next round (from `s
 next`'s fits/*.json when present, else the fit's compute-optimal run at 3x the largest budget), the
 ledger of every round's predictions against the measured runs with the intervals' coverage, the
 evaluation-noise table with its advice, comparisons (between tags of the
-store, or against other stores), and the plots. Images are PNGs embedded as base64 data URIs and
+store, or against other stores), the runs planned from the sweep (`scalelab plan-run`'s plans under
+DIR/plans/: scalelab.analysis.plan_page), and the plots. Images are PNGs embedded as base64 data URIs and
 the CSS is inline: the file opens offline, from anywhere, with no network access.
 
 The fit is the closed loop's (scalelab.sweeps.store_fit: the one fit entry, with the options of the
@@ -27,9 +28,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from scalelab.analysis.plan_page import plan_section
 from scalelab.analysis.report_html import CSS, html_table, img
 from scalelab.analysis.report_loop import fit_section, gates_section, ledger_section, loop_fit, proposal_section
 from scalelab.errors import UsageError
+from scalelab.planning.plan_files import read_plans
 from scalelab.store import objects
 
 
@@ -183,6 +186,7 @@ def build_report(
         gates_section(record),
         proposal_section(store, fit, record.get("level", options.level)),
         ledger_section(store),
+        *(plan_section(p) for p in (read_plans(store) if store.is_dir() else [])),
     ]
     figs = [
         img(plots.plot_isoflop(fit_runs, fit), "IsoFLOP curves with fitted parabolas and minima"),

@@ -39,11 +39,16 @@ def img(fig, caption: str, width: int = 560) -> str:
     )
 
 
-def html_table(header: list[str], rows: list[list], left: int = 1) -> str:
-    th = "".join(f'<th class="{"l" if i < left else ""}">{html.escape(str(h))}</th>' for i, h in enumerate(header))
+def html_table(header: list[str], rows: list[list], left: int = 1, left_cols: tuple[int, ...] = ()) -> str:
+    """A table; the first `left` columns and those in `left_cols` are left-aligned (text), the rest right."""
+
+    def cls(i: int) -> str:
+        return "l" if i < left or i in left_cols else ""
+
+    th = "".join(f'<th class="{cls(i)}">{html.escape(str(h))}</th>' for i, h in enumerate(header))
     body = []
     for r in rows:
-        tds = "".join(f'<td class="{"l" if i < left else ""}">{html.escape(fmt(v))}</td>' for i, v in enumerate(r))
+        tds = "".join(f'<td class="{cls(i)}">{html.escape(fmt(v))}</td>' for i, v in enumerate(r))
         body.append(f"<tr>{tds}</tr>")
     return f"<table><tr>{th}</tr>{''.join(body)}</table>"
 

@@ -17,6 +17,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("parity_cmd", "parity"),
     ("analysis_cmd", "noise"),  # also registers predict-task, compare, plot, report
     ("plan_cmd", "plan-layout"),
+    ("plan_run_cmd", "plan-run"),
     ("coordcheck_cmd", "coordcheck"),
     ("profile_cmd", "profile"),
 ]

@@ -1,0 +1,336 @@
+"""What a plan asks of a fit, behind one small interface: the loss at (N, D) and the optimum at C, with intervals.
+
+    model = load_loss_model("results/iso")          # a sweep: its latest `sweep next` fit
+    model = load_loss_model("fit.json")             # `scalelab fit DATA --out fit.json`
+    model.predict(n, d, flops) # PredictionInterval: point, lo, hi, parts (log-space sds); flops: the budget
+    model.point(n, d)          # the point alone (sensitivities, rounding costs)
+    model.optimum(flops)       # Optimum: N*, D* with intervals, L*(C) with its interval
+
+A plan never reads a fit's fields itself: every reading of a saved fit is in this module, so a new kind
+of fit (an average of several laws with weights, whose interval has form/weight parts) is one more
+class with these three methods. Each interval's `parts` are the fit's own (for the laws here:
+bootstrap, run noise and the backtests' out-of-sample error at the target's distance in decades,
+scalelab.fitting.predictive); the plan adds its own parts (learning rate, batch) beside them.
+
+Two saved forms are read:
+  - a sweep directory: its latest fits/round_K.json, the closed loop's fit (law, parameters,
+    bootstrap draws, residual scale with the noise floor, extrapolation error per decade, the runs'
+    FLOP budgets): the intervals are exactly those `sweep next` gave its proposals;
+  - a fit report (`scalelab fit DATA --out FIT.json`, saved with its parameter samples): the same
+    three parts from its samples, its residual scale and its backtests' folds: the error per decade
+    of the held-out runs that lie at least MIN_DECADES beyond their fold's training runs (as the
+    loop's folds do: its budgets are 0.5 decades apart).
+    A table of checkpoints along loss curves holds out the last few checkpoints, a few hundredths
+    of a decade beyond the rest: their miss is a level the fit gets wrong, not a drift per decade
+    (2.5% at 0.05 decades would read as 50% per decade). Then the error per decade is unmeasured
+    (no extrapolation part, said in the fit's warnings) and the hold-out's RMS relative error enters
+    as a part of its own ("holdout"): the least a prediction out of sample misses by. The largest
+    fitted budget is the largest training or held-out budget of its folds.
+Both need a law of N and D with a compute-optimal allocation (chinchilla, kaplan): anything else
+(Approaches 1/2, curve laws, a law of FLOPs alone) is refused with one line.
+
+A stacked fit (law "auto": forms weighted by forward backtests, scalelab.fitting.ensemble) saved in
+either form is read as the loop reads it (ScalingFit with `stacked`): losses and their intervals
+are the stacked law's (bootstrap, weights, noise, extrapolation), and the compute-optimal N*, D*
+are the incumbent law's, the point `sweep next` proposes, with the stacked law's loss there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from scalelab.errors import UsageError
+from scalelab.fitting.allocate import allocate, optimum_for_law
+from scalelab.fitting.ensemble import StackedFit
+from scalelab.fitting.laws import Law, get_law
+from scalelab.fitting.predictive import (
+    ExtrapolationError,
+    PredictionInterval,
+    decades_outside,
+    extrapolation_error,
+    interval_from_parts,
+    prediction_interval,
+)
+
+PLANNABLE_LAWS = ("chinchilla", "kaplan")  # laws of (params, tokens) with a compute-optimal allocation
+MIN_DECADES = 0.3  # a fit report's held-out run this far beyond its training runs measures a drift per decade
+
+
+@dataclass(kw_only=True, slots=True)
+class Optimum:
+    """The compute-optimal point at one budget."""
+
+    flops: float
+    n: float
+    d: float
+    loss: PredictionInterval
+    n_interval: tuple[float, float] | None
+    d_interval: tuple[float, float] | None
+
+
+class LossModel(Protocol):
+    """What a plan needs from a fit (module docstring)."""
+
+    law: str  # what the fit is, in words ("chinchilla", or a description of an average)
+    level: float
+    max_flops: float  # the largest FLOP budget the fit saw: plans extrapolate from here
+    source: str  # where the fit came from, for the page
+    warnings: list[str]
+
+    def point(self, n: float, d: float) -> float: ...
+
+    def predict(self, n: float, d: float, flops: float | None = None) -> PredictionInterval: ...
+
+    def optimum(self, flops: float) -> Optimum: ...
+
+
+@dataclass(kw_only=True)
+class DrawsLossModel:
+    """A law of (N, D) with bootstrap (or delta-method) parameter draws: the loop's prediction intervals."""
+
+    law_obj: Law
+    params: dict[str, float]
+    draws: list[dict[str, float]]
+    residual_scale: float  # log-sd of a new run's noise
+    extrapolation: ExtrapolationError
+    max_flops: float
+    min_flops: float
+    level: float = 0.95
+    source: str = ""
+    n_runs: int = 0
+    warnings: list[str] = field(default_factory=list)
+    points: dict[str, list[float]] | None = None  # the fitted runs (params, tokens, loss, budgets) when saved
+    holdout_floor: float = 0.0  # log-sd a fit report's short-range hold-out missed by (0: not used)
+
+    @property
+    def law(self) -> str:
+        return self.law_obj.name
+
+    def point(self, n: float, d: float, params: dict[str, float] | None = None) -> float:
+        x = self.law_obj.predict(params or self.params, params=np.asarray(float(n)), tokens=np.asarray(float(d)))
+        return float(x)
+
+    def _interval(self, point: float, reps: list[float], flops: float) -> PredictionInterval:
+        out = prediction_interval(
+            point,
+            np.asarray(reps, dtype=float),
+            residual_scale=self.residual_scale,
+            extrapolation=self.extrapolation,
+            decades=decades_outside(flops, (self.min_flops, self.max_flops)),
+            level=self.level,
+        )
+        if not self.holdout_floor:
+            return out
+        parts = {k: v for k, v in out.parts.items() if k != "decades"} | {"holdout": self.holdout_floor}
+        more = interval_from_parts(point, parts, self.level)
+        more.parts["decades"] = out.parts["decades"]
+        return more
+
+    def predict(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
+        """The loss at (N, D); `flops` is the budget whose distance from the fit's budgets sets the
+        extrapolation part (default 6ND; a planned run's budget label, as `sweep next` predicts)."""
+        reps = [self.point(n, d, p) for p in self.draws]
+        return self._interval(self.point(n, d), reps, flops if flops is not None else 6.0 * n * d)
+
+    def optimum(self, flops: float) -> Optimum:
+        opt = optimum_for_law(self.law_obj)
+        alloc = allocate(opt, self.params, flops, samples=self.draws, level=self.level)
+        reps = []
+        for p in self.draws:
+            try:
+                reps.append(opt(p, flops)[2])
+            except UsageError:
+                continue
+        return Optimum(
+            flops=flops,
+            n=alloc.n_opt,
+            d=alloc.d_opt,
+            loss=self._interval(alloc.loss_opt, reps, flops),
+            n_interval=alloc.n_opt_interval,
+            d_interval=alloc.d_opt_interval,
+        )
+
+
+@dataclass(kw_only=True)
+class StackedLossModel:
+    """A stacked fit: the stacked law's losses and intervals at the incumbent's compute-optimal point."""
+
+    incumbent: DrawsLossModel
+    stacked: StackedFit
+
+    @property
+    def law(self) -> str:
+        weights = ", ".join(f"{k} {w:.2f}" for k, w in self.stacked.weights.items())
+        return f"stacked ({weights}; N*, D* from {self.incumbent.law})"
+
+    @property
+    def level(self) -> float:
+        return self.stacked.level
+
+    @property
+    def max_flops(self) -> float:
+        return self.incumbent.max_flops
+
+    @property
+    def source(self) -> str:
+        return self.incumbent.source
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.incumbent.warnings
+
+    def point(self, n: float, d: float) -> float:
+        return float(self.stacked.predict(n, d))
+
+    def predict(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
+        return self.stacked.predict_interval(n, d, flops)
+
+    def optimum(self, flops: float) -> Optimum:
+        own = self.incumbent.optimum(flops)
+        return replace(own, loss=self.stacked.predict_interval(own.n, own.d, flops))
+
+
+def _with_stack(model: DrawsLossModel, data: dict) -> DrawsLossModel | StackedLossModel:
+    if not isinstance(data.get("stacked"), dict):
+        return model
+    return StackedLossModel(incumbent=model, stacked=StackedFit.from_dict(data["stacked"]))
+
+
+def _plannable(law_name: str, where: str) -> Law:
+    if law_name not in PLANNABLE_LAWS:
+        raise UsageError(
+            f"{where}: the fit's law is {law_name!r}; plan-run needs a law of N and D with a compute-optimal "
+            f"allocation ({' or '.join(PLANNABLE_LAWS)}): refit with --law chinchilla"
+        )
+    return get_law(law_name)
+
+
+def _from_round(record: dict, where: str) -> DrawsLossModel:
+    """The closed loop's fit (fits/round_K.json "fit": scalelab.fitting.scaling_fit.ScalingFit.to_record)."""
+    law = _plannable(str(record.get("law")), where)
+    budgets = np.asarray(record["points"]["budgets"], dtype=float)
+    return DrawsLossModel(
+        law_obj=law,
+        params={k: float(v) for k, v in record["params"].items()},
+        draws=[{k: float(v) for k, v in d.items()} for d in record.get("draws") or []],
+        residual_scale=float(record.get("residual_scale") or 0.0),
+        extrapolation=ExtrapolationError(**record["extrapolation"]),
+        max_flops=float(budgets.max()),
+        min_flops=float(budgets.min()),
+        level=float(record.get("level", 0.95)),
+        source=where,
+        n_runs=int(budgets.size),
+        warnings=list(record.get("warnings") or []),
+        points={k: [float(x) for x in record["points"][k]] for k in ("params", "tokens", "loss", "budgets")},
+    )
+
+
+def _report_extrapolation(backtest: dict) -> tuple[ExtrapolationError, float | None, float]:
+    """(error per decade, the largest budget the folds saw, the short-range floor) from a fit report's
+    backtests (module docstring): each fold's runs with its training range."""
+    none = ExtrapolationError(per_decade=None, n_runs=0, n_folds=0, max_decades=0.0)
+    far, near, top = [], [], None
+    for bt in backtest.values():
+        if not isinstance(bt, dict) or "runs" not in bt:
+            continue
+        folds = bt.get("folds") or []
+        if len(folds) != len(bt["runs"]):
+            continue  # a report without each held-out run's training range
+        for r, fold in zip(bt["runs"], folds):
+            rng = fold["train_range"]
+            top = max(top or 0.0, r["flops"], rng[1])
+            if decades_outside(r["flops"], rng) >= MIN_DECADES:
+                far.append({"runs": [r], "train_range": rng})
+            elif r["flops"] > rng[1]:
+                near.append(r["rel_error"])
+    if far:
+        return extrapolation_error(far), top, 0.0
+    floor = math.sqrt(float(np.mean(np.square(near)))) if near else 0.0
+    return none, top, floor
+
+
+def _from_report(report: dict, where: str) -> DrawsLossModel:
+    """A `scalelab fit --out` report (scalelab.fitting.scaling_fit.ScalingFit.to_report with its samples)."""
+    if report.get("approach") != 3:
+        raise UsageError(
+            f"{where}: an Approach {report.get('approach')} fit gives N*(C) only, no loss of N and D; "
+            "plan-run needs a law of N and D: refit with --approach 3 --law chinchilla"
+        )
+    law = _plannable(str(report.get("law")), where)
+    samples = report.get("samples") or {}
+    if not samples:
+        raise UsageError(
+            f"{where}: the fit holds no parameter samples; save it with `scalelab fit DATA --out FIT.json`"
+        )
+    names = list(samples)
+    draws = [dict(zip(names, map(float, vals))) for vals in zip(*(samples[n] for n in names))]
+    extrap, top, floor = _report_extrapolation(report.get("backtest") or {})
+    if top is None:
+        raise UsageError(
+            f"{where}: the fit has no backtest with its folds' training ranges (its largest budget and out-of-sample "
+            "error are unknown); refit with `scalelab fit` without --no-backtest"
+        )
+    warnings = list(report.get("warnings") or [])
+    if floor:
+        warnings.append(
+            f"no backtest run lies {MIN_DECADES} decades or more beyond its fold's training runs: the error per decade "
+            f"of extrapolation is unmeasured, so intervals carry no extrapolation part; the held-out runs' RMS miss "
+            f"({100 * floor:.2f}%) enters as the part 'holdout'"
+        )
+    n = int(report.get("n_points") or 0)
+    sigma = float(report.get("residual_scale") or 0.0)  # the fit's: corrected for its parameters
+    return DrawsLossModel(
+        law_obj=law,
+        params={k: float(v) for k, v in report["params"].items()},
+        draws=draws,
+        residual_scale=sigma,
+        extrapolation=extrap,
+        max_flops=float(top),
+        min_flops=float(top),
+        level=float(report.get("level", 0.95)),
+        source=where,
+        n_runs=n,
+        warnings=warnings,
+        holdout_floor=floor,
+    )
+
+
+def latest_round_fit(sweep_dir: Path) -> Path | None:
+    rounds = sorted(sweep_dir.glob("fits/round_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    return rounds[-1] if rounds else None
+
+
+def load_loss_model(path: str | Path) -> DrawsLossModel | StackedLossModel:
+    """The fit of a sweep directory (its latest round) or of a saved fit report (module docstring)."""
+    path = Path(path)
+    if path.is_dir():
+        found = latest_round_fit(path)
+        if found is None:
+            raise UsageError(
+                f"{path} has no fits/round_*.json; run `scalelab sweep next {path}` first (it fits the sweep)"
+            )
+        path = found
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist; give a sweep directory or a FIT.json from `scalelab fit --out`")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"{path}: not a readable fit ({e})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: not a fit (a JSON object with law and params)")
+    try:
+        if isinstance(data.get("fit"), dict) and "points" in data["fit"]:
+            return _with_stack(_from_round(data["fit"], str(path)), data["fit"])
+        if "approach" in data and "params" in data:
+            return _with_stack(_from_report(data, str(path)), data)
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, UsageError):
+            raise
+        raise UsageError(f"{path}: a fit with a missing or malformed field ({e})") from None
+    raise UsageError(f"{path}: neither a sweep round's fit nor a `scalelab fit --out` report (no law and params)")
