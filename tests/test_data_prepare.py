@@ -243,3 +243,21 @@ def test_default_corpus_prepare():
     assert seconds < 30, f"default corpus prepare took {seconds:.1f} s"
     assert isinstance(PreparedSource(src.path), PreparedSource)
     assert ensure_prepared("default", "byte").path == src.path
+
+
+def test_train_exclude_filters_train_only_and_keeps_the_val_split(tmp_path):
+    (tmp_path / "in" / "tests").mkdir(parents=True)
+    for i in range(60):
+        (tmp_path / "in" / f"lib{i:02d}.py").write_text(f"def f{i}():\n    return {i}\n" * (3 + i % 5))
+        (tmp_path / "in" / "tests" / f"test_{i:02d}.py").write_text(f"assert f{i}() == {i}\n" * (4 + i % 3))
+    whole = ensure_prepared(tmp_path / "in", "byte", tmp_path / "cache", val_fraction=0.1)
+    lib = ensure_prepared(tmp_path / "in", "byte", tmp_path / "cache", val_fraction=0.1, train_exclude=["*/tests/*"])
+    assert lib.path != whole.path  # its own cache entry; the unfiltered one keeps its key
+    assert np.array_equal(lib.val, whole.val)  # the same held-out documents, tests included
+    tok = ByteTokenizer()
+    train_docs = [bytes(d.astype(np.uint8)) for d in _split_docs(np.asarray(lib.train), tok.eot_id)]
+    assert train_docs and not any(d.startswith(b"assert") for d in train_docs)
+    whole_docs = _split_docs(np.asarray(whole.train), tok.eot_id)
+    assert lib.index["train_exclude"]["num_documents"] == len(whole_docs) - len(train_docs) > 0
+    with pytest.raises(UsageError, match="leaves no document"):
+        prepare([tmp_path / "in"], tmp_path / "none", "byte", val_fraction=0.1, train_exclude=["*"])

@@ -165,7 +165,8 @@ def _expand_model_section(model: dict[str, Any]) -> dict[str, Any]:
         if target <= 0:
             raise ConfigError("model.target_params", f"{target} must be > 0", "e.g. 1e7")
         vocab = model.get("vocab_size") or 320
-        base = to_dict(shape_for_params(target, vocab_size=int(vocab)))
+        mlp = {"mlp": model["mlp"]} if "mlp" in model else {}  # its d_ff (and so the count) depends on it
+        base = to_dict(shape_for_params(target, vocab_size=int(vocab), **mlp))
     base.update(model)
     return base
 
@@ -365,12 +366,23 @@ _NEUTRAL_MODEL_FIELDS = ("parametrization", "base_d_model", "base_num_layers", "
 # Added after mup/completep run ids were recorded: left out at their default, which computes what
 # those runs computed, so their ids stay too.
 _ADDED_MODEL_DEFAULTS = {"base_d_ff": 0}
+# Added after every kind of run id was recorded: left out of the identity at the default, under any
+# parametrization (the SwiGLU feed-forward every earlier run trained).
+_ADDED_MODEL_FIELDS = {"mlp": "swiglu"}
+_ADDED_SOURCE_FIELDS = {"train_exclude": []}
+
+
+def _source_identity(source: dict[str, Any]) -> dict[str, Any]:
+    """A data source without the fields added after run ids were recorded, where they are at their
+    default (no filter: the whole train split every earlier run read)."""
+    return {k: v for k, v in source.items() if k not in _ADDED_SOURCE_FIELDS or v != _ADDED_SOURCE_FIELDS[k]}
 
 
 def identity_dict(cfg: RunConfig) -> dict[str, Any]:
     """The resolved config without the sections that do not change the numbers."""
     out = {k: v for k, v in to_dict(cfg).items() if k not in _NOT_IDENTITY}
-    model = out["model"]
+    model = {k: v for k, v in out["model"].items() if k not in _ADDED_MODEL_FIELDS or v != _ADDED_MODEL_FIELDS[k]}
+    out["data"] = dict(out["data"], sources=[_source_identity(s) for s in out["data"]["sources"]])
     if model.get("parametrization", "sp") == "sp":  # sp ignores the base shape
         out["model"] = {k: v for k, v in model.items() if k not in _NEUTRAL_MODEL_FIELDS}
     else:
