@@ -368,6 +368,7 @@ _LABELS = (
     "mixture",
     "epochs",
     "unique_tokens",
+    "arm",
 )
 
 
