@@ -30,8 +30,8 @@ from pathlib import Path
 
 import polars as pl
 
+from scalelab import store
 from scalelab.errors import UsageError
-from scalelab.sweeps import store
 from scalelab.sweeps.study_fit import arm_runs, fit_study, read_study
 
 METHODS = ("each size", "best run", "law")

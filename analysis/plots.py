@@ -284,7 +284,7 @@ def plot_noise(table: pl.DataFrame, ax=None):
 
 
 def plot_ledger(book: dict, ax=None):
-    """The ledger (scalelab.sweeps.ledger): every proposed run's predicted loss with its interval
+    """The ledger (scalelab.store.ledger): every proposed run's predicted loss with its interval
     against its FLOPs, by round, and its measured loss once done (filled: inside the interval)."""
     fig, ax = _axes(ax)
     preds = book.get("predictions", [])
@@ -325,9 +325,9 @@ def plot_demo(sweep_dir, proposal: dict, measured: float | None, png) -> None:
     prediction and interval against its measured loss, and the frontier N*(C) with the best runs."""
     from pathlib import Path
 
+    from scalelab import store
     from scalelab.fitting.allocate import optimum_for_law
     from scalelab.fitting.laws import get_law
-    from scalelab.sweeps import store
 
     law, params = get_law(proposal["law"]), proposal["params"]
     optimum = optimum_for_law(law)

@@ -33,8 +33,8 @@ from scalelab.analysis.report_html import CSS, html_table, img
 from scalelab.analysis.report_loop import fit_section, gates_section, ledger_section, loop_fit, proposal_section
 from scalelab.analysis.report_study import study_sections
 from scalelab.errors import UsageError
+from scalelab.store import objects
 from scalelab.sweeps.study_propose import is_study
-from scalelab.train import storage
 
 
 def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: str | Path) -> str:
@@ -164,7 +164,7 @@ def build_report(
     from scalelab.analysis.store import load_metrics, load_store_runs
 
     shown = store  # an s3:// store is read from a local copy of its records
-    store = storage.local_view(store, "STORE") if storage.is_url(store) else Path(store)
+    store = objects.local_view(store, "STORE") if objects.is_url(store) else Path(store)
     runs_all = load_store_runs(store, done_only=False)
     runs = runs_all.filter(pl.col("status") == "done")
     if runs.height == 0:
@@ -279,7 +279,7 @@ def _study_report(store: Path, shown, runs_all: pl.DataFrame, runs: pl.DataFrame
 
 
 def write_report(store: str | Path, out: str | Path, **kwargs) -> Path:
-    from scalelab.train.records import atomic_write_bytes
+    from scalelab.store.atomic import atomic_write_bytes
 
     text = build_report(store, **kwargs)
     out = Path(out)

@@ -186,7 +186,7 @@ def gates_section(record: dict) -> str:
 
 
 def ledger_section(store: Path) -> str:
-    from scalelab.sweeps.ledger import coverage, read_ledger, score
+    from scalelab.store.ledger import coverage, read_ledger, score
 
     if not (store / "ledger.json").exists():
         return ""

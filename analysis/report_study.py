@@ -7,7 +7,7 @@ in place of the single-law sections (one law fitted over every arm would mix the
 (the loop's: parameters with intervals, gates, backtest), m(C) of each arm over the baseline at
 every budget and at the target with the gap predicted there and the verdict
 (scalelab.sweeps.study_fit), the ledger of predicted against measured gaps at the target
-(scalelab.sweeps.ledger), the decision-accuracy table (scalelab.analysis.decision_accuracy), and
+(scalelab.store.ledger), the decision-accuracy table (scalelab.analysis.decision_accuracy), and
 two figures: the frontiers per arm, and m(C) with its band and the target.
 """
 
@@ -21,7 +21,7 @@ import polars as pl
 from scalelab.analysis.decision_accuracy import METHODS, decision_accuracy
 from scalelab.analysis.report_html import html_table, img
 from scalelab.analysis.study_plots import plot_study_frontiers, plot_study_multiplier
-from scalelab.sweeps import ledger
+from scalelab.store import ledger
 from scalelab.sweeps.study_fit import fit_study
 
 

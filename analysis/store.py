@@ -1,4 +1,4 @@
-"""Reading a sweep store for analysis: runs (via scalelab.sweeps.store.load_runs), their per-checkpoint
+"""Reading a sweep store for analysis: runs (via scalelab.store.load_runs), their per-checkpoint
 evaluations and loss curves, and the keys that group runs.
 
     runs = load_store_runs("results/isoflop")          # load_runs + run_dir, seed_group, candidate, scale
@@ -60,7 +60,7 @@ def _run_dirs(path: Path) -> dict[str, Path]:
 
 def load_store_runs(path: str | Path, *, done_only: bool = True) -> pl.DataFrame:
     """load_runs(path) plus run_dir, seed_group, scale and candidate columns (see module docstring)."""
-    from scalelab.sweeps.store import load_runs
+    from scalelab.store import load_runs
 
     path = Path(path).expanduser()
     if not path.exists():

@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from scalelab.train.records import EVALS_SCHEMA, METRICS_SCHEMA, atomic_write_bytes, atomic_write_json
+from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
+from scalelab.store.records import EVALS_SCHEMA, METRICS_SCHEMA
 
 # CPU-sized shapes (num_layers, d_model) of the shape rule, total params with vocab 320 in comments
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = (
@@ -159,7 +160,7 @@ def write_synthetic_sweep(
     independent); the draws are otherwise a pure function of (seed, shape, tokens).
     """
     from scalelab.models.accounting import num_params, num_params_nonembedding
-    from scalelab.train.config import config_hash
+    from scalelab.train.identity import config_hash
 
     sweep_dir = Path(sweep_dir)
     tags = {str(k): str(v) for k, v in (tags or {}).items()}
@@ -308,7 +309,7 @@ def launch_synthetic(
     a real launch records it. Returns the run ids."""
     import yaml
 
-    from scalelab.sweeps import store
+    from scalelab import store
     from scalelab.sweeps.spec import expand_sweep, read_spec
 
     if isinstance(spec, dict):

@@ -17,7 +17,7 @@ import polars as pl
 from scalelab.analysis import plots
 from scalelab.analysis.lawfit import store_fit_from_record
 from scalelab.analysis.store import load_store_runs
-from scalelab.sweeps.ledger import read_ledger
+from scalelab.store.ledger import read_ledger
 
 
 def fit_images(sweep_dir: str | Path, record: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:

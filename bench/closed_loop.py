@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from scalelab.sweeps import ledger
+from scalelab.store import ledger
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.proposal_text import format_gates

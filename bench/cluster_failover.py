@@ -38,10 +38,10 @@ from pathlib import Path
 import yaml
 from ray.cluster_utils import Cluster
 
-from scalelab.sweeps import store
+from scalelab import store
+from scalelab.store.checkpoint_files import latest_checkpoint
+from scalelab.store.records import read_status
 from scalelab.sweeps.spec import expand_sweep
-from scalelab.train.checkpoint import latest_checkpoint
-from scalelab.train.records import read_status
 
 BASE = {
     "model": {"preset": "debug"},

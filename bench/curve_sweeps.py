@@ -64,12 +64,12 @@ import numpy as np
 import polars as pl
 import yaml
 
+from scalelab import store
 from scalelab.errors import UsageError
 from scalelab.fitting.curves import fit_curves
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.fit_runs import fit_runs
 from scalelab.fitting.io import read_runs
-from scalelab.sweeps import store
 from scalelab.sweeps.early_stop import STATUS, EarlyStopConfig, decide, predict_from_prefix
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.run_curves import store_curves

@@ -34,9 +34,9 @@ import time
 import yaml
 from curve_sweeps import ISO, prefix_table, run_sweep
 
+from scalelab import store
 from scalelab.fitting.hyperparams import best_lr
 from scalelab.models.shapes import base_shape
-from scalelab.sweeps import store
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.spec import expand_sweep
 

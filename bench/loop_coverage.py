@@ -30,7 +30,7 @@ from scipy import optimize
 
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.fitting.allocate import chinchilla_optimum
-from scalelab.sweeps import ledger
+from scalelab.store import ledger
 from scalelab.sweeps.propose import propose_next
 
 

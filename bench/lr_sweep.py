@@ -22,8 +22,8 @@ import time
 import numpy as np
 import polars as pl
 
+from scalelab import store
 from scalelab.models.shapes import shape_for_width
-from scalelab.sweeps import store
 from scalelab.sweeps.demo import DEMO_RECIPE, demo_spec
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.recipe import lr_law_from_runs, parse_recipe, peak_lr

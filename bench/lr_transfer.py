@@ -39,9 +39,9 @@ import time
 import polars as pl
 import yaml
 
+from scalelab import store
 from scalelab.fitting.hyperparams import best_lr, grid_position
 from scalelab.models.shapes import base_shape, shape_for_width
-from scalelab.sweeps import store
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.spec import expand_sweep
 

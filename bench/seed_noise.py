@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 import yaml
 
-from scalelab.sweeps import store
+from scalelab import store
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.spec import expand_sweep

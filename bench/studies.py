@@ -49,10 +49,10 @@ import yaml
 
 from scalelab.analysis.decision_accuracy import DecisionTable, decision_accuracy, format_decisions, pool
 from scalelab.analysis.report import write_report
-from scalelab.sweeps import ledger
+from scalelab.store import ledger
+from scalelab.store.ledger import format_studies
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
-from scalelab.sweeps.ledger import format_studies
 from scalelab.sweeps.proposal import latest_round
 from scalelab.sweeps.spec import expand_sweep, load_sweep
 from scalelab.sweeps.study_fit import fit_study, format_study

@@ -30,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
 
-    from scalelab.sweeps import store
+    from scalelab import store
     from scalelab.sweeps.execute import launch
     from scalelab.sweeps.spec import expand_sweep
 

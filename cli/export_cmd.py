@@ -9,6 +9,8 @@ shard at a time. The folder loads with transformers' AutoModelForCausalLM / Auto
 
 from __future__ import annotations
 
+import math
+
 from scalelab.errors import UsageError
 
 
@@ -31,8 +33,8 @@ def run(args) -> int:
 
     if args.dtype is not None and args.dtype not in DTYPES:
         raise UsageError(f"--dtype {args.dtype!r}: use one of {', '.join(DTYPES)}")
-    if not args.max_shard_gb > 0:
-        raise UsageError(f"--max-shard-gb {args.max_shard_gb}: must be > 0, e.g. 5")
+    if not (math.isfinite(args.max_shard_gb) and args.max_shard_gb > 0):
+        raise UsageError(f"--max-shard-gb {args.max_shard_gb}: must be > 0 and finite, e.g. 5")
     _, ckpts = find_checkpoints(args.path)
     summary = export_hf(
         ckpts[-1],

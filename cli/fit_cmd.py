@@ -29,7 +29,7 @@ import math
 import pathlib
 
 from scalelab.errors import UsageError
-from scalelab.train import storage
+from scalelab.store import objects
 
 
 def add_parser(sub) -> None:
@@ -172,7 +172,7 @@ def _fit(args: argparse.Namespace):
     from scalelab.fitting.laws import CURVE_LAWS
 
     wants_curves = args.law == "auto" or args.law in CURVE_LAWS
-    path = storage.local_view(args.data, "DATA") if storage.is_url(args.data) else pathlib.Path(args.data)
+    path = objects.local_view(args.data, "DATA") if objects.is_url(args.data) else pathlib.Path(args.data)
     if path.is_dir():
         from scalelab.sweeps.run_curves import store_curves
         from scalelab.sweeps.store_fit import fit_store

@@ -45,9 +45,9 @@ def parse_size(text: str, what: str, binary: bool = False) -> int:
 
 def load_model(spec: str):
     """A ModelConfig from a preset name or a YAML/JSON file."""
+    from scalelab.config_tree import load_yaml
     from scalelab.models.config import ModelConfig
     from scalelab.models.presets import get_preset
-    from scalelab.train.config_tree import load_yaml
 
     path = Path(spec)
     if not path.exists():

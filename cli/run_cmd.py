@@ -7,7 +7,9 @@ this machine (torchrun-compatible environment) and rank 0 writes the records.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from scalelab.errors import UsageError
@@ -26,12 +28,18 @@ def add_parser(sub) -> None:
         help="dotted override, e.g. --set model.d_model=256 (repeatable)",
     )
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    p.add_argument(
+        "--start-over",
+        action="store_true",
+        help="with --resume: when no checkpoint in --out verifies, train from step 0 (they are kept as "
+        "step_<N>.corrupt); without it such a run stops with one line",
+    )
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from scalelab.store.records import read_status
     from scalelab.train.config import load_run_config
-    from scalelab.train.records import read_status
 
     cfg = load_run_config(args.config, args.overrides)
     if "://" in args.out:
@@ -39,35 +47,67 @@ def run(args) -> int:
             f"--out {args.out}: a single run writes to a local or shared path; "
             "object storage is for sweeps (scalelab sweep launch --out s3://...)"
         )
+    if args.start_over and not args.resume:
+        raise UsageError("--start-over: goes with --resume (it decides what a resume does when nothing verifies)")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a directory (new or holding this run)")
     try:
-        status = read_status(out)
+        status = read_status(out)  # an empty file (cut by a power loss) reads as no status
     except (OSError, ValueError):
         raise UsageError(f"--out {out}: status.json is unreadable; choose another --out") from None
-    if status is not None and not args.resume:
+    if (status is not None or (out / "config.json").exists()) and not args.resume:
         raise UsageError(
-            f"--out {out} already holds a run (status {status.get('status')}); "
+            f"--out {out} already holds a run (status {(status or {}).get('status')}); "
             "pass --resume to continue it or choose another --out"
         )
-    if args.resume and status is not None and (out / "config.json").exists():
-        from scalelab.train.config import build_run_config, identity_dict
+    if args.resume and (out / "config.json").exists():
+        from scalelab.train.identity import NotSameRun, same_run
 
-        saved = build_run_config(json.loads((out / "config.json").read_text()))
-        if identity_dict(saved) != identity_dict(cfg):  # parallel/logging may change on resume
+        try:  # parallel/logging may change on resume: they are not the run's identity
+            same_run(json.loads((out / "config.json").read_text()), (status or {}).get("run_id"), today=cfg)
+        except NotSameRun as e:
             raise UsageError(
-                f"--resume: the config differs from {out}/config.json beyond parallel/logging; "
+                f"--resume: the config differs from {out}/config.json beyond parallel/logging (at {e.path}); "
                 "resume with that file (a new layout may be given with --set parallel.*)"
-            )
+            ) from None
+    with _run_lock(out):
+        return _train(cfg, out, args)
+
+
+@contextlib.contextmanager
+def _run_lock(out: Path) -> Iterator[None]:
+    """The run's lock (the one a sweep trial holds, scalelab.store.run_lock), for an existing --out;
+    a new run has nothing to lock yet, and nothing is written before its config is checked."""
+    from scalelab.store.run_lock import fcntl_lock
+
+    with contextlib.ExitStack() as stack:
+        if out.is_dir():
+            try:
+                stack.enter_context(fcntl_lock(out, wait_s=0))
+            except RuntimeError:
+                raise UsageError(
+                    f"--out {out}: another process is training this run (it holds {out / '.lock'}); "
+                    "wait for it to end, or stop it"
+                ) from None
+        yield
+
+
+def _train(cfg, out: Path, args) -> int:
+    resume = args.resume
+    if resume and args.start_over:
+        from scalelab.train import checkpoint as ckpt
+
+        chosen, _ = ckpt.select_resume_checkpoint(out / "checkpoints", start_over=True)
+        resume = chosen is not None  # nothing verified: the run starts from step 0, as asked
     if cfg.parallel.world_size > 1:
-        _check_sources(cfg, out, args.resume)  # in the ranks they would fail one by one, with tracebacks
+        _check_sources(cfg, out, resume)  # in the ranks they would fail one by one, with tracebacks
         from scalelab.train.launch import launch_local
 
-        return launch_local(cfg, out, resume=args.resume)
+        return launch_local(cfg, out, resume=resume)
     from scalelab.train.loop import train_run
 
-    summary = train_run(cfg, out, resume=args.resume)
+    summary = train_run(cfg, out, resume=resume)
     _print_summary(summary, out)
     return 0 if summary.get("status") == "done" else 1
 
@@ -76,7 +116,7 @@ def _check_sources(cfg, out: Path, resume: bool) -> None:
     """The checkpoint a multi-process run starts from, checked once here (CheckpointError, exit 2)."""
     from scalelab.train import checkpoint as ckpt
 
-    if resume and ckpt.list_checkpoints(out / "checkpoints"):
+    if resume and (out / "checkpoints").is_dir():
         ckpt.select_resume_checkpoint(out / "checkpoints")
     elif cfg.train.init_from:
         ckpt.verify(cfg.train.init_from)

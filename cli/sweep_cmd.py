@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from scalelab.errors import UsageError
-from scalelab.train import storage
+from scalelab.store import objects
 
 
 def add_parser(sub) -> None:
@@ -145,6 +145,14 @@ def _ray_args(q) -> None:
     q.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
     q.add_argument("--max-concurrent", type=int, default=None, help="runs at a time (default: as resources allow)")
     q.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    q.add_argument(
+        "--pass-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a credential (WANDB_API_KEY, HF_TOKEN, ...) the runs may read: forwarded to the cluster's "
+        "workers (never in clear text to another machine); others are never sent (repeatable)",
+    )
 
 
 def run_plan(args) -> int:
@@ -197,11 +205,11 @@ def run_launch(args) -> int:
     from scalelab.sweeps.spec import load_sweep
 
     sweep = load_sweep(args.spec)  # every run validated before Ray starts
-    out = args.out if storage.is_url(args.out) else Path(args.out)
+    out = args.out if objects.is_url(args.out) else Path(args.out)
     check, target = check_rounds(sweep, out, rounds=args.rounds, target_flops=args.target_flops)
     faults = _faults(args.inject_fault)
     if args.detach:
-        if storage.is_url(out):
+        if objects.is_url(out):
             raise UsageError(f"--out {out}: --detach needs a shared POSIX store (the driver's spec copy lives there)")
         return _detach(args, sweep, check is None, out)
     print(f"sweep {sweep.name}: {len(sweep.runs)} runs -> {out}")
@@ -223,7 +231,11 @@ def run_launch(args) -> int:
         budget_flops=args.budget_flops,
         force_transfer=args.force,
         options=LaunchOptions(
-            address=args.address, max_concurrent=args.max_concurrent, num_cpus=args.num_cpus, fault_steps=faults
+            address=args.address,
+            max_concurrent=args.max_concurrent,
+            num_cpus=args.num_cpus,
+            fault_steps=faults,
+            pass_env=args.pass_env,
         ),
         before_launch=announce,
         fit_images=fit_images,
@@ -245,11 +257,12 @@ def _detach(args, sweep, pre_record: bool, out: Path) -> int:
 
     A spec without a transfer check is recorded in the store first, so `sweep status` shows its
     runs (pending) before the job's driver starts."""
-    from scalelab.sweeps import store
+    from scalelab import store
     from scalelab.sweeps.execute import check_runnable, save_execution
-    from scalelab.sweeps.ray_cluster import check_dashboard_address, submit_driver
+    from scalelab.sweeps.ray_cluster import check_dashboard_address, check_pass_env, submit_driver
 
     check_dashboard_address(args.address)
+    check_pass_env(args.address, args.pass_env)  # before anything is written
     out = out.resolve()
     text = Path(args.spec).read_text()
     if pre_record:
@@ -271,7 +284,7 @@ def _detach(args, sweep, pre_record: bool, out: Path) -> int:
     argv += ["--force"] if args.force else []
     for item in args.inject_fault:
         argv += ["--inject-fault", item]
-    job_id = submit_driver(args.address, out, argv)
+    job_id = submit_driver(args.address, out, argv, pass_env=args.pass_env)
     print(f"sweep {sweep.name}: driver submitted as Ray job {job_id} on {args.address} -> {out}")
     print(f"  follow: ray job logs --address {args.address} --follow {job_id};  scalelab sweep status {out}")
     return 0
@@ -280,7 +293,13 @@ def _detach(args, sweep, pre_record: bool, out: Path) -> int:
 def run_resume(args) -> int:
     from scalelab.sweeps.execute import resume
 
-    result = resume(args.sweep_dir, address=args.address, max_concurrent=args.max_concurrent, num_cpus=args.num_cpus)
+    result = resume(
+        args.sweep_dir,
+        address=args.address,
+        max_concurrent=args.max_concurrent,
+        num_cpus=args.num_cpus,
+        pass_env=args.pass_env,
+    )
     return 0 if all(s in ("done", "diverged") for s in result["states"].values()) else 1
 
 
@@ -317,7 +336,7 @@ def run_eval(args) -> int:
 
 
 def run_export(args) -> int:
-    from scalelab.sweeps.store import export_table
+    from scalelab.store import export_table
 
     n = export_table(args.sweep_dir, args.csv, done_only=not args.all)
     print(f"{n} run(s) -> {args.csv}", file=sys.stderr)
@@ -368,7 +387,7 @@ def _next_study(args) -> int:
 
 def run_study(args) -> int:
     from scalelab.analysis.decision_accuracy import decision_accuracy, format_decisions
-    from scalelab.sweeps.ledger import format_studies, read_ledger, score
+    from scalelab.store.ledger import format_studies, read_ledger, score
     from scalelab.sweeps.study_fit import fit_study, format_study
 
     score(args.sweep_dir)
@@ -414,8 +433,8 @@ def run_wandb(args) -> int:
 
 
 def run_ledger(args) -> int:
-    from scalelab.sweeps import store
-    from scalelab.sweeps.ledger import format_ledger, read_ledger, score
+    from scalelab import store
+    from scalelab.store.ledger import format_ledger, read_ledger, score
 
     if not store.is_sweep_dir(args.sweep_dir):
         raise UsageError(f"{args.sweep_dir} is not a sweep directory (no sweep.yaml)")

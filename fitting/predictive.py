@@ -24,7 +24,7 @@ a new run's noise (scalelab.fitting.fit_runs.RunsFit.residual_scale: the fit's r
 corrected for its parameters, seed replicates, or a seed study's floor, whichever is largest), and
 z the normal quantile of the level. With no
 extrapolating backtest (fewer than 3 budgets), k is unknown and the interval says so (k = None).
-The ledger (scalelab.sweeps.ledger) scores these intervals against measured runs: that is the
+The ledger (scalelab.store.ledger) scores these intervals against measured runs: that is the
 test of the method, not this derivation.
 """
 

@@ -23,7 +23,18 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-PACKAGE_FOLDERS = ("scalelab", "models", "parallel", "kernels", "train", "sweeps", "fitting", "analysis", "cli")
+PACKAGE_FOLDERS = (
+    "scalelab",
+    "store",
+    "models",
+    "parallel",
+    "kernels",
+    "train",
+    "sweeps",
+    "fitting",
+    "analysis",
+    "cli",
+)
 OTHER_FOLDERS = ("tests", "bench", "scripts")
 LONG_FILE_LINES = 500
 

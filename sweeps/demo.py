@@ -32,7 +32,8 @@ from typing import Any
 
 import yaml
 
-from scalelab.sweeps import ledger, store
+from scalelab import store
+from scalelab.store import ledger
 from scalelab.sweeps.proposal import Proposal
 from scalelab.sweeps.proposal_text import format_gates
 from scalelab.sweeps.rounds import LaunchOptions, run_rounds

@@ -18,12 +18,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from scalelab.config_tree import to_dict
 from scalelab.errors import ConfigError
 from scalelab.models.accounting import num_params
 from scalelab.models.shapes import shape_for_params
 from scalelab.sweeps.recipe import Recipe, parse_recipe
 from scalelab.train.config import DataConfig, TrainLoopConfig, padded_vocab_size
-from scalelab.train.config_tree import to_dict
 from scalelab.train.data.tokenizer import load_tokenizer
 
 SHAPE_KEYS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff")

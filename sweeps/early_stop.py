@@ -41,15 +41,15 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from scalelab import store
+from scalelab.config_tree import from_dict, load_yaml
 from scalelab.errors import ConfigError, UsageError
 from scalelab.fitting.curves import RunCurve, fit_curves
 from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.laws import CURVE_LAWS
 from scalelab.fitting.predictive import interval_from_parts, replicate_sd, t_over_z
-from scalelab.sweeps import store
 from scalelab.sweeps.run_curves import SOURCES, resolve_source, run_curve, store_curves
 from scalelab.train.config import build_run_config
-from scalelab.train.config_tree import from_dict, load_yaml
 from scalelab.train.loop import StopRun
 
 STATUS = "stopped_early"

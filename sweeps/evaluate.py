@@ -24,14 +24,15 @@ from typing import Any
 
 import torch
 
+from scalelab import store
 from scalelab.errors import UsageError
-from scalelab.sweeps import store, wandb_export
+from scalelab.store.atomic import atomic_write_json
+from scalelab.store.checkpoint_files import list_checkpoints
+from scalelab.sweeps import wandb_export
 from scalelab.sweeps.ray_cluster import ray_session
-from scalelab.train.checkpoint import list_checkpoints
 from scalelab.train.checkpoint_verify import MANIFEST, METADATA, TRAIN_STATE
 from scalelab.train.eval_checkpoint import evaluate_checkpoint, merge_eval_rows
 from scalelab.train.eval_tasks import MCTask, load_tasks
-from scalelab.train.records import atomic_write_json
 
 INDEX = "evals_index.json"
 VAL_KEY = "val"  # the index entry for held-out loss/bpb (recomputed only with with_val)

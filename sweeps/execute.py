@@ -16,10 +16,10 @@ Failures. `FailureConfig(max_failures)` retries a trial that raised or whose nod
 notices a lost node within its health-check period); because the trial always
 calls `train_run(resume=True)`, a retry continues from the run's latest checkpoint and (training
 being deterministic) ends bit for bit where an uninterrupted run would. A per-run file lock
-(`runs/<id>/.lock`, fcntl; a lease on object storage, scalelab.sweeps.lease) makes a retry or a
+(`runs/<id>/.lock`, fcntl; a lease on object storage: scalelab.store.run_lock) makes a retry or a
 resumed sweep wait until a previous process of the same run is gone, so two processes never write
 one run. The run directory is the store root's
-one copy of the run (scalelab.sweeps.store.claim_run), so the lock also covers sibling sweeps: a
+one copy of the run (scalelab.store.claims.claim_run), so the lock also covers sibling sweeps: a
 trial whose run another sweep claimed waits for that sweep's trial (holding its Ray slot) and
 then finds the run done, or resumes it if that trial died.
 
@@ -33,7 +33,7 @@ node loss the run continues at the dp that fits what is left, with the same glob
 
 Dedupe and resume: there is no hidden Tune state to restore. The store is the state: a run whose
 status.json says done/diverged (here or in a sibling sweep of the store root, see
-scalelab.sweeps.store) is skipped; anything else is started, and resumes from its checkpoints if it
+scalelab.store.claims) is skipped; anything else is started, and resumes from its checkpoints if it
 has any. `resume(sweep_dir)` therefore works after any driver death, including SIGKILL.
 Cooldown branches run in a second wave, after the stable runs they start from are done.
 
@@ -44,26 +44,28 @@ training, and on `end`/`fail` the checkpoint step the attempt loaded, from the l
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
-import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from scalelab import store
+from scalelab.config_tree import from_dict
 from scalelab.errors import UsageError
 from scalelab.parallel.config import ParallelConfig
-from scalelab.sweeps import early_stop, ledger, ray_reaper, store, wandb_fit, wandb_runs
-from scalelab.sweeps.lease import remote_run
-from scalelab.sweeps.ray_cluster import local_ray_on_loopback, start_ray
+from scalelab.store import ledger, objects
+from scalelab.store.run_lock import remove_stale_temp_files, run_lock
+from scalelab.sweeps import early_stop, ray_reaper, wandb_fit, wandb_runs
+from scalelab.sweeps.ray_cluster import check_pass_env, local_ray_on_loopback, start_ray
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
-from scalelab.train import storage
-from scalelab.train.config import build_run_config, config_hash, to_dict
-from scalelab.train.config_tree import from_dict
+from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.elastic import min_world_size
+from scalelab.train.identity import current_run_id, same_run
 from scalelab.train.launch import ray_train_fn
 from scalelab.train.loggers import WandbRun
 from scalelab.train.loop import train_run
@@ -71,59 +73,11 @@ from scalelab.train.watchdog import HangPolicy
 
 Log = Callable[[str], None]
 TRIAL_CPU = 0.01  # what the trial of a multi-process run holds itself (Ray rejects empty bundles)
-LOCK_WAIT_S = 180.0  # how long a trial waits for a previous process of the same run to go away
 
 
 # ---------------------------------------------------------------------------------------------
 # The trial (runs inside a Ray worker)
 # ---------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _run_lock(sweep_dir: str | Path, run_id: str):
-    """Be the one process training run_id in its store root; yields the directory to train into.
-
-    A local or shared POSIX store: the root's one directory of the run (store.claim_run) under an
-    fcntl lock. Object storage: a lease and a node-local copy synced to the store
-    (scalelab.sweeps.lease). A run claimed by a sibling sweep waits as long as its holder lives."""
-    if storage.is_url(sweep_dir):
-        with remote_run(sweep_dir, run_id, wait_s=LOCK_WAIT_S) as run_dir:
-            yield run_dir
-        return
-    run_dir = store.claim_run(sweep_dir, run_id)
-    with _fcntl_lock(run_dir, wait_s=None if run_dir.is_symlink() else LOCK_WAIT_S):
-        yield run_dir
-
-
-@contextlib.contextmanager
-def _fcntl_lock(run_dir: Path, wait_s: float | None = LOCK_WAIT_S):
-    """Hold an exclusive fcntl lock on <run>/.lock; the OS drops it when the holder dies.
-
-    wait_s=None waits as long as the holder lives: a sibling sweep training this run.
-    On NFS this needs NFSv4 (or lockd for v3); on Lustre the `flock` mount option."""
-    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = None if wait_s is None else time.monotonic() + wait_s
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise RuntimeError(f"{run_dir} is locked by another process for {wait_s:.0f} s") from None
-                time.sleep(0.2)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _remove_stale_temp_files(run_dir: Path) -> None:
-    """Temp files of a writer that died mid-write (records, a half-saved checkpoint). Holding the
-    run's lock means no live process writes here, so whatever temp file exists is garbage."""
-    for tmp in run_dir.glob(".*.tmp"):
-        tmp.unlink(missing_ok=True)
-    for tmp in (run_dir / "checkpoints").glob("*.tmp"):
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class InjectedFault(RuntimeError):
@@ -192,14 +146,13 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
 
     tc = TrialArgs.of(trial_config)
     sweep_dir, run_id = store.location(tc.sweep_dir), tc.run_id
-    with _run_lock(sweep_dir, run_id) as run_dir:
-        _remove_stale_temp_files(run_dir)
+    with run_lock(sweep_dir, run_id) as run_dir:
+        remove_stale_temp_files(run_dir)
         state = store.run_state(run_dir)
         if state in store.TERMINAL:  # finished by an earlier attempt whose driver died before seeing it
             tune.report({"status": state, "skipped": True})
             return
-        cfg = build_run_config(tc.config)
-        _check_same_run(tc.config, cfg, run_id)
+        cfg = same_run(tc.config, run_id)  # today's code must compute the stored run
         os.chdir(run_dir)  # cooldown branches name their stable run's checkpoint relative to the run dir
         prev = (store.read_status(run_dir) or {}) if state != "pending" else {}
         attempt = int(prev.get("attempts", 0)) + 1
@@ -246,28 +199,6 @@ def _loaded_step(run_dir: Path, attempt: int) -> int | None:
 def _hang_policy(tc: TrialArgs) -> HangPolicy | None:
     factor = float(tc.hang_factor or 0)
     return HangPolicy(factor=factor, min_s=float(tc.hang_min_s)) if factor else None
-
-
-def _check_same_run(stored: dict[str, Any], cfg, run_id: str) -> None:
-    """The config rebuilt by today's code must be the stored run: same hash, or (code that gained
-    config fields since the sweep was resolved) every stored key unchanged."""
-    if config_hash(cfg) == run_id:
-        return
-
-    def changed(old: Any, new: Any, path: str) -> str | None:
-        if isinstance(old, dict) and isinstance(new, dict):
-            for k, v in old.items():
-                hit = changed(v, new.get(k), f"{path}.{k}" if path else k) if k in new else f"{path}.{k} (removed)"
-                if hit:
-                    return hit
-            return None
-        return None if old == new else path
-
-    diff = changed(stored, to_dict(cfg), "")
-    if diff:
-        raise RuntimeError(
-            f"run {run_id}: today's code resolves its config differently at {diff}; launch the spec into a new sweep"
-        )
 
 
 def _train_multiworker(tc: TrialArgs, run_dir: Path, cfg, wb: WandbRun | None = None) -> dict[str, Any]:
@@ -371,6 +302,7 @@ def execute(
     max_concurrent: int | None = None,
     num_cpus: int | None = None,
     fault_steps: dict[str, int] | None = None,
+    pass_env: list[str] | tuple[str, ...] = (),
     log: Log = print,
 ) -> dict[str, Any]:
     """Train every unfinished run of `runs` (entries of sweep.resolved.json) into the sweep's store.
@@ -386,7 +318,7 @@ def execute(
     sweep_dir = store.location(sweep_dir)
     t0 = time.time()
     by_id = {r["run_id"]: r for r in runs}
-    states = store.attach_runs(sweep_dir, list(by_id))
+    states = store.attach_runs(sweep_dir, list(by_id), current_id=current_run_id)
     wandb_runs.prepare(sweep_dir, runs, log)  # an online sweep that cannot reach W&B: one line, runs log offline
     skipped = [i for i, s in states.items() if s in store.TERMINAL]
     if skipped:
@@ -408,7 +340,7 @@ def execute(
             if wave > 0 and set(r["run_id"] for r in ready) <= set(trained):
                 break  # everything runnable was tried this launch and did not finish
             if not ray.is_initialized():
-                reaper, started = start_ray(address, num_cpus), True
+                reaper, started = start_ray(address, num_cpus, pass_env), True
             log(f"wave {wave}: {len(ready)} run(s) on Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)")
             trial_configs = [
                 asdict(
@@ -441,7 +373,7 @@ def execute(
                 ),
                 run_config=tune.RunConfig(
                     name=f"wave{wave}-{time.strftime('%Y%m%d-%H%M%S')}",
-                    storage_path=str(store.tune_dir(sweep_dir)),
+                    storage_path=str(_tune_dir(sweep_dir)),
                     failure_config=tune.FailureConfig(max_failures=execution.max_failures),
                     verbose=0,
                     callbacks=[_progress_callback(log, sweep_dir)],
@@ -449,14 +381,14 @@ def execute(
             )
             tuner.fit()
             trained += [r["run_id"] for r in ready]
-            states = {i: store.run_state(store.run_path(sweep_dir, i)) for i in by_id}
+            states = {i: store.run_state(store.run_location(sweep_dir, i)) for i in by_id}
             wave += 1
     finally:
         if started:
             ray_reaper.stop_reaper(reaper)
             ray.shutdown()
     # proposed runs that finished get their measured loss in the ledger (rounds need a local store)
-    if not storage.is_url(sweep_dir) and (scored := ledger.score(sweep_dir)):
+    if not objects.is_url(sweep_dir) and (scored := ledger.score(sweep_dir)):
         log("ledger: measured losses recorded beside their predictions (scalelab sweep ledger)")
         wandb_fit.update_ledger(sweep_dir, scored, log=log)  # the rounds' W&B ledger tables
     counts: dict[str, int] = {}
@@ -464,6 +396,29 @@ def execute(
         counts[s] = counts.get(s, 0) + 1
     log("states: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())) + f"  ({time.time() - t0:.0f} s)")
     return {"states": states, "trained": trained, "skipped": skipped, "wall_s": time.time() - t0}
+
+
+def _tune_dir(sweep_dir: str | Path) -> Path:
+    """Ray Tune's own state (the store is the sweep's state): beside the sweep, or local to the
+    driver for a sweep on object storage."""
+    if objects.is_url(sweep_dir):
+        return Path(tempfile.mkdtemp(prefix="scalelab-tune-"))
+    return Path(sweep_dir) / ".tune"
+
+
+def check_object_store(url: str, spec_text: str, runs: list[dict[str, Any]]) -> None:
+    """What an s3:// sweep cannot run yet, refused before the first object is written (UsageError)."""
+    objects.check(url, "--out")
+    if (yaml.safe_load(spec_text) or {}).get("early_stop"):
+        raise UsageError(f"--out {url}: early_stop is not supported on s3:// stores yet; use a shared POSIX path")
+    for r in runs:
+        world = _world_size(r["config"])
+        if world > 1 or r.get("depends_on"):
+            what = "a multi-process layout" if world > 1 else f"a cooldown branch of {r['depends_on']}"
+            raise UsageError(
+                f"--out {url}: run {r['run_id']} is {what}, which s3:// stores do not run yet; "
+                "use a shared POSIX path (NFS/Lustre) for this sweep"
+            )
 
 
 def launch(
@@ -476,11 +431,15 @@ def launch(
     max_concurrent: int | None = None,
     num_cpus: int | None = None,
     fault_steps: dict[str, int] | None = None,
+    pass_env: list[str] | tuple[str, ...] = (),
     log: Log = print,
 ) -> dict[str, Any]:
     """Record the sweep in the store (sweep.yaml, sweep.resolved.json) and train what is unfinished."""
+    check_pass_env(address, pass_env)
     entries = [r.to_dict() for r in sweep.runs]
     check_runnable(entries)
+    if objects.is_url(sweep_dir):
+        check_object_store(sweep_dir, spec_text, entries)
     store.init_sweep(sweep_dir, spec_text, spec_name, entries, sweep.name)
     save_execution(sweep_dir, sweep.execution)
     return execute(
@@ -491,6 +450,7 @@ def launch(
         max_concurrent=max_concurrent,
         num_cpus=num_cpus,
         fault_steps=fault_steps,
+        pass_env=pass_env,
         log=log,
     )
 
@@ -501,11 +461,13 @@ def resume(
     address: str | None = None,
     max_concurrent: int | None = None,
     num_cpus: int | None = None,
+    pass_env: list[str] | tuple[str, ...] = (),
     log: Log = print,
 ) -> dict[str, Any]:
     """Finish a sweep from its store alone (after the driver died): done runs stay done."""
-    if storage.is_url(sweep_dir):
-        storage.check(sweep_dir, "sweep_dir")
+    check_pass_env(address, pass_env)
+    if objects.is_url(sweep_dir):
+        objects.check(sweep_dir, "sweep_dir")
     else:
         sweep_dir = Path(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
@@ -522,6 +484,7 @@ def resume(
         address=address,
         max_concurrent=max_concurrent,
         num_cpus=num_cpus,
+        pass_env=pass_env,
         log=log,
     )
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from scalelab.config_tree import from_dict
 from scalelab.models.config import ModelConfig
 from scalelab.models.llama import build_model
 from scalelab.models.loss import lm_loss
@@ -35,7 +36,6 @@ from scalelab.parallel.planner_memory import activation_bytes, state_bytes
 from scalelab.sweeps.runspec import RunSpec
 from scalelab.sweeps.spec import Sweep
 from scalelab.train.config import build_run_config
-from scalelab.train.config_tree import from_dict
 from scalelab.train.optim import build_optimizer
 
 

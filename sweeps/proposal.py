@@ -57,7 +57,7 @@ class ProposedRun:
         return out
 
     def ledger_entry(self, round_k: int, gates_passed: bool, loss_column: str) -> dict[str, Any]:
-        """The ledger's record of this prediction (scalelab.sweeps.ledger), before the run starts."""
+        """The ledger's record of this prediction (scalelab.store.ledger), before the run starts."""
         return dict(
             round=round_k,
             run_id=self.run.run_id,

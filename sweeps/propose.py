@@ -11,7 +11,7 @@
 What it does, in order:
 
 1. Score the ledger: proposed runs of earlier rounds that are now done get their measured loss
-   beside their prediction (scalelab.sweeps.ledger).
+   beside their prediction (scalelab.store.ledger).
 2. Fit the done runs (scalelab.sweeps.store_fit, the one fit entry with the spec's `fit:` options:
    the spec's law, Huber on log loss, bootstrap over runs, hold-out and leave-one-budget-out
    backtests), and check the identification gates
@@ -43,18 +43,19 @@ from typing import Any
 
 import numpy as np
 
+from scalelab import store
+from scalelab.config_tree import from_dict
 from scalelab.errors import ConfigError, UsageError
 from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.scaling_fit import ScalingFit, code_version
 from scalelab.models.accounting import num_params
 from scalelab.models.config import ModelConfig
-from scalelab.sweeps import ledger, store
+from scalelab.store import ledger
+from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
 from scalelab.sweeps.design_context import DesignContext
 from scalelab.sweeps.proposal import Proposal, ProposedRun, round_spec
 from scalelab.sweeps.spec import ExecutionConfig, FitSpec, Sweep, dump_spec, expand_sweep, read_spec
 from scalelab.sweeps.store_fit import FIT_STARTS, MIN_LOOP_RUNS, fit_options, fit_store
-from scalelab.train.config_tree import from_dict
-from scalelab.train.records import atomic_write_bytes, atomic_write_json
 
 NUM_SIZES = 5  # sizes of a new IsoFLOP slice
 SPAN = 3.0  # a new slice spans N*/SPAN .. SPAN N*
@@ -349,9 +350,10 @@ def _write_round(sweep_dir: Path, raw: dict[str, Any], proposal: Proposal, sweep
         for r in proposal.runs
     ]
     spec = round_spec(raw, [r.run for r in proposal.runs], k, labels)
-    atomic_write_bytes(proposal.spec_path, dump_spec(spec).encode())
     for r, lab in zip(proposal.runs, labels):
         r.run = dataclasses.replace(r.run, labels=dict(lab, generator="points"))
     proposal.sweep = dataclasses.replace(sweep, raw=spec, runs=[r.run for r in proposal.runs])
     atomic_write_json(proposal.fit_path, proposal.to_dict())
     ledger.record_round(sweep_dir, proposal.fit, proposal.ledger_entries())
+    # the spec last: a round is launchable only once its predictions are in the ledger
+    atomic_write_bytes(proposal.spec_path, dump_spec(spec).encode())

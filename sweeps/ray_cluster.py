@@ -6,9 +6,12 @@
     job_id = submit_driver("http://HEAD:8265", sweep_dir, ["sweep", "launch", ...])   # --detach
 
 A private cluster listens on 127.0.0.1 only and gets a reaper process that kills its Ray processes
-if the driver dies (scalelab.sweeps.ray_reaper). Joining a cluster hands the workers the
-environment variables runs read. `sweep launch --detach` submits the driver itself as a Ray Job
-(through the cluster's dashboard), so the sweep outlives the client that launched it.
+if the driver dies (scalelab.sweeps.ray_reaper); its token authentication follows RAY_AUTH_MODE
+(off unless set: `RAY_AUTH_MODE=token` on a shared machine, see the README). Joining a cluster
+hands the workers the environment variables runs read, credentials only when named with
+`--pass-env` and never in clear text to another machine. `sweep launch --detach` submits the
+driver itself as a Ray Job (through the cluster's dashboard), so the sweep outlives the client
+that launched it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import shlex
 import subprocess
 import sys
@@ -25,18 +29,59 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.errors import UsageError
+from scalelab.store.atomic import atomic_write_json
 from scalelab.sweeps import ray_reaper
-from scalelab.train.records import atomic_write_json
 
 _FORWARDED_ENV = ("SCALELAB_", "WANDB_", "HF_", "TRITON_", "RAY_TRAIN_")
 _JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in the driver process of a Ray Job
 DRIVER_FILE = "driver.json"  # <sweep>/driver.json: the Ray Job running a detached sweep's driver
 
 
-def forwarded_env() -> dict[str, str]:
-    """The variables runs read (SCALELAB_CACHE, WANDB_MODE / WANDB_API_KEY, HF_*, Ray Train settings), which the
-    processes of an existing cluster (other nodes included) do not inherit from this shell."""
-    return {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV)}
+# Variables that hold credentials: forwarded only when named in the allow-list (--pass-env).
+_SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_HUB_TOKEN")
+_SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+
+
+def is_secret(name: str) -> bool:
+    return name in _SECRET_ENV or any(w in name.upper() for w in _SECRET_WORDS)
+
+
+def forwarded_env(allow: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+    """The variables runs read (SCALELAB_CACHE, WANDB_MODE, HF_HOME, Ray Train settings), which the
+    processes of an existing cluster (other nodes included) do not inherit from this shell.
+
+    Credentials (WANDB_API_KEY, HF_TOKEN, any *TOKEN*, *KEY*, *SECRET*, *PASSWORD*) travel only when
+    named in `allow` (`--pass-env NAME`); a name in `allow` is forwarded whatever its prefix."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV) and not is_secret(k)}
+    for name in allow:
+        if name not in os.environ:
+            raise UsageError(f"--pass-env {name}: not set in this environment; export it or drop the flag")
+        env[name] = os.environ[name]
+    return env
+
+
+def check_pass_env(address: str | None, pass_env: list[str] | tuple[str, ...]) -> None:
+    """The credentials named with --pass-env are set and would not travel in clear text to
+    `address` (RAY_ADDRESS when None); UsageError otherwise, before anything is written."""
+    forwarded_env(pass_env)
+    check_secret_transport(address or os.environ.get("RAY_ADDRESS") or "", pass_env)
+
+
+def check_secret_transport(address: str, allow: list[str] | tuple[str, ...]) -> None:
+    """Secrets never travel in clear text to another machine: refused (UsageError) for an http:// or
+    plain Ray (GCS, ray://) address that is not loopback, unless Ray's TLS is on (RAY_USE_TLS=1)."""
+    secrets = [n for n in allow if is_secret(n)]
+    if not secrets or not address:
+        return
+    scheme, _, rest = address.partition("://") if "://" in address else ("", "", address)
+    host = rest.split("/")[0].rsplit(":", 1)[0].strip("[]") if rest else ""
+    loopback = host in ("localhost", "::1") or host.startswith("127.")
+    encrypted = scheme == "https" or (scheme in ("", "ray") and os.environ.get("RAY_USE_TLS") in ("1", "true"))
+    if not (loopback or encrypted or address in ("auto", "local")):
+        raise UsageError(
+            f"--pass-env {', '.join(secrets)}: would travel in clear text to {address}; use an https:// "
+            "dashboard (a TLS proxy), RAY_USE_TLS=1, or an SSH tunnel to 127.0.0.1, or set it on the nodes"
+        )
 
 
 def local_ray_on_loopback() -> None:
@@ -54,29 +99,52 @@ def local_ray_on_loopback() -> None:
         constants.ENABLE_RAY_CLUSTER = False
 
 
-def start_ray(address: str | None, num_cpus: int | None) -> subprocess.Popen | None:
+def start_ray(
+    address: str | None, num_cpus: int | None, pass_env: list[str] | tuple[str, ...] = ()
+) -> subprocess.Popen | None:
     """Connect to `address` or start a local Ray; returns the local cluster's reaper (ray_reaper).
 
     Without `address`, RAY_ADDRESS names the cluster as it does for Ray's own tools ("local" or
-    unset: a private cluster of this process, whatever other cluster runs on the machine)."""
+    unset: a private cluster of this process, whatever other cluster runs on the machine).
+    pass_env: credentials to forward to the cluster's workers (forwarded_env, check_secret_transport)."""
     import ray
 
     kw: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     address = address or os.environ.get("RAY_ADDRESS")
     if address and address != "local":
+        check_secret_transport(address, pass_env)
         # Authentication is the cluster's (RAY_AUTH_MODE / RAY_AUTH_TOKEN from this environment).
         # A detached driver (a Ray Job) already runs in the runtime env its submitter forwarded,
         # which Ray refuses to merge with a second one naming the same variables.
-        env = {} if _JOB_CONFIG_ENV in os.environ else forwarded_env()
+        env = {} if _JOB_CONFIG_ENV in os.environ else forwarded_env(pass_env)
         ray.init(address=address, runtime_env={"env_vars": env} if env else None, **kw)
         return None
     # A private cluster that listens on loopback only (local_ray_on_loopback, called before ray
     # was imported): token authentication is off unless RAY_AUTH_MODE says otherwise.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if os.environ["RAY_AUTH_MODE"].lower() == "token":
+        private_token_file()
     before = ray_reaper.children(os.getpid()) if sys.platform.startswith("linux") else set()
     # address="local": a private cluster even when another one (`ray start`) runs on this machine
     ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kw)
     return ray_reaper.start_reaper(exclude=before)
+
+
+def private_token_file() -> Path | None:
+    """Under RAY_AUTH_MODE=token with no RAY_AUTH_TOKEN: make sure ~/.ray/auth_token exists and only
+    its owner can read it (Ray creates it with the process's umask, often world-readable: on a
+    shared machine that would hand the token to every other user). Returns the file."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return None
+    path = Path.home() / ".ray" / "auth_token"
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    elif path.stat().st_mode & 0o077:
+        print(f"warning: {path} is readable by other users; chmod 600 it", file=sys.stderr, flush=True)
+    return path
 
 
 @contextlib.contextmanager
@@ -112,17 +180,21 @@ def check_dashboard_address(address: str | None) -> None:
         )
 
 
-def submit_driver(address: str, sweep_dir: str | Path, argv: list[str]) -> str:
+def submit_driver(
+    address: str, sweep_dir: str | Path, argv: list[str], pass_env: list[str] | tuple[str, ...] = ()
+) -> str:
     """Run `python -m scalelab.cli <argv>` as a Ray Job on the cluster whose dashboard is `address`.
 
     The job's driver runs on the head node and keeps going when this client disconnects; the sweep
     directory (which every node and the client see) gets driver.json naming the job. Returns the job id.
+    pass_env: credentials the job's runtime env may carry (never over http:// to another machine).
     """
     check_dashboard_address(address)
+    check_secret_transport(address, pass_env)
     from ray.job_submission import JobSubmissionClient
 
     sweep_dir = Path(sweep_dir)
-    env = forwarded_env()
+    env = forwarded_env(pass_env)
     entrypoint = shlex.join(["python", "-m", "scalelab.cli", *argv])
     client = JobSubmissionClient(address)
     deadline = time.monotonic() + SUBMIT_WAIT_S

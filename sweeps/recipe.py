@@ -109,7 +109,7 @@ class RunPlan:
 
 def parse_recipe(section: Any, key: str = "recipe") -> Recipe:
     """A Recipe from the spec's `recipe:` mapping (True or {} = the defaults); ConfigError names the key."""
-    from scalelab.train.config_tree import from_dict
+    from scalelab.config_tree import from_dict
 
     if section is True:
         section = {}

@@ -34,8 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scalelab import store
 from scalelab.errors import UsageError
-from scalelab.sweeps import store, wandb_fit
+from scalelab.store import objects
+from scalelab.sweeps import wandb_fit
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.proposal import Proposal, latest_round, read_round
 from scalelab.sweeps.propose import propose_round
@@ -51,7 +53,6 @@ from scalelab.sweeps.transfer import (
     transfer_dir,
 )
 from scalelab.sweeps.wandb_fit import Images
-from scalelab.train import storage
 
 Log = Callable[[str], None]
 
@@ -64,6 +65,7 @@ class LaunchOptions:
     max_concurrent: int | None = None
     num_cpus: int | None = None  # CPUs of the local Ray
     fault_steps: dict[str, int] = field(default_factory=dict)  # testing: run id -> step it raises once at
+    pass_env: list[str] = field(default_factory=list)  # credentials forwarded to a joined cluster (--pass-env)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -109,11 +111,11 @@ def run_rounds(
 
     Raises:
         UsageError: rounds < 1; rounds > 1 without a target (target_flops or the spec's
-            fit.target_flops); a transfer gate or rounds on object storage. All before anything runs.
+            fit.target_flops); a transfer gate or rounds on object objects. All before anything runs.
     """
     options = options or LaunchOptions()
     check, target = check_rounds(sweep, sweep_dir, rounds=rounds, target_flops=target_flops)
-    out = sweep_dir if storage.is_url(sweep_dir) else Path(sweep_dir)
+    out = sweep_dir if objects.is_url(sweep_dir) else Path(sweep_dir)
     result = RoundsResult()
     if check is not None:
         result.transfer = _transfer_gate(check, out, spec_name, options, force_transfer, log)
@@ -151,7 +153,7 @@ def check_rounds(
     sweep: Sweep, sweep_dir: str | Path, *, rounds: int, target_flops: float | None
 ) -> tuple[TransferPlan | None, float | None]:
     """(the spec's LR-transfer check or None, the rounds' target C*), or UsageError before anything
-    runs: rounds < 1, rounds > 1 without a target, a transfer gate or rounds on object storage."""
+    runs: rounds < 1, rounds > 1 without a target, a transfer gate or rounds on object objects."""
     if rounds < 1:
         raise UsageError("--rounds must be >= 1")
     check = plan_transfer(sweep.raw, sweep)  # the transfer section is validated here
@@ -160,7 +162,7 @@ def check_rounds(
         target = sweep.study.target_flops
     if rounds > 1 and not target:
         raise UsageError("--rounds > 1 needs --target-flops (or fit.target_flops in the spec)")
-    if storage.is_url(sweep_dir) and (check is not None or rounds > 1):
+    if objects.is_url(sweep_dir) and (check is not None or rounds > 1):
         raise UsageError(f"--out {sweep_dir}: transfer gates and --rounds need a local or shared POSIX store")
     return check, target
 
@@ -175,6 +177,7 @@ def _launch(sweep: Sweep, out, spec_text: str, spec_name: str, options: LaunchOp
         max_concurrent=options.max_concurrent,
         num_cpus=options.num_cpus,
         fault_steps=options.fault_steps if faults else None,
+        pass_env=options.pass_env,
         log=log,
     )
 

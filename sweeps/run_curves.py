@@ -26,11 +26,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from scalelab import store
 from scalelab.errors import UsageError
 from scalelab.fitting.curves import RunCurve
-from scalelab.sweeps import store
 from scalelab.train.config import build_run_config
-from scalelab.train.records import run_summary_fields
+from scalelab.train.run_summary import run_summary_fields
 from scalelab.train.schedule import schedule_for
 
 SOURCES = ("auto", "val", "train")

@@ -1,7 +1,7 @@
 """RunSpec: one resolved run of a sweep (its config tree, id, size and cost), built from a config tree.
 
 run = run_spec_from_tree(tree, {"generator": "grid"})   # validated with build_run_config, hashed
-cfg = run_config(run)                                  # the RunConfig back, its id re-checked
+cfg = same_run(run.config, run.run_id)                 # the RunConfig back (scalelab.train.identity)
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from scalelab.errors import UsageError
 from scalelab.models.accounting import flops_per_token, num_params, num_params_nonembedding
-from scalelab.train.config import build_run_config, config_hash, to_dict
+from scalelab.train.config import build_run_config, to_dict
+from scalelab.train.identity import config_hash
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,14 +49,3 @@ def run_spec_from_tree(tree: dict[str, Any], labels: dict[str, Any]) -> RunSpec:
         flops_exact=fpt.exact * num_tokens,
         cost_flops=fpt.six_n * num_tokens,
     )
-
-
-def run_config(run: RunSpec):
-    """The RunConfig of a resolved run (its id is checked, so a changed code default is caught)."""
-    cfg = build_run_config(run.config)
-    if config_hash(cfg) != run.run_id:
-        raise UsageError(
-            f"run {run.run_id}: its saved config now hashes to {config_hash(cfg)} "
-            "(config defaults changed?); launch the spec again into a new sweep"
-        )
-    return cfg

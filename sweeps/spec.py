@@ -29,7 +29,7 @@ generator go through the shape rule (scalelab.models.shapes).
 Run identity: every run is fully resolved (`build_run_config`) and its id is `config_hash(cfg)`.
 Design labels (generator, budget, tokens per parameter, seed index, branch point) are kept in
 sweep.resolved.json, not in the config, so the same run reached from two sweeps has one id and is
-trained once per store root (see scalelab.sweeps.store).
+trained once per store root (see scalelab.store).
 
 Cooldowns (WSD-S, scalelab.sweeps.cooldowns): each generated run becomes the long "stable" run of
 its size, and decay branches of f x D tokens start from its checkpoints; a branch costs its tail.
@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from scalelab.config_tree import from_dict, load_yaml, set_in_dict, to_dict
 from scalelab.errors import ConfigError
 from scalelab.models.accounting import num_params
 from scalelab.models.config import ModelConfig
@@ -62,7 +63,6 @@ from scalelab.sweeps.spec_checks import as_list, check_keys, number
 from scalelab.sweeps.study_spec import StudySpec, check_arm_runs, parse_study
 from scalelab.sweeps.wandb_runs import parse_wandb_section
 from scalelab.train.config import build_run_config, merge_defaults
-from scalelab.train.config_tree import from_dict, load_yaml, set_in_dict, to_dict
 from scalelab.train.data.config import SourceConfig
 
 LOOP_LAWS = ("chinchilla", "kaplan")  # laws of (N, D) with a compute-optimal allocation; fit.law may also be auto

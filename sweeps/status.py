@@ -15,17 +15,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scalelab import store
 from scalelab.errors import UsageError
-from scalelab.sweeps import store
+from scalelab.store import objects
 from scalelab.sweeps.ray_cluster import DRIVER_FILE
-from scalelab.train import storage
 
 ORDER = ("running", "failed", "pending", "diverged", "done")
 
 
 def sweep_status(sweep_dir: str | Path) -> dict[str, Any]:
-    shown = sweep_dir  # an s3:// sweep is read from a local copy of its records (storage.local_view)
-    sweep_dir = storage.local_view(sweep_dir, "sweep_dir") if storage.is_url(sweep_dir) else Path(sweep_dir)
+    shown = sweep_dir  # an s3:// sweep is read from a local copy of its records (objects.local_view)
+    sweep_dir = objects.local_view(sweep_dir, "sweep_dir") if objects.is_url(sweep_dir) else Path(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
         raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
     df = store.load_runs(sweep_dir)

@@ -4,7 +4,7 @@
     fit, warnings = fit_store("results/iso", options)         # a ScalingFit (scalelab.fitting.fit_runs)
 
 `scalelab fit DIR`, `sweep next DIR` and `scalelab report DIR` all fit a store this way: the same
-runs (the store's runs table, scalelab.sweeps.store.load_runs, filtered by `fit_frame`) with the
+runs (the store's runs table, scalelab.store.load_runs, filtered by `fit_frame`) with the
 same options (`fit_options`, from the spec's `fit:` section unless a command-line option says
 otherwise), so they agree on every parameter and interval.
 
@@ -20,18 +20,18 @@ from pathlib import Path
 
 import polars as pl
 
+from scalelab import store
+from scalelab.config_tree import from_dict
 from scalelab.errors import UsageError
 from scalelab.fitting.curves import RunCurve
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.fit_runs import fit_runs
 from scalelab.fitting.io import RunTable, read_runs
 from scalelab.fitting.scaling_fit import ScalingFit
-from scalelab.sweeps import store
 from scalelab.sweeps.early_stop import STATUS as STOPPED
 from scalelab.sweeps.early_stop import stopped_run_weight
 from scalelab.sweeps.run_curves import run_dir_of
 from scalelab.sweeps.spec import LOOP_LAWS, FitSpec, read_spec
-from scalelab.train.config_tree import from_dict
 
 FIT_STARTS = 200  # starts drawn at random from the law's init grid for a store's fit
 MIN_LOOP_RUNS = 6  # runs the closed loop (and the report's gates) need before it fits

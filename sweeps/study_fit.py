@@ -38,17 +38,17 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from scalelab import store
+from scalelab.config_tree import from_dict
 from scalelab.errors import UsageError
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.gap import GapInterval, gap_interval, paired_extrapolation
 from scalelab.fitting.multiplier import interval, log_slope, multiplier, paired_multipliers
 from scalelab.fitting.predictive import PredictionInterval
 from scalelab.fitting.scaling_fit import ScalingFit
-from scalelab.sweeps import store
 from scalelab.sweeps.spec import FitSpec, read_spec
 from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_options, fit_store
 from scalelab.sweeps.study_spec import StudySpec, parse_study
-from scalelab.train.config_tree import from_dict
 
 GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
 

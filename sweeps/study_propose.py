@@ -9,7 +9,7 @@
 `sweep next DIR` on a study (its sweep.yaml has a `study:` section) runs this. In order:
 
 1. Score the ledger: runs and study entries of earlier rounds that are now done get their measured
-   loss and gap (scalelab.sweeps.ledger).
+   loss and gap (scalelab.store.ledger).
 2. Fit every arm the loop's way and compare each with the baseline at the study's target
    (scalelab.sweeps.study_fit: m(C) with paired-bootstrap intervals, the gap with its interval).
 3. Choose the round:
@@ -41,17 +41,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalelab.config_tree import from_dict
 from scalelab.errors import ConfigError, UsageError
 from scalelab.fitting.multiplier import interval, multiplier
 from scalelab.fitting.scaling_fit import code_version
-from scalelab.sweeps import ledger
+from scalelab.store import ledger
+from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
 from scalelab.sweeps.design_context import DesignContext
 from scalelab.sweeps.proposal import ProposedRun, round_spec
 from scalelab.sweeps.propose import Candidate, next_round, remedies
 from scalelab.sweeps.spec import ExecutionConfig, Sweep, dump_spec, expand_sweep, read_spec, with_overrides
 from scalelab.sweeps.study_fit import ArmFit, StudyFit, compare_arms, design_budgets, fit_study, format_study
-from scalelab.train.config_tree import from_dict
-from scalelab.train.records import atomic_write_bytes, atomic_write_json
 
 NARROW_MULTS = (0.4, 1.0, 2.5)  # candidate sizes around an arm's N*(C)
 MAX_NARROWING = 3  # narrowing runs per round at most
@@ -290,7 +290,7 @@ def _entries(sf: StudyFit, by_arm: dict[str, Any], k: int) -> list[dict[str, Any
 
 
 def _write_round(sweep_dir: Path, raw: dict[str, Any], proposal: StudyProposal, sweep: Sweep) -> None:
-    """rounds/round_K.yaml, fits/round_K.json and the ledger, before anything runs; `proposal.sweep`
+    """fits/round_K.json, the ledger, then rounds/round_K.yaml, before anything runs; `proposal.sweep`
     becomes the round's runs with the labels its spec gives them."""
     k = proposal.round
     labels = [
@@ -307,7 +307,6 @@ def _write_round(sweep_dir: Path, raw: dict[str, Any], proposal: StudyProposal, 
     for point, lab in zip(spec["points"], labels):
         point.update(arms[lab["arm"]])  # the arm's overrides travel with its point
         point["labels"] = point.pop("labels")  # kept last, for the reader
-    atomic_write_bytes(proposal.spec_path, dump_spec(spec).encode())
     for r, lab in zip(proposal.runs, labels):
         r.run = dataclasses.replace(r.run, labels=dict(lab, generator="points"))
     proposal.sweep = dataclasses.replace(sweep, raw=spec, runs=[r.run for r in proposal.runs])
@@ -315,6 +314,7 @@ def _write_round(sweep_dir: Path, raw: dict[str, Any], proposal: StudyProposal, 
     loss_column = proposal.study_fit.options.loss
     predictions = [r.ledger_entry(k, proposal.passed, loss_column) for r in proposal.runs]
     ledger.record_study(sweep_dir, proposal.entries, predictions)
+    atomic_write_bytes(proposal.spec_path, dump_spec(spec).encode())  # after the ledger: launchable last
 
 
 def format_study_proposal(p: StudyProposal) -> str:

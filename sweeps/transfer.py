@@ -219,7 +219,7 @@ def transfer_dir(out: str | Path) -> Path:
 
 
 def evaluate_gate(plan: TransferPlan, df) -> GateResult:
-    """Best LR per size from the check's run table (scalelab.sweeps.store.load_runs) and the drifts."""
+    """Best LR per size from the check's run table (scalelab.store.load_runs) and the drifts."""
     import polars as pl
 
     loss_col = plan.sweep.fit.loss

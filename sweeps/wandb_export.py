@@ -25,13 +25,13 @@ from typing import Any
 
 import polars as pl
 
+from scalelab import store
 from scalelab.errors import UsageError
-from scalelab.sweeps import store
+from scalelab.store import objects
+from scalelab.store.records import read_status
 from scalelab.sweeps.wandb_fit import Images, log_rounds, logged
 from scalelab.sweeps.wandb_runs import SweepWandb, guarded, reachable_mode, run_context, sweep_wandb
-from scalelab.train import storage
 from scalelab.train.loggers import WandbRun, eval_metrics, start_wandb, step_metrics
-from scalelab.train.records import read_status
 
 
 @dataclass(kw_only=True, slots=True)
@@ -96,7 +96,7 @@ def export_sweep(
     Raises:
         UsageError: not a local sweep directory.
     """
-    if storage.is_url(sweep_dir):
+    if objects.is_url(sweep_dir):
         raise UsageError(f"{sweep_dir}: `sweep wandb` reads a local or shared POSIX store; copy it locally first")
     sweep_dir = Path(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
@@ -121,7 +121,7 @@ def export_sweep(
 
 def log_evals(sweep_dir: str | Path, new_rows: dict[Path, list[dict[str, Any]]], *, log=print) -> list[str]:
     """One eval run per training run that `sweep eval` scored (module docstring); their W&B ids."""
-    if storage.is_url(sweep_dir) or not new_rows:
+    if objects.is_url(sweep_dir) or not new_rows:
         return []
     sw = sweep_wandb(sweep_dir)
     mode = reachable_mode(sw.mode, log)

@@ -32,9 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scalelab.sweeps import ledger
+from scalelab.store import ledger, objects
 from scalelab.sweeps.wandb_runs import SweepWandb, guarded, reachable_mode, sweep_wandb
-from scalelab.train import storage
 from scalelab.train.loggers import start_wandb
 
 Images = Callable[[Path, dict[str, Any], Path], dict[str, Path]]  # (sweep_dir, round record, out dir) -> {name: PNG}
@@ -276,7 +275,7 @@ def log_rounds(
     sweep_dir: str | Path, *, images: Images | None = None, mode: str | None = None, force: bool = False, log=print
 ) -> list[str]:
     """Log every round of the sweep that has no W&B run yet (all of them with `force`); their ids."""
-    if storage.is_url(sweep_dir):
+    if objects.is_url(sweep_dir):
         return []
     sweep_dir = Path(sweep_dir)
     sw = sweep_wandb(sweep_dir, mode=mode)
@@ -296,7 +295,7 @@ def update_ledger(sweep_dir: str | Path, scored: list[dict[str, Any]], *, log=pr
     """After proposed runs finished (`scored`: ledger.score's newly scored predictions): the ledger
     table of each of their rounds' fit runs, logged again at the new number of scored predictions.
     Rounds whose fit run was never logged are left alone. Returns the W&B ids updated."""
-    if storage.is_url(sweep_dir) or not scored:
+    if objects.is_url(sweep_dir) or not scored:
         return []
     sweep_dir = Path(sweep_dir)
     sw = sweep_wandb(sweep_dir)

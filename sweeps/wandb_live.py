@@ -30,16 +30,16 @@ from typing import Any
 
 import numpy as np
 
+from scalelab import store
+from scalelab.config_tree import from_dict
 from scalelab.errors import ConfigError, UsageError
 from scalelab.fitting.curves import RunCurve
 from scalelab.fitting.laws import CURVE_LAWS
-from scalelab.sweeps import store
 from scalelab.sweeps.early_stop import EarlyStopConfig, decide, finished_curves
 from scalelab.sweeps.run_curves import SOURCES, planned_lr, resolve_source, run_curve
 from scalelab.sweeps.spec_checks import check_keys
 from scalelab.train.config import build_run_config
-from scalelab.train.config_tree import from_dict
-from scalelab.train.records import run_summary_fields
+from scalelab.train.run_summary import run_summary_fields
 
 
 @dataclass(kw_only=True, slots=True)

@@ -41,15 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalelab import store
+from scalelab.config_tree import from_dict, load_yaml
 from scalelab.errors import ConfigError
-from scalelab.sweeps import store
+from scalelab.store import objects
+from scalelab.store.atomic import atomic_write_json
 from scalelab.sweeps.spec_checks import check_keys
 from scalelab.sweeps.wandb_live import LivePrediction, PredictConfig, parse_predict
-from scalelab.train import storage
 from scalelab.train.config import LoggingConfig
-from scalelab.train.config_tree import from_dict, load_yaml
 from scalelab.train.loggers import WandbRun, base_url, unreachable, wandb_mode
-from scalelab.train.records import atomic_write_json
 
 STATE = "wandb.json"  # <sweep>/wandb.json: the driver's verdict on reaching W&B (prepare)
 
@@ -99,7 +99,7 @@ def _spec(sweep_dir: Path) -> dict[str, Any]:
 
 
 def _state(sweep_dir: str | Path) -> dict[str, Any]:
-    if storage.is_url(sweep_dir):
+    if objects.is_url(sweep_dir):
         return {}
     path = Path(sweep_dir) / STATE
     try:
@@ -145,7 +145,7 @@ def reachable_mode(requested: str, log) -> str:
 def prepare(sweep_dir: str | Path, runs: list[dict[str, Any]], log) -> None:
     """Before a launch's trials start: when any run logs online, check once that W&B is reached and
     record the verdict in <sweep>/wandb.json for the trials (module docstring)."""
-    if storage.is_url(sweep_dir):
+    if objects.is_url(sweep_dir):
         return
     modes = {wandb_mode(((r.get("config") or {}).get("logging") or {}).get("wandb", "offline")) for r in runs}
     path = Path(sweep_dir) / STATE
@@ -281,7 +281,7 @@ def trial_context(sweep_dir: str | Path, run_id: str, config: dict[str, Any]) ->
 
 
 def _trial_context(sweep_dir: str | Path, run_id: str, config: dict[str, Any]) -> WandbRun | None:
-    if storage.is_url(sweep_dir):  # the config's own W&B settings (no group or tags on object storage)
+    if objects.is_url(sweep_dir):  # the config's own W&B settings (no group or tags on object storage)
         return None
     sw = sweep_wandb(sweep_dir, mode=wandb_mode(((config.get("logging") or {}).get("wandb")) or "offline"))
     if sw.mode == "disabled":

@@ -25,12 +25,12 @@ import pytest
 import torch
 
 from scalelab.cli.main import main
-from scalelab.train.checkpoint import list_checkpoints
+from scalelab.store.checkpoint_files import list_checkpoints
+from scalelab.store.records import read_status
 from scalelab.train.checkpoint_verify import MANIFEST, CheckpointError, file_entry, read_metadata, verify_checkpoint
 from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.eval_checkpoint import load_checkpoint_model
 from scalelab.train.loop import train_run
-from scalelab.train.records import read_status
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: restores the thread count after the module
 
@@ -201,14 +201,43 @@ def test_resume_falls_back_to_the_newest_checkpoint_that_verifies(source, tmp_pa
     ]
 
 
-def test_resume_with_no_good_checkpoint_is_one_line_and_never_loops(source, tmp_path, capsys):
+def test_resume_with_no_good_checkpoint_fails_keeps_them_and_needs_start_over(source, tmp_path, capsys):
     run = _copy_run(source, tmp_path / "run")
     for _, ckpt in list_checkpoints(run / "checkpoints"):
         (ckpt / ".metadata").write_bytes(b"")
-    assert main(["run", str(run / "config.json"), "--out", str(run), "--resume"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "no checkpoint verifies" in err and "step_2" in err and "step_6" in err
-    assert list_checkpoints(run / "checkpoints") == []  # all moved aside: the next --resume starts over
+    metrics = (run / "metrics.parquet").read_bytes()
+    for attempt in (1, 2):  # the second attempt must not start over from step 0 either
+        assert main(["run", str(run / "config.json"), "--out", str(run), "--resume"]) == 2, attempt
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "no checkpoint verifies" in err and "step_2" in err and "step_6" in err and "--start-over" in err
+        assert [s for s, _ in list_checkpoints(run / "checkpoints")] == [2, 4, 6]  # kept as they were
+        assert (run / "metrics.parquet").read_bytes() == metrics
+        status = read_status(run)
+        assert status["status"] == "failed" and "no checkpoint verifies" in status["error"]
+    assert main(["run", str(run / "config.json"), "--out", str(run), "--resume", "--start-over"]) == 0
+    assert read_status(run)["loaded_steps"][-1] is None  # asked for: trained from step 0
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert {"step_2.corrupt", "step_4.corrupt", "step_6.corrupt"} <= set(names)  # the old ones kept aside
+
+
+def test_a_transient_read_error_is_retried_not_called_corruption(source, tmp_path, capsys, monkeypatch):
+    import errno
+
+    run = _copy_run(source, tmp_path / "run")
+    (run / "status.json").write_text(json.dumps({**read_status(run), "status": "running"}))
+    real, failed = Path.read_text, []
+
+    def flaky(self, *a, **k):
+        if self.name == MANIFEST and self.parent.name == "step_6" and len(failed) < 2:
+            failed.append(self)
+            raise OSError(errno.EIO, "Input/output error", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", flaky)
+    assert main(["run", str(run / "config.json"), "--out", str(run), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert len(failed) == 2 and f"resume: from {run / 'checkpoints' / 'step_6'}" in err, err
+    assert not [p for p in (run / "checkpoints").iterdir() if ".corrupt" in p.name]
 
 
 def test_save_writes_a_manifest_of_every_file(source):

@@ -10,7 +10,7 @@ from scalelab.errors import ConfigError
 from scalelab.fitting.allocate import chinchilla_optimum
 from scalelab.fitting.gates import BudgetBracket, approaches_gate, exponents_gate, starts_gate
 from scalelab.fitting.laws import get_law
-from scalelab.sweeps import ledger
+from scalelab.store import ledger
 from scalelab.sweeps.propose import propose_next
 from scalelab.sweeps.spec import expand_sweep, load_sweep
 

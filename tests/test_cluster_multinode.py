@@ -29,13 +29,13 @@ import pytest
 import yaml
 from ray.cluster_utils import Cluster
 
-from scalelab.sweeps import store
+from scalelab import store
+from scalelab.store.checkpoint_files import latest_checkpoint, list_checkpoints
+from scalelab.store.records import read_status
 from scalelab.sweeps.spec import expand_sweep
-from scalelab.train.checkpoint import latest_checkpoint, list_checkpoints
 from scalelab.train.config import build_run_config
 from scalelab.train.launch import launch_local
 from scalelab.train.loop import train_run
-from scalelab.train.records import read_status
 
 BASE = {
     "model": {"preset": "debug"},

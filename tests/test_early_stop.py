@@ -10,11 +10,12 @@ import polars as pl
 import pytest
 import yaml
 
+from scalelab import store
 from scalelab.cli.main import main
 from scalelab.errors import ConfigError
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.simulate import simulate_curve
-from scalelab.sweeps import store
+from scalelab.store.records import read_status
 from scalelab.sweeps.early_stop import EarlyStopConfig, decide, parse_early_stop
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.run_curves import planned_lr, run_curve
@@ -22,7 +23,6 @@ from scalelab.sweeps.spec import expand_sweep
 from scalelab.sweeps.store_fit import fit_frame
 from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.loop import StopRun, train_run
-from scalelab.train.records import read_status
 from scalelab.train.schedule import lr_at
 
 TRUE = {"E": 1.0, "A": 60.0, "B": 80.0, "C": 0.25, "alpha": 0.3, "beta": 0.3}

@@ -20,10 +20,10 @@ import polars as pl
 import pytest
 import torch
 
+from scalelab.store.records import read_status
 from scalelab.train.config import build_run_config
 from scalelab.train.launch import launch_local
 from scalelab.train.loop import train_run
-from scalelab.train.records import read_status
 
 BASE = {
     "name": "epcp",

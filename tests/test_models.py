@@ -29,7 +29,8 @@ from scalelab.models.llama import Transformer, build_model
 from scalelab.models.loss import lm_loss
 from scalelab.models.presets import get_preset, list_presets
 from scalelab.models.shapes import SHAPE_TOLERANCE, preferred_width, shape_for_params
-from scalelab.train.config import build_run_config, config_hash
+from scalelab.train.config import build_run_config
+from scalelab.train.identity import config_hash
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread per module
 

@@ -31,3 +31,20 @@ def test_subpackages_import_under_scalelab():
     for pkg in cfg["packages"]:
         mod = importlib.import_module(pkg)
         assert mod.__doc__, f"{pkg} has no module docstring"
+
+
+def test_the_store_sits_at_the_bottom():
+    """scalelab.store imports only itself, scalelab.errors and scalelab.config_tree (never train/, sweeps/, ...)."""
+    import ast
+
+    allowed = ("scalelab.store", "scalelab.errors", "scalelab.config_tree")
+    bad = []
+    for path in sorted((ROOT / "store").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] if node.module != "scalelab" else [f"scalelab.{a.name}" for a in node.names]
+            for name in names:
+                if name.startswith("scalelab") and not name.startswith(allowed):
+                    bad.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not bad, bad

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from scalelab.parallel.backend import spawn
+from scalelab.store.records import read_status
 from scalelab.train.config import build_run_config
 from scalelab.train.launch import train_worker
 from scalelab.train.loop import train_run
-from scalelab.train.records import read_status
 
 TOL = 1e-5
 

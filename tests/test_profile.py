@@ -17,7 +17,8 @@ from scalelab.cli.main import main
 from scalelab.errors import ConfigError
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.planner_memory import state_bytes
-from scalelab.train.config import build_run_config, config_hash
+from scalelab.train.config import build_run_config
+from scalelab.train.identity import config_hash
 from scalelab.train.loop import train_run
 from scalelab.train.trace_analysis import CATEGORIES, analyse_trace
 

@@ -7,9 +7,10 @@ import json
 import pytest
 import yaml
 
+from scalelab import store
 from scalelab.analysis.synthetic import SyntheticLaw, simulate_runs
 from scalelab.errors import UsageError
-from scalelab.sweeps import rounds, store
+from scalelab.sweeps import rounds
 from scalelab.sweeps.proposal import read_round
 from scalelab.sweeps.rounds import run_rounds
 from scalelab.sweeps.spec import expand_sweep, load_sweep

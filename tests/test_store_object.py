@@ -1,6 +1,6 @@
 """The sweep store on object storage (`--out s3://bucket/prefix`), against a local S3 server.
 
-The server is moto's server mode (a real HTTP S3 endpoint) started by this module on 127.0.0.1 and
+The server is moto's server mode (a real HTTP S3 endpoint, tests/s3_local.py) on 127.0.0.1 and
 a free port; scalelab reaches it through the AWS environment (AWS_ENDPOINT_URL, keys) as it would
 reach S3 or an S3-compatible store (MinIO, Ceph). Covered: bad store URLs (exit 2, nothing
 written), the lease (conditional puts: one taker wins, a dead holder's lease is taken over, the old
@@ -12,7 +12,6 @@ resumes from the checkpoint in the bucket, then `sweep status`, `fit` and `repor
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -23,20 +22,19 @@ import polars as pl
 import pytest
 import yaml
 
+from scalelab import store
 from scalelab.cli.main import main
-from scalelab.sweeps import store
-from scalelab.sweeps.lease import Lease, LeaseLost, RunMirror, lease_url
-from scalelab.train import checkpoint, storage
+from scalelab.store import checkpoint_files, objects
+from scalelab.store.lease import Lease, LeaseLost, RunMirror, lease_url
 from scalelab.train.config import build_run_config
 from scalelab.train.loop import train_run
 
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
+from s3_local import reset_client as _reset_client  # noqa: E402
+from s3_local import serve  # noqa: E402
 
 BUCKET = "scalelab-test"
-AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-# Ignore any AWS files of the machine running the tests: credentials come from the lines above.
-NO_FILES = {"AWS_SHARED_CREDENTIALS_FILE": "/nonexistent", "AWS_CONFIG_FILE": "/nonexistent"}
 SWEEP = {
     "name": "objstore",
     "base": {
@@ -53,40 +51,15 @@ SWEEP = {
 OUT_DIR = Path(os.environ.get("SCALELAB_TEST_OUTPUTS", "")) if os.environ.get("SCALELAB_TEST_OUTPUTS") else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _reset_client() -> None:
-    storage._clients.clear()
-    storage._checked.clear()
-
-
 @pytest.fixture(scope="module")
 def s3():
     """A moto S3 server on loopback with one bucket; the AWS environment pointing at it."""
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    env = dict(AWS_ENV, **NO_FILES, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    _reset_client()
-    storage._client().create_bucket(Bucket=BUCKET)
-    yield env
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    _reset_client()
-    server.stop()
+    with serve(BUCKET) as env:
+        yield env
 
 
 def _objects(prefix: str) -> dict:
-    return storage.list_objects(f"s3://{BUCKET}/{prefix}")
+    return objects.list_objects(f"s3://{BUCKET}/{prefix}")
 
 
 def test_bad_store_urls_exit_2_before_anything_is_written(s3, tmp_path, capsys, monkeypatch):
@@ -151,11 +124,11 @@ def test_lease_one_taker_wins_a_dead_holder_is_taken_over(s3):
         dead.renew()
     assert heir.current()["holder"] == "heir"
     heir.release()
-    assert storage.read(url) is None
+    assert objects.read(url) is None
 
 
 def test_objects_are_seen_whole_by_a_concurrent_reader(s3, tmp_path):
-    from scalelab.train.records import atomic_write_bytes
+    from scalelab.store.atomic import atomic_write_bytes
 
     url = f"s3://{BUCKET}/whole/metrics.bin"
     versions = [hashlib.sha256(bytes([i])).digest() * (1 << 15) for i in range(6)]  # 1 MiB each
@@ -165,7 +138,7 @@ def test_objects_are_seen_whole_by_a_concurrent_reader(s3, tmp_path):
 
     def reader():
         while not stop.is_set():
-            seen.append(hashlib.sha256(storage.read_bytes(url)).hexdigest())
+            seen.append(hashlib.sha256(objects.read_bytes(url)).hexdigest())
 
     t = threading.Thread(target=reader)
     t.start()
@@ -187,34 +160,35 @@ def test_checkpoint_upload_cut_before_its_manifest_is_never_resumed(s3, tmp_path
         for name in ("__0_0.distcp", ".metadata", "train_state.json", "manifest.json"):
             (d / name).write_bytes(f"{step}{name}".encode())
     (local / "status.json").write_text(json.dumps({"status": "running"}))
-    real = storage.upload_file
+    real = objects.put_file
 
-    def cut(u, path):
+    def cut(u, path, **condition):
         if "step_10" in u and path.name == "manifest.json":
             raise ConnectionError("killed mid-upload")
-        real(u, path)
+        return real(u, path, **condition)
 
-    monkeypatch.setattr(storage, "upload_file", cut)
+    monkeypatch.setattr(objects, "put_file", cut)
     mirror = RunMirror(url, local)
     with pytest.raises(ConnectionError):
         mirror.push()  # step_10's upload stops before its manifest
-    assert storage.read(f"{url}/status.json") is None  # status.json goes last
+    assert objects.read(f"{url}/status.json") is None  # status.json goes last
     assert "checkpoints/step_10/__0_0.distcp" in _objects("ckpt/runs/r1")
-    assert set(checkpoint.remote_checkpoints(f"{url}/checkpoints")) == {"step_5"}
+    assert set(checkpoint_files.remote_checkpoints(f"{url}/checkpoints")) == {"step_5"}
     fresh = tmp_path / "fresh" / "r1"
     RunMirror(url, fresh).pull()
-    assert [p.name for _, p in checkpoint.list_checkpoints(fresh / "checkpoints")] == ["step_5"]
-    monkeypatch.setattr(storage, "upload_file", real)
+    assert [p.name for _, p in checkpoint_files.list_checkpoints(fresh / "checkpoints")] == ["step_5"]
+    monkeypatch.setattr(objects, "put_file", real)
     mirror.push()
-    assert set(checkpoint.remote_checkpoints(f"{url}/checkpoints")) == {"step_5", "step_10"}
-    assert json.loads(storage.read_bytes(f"{url}/status.json")) == {"status": "running"}
-    lost = threading.Event()  # a holder whose lease was taken writes nothing more
-    fenced = RunMirror(url, local, fence=lost)
+    assert set(checkpoint_files.remote_checkpoints(f"{url}/checkpoints")) == {"step_5", "step_10"}
+    assert json.loads(objects.read_bytes(f"{url}/status.json")) == {"status": "running"}
+    lease = Lease(f"s3://{BUCKET}/ckpt/.leases/r1.json", ttl_s=60, holder="taken")
+    lease.acquire(wait_s=0)
+    fenced = RunMirror(url, local, lease=lease)  # a holder whose lease was taken writes nothing more
     (local / "status.json").write_text(json.dumps({"status": "done"}))
-    lost.set()
+    lease.lost.set()
     with pytest.raises(LeaseLost):
         fenced.push()
-    assert json.loads(storage.read_bytes(f"{url}/status.json")) == {"status": "running"}
+    assert json.loads(objects.read_bytes(f"{url}/status.json")) == {"status": "running"}
 
 
 def _cli(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
@@ -272,14 +246,14 @@ def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, tmp_path):
     assert "6 of 6 run(s) already finished" in again and "6 of 6 run(s) already finished" in resumed
     df = store.load_runs(out)
     assert df.height == 6 and (df["status"] == "done").all() and df["final_val_loss"].is_not_null().all()
-    objects = _objects("sweeps/objstore")
+    stored = _objects("sweeps/objstore")
     for r in runs:  # records and the newest checkpoints (keep_last=2) are objects in the bucket
-        keys = {k for k in objects if k.startswith(f"runs/{r['run_id']}/")}
+        keys = {k for k in stored if k.startswith(f"runs/{r['run_id']}/")}
         ckpts = {k.split("/")[3] for k in keys if k.endswith("manifest.json")}
         steps = r["config"]["train"]["num_tokens"] // 256
         assert ckpts == {f"step_{steps - 5}", f"step_{steps}"}, keys
         assert {f"runs/{r['run_id']}/{f}" for f in ("metrics.parquet", "status.json", "config.json")} <= keys
-    assert not [k for k in objects if k.endswith(".tmp")]
+    assert not [k for k in stored if k.endswith(".tmp")]
     assert not _objects("sweeps/.leases")  # every lease released
     events = store.read_events(out)
     orphan_start = next(e["time"] for e in events if e["run_id"] == orphan_id and e["event"] == "start")
@@ -288,7 +262,7 @@ def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, tmp_path):
     assert [e["event"] for e in crash] == ["start", "fail", "retry", "start", "end"]  # retry: the driver saw it
     assert crash[-1]["loaded_step"] == 10  # the retry pulled step_10 from the bucket
     # The crashed run resumed from the bucket's checkpoint ends where an uninterrupted run does.
-    crashed = pl.read_parquet(storage.local_view(out) / "runs" / crash_id / "metrics.parquet")
+    crashed = pl.read_parquet(objects.local_view(out) / "runs" / crash_id / "metrics.parquet")
     config = next(r["config"] for r in runs if r["run_id"] == crash_id)
     train_run(build_run_config(config), tmp_path / "reference")
     reference = pl.read_parquet(tmp_path / "reference" / "metrics.parquet")

@@ -16,7 +16,7 @@ from scalelab.cli.main import main
 from scalelab.errors import ConfigError
 from scalelab.fitting.gap import gap_interval, paired_extrapolation
 from scalelab.fitting.predictive import ExtrapolationError
-from scalelab.sweeps import ledger
+from scalelab.store import ledger
 from scalelab.sweeps.plan import format_plan, plan_sweep
 from scalelab.sweeps.spec import expand_sweep, load_sweep
 from scalelab.sweeps.study_fit import format_study

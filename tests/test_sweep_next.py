@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from scalelab import store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.cli.main import main
-from scalelab.sweeps import store
 from scalelab.sweeps.propose import propose_next
 from scalelab.sweeps.spec import load_sweep
 

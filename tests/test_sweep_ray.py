@@ -18,12 +18,12 @@ import polars as pl
 import pytest
 import yaml
 
+from scalelab import store
 from scalelab.cli.main import main
-from scalelab.sweeps import store
+from scalelab.store.checkpoint_files import latest_checkpoint, list_checkpoints
+from scalelab.store.records import read_status
 from scalelab.sweeps.execute import launch, resume
 from scalelab.sweeps.spec import expand_sweep
-from scalelab.train.checkpoint import latest_checkpoint, list_checkpoints
-from scalelab.train.records import read_status
 
 BASE = {
     "model": {"preset": "debug"},

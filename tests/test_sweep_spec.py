@@ -136,7 +136,7 @@ def test_cooldown_branch_equals_a_standalone_run(tmp_path):
 
     import torch
 
-    from scalelab.sweeps.runspec import run_config
+    from scalelab.train.identity import same_run
     from scalelab.train.loop import train_run
 
     base = {
@@ -151,10 +151,10 @@ def test_cooldown_branch_equals_a_standalone_run(tmp_path):
     threads = torch.get_num_threads()
     cwd = os.getcwd()
     try:
-        train_run(run_config(stable), tmp_path / "runs" / stable.run_id)
+        train_run(same_run(stable.config, stable.run_id), tmp_path / "runs" / stable.run_id)
         (tmp_path / "runs" / branch.run_id).mkdir(parents=True)
         os.chdir(tmp_path / "runs" / branch.run_id)
-        train_run(run_config(branch), tmp_path / "runs" / branch.run_id)
+        train_run(same_run(branch.config, branch.run_id), tmp_path / "runs" / branch.run_id)
         alone_cfg = dict(branch.config, train=dict(branch.config["train"], init_from=None))
         from scalelab.train.config import build_run_config
 
@@ -220,9 +220,9 @@ def test_runs_stored_by_older_code_are_found_and_resumable(tmp_path):
     its stored config, and a trial accepts a stored config that lacks only the new fields."""
     import json
 
-    from scalelab.sweeps import store
-    from scalelab.sweeps.execute import _check_same_run
+    from scalelab import store
     from scalelab.train.config import build_run_config
+    from scalelab.train.identity import current_run_id, same_run
 
     run = expand_sweep({"base": BASE, "grid": {"optim.lr": [1e-3]}}).runs[0]
     old = json.loads(json.dumps(run.config))
@@ -234,10 +234,10 @@ def test_runs_stored_by_older_code_are_found_and_resumable(tmp_path):
     (d / "config.json").write_text(json.dumps(old))
     (d / "status.json").write_text(json.dumps({"status": "done"}))
     b = tmp_path / "root" / "b"
-    assert store.attach_runs(b, [run.run_id]) == {run.run_id: "done"}
+    assert store.attach_runs(b, [run.run_id], current_id=current_run_id) == {run.run_id: "done"}
     assert store.run_path(b, run.run_id).resolve() == d.resolve()
-    _check_same_run(old, build_run_config(old), "0ld0ld0ld0ld")  # only a field was added: accepted
+    same_run(old, "0ld0ld0ld0ld", today=build_run_config(old))  # only a field was added: accepted
     changed = json.loads(json.dumps(old))
     changed["optim"]["lr"] = 2e-3
     with pytest.raises(RuntimeError, match="optim.lr"):
-        _check_same_run(old, build_run_config(changed), "0ld0ld0ld0ld")
+        same_run(old, "0ld0ld0ld0ld", today=build_run_config(changed))

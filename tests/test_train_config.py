@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from scalelab.config_tree import apply_overrides
 from scalelab.errors import ConfigError
 from scalelab.train.config import build_run_config, load_run_config, to_dict
-from scalelab.train.config_tree import apply_overrides
 
 BASE = {
     "model": {"preset": "debug"},
@@ -84,7 +84,7 @@ def test_relative_data_paths_are_resolved(tmp_path, monkeypatch):
 
 
 def test_layout_and_logging_are_not_part_of_the_run_identity():
-    from scalelab.train.config import config_hash
+    from scalelab.train.identity import config_hash
 
     base = build_run_config(BASE)
     assert config_hash(base) == config_hash(build_run_config(BASE, ["parallel.dp_shard=2", "logging.wandb=online"]))

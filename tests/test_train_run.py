@@ -17,10 +17,10 @@ import polars as pl
 import pytest
 import torch
 
-from scalelab.train.checkpoint import list_checkpoints
+from scalelab.store.checkpoint_files import list_checkpoints
+from scalelab.store.records import read_status
 from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.loop import train_run
-from scalelab.train.records import read_status
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: restores the thread count after the module
 

@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 import yaml
 
+from scalelab import store
 from scalelab.cli.main import main
-from scalelab.sweeps import store
 from scalelab.sweeps.spec import expand_sweep
 from scalelab.sweeps.transfer import evaluate_gate, format_gate, ladder_with_lr, plan_transfer
 

@@ -19,11 +19,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scalelab import store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.analysis.wandb_offline import read_offline_run, read_offline_runs
 from scalelab.cli.main import main
 from scalelab.errors import ConfigError
-from scalelab.sweeps import ledger, store, wandb_runs
+from scalelab.store import ledger
+from scalelab.store.records import read_status
+from scalelab.sweeps import wandb_runs
 from scalelab.sweeps.propose import propose_next
 from scalelab.sweeps.spec import expand_sweep, load_sweep
 from scalelab.sweeps.wandb_export import log_evals
@@ -34,7 +37,6 @@ from scalelab.train import loggers
 from scalelab.train.config import build_run_config
 from scalelab.train.loggers import WandbRun, start_wandb, wandb_mode
 from scalelab.train.loop import StopRun, train_run
-from scalelab.train.records import read_status
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

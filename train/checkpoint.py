@@ -7,25 +7,24 @@ A checkpoint is a directory `<run>/checkpoints/step_<N>/` holding
   - rng_rank<r>.pt: each rank's torch RNG state (loaded with weights_only=True);
   - manifest.json, written last: every file's size and sha256 (scalelab.train.checkpoint_verify).
 It is written under `step_<N>.tmp` and renamed when complete, so a crash mid-save never leaves a
-directory that looks finished; `latest_checkpoint` only considers completed ones.
+directory that looks finished; `list_checkpoints` (scalelab.store.checkpoint_files) only considers
+completed ones.
 
 Loading never trusts the files: every load verifies the checkpoint first (manifest, metadata read
 by a restricted unpickler, shard sizes) and reads it through checkpoint_verify's SafeReader and
 SafeLoadPlanner. `select_resume_checkpoint` picks the newest checkpoint that verifies, moves the
 ones that do not aside (`step_<N>.corrupt`, kept for inspection, never considered again) and says why.
 
-On object storage (a run of an `s3://` store, scalelab.sweeps.lease) a checkpoint is saved here
-as always, then `upload_checkpoint` puts its files, manifest.json last; `pull_checkpoints` only
-takes step_<N>/ prefixes whose manifest is there, so an upload cut short is never loaded (and
-never mistaken for a legacy checkpoint without a manifest).
+On object storage (a run of an `s3://` store, scalelab.store.lease) a checkpoint is saved here
+as always and the store uploads the directory (scalelab.store.checkpoint_files).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import re
 import shutil
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -40,20 +39,19 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from scalelab.train import storage
+from scalelab.store.atomic import atomic_write_json, fsync_dir, fsync_file
+from scalelab.store.checkpoint_files import list_checkpoints
 from scalelab.train.checkpoint_verify import (
-    MANIFEST,
+    METADATA,
     TRAIN_STATE,
     CheckpointError,
     SafeLoadPlanner,
     SafeReader,
     file_entry,
+    is_read_error,
     verify_checkpoint,
     write_manifest,
 )
-from scalelab.train.records import atomic_write_json
-
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def _is_dist() -> bool:
@@ -75,24 +73,6 @@ def single_process_ok():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         yield
-
-
-def list_checkpoints(ckpt_root: str | Path) -> list[tuple[int, Path]]:
-    """Completed checkpoints as (step, path), oldest first."""
-    root = Path(ckpt_root)
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and p.is_dir():  # step_<N> appears by rename only once the save completed
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def latest_checkpoint(ckpt_root: str | Path) -> Path | None:
-    ckpts = list_checkpoints(ckpt_root)
-    return ckpts[-1][1] if ckpts else None
 
 
 def save_checkpoint(
@@ -118,15 +98,19 @@ def save_checkpoint(
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state()
     torch.save(rng, tmp / f"rng_rank{_rank()}.pt")
+    for f in _own_files(tmp) + ([tmp / METADATA] if _rank() == 0 else []):
+        fsync_file(f)  # durable before the manifest that vouches for them
     _barrier()
     entries = _gather_entries(_own_files(tmp))  # each rank hashes the files it wrote
     if _rank() == 0:
         atomic_write_json(tmp / TRAIN_STATE, train_state)
-        entries.update({name: file_entry(tmp / name) for name in (".metadata", TRAIN_STATE)})
+        entries.update({name: file_entry(tmp / name) for name in (METADATA, TRAIN_STATE)})
         write_manifest(tmp, step, entries)  # last: a checkpoint without it is incomplete or legacy
+        fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
+        fsync_dir(root)  # the new checkpoint is durable: only now may older ones go
         for _, old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     _barrier()
@@ -156,46 +140,60 @@ def _on_rank0(fn: Callable[[], Any]) -> Any:
             result[0] = ("ok", fn())
         except CheckpointError as e:
             result[0] = ("error", (str(e.path), e.reason))
+        except OSError as e:  # a read error that outlasted its retries: every rank fails alike
+            result[0] = ("oserror", (e.errno, e.strerror or str(e), e.filename))
     if _is_dist():
         dist.broadcast_object_list(result, src=0)
     kind, value = result[0]
     if kind == "error":
         raise CheckpointError(*value)
+    if kind == "oserror":
+        raise OSError(*value)
     return value
 
 
+READ_ATTEMPTS = 3  # a verification interrupted by a read error (is_read_error) is tried this often
+READ_RETRY_S = 1.0  # after the first failure; doubled each time
+
+
 def select_resume_checkpoint(
-    ckpt_root: str | Path, log: Callable[[str], None] = print
+    ckpt_root: str | Path, log: Callable[[str], None] = print, *, start_over: bool = False
 ) -> tuple[Path | None, list[tuple[str, str]]]:
     """The newest checkpoint under ckpt_root that verifies, and the (name, reason) of those skipped.
 
-    Collective under a process group (rank 0 verifies, every rank gets the answer). Skipped
-    checkpoints are renamed `step_<N>.corrupt` so that no later resume or keep_last pruning counts
-    them. Every checkpoint is looked at once, newest first: a resume never loops.
+    Collective under a process group (rank 0 verifies, every rank gets the answer). Checkpoints
+    newer than the one chosen that fail verification are renamed `step_<N>.corrupt`, so that no
+    later resume or keep_last pruning counts them. Every checkpoint is looked at once, newest
+    first: a resume never loops. A read error (EIO, a network file system's timeout) is retried,
+    never taken for corruption.
+
+    start_over: when none verifies, move them all aside and return None (train from step 0).
 
     Raises:
-        CheckpointError: checkpoints exist but none verifies (starting over would discard the
-            run's progress silently; move them away to start from scratch).
+        CheckpointError: checkpoints exist (or were moved aside before) but none verifies, and
+            start_over is off. They are left as they are: starting over would discard the run's
+            progress, so it takes the explicit flag.
+        OSError: a read error that outlasted the retries (the run fails; nothing is moved).
     """
 
     def pick() -> tuple[str | None, list[tuple[str, str]]]:
-        skipped: list[tuple[str, str]] = []
-        ckpts = list_checkpoints(ckpt_root)
-        for _, path in reversed(ckpts):
-            try:
-                verify_checkpoint(path)
-            except CheckpointError as e:
-                skipped.append((_move_aside(path).name, e.reason))
-                continue
-            return str(path), skipped
-        if skipped:
-            reasons = "; ".join(f"{name}: {why}" for name, why in skipped)
-            raise CheckpointError(
-                ckpt_root,
-                f"no checkpoint verifies ({reasons}); they were moved to step_<N>.corrupt, "
-                "rerun --resume to start over",
-            )
-        return None, skipped
+        failed: list[tuple[Path, str]] = []
+        for _, path in reversed(list_checkpoints(ckpt_root)):
+            reason = _verify_retrying(path, log)
+            if reason is None:
+                return str(path), [(_move_aside(p).name, why) for p, why in failed]
+            failed.append((path, reason))
+        earlier = sorted(p.name for p in Path(ckpt_root).glob("step_*.corrupt*")) if Path(ckpt_root).is_dir() else []
+        if not failed and not earlier:
+            return None, []
+        if start_over:
+            return None, [(_move_aside(p).name, why) for p, why in failed]
+        reasons = "; ".join(f"{p.name}: {why}" for p, why in failed) or f"only {', '.join(earlier)} left"
+        raise CheckpointError(
+            ckpt_root,
+            f"no checkpoint verifies ({reasons}); they are kept as they are; to train from step 0 "
+            "anyway, resume with --start-over",
+        )
 
     chosen, skipped = _on_rank0(pick)
     if _rank() == 0:
@@ -203,7 +201,25 @@ def select_resume_checkpoint(
             log(f"resume: skipped {name.split('.')[0]} ({why}); moved to {name}")
         if chosen:
             log(f"resume: from {chosen}")
+        elif skipped:
+            log("resume: --start-over: from step 0; the checkpoints that did not verify are kept aside")
     return (Path(chosen) if chosen else None), skipped
+
+
+def _verify_retrying(path: Path, log: Callable[[str], None]) -> str | None:
+    """None when `path` verifies, else why not; read errors retried (READ_ATTEMPTS), then raised."""
+    for attempt in range(READ_ATTEMPTS):
+        try:
+            verify_checkpoint(path)
+            return None
+        except CheckpointError as e:
+            return e.reason
+        except OSError as e:
+            if not is_read_error(e) or attempt == READ_ATTEMPTS - 1:
+                raise
+            log(f"resume: reading {path.name} failed ({e}); retrying")
+            time.sleep(READ_RETRY_S * 2**attempt)
+    return None
 
 
 def _move_aside(path: Path) -> Path:
@@ -257,39 +273,3 @@ def load_checkpoint(
     if train_state is None:  # verified by the caller
         train_state = json.loads((path / TRAIN_STATE).read_text())
     return train_state
-
-
-def upload_checkpoint(path: Path, url: str) -> None:
-    """A completed checkpoint directory to `url/` on object storage, manifest.json last.
-
-    The manifest object is what makes the checkpoint exist there (pull_checkpoints): whatever
-    stops the upload before it leaves a prefix that no resume takes.
-    """
-    files = sorted(p for p in path.iterdir() if p.is_file() and p.name != MANIFEST)
-    for f in files:
-        storage.upload_file(storage.join(url, f.name), f)
-    storage.upload_file(storage.join(url, MANIFEST), path / MANIFEST)
-
-
-def remote_checkpoints(url: str) -> dict[str, list[str]]:
-    """{step_<N>: its object names} of the completed checkpoints (manifest present) under `url/`."""
-    found: dict[str, list[str]] = {}
-    for rel in storage.list_objects(url):
-        step_dir, _, fname = rel.partition("/")
-        if _STEP_DIR.match(step_dir) and fname and "/" not in fname:
-            found.setdefault(step_dir, []).append(fname)
-    return {d: names for d, names in found.items() if MANIFEST in names}
-
-
-def pull_checkpoints(url: str, ckpt_root: Path) -> list[str]:
-    """Download the completed checkpoints under `url/` into ckpt_root (each under a .tmp name,
-    renamed when whole, as save_checkpoint does); returns their names."""
-    pulled = []
-    for step_dir, names in sorted(remote_checkpoints(url).items()):
-        tmp = ckpt_root / f"{step_dir}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        for fname in names:
-            storage.download(storage.join(url, step_dir, fname), tmp / fname)
-        tmp.rename(ckpt_root / step_dir)
-        pulled.append(step_dir)
-    return pulled

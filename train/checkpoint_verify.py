@@ -39,11 +39,19 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import ReadItem
 
 from scalelab.errors import UsageError
+from scalelab.store.atomic import atomic_write_bytes
+from scalelab.store.checkpoint_files import MANIFEST
 
-MANIFEST = "manifest.json"
 METADATA = ".metadata"
 TRAIN_STATE = "train_state.json"
 MANIFEST_FORMAT = 1
+
+
+def is_read_error(e: BaseException) -> bool:
+    """An OSError that is not about the file's content or absence (EIO, a network file system's
+    timeout): transient, so a verification it interrupts is retried instead of calling the
+    checkpoint corrupt."""
+    return isinstance(e, OSError) and not isinstance(e, FileNotFoundError | IsADirectoryError | NotADirectoryError)
 
 
 class CheckpointError(UsageError):
@@ -151,7 +159,7 @@ def file_entry(path: Path) -> dict[str, Any]:
 def write_manifest(ckpt_dir: Path, step: int, entries: dict[str, dict[str, Any]]) -> None:
     """manifest.json listing `entries` ({relative name: file_entry}); written last, by one rank."""
     manifest = {"format": MANIFEST_FORMAT, "step": step, "files": dict(sorted(entries.items()))}
-    (ckpt_dir / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    atomic_write_bytes(ckpt_dir / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())  # fsynced
 
 
 def _check_manifest(ckpt_dir: Path) -> None:
@@ -159,6 +167,10 @@ def _check_manifest(ckpt_dir: Path) -> None:
         manifest = json.loads((ckpt_dir / MANIFEST).read_text())
         files = manifest["files"]
         assert isinstance(files, dict) and files
+    except (FileNotFoundError, IsADirectoryError):
+        raise CheckpointError(ckpt_dir, f"{MANIFEST} is unreadable") from None
+    except OSError:
+        raise  # the disk or network failed, the file did not (is_read_error): the caller retries
     except Exception:  # noqa: BLE001 - empty, cut or hand-edited
         raise CheckpointError(ckpt_dir, f"{MANIFEST} is unreadable") from None
     for name, want in files.items():
@@ -181,6 +193,10 @@ def _check_structure(ckpt_dir: Path, legacy: bool) -> dict[str, Any]:
         assert isinstance(state, dict) and "step" in state
     except FileNotFoundError:
         raise CheckpointError(ckpt_dir, f"{TRAIN_STATE} is missing") from None
+    except IsADirectoryError:
+        raise CheckpointError(ckpt_dir, f"{TRAIN_STATE} is empty or unreadable") from None
+    except OSError:
+        raise  # a read error (is_read_error): the caller retries
     except Exception:  # noqa: BLE001
         raise CheckpointError(ckpt_dir, f"{TRAIN_STATE} is empty or unreadable") from None
     meta = read_metadata(ckpt_dir / METADATA)
@@ -203,6 +219,10 @@ def _check_structure(ckpt_dir: Path, legacy: bool) -> dict[str, Any]:
         for rng in sorted(ckpt_dir.glob("rng_rank*.pt")):
             try:
                 torch.load(rng, weights_only=True)
+            except (FileNotFoundError, IsADirectoryError):
+                raise CheckpointError(ckpt_dir, f"{rng.name} is unreadable") from None
+            except OSError:
+                raise  # a read error (is_read_error): the caller retries
             except Exception:  # noqa: BLE001
                 raise CheckpointError(ckpt_dir, f"{rng.name} is unreadable") from None
     return state

@@ -13,26 +13,26 @@
 
 `load_run_config(path, overrides)` returns a validated `RunConfig`; every bad key or value raises
 `ConfigError` naming the key path before any process starts. `to_dict(cfg)` is what gets saved as
-`config.json` beside the run's records, and `load_run_config` reads that back identically.
+`config.json` beside the run's records, and `load_run_config` reads that back identically. A run's
+id and the question "is this the same run?" are scalelab.train.identity's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from scalelab.config_tree import apply_overrides, from_dict, load_yaml, to_dict
 from scalelab.errors import ConfigError
 from scalelab.models.config import ModelConfig
 from scalelab.models.presets import get_preset
 from scalelab.models.shapes import shape_for_params
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.dims import ParallelDims
-from scalelab.train.config_tree import apply_overrides, from_dict, load_yaml, to_dict
 from scalelab.train.data.config import DataConfig
 from scalelab.train.data.tokenizer import load_tokenizer
 from scalelab.train.eval_tasks import load_tasks
@@ -356,48 +356,6 @@ def _nearest_multiples(value: int, step: int) -> str:
     return f"{lo} or {lo + step}" if lo > 0 else f"{step} (one sequence per data-parallel rank) or more"
 
 
-# Sections that do not change what a run computes: the layout (scalelab parity checks that it does
-# not), logging and profiling. They are left out of the run's identity, so a run resumes under another layout
-# and a sweep never retrains a finished run because the cluster shape changed.
-_NOT_IDENTITY = ("parallel", "logging", "profile")
-# The parametrization's model fields (added after run ids were first recorded): under sp they do
-# not change the numbers, so they are left out and existing stores keep their run ids.
-_NEUTRAL_MODEL_FIELDS = ("parametrization", "base_d_model", "base_num_layers", "base_head_dim", "base_d_ff")
-# Added after mup/completep run ids were recorded: left out at their default, which computes what
-# those runs computed, so their ids stay too.
-_ADDED_MODEL_DEFAULTS = {"base_d_ff": 0}
-# Added after every kind of run id was recorded: left out of the identity at the default, under any
-# parametrization (the SwiGLU feed-forward every earlier run trained).
-_ADDED_MODEL_FIELDS = {"mlp": "swiglu"}
-_ADDED_SOURCE_FIELDS = {"train_exclude": []}
-
-
-def _source_identity(source: dict[str, Any]) -> dict[str, Any]:
-    """A data source without the fields added after run ids were recorded, where they are at their
-    default (no filter: the whole train split every earlier run read)."""
-    return {k: v for k, v in source.items() if k not in _ADDED_SOURCE_FIELDS or v != _ADDED_SOURCE_FIELDS[k]}
-
-
-def identity_dict(cfg: RunConfig) -> dict[str, Any]:
-    """The resolved config without the sections that do not change the numbers."""
-    out = {k: v for k, v in to_dict(cfg).items() if k not in _NOT_IDENTITY}
-    model = {k: v for k, v in out["model"].items() if k not in _ADDED_MODEL_FIELDS or v != _ADDED_MODEL_FIELDS[k]}
-    out["data"] = dict(out["data"], sources=[_source_identity(s) for s in out["data"]["sources"]])
-    if model.get("parametrization", "sp") == "sp":  # sp ignores the base shape
-        out["model"] = {k: v for k, v in model.items() if k not in _NEUTRAL_MODEL_FIELDS}
-    else:
-        out["model"] = {
-            k: v for k, v in model.items() if k not in _ADDED_MODEL_DEFAULTS or v != _ADDED_MODEL_DEFAULTS[k]
-        }
-    return out
-
-
-def config_hash(cfg: RunConfig, length: int = 12) -> str:
-    """Stable id of a resolved config (the store's run_id): sha256 of its canonical identity JSON."""
-    blob = json.dumps(identity_dict(cfg), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(blob.encode()).hexdigest()[:length]
-
-
 __all__ = [
     "CheckpointConfig",
     "EvalConfig",
@@ -408,8 +366,6 @@ __all__ = [
     "ScheduleConfig",
     "TrainLoopConfig",
     "build_run_config",
-    "config_hash",
-    "identity_dict",
     "load_run_config",
     "padded_vocab_size",
     "to_dict",

@@ -5,7 +5,7 @@
 
 Only the data-parallel degree shrinks (tp x pp x cp stay: a model shard must still fit its ranks); the
 global batch stays the same, so each remaining rank accumulates more micro-batches of the size the
-configured layout used. A run's identity leaves out its layout (scalelab.train.config.identity_dict),
+configured layout used. A run's identity leaves out its layout (scalelab.train.identity),
 so the smaller attempt continues the same run from its DCP checkpoint, which reshards on load.
 """
 

@@ -32,7 +32,10 @@ from scalelab.models.llama import build_model
 from scalelab.parallel.backend import spawn
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.parallelize import Parallelized
-from scalelab.train.checkpoint import list_checkpoints, load_checkpoint, verify
+from scalelab.store.atomic import atomic_write_parquet
+from scalelab.store.checkpoint_files import list_checkpoints
+from scalelab.store.records import EVALS_SCHEMA
+from scalelab.train.checkpoint import load_checkpoint, verify
 from scalelab.train.checkpoint_verify import TRAIN_STATE
 from scalelab.train.config import RunConfig, build_run_config, load_run_config
 from scalelab.train.data.bundle import build_data
@@ -40,7 +43,7 @@ from scalelab.train.data.tokenizer import load_tokenizer
 from scalelab.train.eval_tasks import MCTask
 from scalelab.train.evaluate import Evaluation, evaluate
 from scalelab.train.parallel_model import parallel_model
-from scalelab.train.records import EVALS_SCHEMA, atomic_write_parquet, run_summary_fields
+from scalelab.train.run_summary import run_summary_fields
 from scalelab.train.runtime import Runtime, make_runtime
 
 

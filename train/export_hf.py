@@ -121,6 +121,19 @@ def _plan_shards(
     return shards
 
 
+def _check_sizes(ckpt: Path, items: list[tuple[str, TensorStorageMetadata]]) -> None:
+    """Every tensor the metadata names fits in the checkpoint's data files (export allocates each
+    one whole: a crafted size would otherwise allocate whatever it says)."""
+    data_bytes = sum(p.stat().st_size for p in ckpt.glob("*.distcp"))
+    for ours, tmeta in items:
+        nbytes = torch.Size(tmeta.size).numel() * tmeta.properties.dtype.itemsize
+        if nbytes > data_bytes:
+            raise UsageError(
+                f"{ckpt}: the metadata gives tensor {ours!r} the shape {tuple(tmeta.size)} ({nbytes:,} bytes), more "
+                f"than the checkpoint's {data_bytes:,} bytes of data; refusing to export it"
+            )
+
+
 def _load_tensors(ckpt: Path, items: list[tuple[str, TensorStorageMetadata]]) -> dict[str, torch.Tensor]:
     """The full tensors of `items` (checkpoint keys without the "model." prefix), resharded by DCP."""
     model_sd = {fqn: torch.empty(tuple(tmeta.size), dtype=tmeta.properties.dtype) for fqn, tmeta in items}
@@ -189,6 +202,7 @@ def export_hf(
         if ours not in keys:
             raise UsageError(f"{ckpt}: checkpoint tensor {ours!r} has no place in {arch}")
         items.append((ours, tmeta))
+    _check_sizes(ckpt, items)  # before anything is allocated or written
     missing = set(keys) - {ours for ours, _ in items} - ({"output.weight"} if cfg.model.tied_embeddings else set())
     if missing:
         raise UsageError(f"{ckpt}: the checkpoint lacks {sorted(missing)[:3]} (not a full model checkpoint?)")

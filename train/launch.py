@@ -25,10 +25,10 @@ import torch.multiprocessing as mp
 
 from scalelab.errors import ConfigError
 from scalelab.parallel.backend import destroy_distributed, init_distributed, spawn
+from scalelab.store.records import read_status
 from scalelab.train.config import RunConfig, build_run_config
 from scalelab.train.elastic import WorkerLayout, shrink_layout
 from scalelab.train.loop import train_run
-from scalelab.train.records import read_status
 from scalelab.train.watchdog import HangPolicy
 
 

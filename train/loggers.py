@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalelab.train.config import config_hash, to_dict
+from scalelab.train.config import to_dict
+from scalelab.train.identity import config_hash
 
 MODES = ("offline", "online", "disabled")
 INIT_TIMEOUT_S = 30.0  # wandb.init's own limit (its default is 90 s); a server that slow is not reached

@@ -35,24 +35,20 @@ import torch.distributed as dist
 
 from scalelab.parallel.layouts import layout_name
 from scalelab.parallel.parallelize import Parallelized
+from scalelab.store.atomic import atomic_write_json
+from scalelab.store.records import RecordWriter, read_status, rows_through, write_status
 from scalelab.train import checkpoint as ckpt
-from scalelab.train.config import RunConfig, config_hash, to_dict
+from scalelab.train.config import RunConfig, to_dict
 from scalelab.train.data.bundle import build_data
 from scalelab.train.elastic import WorkerLayout, micro_sequences
 from scalelab.train.eval_tasks import load_tasks
 from scalelab.train.evaluate import autocast_for, evaluate
+from scalelab.train.identity import config_hash
 from scalelab.train.loggers import WandbRun, eval_metrics, open_progress, open_wandb, step_metrics
 from scalelab.train.optim import build_optimizer, set_lr
 from scalelab.train.parallel_model import parallel_model
 from scalelab.train.profiling import StepProfiler, region
-from scalelab.train.records import (
-    RecordWriter,
-    atomic_write_json,
-    read_status,
-    rows_through,
-    run_summary_fields,
-    write_status,
-)
+from scalelab.train.run_summary import run_summary_fields
 from scalelab.train.runtime import Runtime, make_runtime
 from scalelab.train.schedule import schedule_for
 from scalelab.train.watchdog import HangPolicy, StepWatchdog

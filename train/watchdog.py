@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalelab.train.records import read_status, write_status
+from scalelab.store.records import read_status, write_status
 
 HANG_EXIT_CODE = 75  # EX_TEMPFAIL: the run is retryable
 # Other ranks wait this long before exiting: rank 0, blocked in the same step's collective, fires
@@ -61,6 +61,7 @@ class StepWatchdog:
         self._step: int | None = None
         self._began = 0.0
         self._lock = threading.Lock()
+        self._fired = False  # set (under the lock) when a hang is being recorded: the step may not end
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._inject = _injected_hang(rank)
@@ -84,8 +85,12 @@ class StepWatchdog:
 
     def step_end(self) -> None:
         with self._lock:
-            self.durations.append(time.monotonic() - self._began)
-            self._step = None
+            fired = self._fired
+            if not fired:
+                self.durations.append(time.monotonic() - self._began)
+                self._step = None
+        while fired:  # the watchdog is recording this step's hang and ends the process
+            time.sleep(1.0)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -100,6 +105,13 @@ class StepWatchdog:
                 self._fire(step, elapsed_s, median_s, limit_s)
 
     def _fire(self, step: int, elapsed_s: float, median_s: float, limit_s: float) -> None:
+        # The step judged a hang may have ended since (and the run gone on to write its final
+        # status): fire only if it is still running, and keep it from ending while the hang is
+        # recorded, so the hang record and the final status never overwrite each other.
+        with self._lock:
+            if self._step != step or self._fired:
+                return
+            self._fired = True
         reason = (
             f"StepHang: step {step} on rank {self.rank} ran {elapsed_s:.1f} s > {limit_s:.1f} s "
             f"(max({self.policy.factor:g} x median {median_s:.3f} s, {self.policy.min_s:g} s))"

@@ -37,6 +37,16 @@ def is_prepared_dir(path: str | os.PathLike) -> bool:
     return p.is_dir() and (p / "index.json").is_file()
 
 
+TOKEN_DTYPES = ("uint16", "uint32")  # what prepare writes; anything else is not read (an "O" would
+# make numpy read the file's bytes as object pointers)
+
+
+def _token_dtype(name: Any, where: Path) -> np.dtype:
+    if name not in TOKEN_DTYPES:
+        raise UsageError(f"{where}: dtype {name!r} is not a token dtype ({' or '.join(TOKEN_DTYPES)}); re-prepare it")
+    return np.dtype(name)
+
+
 class PreparedSource:
     """Read-only view of one prepared dir; `name` is the mixture's name for it (seeds the order)."""
 
@@ -45,15 +55,21 @@ class PreparedSource:
         if not is_prepared_dir(self.path):
             raise UsageError(f"{self.path} is not a prepared shard dir (no index.json); run `scalelab data prepare`")
         self.index: dict[str, Any] = json.loads((self.path / "index.json").read_text())
-        if self.index.get("format") != FORMAT:
-            raise UsageError(f"{self.path}: shard format {self.index.get('format')!r}, expected {FORMAT!r}")
+        if not isinstance(self.index, dict) or self.index.get("format") != FORMAT:
+            found = self.index.get("format") if isinstance(self.index, dict) else None
+            raise UsageError(f"{self.path}: shard format {found!r}, expected {FORMAT!r}")
         self.name = name or self.index.get("name") or self.path.name
-        self.dtype = np.dtype(self.index["dtype"])
+        self.dtype = _token_dtype(self.index.get("dtype"), self.path / "index.json")
         self.train = self._open("train")
         self.val = self._open("val")
 
     def _open(self, split: str) -> np.ndarray:
-        n = int(self.index["splits"][split]["num_tokens"])
+        try:
+            n = self.index["splits"][split]["num_tokens"]
+        except (KeyError, TypeError):
+            n = None
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise UsageError(f"{self.path}/index.json: splits.{split}.num_tokens {n!r} is not a count; re-prepare it")
         file = self.path / f"{split}.bin"
         size = file.stat().st_size
         if size != n * self.dtype.itemsize:

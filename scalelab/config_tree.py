@@ -155,7 +155,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key:
         raise ConfigError(text, "empty key in override", "e.g. --set optim.lr=3e-4")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = safe_yaml(raw, key) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(key, f"value {raw!r} is not valid YAML ({yaml_error_text(e)})", "quote it") from None
     return key.split("."), value
@@ -183,7 +183,7 @@ def set_in_dict(data: dict[str, Any], path: list[str], value: Any) -> None:
 
 
 def _list_index(node: list, part: str, key: str) -> int:
-    if not part.isdigit() or int(part) >= len(node):
+    if not (part.isascii() and part.isdigit()) or int(part) >= len(node):
         raise ConfigError(key, f"list index {part!r} out of range (length {len(node)})", "use a valid index")
     return int(part)
 
@@ -209,11 +209,65 @@ def yaml_error_text(e: yaml.YAMLError) -> str:
     return f"{where}{problem}" + (f" ({context})" if context else "")
 
 
+MAX_YAML_VALUES = 1_000_000  # values a YAML document may expand to through its aliases
+
+
+def safe_yaml(stream: Any, where: str) -> Any:
+    """yaml.safe_load, refusing a document whose aliases expand it beyond MAX_YAML_VALUES values (an
+    "alias bomb": a few hundred bytes that expand to billions) or that refers to itself.
+
+    The node graph is composed first (aliases stay shared, so it is as small as the text) and its
+    expanded size counted with each node's size computed once; only then are Python objects built.
+
+    Raises:
+        ConfigError: naming `where`.
+        yaml.YAMLError: the text is not YAML.
+    """
+    loader = yaml.SafeLoader(stream)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        try:
+            _expanded_size(node, {}, set(), where)
+        except RecursionError:
+            raise ConfigError(where, "nested too deeply", "write a flatter document") from None
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], active: set[int], where: str) -> int:
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in active:
+        raise ConfigError(where, "a YAML alias refers to the node that contains it", "write the values out")
+    active.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    else:
+        children = []
+    total = 1
+    for child in children:
+        total += _expanded_size(child, sizes, active, where)
+        if total > MAX_YAML_VALUES:
+            raise ConfigError(
+                where,
+                f"its YAML aliases expand it to more than {MAX_YAML_VALUES:,} values (an alias bomb?)",
+                "write the values out, or use fewer alias references",
+            )
+    active.discard(id(node))
+    sizes[id(node)] = total
+    return total
+
+
 def load_yaml(path: str) -> dict[str, Any]:
     """Read a YAML mapping; missing file or bad YAML -> ConfigError naming the file (and line, column)."""
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            data = safe_yaml(f, str(path))
     except FileNotFoundError:
         raise ConfigError(str(path), "config file not found", "check the path") from None
     except IsADirectoryError:

@@ -15,21 +15,31 @@ interval, the predicted winner and whether the interval excluded 0, the multipli
 are done, the measured gap, the measured winner, whether the prediction named it and whether the
 interval covered the gap.
 
-Predictions are recorded before their runs start (`record_round`, `record_study`), and scored
-whenever the ledger is touched after a launch (`score`; sweeps/execute.py calls it at the end of
-every launch). The file is rewritten atomically; `scalelab sweep ledger DIR` prints it.
+Predictions are recorded before their runs can start (`record_round`, `record_study`; the round's
+spec is written after it), and scored whenever the ledger is touched after a launch (`score`;
+scalelab.sweeps.execute calls it at the end of every launch). A prediction whose run had already
+started in this sweep when it was recorded (an identical config proposed again: its id is the hash
+of the config, labels aside), or that the fit itself used, is kept with a `flag` and never scored:
+it was not a prediction. Every update reads and rewrites the file under one lock
+(`<sweep>/.ledger.lock`, fcntl), so a scoring pass never drops a fit recorded meanwhile.
+`scalelab sweep ledger DIR` prints it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
+import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from scalelab.sweeps import store
-from scalelab.train.records import atomic_write_json, read_status
+from scalelab.store.atomic import atomic_write_json
+from scalelab.store.paths import check_run_id, run_path
+from scalelab.store.records import read_status
 
 LEDGER = "ledger.json"
 
@@ -39,6 +49,7 @@ def ledger_path(sweep_dir: str | Path) -> Path:
 
 
 def read_ledger(sweep_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """The ledger (empty when there is none); every prediction's run id checked before it names a path."""
     path = ledger_path(sweep_dir)
     if not path.exists():
         return {"fits": [], "predictions": [], "studies": []}
@@ -46,7 +57,23 @@ def read_ledger(sweep_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
     data.setdefault("fits", [])
     data.setdefault("predictions", [])
     data.setdefault("studies", [])
+    for p in data["predictions"]:
+        check_run_id(p.get("run_id"), f"{path}: prediction for run")
+    for e in data["studies"]:
+        for run_id in (e.get("run_ids") or {}).values():
+            check_run_id(run_id, f"{path}: study entry's run")
     return data
+
+
+@contextlib.contextmanager
+def locked(sweep_dir: str | Path) -> Iterator[None]:
+    """Hold the sweep's ledger lock (an exclusive fcntl lock; released when the holder dies)."""
+    fd = os.open(Path(sweep_dir) / ".ledger.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def drift(previous: dict[str, Any] | None, params: dict[str, float]) -> dict[str, dict[str, float]]:
@@ -64,39 +91,56 @@ def drift(previous: dict[str, Any] | None, params: dict[str, float]) -> dict[str
 
 
 def record_round(sweep_dir: str | Path, fit: dict[str, Any], predictions: list[dict[str, Any]]) -> dict[str, Any]:
-    """Append one fit and its predictions (written before the predicted runs start)."""
-    ledger = read_ledger(sweep_dir)
-    previous = ledger["fits"][-1] if ledger["fits"] else None
-    fit = dict(
-        fit, drift=drift(previous, fit["params"]), recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    )
-    ledger["fits"].append(fit)
-    known = {(p["round"], p["run_id"]) for p in ledger["predictions"]}
-    for p in predictions:
-        if (p["round"], p["run_id"]) not in known:
-            ledger["predictions"].append(dict(p, measured=None, rel_error=None, covered=None))
-    atomic_write_json(ledger_path(sweep_dir), ledger)
-    score(sweep_dir)
+    """Append one fit and its predictions (before the predicted runs can start); flags the
+    predictions that cannot be ones (module docstring)."""
+    used = set(fit.get("run_ids") or [])
+    with locked(sweep_dir):
+        ledger = read_ledger(sweep_dir)
+        previous = ledger["fits"][-1] if ledger["fits"] else None
+        fit = dict(
+            fit, drift=drift(previous, fit["params"]), recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        )
+        ledger["fits"].append(fit)
+        known = {(p["round"], p["run_id"]) for p in ledger["predictions"]}
+        for p in predictions:
+            if (p["round"], p["run_id"]) in known:
+                continue
+            entry = dict(p, measured=None, rel_error=None, covered=None)
+            if p["run_id"] in used:
+                entry["flag"] = "run used by the fit"
+            elif read_status(run_path(sweep_dir, p["run_id"])) is not None:
+                entry["flag"] = "run already started"
+            ledger["predictions"].append(entry)
+        atomic_write_json(ledger_path(sweep_dir), ledger)
+        _score(sweep_dir, ledger, None)
     return fit
 
 
 def record_study(sweep_dir: str | Path, studies: list[dict[str, Any]], predictions: list[dict[str, Any]]) -> None:
-    """Append a study round's gap predictions and its runs' loss predictions (before the runs start)."""
-    ledger = read_ledger(sweep_dir)
-    known = {(p["round"], p["run_id"]) for p in ledger["predictions"]}
-    for p in predictions:
-        if (p["round"], p["run_id"]) not in known:
-            ledger["predictions"].append(dict(p, measured=None, rel_error=None, covered=None))
-    known_studies = {(e["round"], e["arm"]) for e in ledger["studies"]}
-    for e in studies:
-        if (e["round"], e["arm"]) not in known_studies:
-            ledger["studies"].append(dict(e, measured_gap=None, measured_winner=None, winner_right=None, covered=None))
-    atomic_write_json(ledger_path(sweep_dir), ledger)
-    score(sweep_dir)
+    """Append a study round's gap predictions and its runs' loss predictions (before the runs start);
+    a loss prediction whose run had already started is flagged, as in record_round."""
+    with locked(sweep_dir):
+        ledger = read_ledger(sweep_dir)
+        known = {(p["round"], p["run_id"]) for p in ledger["predictions"]}
+        for p in predictions:
+            if (p["round"], p["run_id"]) in known:
+                continue
+            entry = dict(p, measured=None, rel_error=None, covered=None)
+            if read_status(run_path(sweep_dir, p["run_id"])) is not None:
+                entry["flag"] = "run already started"
+            ledger["predictions"].append(entry)
+        known_studies = {(e["round"], e["arm"]) for e in ledger["studies"]}
+        for e in studies:
+            if (e["round"], e["arm"]) not in known_studies:
+                ledger["studies"].append(
+                    dict(e, measured_gap=None, measured_winner=None, winner_right=None, covered=None)
+                )
+        atomic_write_json(ledger_path(sweep_dir), ledger)
+        _score(sweep_dir, ledger, None)
 
 
 def _measured(sweep_dir: Path, run_id: str, loss_column: str) -> float | None:
-    status = read_status(store.run_path(sweep_dir, run_id)) or {}
+    status = read_status(run_path(sweep_dir, run_id)) or {}
     if status.get("status") != "done":
         return None
     measured = status.get(loss_column)
@@ -107,10 +151,14 @@ def score(sweep_dir: str | Path, loss_column: str | None = None) -> list[dict[st
     """Fill in the measured loss of every prediction whose run is done, and the measured gap of every
     study entry whose two runs are; returns the newly scored predictions."""
     sweep_dir = Path(sweep_dir)
-    ledger = read_ledger(sweep_dir)
+    with locked(sweep_dir):
+        return _score(sweep_dir, read_ledger(sweep_dir), loss_column)
+
+
+def _score(sweep_dir: Path, ledger: dict[str, Any], loss_column: str | None) -> list[dict[str, Any]]:
     scored = []
     for p in ledger["predictions"]:
-        if p.get("measured") is not None:
+        if p.get("measured") is not None or p.get("flag"):
             continue
         measured = _measured(sweep_dir, p["run_id"], loss_column or p.get("loss_column") or "final_val_loss")
         if measured is None:
@@ -183,8 +231,10 @@ def format_ledger(ledger: dict[str, list[dict[str, Any]]]) -> str:
     for p in ledger["predictions"]:
         lo, hi = p["interval"]
         measured = f"{p['measured']:.4f}" if p.get("measured") is not None else "pending"
+        measured = "not scored" if p.get("flag") else measured
         err = f"{p['rel_error']:+.2%}" if p.get("rel_error") is not None else ""
         cov = "" if p.get("covered") is None else ("yes" if p["covered"] else "NO")
+        cov = f"({p['flag']})" if p.get("flag") else cov
         lines.append(
             f"  {p['round']:>5} {p['run_id']:12} {p['kind']:16} {p['params']:>10,} {p['tokens']:>12,} "
             f"{p['flops']:>9.3g} {p['predicted']:>9.4f} [{lo:.4f}, {hi:.4f}] {measured:>9} {err:>7} {cov}"
