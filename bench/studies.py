@@ -23,6 +23,8 @@ not trained. In order:
    vs measured gaps, and decision accuracy (single-scale ranking at each budget vs the law's).
 
 Interrupted, it resumes: finished runs are found in the store and the latest round is reopened.
+`--no-target` stops after step 2 (the design's runs, the fits, m(C), the predicted gap and verdict in
+the ledger) and reports what is there; a later run without it trains the decisive pair.
 
 Why these arms (all chosen to have an effect at this scale; the figures are in docs/studies.md):
 - arch: a GELU MLP (2 matrices of 3/2 the SwiGLU width) against SwiGLU: the same N, shapes and
@@ -100,8 +102,9 @@ def _decisive_round(sweep_dir: Path) -> Path | None:
     return sweep_dir / "rounds" / f"round_{k}.yaml" if record.get("kind") == "decisive" else None
 
 
-def run_study(study: str, root: Path, log=print) -> tuple[dict[str, float], DecisionTable]:
-    """Steps 1-4 of the module docstring for one study; (wall times in s, its decision table)."""
+def run_study(study: str, root: Path, log=print, target: bool = True) -> tuple[dict[str, float], DecisionTable]:
+    """Steps 1-4 of the module docstring for one study (step 3 only with `target`); (wall times in s,
+    its decision table)."""
     sweep_dir = root / f"study-{study}"
     times: dict[str, float] = {}
     t0 = time.time()
@@ -115,9 +118,10 @@ def run_study(study: str, root: Path, log=print) -> tuple[dict[str, float], Deci
         log(format_study_proposal(proposal))
         spec_path = proposal.spec_path
     times["fit and proposal"] = time.time() - t0
-    t0 = time.time()
-    launch(load_sweep(spec_path), sweep_dir, spec_text=spec_path.read_text(), spec_name=spec_path.stem, num_cpus=1)
-    times["target runs"] = time.time() - t0
+    if target:
+        t0 = time.time()
+        launch(load_sweep(spec_path), sweep_dir, spec_text=spec_path.read_text(), spec_name=spec_path.stem, num_cpus=1)
+        times["target runs"] = time.time() - t0
     t0 = time.time()
     ledger.score(sweep_dir)
     log(format_study(fit_study(sweep_dir)))
@@ -134,10 +138,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--study", choices=[*STUDIES, "all"], required=True)
     ap.add_argument("--out", default="results/studies", help="the store root (holding the demo's sweep)")
+    ap.add_argument("--no-target", action="store_true", help="stop before training the decisive pair at the target")
     args = ap.parse_args()
     tables = []
     for study in STUDIES if args.study == "all" else [args.study]:
-        times, table = run_study(study, Path(args.out))
+        times, table = run_study(study, Path(args.out), target=not args.no_target)
         tables.append(table)
         print(f"study {study} wall times: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()))
     if len(tables) > 1:
