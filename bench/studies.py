@@ -61,6 +61,7 @@ from scalelab.sweeps.study_fit import fit_study, format_study
 from scalelab.sweeps.study_propose import format_study_proposal, propose_study_round
 
 TARGET_FLOPS = 2e13  # 10x the demo design's largest budget
+MAX_REMEDY = 2  # remedy (or narrowing) rounds trained before the study stops short of the decisive one
 STUDIES: dict[str, dict[str, Any]] = {
     "arch": {
         "description": "SwiGLU vs a GELU MLP at equal parameters and FLOPs per token",
@@ -93,13 +94,19 @@ def spec_text(study: str) -> str:
     return yaml.safe_dump(study_spec(study), sort_keys=False)
 
 
-def _decisive_round(sweep_dir: Path) -> Path | None:
-    """The spec of the study's latest round when it is a decisive one (a rerun launches it again)."""
+def _latest_round(sweep_dir: Path) -> tuple[Path | None, str | None]:
+    """The spec and kind (remedy | narrow | decisive) of the study's latest round; (None, None): none."""
     k = latest_round(sweep_dir)
     if not k:
-        return None
+        return None, None
     record = json.loads((sweep_dir / "fits" / f"round_{k}.json").read_text())
-    return sweep_dir / "rounds" / f"round_{k}.yaml" if record.get("kind") == "decisive" else None
+    return sweep_dir / "rounds" / f"round_{k}.yaml", record.get("kind")
+
+
+def _launch_round(spec_path: Path, sweep_dir: Path, log) -> None:
+    launch(
+        load_sweep(spec_path), sweep_dir, spec_text=spec_path.read_text(), spec_name=spec_path.stem, num_cpus=1, log=log
+    )
 
 
 def run_study(study: str, root: Path, log=print, target: bool = True) -> tuple[dict[str, float], DecisionTable]:
@@ -112,15 +119,22 @@ def run_study(study: str, root: Path, log=print, target: bool = True) -> tuple[d
     launch(sweep, sweep_dir, spec_text=spec_text(study), spec_name=f"study-{study}", num_cpus=1, log=log)
     times["design runs"] = time.time() - t0
     t0 = time.time()
-    spec_path = _decisive_round(sweep_dir)
-    if spec_path is None:
+    # a round that is not the decisive one (an arm's gates failed: remedy runs) is trained and the arms
+    # refitted, as `sweep launch --rounds` does, at most MAX_REMEDY times; a rerun relaunches the
+    # latest round (its finished runs are skipped)
+    spec_path, kind = _latest_round(sweep_dir)
+    for _ in range(MAX_REMEDY + 1):
+        if kind == "decisive":
+            break
+        if spec_path is not None:
+            _launch_round(spec_path, sweep_dir, log)
         proposal = propose_study_round(sweep_dir, decide=True, log=log)
         log(format_study_proposal(proposal))
-        spec_path = proposal.spec_path
-    times["fit and proposal"] = time.time() - t0
-    if target:
+        spec_path, kind = proposal.spec_path, proposal.kind
+    times["rounds before the target (fits, proposals, remedy runs)"] = time.time() - t0
+    if target and kind == "decisive":
         t0 = time.time()
-        launch(load_sweep(spec_path), sweep_dir, spec_text=spec_path.read_text(), spec_name=spec_path.stem, num_cpus=1)
+        _launch_round(spec_path, sweep_dir, log)
         times["target runs"] = time.time() - t0
     t0 = time.time()
     ledger.score(sweep_dir)
