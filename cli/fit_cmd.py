@@ -38,9 +38,29 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--law",
         default=None,
-        help="law form for approach 3 (default chinchilla; a sweep store: its spec's fit.law); auto: chosen by "
-        "backtest; lr_annealing, lr_area, lr_annealing_sized: curve laws (need curves: a sweep directory or a "
-        "table of logged steps)",
+        help="law form for approach 3 (default chinchilla; a sweep store: its spec's fit.law); auto: the stacked "
+        "law (Chinchilla, and Kaplan when forward backtests say Chinchilla drifts; --candidates); select: one law "
+        "chosen by the held-out-largest backtest, curve laws included; lr_annealing, lr_area, lr_annealing_sized: "
+        "curve laws (need curves: a sweep directory or a table of logged steps)",
+    )
+    p.add_argument(
+        "--candidates",
+        default=None,
+        help="--law auto: the stacked forms, incumbent first, comma-separated (default chinchilla,kaplan; a form "
+        "may weight runs by compute: chinchilla@flops)",
+    )
+    p.add_argument(
+        "--evidence",
+        choices=("growth", "level"),
+        default=None,
+        help="--law auto: what moves weight off the incumbent: its forward error growing with distance (growth, "
+        "default) or nonzero per decade (level); docs/extrapolation.md",
+    )
+    p.add_argument(
+        "--params",
+        choices=("total", "nonembed"),
+        default=None,
+        help="sweep stores: fit on total parameters (default) or without the embedding table",
     )
     p.add_argument(
         "--stopped",
@@ -146,6 +166,9 @@ def _options(args: argparse.Namespace, store: pathlib.Path | None):
 
     given = dict(
         law=args.law,
+        candidates=tuple(c.strip() for c in args.candidates.split(",") if c.strip()) if args.candidates else None,
+        params=args.params,
+        evidence=args.evidence,
         approach=args.approach,
         loss=args.loss_col,
         stopped=args.stopped,
@@ -171,7 +194,9 @@ def _fit(args: argparse.Namespace):
     from scalelab.fitting.io import read_runs
     from scalelab.fitting.laws import CURVE_LAWS
 
-    wants_curves = args.law == "auto" or args.law in CURVE_LAWS
+    if (args.candidates or args.evidence) and args.law != "auto":
+        raise UsageError("--candidates, --evidence: options of --law auto; add --law auto")
+    wants_curves = args.law == "select" or args.law in CURVE_LAWS
     path = objects.local_view(args.data, "DATA") if objects.is_url(args.data) else pathlib.Path(args.data)
     if path.is_dir():
         from scalelab.sweeps.run_curves import store_curves
@@ -232,13 +257,21 @@ def run_fit(args: argparse.Namespace) -> int:
         from scalelab.sweeps.proposal_text import format_gates
 
         print(format_gates(report["gates"]))
-    if "selection" in report:
+    if "stacked" in report:
+        _print_stacked(report["stacked"])
+    elif "selection" in report:
         _print_selection(report["selection"])
     for w in report["warnings"]:
         print(f"warning: {w}")
     if args.out is not None:
         print(f"saved {args.out}")
     return 0
+
+
+def _print_stacked(st: dict) -> None:
+    from scalelab.fitting.ensemble import format_stacked
+
+    print("\n".join(format_stacked(st)))
 
 
 def _print_selection(sel: dict) -> None:

@@ -103,6 +103,9 @@ def add_parser(sub) -> None:
         action="store_true",
         help="a study: propose the decisive pair at the target now, even while the arms are not told apart",
     )
+    q.add_argument(
+        "--seeds", type=int, default=1, help="train the compute-optimal run with this many seeds (each one scored)"
+    )
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_next)
 
@@ -358,6 +361,7 @@ def run_next(args) -> int:
         budget_flops=args.budget_flops,
         step=args.step,
         replicates=args.replicates,
+        seeds=args.seeds,
         log=(lambda m: None) if args.json else print,
     )
     _log_fit_runs(args.sweep_dir, (lambda m: print(m, file=sys.stderr)) if args.json else print)
@@ -373,6 +377,8 @@ def _next_study(args) -> int:
 
     if args.target_flops is not None:
         raise UsageError("--target-flops: a study's target is its study.target_flops; edit the spec's study section")
+    if args.seeds != 1:
+        raise UsageError("--seeds: a study's decisive pair is one run per arm; add seeds to the spec's design instead")
     proposal = propose_study_round(
         args.sweep_dir,
         budget_flops=args.budget_flops,

@@ -261,10 +261,18 @@ class RefitBootstrap:
     n_failed: int  # degenerate resamples (too few distinct runs) left out of `draws`
 
 
+REFIT_TOLERANCES = {"gtol": 1e-9, "ftol": 1e-14}  # see refit_law
+
+
 def refit_law(law: Law, data: Mapping[str, np.ndarray], starts: np.ndarray, weights=None, **fit_kwargs) -> FitResult:
     """The refit of a bootstrap replicate or a backtest fold: fit_law from `starts`, one polish, no
-    diagnostics (the point fit already reported them)."""
-    return fit_law(law, data, starts=starts, weights=weights, diagnose=False, n_polish=1, **fit_kwargs)
+    diagnostics (the point fit already reported them), run to tight tolerances. A summed Huber loss
+    on log residuals is ~1e-5 near its optimum and so is its gradient: with L-BFGS-B's default
+    gtol (1e-5) a refit started at the full fit's optimum stops there, so replicates would not
+    spread and a backtest fold would score the full fit, not its own."""
+    return fit_law(
+        law, data, starts=starts, weights=weights, diagnose=False, n_polish=1, **{**REFIT_TOLERANCES, **fit_kwargs}
+    )
 
 
 def refit_bootstrap(

@@ -7,10 +7,11 @@ Every caller - `scalelab fit`, `sweep next`, `scalelab report`, the benches - bu
 a sweep store's are built from its spec's `fit:` section (scalelab.sweeps.store_fit.fit_options),
 so on one store the three commands fit with the same options and agree on every number.
 
-`law` is the one field that chooses what is fitted: a law name (scalelab.fitting.laws), or "auto"
-(the best of `candidates` by the held-out-largest-budget backtest, scalelab.fitting.select). It is
-read in one place, scalelab.fitting.fit_runs.fit_law_choice: a third kind of choice (several
-candidate laws with weights, a model average) is added there and as a new type of this field.
+`law` is the one field that chooses what is fitted: a law name (scalelab.fitting.laws); "auto", the
+stacked law (the `candidates`' forms weighted by forward backtests, scalelab.fitting.ensemble: the
+first candidate predicts alone unless the forward evidence moves weight off it); or "select" (the
+best of `candidates` by the held-out-largest-budget backtest, scalelab.fitting.select, curve laws
+included). It is read in one place, scalelab.fitting.fit_runs.fit_law_choice.
 """
 
 from __future__ import annotations
@@ -25,14 +26,18 @@ LEVEL = 0.95
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FitOptions:
     # what is fitted
-    law: str = "chinchilla"  # a law name, or "auto": the best of `candidates` by backtest
-    candidates: tuple[str, ...] | None = None  # law "auto": the laws compared (None: every law the data allow)
+    law: str = "chinchilla"  # a law name; "auto": the stacked law; "select": the best of `candidates` by backtest
+    candidates: tuple[str, ...] | None = None  # auto: the stacked forms, incumbent first (None: chinchilla, kaplan);
+    # select: the laws compared (None: every law the data allow)
+    evidence: str = "growth"  # auto: what moves weight off the incumbent (scalelab.fitting.stacking.StackRule):
+    # growth (its forward error grows with distance) | level (its forward error per decade is nonzero)
     require_optimum: bool = False  # one law of N and D with a compute-optimal allocation (the loop proposes
     # from N*(C)): when "auto" picks a curve law or the average, the best-scored such law is fitted instead
     approach: int = 3  # 1 (envelope), 2 (IsoFLOP parabolas) or 3 (parametric law), Chinchilla's approaches
     # which runs and values (a sweep store's runs table: scalelab.sweeps.store_fit)
     loss: str = "loss"  # the loss column
     flops: str = "6n"  # 6n | exact: a run's FLOPs where it has no IsoFLOP budget label
+    params: str = "total"  # total | nonembed: the N a law is fitted on (a store's params or params_nonembed)
     stopped: str = "exclude"  # runs stopped early: left out, or "include"d at their predicted loss and weight
     # how it is fitted: Huber on log loss (delta), L-BFGS from `starts` rows of the law's init grid
     objective: str = "huber"  # huber | squared
@@ -64,7 +69,9 @@ class FitOptions:
         for name, value, allowed in (
             ("objective", self.objective, ("huber", "squared")),
             ("flops", self.flops, ("6n", "exact")),
+            ("params", self.params, ("total", "nonembed")),
             ("stopped", self.stopped, ("include", "exclude")),
+            ("evidence", self.evidence, ("growth", "level")),
         ):
             if value not in allowed:
                 raise UsageError(f"{name} {value!r} is not known; use {' or '.join(allowed)}")

@@ -40,6 +40,7 @@ from scalelab.fitting.approaches import group_budgets
 from scalelab.fitting.backtest import holdout_backtest, law_fitter, leave_one_budget_out
 from scalelab.fitting.bootstrap import refit_bootstrap
 from scalelab.fitting.curves import RunCurve
+from scalelab.fitting.ensemble import DEFAULT_CANDIDATES, fit_stacked, parse_candidate
 from scalelab.fitting.fit import fit_law, subsample_starts
 from scalelab.fitting.fit_approaches import fit_approach, fit_curve_choice
 from scalelab.fitting.fit_options import FitOptions
@@ -50,6 +51,7 @@ from scalelab.fitting.laws import CURVE_LAWS, Law, get_law
 from scalelab.fitting.predictive import extrapolation_error
 from scalelab.fitting.scaling_fit import ScalingFit, optimum_fn
 from scalelab.fitting.select import select_law
+from scalelab.fitting.stacking import StackRule
 
 BACKTEST_STARTS = 16  # grid rows added to the full fit's optimum in each backtest refit
 MAX_LOBO_BUDGETS = 12  # leave-one-budget-out refits once per budget; above this it is skipped
@@ -96,13 +98,16 @@ def fit_runs(table: RunTable, options: FitOptions | None = None, *, curves: list
 
 
 def fit_law_choice(table: RunTable, options: FitOptions, curves: list[RunCurve] | None) -> ScalingFit:
-    """Approach 3 for `options.law`: a named law, or "auto" - the one place that reads the choice."""
+    """Approach 3 for `options.law`: a named law, "auto" (stacked) or "select" - the one place that
+    reads the choice."""
     law = options.law
     if law in CURVE_LAWS and not curves:
         raise UsageError(f"law {law} is fitted on loss curves: pass a sweep directory or a table of logged steps")
-    if law != "auto" and law not in CURVE_LAWS:
-        return fit_law_runs(table, law, options)
     if law == "auto":
+        return fit_stacked_runs(table, options)
+    if law != "select" and law not in CURVE_LAWS:
+        return fit_law_runs(table, law, options)
+    if law == "select":
         kwargs = {} if options.candidates is None else {"candidates": options.candidates}
     else:  # a curve law: its backtest comes from the selection protocol with it as the only candidate
         kwargs = {"candidates": [law], "incumbent": None}
@@ -118,6 +123,59 @@ def fit_law_choice(table: RunTable, options: FitOptions, curves: list[RunCurve] 
         return fit_curve_choice(table, curves, sel, options)
     fit = fit_law_runs(table, chosen, options)
     fit.selection = selection
+    return fit
+
+
+def forward_groups(table: RunTable) -> tuple[np.ndarray, np.ndarray | None]:
+    """(group per run, scored mask) ordering a table's forward folds by compute.
+
+    The table's `group` column when it has one; a table of checkpoints (sizes repeated down the
+    rows) groups by model size and scores each model on its last 30% of tokens (its checkpoints
+    before that sit inside the smaller models' compute); otherwise the FLOP budgets."""
+    if table.group is not None:
+        return np.asarray(table.group), None
+    sizes, counts = np.unique(table.params, return_counts=True)
+    if sizes.size < len(table) / 2:
+        last = np.array([t >= 0.7 * table.tokens[table.params == n].max() for n, t in zip(table.params, table.tokens)])
+        return table.params, last
+    return group_budgets(table.flops), None
+
+
+def fit_stacked_runs(table: RunTable, options: FitOptions) -> ScalingFit:
+    """Law "auto": the incumbent (the first candidate) fitted as one law - its intervals, backtests,
+    gates and compute-optimal allocation - and every candidate stacked by forward backtests for the
+    loss predictions (scalelab.fitting.ensemble)."""
+    names = tuple(options.candidates or DEFAULT_CANDIDATES)
+    incumbent, weighting = parse_candidate(names[0])
+    if weighting != "equal":
+        raise UsageError(f"candidates: the incumbent {names[0]!r} must weight runs equally (list it first plain)")
+    for name in names:
+        parse_candidate(name)
+    fit = fit_law_runs(table, incumbent, options)
+    groups, scored = forward_groups(table)
+    fit.stacked = fit_stacked(
+        params=table.params,
+        tokens=table.tokens,
+        loss=table.loss,
+        flops=table.flops,
+        groups=groups,
+        scored=scored,
+        weights=table.weight,
+        candidates=names,
+        noise=fit.residual_scale,
+        bootstrap=options.bootstrap,
+        seed=options.seed,
+        level=options.level,
+        rule=StackRule(evidence=options.evidence),
+    )
+    fit.stacked.incumbent_extrapolation = fit.extrapolation
+    st = fit.stacked.stack
+    fit.selection = {
+        "protocol": "forward backtests (rolling origin over compute), stacked in log space",
+        "rule": st.reason,
+        "weights": dict(st.weights),
+        "chosen": "stacked" if st.adopted else incumbent,
+    }
     return fit
 
 

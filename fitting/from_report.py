@@ -14,9 +14,11 @@ import numpy as np
 
 from scalelab.errors import UsageError
 from scalelab.fitting import allocate as alloc
+from scalelab.fitting.ensemble import StackedFit
 from scalelab.fitting.fit_options import LEVEL
 from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.laws import CURVE_LAWS, get_law
+from scalelab.fitting.predictive import interval_from_parts
 
 
 def sample_rows(samples: dict[str, list[float]]) -> list[dict[str, float]]:
@@ -61,6 +63,8 @@ def predict_from_fit(
             f"a {fit['law']} fit predicts runs from their LR schedules, not from (N, D): use "
             "scalelab.fitting.curves.CurveFit.predict_final on a RunCurve"
         )
+    if fit.get("stacked"):
+        return _predict_stacked(fit, params=params, tokens=tokens, flops=flops, level=level)
     law = get_law(fit["law"])
     given = {"params": params, "tokens": tokens, "flops": flops, "unique_tokens": unique_tokens}
     given = {k: np.atleast_1d(np.asarray(v, dtype=float)) for k, v in given.items() if v is not None}
@@ -92,6 +96,34 @@ def predict_from_fit(
     if "flops" in given and set(law.inputs) == {"params", "tokens"}:
         return allocate_from_fit(fit, flops=given["flops"], level=level)
     raise UsageError(f"law {law.name} needs {' and '.join('--' + k for k in law.inputs)} (or --flops C)")
+
+
+def _predict_stacked(fit: dict, *, params, tokens, flops, level: float) -> dict:
+    """Law "auto": the stacked law's loss at (N, D), or at the incumbent's compute-optimal (N*, D*)
+    given only --flops. loss_interval: the law's own uncertainty (bootstrap and weights);
+    loss_prediction_interval: a new run's (plus its noise and the drift out of sample)."""
+    sf = StackedFit.from_dict({**fit["stacked"], "level": level})
+    if params is None and tokens is None and flops is not None:
+        alloc_out = allocate_from_fit(fit, flops=flops, level=level)
+        n = np.array([a["n_opt"] for a in alloc_out["allocations"]])
+        d = np.array([a["d_opt"] for a in alloc_out["allocations"]])
+    elif params is not None and tokens is not None:
+        try:
+            n, d = np.broadcast_arrays(_positive(params, "--params"), _positive(tokens, "--tokens"))
+        except ValueError:
+            raise UsageError("--params/--tokens take one value each or equally many values") from None
+    else:
+        raise UsageError("a stacked fit predicts at --params and --tokens (or at --flops C's optimum)")
+    out = {"params": n.tolist(), "tokens": d.tolist(), "loss": [], "loss_interval": [], "loss_prediction_interval": []}
+    for ni, di in zip(n, d):
+        pi = sf.predict_interval(float(ni), float(di))
+        own = interval_from_parts(pi.point, {k: pi.parts[k] for k in ("bootstrap", "weights")}, level)
+        out["loss"].append(pi.point)
+        out["loss_interval"].append([own.lo, own.hi])
+        out["loss_prediction_interval"].append([pi.lo, pi.hi])
+    out["weights"] = sf.weights
+    out["level"] = level
+    return out
 
 
 def _optimum_of_fit(fit: dict):

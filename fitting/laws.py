@@ -10,7 +10,8 @@ reported in natural form (`param_names`, e.g. E) via `to_natural` / `to_fit`.
     law.predict({"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28},
                 params=np.array([1e9]), tokens=np.array([2e10]))
 
-Registry names: "chinchilla", "kaplan", "power_law" (with E), "power_law_no_e", "data_constrained",
+Registry names: "chinchilla", "kaplan", "farseer" (Chinchilla with an N-dependent data term),
+"power_law" (with E), "power_law_no_e", "data_constrained",
 and the loss-curve laws "lr_annealing" and "lr_area" (inputs from fitting/lr_areas.py, fitted on
 every checkpoint of every run by fitting/curves.py).
 """
@@ -255,6 +256,37 @@ class Kaplan(Law):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Farseer(Law):
+    """Chinchilla with a data term whose coefficient depends on the model size:
+
+        L(N, D) = E + A / N^alpha + B (N / 1e6)^gamma / D^beta
+
+    Farseer (Li et al. 2025, "Predictable Scale: Part II") lets the data term's coefficient and
+    exponent vary with N; this is its one-parameter case (gamma = 0 is Chinchilla). gamma is
+    identified only by runs that vary D at several N far enough apart: an IsoFLOP design ties D to
+    N within a budget, so gamma trades against alpha and beta unless the budgets span a wide range
+    (scalelab.fitting.identify measures whether a design pins it). N is scaled by 1e6 so that B keeps
+    Chinchilla's order of magnitude. Fitted in log space (g = gamma).
+    """
+
+    name: str = "farseer"
+    param_names: tuple[str, ...] = ("E", "A", "B", "alpha", "beta", "gamma")
+    fit_names: tuple[str, ...] = ("e", "a", "b", "alpha", "beta", "gamma")
+    inputs: tuple[str, ...] = ("params", "tokens")
+    fit_bounds: tuple[tuple[float, float], ...] = (*Chinchilla.fit_bounds, (-1.0, 1.0))
+    log_fit: tuple[bool, ...] = (True, True, True, False, False, False)
+
+    def log_predict_fit(self, theta: torch.Tensor, x: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        e, a, b, alpha, beta, gamma = (theta[:, i : i + 1] for i in range(6))
+        log_n, log_d = torch.log(x["params"]), torch.log(x["tokens"])
+        return _lse(a - alpha * log_n, b + gamma * (log_n - math.log(1e6)) - beta * log_d, e)
+
+    def init_grid(self) -> np.ndarray:
+        base = Chinchilla.init_grid(self)[::4]
+        return np.concatenate([np.column_stack([base, np.full(len(base), g)]) for g in (-0.2, 0.0, 0.2)])
+
+
+@dataclass(frozen=True, kw_only=True)
 class PowerLaw(Law):
     """Power law in compute with an irreducible term:  L(C) = E + A * C^-alpha.
 
@@ -493,6 +525,7 @@ class LRArea(Law):
 _REGISTRY: dict[str, type[Law]] = {
     "chinchilla": Chinchilla,
     "kaplan": Kaplan,
+    "farseer": Farseer,
     "power_law": PowerLaw,
     "power_law_no_e": PowerLawNoE,
     "data_constrained": DataConstrained,

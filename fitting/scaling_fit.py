@@ -29,6 +29,7 @@ import scalelab
 from scalelab.errors import UsageError
 from scalelab.fitting.allocate import optimum_for_law
 from scalelab.fitting.bootstrap import Replicate, refit_with_runs
+from scalelab.fitting.ensemble import StackedFit
 from scalelab.fitting.fit import FitResult
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.gates import GateReport
@@ -100,6 +101,7 @@ class ScalingFit:
     extrapolation: ExtrapolationError | None = None
     gates: GateReport | None = None
     target_flops: float | None = None  # where the gates were checked
+    stacked: StackedFit | None = None  # law "auto": the forms stacked by forward evidence; it predicts losses
 
     # --- the runs --------------------------------------------------------------------------------
 
@@ -167,7 +169,10 @@ class ScalingFit:
         return self.extrapolation or ExtrapolationError(per_decade=None, n_runs=0, n_folds=0, max_decades=0.0)
 
     def predict_interval(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
-        """Point prediction at (N, D) and its interval: bootstrap + run noise + extrapolation error."""
+        """Point prediction at (N, D) and its interval: bootstrap + run noise + extrapolation error
+        (law "auto": the stacked law's, with the weights' spread as a fourth part)."""
+        if self.stacked is not None:
+            return self.stacked.predict_interval(n, d, flops)
         reps = np.array([float(self.predict(n, d, p)) for p in self.draws])
         return prediction_interval(
             float(self.predict(n, d)),
@@ -179,7 +184,11 @@ class ScalingFit:
         )
 
     def optimum_interval(self, flops: float) -> PredictionInterval:
-        """The compute-optimal loss L*(C) with the same three-part interval."""
+        """The compute-optimal loss L*(C) with the same three-part interval (law "auto": the stacked
+        law's prediction at the incumbent's compute-optimal N*, D*, the run the loop proposes)."""
+        if self.stacked is not None:
+            n, d, _ = self.optimum(flops)
+            return self.stacked.predict_interval(n, d, flops)
         point = self.optimum(flops)[2]
         reps = []
         for p in self.draws:
@@ -250,6 +259,7 @@ class ScalingFit:
                 "budgets": self.budgets.tolist(),
             },
             "method": METHOD,
+            **({"stacked": self.stacked.to_dict()} if self.stacked is not None else {}),
         }
 
     def to_report(self, *, keep_samples: bool = False) -> dict[str, Any]:
@@ -276,6 +286,9 @@ class ScalingFit:
             report["gates"] = self.gates.to_dict()
         if self.selection is not None:
             report["selection"] = self.selection
+        if self.stacked is not None:
+            report["stacked"] = self.stacked.to_dict()
+            report["stacked"]["residual_scale"] = finite_or_none(self.residual_scale)
         report["level"] = self.level
         t = self.table
         report["inputs"] = {"flops": t.flops_source, "tokens": t.tokens_source, "n_rows": len(t)}

@@ -215,9 +215,11 @@ def format_ledger(ledger: dict[str, list[dict[str, Any]]]) -> str:
             parts.append(f"{name}={value:.4g}{band}")
         gates = f.get("gates") or {}
         verdict = "pass" if gates.get("passed") else "FAIL: " + ",".join(gates.get("failed", []))
-        lines.append(
-            f"  {f['round']:>5} {len(f.get('run_ids', [])):>4}  {f['law']:10} {verdict:24} " + ", ".join(parts)
-        )
+        law = "auto" if f.get("stacked") else f["law"]
+        lines.append(f"  {f['round']:>5} {len(f.get('run_ids', [])):>4}  {law:10} {verdict:24} " + ", ".join(parts))
+        if f.get("stacked"):
+            weights = ", ".join(f"{k} {w:.2f}" for k, w in f["stacked"]["weights"].items())
+            lines.append(f"        stacked: {weights}; {(f.get('selection') or {}).get('rule', '')}")
         for name, d in (f.get("drift") or {}).items():
             lines.append(
                 f"        drift: {name}={d['value']:.4g} is outside the previous round's interval "

@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from scalelab import store
+from scalelab.fitting.ensemble import format_parts, format_stacked
 from scalelab.store import ledger
 from scalelab.sweeps.proposal import Proposal
 from scalelab.sweeps.proposal_text import format_gates
@@ -75,7 +76,7 @@ def demo_spec(quick: bool = False) -> dict[str, Any]:
             "tolerance": 0.05,
         },
         "execution": {"max_failures": 2, "cpus_per_run": 1},
-        "fit": {"law": "chinchilla", "loss": "final_val_loss", "bootstrap": 32, "noise_floor": 0.0056},
+        "fit": {"law": "auto", "loss": "final_val_loss", "bootstrap": 32, "noise_floor": 0.0056},
     }
 
 
@@ -159,9 +160,8 @@ def run_demo(
     log(f"  run {p['run_id']}: N={p['params']:,} params, D={p['tokens']:,} tokens, C={p['flops']:.3g} FLOPs")
     parts = p["interval_parts"]
     log(
-        f"  predicted val loss {predicted:.4f}  95% interval [{lo:.4f}, {hi:.4f}]  (log-sd parts: bootstrap "
-        f"{parts['bootstrap']:.4f}, run noise {parts['noise']:.4f}, extrapolation {parts['extrapolation']:.4f} "
-        f"at {parts['decades']:.2f} decades)"
+        f"  predicted val loss {predicted:.4f}  95% interval [{lo:.4f}, {hi:.4f}]  (log-sd parts: "
+        f"{format_parts(parts)})"
     )
     error = None
     if measured is not None:
@@ -227,4 +227,6 @@ def _print_fit(proposal: dict[str, Any], log) -> None:
             f"    out-of-sample error {ext['per_decade']:.2%} per decade of extrapolation "
             f"(from {ext['n_runs']} backtest runs)"
         )
+    if fit.get("stacked"):
+        log("  " + "\n  ".join(format_stacked(fit["stacked"], indent="    ")))
     log("  " + format_gates(proposal["gates"]).replace("\n", "\n  "))

@@ -20,7 +20,7 @@ from typing import Any
 
 from scalelab.config_tree import to_dict
 from scalelab.errors import ConfigError
-from scalelab.models.accounting import num_params
+from scalelab.models.accounting import num_params, num_params_nonembedding
 from scalelab.models.shapes import shape_for_params
 from scalelab.sweeps.recipe import Recipe, parse_recipe
 from scalelab.train.config import DataConfig, TrainLoopConfig, padded_vocab_size
@@ -80,10 +80,13 @@ class DesignContext:
             return int(round(target_tokens))
         return max(int(round(target_tokens / self.tokens_per_step)), 0) * self.tokens_per_step
 
-    def shape(self, target_params: float, key: str, exclude: frozenset = frozenset()) -> dict[str, Any]:
+    def shape(
+        self, target_params: float, key: str, exclude: frozenset = frozenset(), count: str = "total"
+    ) -> dict[str, Any]:
         """Model fields for a target size by the shape rule, keeping the base's pass-through keys.
 
-        `exclude`: (num_layers, d_model) pairs already used, so a design's sizes stay distinct."""
+        `exclude`: (num_layers, d_model) pairs already used, so a design's sizes stay distinct.
+        `count`: "total" or "nonembedding": which parameter count the target is."""
         model = self.base.get("model") or {}
         extra = {k: model[k] for k in SHAPE_PASSTHROUGH if k in model}
         extra.setdefault("max_seq_len", max(self.seq_len, 128))
@@ -91,17 +94,18 @@ class DesignContext:
             r = self.recipe.shape
             extra |= dict(min_layers=r.min_layers, width_per_layer=r.width_per_layer, min_width=r.min_width)
         extra["exclude"] = exclude
+        counter = num_params if count == "total" else num_params_nonembedding
 
         # Tiny sizes are coarse (one layer or 16 channels is a big step): when the rule cannot meet
         # a target within its tolerance, take the buildable shape nearest to it (within ~35%).
         found, error = [], None
         for factor in (1.0, 1.15, 1 / 1.15, 1.3, 1 / 1.3):
             try:
-                cfg = shape_for_params(target_params * factor, vocab_size=self.vocab_size, **extra)
+                cfg = shape_for_params(target_params * factor, vocab_size=self.vocab_size, count=count, **extra)
             except ConfigError as e:
                 error = e
                 continue
-            found.append((abs(math.log(num_params(cfg) / target_params)), cfg))
+            found.append((abs(math.log(counter(cfg) / target_params)), cfg))
             if factor == 1.0:
                 break
         if not found:

@@ -153,11 +153,15 @@ class Proposal:
 
 def round_spec(raw: dict[str, Any], runs: list[RunSpec], k: int, runs_labels: list[dict[str, Any]]) -> dict[str, Any]:
     """The round's spec (rounds/round_K.yaml): the sweep's base, execution, fit and recipe, and one
-    `points` entry per run (its resolved shape and token count, and `runs_labels`)."""
+    `points` entry per run (its resolved shape and token count, its training seed where it is not the
+    base's - a seed replicate - and `runs_labels`)."""
+    base_seed = ((raw.get("base") or {}).get("train") or {}).get("seed", 0)
     points = []
     for run, labels in zip(runs, runs_labels):
         model = run.config["model"]
         over = {f"model.{f}": model[f] for f in SHAPE_FIELDS} | {"train.num_tokens": run.num_tokens}
+        if run.config["train"]["seed"] != base_seed:
+            over["train.seed"] = run.config["train"]["seed"]
         points.append({**over, "labels": labels})
     spec = {"name": f"{raw.get('name', 'sweep')}-round_{k}", "base": raw.get("base") or {}, "points": points}
     for key in ("execution", "fit", "recipe"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from scalelab.fitting.ensemble import format_stacked
+
 
 def format_proposal(p: dict[str, Any]) -> str:
     fit = p["fit"]
@@ -35,8 +37,10 @@ def format_proposal(p: dict[str, Any]) -> str:
             f"  out-of-sample error: {ext['per_decade']:.2%} per decade of extrapolation "
             f"({ext['n_runs']} backtest runs)"
         )
+    if fit.get("stacked"):
+        lines += ["  " + line for line in format_stacked(fit["stacked"], indent="    ")]
     sel = fit.get("selection")
-    if sel:
+    if sel and "candidates" in sel:
         scores = ", ".join(
             f"{c['name']} {c['mare']:.2%}" if "mare" in c else f"{c['name']} (skipped)" for c in sel["candidates"]
         )

@@ -48,7 +48,7 @@ from scalelab.config_tree import from_dict
 from scalelab.errors import ConfigError, UsageError
 from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.scaling_fit import ScalingFit, code_version
-from scalelab.models.accounting import num_params
+from scalelab.models.accounting import num_params, num_params_nonembedding
 from scalelab.models.config import ModelConfig
 from scalelab.store import ledger
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
@@ -71,14 +71,22 @@ class Candidate:
     budget: float  # the FLOP budget it is designed for
     shape: dict[str, Any]  # model fields (scalelab.sweeps.design_context.DesignContext.shape)
     num_tokens: int
-    params: int  # N of the shape
+    params: int  # N of the shape (total: its FLOPs are 6 N D)
+    params_fit: int  # N in the fit's accounting (total, or without the embedding table)
 
     @classmethod
-    def at(cls, ctx: DesignContext, n_target: float, flops: float, kind: str, exclude=frozenset()) -> Candidate:
-        shape = ctx.shape(max(n_target, 1.0), "proposal", exclude=exclude)
-        n = num_params(ModelConfig(**shape))
+    def at(
+        cls, ctx: DesignContext, n_target: float, flops: float, kind: str, exclude=frozenset(), count: str = "total"
+    ) -> Candidate:
+        """The shape for n_target (counted as `count`: the fit's N) and D = C / 6N (total N)."""
+        shape = ctx.shape(max(n_target, 1.0), "proposal", exclude=exclude, count=count)
+        cfg = ModelConfig(**shape)
+        n = num_params(cfg)
+        n_fit = n if count == "total" else num_params_nonembedding(cfg)
         tokens = ctx.round_tokens(flops / (6.0 * n))
-        return cls(kind=kind, budget=float(flops), shape=shape, num_tokens=int(tokens), params=int(n))
+        return cls(
+            kind=kind, budget=float(flops), shape=shape, num_tokens=int(tokens), params=int(n), params_fit=int(n_fit)
+        )
 
     @property
     def layers_width(self) -> tuple[int, int]:
@@ -98,7 +106,7 @@ def fit_sweep(
     target_flops: float | None = None,
     replicates: int | None = None,
     seed: int = 0,
-    fit_starts: int = FIT_STARTS,
+    fit_starts: int | None = FIT_STARTS,
 ) -> tuple[ScalingFit, dict[str, Any], FitSpec, list[str]]:
     """The loop's fit of a sweep's done runs: (ScalingFit, raw spec, fit spec, warnings)."""
     sweep_dir = Path(sweep_dir)
@@ -129,11 +137,14 @@ def propose_round(
     step: float = 3.0,
     replicates: int | None = None,
     max_runs: int = 4,
+    seeds: int = 1,
     seed: int = 0,
-    fit_starts: int = FIT_STARTS,
+    fit_starts: int | None = FIT_STARTS,
     log=print,
 ) -> Proposal:
     """Fit the sweep's done runs, gate the fit, and write the next round (module docstring)."""
+    if seeds < 1:
+        raise UsageError(f"--seeds must be >= 1, got {seeds}")
     sweep_dir = Path(sweep_dir)
     ledger.score(sweep_dir)
     raw_probe = read_spec(sweep_dir / "sweep.yaml") if store.is_sweep_dir(sweep_dir) else {}
@@ -150,20 +161,21 @@ def propose_round(
     execution = from_dict(ExecutionConfig, raw.get("execution") or {})
     ctx = DesignContext.from_base(raw.get("base") or {}, cpus_per_run=execution.cpus_per_run, recipe=raw.get("recipe"))
     if lf.gates.passed:
-        cands = [Candidate.at(ctx, lf.optimum(c_next)[0], c_next, "compute_optimal")]
+        cands = [Candidate.at(ctx, lf.optimum(c_next)[0], c_next, "compute_optimal", count=_count(lf))]
     else:
         log(f"gates failed: {', '.join(lf.gates.failed)}; proposing the runs that would pass them")
         cands = remedies(lf, ctx, c_next)
     k = next_round(sweep_dir)
     gains: dict[int, float] = {}
     candidates_scored = 0
-    if lf.gates.passed and max_runs > 1 and budget > cands[0].flops:
-        extra, gains, candidates_scored = _narrowing(lf, ctx, cands[0], target, budget, max_runs, log)
+    if lf.gates.passed and max_runs > seeds and budget > seeds * cands[0].flops:
+        extra, gains, candidates_scored = _narrowing(lf, ctx, cands[0], target, budget, max_runs, log, seeds=seeds)
         cands += extra
-    sweep = _resolve(raw, cands, k)
+    sweep = _resolve(raw, cands, k, seeds=seeds)
     runs = [_predicted(lf, r, fit_spec) for r in sweep.runs]
+    firsts = [r for r in runs if "seed_replicate" not in r.run.labels]  # one per candidate, in order
     for i, gain in gains.items():
-        runs[i].width_reduction = gain
+        firsts[i].width_reduction = gain
     loss_at_target = lf.optimum_interval(target)
     n_t, d_t, _ = lf.optimum(target)
     proposal = Proposal(
@@ -249,28 +261,31 @@ def _at_budget(ctx: DesignContext, lf: ScalingFit, flops: float, targets, kind: 
     out, used = [], set()
     for t in sorted(t for t in targets if t and t > 0):
         try:
-            c = Candidate.at(ctx, t, flops, kind, exclude=frozenset(used))
+            c = Candidate.at(ctx, t, flops, kind, exclude=frozenset(used), count=_count(lf))
         except ConfigError:
             continue  # below the smallest shape the rule can build
-        if c.params in have or c.layers_width in used:
+        if c.params_fit in have or c.layers_width in used:
             continue
         used.add(c.layers_width)
         out.append(c)
     return out
 
 
-def _narrowing(lf: ScalingFit, ctx: DesignContext, first: Candidate, target: float, budget: float, max_runs: int, log):
-    """Runs within the budget that most narrow the interval of L*(target) (module docstring, 3a).
+def _narrowing(
+    lf: ScalingFit, ctx: DesignContext, first: Candidate, target: float, budget: float, max_runs: int, log, seeds=1
+):
+    """Runs within the budget that most narrow the interval of L*(target) (module docstring, 3a); the
+    compute-optimal run's `seeds` copies are spent first.
 
     Returns (candidates, {index in the round: width reduction}, candidates scored)."""
-    first_nd = (first.params, first.num_tokens)
-    spent = first.flops
+    first_nd = (first.params_fit, first.num_tokens)
+    spent = seeds * first.flops
     cands: list[Candidate] = []
     for c in np.geomspace(lf.budgets.max(), first.budget, 3):
         n_opt = lf.optimum(c)[0]
         for mult in (0.4, 1.0, 2.5):
             try:
-                p = Candidate.at(ctx, n_opt * mult, c, "narrow_interval")
+                p = Candidate.at(ctx, n_opt * mult, c, "narrow_interval", count=_count(lf))
             except ConfigError:
                 continue
             if p.flops <= budget - spent and all(q.overrides() != p.overrides() for q in [first, *cands]):
@@ -281,10 +296,12 @@ def _narrowing(lf: ScalingFit, ctx: DesignContext, first: Candidate, target: flo
     base_width = _width(lf, lf.replicates_with([first_nd]), target)
     scored = []
     for p in cands:
-        scored.append((base_width - _width(lf, lf.replicates_with([first_nd, (p.params, p.num_tokens)]), target), p))
+        scored.append(
+            (base_width - _width(lf, lf.replicates_with([first_nd, (p.params_fit, p.num_tokens)]), target), p)
+        )
     picked, gains = [], {}
     for gain, p in sorted(scored, key=lambda t: -t[0] / t[1].flops):
-        if 1 + len(picked) >= max_runs or len(picked) >= MAX_NARROWING or not gain > 0:
+        if seeds + len(picked) >= max_runs or len(picked) >= MAX_NARROWING or not gain > 0:
             continue
         if spent + p.flops > budget:
             continue
@@ -305,28 +322,41 @@ def _width(lf: ScalingFit, draws: list[dict[str, float]], target: float) -> floa
     return hi - lo
 
 
-def _resolve(raw: dict[str, Any], cands: list[Candidate], k: int) -> Sweep:
-    """The round's runs, resolved once (recipe applied, ids hashed; a duplicate kept once)."""
+def _resolve(raw: dict[str, Any], cands: list[Candidate], k: int, seeds: int = 1) -> Sweep:
+    """The round's runs, resolved once (recipe applied, ids hashed; a duplicate kept once). The
+    compute-optimal run is repeated with `seeds` - 1 further training seeds (base seed + j): a
+    prediction scored on one run is scored on that run's noise."""
     spec = round_spec(raw, [], k, [])
     if not cands:  # no buildable run: an empty round
         execution = from_dict(ExecutionConfig, raw.get("execution") or {})
         fit = from_dict(FitSpec, raw.get("fit") or {})
         return Sweep(name=spec["name"], raw=spec, generator="points", runs=[], execution=execution, fit=fit)
-    spec["points"] = [
-        {**c.overrides(), "labels": {"proposal": c.kind, "flops_budget": c.budget, "round": k}} for c in cands
-    ]
+    base_seed = int(((raw.get("base") or {}).get("train") or {}).get("seed", 0))
+    points = []
+    for c in cands:
+        labels = {"proposal": c.kind, "flops_budget": c.budget, "round": k}
+        points.append({**c.overrides(), "labels": labels})
+        for j in range(1, seeds if c.kind == "compute_optimal" else 1):
+            points.append({**c.overrides(), "train.seed": base_seed + j, "labels": {**labels, "seed_replicate": j}})
+    spec["points"] = points
     return expand_sweep(spec, default_name=f"round_{k}")
+
+
+def _count(lf: ScalingFit) -> str:
+    """The shape rule's count for the fit's N (fit.params: total | nonembed)."""
+    return "nonembedding" if lf.options.params == "nonembed" else "total"
 
 
 def _predicted(lf: ScalingFit, run, fit_spec: FitSpec) -> ProposedRun:
     flops = run.flops_6n if fit_spec.flops == "6n" else run.flops_exact
     budget = float(run.labels.get("flops_budget", flops))
+    n_fit = run.params if fit_spec.params == "total" else run.params_nonembed
     return ProposedRun(
         kind=run.labels["proposal"],
         run=run,
         budget=budget,
         flops=float(flops),
-        prediction=lf.predict_interval(run.params, run.num_tokens, flops=budget),
+        prediction=lf.predict_interval(n_fit, run.num_tokens, flops=budget),
     )
 
 
@@ -342,7 +372,7 @@ def _write_round(sweep_dir: Path, raw: dict[str, Any], proposal: Proposal, sweep
     k = proposal.round
     labels = [
         {
-            **{key: v for key, v in r.run.labels.items() if key in ("proposal", "flops_budget")},
+            **{key: v for key, v in r.run.labels.items() if key in ("proposal", "flops_budget", "seed_replicate")},
             "round": k,
             "predicted_loss": r.prediction.point,
             "predicted_interval": [r.prediction.lo, r.prediction.hi],

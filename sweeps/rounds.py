@@ -98,6 +98,7 @@ def run_rounds(
     target_flops: float | None = None,
     budget_flops: float | None = None,
     step: float = 3.0,
+    seeds: int = 1,
     until_passed: bool = False,
     reopen: bool = False,
     force_transfer: bool = False,
@@ -135,7 +136,7 @@ def run_rounds(
             proposal = propose_study_round(out, budget_flops=budget_flops, step=step, log=log)
         else:
             proposal = (_open_round(out) if reopen else None) or propose_round(
-                out, target_flops=target, budget_flops=budget_flops, step=step, log=log
+                out, target_flops=target, budget_flops=budget_flops, step=step, seeds=seeds, log=log
             )
         for wandb_id in wandb_fit.log_rounds(out, images=fit_images, log=log):  # when W&B is on
             log(f"W&B: fit run {wandb_id} (fit, gates, proposals, ledger, plots)")

@@ -101,9 +101,13 @@ class ExecutionConfig:
 
 @dataclass(kw_only=True, slots=True)
 class FitSpec:
-    law: str = "chinchilla"  # chinchilla | kaplan | auto (sweep next picks by held-out-largest backtest)
+    law: str = "chinchilla"  # chinchilla | kaplan | auto (the stacked law: candidates weighted by forward backtests)
+    candidates: list[str] = field(default_factory=list)  # law auto: the stacked forms, incumbent first
+    # (empty: chinchilla, kaplan; a form may carry an estimator, e.g. chinchilla@flops: runs weighted by compute)
+    evidence: str = "growth"  # law auto: growth | level, what moves weight off the incumbent (docs/extrapolation.md)
     loss: str = "final_val_loss"  # load_runs column used as the loss
     flops: str = "6n"  # 6n | exact: which FLOP count the fit and the proposals use
+    params: str = "total"  # total | nonembed: which parameter count the law is fitted on
     target_flops: float = 0.0  # C* of `sweep next` when not given on the command line
     bootstrap: int = 64  # bootstrap replicates for intervals
     noise_floor: float = 0.0  # run-to-run log-sd from a seed study: the least noise a prediction carries
@@ -178,6 +182,20 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         )
     if fit.flops not in ("6n", "exact"):
         raise ConfigError("fit.flops", f"{fit.flops!r} unknown", "use 6n or exact")
+    if fit.params not in ("total", "nonembed"):
+        raise ConfigError("fit.params", f"{fit.params!r} unknown", "use total or nonembed")
+    if fit.evidence not in ("growth", "level"):
+        raise ConfigError("fit.evidence", f"{fit.evidence!r} unknown", "use growth or level")
+    if fit.candidates and fit.law != "auto":
+        raise ConfigError("fit.candidates", f"set with fit.law {fit.law!r}", "candidates are stacked by law auto")
+    for i, name in enumerate(fit.candidates):
+        law, _, weighting = str(name).partition("@")
+        if law not in LOOP_LAWS or weighting not in ("", "equal", "flops") or (i == 0 and weighting == "flops"):
+            raise ConfigError(
+                f"fit.candidates[{i}]",
+                f"{name!r} is not a stackable form",
+                f"use {' or '.join(LOOP_LAWS)}, optionally with @flops (not on the first, the incumbent)",
+            )
     if not 0.0 <= fit.noise_floor < 0.5:
         raise ConfigError("fit.noise_floor", f"{fit.noise_floor!r} must be in [0, 0.5)", "a log-sd, e.g. 0.01")
     gen = gens[0]

@@ -31,9 +31,9 @@ from scalelab.fitting.scaling_fit import ScalingFit
 from scalelab.sweeps.early_stop import STATUS as STOPPED
 from scalelab.sweeps.early_stop import stopped_run_weight
 from scalelab.sweeps.run_curves import run_dir_of
-from scalelab.sweeps.spec import LOOP_LAWS, FitSpec, read_spec
+from scalelab.sweeps.spec import FitSpec, read_spec
 
-FIT_STARTS = 200  # starts drawn at random from the law's init grid for a store's fit
+FIT_STARTS = None  # a store's fit starts from the law's whole init grid (a drawn subset can miss the optimum)
 MIN_LOOP_RUNS = 6  # runs the closed loop (and the report's gates) need before it fits
 
 
@@ -46,16 +46,18 @@ def store_fit_spec(path: str | Path) -> FitSpec:
 
 
 def fit_options(spec: FitSpec, **overrides) -> FitOptions:
-    """The options a store is fitted with: its spec's `fit:` section, FIT_STARTS starts, seed 0, the
-    gates; `overrides` that are not None win (command-line options). A law chosen by the spec
-    (`auto` among the loop's laws) must be one law of N and D, for the loop proposes from N*(C); a
-    law given on the command line is fitted as asked."""
+    """The options a store is fitted with: its spec's `fit:` section, the whole start grid, seed 0, the
+    gates; `overrides` that are not None win (command-line options). The loop proposes from N*(C),
+    so a spec's law is one of N and D (or `auto`, whose incumbent allocates); a law given on the
+    command line is fitted as asked."""
     base = dict(
         law=spec.law,
-        candidates=(*LOOP_LAWS, "average") if spec.law == "auto" else None,
+        candidates=tuple(spec.candidates) or None,
+        evidence=spec.evidence,
         require_optimum=True,
         loss=spec.loss,
         flops=spec.flops,
+        params=spec.params,
         bootstrap=spec.bootstrap,
         noise_floor=spec.noise_floor,
         starts=FIT_STARTS,
@@ -78,6 +80,7 @@ def fit_frame(runs: pl.DataFrame, options: FitOptions, *, store_path: str | Path
     predictions are in their status.json).
     """
     flops_col = "flops" if options.flops == "6n" else "flops_exact"
+    params_col = "params" if options.params == "total" else "params_nonembed"
     if options.loss not in runs.columns:
         return _frame([])
     rows = []
@@ -89,13 +92,13 @@ def fit_frame(runs: pl.DataFrame, options: FitOptions, *, store_path: str | Path
             loss, weight = stopped_run_weight(store.read_status(run_dir_of(store_path, row)) or {})
         elif row["status"] != "done":
             continue
-        if loss is None or row.get("params") is None:
+        if loss is None or row.get(params_col) is None:
             continue
         budget = _finite_or_none(row.get("flops_budget"))
         rows.append(
             {
                 "run_id": str(row["run_id"]),
-                "params": float(row["params"]),
+                "params": float(row[params_col]),
                 "tokens": float(row["tokens"]),
                 "flops": budget if budget is not None else _finite_or_none(row.get(flops_col)),
                 "loss": float(loss),

@@ -1,0 +1,369 @@
+"""A stacked law: several law forms fitted to the same runs, combined in log space by forward evidence.
+
+    sf = fit_stacked(params=N, tokens=D, loss=L, flops=C, groups=budgets, noise=0.0056, bootstrap=32)
+    sf.weights                                  # {"chinchilla": 0.62, "kaplan": 0.38} (scalelab.fitting.stacking)
+    sf.predict(1.5e5, 6.8e6)                    # exp(sum_j w_j log L_j(N, D))
+    sf.predict_interval(1.5e5, 6.8e6)           # PredictionInterval with parts (below)
+    sf.optimum(6e12)                            # (N*, D*, L*) of the combined law along C = 6 N D
+
+Components are fitted by the same robust fit as a single law (Huber on log loss, summed; multi-start
+L-BFGS). A candidate name may carry an estimator suffix: "chinchilla@flops" is Chinchilla's form
+with each run weighted by its compute (large runs resemble the target more than small ones, whose
+loss is still in the steep early part of training).
+
+The prediction interval adds in log space (as scalelab.fitting.predictive does for one law):
+  bootstrap      the combined prediction's spread over run-resampling refits of every component
+                 (paired: one resample refits all components), weights fixed;
+  weights        its spread over the weight draws (forward groups resampled), parameters fixed:
+                 how much the choice between forms is still open;
+  noise          a new run's own noise;
+  extrapolation  t/z * k * decades, k the combination's forward error per decade over every
+                 forward fold (scalelab.fitting.stacking, step 4; t: Student's t for as many folds).
+The optimum is the combined law's minimum along the IsoFLOP line (a 1-D minimisation in log N);
+every candidate form has an optimum, so the combination does too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import optimize, stats
+
+from scalelab.errors import UsageError
+from scalelab.fitting.allocate import optimum_for_law
+from scalelab.fitting.bootstrap import REFIT_TOLERANCES
+from scalelab.fitting.fit import FitResult, fit_law
+from scalelab.fitting.forward import forward_backtest
+from scalelab.fitting.laws import get_law
+from scalelab.fitting.predictive import (
+    ExtrapolationError,
+    PredictionInterval,
+    decades_outside,
+    interval_from_parts,
+    t_over_z,
+)
+from scalelab.fitting.stacking import Stack, StackRule, stack_weights
+
+DEFAULT_CANDIDATES = ("chinchilla", "kaplan")
+WEIGHTINGS = ("equal", "flops")
+BOOT_EXTRA_STARTS = 8
+# A forward group this close to its fold's training range measures the fit's misfit at the range's
+# edge, not its drift: divided by a tiny distance, that misfit reads as a huge error per decade.
+MIN_FORWARD_DECADES = 0.25
+LEVEL = 0.95
+
+
+def parse_candidate(name: str) -> tuple[str, str]:
+    """'chinchilla@flops' -> ('chinchilla', 'flops'); a bare law name weights runs equally."""
+    law, _, weighting = name.partition("@")
+    weighting = weighting or "equal"
+    if weighting not in WEIGHTINGS:
+        raise UsageError(f"candidate {name!r}: unknown run weighting {weighting!r}; use one of {WEIGHTINGS}")
+    law_obj = get_law(law)
+    if set(law_obj.inputs) != {"params", "tokens"}:
+        raise UsageError(f"candidate {name!r}: a stacked law combines laws of (N, D); {law} reads {law_obj.inputs}")
+    return law, weighting
+
+
+def run_weights(weighting: str, flops: np.ndarray) -> np.ndarray | None:
+    """Per-run fit weights of an estimator: None (equal) or compute-proportional, mean 1."""
+    if weighting == "equal":
+        return None
+    return flops / flops.mean()
+
+
+@dataclass(kw_only=True)
+class StackedFit:
+    names: tuple[str, ...]
+    components: dict[str, FitResult]
+    stack: Stack
+    replicates: list[dict[str, dict[str, float]]]  # per bootstrap replicate: candidate -> parameters
+    noise: float  # log-sd of a new run
+    train_range: tuple[float, float]  # smallest and largest training compute (group compute)
+    level: float = LEVEL
+    # the incumbent's own extrapolation error (a single law's backtests, scalelab.fitting.fit_runs)
+    incumbent_extrapolation: ExtrapolationError | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return dict(self.stack.weights)
+
+    @property
+    def extrapolation(self) -> ExtrapolationError:
+        """k of the interval's extrapolation part. The combination's drift over the forward folds; but
+        while the incumbent keeps all the weight the stacked law *is* the incumbent, and its own
+        backtests measure the same error: the estimate resting on more folds is used (the larger on
+        a tie), so that one forward fold's k is not stretched by Student's t for one degree of freedom."""
+        forward = self._forward_extrapolation()
+        own = self.incumbent_extrapolation
+        if self.stack.adopted or own is None or own.per_decade is None:
+            return forward
+        if forward.per_decade is None or (own.n_folds, own.per_decade) > (forward.n_folds, forward.per_decade):
+            return own
+        return forward
+
+    def _forward_extrapolation(self) -> ExtrapolationError:
+        dmax = max((g.decades for g in self.stack.groups), default=0.0)
+        return ExtrapolationError(
+            per_decade=self.stack.drift,
+            n_runs=sum(g.n_test for g in self.stack.groups),
+            n_folds=self.stack.drift_folds,
+            max_decades=dmax,
+        )
+
+    def _law(self, name: str):
+        return get_law(parse_candidate(name)[0])
+
+    def log_components(self, n, d, params: Mapping[str, Mapping[str, float]] | None = None) -> np.ndarray:
+        """(K, ...) log-loss of every component at (n, d)."""
+        n, d = np.asarray(n, dtype=float), np.asarray(d, dtype=float)
+        params = params or self.component_params()
+        return np.stack([np.log(self._law(k).predict(params[k], params=n, tokens=d)) for k in self.names])
+
+    def log_predict(self, n, d, weights: np.ndarray | None = None, params=None) -> np.ndarray:
+        w = self.stack.weight_vector() if weights is None else np.asarray(weights, dtype=float)
+        return np.tensordot(w, self.log_components(n, d, params), axes=1)
+
+    def predict(self, n, d) -> np.ndarray:
+        return np.exp(self.log_predict(n, d))
+
+    def decades(self, flops: float) -> float:
+        return decades_outside(flops, self.train_range)
+
+    def predict_interval(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
+        """The combined prediction at (N, D) with its interval parts (module docstring)."""
+        point = float(self.log_predict(n, d))
+        boot = np.array([float(self.log_predict(n, d, params=p)) for p in self.replicates])
+        comps = self.log_components(n, d)
+        by_weights = self.stack.draws @ comps
+        z = _z(self.level)
+        ext = self.extrapolation
+        dist = self.decades(flops if flops is not None else 6.0 * n * d)
+        parts = {
+            "bootstrap": _half_width(boot, self.level) / z,
+            "weights": _half_width(by_weights, self.level) / z,
+            "noise": float(self.noise),
+            "extrapolation": (
+                t_over_z(ext.n_folds, self.level) * ext.per_decade * dist
+                if ext.per_decade is not None
+                else float("nan")
+            ),
+        }
+        out = interval_from_parts(math.exp(point), parts, self.level)
+        out.parts["decades"] = float(dist)
+        return out
+
+    def optimum(self, flops: float, weights: np.ndarray | None = None, params=None) -> tuple[float, float, float]:
+        """(N*, D*, L*) of the combined law at compute C = 6 N D."""
+        params = params or self.component_params()
+        guesses = [optimum_for_law(self._law(k))(params[k], flops)[0] for k in self.names]
+        lo = math.log(max(min(guesses) / 30.0, 1.0))
+        hi = math.log(max(guesses) * 30.0)
+
+        def objective(log_n: float) -> float:
+            n = math.exp(log_n)
+            return float(self.log_predict(n, flops / (6.0 * n), weights, params))
+
+        res = optimize.minimize_scalar(objective, bounds=(lo, hi), method="bounded", options={"xatol": 1e-6})
+        n_opt = math.exp(res.x)
+        return n_opt, flops / (6.0 * n_opt), math.exp(res.fun)
+
+    def optimum_interval(self, flops: float) -> PredictionInterval:
+        """L*(C) with the interval of a prediction at the compute-optimal (N*, D*)."""
+        n, d, _ = self.optimum(flops)
+        return self.predict_interval(n, d, flops)
+
+    def component_params(self) -> dict[str, dict[str, float]]:
+        return {k: dict(f.params) for k, f in self.components.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "names": list(self.names),
+            "weights": self.weights,
+            "components": {k: {"law": f.law, "params": dict(f.params)} for k, f in self.components.items()},
+            "stack": self.stack.to_dict(),
+            "replicates": self.replicates,
+            "noise": self.noise,
+            "train_range": list(self.train_range),
+            "level": self.level,
+            "incumbent_extrapolation": (
+                None if self.incumbent_extrapolation is None else self.incumbent_extrapolation.to_dict()
+            ),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StackedFit:
+        """A saved stacked fit (to_dict) back, for predictions and allocations from a fit file."""
+        names = tuple(data["names"])
+        components = {
+            k: FitResult(law=v["law"], params=dict(v["params"]), objective=float("nan"), n_points=0, inputs={})
+            for k, v in data["components"].items()
+        }
+        return cls(
+            names=names,
+            components=components,
+            stack=Stack.from_dict(data["stack"]),
+            replicates=[{k: dict(p) for k, p in rep.items()} for rep in data.get("replicates") or []],
+            noise=float(data["noise"]),
+            train_range=(float(data["train_range"][0]), float(data["train_range"][1])),
+            level=float(data.get("level", LEVEL)),
+            incumbent_extrapolation=(
+                ExtrapolationError(**data["incumbent_extrapolation"]) if data.get("incumbent_extrapolation") else None
+            ),
+        )
+
+
+def format_stacked(st: Mapping[str, Any], indent: str = "  ") -> list[str]:
+    """Text lines of a saved stacked fit (StackedFit.to_dict): weights, the rule's reason, drift, folds."""
+    stack = st["stack"]
+    wiv = stack.get("weight_intervals") or {}
+    weights = ", ".join(
+        f"{n} {w:.2f}" + (f" [{wiv[n][0]:.2f}, {wiv[n][1]:.2f}]" if n in wiv else "") for n, w in st["weights"].items()
+    )
+    lines = [f"stacked law (forward backtests): {weights}", f"{indent}{stack['reason']}"]
+    if stack.get("drift_per_decade") is not None:
+        lines.append(
+            f"{indent}the combination drifts {100 * stack['drift_per_decade']:.2f}% per decade out of sample "
+            f"({stack['drift_folds']} fold(s))"
+        )
+    used = StackedFit.from_dict(st).extrapolation
+    if used.per_decade is not None and used.per_decade != stack.get("drift_per_decade"):
+        lines.append(
+            f"{indent}the interval's extrapolation part uses the incumbent's own backtests: "
+            f"{100 * used.per_decade:.2f}% per decade ({used.n_folds} fold(s))"
+        )
+    for g in stack["groups"]:
+        errs = "  ".join(f"{n} {100 * e:+.2f}%" for n, e in g["errors"].items())
+        head = f"{indent}fold {g['fold']} ({g['n_train']} runs) -> C={g['flops']:.3g}"
+        lines.append(f"{head} at {g['decades']:.2f} decades: {errs}")
+    return lines
+
+
+def format_parts(parts: Mapping[str, float]) -> str:
+    """'bootstrap 0.0080, weights 0.0040, noise 0.0056, extrapolation 0.0348 at 0.48 decades' (log-sds)."""
+    shown = ", ".join(f"{'run noise' if k == 'noise' else k} {v:.4f}" for k, v in parts.items() if k != "decades")
+    return shown + (f" at {parts['decades']:.2f} decades" if "decades" in parts else "")
+
+
+def _z(level: float) -> float:
+    return float(stats.norm.ppf(0.5 + level / 2))
+
+
+def _half_width(values: np.ndarray, level: float) -> float:
+    values = values[np.isfinite(values)]
+    if values.size < 2:
+        return 0.0
+    lo, hi = np.quantile(values, [0.5 - level / 2, 0.5 + level / 2])
+    return float(hi - lo) / 2.0
+
+
+def _fit_one(name: str, n, d, y, c, starts=None, weights=None, tight: bool = False) -> FitResult:
+    """One candidate's fit. `tight`: a bootstrap refit from a warm start, run to tight tolerances
+    (with the default ones a replicate stops where it started and the spread collapses)."""
+    law, weighting = parse_candidate(name)
+    w = run_weights(weighting, c)
+    if weights is not None:
+        w = weights if w is None else w * weights
+    tol = REFIT_TOLERANCES if tight else {}
+    return fit_law(
+        law, {"params": n, "tokens": d, "loss": y}, starts=starts, weights=w, diagnose=False, n_polish=1, **tol
+    )
+
+
+def fit_stacked(
+    *,
+    params,
+    tokens,
+    loss,
+    flops,
+    groups,
+    candidates: Sequence[str] = DEFAULT_CANDIDATES,
+    incumbent: str | None = None,
+    noise: float,
+    bootstrap: int = 32,
+    seed: int = 0,
+    scored=None,
+    weights=None,
+    min_train_runs: int | None = None,
+    rule: StackRule | None = None,
+    level: float = LEVEL,
+) -> StackedFit:
+    """Fit every candidate, weight them by forward backtests, bootstrap the components.
+
+    Args:
+        params, tokens, loss: per run; flops: per run compute (distances, and '@flops' weights);
+        groups: per run group (budget label or model) ordering the forward folds by compute.
+        candidates: law names, optionally with an estimator suffix ('chinchilla@flops').
+        incumbent: the candidate that keeps all weight unless forward evidence moves it (default:
+            the first).
+        noise: a new run's log-sd (the larger of the fit's residual scale and a seed study's floor).
+        bootstrap: run-resampling replicates (0: none).
+        scored: per-run mask of the runs forward folds score (default all).
+        weights: per-run fit weights every component's fit multiplies in (e.g. runs stopped early).
+        min_train_runs: a forward fold's least training runs (default: the largest parameter count + 3).
+    """
+    names = tuple(candidates)
+    for name in names:
+        parse_candidate(name)
+    n, d, y, c = (np.asarray(a, dtype=float) for a in (params, tokens, loss, flops))
+    base = np.ones(y.size) if weights is None else np.asarray(weights, dtype=float)
+    groups = np.asarray(groups)
+    if min_train_runs is None:
+        min_train_runs = max(get_law(parse_candidate(k)[0]).n_params for k in names) + 3
+    components = {k: _fit_one(k, n, d, y, c, weights=base) for k in names}
+
+    def fitter(name: str):
+        def fit_on(mask: np.ndarray):
+            f = _fit_one(name, n[mask], d[mask], y[mask], c[mask], weights=base[mask])
+            law = get_law(parse_candidate(name)[0])
+            return lambda nn, dd: law.predict(f.params, params=nn, tokens=dd)
+
+        return fit_on
+
+    fwd = forward_backtest(
+        {k: fitter(k) for k in names},
+        n,
+        d,
+        y,
+        c,
+        groups,
+        scored=scored,
+        min_train_runs=min_train_runs,
+        min_decades=MIN_FORWARD_DECADES,
+    )
+    stack = stack_weights(fwd, names, noise=noise, incumbent=incumbent, rule=rule or StackRule())
+    rng = np.random.default_rng(seed)
+    replicates: list[dict[str, dict[str, float]]] = []
+    grids = {k: get_law(parse_candidate(k)[0]).init_grid() for k in names}
+    for _ in range(bootstrap):
+        w = np.bincount(rng.integers(0, y.size, y.size), minlength=y.size).astype(float)
+        keep = w > 0
+        rep = {}
+        try:
+            for k in names:
+                law = get_law(parse_candidate(k)[0])
+                grid = grids[k]
+                starts = np.vstack(
+                    [law.to_fit(components[k].params)[None, :], grid[rng.choice(len(grid), BOOT_EXTRA_STARTS)]]
+                )
+                rep[k] = dict(
+                    _fit_one(k, n[keep], d[keep], y[keep], c[keep], starts, (w * base)[keep], tight=True).params
+                )
+        except UsageError:
+            continue  # a degenerate resample (too few distinct points)
+        replicates.append(rep)
+    order = np.argsort(c)
+    return StackedFit(
+        names=names,
+        components=components,
+        stack=stack,
+        replicates=replicates,
+        noise=float(noise),
+        train_range=(float(c[order[0]]), float(c[order[-1]])),
+        level=level,
+    )

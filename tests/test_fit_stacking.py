@@ -1,0 +1,192 @@
+"""Forward backtests, stacking weights and the stacked law (fitting/forward.py, stacking.py, ensemble.py)."""
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from scalelab.errors import UsageError
+from scalelab.fitting.ensemble import StackedFit, fit_stacked, parse_candidate
+from scalelab.fitting.forward import ForwardGroup, forward_backtest
+from scalelab.fitting.laws import get_law
+from scalelab.fitting.predictive import ExtrapolationError, t_over_z
+from scalelab.fitting.stacking import StackRule, stack_weights
+
+CHIN = {"E": 1.2, "A": 60.0, "B": 80.0, "alpha": 0.32, "beta": 0.30}
+KAP = {"Nc": 3e8, "Dc": 1e9, "alpha_N": 0.11, "alpha_D": 0.12}
+
+
+def _design(budgets, sizes=4, span=3.0):
+    chin = get_law("chinchilla")
+    from scalelab.fitting.allocate import optimum_for_law
+
+    opt = optimum_for_law(chin)
+    n, d, c = [], [], []
+    for budget in budgets:
+        n_star = opt(CHIN, budget)[0]
+        for x in n_star * np.exp(np.linspace(-math.log(span), math.log(span), sizes)):
+            n.append(x)
+            d.append(budget / (6 * x))
+            c.append(budget)
+    return np.array(n), np.array(d), np.array(c)
+
+
+def test_forward_folds_predict_only_beyond_their_training_budgets():
+    n, d, c = _design([1e11, 3e11, 1e12, 3e12])
+    y = get_law("chinchilla").predict(CHIN, params=n, tokens=d)
+    seen = []
+
+    def fit_on(mask):
+        seen.append(c[mask].max())
+        return lambda nn, dd: get_law("chinchilla").predict(CHIN, params=nn, tokens=dd)
+
+    groups = forward_backtest({"truth": fit_on}, n, d, y, c, c, min_train_runs=8)
+    # fold 2 (trained on the two smallest budgets) predicts 1e12 and 3e12; fold 3 predicts 3e12
+    assert [(g.fold, g.flops) for g in groups] == [(2, 1e12), (2, 3e12), (3, 3e12)]
+    assert seen == [3e11, 1e12]
+    assert [round(g.decades, 3) for g in groups] == [round(math.log10(1e12 / 3e11), 3), 1.0, round(math.log10(3), 3)]
+    assert all(abs(g.errors["truth"]) < 1e-12 for g in groups)  # the true law predicts exactly
+    # a fold without enough training runs is skipped
+    assert [g.fold for g in forward_backtest({"truth": fit_on}, n, d, y, c, c, min_train_runs=9)] == [3]
+
+
+def _groups(bias: dict[str, float], decades=(0.25, 0.5, 0.75, 0.5, 1.0), folds=(2, 2, 2, 3, 3), n_test=4):
+    return [
+        ForwardGroup(fold=f, n_train=8 * f, train_max_flops=1.0, flops=10**dd, decades=dd, n_test=n_test,
+                     errors={k: b * dd for k, b in bias.items()})
+        for dd, f in zip(decades, folds)
+    ]  # fmt: skip
+
+
+def test_weights_cancel_opposite_biases_and_the_zero_bias_mix_holds_at_every_distance():
+    st = stack_weights(_groups({"chinchilla": 0.03, "kaplan": -0.06}), ["chinchilla", "kaplan"], noise=0.005)
+    assert st.adopted
+    assert st.weights["chinchilla"] == pytest.approx(2 / 3, abs=1e-4)
+    assert st.weights["kaplan"] == pytest.approx(1 / 3, abs=1e-4)
+    # the mix cancels the drift; what is left is the groups' noise resolution (0.5% / sqrt(4) / decades)
+    resolution = math.sqrt(np.mean([(0.0025 / dd) ** 2 for dd in (0.25, 0.5, 0.75, 0.5, 1.0)]))
+    assert st.drift == pytest.approx(resolution, rel=1e-9)
+    # biases of one sign: all weight on the less biased form
+    st = stack_weights(_groups({"chinchilla": 0.03, "kaplan": 0.01}), ["chinchilla", "kaplan"], noise=0.005)
+    assert st.weights == pytest.approx({"chinchilla": 0.0, "kaplan": 1.0}, abs=1e-4)
+    assert st.drift == pytest.approx(0.01, rel=1e-6)
+
+
+def test_the_incumbent_keeps_its_weight_when_its_forward_bias_is_within_the_noise():
+    # +0.4% per decade with 0.6% run noise over 4 runs per group: not distinguishable from zero
+    st = stack_weights(_groups({"chinchilla": 0.004, "kaplan": -0.05}), ["chinchilla", "kaplan"], noise=0.006)
+    assert not st.adopted
+    assert st.weights == {"chinchilla": 1.0, "kaplan": 0.0}
+    assert "within 2 se" in st.reason
+    # the weight draws still say the choice is open (some resamples move off the incumbent)
+    assert st.draws[:, 1].max() > 0.0
+    # with a stricter noise model the same bias is evidence
+    st = stack_weights(_groups({"chinchilla": 0.004, "kaplan": -0.05}), ["chinchilla", "kaplan"], noise=0.0005)
+    assert st.adopted and 0.0 < st.weights["kaplan"] < 0.2
+
+
+def test_an_edge_miss_that_does_not_grow_keeps_the_incumbent_under_the_growth_rule():
+    # Chinchilla 2% high at every distance (a miss at the fitted range's edge), Kaplan drifting low
+    groups = [
+        ForwardGroup(fold=f, n_train=8 * f, train_max_flops=1.0, flops=10**dd, decades=dd, n_test=4,
+                     errors={"chinchilla": 0.02, "kaplan": -0.03 * dd})
+        for dd, f in zip((0.25, 0.5, 0.75, 0.5, 1.0), (2, 2, 2, 3, 3))
+    ]  # fmt: skip
+    names = ["chinchilla", "kaplan"]
+    st = stack_weights(groups, names, noise=0.005)
+    assert not st.adopted and st.weights == {"chinchilla": 1.0, "kaplan": 0.0}, st.reason
+    assert "grows +0.00% per decade" in st.reason
+    # read per decade, the same constant miss is 2-8% per decade: the level rule moves weight to Kaplan
+    st = stack_weights(groups, names, noise=0.005, rule=StackRule(evidence="level"))
+    assert st.adopted and st.weights["kaplan"] > 0.3
+    # a miss that grows is what the growth rule acts on, and the weights cancel the growth
+    grown = [replace(g, errors={"chinchilla": 0.02 + 0.04 * g.decades, "kaplan": -0.03 * g.decades}) for g in groups]
+    st = stack_weights(grown, names, noise=0.005)
+    assert st.adopted
+    assert st.weights["chinchilla"] == pytest.approx(3 / 7, abs=1e-3)
+
+
+def test_only_recent_folds_set_the_weights_but_every_fold_measures_the_drift():
+    old = _groups({"chinchilla": 0.20, "kaplan": -0.02}, decades=(0.5, 0.8), folds=(2, 2))
+    new = _groups({"chinchilla": 0.001, "kaplan": -0.04}, decades=(0.4, 0.6), folds=(3, 4))
+    st = stack_weights(old + new, ["chinchilla", "kaplan"], noise=0.005, rule=StackRule(recent_folds=2))
+    assert st.weights["chinchilla"] == 1.0  # the early fold's large bias does not move the weights
+    assert st.drift_folds == 3 and st.drift > 0.05  # but it widens the drift the interval carries
+    assert st.n_groups == 2
+
+
+def test_no_forward_group_leaves_every_weighting_open():
+    st = stack_weights([], ["chinchilla", "kaplan"], noise=0.005)
+    assert st.weights == {"chinchilla": 1.0, "kaplan": 0.0} and st.drift is None
+    assert st.draws[:, 0].min() < 0.1 and st.draws[:, 0].max() > 0.9  # uniform on the simplex
+
+
+@pytest.mark.parametrize("true_law", ["chinchilla", "kaplan"])
+def test_stacked_fit_moves_to_the_form_that_extrapolates(true_law):
+    budgets = [2e11, 6e11, 2e12, 6e12, 2e13]
+    n, d, c = _design(budgets)
+    law, params = get_law(true_law), CHIN if true_law == "chinchilla" else KAP
+    y = law.predict(params, params=n, tokens=d) * np.exp(0.002 * np.random.default_rng(0).standard_normal(n.size))
+    sf = fit_stacked(params=n, tokens=d, loss=y, flops=c, groups=c, noise=0.002, bootstrap=4)
+    other = "kaplan" if true_law == "chinchilla" else "chinchilla"
+    assert sf.weights[true_law] > 0.9, sf.stack.reason
+    assert sf.stack.adopted == (true_law == "kaplan")  # Chinchilla, the incumbent, moves only on evidence
+    far_n, far_d, _ = sf.optimum(30 * budgets[-1])
+    obs = float(law.predict(params, params=far_n, tokens=far_d))
+    wrong = float(np.exp(sf.log_components(far_n, far_d)[sf.names.index(other)]))
+    assert abs(float(sf.predict(far_n, far_d)) / obs - 1) < 0.01 < abs(wrong / obs - 1)
+    pi = sf.predict_interval(far_n, far_d)
+    assert pi.lo <= obs <= pi.hi
+    assert set(pi.parts) == {"bootstrap", "weights", "noise", "extrapolation", "decades"}
+
+
+def test_candidate_names_are_checked():
+    assert parse_candidate("chinchilla@flops") == ("chinchilla", "flops")
+    with pytest.raises(UsageError, match="unknown run weighting"):
+        parse_candidate("chinchilla@size")
+    with pytest.raises(UsageError, match="combines laws of"):
+        parse_candidate("lr_annealing")
+
+
+def test_identify_pins_exponents_on_a_wide_design_but_not_on_one_isoflop_slice():
+    from scalelab.fitting.identify import identify
+
+    n, d, c = _design([1e11, 1e12, 1e13, 1e14], sizes=5)
+    y = get_law("chinchilla").predict(CHIN, params=n, tokens=d) * np.exp(
+        0.003 * np.random.default_rng(1).standard_normal(n.size)
+    )
+    rows = identify("chinchilla", n, d, y, groups=c, names=["alpha"])
+    lo, hi = rows["alpha"].profile_interval
+    assert lo is not None and hi is not None and lo <= CHIN["alpha"] <= hi, rows["alpha"]
+    assert rows["alpha"].verdict == "identified" and len(rows["alpha"].fold_values) == 2
+    # one token count for every size: B / D^beta is a constant, so beta trades against E exactly
+    n = np.geomspace(1e5, 1e8, 9)
+    d = np.full(n.size, 1e9)
+    y = get_law("chinchilla").predict(CHIN, params=n, tokens=d) * np.exp(
+        0.003 * np.random.default_rng(2).standard_normal(n.size)
+    )
+    rows = identify("chinchilla", n, d, y, names=["beta"])
+    assert rows["beta"].verdict.startswith("not identified"), rows["beta"]
+
+
+def test_while_the_incumbent_keeps_the_weight_its_better_measured_extrapolation_error_is_used():
+    budgets = [2e11, 6e11, 2e12]
+    n, d, c = _design(budgets)
+    y = get_law("chinchilla").predict(CHIN, params=n, tokens=d) * np.exp(
+        0.004 * np.random.default_rng(3).standard_normal(n.size)
+    )
+    sf = fit_stacked(params=n, tokens=d, loss=y, flops=c, groups=c, noise=0.004, bootstrap=0)
+    assert not sf.stack.adopted and sf.extrapolation.n_folds == 1
+    own = ExtrapolationError(per_decade=0.02, n_runs=8, n_folds=2, max_decades=0.5)
+    sf.incumbent_extrapolation = own
+    assert sf.extrapolation == own  # two folds measure it better than one forward fold
+    back = StackedFit.from_dict(sf.to_dict())
+    assert back.extrapolation == own
+    far = 30 * budgets[-1]
+    assert back.predict_interval(*sf.optimum(far)[:2], far).parts["extrapolation"] == pytest.approx(
+        t_over_z(2, 0.95) * 0.02 * sf.decades(far)
+    )
+    # once forward evidence moves weight, the combination's own drift is what extrapolates
+    sf.stack = replace(sf.stack, adopted=True)
+    assert sf.extrapolation.n_folds == 1 and sf.extrapolation != own
