@@ -19,63 +19,27 @@ then +inf for that draw, which the percentile interval handles (upper end inf).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
-from scipy import optimize
 
 from scalelab.analysis.lawfit import bootstrap_params, fit_point
 from scalelab.errors import UsageError
-from scalelab.fitting.intervals import percentile_interval
+from scalelab.fitting.approaches import group_budgets
+from scalelab.fitting.laws import get_law
+from scalelab.fitting.multiplier import (  # noqa: F401  (frontier_loss, flops_to_reach: this module's API)
+    flops_to_reach,
+    frontier_loss,
+    interval,
+    log_slope,
+    multiplier,
+    paired_multipliers,
+)
 
 LEVEL = 0.95
-
-
-def frontier_loss(law, params: dict[str, float], flops: float) -> float:
-    """L*(C): the law's compute-optimal loss at `flops` (C = 6 N D)."""
-    from scalelab.fitting import allocate as alloc
-
-    if law.inputs == ("flops",):
-        return float(law.predict(params, flops=np.asarray(flops)))
-    if law.name == "chinchilla":
-        return alloc.chinchilla_optimum(params, flops)[2]
-    if set(law.inputs) != {"params", "tokens"}:
-        raise UsageError(f"law {law.name} has inputs {law.inputs}; comparison needs a law of (N, D) or of C")
-    return alloc.numeric_optimum(lambda n, d: law.predict(params, params=n, tokens=d), flops)[2]
-
-
-def flops_to_reach(law, params: dict[str, float], loss: float, lo: float = 1e3, hi: float = 1e40) -> float:
-    """The smallest C with L*(C) <= loss (bisection in ln C); inf if the frontier never gets there."""
-    f = lambda x: frontier_loss(law, params, math.exp(x)) - loss  # noqa: E731
-    a, b = math.log(lo), math.log(hi)
-    if f(b) > 0:
-        return math.inf
-    if f(a) <= 0:
-        return lo
-    return math.exp(optimize.brentq(f, a, b, xtol=1e-10))
-
-
-def multiplier(law_a, params_a, law_b, params_b, flops: float) -> float:
-    """m(C) = C_A(L*_B(C)) / C (module docstring)."""
-    return flops_to_reach(law_a, params_a, frontier_loss(law_b, params_b, flops)) / flops
-
-
-def _slope(budgets: np.ndarray, mults: np.ndarray) -> float:
-    ok = np.isfinite(mults) & (mults > 0)
-    if ok.sum() < 2:
-        return math.nan
-    return float(np.polyfit(np.log(budgets[ok]), np.log(mults[ok]), 1)[0])
-
-
-def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
-    v = np.asarray(values, dtype=float)
-    # +inf (A never reaches B's loss) must survive the quantile, which drops non-finite values:
-    # clip it to a huge finite value and map it back
-    big = 1e300
-    lo, hi = percentile_interval(np.minimum(v, big), level)
-    return (math.inf if lo >= big else lo), (math.inf if hi >= big else hi)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -143,8 +107,6 @@ def _side_data(runs: pl.DataFrame, law, loss_col: str) -> dict[str, np.ndarray]:
     c = np.array(df["flops"].cast(pl.Float64).to_numpy()) if "flops" in df.columns else 6 * n * d
     if law.inputs == ("flops",):
         # a law of compute describes the frontier: keep the best run of each compute budget
-        from scalelab.fitting.approaches import group_budgets
-
         groups = group_budgets(c)
         best = [np.flatnonzero(groups == g)[np.argmin(loss[groups == g])] for g in np.unique(groups)]
         return {"flops": c[best], "loss": loss[best]}
@@ -154,8 +116,6 @@ def _side_data(runs: pl.DataFrame, law, loss_col: str) -> dict[str, np.ndarray]:
 def fit_side(
     name: str, runs: pl.DataFrame, law_name: str, *, n_boot: int, seed: int, loss_col: str = "loss"
 ) -> SideFit:
-    from scalelab.fitting.laws import get_law
-
     law = get_law(law_name)
     data = _side_data(runs, law, loss_col)
     flops = data.pop("_flops", data.get("flops"))
@@ -176,8 +136,6 @@ def compare_fits(
     a: SideFit, b: SideFit, *, budgets=None, target_flops: float | None = None, level: float = LEVEL
 ) -> Comparison:
     """The multiplier of B over A at each budget and at the target, with intervals and the slope."""
-    from scalelab.fitting.laws import get_law
-
     law_a, law_b = get_law(a.law), get_law(b.law)
     lo = max(a.flops_range[0], b.flops_range[0])
     hi = min(a.flops_range[1], b.flops_range[1])
@@ -187,31 +145,28 @@ def compare_fits(
         budgets = np.geomspace(lo, hi, 6)
     budgets = np.asarray(sorted(float(x) for x in budgets))
     target = float(target_flops) if target_flops else float(hi * 10.0)
-    names_a, names_b = law_a.param_names, law_b.param_names
     m_point = np.array([multiplier(law_a, a.params, law_b, b.params, c) for c in budgets])
     m_target = multiplier(law_a, a.params, law_b, b.params, target)
     slope_grid = np.geomspace(lo, hi, 5)
-    slope = _slope(slope_grid, np.array([multiplier(law_a, a.params, law_b, b.params, c) for c in slope_grid]))
+    slope = log_slope(slope_grid, np.array([multiplier(law_a, a.params, law_b, b.params, c) for c in slope_grid]))
     k = min(len(a.draws), len(b.draws))
-    per_budget = np.full((k, budgets.size), np.nan)
-    at_target = np.full(k, np.nan)
-    slopes = np.full(k, np.nan)
-    for i in range(k):
-        pa = dict(zip(names_a, a.draws[i]))
-        pb = dict(zip(names_b, b.draws[i]))
-        try:
-            per_budget[i] = [multiplier(law_a, pa, law_b, pb, c) for c in budgets]
-            at_target[i] = multiplier(law_a, pa, law_b, pb, target)
-            slopes[i] = _slope(slope_grid, np.array([multiplier(law_a, pa, law_b, pb, c) for c in slope_grid]))
-        except (UsageError, ValueError):
-            continue  # a degenerate draw (e.g. a bound-hitting exponent): left out of the interval
+    paired = paired_multipliers(
+        law_a,
+        [dict(zip(law_a.param_names, row)) for row in a.draws[:k]],
+        law_b,
+        [dict(zip(law_b.param_names, row)) for row in b.draws[:k]],
+        budgets=budgets,
+        target=target,
+        slope_grid=slope_grid,
+    )
+    at_target = paired.at_target
     intervals = (
-        [_interval(per_budget[:, j], level) for j in range(budgets.size)]
+        [interval(paired.per_budget[:, j], level) for j in range(budgets.size)]
         if k
         else [(math.nan, math.nan)] * budgets.size
     )
-    t_iv = _interval(at_target, level) if k else (math.nan, math.nan)
-    s_iv = _interval(slopes, level) if k else (math.nan, math.nan)
+    t_iv = interval(at_target, level) if k else (math.nan, math.nan)
+    s_iv = interval(paired.slopes, level) if k else (math.nan, math.nan)
     verdict = _verdict(a.name, b.name, target, m_target, t_iv, slope, s_iv, level, hi)
     return Comparison(
         a=a,
@@ -292,8 +247,6 @@ def _verdict(a: str, b: str, target: float, m: float, iv, slope: float, s_iv, le
 
 def split_by_tag(runs: pl.DataFrame, tag: str) -> dict[str, pl.DataFrame]:
     """Runs of one store grouped by the value of a tag (the JSON `tags` column, or a column)."""
-    import json
-
     if tag in runs.columns:
         values = runs[tag].cast(pl.Utf8).to_list()
     else:

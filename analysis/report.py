@@ -15,7 +15,9 @@ the CSS is inline: the file opens offline, from anywhere, with no network access
 The fit is the closed loop's (scalelab.sweeps.store_fit: the one fit entry, with the options of the
 spec's `fit:` section unless --law/--bootstrap say otherwise): in a sweep with `sweep next` rounds
 it is the latest round's fit itself, read from fits/round_K.json (runs finished after it are
-named, not silently refitted); otherwise the same fit made on the store's done runs.
+named, not silently refitted); otherwise the same fit made on the store's done runs. A study (a
+spec with `study:` arms) gets its own section instead (scalelab.analysis.report_study): each arm's
+fit, m(C) with its band and the target, the ledger of predicted vs measured gaps, decision accuracy.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ import polars as pl
 from scalelab.analysis.plan_page import plan_section
 from scalelab.analysis.report_html import CSS, html_table, img
 from scalelab.analysis.report_loop import fit_section, gates_section, ledger_section, loop_fit, proposal_section
+from scalelab.analysis.report_study import study_sections
 from scalelab.errors import UsageError
 from scalelab.planning.plan_files import read_plans
 from scalelab.store import objects
+from scalelab.sweeps.study_propose import is_study
 
 
 def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: str | Path) -> str:
@@ -168,6 +172,8 @@ def build_report(
     runs = runs_all.filter(pl.col("status") == "done")
     if runs.height == 0:
         raise UsageError(f"{store} holds no finished runs")
+    if is_study(store):  # one law over every arm would mix them: the study's own sections instead
+        return _study_report(store, shown, runs_all, runs, n_boot=n_boot, seed=seed)
     groups = split_by_tag(runs, compare_by) if compare_by else {}
     fit_runs, fit_note = runs, "all done runs"
     if groups:  # one law per side: the headline fit is the first value's runs (the baseline)
@@ -244,6 +250,32 @@ def build_report(
         f'<div class="grid">{"".join(figs)}</div>',
     ]
     body = "\n".join(p for p in parts if p)
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>scalelab report: '
+        f"{html.escape(store.name)}</title><style>{CSS}</style></head><body>{body}</body></html>\n"
+    )
+
+
+def _study_report(store: Path, shown, runs_all: pl.DataFrame, runs: pl.DataFrame, *, n_boot, seed) -> str:
+    """A study's report: the summary, the study section (scalelab.analysis.report_study), the loss curves."""
+    from scalelab.analysis import plots
+    from scalelab.analysis.store import load_metrics
+
+    parts, figs = study_sections(store, runs_all, n_boot=n_boot, seed=seed)
+    try:
+        figs.append(img(plots.plot_loss_curves(runs, load_metrics(runs), x="flops"), "Loss curves vs FLOPs"))
+    except UsageError:
+        pass
+    body = "\n".join(
+        [
+            f"<h1>scalelab report: {html.escape(store.name)} (study)</h1>",
+            f'<p class="muted">generated {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}</p>',
+            _summary(runs_all, runs, shown),
+            *parts,
+            "<h2>Plots</h2>",
+            f'<div class="grid">{"".join(figs)}</div>',
+        ]
+    )
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>scalelab report: '
         f"{html.escape(store.name)}</title><style>{CSS}</style></head><body>{body}</body></html>\n"

@@ -265,16 +265,23 @@ def write_synthetic_sweep(
 
 
 def simulate_runs(
-    sweep_dir: str | Path, runs, law: SyntheticLaw, *, noise_std: float = 0.005, noise_seed: int = 0
+    sweep_dir: str | Path,
+    runs,
+    law: SyntheticLaw | dict[str, SyntheticLaw],
+    *,
+    noise_std: float = 0.005,
+    noise_seed: int = 0,
 ) -> None:
     """Finish resolved runs (scalelab.sweeps.runspec.RunSpec) of a sweep as if trained: each gets its
     config.json and a done status.json whose final_val_loss is law.loss(N, D) times exp(noise),
     the noise a pure function of (noise_seed, run id). What `sweep next`, the ledger and the gates
-    are tested and benchmarked on, with the truth known."""
+    are tested and benchmarked on, with the truth known. `law` may map a study's arms to their
+    laws (a run takes the law of its `arm` label)."""
     for run in runs:
         run_dir = Path(sweep_dir) / "runs" / run.run_id
         rng = _rng(noise_seed, "sim", run.run_id)
-        loss = float(law.loss(run.params, run.num_tokens)) * math.exp(float(rng.normal(0.0, noise_std)))
+        run_law = law[run.labels["arm"]] if isinstance(law, dict) else law
+        loss = float(run_law.loss(run.params, run.num_tokens)) * math.exp(float(rng.normal(0.0, noise_std)))
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run_dir / "config.json", run.config)
         atomic_write_json(
@@ -294,7 +301,9 @@ def simulate_runs(
         )
 
 
-def launch_synthetic(spec: dict | str | Path, sweep_dir: str | Path, law: SyntheticLaw, **noise) -> list[str]:
+def launch_synthetic(
+    spec: dict | str | Path, sweep_dir: str | Path, law: SyntheticLaw | dict[str, SyntheticLaw], **noise
+) -> list[str]:
     """`sweep launch` with the training replaced by `simulate_runs`: the spec (a mapping, or a spec
     file such as a round written by `sweep next`) is expanded and recorded in the store exactly as
     a real launch records it. Returns the run ids."""

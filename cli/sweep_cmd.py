@@ -8,6 +8,8 @@
     scalelab sweep status results/iso [--json]
     scalelab sweep export results/iso --csv runs.csv
     scalelab sweep next results/iso --target-flops 1e13 [--budget-flops 3e12]
+    scalelab sweep next results/study [--decide]                      # a study: narrow m(C), or the decisive pair
+    scalelab sweep study results/study [--json]                       # a study's arms, m(C), gaps, decision accuracy
     scalelab sweep ledger results/iso [--json]                        # every fit and prediction, scored
     scalelab sweep eval results/iso --tasks bundled:stdlib_completion@100  # add a task to finished runs
     scalelab sweep wandb results/iso [--mode offline|online] [--force]   # log a finished store to W&B
@@ -17,6 +19,9 @@ Specs are validated before Ray starts; a bad spec exits 2 with one line naming t
 it, and launched first: launch exits 2 with the check's table when the best LR drifts (--force
 launches anyway); the ladder's runs take the transferred LR. `launch --rounds R` is the closed loop
 (scalelab.sweeps.rounds.run_rounds): the spec, then R - 1 rounds of `sweep next` launched in turn.
+A spec with `study:` arms (scalelab.sweeps.study_spec) is a study: `plan` shows its cost per arm,
+`next` fits every arm and proposes the study's next round (scalelab.sweeps.study_propose), and
+`study` prints what it found (scalelab.sweeps.study_fit, scalelab.analysis.decision_accuracy).
 
 W&B (docs/wandb.md): runs log live under the sweep's group with their design as tags; `sweep next`
 (and each round of `--rounds`) logs its fit, gates, proposals and ledger as a fit run with the
@@ -94,10 +99,22 @@ def add_parser(sub) -> None:
     q.add_argument("--step", type=float, default=3.0, help="next budget = step x the largest budget done")
     q.add_argument("--replicates", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
     q.add_argument(
+        "--decide",
+        action="store_true",
+        help="a study: propose the decisive pair at the target now, even while the arms are not told apart",
+    )
+    q.add_argument(
         "--seeds", type=int, default=1, help="train the compute-optimal run with this many seeds (each one scored)"
     )
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_next)
+
+    q = s.add_parser("study", help="a study: each arm's fit, m(C), the gap at the target, ledger, decision accuracy")
+    q.add_argument("sweep_dir")
+    q.add_argument("--replicates", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
+    q.add_argument("--no-decisions", action="store_true", help="skip decision accuracy (its refits take a while)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=run_study)
 
     q = s.add_parser("eval", help="evaluate every checkpoint of the finished runs on tasks, as Ray tasks")
     q.add_argument("sweep_dir")
@@ -332,7 +349,12 @@ def run_export(args) -> int:
 def run_next(args) -> int:
     from scalelab.sweeps.proposal_text import format_proposal
     from scalelab.sweeps.propose import propose_next
+    from scalelab.sweeps.study_propose import is_study
 
+    if is_study(args.sweep_dir):
+        return _next_study(args)
+    if args.decide:
+        raise UsageError(f"--decide: {args.sweep_dir} is not a study (its sweep.yaml has no study: section)")
     proposal = propose_next(
         args.sweep_dir,
         target_flops=args.target_flops,
@@ -347,6 +369,45 @@ def run_next(args) -> int:
         print(json.dumps(proposal, indent=2, default=str))
     else:
         print(format_proposal(proposal))
+    return 0
+
+
+def _next_study(args) -> int:
+    from scalelab.sweeps.study_propose import format_study_proposal, propose_study_round
+
+    if args.target_flops is not None:
+        raise UsageError("--target-flops: a study's target is its study.target_flops; edit the spec's study section")
+    if args.seeds != 1:
+        raise UsageError("--seeds: a study's decisive pair is one run per arm; add seeds to the spec's design instead")
+    proposal = propose_study_round(
+        args.sweep_dir,
+        budget_flops=args.budget_flops,
+        step=args.step,
+        decide=args.decide,
+        replicates=args.replicates,
+        log=(lambda m: print(m, file=sys.stderr)) if args.json else print,
+    )
+    print(json.dumps(proposal.to_dict(), indent=2, default=str) if args.json else format_study_proposal(proposal))
+    return 0
+
+
+def run_study(args) -> int:
+    from scalelab.analysis.decision_accuracy import decision_accuracy, format_decisions
+    from scalelab.store.ledger import format_studies, read_ledger, score
+    from scalelab.sweeps.study_fit import fit_study, format_study
+
+    score(args.sweep_dir)
+    sf = fit_study(args.sweep_dir, replicates=args.replicates)
+    studies = read_ledger(args.sweep_dir)["studies"]
+    table = None if args.no_decisions else decision_accuracy(args.sweep_dir)
+    if args.json:
+        out = {"fit": sf.to_dict(), "ledger": studies, "decisions": table.to_dict() if table else None}
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    print(format_study(sf))
+    print(format_studies(studies) if studies else "ledger: no study prediction yet (`scalelab sweep next DIR`)")
+    if table is not None:
+        print(format_decisions(table))
     return 0
 
 

@@ -42,7 +42,7 @@ def _linear_params_per_layer(cfg: ModelConfig, active: bool = False) -> int:
     d, dh = cfg.d_model, cfg.head_dim
     attention = d * cfg.num_heads * dh + 2 * d * cfg.num_kv_heads * dh + cfg.num_heads * dh * d
     if cfg.family != "moe":
-        return attention + 3 * d * cfg.d_ff
+        return attention + (3 if cfg.mlp == "swiglu" else 2) * d * cfg.d_ff  # SwiGLU: w1, w2, w3; GELU: w1, w2
     routed = cfg.num_experts_per_tok if active else cfg.num_experts
     router = d * cfg.num_experts
     experts = 3 * d * cfg.expert_d_ff * (routed + cfg.num_shared_experts)

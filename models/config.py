@@ -22,6 +22,7 @@ from scalelab.kernels import BACKENDS
 from scalelab.models import parametrization
 
 FAMILIES = ("llama", "moe")
+MLPS = ("swiglu", "gelu")  # the dense feed-forward: gated SiLU (3 matrices) or a GELU MLP (2 matrices)
 ROUTER_GATINGS = ("softmax", "sigmoid")
 EXPERT_METHODS = ("loop", "grouped")
 
@@ -34,12 +35,15 @@ class ModelConfig:
     d_model: int  # residual-stream width
     num_heads: int  # query heads; head_dim = d_model // num_heads
     num_kv_heads: int  # key/value heads (GQA); == num_heads is plain multi-head attention
-    d_ff: int  # SwiGLU hidden width (w1/w3 output, w2 input)
+    d_ff: int  # feed-forward hidden width (w1 (and SwiGLU's w3) output, w2 input)
     max_seq_len: int  # length of the RoPE tables; longest sequence the model accepts
     rope_theta: float = 10000.0  # RoPE base (Llama 2: 1e4, Llama 3: 5e5)
     norm_eps: float = 1e-5  # RMSNorm epsilon
     tied_embeddings: bool = False  # output projection shares the input embedding matrix
     qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (OLMo-2 / Qwen-3 style)
+    # The dense feed-forward (see MLPS): "gelu" is w2(gelu(w1 x)), GPT-2's MLP; the shape rule gives it
+    # 3/2 the SwiGLU width (~4 d), the parameters and FLOPs of SwiGLU's three matrices
+    mlp: str = "swiglu"
     # Init (see Transformer.init_weights): every matrix, embeddings included, ~ N(0, init_std);
     # the residual output projections (attention.wo, feed_forward.w2) are further scaled by
     # 1/sqrt(2 * num_layers) (GPT-2 / Megatron); norm weights = 1.
@@ -115,7 +119,11 @@ class ModelConfig:
         parametrization.validate(self, prefix)
         if self.kernels not in BACKENDS:
             raise ConfigError(f"{prefix}.kernels", f"{self.kernels!r} is not a backend", f"use one of {BACKENDS}")
+        if self.mlp not in MLPS:
+            raise ConfigError(f"{prefix}.mlp", f"{self.mlp!r} is not a feed-forward", f"use one of {MLPS}")
         if self.family == "moe":
+            if self.mlp != "swiglu":
+                raise ConfigError(f"{prefix}.mlp", f"{self.mlp!r}: MoE experts are SwiGLU", "use mlp: swiglu")
             self._validate_moe(prefix)
 
     def _validate_moe(self, prefix: str) -> None:

@@ -46,6 +46,8 @@ def _check(cfg: ModelConfig) -> None:
     cfg.validate()
     if cfg.qk_norm:
         raise ConfigError("model.qk_norm", "Llama has no q/k norm", "set qk_norm: false to export to HF Llama")
+    if cfg.mlp != "swiglu":
+        raise ConfigError("model.mlp", f"{cfg.mlp!r}: Llama's MLP is SwiGLU", "export a model with mlp: swiglu")
 
 
 def to_hf_config(cfg: ModelConfig) -> dict[str, Any]:

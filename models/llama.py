@@ -103,7 +103,7 @@ class TransformerBlock(nn.Module):
         if cfg.family == "moe":
             self.feed_forward = MoE(cfg)
         else:
-            self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
+            self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.mlp)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.residual_mult != 1.0:  # CompleteP: each branch x base_L / L

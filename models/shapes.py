@@ -16,7 +16,8 @@ The rule (all sizes derive from (num_layers L, d_model d)):
               multiple of 4).
   GQA         num_kv_heads = num_heads for d < 2048, else gcd(num_heads, 8) (4 or 8; Llama-3: 8).
   d_ff        8/3 d (SwiGLU with the FLOPs of a 4d GELU MLP) rounded up to a multiple of 32
-              (d < 256), 64 (d < 2048) or 256.
+              (d < 256), 64 (d < 2048) or 256; for `mlp: gelu` 3/2 of that (~4 d): two matrices with
+              exactly the parameters and FLOPs of SwiGLU's three, so the rule picks the same (L, d).
   choice      among (L, d) with d within 2x of d*(L): the shape closest to the aspect rule
               (smallest |log(d / d*(L))|) among those whose count is within 5% of the target;
               when none is, the one with the closest count.
@@ -84,7 +85,7 @@ def shape_for_width(num_layers: int, d_model: int, vocab_size: int, **fields: An
         d_model=d_model,
         num_heads=num_heads,
         num_kv_heads=num_kv_heads,
-        d_ff=ffn_width(d_model),
+        d_ff=ffn_width(d_model) if fields.get("mlp", "swiglu") == "swiglu" else 3 * ffn_width(d_model) // 2,
         **fields,
     )
 
@@ -124,8 +125,8 @@ def shape_for_params(
             ladders may ask for less so that small sizes keep 2+ layers within the aspect band).
         min_width: the narrowest d_model considered (16 allows one 16-wide head).
         exclude: (num_layers, d_model) pairs not to return (so a design's sizes stay distinct).
-        fields: other ModelConfig keys (max_seq_len=2048 by default, tied_embeddings, qk_norm,
-            rope_theta, norm_eps, init_std, kernels); tied_embeddings and qk_norm change the count.
+        fields: other ModelConfig keys (max_seq_len=2048 by default, tied_embeddings, qk_norm, mlp,
+            rope_theta, norm_eps, init_std, kernels); tied_embeddings, qk_norm and mlp change the count.
     Raises:
         ConfigError: bad target/count, or a target the vocabulary alone (nearly) fills.
     """

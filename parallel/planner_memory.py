@@ -116,8 +116,9 @@ def _param_shapes(cls, items: tuple) -> tuple:
             shapes |= {
                 p + "feed_forward.w1.weight": (cfg.d_ff, d),
                 p + "feed_forward.w2.weight": (d, cfg.d_ff),
-                p + "feed_forward.w3.weight": (cfg.d_ff, d),
             }
+            if cfg.mlp == "swiglu":
+                shapes[p + "feed_forward.w3.weight"] = (cfg.d_ff, d)
     shapes["norm.weight"] = (d,)
     if not cfg.tied_embeddings:
         shapes["output.weight"] = (v, d)
@@ -331,7 +332,7 @@ def checkpointed_layer_bytes(cfg, lay: ParallelConfig, seq_len: int, act: int = 
         k, fe = cfg.num_experts_per_tok, cfg.expert_d_ff
         ffn = k * (2 * fe / tp + d) + cfg.num_shared_experts * (2 * fe / tp) + d + 4 / act * cfg.num_experts
     else:
-        ffn = 2 * cfg.d_ff / tp + d  # w1 and w3 outputs, w2 output
+        ffn = (2 if cfg.mlp == "swiglu" else 1) * cfg.d_ff / tp + d  # w1 (w3), w2 outputs
     mm = heads * hd + 2 * kv * hd + d + ffn  # + q, k, v, wo outputs
     return act * (d + mm + heads * hd) + 4 * heads
 

@@ -100,12 +100,13 @@ def apply_tp(model: nn.Module, tp_mesh, *, sequence_parallel: bool, loss_paralle
                         input_layouts=(Shard(1) if sp else Replicate(),), desired_input_layouts=(Replicate(),)
                     ),
                     "feed_forward.w1": ColwiseParallel(),
-                    "feed_forward.w3": ColwiseParallel(),
                     "feed_forward.w2": RowwiseParallel(
                         output_layouts=Shard(1) if sp else Replicate(), use_local_output=not sp
                     ),
                 }
             )
+            if block.feed_forward.w3 is not None:  # SwiGLU's up projection; a GELU MLP has none
+                plan["feed_forward.w3"] = ColwiseParallel()
         if sp:
             plan["attention_norm"] = SequenceParallel(use_local_output=False)
             plan["ffn_norm"] = SequenceParallel(use_local_output=False)

@@ -1,6 +1,6 @@
 """The ledger: every fit the closed loop makes, and every prediction it scored against a real run.
 
-    <sweep>/ledger.json = {"fits": [...], "predictions": [...]}
+    <sweep>/ledger.json = {"fits": [...], "predictions": [...], "studies": [...]}
 
 A fit entry (one per `sweep next`) keeps what a reviewer needs to audit it later: the round, the
 run ids it used, the code version, the law and its options, the parameters with their intervals,
@@ -9,8 +9,14 @@ the identification gates, and which constants moved outside the previous round's
 the run that is trained is exactly the one predicted), N, D, C, the predicted loss and interval,
 and, once the run is done, the measured loss, the relative error and whether the interval covered it.
 
-Predictions are recorded before their runs can start (`record_round`; the round's spec is written
-after it), and scored whenever the ledger is touched after a launch (`score`;
+A study entry (a study's `sweep next`, scalelab.sweeps.study_propose) is one arm against the
+baseline at the target: the two runs that decide it, the predicted gap L_arm - L_baseline with its
+interval, the predicted winner and whether the interval excluded 0, the multiplier; once both runs
+are done, the measured gap, the measured winner, whether the prediction named it and whether the
+interval covered the gap.
+
+Predictions are recorded before their runs can start (`record_round`, `record_study`; the round's
+spec is written after it), and scored whenever the ledger is touched after a launch (`score`;
 scalelab.sweeps.execute calls it at the end of every launch). A prediction whose run had already
 started in this sweep when it was recorded (an identical config proposed again: its id is the hash
 of the config, labels aside), or that the fit itself used, is kept with a `flag` and never scored:
@@ -46,12 +52,16 @@ def read_ledger(sweep_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
     """The ledger (empty when there is none); every prediction's run id checked before it names a path."""
     path = ledger_path(sweep_dir)
     if not path.exists():
-        return {"fits": [], "predictions": []}
+        return {"fits": [], "predictions": [], "studies": []}
     data = json.loads(path.read_text())
     data.setdefault("fits", [])
     data.setdefault("predictions", [])
+    data.setdefault("studies", [])
     for p in data["predictions"]:
         check_run_id(p.get("run_id"), f"{path}: prediction for run")
+    for e in data["studies"]:
+        for run_id in (e.get("run_ids") or {}).values():
+            check_run_id(run_id, f"{path}: study entry's run")
     return data
 
 
@@ -106,8 +116,40 @@ def record_round(sweep_dir: str | Path, fit: dict[str, Any], predictions: list[d
     return fit
 
 
+def record_study(sweep_dir: str | Path, studies: list[dict[str, Any]], predictions: list[dict[str, Any]]) -> None:
+    """Append a study round's gap predictions and its runs' loss predictions (before the runs start);
+    a loss prediction whose run had already started is flagged, as in record_round."""
+    with locked(sweep_dir):
+        ledger = read_ledger(sweep_dir)
+        known = {(p["round"], p["run_id"]) for p in ledger["predictions"]}
+        for p in predictions:
+            if (p["round"], p["run_id"]) in known:
+                continue
+            entry = dict(p, measured=None, rel_error=None, covered=None)
+            if read_status(run_path(sweep_dir, p["run_id"])) is not None:
+                entry["flag"] = "run already started"
+            ledger["predictions"].append(entry)
+        known_studies = {(e["round"], e["arm"]) for e in ledger["studies"]}
+        for e in studies:
+            if (e["round"], e["arm"]) not in known_studies:
+                ledger["studies"].append(
+                    dict(e, measured_gap=None, measured_winner=None, winner_right=None, covered=None)
+                )
+        atomic_write_json(ledger_path(sweep_dir), ledger)
+        _score(sweep_dir, ledger, None)
+
+
+def _measured(sweep_dir: Path, run_id: str, loss_column: str) -> float | None:
+    status = read_status(run_path(sweep_dir, run_id)) or {}
+    if status.get("status") != "done":
+        return None
+    measured = status.get(loss_column)
+    return float(measured) if measured is not None and math.isfinite(float(measured)) else None
+
+
 def score(sweep_dir: str | Path, loss_column: str | None = None) -> list[dict[str, Any]]:
-    """Fill in the measured loss of every prediction whose run is done; returns the newly scored."""
+    """Fill in the measured loss of every prediction whose run is done, and the measured gap of every
+    study entry whose two runs are; returns the newly scored predictions."""
     sweep_dir = Path(sweep_dir)
     with locked(sweep_dir):
         return _score(sweep_dir, read_ledger(sweep_dir), loss_column)
@@ -118,19 +160,37 @@ def _score(sweep_dir: Path, ledger: dict[str, Any], loss_column: str | None) -> 
     for p in ledger["predictions"]:
         if p.get("measured") is not None or p.get("flag"):
             continue
-        status = read_status(run_path(sweep_dir, p["run_id"])) or {}
-        if status.get("status") != "done":
-            continue
-        measured = status.get(loss_column or p.get("loss_column") or "final_val_loss")
-        if measured is None or not math.isfinite(float(measured)):
+        measured = _measured(sweep_dir, p["run_id"], loss_column or p.get("loss_column") or "final_val_loss")
+        if measured is None:
             continue
         lo, hi = p["interval"]
-        p["measured"] = float(measured)
+        p["measured"] = measured
         p["rel_error"] = (p["predicted"] - p["measured"]) / p["measured"]
         p["covered"] = bool(lo <= p["measured"] <= hi)
         scored.append(p)
-    if scored:
+    studies = _score_studies(sweep_dir, ledger["studies"])
+    if scored or studies:
         atomic_write_json(ledger_path(sweep_dir), ledger)
+    return scored
+
+
+def _score_studies(sweep_dir: Path, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The measured gap of study entries whose runs are both done (module docstring)."""
+    scored = []
+    for e in entries:
+        if e.get("measured_gap") is not None:
+            continue
+        column = e.get("loss_column") or "final_val_loss"
+        base = _measured(sweep_dir, e["run_ids"][e["baseline"]], column)
+        arm = _measured(sweep_dir, e["run_ids"][e["arm"]], column)
+        if base is None or arm is None:
+            continue
+        lo, hi = e["interval"]
+        e["measured_gap"] = arm - base
+        e["measured_winner"] = e["arm"] if arm < base else e["baseline"]
+        e["winner_right"] = e["measured_winner"] == e["predicted_winner"]
+        e["covered"] = bool(lo <= e["measured_gap"] <= hi)
+        scored.append(e)
     return scored
 
 
@@ -189,4 +249,26 @@ def format_ledger(ledger: dict[str, list[dict[str, Any]]]) -> str:
         )
     else:
         lines.append("coverage: no prediction scored yet")
+    if ledger.get("studies"):
+        lines.append(format_studies(ledger["studies"]))
+    return "\n".join(lines)
+
+
+def format_studies(entries: list[dict[str, Any]]) -> str:
+    """A study's predicted vs measured gaps at the target, one line per (round, arm)."""
+    lines = ["studies (gap = L_arm - L_baseline at the target):"]
+    lines.append(
+        f"  {'round':>5} {'arm':12} {'baseline':12} {'C':>9} {'predicted':>9} {'interval':>19} {'decided':>7} "
+        f"{'winner':12} {'measured':>9} {'measured winner':15} {'right':>5} covered"
+    )
+    for e in entries:
+        lo, hi = e["interval"]
+        measured = f"{e['measured_gap']:+.4f}" if e.get("measured_gap") is not None else "pending"
+        right = "" if e.get("winner_right") is None else ("yes" if e["winner_right"] else "NO")
+        cov = "" if e.get("covered") is None else ("yes" if e["covered"] else "NO")
+        lines.append(
+            f"  {e['round']:>5} {e['arm']:12} {e['baseline']:12} {e['target_flops']:>9.3g} {e['predicted_gap']:>+9.4f} "
+            f"[{lo:+.4f}, {hi:+.4f}] {'yes' if e['decided'] else 'no':>7} {e['predicted_winner']:12} {measured:>9} "
+            f"{e.get('measured_winner') or '':15} {right:>5} {cov}"
+        )
     return "\n".join(lines)

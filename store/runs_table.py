@@ -58,6 +58,7 @@ _LABELS = (
     "mixture",
     "epochs",
     "unique_tokens",
+    "arm",
 )
 
 

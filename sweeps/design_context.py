@@ -32,6 +32,7 @@ SHAPE_PASSTHROUGH = (
     "max_seq_len",
     "tied_embeddings",
     "qk_norm",
+    "mlp",
     "rope_theta",
     "norm_eps",
     "init_std",
@@ -110,4 +111,5 @@ class DesignContext:
         if not found:
             raise ConfigError(key, f"size {target_params:.3g}: {str(error).split(': ', 1)[-1]}") from None
         cfg = min(found, key=lambda t: t[0])[1]
-        return {k: v for k, v in to_dict(cfg).items() if k in SHAPE_KEYS or k in ("vocab_size", "max_seq_len")}
+        # mlp travels with the shape: it decides what d_ff means for the count and the FLOPs
+        return {k: v for k, v in to_dict(cfg).items() if k in SHAPE_KEYS or k in ("vocab_size", "max_seq_len", "mlp")}

@@ -11,6 +11,8 @@ inflate it: on a busy machine the real runs take longer; training steps only: ev
 checkpoints add a few percent), and runs of the same shape share the figure. `measure=False`
 skips that and shows no times.
 
+A study (`study:` arms, scalelab.sweeps.study_spec) adds its cost per arm below the total.
+
 Memory (per rank, the fullest one): scalelab.parallel.planner_memory's model of the layout (exact
 fp32 parameter, gradient and AdamW state bytes; activations saved for backward per micro-batch);
 a run whose figure exceeds this machine's RAM (CPU) is flagged in the warnings.
@@ -138,14 +140,18 @@ def plan_sweep(sweep: Sweep, *, measure: bool = True) -> tuple[list[dict[str, An
                 lr=run.config["optim"]["lr"],
             )
         )
-    serial = sum(r["est_s"] for r in rows if r["est_s"] is not None) if measure else None
-    totals = dict(
-        num_runs=len(rows),
-        cost_flops=sum(r["cost_flops"] for r in rows),
-        serial_s=serial,
-        warnings=list(sweep.warnings),
-    )
+    totals = dict(_totals(rows, measure), warnings=list(sweep.warnings))
+    if sweep.study is not None:  # a study's cost per arm (its arms run the same design)
+        totals["arms"] = {
+            arm: _totals([r for r, run in zip(rows, sweep.runs) if run.labels.get("arm") == arm], measure)
+            for arm in sweep.study.names
+        }
     return rows, totals
+
+
+def _totals(rows: list[dict[str, Any]], measure: bool) -> dict[str, Any]:
+    serial = sum(r["est_s"] for r in rows if r["est_s"] is not None) if measure else None
+    return dict(num_runs=len(rows), cost_flops=sum(r["cost_flops"] for r in rows), serial_s=serial)
 
 
 def _warmup_steps(run: RunSpec) -> int:
@@ -162,7 +168,7 @@ def _machine_ram_bytes() -> float | None:
 
 
 def _label(labels: dict[str, Any]) -> str:
-    parts = []
+    parts = [f"arm={labels['arm']}"] if "arm" in labels else []
     if "flops_budget" in labels:
         parts.append(f"C={labels['flops_budget']:.2g}")
     if "tokens_per_param" in labels:
@@ -202,5 +208,10 @@ def format_plan(rows: list[dict[str, Any]], totals: dict[str, Any], slots: int |
         if slots:
             total += f", ~{_fmt_s(totals['serial_s'] / slots)} on {slots} concurrent slots"
     lines.append(total)
+    for arm, t in (totals.get("arms") or {}).items():
+        line = f"  arm {arm}: {t['num_runs']} runs, {t['cost_flops']:.3g} FLOPs"
+        if t.get("serial_s") is not None:
+            line += f", ~{_fmt_s(t['serial_s'])} of training one after another"
+        lines.append(line)
     lines += [f"warning: {w}" for w in totals.get("warnings", [])]
     return "\n".join(lines)

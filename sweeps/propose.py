@@ -164,8 +164,8 @@ def propose_round(
         cands = [Candidate.at(ctx, lf.optimum(c_next)[0], c_next, "compute_optimal", count=_count(lf))]
     else:
         log(f"gates failed: {', '.join(lf.gates.failed)}; proposing the runs that would pass them")
-        cands = _remedies(lf, ctx, c_next)
-    k = _next_round(sweep_dir)
+        cands = remedies(lf, ctx, c_next)
+    k = next_round(sweep_dir)
     gains: dict[int, float] = {}
     candidates_scored = 0
     if lf.gates.passed and max_runs > seeds and budget > seeds * cands[0].flops:
@@ -208,7 +208,7 @@ def propose_round(
     return proposal
 
 
-def _remedies(lf: ScalingFit, ctx: DesignContext, c_next: float) -> list[Candidate]:
+def remedies(lf: ScalingFit, ctx: DesignContext, c_next: float) -> list[Candidate]:
     """Runs that would pass the failed gates (module docstring, 3b)."""
     cands: list[Candidate] = []
     failed = set(lf.gates.failed)
@@ -360,7 +360,7 @@ def _predicted(lf: ScalingFit, run, fit_spec: FitSpec) -> ProposedRun:
     )
 
 
-def _next_round(sweep_dir: Path) -> int:
+def next_round(sweep_dir: Path) -> int:
     rounds = sweep_dir / "rounds"
     return 1 + len(list(rounds.glob("round_*.yaml"))) if rounds.exists() else 1
 

@@ -18,7 +18,9 @@
    proposer. `until_passed` stops after launching the first round proposed from a passing fit;
    `reopen` first takes up the sweep's latest round when its runs are not all done (or it passed),
    so a loop run again continues where it stopped. No round is proposed after a launch that left
-   a run unfinished (failed, its retries spent): `result.stopped` says so.
+   a run unfinished (failed, its retries spent): `result.stopped` says so. A study (a spec with
+   `study:` arms) proposes its rounds with scalelab.sweeps.study_propose instead, at its own target
+   (not reopened: its latest round's spec is launched as any spec is).
 
 Each round's fit, gates, proposals and ledger go to W&B as a fit run when W&B is on
 (scalelab.sweeps.wandb_fit.log_rounds; `fit_images` draws its plots). Hooks let a caller print
@@ -40,6 +42,7 @@ from scalelab.sweeps.execute import launch
 from scalelab.sweeps.proposal import Proposal, latest_round, read_round
 from scalelab.sweeps.propose import propose_round
 from scalelab.sweeps.spec import Sweep, dump_spec
+from scalelab.sweeps.study_propose import is_study, propose_study_round
 from scalelab.sweeps.transfer import (
     GateResult,
     TransferPlan,
@@ -129,9 +132,12 @@ def run_rounds(
             break
         if before_fit is not None:
             before_fit(i)
-        proposal = (_open_round(out) if reopen else None) or propose_round(
-            out, target_flops=target, budget_flops=budget_flops, step=step, seeds=seeds, log=log
-        )
+        if is_study(out):  # a study's round: narrowing runs, remedies, or the decisive pair
+            proposal = propose_study_round(out, budget_flops=budget_flops, step=step, log=log)
+        else:
+            proposal = (_open_round(out) if reopen else None) or propose_round(
+                out, target_flops=target, budget_flops=budget_flops, step=step, seeds=seeds, log=log
+            )
         for wandb_id in wandb_fit.log_rounds(out, images=fit_images, log=log):  # when W&B is on
             log(f"W&B: fit run {wandb_id} (fit, gates, proposals, ledger, plots)")
         if before_launch is not None:
@@ -153,6 +159,8 @@ def check_rounds(
         raise UsageError("--rounds must be >= 1")
     check = plan_transfer(sweep.raw, sweep)  # the transfer section is validated here
     target = target_flops or sweep.fit.target_flops or None
+    if sweep.study is not None:  # a study's rounds aim at its own target
+        target = sweep.study.target_flops
     if rounds > 1 and not target:
         raise UsageError("--rounds > 1 needs --target-flops (or fit.target_flops in the spec)")
     if objects.is_url(sweep_dir) and (check is not None or rounds > 1):

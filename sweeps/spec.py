@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from scalelab.config_tree import from_dict, load_yaml, set_in_dict
+from scalelab.config_tree import from_dict, load_yaml, set_in_dict, to_dict
 from scalelab.errors import ConfigError
 from scalelab.models.accounting import num_params
 from scalelab.models.config import ModelConfig
@@ -60,6 +60,7 @@ from scalelab.sweeps.isoflop_grid import check_isoflop_tolerance, isoflop_points
 from scalelab.sweeps.recipe import plan_run
 from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
+from scalelab.sweeps.study_spec import StudySpec, check_arm_runs, parse_study
 from scalelab.sweeps.wandb_runs import parse_wandb_section
 from scalelab.train.config import build_run_config, merge_defaults
 from scalelab.train.data.config import SourceConfig
@@ -81,6 +82,7 @@ TOP_KEYS = (
     "early_stop",
     "transfer",  # the LR-transfer gate (scalelab.sweeps.transfer), read by `sweep plan/launch`
     "wandb",  # W&B group, tags and live prediction (scalelab.sweeps.wandb_runs), read back by the trials
+    "study",  # arms crossed with the design (scalelab.sweeps.study_spec)
 )
 
 
@@ -120,6 +122,7 @@ class Sweep:
     execution: ExecutionConfig
     fit: FitSpec
     warnings: list[str] = field(default_factory=list)
+    study: StudySpec | None = None  # a study's arms, baseline and target (scalelab.sweeps.study_spec)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,28 +198,69 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
             )
     if not 0.0 <= fit.noise_floor < 0.5:
         raise ConfigError("fit.noise_floor", f"{fit.noise_floor!r} must be in [0, 0.5)", "a log-sd, e.g. 0.01")
-    ctx = DesignContext.from_base(base, cpus_per_run=execution.cpus_per_run, recipe=raw.get("recipe"))
     gen = gens[0]
-    points = _GENERATOR_FNS[gen](raw[gen], ctx, gen)
-    points = _cross(points, _axes(raw.get("axes"), "axes"))
-    points = _cross(points, _data_axes(raw.get("data"), ctx, gen))
-    points = _cross(points, _seeds(raw.get("seeds"), ctx))
+    study = None
+    if raw.get("study") is not None:
+        study = parse_study(raw["study"], raw, gen, _budgets(raw, gen))
+    arms = study.arms if study is not None else {None: {}}
     warnings: list[str] = []
     runs: list[RunSpec] = []
     seen: set[str] = set()
-    for i, (overrides, labels) in enumerate(points):
-        run = _resolve(ctx, overrides, dict(labels, generator=gen), where=f"{gen} run {i}")
-        if run.run_id in seen:
-            warnings.append(f"{gen} run {i} duplicates an earlier run ({run.run_id}); kept once")
-            continue
-        seen.add(run.run_id)
-        runs.append(run)
-    if raw.get("cooldowns") is not None:
-        runs = expand_cooldowns(raw["cooldowns"], runs)
+    arm_ids: dict[str, list[str]] = {}
+    for arm, arm_overrides in arms.items():
+        arm_base = with_overrides(base, arm_overrides)  # the generator sizes the arm's own runs
+        ctx = DesignContext.from_base(arm_base, cpus_per_run=execution.cpus_per_run, recipe=raw.get("recipe"))
+        points = _GENERATOR_FNS[gen](raw[gen], ctx, gen)
+        points = _cross(points, _axes(raw.get("axes"), "axes"))
+        points = _cross(points, _data_axes(raw.get("data"), ctx, gen))
+        points = _cross(points, _seeds(raw.get("seeds"), ctx))
+        if arm is not None:
+            points = _cross(points, [(arm_overrides, {"arm": arm})])
+        where = f"study.arms.{arm}: {gen}" if arm is not None else gen
+        arm_runs = []
+        for i, (overrides, labels) in enumerate(points):
+            run = _resolve(ctx, overrides, dict(labels, generator=gen), where=f"{where} run {i}")
+            if arm is not None:
+                arm_ids.setdefault(arm, []).append(run.run_id)
+            if run.run_id in seen:
+                warnings.append(f"{where} run {i} duplicates an earlier run ({run.run_id}); kept once")
+                continue
+            seen.add(run.run_id)
+            arm_runs.append(run)
+        if raw.get("cooldowns") is not None:
+            arm_runs = expand_cooldowns(raw["cooldowns"], arm_runs)
+        runs += arm_runs
+    if study is not None:
+        check_arm_runs(study, arm_ids)
     if gen == "isoflop":
         check_isoflop_tolerance(raw[gen], runs)
     name = str(raw.get("name") or default_name)
-    return Sweep(name=name, raw=raw, generator=gen, runs=runs, execution=execution, fit=fit, warnings=warnings)
+    return Sweep(
+        name=name, raw=raw, generator=gen, runs=runs, execution=execution, fit=fit, warnings=warnings, study=study
+    )
+
+
+def _budgets(raw: dict[str, Any], gen: str) -> list[float]:
+    """The design's FLOP budgets (an IsoFLOP generator's; a points spec's labels), for the study's checks."""
+    section = raw.get(gen)
+    if gen == "isoflop" and isinstance(section, dict):
+        given = as_list(section.get("budgets"), f"{gen}.budgets")
+        return [number(v, f"{gen}.budgets[{i}]") for i, v in enumerate(given)]
+    if gen == "points" and isinstance(section, list):
+        return [float(p["labels"]["flops_budget"]) for p in section if (p.get("labels") or {}).get("flops_budget")]
+    return []
+
+
+def with_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The base run config with dotted overrides set (a study arm's)."""
+    if not overrides:
+        return base
+    tree = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if key.startswith("data.sources."):  # index into the default sources when the base has none
+            tree.setdefault("data", {}).setdefault("sources", [to_dict(SourceConfig())])
+        _set(tree, key, value)
+    return tree
 
 
 # ---------------------------------------------------------------------------------------------

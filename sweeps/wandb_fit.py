@@ -49,14 +49,17 @@ def logged(directory: Path, wandb_id: str) -> bool:
 
 
 def round_records(sweep_dir: Path) -> list[dict[str, Any]]:
-    """Every fits/round_K.json of the sweep, by round."""
+    """Every fits/round_K.json of the sweep, by round (a study's rounds, one fit per arm, are not
+    fit runs: their arms' runs carry the `arm:` tag)."""
     paths = sorted((sweep_dir / "fits").glob("round_*.json"), key=lambda p: int(p.stem.split("_")[1]))
     out = []
     for path in paths:
         try:
-            out.append(json.loads(path.read_text()))
+            record = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
+        if not record.get("study"):
+            out.append(record)
     return out
 
 

@@ -9,8 +9,9 @@ What each run carries (run_context):
   group     the sweep (`wandb.group` in the spec, else the spec's name), every round included;
   tags      its design: `budget:2e+11`, `size:2/4` (its rank among the sizes of its budget),
             `round:0` (the initial design) or `round:K`, `proposal:<kind>` (a `sweep next` run),
-            `tpp:<D/N>`, `cooldown:stable|branch`, the arm of a study (the config's `tags:`, e.g.
-            `arch:moe`, and an LR-transfer check's `width:`, `depth:`, `lr:`), and `wandb.tags`;
+            `tpp:<D/N>`, `cooldown:stable|branch`, the arm of a study (`arm:<name>`, a `study:` spec's
+            label; and the config's `tags:`, e.g. `arch:moe`), an LR-transfer check's `width:`,
+            `depth:`, `lr:`, and `wandb.tags`;
   job_type  train; cooldown for a WSD decay branch; eval (`sweep eval`) and fit (sweeps/wandb_fit.py);
   summary   N, N_nonembed, D, C (6ND), the budget and, for a proposed run, the ledger's prediction
             and interval (`ledger/predicted_loss`, `ledger/predicted_lo`, `ledger/predicted_hi`);
@@ -212,7 +213,7 @@ def run_tags(entry: dict[str, Any], entries: list[dict[str, Any]], extra: list[s
     if labels.get("transfer"):  # an arm of the LR-transfer check
         tags += ["transfer", f"width:{labels.get('d_model')}", f"depth:{labels.get('num_layers')}"]
         tags.append(f"lr:{labels.get('lr'):.3g}" if isinstance(labels.get("lr"), float) else f"lr:{labels.get('lr')}")
-    for key in ("mixture", "epochs", "sample"):
+    for key in ("arm", "mixture", "epochs", "sample"):  # arm: a study's (scalelab.sweeps.study_spec)
         if labels.get(key) is not None:
             tags.append(f"{key}:{labels[key]}")
     for key, value in sorted(((entry.get("config") or {}).get("tags") or {}).items()):  # arms of a study

@@ -9,9 +9,12 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from scalelab.errors import UsageError
+from scalelab.train.config import build_run_config
 from scalelab.train.data import prepare as prep
+from scalelab.train.data.bundle import build_data
 from scalelab.train.data.corpus import default_corpus_files, iter_documents
 from scalelab.train.data.prepare import (
     data_cache_dir,
@@ -243,3 +246,54 @@ def test_default_corpus_prepare():
     assert seconds < 30, f"default corpus prepare took {seconds:.1f} s"
     assert isinstance(PreparedSource(src.path), PreparedSource)
     assert ensure_prepared("default", "byte").path == src.path
+
+
+def _lib_and_tests(root):
+    """60 library files (no "assert" in them) and 60 test files (each starts with "assert")."""
+    (root / "tests").mkdir(parents=True)
+    for i in range(60):
+        (root / f"lib{i:02d}.py").write_text(f"def f{i}():\n    return {i}\n" * (3 + i % 5))
+        (root / "tests" / f"test_{i:02d}.py").write_text(f"assert f{i}() == {i}\n" * (4 + i % 3))
+
+
+def test_train_exclude_filters_train_only_and_keeps_the_val_split(tmp_path):
+    _lib_and_tests(tmp_path / "in")
+    whole = ensure_prepared(tmp_path / "in", "byte", tmp_path / "cache", val_fraction=0.1)
+    lib = ensure_prepared(tmp_path / "in", "byte", tmp_path / "cache", val_fraction=0.1, train_exclude=["*/tests/*"])
+    assert lib.path != whole.path  # its own cache entry; the unfiltered one keeps its key
+    assert np.array_equal(lib.val, whole.val)  # the same held-out documents, tests included
+    tok = ByteTokenizer()
+    train_docs = [bytes(d.astype(np.uint8)) for d in _split_docs(np.asarray(lib.train), tok.eot_id)]
+    assert train_docs and not any(d.startswith(b"assert") for d in train_docs)
+    whole_docs = _split_docs(np.asarray(whole.train), tok.eot_id)
+    assert lib.index["train_exclude"]["num_documents"] == len(whole_docs) - len(train_docs) > 0
+    with pytest.raises(UsageError, match="leaves no document"):
+        prepare([tmp_path / "in"], tmp_path / "none", "byte", val_fraction=0.1, train_exclude=["*"])
+
+
+def test_train_exclude_reaches_a_runs_batches_and_leaves_its_val_batches_alone(tmp_path):
+    """The config key through build_run_config and build_data (what a training run reads): no
+    training window of a filtered source holds an excluded document's bytes, and its validation
+    batches are token for token those of the unfiltered source (a data study's arms are validated
+    on the same documents)."""
+    _lib_and_tests(tmp_path / "in")
+    source = {"name": "code", "path": str(tmp_path / "in"), "max_epochs": 1}
+    data = {"seq_len": 32, "val_fraction": 0.1, "val_sequences": 16}
+
+    def bundle(**extra):
+        cfg = build_run_config({"model": {"preset": "debug"}, "data": {**data, "sources": [{**source, **extra}]}})
+        return build_data(cfg.data, seed=0, cache_dir=tmp_path / "cache", val_batch_size=4)
+
+    whole, lib = bundle(), bundle(train_exclude=["*/tests/*"])
+
+    def train_rows(b):
+        rows = b.sampler.next_batch(b.sampler.capacity_samples())  # every window of one epoch
+        return [bytes(r.numpy().astype(np.uint8)) for r in rows]
+
+    assert any(b"assert" in r for r in train_rows(whole))  # the filter has something to remove
+    assert not any(b"assert" in r for r in train_rows(lib))
+    assert lib.sources[0].num_tokens("train") < whole.sources[0].num_tokens("train")
+    assert [len(v.batches) for v in lib.val_sets] == [len(v.batches) for v in whole.val_sets] == [4]
+    for a, b in zip(lib.val_sets[0].batches, whole.val_sets[0].batches):
+        assert torch.equal(a, b)
+    assert any(b"assert" in bytes(r.numpy().astype(np.uint8)) for v in lib.val_sets for r in torch.cat(v.batches))

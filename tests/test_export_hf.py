@@ -109,3 +109,15 @@ def test_moe_that_is_not_mixtral_is_refused_and_a_matching_one_loads_as_mixtral(
     summary = export_hf(ckpt, tmp_path / "hf")
     assert summary["architecture"] == "MixtralForCausalLM"
     _logits_match(ckpt, tmp_path / "hf")
+
+
+def test_gelu_mlp_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys):
+    """Llama's MLP is SwiGLU: `scalelab export` of a GELU-MLP run exits 2 with one line naming
+    model.mlp, before writing the output folder."""
+    cfg = build_run_config({**BASE, "model": {"preset": "debug", "mlp": "gelu"}})
+    train_run(cfg, tmp_path / "run")
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "run"), "--hf", str(tmp_path / "hf")]) == 2
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and "model.mlp" in err and "swiglu" in err, err
+    assert not (tmp_path / "hf").exists()

@@ -27,11 +27,14 @@ from scalelab.models.accounting import (
     num_params_nonembedding,
 )
 from scalelab.models.config import ModelConfig
+from scalelab.models.hf_llama import to_hf_config
 from scalelab.models.llama import Transformer, build_model
 from scalelab.models.loss import lm_loss
 from scalelab.models.presets import get_preset, list_presets
 from scalelab.models.shapes import SHAPE_TOLERANCE, preferred_width, shape_for_params
 from scalelab.parallel.backend import spawn
+from scalelab.train.config import build_run_config
+from scalelab.train.identity import config_hash
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread per module
 
@@ -482,3 +485,49 @@ def test_init_under_activation_checkpointing_wrappers_matches_plain_init():
         assert got.keys() == dict(plain.named_parameters()).keys()
         for n, p in plain.named_parameters():
             assert torch.equal(p, got[n]), (mode, n)
+
+
+# --- the GELU feed-forward (an architecture study's arm) ---------------------------------------------
+
+
+def test_gelu_mlp_has_swiglus_parameters_shapes_and_flops():
+    kw = dict(min_layers=2, width_per_layer=16, min_width=16, max_seq_len=128)
+    for target in (3e4, 1e5, 4e5):
+        swiglu = shape_for_params(target, 256, **kw)
+        gelu = shape_for_params(target, 256, mlp="gelu", **kw)
+        # the same (L, d), N and FLOPs: only the feed-forward's form differs
+        assert (gelu.num_layers, gelu.d_model) == (swiglu.num_layers, swiglu.d_model)
+        assert gelu.d_ff == 3 * swiglu.d_ff // 2
+        assert num_params(gelu) == num_params(swiglu)
+        assert flops_per_token(gelu, 64).exact == flops_per_token(swiglu, 64).exact
+    cfg = small_cfg(mlp="gelu", d_ff=192)
+    model = build_model(cfg, seed=0)
+    assert num_params(cfg) == sum(p.numel() for p in model.parameters())
+    ffn = model.layers["0"].feed_forward
+    assert ffn.w3 is None
+    x = torch.randn(2, 5, cfg.d_model)
+    torch.testing.assert_close(ffn(x), ffn.w2(F.gelu(ffn.w1(x))))
+    tokens = torch.randint(0, cfg.vocab_size, (2, 16))
+    loss, _ = lm_loss(model, tokens[:, :-1], tokens[:, 1:])
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_mlp_is_validated_and_left_out_of_old_run_ids():
+    with pytest.raises(ConfigError, match="model.mlp"):
+        small_cfg(mlp="relu").validate()
+    with pytest.raises(ConfigError, match="model.mlp"):
+        small_cfg(family="moe", mlp="gelu").validate()
+    tree = {"model": {"preset": "debug"}, "data": {"seq_len": 64}, "train": {"num_tokens": 16384}}
+    plain = config_hash(build_run_config(tree))
+    explicit = config_hash(build_run_config({**tree, "model": {"preset": "debug", "mlp": "swiglu"}}))
+    gelu = config_hash(build_run_config({**tree, "model": {"preset": "debug", "mlp": "gelu"}}))
+    assert plain == explicit != gelu
+    assert plain == "7ba8340073e7"  # its id before the field existed: recorded runs keep their ids
+    lib = {**tree, "data": {"seq_len": 64, "sources": [{"name": "stdlib", "train_exclude": ["*/test/*"]}]}}
+    assert config_hash(build_run_config(lib)) != plain  # a train filter is a different run
+
+
+def test_hf_export_refuses_a_gelu_mlp():
+    with pytest.raises(ConfigError, match="model.mlp"):
+        to_hf_config(small_cfg(mlp="gelu"))

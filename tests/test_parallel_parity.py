@@ -22,10 +22,12 @@ Gradient accumulation (2 loop micro-batches per step, as train.micro_batch_seque
 checked against the unsplit single-device batch, with z-loss 1e-2 (SGD, 1e-5).
 """
 
+import dataclasses
+
 import pytest
 import torch
 
-from scalelab.parallel.parity import PARITY_LAYOUTS, ParitySpec, run_parity_jobs
+from scalelab.parallel.parity import PARITY_LAYOUTS, ParitySpec, debug_model, run_parity_jobs
 
 FP32_TOL = 1e-5
 BF16_TOL = 2e-3
@@ -71,6 +73,22 @@ def test_world2_layouts_fp32_sgd_adamw_and_bf16():
     ]
     report = run_parity_jobs(jobs)
     assert len(report.rows) == 3 * len(WORLD2) + len(WORLD2_BF16) + len(WORLD2_ACCUM)
+    _check(report)
+
+
+def test_world2_gelu_mlp_under_tensor_parallel():
+    """The GELU MLP (no w3) under the TP plan, with and without sequence parallel, and FSDP: SGD and
+    AdamW parity with one device, and the planner's per-rank memory exact."""
+    swiglu = debug_model()
+    gelu = dataclasses.replace(swiglu, mlp="gelu", d_ff=3 * swiglu.d_ff // 2)
+    layouts = ["tp2", "tp2sp", "fsdp2"]
+    report = run_parity_jobs(
+        [
+            (layouts, ParitySpec(model=gelu, optimizer="sgd", tolerance=FP32_TOL)),
+            (layouts, ParitySpec(model=gelu, optimizer="adamw", tolerance=FP32_TOL)),
+        ]
+    )
+    assert len(report.rows) == 2 * len(layouts)
     _check(report)
 
 

@@ -1,5 +1,6 @@
 """Layout arithmetic, names, stage splitting, memory formulas and the parity CLI (no processes spawned)."""
 
+import dataclasses
 import itertools
 import json
 import random
@@ -140,6 +141,24 @@ def test_memory_formula_single_device_matches_the_model():
     got = measured_memory(model, opt)
     want = expected_memory(cfg, ParallelConfig(), {}, optimizer="adamw", seq_len=32)
     assert got == want
+
+
+def test_memory_formula_knows_the_gelu_mlp():
+    """A GELU MLP has no w3: the planner's parameter shapes and memory are the model's, and at the
+    shape rule's widths (3/2 SwiGLU's d_ff) its parameter and gradient bytes are SwiGLU's (two fewer
+    tensors: AdamW's per-tensor step counters differ)."""
+    swiglu = debug_model(2)
+    cfg = dataclasses.replace(swiglu, mlp="gelu", d_ff=3 * swiglu.d_ff // 2)
+    model = build_model(cfg, "cpu", seed=0)
+    assert {k: tuple(v.shape) for k, v in model.named_parameters()} == param_shapes(cfg)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
+    opt.step()
+    got = measured_memory(model, opt)
+    assert got == expected_memory(cfg, ParallelConfig(), {}, optimizer="adamw", seq_len=32)
+    same = expected_memory(swiglu, ParallelConfig(), {}, optimizer="adamw", seq_len=32)
+    assert (got.param_bytes, got.grad_bytes) == (same.param_bytes, same.grad_bytes)
+    assert got.num_param_tensors == same.num_param_tensors - 2  # one w3 per block
 
 
 def test_fsdp_chunks_cover_uneven_shapes_exactly():

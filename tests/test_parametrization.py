@@ -65,7 +65,7 @@ def test_sp_model_and_optimizer_are_bit_identical_to_before(tied):
 def test_sp_run_ids_unchanged_and_mup_ids_distinct():
     base = {"model": {"preset": "debug"}, "data": {"seq_len": 64}}
     sp = build_run_config(base)
-    new = {"parametrization", "base_d_model", "base_num_layers", "base_head_dim", "base_d_ff"}
+    new = {"parametrization", "base_d_model", "base_num_layers", "base_head_dim", "base_d_ff", "mlp"}
     assert set(identity_dict(sp)["model"]) == set(ModelConfig.__dataclass_fields__) - new  # the old fields
     mup = build_run_config(base, ["model.parametrization=mup", "model.base_d_model=32"])
     mup2 = build_run_config(base, ["model.parametrization=mup", "model.base_d_model=16"])

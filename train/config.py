@@ -165,7 +165,8 @@ def _expand_model_section(model: dict[str, Any]) -> dict[str, Any]:
         if target <= 0:
             raise ConfigError("model.target_params", f"{target} must be > 0", "e.g. 1e7")
         vocab = model.get("vocab_size") or 320
-        base = to_dict(shape_for_params(target, vocab_size=int(vocab)))
+        mlp = {"mlp": model["mlp"]} if "mlp" in model else {}  # its d_ff (and so the count) depends on it
+        base = to_dict(shape_for_params(target, vocab_size=int(vocab), **mlp))
     base.update(model)
     return base
 

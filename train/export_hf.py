@@ -13,7 +13,7 @@ of one output shard from whatever layout wrote them (FSDP, TP, PP, EP shards), t
 written and dropped, so the export never holds more than one output shard of weights in memory.
 
 Architectures:
-  dense (family llama)  -> LlamaForCausalLM (qk_norm, which Llama lacks, is refused)
+  dense (family llama)  -> LlamaForCausalLM (qk_norm and a GELU MLP, which Llama lacks, are refused)
   moe                   -> MixtralForCausalLM when the block is Mixtral's: softmax router whose top-k
                            weights sum to one (Mixtral renormalises them over the k picks; scalelab
                            does not, so the two agree only when every token takes every expert), no

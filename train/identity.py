@@ -34,6 +34,10 @@ _NOT_IDENTITY = ("parallel", "logging", "profile")  # sections that do not chang
 _NEUTRAL_MODEL_FIELDS = ("parametrization", "base_d_model", "base_num_layers", "base_head_dim", "base_d_ff")
 # Left out at their default, which computes what runs stored without the field computed.
 _ADDED_MODEL_DEFAULTS = {"base_d_ff": 0}
+# The same, under any parametrization: the SwiGLU feed-forward and the whole train split every
+# run stored before these fields existed computed.
+_ADDED_ANY_MODEL_DEFAULTS = {"mlp": "swiglu"}
+_ADDED_SOURCE_DEFAULTS = {"train_exclude": []}
 
 
 class NotSameRun(UsageError, RuntimeError):
@@ -49,9 +53,13 @@ class NotSameRun(UsageError, RuntimeError):
 def identity_tree(tree: dict[str, Any]) -> dict[str, Any]:
     """The part of a resolved config tree that identifies the run (see the module docstring)."""
     out = {k: v for k, v in tree.items() if k not in _NOT_IDENTITY}
+    data = out.get("data")
+    if isinstance(data, dict) and isinstance(data.get("sources"), list):
+        out["data"] = dict(data, sources=[_drop_defaults(s, _ADDED_SOURCE_DEFAULTS) for s in data["sources"]])
     model = out.get("model")
     if not isinstance(model, dict):
         return out
+    model = _drop_defaults(model, _ADDED_ANY_MODEL_DEFAULTS)
     if model.get("parametrization", "sp") == "sp":  # sp ignores the base shape
         out["model"] = {k: v for k, v in model.items() if k not in _NEUTRAL_MODEL_FIELDS}
     else:
@@ -59,6 +67,13 @@ def identity_tree(tree: dict[str, Any]) -> dict[str, Any]:
             k: v for k, v in model.items() if k not in _ADDED_MODEL_DEFAULTS or v != _ADDED_MODEL_DEFAULTS[k]
         }
     return out
+
+
+def _drop_defaults(section: Any, defaults: dict[str, Any]) -> Any:
+    """The section without the fields of `defaults` that are at their default value."""
+    if not isinstance(section, dict):
+        return section
+    return {k: v for k, v in section.items() if k not in defaults or v != defaults[k]}
 
 
 def identity_dict(cfg: RunConfig) -> dict[str, Any]:

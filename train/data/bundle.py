@@ -37,7 +37,16 @@ def open_sources(
     out = []
     for i, sc in enumerate(cfg.sources):
         try:
-            out.append(ensure_prepared(sc.path, tokenizer, cache_dir, name=sc.name, val_fraction=cfg.val_fraction))
+            out.append(
+                ensure_prepared(
+                    sc.path,
+                    tokenizer,
+                    cache_dir,
+                    name=sc.name,
+                    val_fraction=cfg.val_fraction,
+                    train_exclude=sc.train_exclude,
+                )
+            )
         except ConfigError:
             raise
         except UsageError as e:

@@ -7,6 +7,7 @@
       val_fraction: 0.01               # share of raw sources' documents held out for validation
       sources:
         - {name: stdlib, path: default, weight: 1.0, max_epochs: 4}
+        - {name: lib, path: default, train_exclude: ["*/test/*", "*/tests/*"]}   # library code only
 
 `DataConfig.validate("data")` raises `ConfigError` naming the offending key (e.g.
 `data.sources[0].path`) and the fix; it touches no shard files, so it is cheap enough to run
@@ -34,6 +35,11 @@ class SourceConfig:
     # > 0: train on only the first this-many tokens of the train split (whole windows), so a run of
     # num_tokens repeats them num_tokens / unique_tokens times: the data-constrained axis of a sweep.
     unique_tokens: int = 0
+    # Documents left out of the train split: fnmatch patterns over document keys (the path under the
+    # input, e.g. "stdlib/test/*", "*/tests/*"). The val split is chosen from every document first
+    # and kept whole, so runs with and without a filter are validated on the same documents (a data
+    # study's arms: scalelab.sweeps.study).
+    train_exclude: list[str] = field(default_factory=list)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -88,5 +94,11 @@ class DataConfig:
                 )
             if not (isinstance(src.weight, int | float) and math.isfinite(src.weight) and src.weight > 0):
                 raise ConfigError(f"{key}.weight", f"{src.weight!r} must be a finite number > 0", "e.g. 1.0")
+            if not isinstance(src.train_exclude, list) or not all(isinstance(p, str) and p for p in src.train_exclude):
+                raise ConfigError(
+                    f"{key}.train_exclude",
+                    f"{src.train_exclude!r} is not a list of patterns",
+                    'e.g. ["*/test/*", "*/tests/*"]',
+                )
             if not (isinstance(src.max_epochs, int | float) and src.max_epochs > 0):
                 raise ConfigError(f"{key}.max_epochs", f"{src.max_epochs!r} must be > 0", "e.g. 4.0")

@@ -12,7 +12,9 @@ holds at least `val_tokens` tokens (or `val_fraction` of all tokens), passing ov
 that would overshoot twice the target; at least one document always stays in train. When no
 whole document fits (one big .txt, or only huge files), the document with the lowest key hash is
 cut instead at the line break that leaves about the target in val (at most half of it).
-The order of documents within each split is the input order.
+The order of documents within each split is the input order. `train_exclude` (fnmatch patterns
+over document keys) then leaves matching documents out of the train split only: the val split is
+the one the whole input gives, so a filtered source is validated on the same documents.
 
 Safety: everything is written into a temp dir next to `out_dir` and renamed into place after
 index.json is written and fsynced, so a crash leaves either no `out_dir` or a complete one. When
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import hashlib
 import json
 import os
@@ -177,8 +180,12 @@ def prepare(
     name: str | None = None,
     overwrite: bool = False,
     exist_ok: bool = False,
+    train_exclude: Sequence[str] = (),
 ) -> PreparedSource:
     """Tokenize `inputs` into `out_dir` (train.bin, val.bin, index.json); return it opened.
+
+    `train_exclude`: documents whose key matches one of these fnmatch patterns stay out of the train
+    split (the val split is unchanged; module docstring).
 
     exist_ok=True returns an already prepared `out_dir` as it is (made with the same tokenizer;
     the caller vouches for the inputs): for processes that race to prepare the same dir.
@@ -209,6 +216,11 @@ def prepare(
         val_ids = _cut_val_from_one_document(
             keys, nbytes, arrays, doc_tokens, target, first, tok, dtype, inputs, patterns, text_field
         )
+    excluded = {
+        i for i, k in enumerate(keys) if i not in val_ids and any(fnmatch.fnmatchcase(k, p) for p in train_exclude)
+    }
+    if excluded and len(excluded) + len(val_ids) == len(keys):
+        raise UsageError(f"train_exclude {list(train_exclude)} leaves no document in the train split")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -218,7 +230,7 @@ def prepare(
         h = hashlib.sha256(tok.fingerprint.encode())
         splits = {}
         for split, members in (("train", False), ("val", True)):
-            idx = [i for i in range(len(keys)) if (i in val_ids) == members]
+            idx = [i for i in range(len(keys)) if (i in val_ids) == members and i not in excluded]
             num_tokens = _write_split(tmp / f"{split}.bin", [arrays[i] for i in idx], eot, dtype, h)
             splits[split] = {
                 "num_tokens": num_tokens,
@@ -228,6 +240,7 @@ def prepare(
         index = _index(
             out_dir, name, dtype, tok, keys, splits, val_fraction, val_tokens, inputs, patterns, text_field, h, t0
         )
+        index["train_exclude"] = {"patterns": list(train_exclude), "num_documents": len(excluded)}
         _write_index(tmp / "index.json", index)
         _publish(tmp, out_dir, overwrite)
     except BaseException:
@@ -262,8 +275,6 @@ def _read_and_tokenize(
         if pending_bytes >= _CHUNK_BYTES:
             flush()
     flush()
-    if not keys:
-        raise UsageError(f"no documents found in {[str(i) for i in inputs]} (patterns {patterns or 'default'})")
     if not keys:
         raise UsageError(f"no documents found in {[str(i) for i in inputs]} (patterns {patterns or 'default'})")
     return keys, nbytes, arrays, first
@@ -353,13 +364,15 @@ def cache_key(
     patterns: Sequence[str] | None = None,
     text_field: str = "text",
     name: str | None = None,
+    train_exclude: Sequence[str] = (),
 ) -> str:
     """`<name>-<16 hex>`: the hash covers the tokenizer vocabulary, the input files' paths, sizes and
-    mtimes, and the split settings, so any change gives a fresh cache entry."""
+    mtimes, the split settings and a train filter, so any change gives a fresh cache entry."""
     if name is None:
         name = "stdlib" if str(source) == "default" else Path(source).name.split(".")[0] or "data"
     fields = [FORMAT, _VAL_RULE, tokenizer.fingerprint, inputs_fingerprint([source], patterns, text_field)]
-    h = hashlib.sha256(json.dumps([*fields, val_fraction]).encode())
+    split = [val_fraction, {"train_exclude": list(train_exclude)}] if train_exclude else [val_fraction]
+    h = hashlib.sha256(json.dumps([*fields, *split]).encode())
     return f"{name}-{h.hexdigest()[:16]}"
 
 
@@ -372,16 +385,22 @@ def ensure_prepared(
     patterns: Sequence[str] | None = None,
     text_field: str = "text",
     name: str | None = None,
+    train_exclude: Sequence[str] = (),
 ) -> PreparedSource:
     """Open `source` as shards: a prepared dir as is, or raw inputs / "default" prepared into the cache.
 
-    A prepared dir must have been made with the same tokenizer (UsageError otherwise).
+    A prepared dir must have been made with the same tokenizer (UsageError otherwise), and takes no
+    `train_exclude` (its split is fixed: prepare it from the raw text instead).
     """
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     if str(source) != "default" and is_prepared_dir(source):
+        if train_exclude:
+            raise UsageError(f"{source} is prepared shards; train_exclude filters raw text: point at the raw text")
         return _open_checked(Path(source).expanduser(), tok, name)
     root = Path(cache_dir).expanduser() if cache_dir is not None else data_cache_dir()
-    key = cache_key(source, tok, val_fraction=val_fraction, patterns=patterns, text_field=text_field)
+    key = cache_key(
+        source, tok, val_fraction=val_fraction, patterns=patterns, text_field=text_field, train_exclude=train_exclude
+    )
     out_dir = root / key
     if not is_prepared_dir(out_dir):
         with _locked(root / f".{key}.lock"):
@@ -395,6 +414,7 @@ def ensure_prepared(
                     text_field=text_field,
                     name=key,
                     exist_ok=True,  # where flock is not honoured (some network filesystems)
+                    train_exclude=train_exclude,
                 )
     return PreparedSource(out_dir, name=name)
 

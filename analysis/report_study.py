@@ -1,0 +1,117 @@
+"""The study section of the report: a study's arms, its multiplier, its ledger and decision accuracy.
+
+    parts, figs = study_sections(Path("results/studies/study-arch"), runs)
+
+For a sweep whose spec has `study:` arms (scalelab.sweeps.study_spec), `scalelab report` shows this
+in place of the single-law sections (one law fitted over every arm would mix them): each arm's fit
+(the loop's: parameters with intervals, gates, backtest), m(C) of each arm over the baseline at
+every budget and at the target with the gap predicted there and the verdict
+(scalelab.sweeps.study_fit), the ledger of predicted against measured gaps at the target
+(scalelab.store.ledger), the decision-accuracy table (scalelab.analysis.decision_accuracy), and
+two figures: the frontiers per arm, and m(C) with its band and the target.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import polars as pl
+
+from scalelab.analysis.decision_accuracy import METHODS, decision_accuracy
+from scalelab.analysis.report_html import html_table, img
+from scalelab.analysis.study_plots import plot_study_frontiers, plot_study_multiplier
+from scalelab.store import ledger
+from scalelab.sweeps.study_fit import fit_study
+
+
+def _iv(iv) -> str:
+    return f"[{iv[0]:.4g}, {iv[1]:.4g}]"
+
+
+def study_sections(store: Path, runs: pl.DataFrame, *, n_boot: int | None = None, seed: int = 0):
+    """(HTML parts, figures) of the study section (module docstring)."""
+    sf = fit_study(store, replicates=n_boot, seed=seed, runs=runs)
+    level = sf.options.level
+    pct = f"{100 * level:.0f}%"
+    parts = [
+        "<h2>Study</h2>",
+        f'<p class="muted">arms {", ".join(html.escape(a) for a in sf.study.names)}; baseline '
+        f"{html.escape(sf.study.baseline)}; target {sf.study.target_flops:.3g} FLOPs; each arm fitted the loop's "
+        "way (scalelab.sweeps.study_fit)</p>",
+    ]
+    rows = []
+    for name, arm in sf.arms.items():
+        f = arm.fit
+        holdout = f.backtest.get("holdout", {})
+        rows.append(
+            [
+                name,
+                arm.n_runs,
+                "pass" if arm.passed else "FAIL " + ",".join(f.gates.failed if f.gates else []),
+                ", ".join(f"{k}={v:.4g} {_iv(f.intervals[k])}" for k, v in f.params.items() if k in f.intervals),
+                f"{100 * holdout['mare']:.2f}%" if "mare" in holdout else "n/a",
+            ]
+        )
+    parts.append(html_table(["arm", "runs", "gates", f"parameters ({pct} interval)", "holdout MARE"], rows, left=4))
+    figs = [img(plot_study_frontiers(sf, runs), "Frontier L*(C) per arm, runs and the target's runs")]
+    for c in sf.comparisons:
+        parts.append(f"<h3>{html.escape(c.arm)} over {html.escape(c.baseline)}</h3>")
+        rows = [[b, m, _iv(iv)] for b, m, iv in zip(c.budgets, c.multipliers, c.intervals)]
+        rows.append([f"{c.target_flops:.3g} (target)", c.multiplier_at_target, _iv(c.target_interval)])
+        parts.append(html_table(["budget C", "multiplier m(C)", f"{pct} interval"], rows))
+        g = c.gap
+        loss_rows = [[a, n, d, p.point, _iv((p.lo, p.hi))] for a, (n, d) in c.runs.items() for p in [c.losses[a]]]
+        loss_rows.append(["gap (arm - baseline)", "", "", g.point, _iv((g.lo, g.hi))])
+        parts.append(html_table(["at the target", "N", "D", "predicted loss", f"{pct} interval"], loss_rows, left=1))
+        parts.append(f'<div class="{"ok" if c.decided else "warn"}">{html.escape(c.verdict)}</div>')
+        figs.append(img(plot_study_multiplier(c), f"Multiplier of {c.arm} over {c.baseline}"))
+    parts.append(_ledger_table(store))
+    parts.append(_decisions_table(store, runs))
+    return parts, figs
+
+
+def _ledger_table(store: Path) -> str:
+    ledger.score(store)
+    entries = ledger.read_ledger(store)["studies"]
+    if not entries:
+        return '<p class="muted">No study prediction in the ledger yet (<code>scalelab sweep next</code>).</p>'
+    rows = []
+    for e in entries:
+        rows.append(
+            [
+                e["round"],
+                e["arm"],
+                e["baseline"],
+                e["target_flops"],
+                e["predicted_gap"],
+                _iv(e["interval"]),
+                "yes" if e["decided"] else "no",
+                e["predicted_winner"],
+                e["measured_gap"] if e.get("measured_gap") is not None else "pending",
+                e.get("measured_winner") or "",
+                "" if e.get("winner_right") is None else ("yes" if e["winner_right"] else "NO"),
+                "" if e.get("covered") is None else ("yes" if e["covered"] else "NO"),
+            ]
+        )
+    cols = ["round", "arm", "baseline", "C", "predicted gap", "interval", "decided", "winner"]
+    cols += ["measured gap", "measured winner", "winner right", "covered"]
+    return "<h3>Ledger: predicted against measured gaps at the target</h3>\n" + html_table(cols, rows, left=3)
+
+
+def _decisions_table(store: Path, runs: pl.DataFrame) -> str:
+    table = decision_accuracy(store, runs=runs)
+    out = ["<h3>Decision accuracy</h3>"]
+    if not table.truth:
+        return out[0] + "".join(f'<p class="muted">{html.escape(n)}</p>' for n in table.notes)
+    rows = [[b, *[table.cell(b, m).text() for m in METHODS]] for b in table.budgets]
+    out.append(
+        '<p class="muted">how often the ranking at a smaller budget picks the arm that wins at the target: '
+        "single-scale ranking (each shared design point; the best run of each arm) and the law-based "
+        "prediction (each arm fitted on the budgets up to this one)</p>"
+    )
+    out.append(html_table(["budget", "single-scale, each size", "single-scale, best run", "law-based"], rows))
+    for arm, gaps in table.truth.items():
+        mean = sum(gaps.values()) / len(gaps)
+        out.append(f'<p class="muted">truth: {html.escape(arm)} - baseline at the target = {mean:+.4f}</p>')
+    return "\n".join(out)

@@ -1,0 +1,347 @@
+"""The closed loop for a study: fit every arm, then write the round that decides the study.
+
+    p = propose_study_round("results/studies/study-arch")      # a StudyProposal
+    p.kind                  # remedy | narrow | decisive
+    p.runs                  # the round's runs (ProposedRun, each labelled with its arm), predicted
+    p.sweep                 # those runs resolved once: launch them into the same sweep
+    p.entries               # the ledger's study entries: predicted winner, gap and interval per arm
+
+`sweep next DIR` on a study (its sweep.yaml has a `study:` section) runs this. In order:
+
+1. Score the ledger: runs and study entries of earlier rounds that are now done get their measured
+   loss and gap (scalelab.store.ledger).
+2. Fit every arm the loop's way and compare each with the baseline at the study's target
+   (scalelab.sweeps.study_fit: m(C) with paired-bootstrap intervals, the gap with its interval).
+3. Choose the round:
+   - `remedy`: an arm's identification gates fail: the runs that would pass them, for that arm
+     (scalelab.sweeps.propose.remedies, sized in the arm's own design context);
+   - `decisive`: every arm is told apart from the baseline (the gap's interval at the target
+     excludes 0), or `decide` is asked: each arm's compute-optimal run at the target. Their gaps are
+     predicted at the runs as resolved, and each arm's entry (predicted winner, gap and interval,
+     multiplier, verdict) goes to the ledger before the runs start; it is scored when they finish;
+   - `narrow`: otherwise, the runs that most narrow the multiplier's interval at the target per
+     FLOP: candidates per arm at the largest budget done and at min(step x it, target), sizes
+     0.4, 1 and 2.5 x the arm's N*(C); each scored by refitting that arm's bootstrap replicates
+     with the run added at its predicted loss times a residual drawn from the fit's own (common
+     random numbers, scalelab.fitting.scaling_fit.ScalingFit.replicates_with), pairing them with the
+     other arm's replicates and taking the width of m(target)'s percentile interval; picked by
+     width reduction per FLOP within `budget_flops`. When no candidate narrows it, the decisive
+     pair instead.
+4. Every run is resolved once, exactly as it will be launched (the arm's overrides and the spec's
+   recipe applied), predicted with its arm's three-part interval, and written as the round's spec
+   (rounds/round_K.yaml, a `points` spec whose points carry their arm's overrides and label),
+   the round's record (fits/round_K.json) and the ledger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scalelab.config_tree import from_dict
+from scalelab.errors import ConfigError, UsageError
+from scalelab.fitting.multiplier import interval, multiplier
+from scalelab.fitting.scaling_fit import code_version
+from scalelab.store import ledger
+from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
+from scalelab.sweeps.design_context import DesignContext
+from scalelab.sweeps.proposal import ProposedRun, round_spec
+from scalelab.sweeps.propose import Candidate, next_round, remedies
+from scalelab.sweeps.spec import ExecutionConfig, Sweep, dump_spec, expand_sweep, read_spec, with_overrides
+from scalelab.sweeps.study_fit import ArmFit, StudyFit, compare_arms, design_budgets, fit_study, format_study
+
+NARROW_MULTS = (0.4, 1.0, 2.5)  # candidate sizes around an arm's N*(C)
+MAX_NARROWING = 3  # narrowing runs per round at most
+
+
+@dataclass(kw_only=True)
+class StudyProposal:
+    """A study's next round (module docstring) and where it was written."""
+
+    round: int
+    kind: str  # remedy | narrow | decisive
+    study_fit: StudyFit
+    runs: list[ProposedRun]
+    entries: list[dict[str, Any]]  # the ledger's study entries (decisive rounds)
+    budget_flops: float
+    spec_path: Path
+    fit_path: Path
+    warnings: list[str] = field(default_factory=list)
+    width_reductions: dict[str, float] = field(default_factory=dict)  # run id -> narrowing of m(target)
+    sweep: Sweep | None = None
+
+    @property
+    def passed(self) -> bool:
+        """The round decides the study (`sweep launch --rounds --until-passed` stops after it)."""
+        return self.kind == "decisive"
+
+    def to_dict(self) -> dict[str, Any]:
+        """fits/round_K.json (and `sweep next --json` on a study)."""
+        return dict(
+            study=True,
+            round=self.round,
+            kind=self.kind,
+            target_flops=self.study_fit.study.target_flops,
+            budget_flops=self.budget_flops,
+            fit=self.study_fit.to_dict(),
+            proposals=[
+                dict(r.to_dict(), arm=r.run.labels.get("arm"), width_reduction=self.width_reductions.get(r.run_id))
+                for r in self.runs
+            ],
+            entries=self.entries,
+            warnings=self.warnings,
+            code_version=code_version(),
+            spec_path=str(self.spec_path),
+            fit_path=str(self.fit_path),
+        )
+
+
+def is_study(sweep_dir: str | Path) -> bool:
+    """The sweep's spec has a `study:` section."""
+    path = Path(sweep_dir) / "sweep.yaml"
+    return path.is_file() and read_spec(path).get("study") is not None
+
+
+def propose_study_round(
+    sweep_dir: str | Path,
+    *,
+    budget_flops: float | None = None,
+    step: float = 3.0,
+    decide: bool = False,
+    replicates: int | None = None,
+    seed: int = 0,
+    log=print,
+) -> StudyProposal:
+    """Fit the study's arms and write its next round (module docstring)."""
+    sweep_dir = Path(sweep_dir)
+    ledger.score(sweep_dir)
+    sf = fit_study(sweep_dir, replicates=replicates, seed=seed)
+    study = sf.study
+    raw = read_spec(sweep_dir / "sweep.yaml")
+    execution = from_dict(ExecutionConfig, raw.get("execution") or {})
+    ctxs = {
+        arm: DesignContext.from_base(
+            with_overrides(raw.get("base") or {}, over), cpus_per_run=execution.cpus_per_run, recipe=raw.get("recipe")
+        )
+        for arm, over in study.arms.items()
+    }
+    for name, a in sf.arms.items():
+        log(f"arm {name}: fitted {a.fit.law} to {a.n_runs} runs ({len(a.fit.draws)} bootstrap replicates)")
+    target = study.target_flops
+    largest = max(max(design_budgets(a.fit)) for a in sf.arms.values())
+    c_next = min(step * largest, target)
+    budget = budget_flops or 2 * c_next
+    failed = [a for a in sf.arms.values() if not a.passed]
+    gains: dict[int, float] = {}
+    warnings = list(sf.warnings)
+    if failed:
+        kind = "remedy"
+        log("gates failed: " + "; ".join(f"{a.name}: {', '.join(a.fit.gates.failed)}" for a in failed))
+        cands = [(a.name, c) for a in failed for c in remedies(a.fit, ctxs[a.name], c_next)]
+    elif decide or all(c.decided for c in sf.comparisons):
+        kind, cands = "decisive", _decisive(sf, ctxs)
+    else:
+        kind = "narrow"
+        cands, gains = _narrowing(sf, ctxs, largest, c_next, budget, log)
+        if not cands:
+            warnings.append("no candidate run narrows the multiplier's interval: proposing the decisive pair")
+            kind, cands = "decisive", _decisive(sf, ctxs)
+    k = next_round(sweep_dir)
+    sweep = _resolve(raw, study.arms, cands, k)
+    by_arm = {r.labels["arm"]: r for r in sweep.runs}
+    if kind == "decisive":  # the gaps at the runs as resolved (the shape rule moves N a little)
+        at = {arm: (float(r.params), float(r.num_tokens)) for arm, r in by_arm.items()}
+        base = sf.arms[study.baseline]
+        sf.comparisons = [compare_arms(base, sf.arms[c.arm], target, at=at) for c in sf.comparisons]
+    runs = [_predicted(sf.arms[r.labels["arm"]], r, sf.options.flops) for r in sweep.runs]
+    proposal = StudyProposal(
+        round=k,
+        kind=kind,
+        study_fit=sf,
+        runs=runs,
+        entries=_entries(sf, by_arm, k) if kind == "decisive" else [],
+        budget_flops=budget,
+        spec_path=sweep_dir / "rounds" / f"round_{k}.yaml",
+        fit_path=sweep_dir / "fits" / f"round_{k}.json",
+        warnings=warnings,
+        width_reductions={sweep.runs[i].run_id: g for i, g in gains.items() if i < len(sweep.runs)},
+    )
+    _write_round(sweep_dir, raw, proposal, sweep)
+    return proposal
+
+
+def _decisive(sf: StudyFit, ctxs: dict[str, DesignContext]) -> list[tuple[str, Candidate]]:
+    """Each arm's compute-optimal run at the target."""
+    target = sf.study.target_flops
+    return [
+        (name, Candidate.at(ctxs[name], a.fit.optimum(target)[0], target, "decisive")) for name, a in sf.arms.items()
+    ]
+
+
+def _m_width(sf: StudyFit, draws: dict[str, list[dict[str, float]]], arm: str) -> float:
+    """Width of the percentile interval of m(target) of `arm` over the baseline, from these draws."""
+    base = sf.study.baseline
+    law_a, law_b = sf.arms[base].fit.law_object, sf.arms[arm].fit.law_object
+    vals = []
+    for pa, pb in zip(draws[base], draws[arm]):
+        try:
+            vals.append(multiplier(law_a, pa, law_b, pb, sf.study.target_flops))
+        except (UsageError, ValueError):
+            continue
+    lo, hi = interval(vals, sf.options.level)
+    return hi - lo if math.isfinite(hi - lo) else math.inf
+
+
+def _narrowing(sf: StudyFit, ctxs, largest: float, c_next: float, budget: float, log):
+    """Runs within `budget` that most narrow m(target)'s interval per FLOP (module docstring, narrow).
+
+    Returns ([(arm, candidate)], {index in the round: width reduction summed over the arms' m})."""
+    arms = sf.study.names
+    base_draws = {a: sf.arms[a].fit.replicates_with([]) for a in arms}
+    base_width = {b: _m_width(sf, base_draws, b) for b in sf.study.others}
+    cands: list[tuple[str, Candidate]] = []
+    for arm in arms:
+        fit = sf.arms[arm].fit
+        for c in sorted({largest, c_next}):
+            for mult in NARROW_MULTS:
+                try:
+                    cand = Candidate.at(ctxs[arm], fit.optimum(c)[0] * mult, c, "narrow_multiplier")
+                except ConfigError:
+                    continue  # below the smallest shape the rule can build
+                if cand.flops <= budget and all((a, q.overrides()) != (arm, cand.overrides()) for a, q in cands):
+                    cands.append((arm, cand))
+    if not cands:
+        return [], {}
+    log(f"scoring {len(cands)} candidate run(s) by how much they narrow m's interval at C*={sf.study.target_flops:.3g}")
+    scored = []
+    for arm, cand in cands:
+        draws = dict(base_draws, **{arm: sf.arms[arm].fit.replicates_with([(cand.params, cand.num_tokens)])})
+        others = sf.study.others if arm == sf.study.baseline else [arm]
+        gain = sum(base_width[b] - _m_width(sf, draws, b) for b in others)
+        scored.append((gain, arm, cand))
+    picked, gains, spent = [], {}, 0.0
+    for gain, arm, cand in sorted(scored, key=lambda t: -t[0] / t[2].flops):
+        if len(picked) >= MAX_NARROWING or not gain > 0 or spent + cand.flops > budget:
+            continue
+        gains[len(picked)] = float(gain)
+        picked.append((arm, cand))
+        spent += cand.flops
+    return picked, gains
+
+
+def _resolve(raw: dict[str, Any], arms: dict[str, dict[str, Any]], cands: list[tuple[str, Candidate]], k: int) -> Sweep:
+    """The round's runs, resolved once: one point per candidate carrying its arm's overrides."""
+    spec = round_spec(raw, [], k, [])
+    spec["points"] = [
+        {
+            **c.overrides(),
+            **arms[arm],
+            "labels": {"arm": arm, "proposal": c.kind, "flops_budget": c.budget, "round": k},
+        }
+        for arm, c in cands
+    ]
+    if not cands:
+        raise UsageError("the study's round has no buildable run (every candidate is below the smallest shape)")
+    return expand_sweep(spec, default_name=f"round_{k}")
+
+
+def _predicted(arm: ArmFit, run, flops_convention: str) -> ProposedRun:
+    flops = run.flops_6n if flops_convention == "6n" else run.flops_exact
+    budget = float(run.labels.get("flops_budget", flops))
+    return ProposedRun(
+        kind=run.labels["proposal"],
+        run=run,
+        budget=budget,
+        flops=float(flops),
+        prediction=arm.fit.predict_interval(run.params, run.num_tokens, flops=budget),
+    )
+
+
+def _entries(sf: StudyFit, by_arm: dict[str, Any], k: int) -> list[dict[str, Any]]:
+    """The ledger's study entries of a decisive round: one per arm compared with the baseline."""
+    out = []
+    for c in sf.comparisons:
+        out.append(
+            dict(
+                round=k,
+                arm=c.arm,
+                baseline=c.baseline,
+                run_ids={c.baseline: by_arm[c.baseline].run_id, c.arm: by_arm[c.arm].run_id},
+                target_flops=c.target_flops,
+                predicted_losses={a: p.point for a, p in c.losses.items()},
+                predicted_gap=c.gap.point,
+                interval=[c.gap.lo, c.gap.hi],
+                interval_parts=c.gap.parts,
+                predicted_winner=c.winner,
+                decided=c.decided,
+                multiplier=c.multiplier_at_target,
+                multiplier_interval=list(c.target_interval),
+                slope=c.slope,
+                slope_interval=list(c.slope_interval),
+                verdict=c.verdict,
+                loss_column=sf.options.loss,
+                level=c.level,
+            )
+        )
+    return out
+
+
+def _write_round(sweep_dir: Path, raw: dict[str, Any], proposal: StudyProposal, sweep: Sweep) -> None:
+    """fits/round_K.json, the ledger, then rounds/round_K.yaml, before anything runs; `proposal.sweep`
+    becomes the round's runs with the labels its spec gives them."""
+    k = proposal.round
+    labels = [
+        {
+            **{key: v for key, v in r.run.labels.items() if key in ("arm", "proposal", "flops_budget")},
+            "round": k,
+            "predicted_loss": r.prediction.point,
+            "predicted_interval": [r.prediction.lo, r.prediction.hi],
+        }
+        for r in proposal.runs
+    ]
+    spec = round_spec(raw, [r.run for r in proposal.runs], k, labels)
+    arms = proposal.study_fit.study.arms
+    for point, lab in zip(spec["points"], labels):
+        point.update(arms[lab["arm"]])  # the arm's overrides travel with its point
+        point["labels"] = point.pop("labels")  # kept last, for the reader
+    for r, lab in zip(proposal.runs, labels):
+        r.run = dataclasses.replace(r.run, labels=dict(lab, generator="points"))
+    proposal.sweep = dataclasses.replace(sweep, raw=spec, runs=[r.run for r in proposal.runs])
+    atomic_write_json(proposal.fit_path, proposal.to_dict())
+    loss_column = proposal.study_fit.options.loss
+    predictions = [r.ledger_entry(k, proposal.passed, loss_column) for r in proposal.runs]
+    ledger.record_study(sweep_dir, proposal.entries, predictions)
+    atomic_write_bytes(proposal.spec_path, dump_spec(spec).encode())  # after the ledger: launchable last
+
+
+def format_study_proposal(p: StudyProposal) -> str:
+    """What `sweep next` prints for a study: the arms' fits and comparisons, then the round."""
+    lines = [format_study(p.study_fit)]
+    what = {
+        "remedy": "runs that would pass the failed gates",
+        "narrow": "the runs that most narrow m's interval at the target per FLOP",
+        "decisive": "the decisive pair: each arm's compute-optimal run at the target",
+    }[p.kind]
+    lines.append(f"round {p.round} ({p.kind}): {what}")
+    for r in p.runs:
+        pr = r.prediction
+        gain = p.width_reductions.get(r.run_id)
+        extra = f"  narrows m's interval by {gain:.3g}" if gain is not None else ""
+        lines.append(
+            f"  {r.run.labels.get('arm', ''):12} {r.run_id}  N={r.run.params:,}  D={r.run.num_tokens:,}  "
+            f"C={r.flops:.3g}  predicted {pr.point:.4f} [{pr.lo:.4f}, {pr.hi:.4f}]{extra}"
+        )
+    for e in p.entries:
+        lo, hi = e["interval"]
+        lines.append(
+            f"  ledger: {e['arm']} vs {e['baseline']}: predicted gap {e['predicted_gap']:+.4f} [{lo:+.4f}, {hi:+.4f}], "
+            f"winner {e['predicted_winner']} ({'decided' if e['decided'] else 'not decided: the interval contains 0'})"
+        )
+    lines += [f"warning: {w}" for w in p.warnings]
+    lines.append(
+        f"spec: {p.spec_path}  (launch it: scalelab sweep launch {p.spec_path} --out {p.spec_path.parent.parent})"
+    )
+    return "\n".join(lines)
