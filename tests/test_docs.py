@@ -92,7 +92,19 @@ def imports_of_ours(path: pathlib.Path) -> list[tuple[int, str]]:
 
 def test_the_import_table_is_what_the_code_does():
     rules = import_rules()
-    folders = ("scalelab", "store", "kernels", "models", "parallel", "train", "fitting", "sweeps", "analysis", "cli")
+    folders = (
+        "scalelab",
+        "store",
+        "kernels",
+        "models",
+        "parallel",
+        "train",
+        "fitting",
+        "sweeps",
+        "planning",
+        "analysis",
+        "cli",
+    )
     assert set(rules) == set(folders)
     assert rules["store"] == {"scalelab"} and "train" not in rules["fitting"]
     broken = []
