@@ -168,19 +168,19 @@ def test_early_stopping_sweep_and_fits_with_and_without_stopped_runs(ray_local, 
         assert "too few" in capsys.readouterr().err
 
 
-def test_fit_store_law_auto_reports_every_candidate(tmp_path, capsys):
+def test_fit_store_law_select_reports_every_candidate(tmp_path, capsys):
     from scalelab.analysis.synthetic import SyntheticLaw, isoflop_design, write_synthetic_sweep
 
     sweep = tmp_path / "syn"
     write_synthetic_sweep(sweep, isoflop_design([1e13, 3e13, 1e14]), SyntheticLaw(), num_evals=6)
     capsys.readouterr()
-    assert main(["fit", str(sweep), "--law", "auto", "--no-backtest", "--json"]) == 0
+    assert main(["fit", str(sweep), "--law", "select", "--no-backtest", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     names = {c["name"]: c for c in report["selection"]["candidates"]}
     assert set(names) == {"chinchilla", "kaplan", "data_constrained", "lr_annealing", "lr_area", "average"}
     assert "skipped" in names["data_constrained"] and "mare" in names["lr_annealing"]
     assert report["law"] == report["selection"]["chosen"]
-    assert main(["fit", str(sweep), "--law", "auto"]) == 0
+    assert main(["fit", str(sweep), "--law", "select"]) == 0
     text = capsys.readouterr().out
     assert "law selection: held-out largest FLOP budget" in text and "chosen" in text
 
