@@ -19,6 +19,7 @@ def test_registry_and_names():
     assert law_names() == [
         "chinchilla",
         "data_constrained",
+        "farseer",
         "kaplan",
         "lr_annealing",
         "lr_annealing_sized",
