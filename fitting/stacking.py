@@ -218,12 +218,14 @@ def _slopes(ev: _Evidence) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def _drift(groups, names, w, inc: int, noise: float, rule: StackRule) -> tuple[float, int]:
-    """(k, folds): the combination's forward error per decade, regressed through the origin.
+    """(k, folds): the combination's forward error per decade, regressed through the origin, never
+    below the groups' noise resolution.
 
     Out of sample where it can be: each fold's groups are scored with the weights the rule gives
     without that fold (weights chosen on the groups they are scored on would hide their own error);
     with a single fold, the in-sample weights `w`."""
     folds = sorted({g.fold for g in groups})
+    ev = _arrays(groups, names, noise)
     e = np.empty(len(groups))
     for f in folds:
         mine = np.array([g.fold == f for g in groups])
@@ -231,10 +233,10 @@ def _drift(groups, names, w, inc: int, noise: float, rule: StackRule) -> tuple[f
         w_f = w
         if rest:
             w_f, _ = _rule(_arrays(rest, names, noise), inc, rule)
-        e[mine] = np.array([[g.errors[n] for n in names] for g in groups])[mine] @ w_f
-    dec = np.array([g.decades for g in groups])
-    omega = np.array([float(g.n_train) for g in groups])
-    return float(math.sqrt(np.sum(omega * e**2) / np.sum(omega * dec**2))), len(folds)
+        e[mine] = ev.e[mine] @ w_f
+    k = float(math.sqrt(np.sum(ev.omega * e**2) / np.sum(ev.omega * ev.dec**2)))
+    # a drift below what the groups' own noise can resolve is not measured, only bounded by it
+    return max(k, float(np.sqrt(np.mean(ev.noise_se**2)))), len(folds)
 
 
 def _rule(ev: _Evidence, inc: int, rule: StackRule) -> tuple[np.ndarray, bool]:
@@ -288,9 +290,6 @@ def stack_weights(
     per_decade = {n: _bias(ev.r[:, j], ev.omega, ev.noise_se) for j, n in enumerate(names)}
     slopes = _slopes(ev)
     drift, drift_folds = _drift(every, names, w, inc, noise, rule)
-    # a drift below what the groups' own noise can resolve is not measured, only bounded by it
-    resolution = float(np.sqrt(np.mean([(noise / math.sqrt(g.n_test) / g.decades) ** 2 for g in every])))
-    drift = max(drift, resolution)
     m, se = per_decade[incumbent]
     if rule.evidence == "growth":
         if slopes is None:
