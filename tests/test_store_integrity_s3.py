@@ -196,7 +196,9 @@ def test_renewals_cover_the_pull_and_the_final_upload(s3, tmp_path, monkeypatch)
     for name in ("download", "put_file", "upload_file"):  # every transfer: the pull and the final upload
         real = getattr(objects, name, None)
         if real is not None:
-            monkeypatch.setattr(objects, name, _slowed(real, 1.0))  # 5 objects down, 4 up: each > the 3 s lease
+            # 5 objects down (10 s), 4 up (8 s): each phase outlasts the 6 s lease. The lease is long
+            # enough that a renewal may stall for seconds on a loaded machine and still land in time.
+            monkeypatch.setattr(objects, name, _slowed(real, 2.0))
     taken, stop, released = [], threading.Event(), threading.Event()
     real_release = Lease.release
 
@@ -217,7 +219,7 @@ def test_renewals_cover_the_pull_and_the_final_upload(s3, tmp_path, monkeypatch)
     t.start()
     outcome = None
     try:
-        with remote_run(sweep, "rc1", wait_s=10, ttl_s=3.0) as run_dir:
+        with remote_run(sweep, "rc1", wait_s=10, ttl_s=6.0) as run_dir:
             _fake_checkpoint(run_dir, 10, "holder")  # the final upload: 4 files, > the lease
     except Exception as e:  # noqa: BLE001 - asserted below, after what matters most
         outcome = e
