@@ -23,6 +23,7 @@ import polars as pl
 from scalelab.analysis.lawfit import bootstrap_params, fit_point
 from scalelab.analysis.noise import fit_weights
 from scalelab.errors import UsageError
+from scalelab.fitting.downstream import fit_sigmoid, sigmoid
 from scalelab.fitting.intervals import percentile_interval
 
 
@@ -73,8 +74,6 @@ def predict_task(
     seed: int = 0,
 ) -> TaskPrediction:
     """Predict the task's bpb and accuracy of a run with `params` parameters trained on `tokens`."""
-    from scalelab.fitting.downstream import fit_sigmoid
-
     if params <= 0 or tokens <= 0:
         raise UsageError("--params and --tokens must be > 0")
     _task_rows(evals, task, "bpb")
@@ -113,7 +112,6 @@ def predict_task(
             sig_draws = rng.multivariate_normal(mean, cov, size=bpb_draws.size, check_valid="ignore")
         else:
             sig_draws = np.tile(mean, (bpb_draws.size, 1))
-        from scalelab.fitting.downstream import sigmoid
 
         acc_draws = np.clip([sigmoid(x, *p) for x, p in zip(bpb_draws, sig_draws)], 0.0, 1.0)
         bpb_iv = percentile_interval(bpb_draws, level)

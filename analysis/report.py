@@ -30,13 +30,20 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from scalelab.analysis import plots
+from scalelab.analysis.compare import _fmt_iv, compare_sweeps, split_by_tag
+from scalelab.analysis.lawfit import store_fit_from_record
+from scalelab.analysis.noise import noise_table, recommendations
 from scalelab.analysis.plan_page import plan_section
 from scalelab.analysis.report_html import CSS, html_table, img
 from scalelab.analysis.report_loop import fit_section, gates_section, ledger_section, loop_fit, proposal_section
 from scalelab.analysis.report_study import study_sections
+from scalelab.analysis.store import load_evals, load_metrics, load_store_runs
 from scalelab.errors import UsageError
+from scalelab.fitting.approaches import group_budgets
 from scalelab.planning.plan_files import read_plans
 from scalelab.store import objects
+from scalelab.store.atomic import atomic_write_bytes
 from scalelab.sweeps.study_propose import is_study
 
 
@@ -44,7 +51,6 @@ def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: str | Path) -> s
     counts = runs_all.group_by("status").len().sort("status")
     status = ", ".join(f"{s}: {n}" for s, n in zip(counts["status"], counts["len"]))
     sizes = sorted(set(runs["params"].to_list()))
-    from scalelab.fitting.approaches import group_budgets
 
     flops = runs["flops"].cast(pl.Float64).to_numpy()
     groups = group_budgets(flops)
@@ -65,9 +71,6 @@ def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: str | Path) -> s
 
 
 def _noise_section(runs: pl.DataFrame) -> tuple[str, object | None]:
-    from scalelab.analysis.noise import noise_table, recommendations
-    from scalelab.analysis.store import load_evals
-
     try:
         table = noise_table(runs, load_evals(runs))
     except UsageError as e:
@@ -135,8 +138,6 @@ def _eval_invariance_section(runs: pl.DataFrame) -> str:
 
 
 def _comparison_section(cmps: list) -> str:
-    from scalelab.analysis.compare import _fmt_iv
-
     if not cmps:
         return ""
     out = ["<h2>Comparisons</h2>"]
@@ -161,11 +162,6 @@ def build_report(
 ) -> str:
     """The report's HTML text (see module docstring). `law`, `n_boot`: the fit's, when not the spec's
     (scalelab.sweeps.store_fit.fit_options)."""
-    from scalelab.analysis import plots
-    from scalelab.analysis.compare import compare_sweeps, split_by_tag
-    from scalelab.analysis.lawfit import store_fit_from_record
-    from scalelab.analysis.store import load_metrics, load_store_runs
-
     shown = store  # an s3:// store is read from a local copy of its records
     store = objects.local_view(store, "STORE") if objects.is_url(store) else Path(store)
     runs_all = load_store_runs(store, done_only=False)
@@ -258,9 +254,6 @@ def build_report(
 
 def _study_report(store: Path, shown, runs_all: pl.DataFrame, runs: pl.DataFrame, *, n_boot, seed) -> str:
     """A study's report: the summary, the study section (scalelab.analysis.report_study), the loss curves."""
-    from scalelab.analysis import plots
-    from scalelab.analysis.store import load_metrics
-
     parts, figs = study_sections(store, runs_all, n_boot=n_boot, seed=seed)
     try:
         figs.append(img(plots.plot_loss_curves(runs, load_metrics(runs), x="flops"), "Loss curves vs FLOPs"))
@@ -283,8 +276,6 @@ def _study_report(store: Path, shown, runs_all: pl.DataFrame, runs: pl.DataFrame
 
 
 def write_report(store: str | Path, out: str | Path, **kwargs) -> Path:
-    from scalelab.store.atomic import atomic_write_bytes
-
     text = build_report(store, **kwargs)
     out = Path(out)
     atomic_write_bytes(out, text.encode("utf-8"))

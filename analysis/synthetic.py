@@ -30,9 +30,16 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import yaml
 
+from scalelab import store
+from scalelab.models.accounting import num_params, num_params_nonembedding
+from scalelab.models.shapes import shape_for_width
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
 from scalelab.store.records import EVALS_SCHEMA, METRICS_SCHEMA
+from scalelab.sweeps.spec import expand_sweep, read_spec
+from scalelab.train.config import build_run_config, to_dict
+from scalelab.train.identity import config_hash
 
 # CPU-sized shapes (num_layers, d_model) of the shape rule, total params with vocab 320 in comments
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = (
@@ -101,9 +108,6 @@ def isoflop_design(
     max_tokens_per_param: float = 400.0,
 ) -> list[DesignPoint]:
     """Every shape at every budget (D = C / 6N), keeping tokens/param within the given band."""
-    from scalelab.models.accounting import num_params
-    from scalelab.models.shapes import shape_for_width
-
     out = []
     for c in flops_budgets:
         for layers, width in shapes:
@@ -122,9 +126,6 @@ def _rng(*key) -> np.random.Generator:
 
 
 def _run_config(point: DesignPoint, seed: int, tags: dict[str, str], name: str):
-    from scalelab.models.shapes import shape_for_width
-    from scalelab.train.config import build_run_config, to_dict
-
     model = to_dict(shape_for_width(point.num_layers, point.d_model, 320, max_seq_len=256))
     tokens_per_step = 64 * 256
     cfg = build_run_config(
@@ -159,9 +160,6 @@ def write_synthetic_sweep(
     `noise_seed` changes every noise draw (use different values for two stores that must be
     independent); the draws are otherwise a pure function of (seed, shape, tokens).
     """
-    from scalelab.models.accounting import num_params, num_params_nonembedding
-    from scalelab.train.identity import config_hash
-
     sweep_dir = Path(sweep_dir)
     tags = {str(k): str(v) for k, v in (tags or {}).items()}
     atomic_write_bytes(sweep_dir / "sweep.yaml", f"# synthetic sweep from {law}\n".encode())
@@ -307,11 +305,6 @@ def launch_synthetic(
     """`sweep launch` with the training replaced by `simulate_runs`: the spec (a mapping, or a spec
     file such as a round written by `sweep next`) is expanded and recorded in the store exactly as
     a real launch records it. Returns the run ids."""
-    import yaml
-
-    from scalelab import store
-    from scalelab.sweeps.spec import expand_sweep, read_spec
-
     if isinstance(spec, dict):
         text, name = yaml.safe_dump(spec, sort_keys=False), str(spec.get("name", "sweep"))
     else:
