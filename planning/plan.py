@@ -339,36 +339,20 @@ def _resolve(design: Design, hp_choice: HPChoice, shape: dict[str, Any], flops: 
     return run, hp, batch, design.overrides(shape, tokens, {**over, **extra})
 
 
-def plan_run(
-    model: LossModel,
-    design: Design,
-    cluster: Cluster,
-    *,
-    flops: float,
-    hp: HPChoice | None = None,
-    what_if_sizes: list[int] | None = None,
-    flops_note: str = "given",
-) -> RunPlan:
-    """The plan at `flops` (module docstring). what_if_sizes: None = the defaults (GPU clusters), [] = none.
-
-    One function: the steps of the module docstring in order, each feeding the next (the batch a
-    layout needs changes the run, which changes its cost and its loss).
-    """
-    hp = hp or HPChoice()
+def _check_beyond_fit(model: LossModel, flops: float) -> None:
     if not (math.isfinite(flops) and flops > model.max_flops):
         raise UsageError(
             f"--flops {flops:.3g} is not above the largest budget the fit saw ({model.max_flops:.3g}): plan-run plans "
             "beyond a sweep; give a larger budget"
         )
-    opt = model.optimum(flops)
-    shapes = shape_choices(model, design, opt.n, flops, opt.loss.point)
-    best = min(shapes, key=lambda s: s.loss)
-    shape = best.shape
-    run, hparams, batch, over = _resolve(design, hp, shape, flops, {})
-    cfg = ModelConfig(**run.config["model"])
-    seq_len = int(run.config["data"]["seq_len"])
-    notes = list(hparams.notes) + list(design.notes)
-    shifts: dict[str, float] = {}
+
+
+def _held_layout(
+    cfg: ModelConfig, cluster: Cluster, design: Design, *, seq_len: int, batch: int, run
+) -> tuple[Plan, int]:
+    """The best layout of the run's batch or, where none holds it, of the smallest batch x2^k
+    (k <= BATCH_GROWTH) one holds, and that factor; UsageError when none does, or when the batch
+    would have to grow and the sweep's recipe fixes it."""
     p = _layout(cfg, cluster, seq_len=seq_len, batch_tokens=batch, config=run.config)
     grown = 1
     while p is None and grown < 2**BATCH_GROWTH:
@@ -381,26 +365,28 @@ def plan_run(
             f"--gpus {cluster.num_gpus}: no layout divides the {batch:,} tokens per step the sweep's recipe sets for "
             f"this run (it holds {batch * grown:,}); the recipe fixes the batch: plan on fewer GPUs"
         )
-    if grown > 1 or not cluster.is_cpu:
-        extra = {"train.global_batch_tokens": batch * grown} if grown > 1 else {}
-        if not cluster.is_cpu:
-            extra |= _gpu_overrides(p)
-        run, _, _, over = _resolve(design, hp, shape, flops, extra)
-    if grown > 1:
-        k = hparams.batch_tokens.curvature
-        notes.append(
-            f"no layout holds {batch:,} tokens per step on this cluster: the batch is x{grown} ({batch * grown:,})"
-        )
-        if k is not None:
-            shifts["batch change"] = k * math.log2(grown) ** 2
-        else:
-            notes.append("the loss cost of the larger batch is unknown (no batch sweep): not in the interval")
-    layout = _layout_choice(p, cluster)
-    tokens_per_step = int(run.config["train"]["global_batch_tokens"])
-    steps = run.num_tokens // tokens_per_step
+    return p, grown
+
+
+def _note_batch_growth(
+    hparams: HyperParams, batch: int, grown: int, notes: list[str], shifts: dict[str, float]
+) -> None:
+    """Say that the batch grew x`grown`, and add its loss cost to `shifts` where the batch law knows it."""
+    k = hparams.batch_tokens.curvature
+    notes.append(
+        f"no layout holds {batch:,} tokens per step on this cluster: the batch is x{grown} ({batch * grown:,})"
+    )
+    if k is not None:
+        shifts["batch change"] = k * math.log2(grown) ** 2
+    else:
+        notes.append("the loss cost of the larger batch is unknown (no batch sweep): not in the interval")
+
+
+def _cost(steps: int, layout: LayoutChoice, cluster: Cluster) -> Cost:
+    """Wall time and GPU-hours of `steps` steps of the layout, with the cluster's error band."""
     wall = steps * layout.step_time_s
     band = cluster.band
-    cost = Cost(
+    return Cost(
         steps=steps,
         wall_s=wall,
         wall_band_s=(wall * band.lo, wall * band.hi),
@@ -408,11 +394,76 @@ def plan_run(
         gpu_hours_band=(wall * band.lo * cluster.num_gpus / 3600, wall * band.hi * cluster.num_gpus / 3600),
         band=asdict(band),
     )
+
+
+def _optimum_dict(opt) -> dict[str, Any]:
+    return {
+        "n": opt.n,
+        "n_interval": list(opt.n_interval) if opt.n_interval else None,
+        "d": opt.d,
+        "d_interval": list(opt.d_interval) if opt.d_interval else None,
+        "loss": _pi_dict(opt.loss),
+    }
+
+
+def _run_dict(run, cfg: ModelConfig, tokens_per_step: int, best: ShapeChoice) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "params": run.params,
+        "params_nonembed": run.params_nonembed,
+        "tokens": run.num_tokens,
+        "flops_6n": run.flops_6n,
+        "tokens_per_step": tokens_per_step,
+        "num_layers": cfg.num_layers,
+        "d_model": cfg.d_model,
+        "num_heads": cfg.num_heads,
+        "d_ff": cfg.d_ff,
+        "chosen_shape": [best.num_layers, best.d_model],
+    }
+
+
+def plan_run(
+    model: LossModel,
+    design: Design,
+    cluster: Cluster,
+    *,
+    flops: float,
+    hp: HPChoice | None = None,
+    what_if_sizes: list[int] | None = None,
+    flops_note: str = "given",
+) -> RunPlan:
+    """The plan at `flops` (module docstring). what_if_sizes: None = the defaults (GPU clusters), [] = none.
+
+    The steps of the module docstring in order, each feeding the next (the batch a layout needs
+    changes the run, which changes its cost and its loss).
+    """
+    hp = hp or HPChoice()
+    _check_beyond_fit(model, flops)
+    opt = model.optimum(flops)
+    shapes = shape_choices(model, design, opt.n, flops, opt.loss.point)
+    best = min(shapes, key=lambda s: s.loss)
+    shape = best.shape
+    run, hparams, batch, over = _resolve(design, hp, shape, flops, {})
+    cfg = ModelConfig(**run.config["model"])
+    seq_len = int(run.config["data"]["seq_len"])
+    notes = list(hparams.notes) + list(design.notes)
+    shifts: dict[str, float] = {}
+    p, grown = _held_layout(cfg, cluster, design, seq_len=seq_len, batch=batch, run=run)
+    if grown > 1 or not cluster.is_cpu:
+        extra = {"train.global_batch_tokens": batch * grown} if grown > 1 else {}
+        if not cluster.is_cpu:
+            extra |= _gpu_overrides(p)
+        run, _, _, over = _resolve(design, hp, shape, flops, extra)
+    if grown > 1:
+        _note_batch_growth(hparams, batch, grown, notes, shifts)
+    layout = _layout_choice(p, cluster)
+    tokens_per_step = int(run.config["train"]["global_batch_tokens"])
+    cost = _cost(run.num_tokens // tokens_per_step, layout, cluster)
     loss = _loss(model, run.params, run.num_tokens, flops, hparams, shifts)
     shifts = {"rounding": math.log(model.point(run.params, run.num_tokens) / opt.loss.point), **shifts}
     what_if = None
     if not cluster.is_cpu and what_if_sizes != []:
-        what_if = scale_what_ifs(cfg, seq_len=seq_len, batch_tokens=tokens_per_step, steps=steps, cluster=cluster,
+        what_if = scale_what_ifs(cfg, seq_len=seq_len, batch_tokens=tokens_per_step, steps=cost.steps, cluster=cluster,
                                  sizes=what_if_sizes or default_sizes(cluster.num_gpus))  # fmt: skip
     return RunPlan(
         flops=flops,
@@ -422,27 +473,9 @@ def plan_run(
         fit_max_flops=model.max_flops,
         fit_warnings=list(model.warnings),
         level=model.level,
-        optimum={
-            "n": opt.n,
-            "n_interval": list(opt.n_interval) if opt.n_interval else None,
-            "d": opt.d,
-            "d_interval": list(opt.d_interval) if opt.d_interval else None,
-            "loss": _pi_dict(opt.loss),
-        },
+        optimum=_optimum_dict(opt),
         shapes=shapes,
-        run={
-            "run_id": run.run_id,
-            "params": run.params,
-            "params_nonembed": run.params_nonembed,
-            "tokens": run.num_tokens,
-            "flops_6n": run.flops_6n,
-            "tokens_per_step": tokens_per_step,
-            "num_layers": cfg.num_layers,
-            "d_model": cfg.d_model,
-            "num_heads": cfg.num_heads,
-            "d_ff": cfg.d_ff,
-            "chosen_shape": [best.num_layers, best.d_model],
-        },
+        run=_run_dict(run, cfg, tokens_per_step, best),
         loss=loss,
         shifts=shifts,
         hparams=hparams,
