@@ -150,6 +150,41 @@ def _comparison_section(cmps: list) -> str:
     return "\n".join(out)
 
 
+def _fit_figures(fit_runs: pl.DataFrame, fit, runs: pl.DataFrame) -> list[str]:
+    """The fit's plots, the loss curves (when the runs have metrics) and the sensitivity to each
+    hyperparameter the runs vary."""
+    figs = [
+        img(plots.plot_isoflop(fit_runs, fit), "IsoFLOP curves with fitted parabolas and minima"),
+        img(plots.plot_frontier(fit_runs, fit), "Compute frontier, interval band and backtest points"),
+        img(plots.plot_allocation(fit), "Compute-optimal N*(C) and D*(C) with intervals", width=860),
+        img(plots.plot_residuals(fit), "Residuals of the fit"),
+        img(plots.plot_backtest(fit), "Backtest: predicted vs actual", width=440),
+    ]
+    try:
+        metrics = load_metrics(runs)
+        figs.append(img(plots.plot_loss_curves(runs, metrics, x="flops"), "Loss curves vs FLOPs"))
+    except UsageError:
+        pass
+    for hp in ("lr", "global_batch_tokens"):
+        if hp in runs.columns and runs[hp].n_unique() > 1:
+            figs.append(img(plots.plot_sensitivity(runs, hp), f"Sensitivity to {hp} per size"))
+    return figs
+
+
+def _comparisons(store: Path, runs: pl.DataFrame, groups: dict, compare_with: list[str], **kw) -> list:
+    """The first tag value's runs against every other value's, then this store against each other
+    store (`kw`: compare_sweeps' law, n_boot, target_flops, seed)."""
+    cmps = []
+    if groups:
+        names = list(groups)
+        for other in names[1:]:
+            cmps.append(compare_sweeps(groups[names[0]], groups[other], names=(names[0], other), **kw))
+    for other in compare_with:
+        other_runs = load_store_runs(other)
+        cmps.append(compare_sweeps(runs, other_runs, names=(store.name, Path(other).name), **kw))
+    return cmps
+
+
 def build_report(
     store: str | Path,
     *,
@@ -190,52 +225,12 @@ def build_report(
         ledger_section(store),
         *(plan_section(p) for p in (read_plans(store) if store.is_dir() else [])),
     ]
-    figs = [
-        img(plots.plot_isoflop(fit_runs, fit), "IsoFLOP curves with fitted parabolas and minima"),
-        img(plots.plot_frontier(fit_runs, fit), "Compute frontier, interval band and backtest points"),
-        img(plots.plot_allocation(fit), "Compute-optimal N*(C) and D*(C) with intervals", width=860),
-        img(plots.plot_residuals(fit), "Residuals of the fit"),
-        img(plots.plot_backtest(fit), "Backtest: predicted vs actual", width=440),
-    ]
-    try:
-        metrics = load_metrics(runs)
-        figs.append(img(plots.plot_loss_curves(runs, metrics, x="flops"), "Loss curves vs FLOPs"))
-    except UsageError:
-        pass
-    for hp in ("lr", "global_batch_tokens"):
-        if hp in runs.columns and runs[hp].n_unique() > 1:
-            figs.append(img(plots.plot_sensitivity(runs, hp), f"Sensitivity to {hp} per size"))
+    figs = _fit_figures(fit_runs, fit, runs)
     noise_html, table = _noise_section(runs)
     if table is not None and table.height:
         figs.append(img(plots.plot_noise(table), "Signal-to-noise ratio per metric"))
-    cmps = []
-    if groups:
-        names = list(groups)
-        for other in names[1:]:
-            cmps.append(
-                compare_sweeps(
-                    groups[names[0]],
-                    groups[other],
-                    names=(names[0], other),
-                    law=law,
-                    n_boot=n_boot,
-                    target_flops=target_flops,
-                    seed=seed,
-                )
-            )
-    for other in compare_with or []:
-        other_runs = load_store_runs(other)
-        cmps.append(
-            compare_sweeps(
-                runs,
-                other_runs,
-                names=(store.name, Path(other).name),
-                law=law,
-                n_boot=n_boot,
-                target_flops=target_flops,
-                seed=seed,
-            )
-        )
+    kw = dict(law=law, n_boot=n_boot, target_flops=target_flops, seed=seed)
+    cmps = _comparisons(store, runs, groups, compare_with or [], **kw)
     for cmp in cmps:
         figs.append(img(plots.plot_comparison(cmp), f"Multiplier of {cmp.b.name} over {cmp.a.name}"))
     parts += [
