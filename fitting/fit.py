@@ -253,6 +253,9 @@ def fit_law(
 ) -> FitResult:
     """Fit `law` to data by multi-start L-BFGS on the (Huber) objective in log-loss space.
 
+    Over 80 lines for its Args: the body is the stages of the module docstring in order, each a
+    named function (_batched_then_polish or _scipy_per_start, then _fit_warnings).
+
     Args:
         law: law object or registry name ("chinchilla", "kaplan", "power_law", ...).
         data: mapping with the law's inputs and "loss" (arrays of equal length, all > 0).
