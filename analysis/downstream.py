@@ -6,7 +6,7 @@
 Step 1 fits the task's bits-per-byte of the correct answer (each run's mean over its last `last_n`
 checkpoints) against (N, D) with a law from scalelab.fitting (Chinchilla by default), optionally
 weighted by the noise analysis' inverse variances. Step 2 fits the loss-to-accuracy sigmoid
-(scalelab.fitting.downstream) on the (bpb, accuracy) pairs of every checkpoint of every run, since
+(scalelab.fitting.loss_to_accuracy) on the (bpb, accuracy) pairs of every checkpoint of every run, since
 intermediate checkpoints cover the range the sigmoid needs. Intervals: bootstrap draws of the step-1
 law give bpb draws at (N, D); each is pushed through a sigmoid drawn from the step-2 fit's
 parameter covariance, so the accuracy interval carries both steps' uncertainty.
@@ -23,8 +23,8 @@ import polars as pl
 from scalelab.analysis.lawfit import bootstrap_params, fit_point
 from scalelab.analysis.noise import fit_weights
 from scalelab.errors import UsageError
-from scalelab.fitting.downstream import fit_sigmoid, sigmoid
 from scalelab.fitting.intervals import percentile_interval
+from scalelab.fitting.loss_to_accuracy import fit_sigmoid, sigmoid
 
 
 @dataclass(kw_only=True, slots=True)

@@ -10,7 +10,7 @@ reports and notebooks alike:
     fig = plot_comparison(cmp)                     fig = plot_noise(noise_table)
     fig = plot_ledger(read_ledger(sweep_dir))
 
-`runs` is `scalelab.analysis.store.load_store_runs(...)`, `fit` a `lawfit.StoreFit`, `cmp` a
+`runs` is `scalelab.analysis.store_reader.load_store_runs(...)`, `fit` a `lawfit.StoreFit`, `cmp` a
 `compare.Comparison`. Intervals are percentile bands over the fit's bootstrap draws.
 """
 

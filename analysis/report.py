@@ -38,7 +38,7 @@ from scalelab.analysis.plan_page import plan_section
 from scalelab.analysis.report_html import CSS, html_table, img
 from scalelab.analysis.report_loop import fit_section, gates_section, ledger_section, loop_fit, proposal_section
 from scalelab.analysis.report_study import study_sections
-from scalelab.analysis.store import load_evals, load_metrics, load_store_runs
+from scalelab.analysis.store_reader import load_evals, load_metrics, load_store_runs
 from scalelab.errors import UsageError
 from scalelab.fitting.approaches import group_budgets
 from scalelab.planning.plan_files import read_plans

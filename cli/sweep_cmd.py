@@ -192,8 +192,8 @@ def _ray_args(q) -> None:
 
 
 def run_plan(args) -> int:
+    from scalelab.sweeps.dry_run import format_plan, plan_sweep
     from scalelab.sweeps.execute import check_runnable
-    from scalelab.sweeps.plan import format_plan, plan_sweep
     from scalelab.sweeps.spec import load_sweep
     from scalelab.sweeps.transfer import plan_transfer
 

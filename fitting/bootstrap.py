@@ -15,7 +15,7 @@ same resamples (common random numbers: a design comparison on equal terms).
     percentile_interval([d["alpha"] for d in boot.draws])
 
 `bootstrap` (thousands of replicates, grouped resampling): every replicate as a row of one
-batched L-BFGS (fitting/optim.py) from the warm start plus `n_extra_starts` more (the full fit's
+batched L-BFGS (fitting/batched_lbfgs.py) from the warm start plus `n_extra_starts` more (the full fit's
 next-best distinct end points, else init-grid points). Because the warm start is close, the
 stopping rules must be tight (gtol 1e-9, ftol 1e-14); see `bootstrap`.
 
@@ -40,11 +40,11 @@ import torch
 
 from scalelab.errors import UsageError
 from scalelab.fitting import diagnostics
+from scalelab.fitting.batched_lbfgs import lbfgs_batched
 from scalelab.fitting.fit import MAX_THREADS, FitResult, fit_law
 from scalelab.fitting.intervals import default_derived, percentile_interval
 from scalelab.fitting.laws import Law, get_law
 from scalelab.fitting.objective import BatchObjective
-from scalelab.fitting.optim import lbfgs_batched
 
 
 @dataclass(kw_only=True)

@@ -10,7 +10,7 @@ Default objective (Hoffmann et al. 2022, Besiroglu et al. 2024): Huber loss with
 log-loss residuals, SUMMED over runs, minimised by L-BFGS from every point of the law's init grid
 (Chinchilla: Hoffmann's 4500 starts), keeping the best. Two stages:
 
-1. all starts at once in the batched torch L-BFGS (fitting/optim.py), scipy L-BFGS-B's stopping
+1. all starts at once in the batched torch L-BFGS (fitting/batched_lbfgs.py), scipy L-BFGS-B's stopping
    rules, up to `batch_max_iter` iterations (starts still running there are carried to stage 2
    only if they are among the best);
 2. the best `n_polish` distinct end points are finished with scipy's L-BFGS-B (same objective and
@@ -33,10 +33,10 @@ from scipy import optimize
 
 from scalelab.errors import UsageError
 from scalelab.fitting import diagnostics
+from scalelab.fitting.batched_lbfgs import STATUS_TEXT, lbfgs_batched
 from scalelab.fitting.intervals import delta_method, robust_scale
 from scalelab.fitting.laws import Law, get_law
 from scalelab.fitting.objective import BatchObjective
-from scalelab.fitting.optim import STATUS_TEXT, lbfgs_batched
 
 MAX_THREADS = int(os.environ.get("SCALELAB_FIT_THREADS", "1"))
 # One torch thread by default: on shared 2-core machines two OpenMP threads spin against other
