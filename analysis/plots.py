@@ -29,10 +29,8 @@ import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
 from scalelab import store
-from scalelab.analysis.compare import frontier_loss
 from scalelab.analysis.noise import SNR_DECIDE
 from scalelab.fitting import allocate as alloc
-from scalelab.fitting.approaches import group_budgets
 from scalelab.fitting.intervals import percentile_interval  # noqa: E402
 from scalelab.fitting.laws import get_law
 
@@ -84,6 +82,9 @@ def readable_log_axis(ax, which: str = "x", *, plain: bool = False, sci: bool = 
 
 
 def _budget_groups(flops: np.ndarray) -> np.ndarray:
+    # start-up time: fitting.approaches loads statsmodels (~1 s), kept off coordcheck's and plan-run's path
+    from scalelab.fitting.approaches import group_budgets
+
     return group_budgets(np.asarray(flops, dtype=float))
 
 
@@ -143,6 +144,9 @@ def plot_isoflop(runs: pl.DataFrame, fit=None, *, loss_col: str = "loss", ax=Non
 
 
 def _frontier(fit, params: dict[str, float], flops: np.ndarray) -> np.ndarray:
+    # start-up time: analysis.compare loads statsmodels (~1 s), kept off coordcheck's and plan-run's path
+    from scalelab.analysis.compare import frontier_loss
+
     law = fit.law_object()
     return np.array([frontier_loss(law, params, float(c)) for c in flops])
 

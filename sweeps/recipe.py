@@ -44,7 +44,6 @@ import numpy as np
 
 from scalelab.config_tree import from_dict
 from scalelab.errors import ConfigError
-from scalelab.fitting.hyperparams import fit_hyperparam_law, optimal_per_budget
 
 
 @dataclass(kw_only=True, slots=True)
@@ -215,6 +214,9 @@ def lr_law_from_runs(params, lr, loss, *, ref_params: float | None = None) -> LR
     is the OLS line of log10 best LR on log10 N (fit_hyperparam_law).
     """
     n, h, y = (np.asarray(a, dtype=float) for a in (params, lr, loss))
+    # start-up time: fitting.hyperparams loads statsmodels (~1 s); every command reading a spec imports this module
+    from scalelab.fitting.hyperparams import fit_hyperparam_law, optimal_per_budget
+
     optima = optimal_per_budget(n, h, y, rel_tol=0.01)  # one "budget" per size
     if len(optima) < 3:
         raise ConfigError("recipe.lr", f"an LR sweep at {len(optima)} size(s)", "sweep the LR at 3 or more sizes")
