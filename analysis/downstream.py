@@ -6,7 +6,7 @@
 Step 1 fits the task's bits-per-byte of the correct answer (each run's mean over its last `last_n`
 checkpoints) against (N, D) with a law from scalelab.fitting (Chinchilla by default), optionally
 weighted by the noise analysis' inverse variances. Step 2 fits the loss-to-accuracy sigmoid
-(scalelab.fitting.downstream) on the (bpb, accuracy) pairs of every checkpoint of every run, since
+(scalelab.fitting.loss_to_accuracy) on the (bpb, accuracy) pairs of every checkpoint of every run, since
 intermediate checkpoints cover the range the sigmoid needs. Intervals: bootstrap draws of the step-1
 law give bpb draws at (N, D); each is pushed through a sigmoid drawn from the step-2 fit's
 parameter covariance, so the accuracy interval carries both steps' uncertainty.
@@ -24,6 +24,7 @@ from scalelab.analysis.lawfit import bootstrap_params, fit_point
 from scalelab.analysis.noise import fit_weights
 from scalelab.errors import UsageError
 from scalelab.fitting.intervals import percentile_interval
+from scalelab.fitting.loss_to_accuracy import fit_sigmoid, sigmoid
 
 
 @dataclass(kw_only=True, slots=True)
@@ -73,8 +74,6 @@ def predict_task(
     seed: int = 0,
 ) -> TaskPrediction:
     """Predict the task's bpb and accuracy of a run with `params` parameters trained on `tokens`."""
-    from scalelab.fitting.downstream import fit_sigmoid
-
     if params <= 0 or tokens <= 0:
         raise UsageError("--params and --tokens must be > 0")
     _task_rows(evals, task, "bpb")
@@ -113,7 +112,6 @@ def predict_task(
             sig_draws = rng.multivariate_normal(mean, cov, size=bpb_draws.size, check_valid="ignore")
         else:
             sig_draws = np.tile(mean, (bpb_draws.size, 1))
-        from scalelab.fitting.downstream import sigmoid
 
         acc_draws = np.clip([sigmoid(x, *p) for x, p in zip(bpb_draws, sig_draws)], 0.0, 1.0)
         bpb_iv = percentile_interval(bpb_draws, level)

@@ -21,7 +21,10 @@ import numpy as np
 from scipy import optimize
 
 from scalelab.errors import UsageError
+from scalelab.fitting.fit import fit_law
 from scalelab.fitting.fit_runs import one_torch_thread
+from scalelab.fitting.laws import get_law
+from scalelab.fitting.objective import BatchObjective
 
 _COARSE = {  # per fit-space name: a few starting values for the pre-fit
     "e": [0.0, 1.0],
@@ -48,8 +51,6 @@ def _coarse_starts(law) -> np.ndarray:
 
 def _least_squares(law, x, loss, starts: np.ndarray, weights: np.ndarray | None) -> list[np.ndarray]:
     """End points of a squared-loss trust-region fit from each start, best first."""
-    from scalelab.fitting.objective import BatchObjective
-
     obj = BatchObjective(law, x, loss, objective="squared")
     lo, hi = (np.array(b, dtype=float) for b in zip(*law.fit_bounds))
     sw = np.sqrt(weights) if weights is not None else 1.0
@@ -74,9 +75,6 @@ def _fit_point(law, data: Mapping[str, np.ndarray], *, weights: np.ndarray | Non
     Distinct: end points closer than 1e-3 in every fit-space coordinate count once (the batched
     L-BFGS runs every start to its own stopping rule, so duplicates only cost time).
     """
-    from scalelab.fitting.fit import fit_law
-    from scalelab.fitting.laws import get_law
-
     law = get_law(law)
     x = {k: np.array(data[k], dtype=float) for k in law.inputs}  # writable copies (torch wants them)
     loss = np.array(data["loss"], dtype=float)
@@ -99,8 +97,6 @@ def _bootstrap_params(point, *, n_boot: int = 200, seed: int = 0, weights: np.nd
     staying in the point fit's basin). Resamples with no more distinct runs than the law has
     parameters are redrawn.
     """
-    from scalelab.fitting.fit import fit_law
-
     law = point.law_object()
     data = point.inputs
     n = int(point.n_points)
@@ -150,8 +146,6 @@ class StoreFit:
     warnings: list[str] = field(default_factory=list)
 
     def law_object(self):
-        from scalelab.fitting.laws import get_law
-
         return get_law(self.law)
 
     def predict(self, law_params: dict[str, float] | None = None, **inputs) -> np.ndarray:
@@ -166,8 +160,6 @@ class StoreFit:
 def store_fit_from_record(record: dict) -> StoreFit:
     """The StoreFit the plots draw, from a store fit's record (scalelab.fitting.scaling_fit.ScalingFit.to_record:
     what `sweep next` saves in fits/round_K.json), so the report shows exactly the round's fit."""
-    from scalelab.fitting.laws import get_law
-
     law = get_law(record["law"])
     pts = record["points"]
     draws = np.array([[d[name] for name in law.param_names] for d in record.get("draws", [])], dtype=float)

@@ -36,7 +36,7 @@ import numpy as np
 import polars as pl
 from scipy import stats
 
-from scalelab.analysis.store import load_evals, lower_is_better
+from scalelab.analysis.store_reader import load_evals, lower_is_better
 
 SNR_DECIDE = 2.0  # below this the spread of the sweep is within ~2 noise sd: too noisy to rank
 
@@ -112,7 +112,7 @@ def noise_table(
     """One row per (task, metric) with the quantities of the module docstring.
 
     Args:
-        runs: `scalelab.analysis.store.load_store_runs(...)` (needs run_id, seed_group, scale,
+        runs: `scalelab.analysis.store_reader.load_store_runs(...)` (needs run_id, seed_group, scale,
             candidate, flops).
         evals: per-checkpoint rows (default: read from the runs' evals.parquet).
         options: last_n and the SNR threshold.

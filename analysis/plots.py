@@ -10,13 +10,14 @@ reports and notebooks alike:
     fig = plot_comparison(cmp)                     fig = plot_noise(noise_table)
     fig = plot_ledger(read_ledger(sweep_dir))
 
-`runs` is `scalelab.analysis.store.load_store_runs(...)`, `fit` a `lawfit.StoreFit`, `cmp` a
+`runs` is `scalelab.analysis.store_reader.load_store_runs(...)`, `fit` a `lawfit.StoreFit`, `cmp` a
 `compare.Comparison`. Intervals are percentile bands over the fit's bootstrap draws.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import matplotlib
 
@@ -27,7 +28,11 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
+from scalelab import store
+from scalelab.analysis.noise import SNR_DECIDE
+from scalelab.fitting import allocate as alloc
 from scalelab.fitting.intervals import percentile_interval  # noqa: E402
+from scalelab.fitting.laws import get_law
 
 LEVEL = 0.95
 
@@ -77,6 +82,7 @@ def readable_log_axis(ax, which: str = "x", *, plain: bool = False, sci: bool = 
 
 
 def _budget_groups(flops: np.ndarray) -> np.ndarray:
+    # start-up time: fitting.approaches loads statsmodels (~1 s), kept off coordcheck's and plan-run's path
     from scalelab.fitting.approaches import group_budgets
 
     return group_budgets(np.asarray(flops, dtype=float))
@@ -138,6 +144,7 @@ def plot_isoflop(runs: pl.DataFrame, fit=None, *, loss_col: str = "loss", ax=Non
 
 
 def _frontier(fit, params: dict[str, float], flops: np.ndarray) -> np.ndarray:
+    # start-up time: analysis.compare loads statsmodels (~1 s), kept off coordcheck's and plan-run's path
     from scalelab.analysis.compare import frontier_loss
 
     law = fit.law_object()
@@ -184,8 +191,6 @@ def plot_frontier(runs: pl.DataFrame, fit, *, extend: float = 30.0, ax=None, lev
 
 
 def _optimum(fit, params: dict[str, float], flops: float) -> tuple[float, float]:
-    from scalelab.fitting import allocate as alloc
-
     law = fit.law_object()
     if law.name == "chinchilla":
         n, d, _ = alloc.chinchilla_optimum(params, flops)
@@ -309,8 +314,6 @@ def plot_comparison(cmp, ax=None):
 
 def plot_noise(table: pl.DataFrame, ax=None):
     """SNR per (task, metric), log scale, with the decide-threshold line."""
-    from scalelab.analysis.noise import SNR_DECIDE
-
     fig, ax = _axes(ax, figsize=(6.4, 0.45 * max(table.height, 3) + 1.2))
     labels = [f"{t} {m}" for t, m in zip(table["task"], table["metric"])]
     snr = table["snr"].fill_nan(None).fill_null(0.0).to_numpy()
@@ -366,14 +369,8 @@ def save(fig, path) -> None:
 def plot_demo(sweep_dir, proposal: dict, measured: float | None, png) -> None:
     """The demo's figure: IsoFLOP curves with the fitted law along each budget, the proposed run's
     prediction and interval against its measured loss, and the frontier N*(C) with the best runs."""
-    from pathlib import Path
-
-    from scalelab import store
-    from scalelab.fitting.allocate import optimum_for_law
-    from scalelab.fitting.laws import get_law
-
     law, params = get_law(proposal["law"]), proposal["params"]
-    optimum = optimum_for_law(law)
+    optimum = alloc.optimum_for_law(law)
     df = store.load_runs(sweep_dir).filter((pl.col("status") == "done") & pl.col("flops_budget").is_not_null())
     p = proposal["proposals"][0]
     df = df.filter(pl.col("run_id") != p["run_id"])

@@ -30,13 +30,20 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from scalelab.analysis import plots
+from scalelab.analysis.compare import _fmt_iv, compare_sweeps, split_by_tag
+from scalelab.analysis.lawfit import store_fit_from_record
+from scalelab.analysis.noise import noise_table, recommendations
 from scalelab.analysis.plan_page import plan_section
 from scalelab.analysis.report_html import CSS, html_table, img
 from scalelab.analysis.report_loop import fit_section, gates_section, ledger_section, loop_fit, proposal_section
 from scalelab.analysis.report_study import study_sections
+from scalelab.analysis.store_reader import load_evals, load_metrics, load_store_runs
 from scalelab.errors import UsageError
+from scalelab.fitting.approaches import group_budgets
 from scalelab.planning.plan_files import read_plans
 from scalelab.store import objects
+from scalelab.store.atomic import atomic_write_bytes
 from scalelab.sweeps.study_propose import is_study
 
 
@@ -44,7 +51,6 @@ def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: str | Path) -> s
     counts = runs_all.group_by("status").len().sort("status")
     status = ", ".join(f"{s}: {n}" for s, n in zip(counts["status"], counts["len"]))
     sizes = sorted(set(runs["params"].to_list()))
-    from scalelab.fitting.approaches import group_budgets
 
     flops = runs["flops"].cast(pl.Float64).to_numpy()
     groups = group_budgets(flops)
@@ -65,9 +71,6 @@ def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: str | Path) -> s
 
 
 def _noise_section(runs: pl.DataFrame) -> tuple[str, object | None]:
-    from scalelab.analysis.noise import noise_table, recommendations
-    from scalelab.analysis.store import load_evals
-
     try:
         table = noise_table(runs, load_evals(runs))
     except UsageError as e:
@@ -135,8 +138,6 @@ def _eval_invariance_section(runs: pl.DataFrame) -> str:
 
 
 def _comparison_section(cmps: list) -> str:
-    from scalelab.analysis.compare import _fmt_iv
-
     if not cmps:
         return ""
     out = ["<h2>Comparisons</h2>"]
@@ -147,6 +148,41 @@ def _comparison_section(cmps: list) -> str:
         out.append(html_table(["budget C", "multiplier", f"{100 * cmp.level:.0f}% interval"], rows))
         out.append(f'<div class="{"ok" if cmp.target_interval[0] > 1 else "warn"}">{html.escape(cmp.verdict)}</div>')
     return "\n".join(out)
+
+
+def _fit_figures(fit_runs: pl.DataFrame, fit, runs: pl.DataFrame) -> list[str]:
+    """The fit's plots, the loss curves (when the runs have metrics) and the sensitivity to each
+    hyperparameter the runs vary."""
+    figs = [
+        img(plots.plot_isoflop(fit_runs, fit), "IsoFLOP curves with fitted parabolas and minima"),
+        img(plots.plot_frontier(fit_runs, fit), "Compute frontier, interval band and backtest points"),
+        img(plots.plot_allocation(fit), "Compute-optimal N*(C) and D*(C) with intervals", width=860),
+        img(plots.plot_residuals(fit), "Residuals of the fit"),
+        img(plots.plot_backtest(fit), "Backtest: predicted vs actual", width=440),
+    ]
+    try:
+        metrics = load_metrics(runs)
+        figs.append(img(plots.plot_loss_curves(runs, metrics, x="flops"), "Loss curves vs FLOPs"))
+    except UsageError:
+        pass
+    for hp in ("lr", "global_batch_tokens"):
+        if hp in runs.columns and runs[hp].n_unique() > 1:
+            figs.append(img(plots.plot_sensitivity(runs, hp), f"Sensitivity to {hp} per size"))
+    return figs
+
+
+def _comparisons(store: Path, runs: pl.DataFrame, groups: dict, compare_with: list[str], **kw) -> list:
+    """The first tag value's runs against every other value's, then this store against each other
+    store (`kw`: compare_sweeps' law, n_boot, target_flops, seed)."""
+    cmps = []
+    if groups:
+        names = list(groups)
+        for other in names[1:]:
+            cmps.append(compare_sweeps(groups[names[0]], groups[other], names=(names[0], other), **kw))
+    for other in compare_with:
+        other_runs = load_store_runs(other)
+        cmps.append(compare_sweeps(runs, other_runs, names=(store.name, Path(other).name), **kw))
+    return cmps
 
 
 def build_report(
@@ -161,11 +197,6 @@ def build_report(
 ) -> str:
     """The report's HTML text (see module docstring). `law`, `n_boot`: the fit's, when not the spec's
     (scalelab.sweeps.store_fit.fit_options)."""
-    from scalelab.analysis import plots
-    from scalelab.analysis.compare import compare_sweeps, split_by_tag
-    from scalelab.analysis.lawfit import store_fit_from_record
-    from scalelab.analysis.store import load_metrics, load_store_runs
-
     shown = store  # an s3:// store is read from a local copy of its records
     store = objects.local_view(store, "STORE") if objects.is_url(store) else Path(store)
     runs_all = load_store_runs(store, done_only=False)
@@ -194,52 +225,12 @@ def build_report(
         ledger_section(store),
         *(plan_section(p) for p in (read_plans(store) if store.is_dir() else [])),
     ]
-    figs = [
-        img(plots.plot_isoflop(fit_runs, fit), "IsoFLOP curves with fitted parabolas and minima"),
-        img(plots.plot_frontier(fit_runs, fit), "Compute frontier, interval band and backtest points"),
-        img(plots.plot_allocation(fit), "Compute-optimal N*(C) and D*(C) with intervals", width=860),
-        img(plots.plot_residuals(fit), "Residuals of the fit"),
-        img(plots.plot_backtest(fit), "Backtest: predicted vs actual", width=440),
-    ]
-    try:
-        metrics = load_metrics(runs)
-        figs.append(img(plots.plot_loss_curves(runs, metrics, x="flops"), "Loss curves vs FLOPs"))
-    except UsageError:
-        pass
-    for hp in ("lr", "global_batch_tokens"):
-        if hp in runs.columns and runs[hp].n_unique() > 1:
-            figs.append(img(plots.plot_sensitivity(runs, hp), f"Sensitivity to {hp} per size"))
+    figs = _fit_figures(fit_runs, fit, runs)
     noise_html, table = _noise_section(runs)
     if table is not None and table.height:
         figs.append(img(plots.plot_noise(table), "Signal-to-noise ratio per metric"))
-    cmps = []
-    if groups:
-        names = list(groups)
-        for other in names[1:]:
-            cmps.append(
-                compare_sweeps(
-                    groups[names[0]],
-                    groups[other],
-                    names=(names[0], other),
-                    law=law,
-                    n_boot=n_boot,
-                    target_flops=target_flops,
-                    seed=seed,
-                )
-            )
-    for other in compare_with or []:
-        other_runs = load_store_runs(other)
-        cmps.append(
-            compare_sweeps(
-                runs,
-                other_runs,
-                names=(store.name, Path(other).name),
-                law=law,
-                n_boot=n_boot,
-                target_flops=target_flops,
-                seed=seed,
-            )
-        )
+    kw = dict(law=law, n_boot=n_boot, target_flops=target_flops, seed=seed)
+    cmps = _comparisons(store, runs, groups, compare_with or [], **kw)
     for cmp in cmps:
         figs.append(img(plots.plot_comparison(cmp), f"Multiplier of {cmp.b.name} over {cmp.a.name}"))
     parts += [
@@ -258,9 +249,6 @@ def build_report(
 
 def _study_report(store: Path, shown, runs_all: pl.DataFrame, runs: pl.DataFrame, *, n_boot, seed) -> str:
     """A study's report: the summary, the study section (scalelab.analysis.report_study), the loss curves."""
-    from scalelab.analysis import plots
-    from scalelab.analysis.store import load_metrics
-
     parts, figs = study_sections(store, runs_all, n_boot=n_boot, seed=seed)
     try:
         figs.append(img(plots.plot_loss_curves(runs, load_metrics(runs), x="flops"), "Loss curves vs FLOPs"))
@@ -283,8 +271,6 @@ def _study_report(store: Path, shown, runs_all: pl.DataFrame, runs: pl.DataFrame
 
 
 def write_report(store: str | Path, out: str | Path, **kwargs) -> Path:
-    from scalelab.store.atomic import atomic_write_bytes
-
     text = build_report(store, **kwargs)
     out = Path(out)
     atomic_write_bytes(out, text.encode("utf-8"))

@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from scalelab.analysis.plots import _frontier, _optimum
 from scalelab.analysis.report_html import html_table
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.intervals import percentile_interval
+from scalelab.store.ledger import coverage, read_ledger, score
 from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_options, fit_store, store_fit_spec
 
 
@@ -135,7 +137,6 @@ def proposal_section(store: Path, fit, level: float = 0.95) -> str:
             ]
             out.append(html_table(["kind", "N", "D", "C", "predicted loss", "interval"], rows))
             return "\n".join(out)
-    from scalelab.analysis.plots import _frontier, _optimum
 
     c_next = float(fit.flops.max() * 3)
     n, d = _optimum(fit, fit.params, c_next)
@@ -186,8 +187,6 @@ def gates_section(record: dict) -> str:
 
 
 def ledger_section(store: Path) -> str:
-    from scalelab.store.ledger import coverage, read_ledger, score
-
     if not (store / "ledger.json").exists():
         return ""
     score(store)

@@ -30,9 +30,16 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import yaml
 
+from scalelab import store
+from scalelab.models.accounting import num_params, num_params_nonembedding
+from scalelab.models.shapes import shape_for_width
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
 from scalelab.store.records import EVALS_SCHEMA, METRICS_SCHEMA
+from scalelab.sweeps.spec import expand_sweep, read_spec
+from scalelab.train.config import build_run_config, to_dict
+from scalelab.train.identity import config_hash
 
 # CPU-sized shapes (num_layers, d_model) of the shape rule, total params with vocab 320 in comments
 DEFAULT_SHAPES: tuple[tuple[int, int], ...] = (
@@ -101,9 +108,6 @@ def isoflop_design(
     max_tokens_per_param: float = 400.0,
 ) -> list[DesignPoint]:
     """Every shape at every budget (D = C / 6N), keeping tokens/param within the given band."""
-    from scalelab.models.accounting import num_params
-    from scalelab.models.shapes import shape_for_width
-
     out = []
     for c in flops_budgets:
         for layers, width in shapes:
@@ -122,9 +126,6 @@ def _rng(*key) -> np.random.Generator:
 
 
 def _run_config(point: DesignPoint, seed: int, tags: dict[str, str], name: str):
-    from scalelab.models.shapes import shape_for_width
-    from scalelab.train.config import build_run_config, to_dict
-
     model = to_dict(shape_for_width(point.num_layers, point.d_model, 320, max_seq_len=256))
     tokens_per_step = 64 * 256
     cfg = build_run_config(
@@ -144,6 +145,77 @@ def _run_config(point: DesignPoint, seed: int, tags: dict[str, str], name: str):
     return cfg, to_dict(cfg)
 
 
+def _train_metrics(law: SyntheticLaw, n: int, steps: int, tps: int, lr: float, offset: float, rng):
+    """metrics.parquet's rows (at most 40 steps) and their training losses: the law, the seed's
+    offset and checkpoint noise."""
+    flops_per_token = 6.0 * n
+    metric_steps = np.unique(np.linspace(1, steps, num=min(steps, 40)).astype(int))
+    train_loss = law.loss(n, metric_steps * tps) + offset + rng.normal(0, law.checkpoint_std, metric_steps.size)
+    metrics = pl.DataFrame(
+        {
+            "step": metric_steps,
+            "tokens": metric_steps * tps,
+            "flops": metric_steps * tps * flops_per_token,
+            "loss": train_loss,
+            "lr": np.full(metric_steps.size, lr),
+            "grad_norm": np.ones(metric_steps.size),
+            "tokens_per_s": np.full(metric_steps.size, 1e5),
+        },
+        schema=METRICS_SCHEMA,
+    )
+    return metrics, train_loss
+
+
+def _eval_rows(law: SyntheticLaw, n: int, tokens: int, step: int, offset: float, rng) -> list[dict]:
+    """One checkpoint's four evaluation rows: validation loss and bpb, the task's bpb and accuracy."""
+    flops_per_token = 6.0 * n
+    true = float(law.loss(n, tokens)) + offset
+    val = true + float(rng.normal(0.0, law.checkpoint_std))
+    bpb_scale = 1.0 / math.log(2)
+    common = dict(step=step, tokens=tokens, flops=tokens * flops_per_token)
+    task_bpb = law.task_bpb_slope * val + law.task_bpb_offset
+    p = float(law.accuracy(val))
+    acc = rng.binomial(law.task_examples, p) / law.task_examples
+    return [
+        dict(common, task="val", metric="loss", value=val, stderr=law.checkpoint_std),
+        dict(common, task="val", metric="bpb", value=val * bpb_scale, stderr=law.checkpoint_std * bpb_scale),
+        dict(common, task="synthetic/mc", metric="bpb", value=task_bpb, stderr=law.task_bpb_slope * law.checkpoint_std),
+        dict(
+            common,
+            task="synthetic/mc",
+            metric="acc",
+            value=float(acc),
+            stderr=math.sqrt(max(p * (1 - p), 1e-12) / law.task_examples),
+        ),
+    ]
+
+
+def _done_status(run_id: str, cfg, n: int, train_loss: np.ndarray, rows: list[dict]) -> dict:
+    """status.json of a finished run, as the training loop writes it."""
+    flops_per_token = 6.0 * n
+    d_total = cfg.num_steps * cfg.tokens_per_step
+    final_val = rows[-4]["value"]
+    tail = train_loss[-max(1, train_loss.size // 20) :]
+    return dict(
+        status="done",
+        run_id=run_id,
+        params=n,
+        params_nonembed=num_params_nonembedding(cfg.model),
+        num_steps=cfg.num_steps,
+        tokens_per_step=cfg.tokens_per_step,
+        num_tokens=d_total,
+        flops_per_token_6n=flops_per_token,
+        flops_6n=flops_per_token * d_total,
+        flops_exact=flops_per_token * d_total,
+        final_train_loss=float(tail.mean()),
+        best_train_loss=float(train_loss.min()),
+        final_val_loss=final_val,
+        best_val_loss=min(r["value"] for r in rows[::4]),
+        final_val_bpb=final_val / math.log(2),
+        synthetic=True,
+    )
+
+
 def write_synthetic_sweep(
     sweep_dir: str | Path,
     design: Sequence[DesignPoint],
@@ -159,9 +231,6 @@ def write_synthetic_sweep(
     `noise_seed` changes every noise draw (use different values for two stores that must be
     independent); the draws are otherwise a pure function of (seed, shape, tokens).
     """
-    from scalelab.models.accounting import num_params, num_params_nonembedding
-    from scalelab.train.identity import config_hash
-
     sweep_dir = Path(sweep_dir)
     tags = {str(k): str(v) for k, v in (tags or {}).items()}
     atomic_write_bytes(sweep_dir / "sweep.yaml", f"# synthetic sweep from {law}\n".encode())
@@ -171,96 +240,21 @@ def write_synthetic_sweep(
             cfg, cfg_dict = _run_config(point, seed, tags, name=f"L{point.num_layers}d{point.d_model}")
             run_id = config_hash(cfg)
             run_ids.append(run_id)
-            run_dir = sweep_dir / "runs" / run_id
             n = num_params(cfg.model)
             steps = cfg.num_steps
             tps = cfg.tokens_per_step
-            d_total = steps * tps
-            flops_per_token = 6.0 * n
             rng_seed = _rng(noise_seed, "seed", seed, point.num_layers, point.d_model, point.num_tokens, tags)
             offset = float(rng_seed.normal(0.0, law.seed_std))
             rng = _rng(noise_seed, "ckpt", seed, point.num_layers, point.d_model, point.num_tokens, tags)
-            metric_steps = np.unique(np.linspace(1, steps, num=min(steps, 40)).astype(int))
-            train_loss = law.loss(n, metric_steps * tps) + offset + rng.normal(0, law.checkpoint_std, metric_steps.size)
-            metrics = pl.DataFrame(
-                {
-                    "step": metric_steps,
-                    "tokens": metric_steps * tps,
-                    "flops": metric_steps * tps * flops_per_token,
-                    "loss": train_loss,
-                    "lr": np.full(metric_steps.size, cfg.optim.lr),
-                    "grad_norm": np.ones(metric_steps.size),
-                    "tokens_per_s": np.full(metric_steps.size, 1e5),
-                },
-                schema=METRICS_SCHEMA,
-            )
+            metrics, train_loss = _train_metrics(law, n, steps, tps, cfg.optim.lr, offset, rng)
             eval_steps = np.unique(np.linspace(steps / num_evals, steps, num=num_evals).round().astype(int))
-            rows = []
-            for step in eval_steps:
-                tokens = int(step * tps)
-                true = float(law.loss(n, tokens)) + offset
-                val = true + float(rng.normal(0.0, law.checkpoint_std))
-                bpb_scale = 1.0 / math.log(2)
-                common = dict(step=int(step), tokens=tokens, flops=tokens * flops_per_token)
-                rows.append(dict(common, task="val", metric="loss", value=val, stderr=law.checkpoint_std))
-                rows.append(
-                    dict(
-                        common,
-                        task="val",
-                        metric="bpb",
-                        value=val * bpb_scale,
-                        stderr=law.checkpoint_std * bpb_scale,
-                    )
-                )
-                task_bpb = law.task_bpb_slope * val + law.task_bpb_offset
-                rows.append(
-                    dict(
-                        common,
-                        task="synthetic/mc",
-                        metric="bpb",
-                        value=task_bpb,
-                        stderr=law.task_bpb_slope * law.checkpoint_std,
-                    )
-                )
-                p = float(law.accuracy(val))
-                acc = rng.binomial(law.task_examples, p) / law.task_examples
-                rows.append(
-                    dict(
-                        common,
-                        task="synthetic/mc",
-                        metric="acc",
-                        value=float(acc),
-                        stderr=math.sqrt(max(p * (1 - p), 1e-12) / law.task_examples),
-                    )
-                )
-            evals = pl.DataFrame(rows, schema=EVALS_SCHEMA)
-            final_val = rows[-4]["value"]
+            rows = [row for step in eval_steps for row in _eval_rows(law, n, int(step * tps), int(step), offset, rng)]
+            run_dir = sweep_dir / "runs" / run_id
             run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_json(run_dir / "config.json", cfg_dict)
             metrics.write_parquet(run_dir / "metrics.parquet")
-            evals.write_parquet(run_dir / "evals.parquet")
-            tail = train_loss[-max(1, train_loss.size // 20) :]
-            atomic_write_json(
-                run_dir / "status.json",
-                dict(
-                    status="done",
-                    run_id=run_id,
-                    params=n,
-                    params_nonembed=num_params_nonembedding(cfg.model),
-                    num_steps=steps,
-                    tokens_per_step=tps,
-                    num_tokens=d_total,
-                    flops_per_token_6n=flops_per_token,
-                    flops_6n=flops_per_token * d_total,
-                    flops_exact=flops_per_token * d_total,
-                    final_train_loss=float(tail.mean()),
-                    best_train_loss=float(train_loss.min()),
-                    final_val_loss=final_val,
-                    best_val_loss=min(r["value"] for r in rows[::4]),
-                    final_val_bpb=final_val / math.log(2),
-                    synthetic=True,
-                ),
-            )
+            pl.DataFrame(rows, schema=EVALS_SCHEMA).write_parquet(run_dir / "evals.parquet")
+            atomic_write_json(run_dir / "status.json", _done_status(run_id, cfg, n, train_loss, rows))
     return run_ids
 
 
@@ -307,11 +301,6 @@ def launch_synthetic(
     """`sweep launch` with the training replaced by `simulate_runs`: the spec (a mapping, or a spec
     file such as a round written by `sweep next`) is expanded and recorded in the store exactly as
     a real launch records it. Returns the run ids."""
-    import yaml
-
-    from scalelab import store
-    from scalelab.sweeps.spec import expand_sweep, read_spec
-
     if isinstance(spec, dict):
         text, name = yaml.safe_dump(spec, sort_keys=False), str(spec.get("name", "sweep"))
     else:

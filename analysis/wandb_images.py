@@ -16,7 +16,7 @@ import polars as pl
 
 from scalelab.analysis import plots
 from scalelab.analysis.lawfit import store_fit_from_record
-from scalelab.analysis.store import load_store_runs
+from scalelab.analysis.store_reader import load_store_runs
 from scalelab.store.ledger import read_ledger
 
 

@@ -116,7 +116,7 @@ def _check_positive(name: str, value: int | None) -> None:
 
 def run_noise(args) -> int:
     from scalelab.analysis.noise import NoiseOptions, format_table, noise_table, recommendations
-    from scalelab.analysis.store import load_store_runs
+    from scalelab.analysis.store_reader import load_store_runs
 
     if args.last_n < 1:
         raise UsageError(f"--last-n must be >= 1, got {args.last_n}")
@@ -136,7 +136,7 @@ def run_noise(args) -> int:
 
 def run_predict_task(args) -> int:
     from scalelab.analysis.downstream import format_prediction, predict_task
-    from scalelab.analysis.store import load_evals, load_store_runs
+    from scalelab.analysis.store_reader import load_evals, load_store_runs
 
     _check_positive("bootstrap", args.bootstrap)
     if Path(args.store).is_file():
@@ -164,7 +164,7 @@ def run_predict_task(args) -> int:
 
 def _sides(stores: list[str], by: str | None):
     from scalelab.analysis.compare import split_by_tag
-    from scalelab.analysis.store import load_store_runs
+    from scalelab.analysis.store_reader import load_store_runs
 
     if by:
         if len(stores) != 1:
@@ -202,7 +202,7 @@ def run_compare(args) -> int:
 
 def run_plot(args) -> int:
     from scalelab.analysis import plots
-    from scalelab.analysis.store import load_evals, load_metrics, load_store_runs
+    from scalelab.analysis.store_reader import load_evals, load_metrics, load_store_runs
 
     kind = args.kind
     if kind == "comparison":

@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
 
 def _store_noise(store: str) -> dict[tuple[str, str], float]:
     from scalelab.analysis.noise import noise_table
-    from scalelab.analysis.store import load_store_runs
+    from scalelab.analysis.store_reader import load_store_runs
 
     table = noise_table(load_store_runs(store))
     known = table.filter(table["noise_source"] == "seed+ckpt")

@@ -33,6 +33,12 @@ from scalelab.store import objects
 
 
 def add_parser(sub) -> None:
+    _add_fit(sub)
+    _add_predict(sub)
+    _add_allocate(sub)
+
+
+def _add_fit(sub) -> None:
     p = sub.add_parser("fit", help="fit a scaling law to a run table (CSV/Parquet) or a sweep store")
     p.add_argument("data", help="CSV or Parquet file, one row per run/checkpoint; or a sweep directory")
     p.add_argument(
@@ -102,6 +108,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", type=pathlib.Path, default=None, help="save the fit (with samples) here")
     p.set_defaults(func=run_fit)
 
+
+def _add_predict(sub) -> None:
     q = sub.add_parser("predict", help="predict loss from a saved fit")
     q.add_argument("fit", type=pathlib.Path, help="FIT.json written by `scalelab fit --out`")
     q.add_argument("--params", type=float, nargs="+", default=None, metavar="N")
@@ -112,6 +120,8 @@ def add_parser(sub) -> None:
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_predict)
 
+
+def _add_allocate(sub) -> None:
     a = sub.add_parser("allocate", help="compute-optimal N*, D* at FLOP budgets from a saved fit")
     a.add_argument("fit", type=pathlib.Path, help="FIT.json written by `scalelab fit --out`")
     what = a.add_mutually_exclusive_group(required=True)

@@ -13,7 +13,7 @@ import argparse
 import importlib
 import sys
 
-from scalelab.cli.errors import UsageError
+from scalelab.errors import UsageError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -46,13 +46,30 @@ def add_parser(sub) -> None:
     )
     s = p.add_subparsers(dest="sweep_command", metavar="SUBCOMMAND")
     s.required = True
+    for add in (  # in the order `scalelab sweep --help` lists them
+        _add_plan,
+        _add_launch,
+        _add_resume,
+        _add_status,
+        _add_export,
+        _add_next,
+        _add_study,
+        _add_eval,
+        _add_ledger,
+        _add_wandb,
+    ):
+        add(s)
 
+
+def _add_plan(s) -> None:
     q = s.add_parser("plan", help="expand and validate a spec; print runs and cost (nothing starts)")
     q.add_argument("spec")
     q.add_argument("--no-measure", action="store_true", help="skip the throughput measurement (no time estimates)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_plan)
 
+
+def _add_launch(s) -> None:
     q = s.add_parser("launch", help="run a spec on Ray into a sweep directory (finished runs are skipped)")
     q.add_argument("spec")
     q.add_argument("--out", required=True, help="sweep directory; its parent is the store root shared by sweeps")
@@ -76,22 +93,30 @@ def add_parser(sub) -> None:
     )
     q.set_defaults(func=run_launch)
 
+
+def _add_resume(s) -> None:
     q = s.add_parser("resume", help="finish a sweep whose driver died: done runs stay done, partial ones resume")
     q.add_argument("sweep_dir")
     _ray_args(q)
     q.set_defaults(func=run_resume)
 
+
+def _add_status(s) -> None:
     q = s.add_parser("status", help="runs by state with progress, losses and failures")
     q.add_argument("sweep_dir")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_status)
 
+
+def _add_export(s) -> None:
     q = s.add_parser("export", help="write the run table for the fitter (done runs)")
     q.add_argument("sweep_dir")
     q.add_argument("--csv", required=True, metavar="PATH", help="output file (.csv, or .parquet)")
     q.add_argument("--all", action="store_true", help="include runs that are not done")
     q.set_defaults(func=run_export)
 
+
+def _add_next(s) -> None:
     q = s.add_parser("next", help="fit the store and write the next round's spec (rounds/round_K.yaml)")
     q.add_argument("sweep_dir")
     q.add_argument("--target-flops", type=float, default=None, help="C*: where the loss prediction should be tight")
@@ -109,6 +134,8 @@ def add_parser(sub) -> None:
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_next)
 
+
+def _add_study(s) -> None:
     q = s.add_parser("study", help="a study: each arm's fit, m(C), the gap at the target, ledger, decision accuracy")
     q.add_argument("sweep_dir")
     q.add_argument("--replicates", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
@@ -116,6 +143,8 @@ def add_parser(sub) -> None:
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_study)
 
+
+def _add_eval(s) -> None:
     q = s.add_parser("eval", help="evaluate every checkpoint of the finished runs on tasks, as Ray tasks")
     q.add_argument("sweep_dir")
     q.add_argument("--tasks", nargs="*", default=[], help="bundled:NAME[@N] | olmes:TASK/VARIANT | PATH.jsonl")
@@ -127,11 +156,15 @@ def add_parser(sub) -> None:
     q.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     q.set_defaults(func=run_eval)
 
+
+def _add_ledger(s) -> None:
     q = s.add_parser("ledger", help="every fit the loop made and its predictions against the measured runs")
     q.add_argument("sweep_dir")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_ledger)
 
+
+def _add_wandb(s) -> None:
     q = s.add_parser("wandb", help="log a sweep's runs and rounds to W&B (those not logged while they ran)")
     q.add_argument("sweep_dir")
     q.add_argument(
@@ -159,8 +192,8 @@ def _ray_args(q) -> None:
 
 
 def run_plan(args) -> int:
+    from scalelab.sweeps.dry_run import format_plan, plan_sweep
     from scalelab.sweeps.execute import check_runnable
-    from scalelab.sweeps.plan import format_plan, plan_sweep
     from scalelab.sweeps.spec import load_sweep
     from scalelab.sweeps.transfer import plan_transfer
 

@@ -15,7 +15,7 @@ same resamples (common random numbers: a design comparison on equal terms).
     percentile_interval([d["alpha"] for d in boot.draws])
 
 `bootstrap` (thousands of replicates, grouped resampling): every replicate as a row of one
-batched L-BFGS (fitting/optim.py) from the warm start plus `n_extra_starts` more (the full fit's
+batched L-BFGS (fitting/batched_lbfgs.py) from the warm start plus `n_extra_starts` more (the full fit's
 next-best distinct end points, else init-grid points). Because the warm start is close, the
 stopping rules must be tight (gtol 1e-9, ftol 1e-14); see `bootstrap`.
 
@@ -40,11 +40,11 @@ import torch
 
 from scalelab.errors import UsageError
 from scalelab.fitting import diagnostics
+from scalelab.fitting.batched_lbfgs import lbfgs_batched
 from scalelab.fitting.fit import MAX_THREADS, FitResult, fit_law
 from scalelab.fitting.intervals import default_derived, percentile_interval
 from scalelab.fitting.laws import Law, get_law
 from scalelab.fitting.objective import BatchObjective
-from scalelab.fitting.optim import lbfgs_batched
 
 
 @dataclass(kw_only=True)
@@ -134,6 +134,54 @@ def resample_counts(
     return gcounts[:, inverse]
 
 
+def _group_labels(data: Mapping[str, Any], groups, n: int):
+    """`groups` as given, or the data column it names; UsageError unless one label per run."""
+    if isinstance(groups, str):
+        if groups not in data:
+            raise UsageError(f"groups={groups!r} is not a data column; columns: {list(data.keys())}")
+        groups = np.asarray(data[groups])
+    if groups is not None and np.asarray(groups).shape != (n,):
+        raise UsageError(f"groups must have one label per run ({n}), got shape {np.asarray(groups).shape}")
+    return groups
+
+
+def _replicate_starts(law: Law, fit: FitResult, n_boot: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """(n_boot, k, P) fit-space starts: the full fit's optimum, its other distinct end points (other
+    basins), then init-grid points drawn from `rng`."""
+    extra = [np.asarray(t) for t in fit.alt_thetas[1:]]
+    grid = law.init_grid()
+    starts = np.empty((n_boot, k, law.n_params))
+    starts[:, 0] = np.asarray(fit.theta)
+    for j in range(1, k):
+        if j - 1 < len(extra):
+            starts[:, j] = extra[j - 1]
+        else:
+            starts[:, j] = grid[rng.integers(0, grid.shape[0], size=n_boot)]
+    return starts
+
+
+def _fit_replicates(law: Law, x, loss, fit: FitResult, counts, starts, *, max_iter, gtol, ftol):
+    """Every replicate's every start as a row of one batched L-BFGS (weights: the replicate's
+    counts); each replicate's best end point (fit space) and whether it converged."""
+    n_boot, k = starts.shape[:2]
+    rows_w = np.repeat(counts, k, axis=0)  # row b*k + j belongs to replicate b
+    obj = BatchObjective(
+        law, x, loss, weights=rows_w, objective=fit.objective_name, delta=fit.delta, reduction=fit.reduction
+    )
+    lo, hi = (np.array(b, dtype=np.float64) for b in zip(*law.fit_bounds))
+    prev = torch.get_num_threads()
+    torch.set_num_threads(MAX_THREADS)
+    try:
+        res = lbfgs_batched(obj, starts.reshape(-1, law.n_params), lo, hi, max_iter=max_iter, gtol=gtol, ftol=ftol)
+    finally:
+        torch.set_num_threads(prev)
+    f = np.where(np.isfinite(res.f), res.f, np.inf).reshape(n_boot, k)
+    best = np.argmin(f, axis=1)
+    pick = np.arange(n_boot) * k + best
+    converged = np.isin(res.status[pick], (0, 1)) | ((res.status[pick] == 3) & (res.grad_norm[pick] <= 1e-3))
+    return res.x[pick], converged
+
+
 def bootstrap(
     law: Law | str,
     data: Mapping[str, Any],
@@ -179,44 +227,13 @@ def bootstrap(
     t0 = time.perf_counter()
     law = get_law(law, **fit.law_config) if isinstance(law, str) else law
     x, loss, w_fit = diagnostics.validate_data(law, data, fit.weights)
-    n = loss.size
-    if isinstance(groups, str):
-        if groups not in data:
-            raise UsageError(f"groups={groups!r} is not a data column; columns: {list(data.keys())}")
-        groups = np.asarray(data[groups])
-    if groups is not None and np.asarray(groups).shape != (n,):
-        raise UsageError(f"groups must have one label per run ({n}), got shape {np.asarray(groups).shape}")
+    groups = _group_labels(data, groups, loss.size)
     rng = np.random.default_rng(seed)
-    counts = resample_counts(n, n_boot, rng, None if groups is None else np.asarray(groups), keep=keep_groups)
+    counts = resample_counts(loss.size, n_boot, rng, None if groups is None else np.asarray(groups), keep=keep_groups)
     if w_fit is not None:
         counts = counts * w_fit[None, :]
-    # Extra starts: the full fit's other distinct end points (other basins), then grid points.
-    extra = [np.asarray(t) for t in fit.alt_thetas[1:]]
-    grid = law.init_grid()
-    k = 1 + n_extra_starts
-    starts = np.empty((n_boot, k, law.n_params))
-    starts[:, 0] = np.asarray(fit.theta)
-    for j in range(1, k):
-        if j - 1 < len(extra):
-            starts[:, j] = extra[j - 1]
-        else:
-            starts[:, j] = grid[rng.integers(0, grid.shape[0], size=n_boot)]
-    rows_w = np.repeat(counts, k, axis=0)  # row b*k + j belongs to replicate b
-    obj = BatchObjective(
-        law, x, loss, weights=rows_w, objective=fit.objective_name, delta=fit.delta, reduction=fit.reduction
-    )
-    lo, hi = (np.array(b, dtype=np.float64) for b in zip(*law.fit_bounds))
-    prev = torch.get_num_threads()
-    torch.set_num_threads(MAX_THREADS)
-    try:
-        res = lbfgs_batched(obj, starts.reshape(-1, law.n_params), lo, hi, max_iter=max_iter, gtol=gtol, ftol=ftol)
-    finally:
-        torch.set_num_threads(prev)
-    f = np.where(np.isfinite(res.f), res.f, np.inf).reshape(n_boot, k)
-    best = np.argmin(f, axis=1)
-    pick = np.arange(n_boot) * k + best
-    theta_s = res.x[pick]
-    converged = np.isin(res.status[pick], (0, 1)) | ((res.status[pick] == 3) & (res.grad_norm[pick] <= 1e-3))
+    starts = _replicate_starts(law, fit, n_boot, 1 + n_extra_starts, rng)
+    theta_s, converged = _fit_replicates(law, x, loss, fit, counts, starts, max_iter=max_iter, gtol=gtol, ftol=ftol)
     nat = law.to_natural_array(theta_s)
     samples = {p: nat[:, j] for j, p in enumerate(law.param_names)}
     dfun = dict(default_derived(law, flops_budgets)) if derived is None else dict(derived)

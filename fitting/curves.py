@@ -378,6 +378,31 @@ class CurveFit:
         }
 
 
+def _decay_trials(curves, base, decays, *, units, drop_first, max_points_per_run, sigma_run) -> list[tuple]:
+    """(SSE, decay, law, points, starts) per momentum decay (one when the law has no annealing area),
+    best SSE first: the variable-projection pre-fit that ranks the decays before the full fits."""
+    uses_decay = "s2" in base.inputs
+    kw = {"units": units} if "s1" in base.inputs else {}
+    trials = []
+    for decay in decays if uses_decay else decays[-1:]:
+        the_law = get_law(base.name, **kw, **({"decay": decay} if uses_decay else {}))
+        pts = curve_points(
+            curves,
+            decay=decay,
+            units=units,
+            drop_first=drop_first,
+            max_points_per_run=max_points_per_run,
+            sigma_run=sigma_run,
+        )
+        x = {k: pts[k] for k in the_law.inputs}
+        starts, sse = varpro_starts(
+            the_law, {**x, "params": pts["params"], "tokens": pts["tokens"]}, pts["loss"], pts["weight"]
+        )
+        trials.append((sse, decay, the_law, pts, starts))
+    trials.sort(key=lambda t: t[0])
+    return trials
+
+
 def fit_curves(
     curves: Sequence[RunCurve],
     law: str = "lr_annealing",
@@ -413,25 +438,15 @@ def fit_curves(
     missing = [k for k in base.inputs if k not in CURVE_INPUTS]
     if missing:
         raise UsageError(f"law {base.name} needs inputs {missing} that loss curves do not give")
-    uses_decay = "s2" in base.inputs
-    kw = {"units": units} if "s1" in base.inputs else {}
-    trials = []
-    for decay in decays if uses_decay else decays[-1:]:
-        the_law = get_law(base.name, **kw, **({"decay": decay} if uses_decay else {}))
-        pts = curve_points(
-            curves,
-            decay=decay,
-            units=units,
-            drop_first=drop_first,
-            max_points_per_run=max_points_per_run,
-            sigma_run=sigma_run,
-        )
-        x = {k: pts[k] for k in the_law.inputs}
-        starts, sse = varpro_starts(
-            the_law, {**x, "params": pts["params"], "tokens": pts["tokens"]}, pts["loss"], pts["weight"]
-        )
-        trials.append((sse, decay, the_law, pts, starts))
-    trials.sort(key=lambda t: t[0])
+    trials = _decay_trials(
+        curves,
+        base,
+        decays,
+        units=units,
+        drop_first=drop_first,
+        max_points_per_run=max_points_per_run,
+        sigma_run=sigma_run,
+    )
     best: CurveFit | None = None
     tried: dict[float, float] = {}
     for _, decay, the_law, pts, starts in trials[: max(1, n_decays_refined)]:

@@ -275,6 +275,35 @@ def _fit_one(name: str, n, d, y, c, starts=None, weights=None, tight: bool = Fal
     )
 
 
+def _bootstrap_components(
+    components: dict, n, d, y, c, base, *, bootstrap: int, seed: int
+) -> list[dict[str, dict[str, float]]]:
+    """`bootstrap` run resamples, each refitting every component from its full fit's optimum and
+    BOOT_EXTRA_STARTS grid points; a resample one component cannot fit is left out."""
+    rng = np.random.default_rng(seed)
+    names = tuple(components)
+    replicates: list[dict[str, dict[str, float]]] = []
+    grids = {k: get_law(parse_candidate(k)[0]).init_grid() for k in names}
+    for _ in range(bootstrap):
+        w = np.bincount(rng.integers(0, y.size, y.size), minlength=y.size).astype(float)
+        keep = w > 0
+        rep = {}
+        try:
+            for k in names:
+                law = get_law(parse_candidate(k)[0])
+                grid = grids[k]
+                starts = np.vstack(
+                    [law.to_fit(components[k].params)[None, :], grid[rng.choice(len(grid), BOOT_EXTRA_STARTS)]]
+                )
+                rep[k] = dict(
+                    _fit_one(k, n[keep], d[keep], y[keep], c[keep], starts, (w * base)[keep], tight=True).params
+                )
+        except UsageError:
+            continue  # a degenerate resample (too few distinct points)
+        replicates.append(rep)
+    return replicates
+
+
 def fit_stacked(
     *,
     params,
@@ -337,26 +366,7 @@ def fit_stacked(
         min_decades=MIN_FORWARD_DECADES,
     )
     stack = stack_weights(fwd, names, noise=noise, incumbent=incumbent, rule=rule or StackRule())
-    rng = np.random.default_rng(seed)
-    replicates: list[dict[str, dict[str, float]]] = []
-    grids = {k: get_law(parse_candidate(k)[0]).init_grid() for k in names}
-    for _ in range(bootstrap):
-        w = np.bincount(rng.integers(0, y.size, y.size), minlength=y.size).astype(float)
-        keep = w > 0
-        rep = {}
-        try:
-            for k in names:
-                law = get_law(parse_candidate(k)[0])
-                grid = grids[k]
-                starts = np.vstack(
-                    [law.to_fit(components[k].params)[None, :], grid[rng.choice(len(grid), BOOT_EXTRA_STARTS)]]
-                )
-                rep[k] = dict(
-                    _fit_one(k, n[keep], d[keep], y[keep], c[keep], starts, (w * base)[keep], tight=True).params
-                )
-        except UsageError:
-            continue  # a degenerate resample (too few distinct points)
-        replicates.append(rep)
+    replicates = _bootstrap_components(components, n, d, y, c, base, bootstrap=bootstrap, seed=seed)
     order = np.argsort(c)
     return StackedFit(
         names=names,

@@ -10,7 +10,7 @@ Default objective (Hoffmann et al. 2022, Besiroglu et al. 2024): Huber loss with
 log-loss residuals, SUMMED over runs, minimised by L-BFGS from every point of the law's init grid
 (Chinchilla: Hoffmann's 4500 starts), keeping the best. Two stages:
 
-1. all starts at once in the batched torch L-BFGS (fitting/optim.py), scipy L-BFGS-B's stopping
+1. all starts at once in the batched torch L-BFGS (fitting/batched_lbfgs.py), scipy L-BFGS-B's stopping
    rules, up to `batch_max_iter` iterations (starts still running there are carried to stage 2
    only if they are among the best);
 2. the best `n_polish` distinct end points are finished with scipy's L-BFGS-B (same objective and
@@ -33,10 +33,10 @@ from scipy import optimize
 
 from scalelab.errors import UsageError
 from scalelab.fitting import diagnostics
+from scalelab.fitting.batched_lbfgs import STATUS_TEXT, lbfgs_batched
 from scalelab.fitting.intervals import delta_method, robust_scale
 from scalelab.fitting.laws import Law, get_law
 from scalelab.fitting.objective import BatchObjective
-from scalelab.fitting.optim import STATUS_TEXT, lbfgs_batched
 
 MAX_THREADS = int(os.environ.get("SCALELAB_FIT_THREADS", "1"))
 # One torch thread by default: on shared 2-core machines two OpenMP threads spin against other
@@ -178,6 +178,62 @@ def _scipy_minimize(fun, x0: np.ndarray, bounds, max_iter: int, gtol: float, fto
     )
 
 
+def _scipy_status(r, max_iter: int) -> int:
+    """A scipy L-BFGS-B result's STATUS_TEXT code."""
+    return 0 if r.success else (2 if r.nit >= max_iter else 3)
+
+
+def _scipy_grad_norm(r, lo: np.ndarray, hi: np.ndarray) -> float:
+    """Max |projected gradient| at a scipy L-BFGS-B result."""
+    return float(np.abs(np.clip(r.x - r.jac, lo, hi) - r.x).max())
+
+
+def _batched_then_polish(obj, fun, x0, lo, hi, *, batch_max_iter, n_polish, max_iter, gtol, ftol):
+    """Stage 1, every start in the batched L-BFGS; stage 2, the best distinct end points finished by
+    scipy (kept where scipy does not end higher). Returns (points, values, iterations, codes, |pg|)."""
+    bounds = list(zip(lo, hi))
+    res = lbfgs_batched(obj, x0, lo, hi, max_iter=batch_max_iter, gtol=gtol, ftol=ftol)
+    xs, fs, its = res.x.copy(), res.f.copy(), res.n_iter.copy()
+    codes, gnorm = res.status.copy(), res.grad_norm.copy()
+    for i in _distinct_best(xs, fs, n_polish):
+        r = _scipy_minimize(fun, xs[i], bounds, max_iter, gtol, ftol)
+        if np.isfinite(r.fun) and r.fun <= fs[i]:
+            xs[i], fs[i] = r.x, r.fun
+            its[i] += r.nit
+            codes[i] = _scipy_status(r, max_iter)
+            gnorm[i] = _scipy_grad_norm(r, lo, hi)
+    return xs, fs, its, codes, gnorm
+
+
+def _scipy_per_start(fun, x0, lo, hi, *, max_iter, gtol, ftol):
+    """The reference: one scipy L-BFGS-B call per start. Returns what _batched_then_polish does."""
+    bounds = list(zip(lo, hi))
+    n = x0.shape[0]
+    xs, fs = np.empty_like(x0), np.full(n, np.inf)
+    its, codes, gnorm = np.zeros(n, int), np.zeros(n, int), np.zeros(n)
+    for i in range(n):
+        r = _scipy_minimize(fun, np.clip(x0[i], lo, hi), bounds, max_iter, gtol, ftol)
+        xs[i], fs[i], its[i] = r.x, r.fun, r.nit
+        codes[i] = _scipy_status(r, max_iter)
+        gnorm[i] = _scipy_grad_norm(r, lo, hi)
+    return xs, fs, its, codes, gnorm
+
+
+def _fit_warnings(law, x, loss, w, theta, status, n_iter, grad_norm, xs, fs, objective, delta, diagnose) -> list[str]:
+    """The fit's warnings: no residual degrees of freedom, bound hits, a stall, disagreeing starts,
+    flat directions (delta-method information at the optimum, when `diagnose`)."""
+    warns: list[str] = []
+    if loss.size == law.n_params:
+        warns.append(f"as many points as parameters ({loss.size}): no residual degrees of freedom")
+    warns += diagnostics.bound_warnings(law, theta)
+    warns += diagnostics.stall_warning(status, n_iter, grad_norm, STATUS_TEXT[status])
+    warns += diagnostics.disagreement_warning(law, law.to_natural_array(xs), fs)
+    if diagnose:
+        dm = delta_method(law, x, loss, theta, weights=w, delta=delta if objective == "huber" else None, derived={})
+        warns += diagnostics.flatness_warnings(law, theta, dm.information, dm.se)
+    return warns
+
+
 def fit_law(
     law: Law | str,
     data: Mapping[str, Any],
@@ -196,6 +252,9 @@ def fit_law(
     diagnose: bool = True,
 ) -> FitResult:
     """Fit `law` to data by multi-start L-BFGS on the (Huber) objective in log-loss space.
+
+    Over 80 lines for its Args: the body is the stages of the module docstring in order, each a
+    named function (_batched_then_polish or _scipy_per_start, then _fit_warnings).
 
     Args:
         law: law object or registry name ("chinchilla", "kaplan", "power_law", ...).
@@ -225,47 +284,26 @@ def fit_law(
     x0 = _starts_array(law, starts)
     obj = BatchObjective(law, x, loss, weights=w, objective=objective, delta=delta, reduction=reduction)
     lo, hi = (np.array(b, dtype=np.float64) for b in zip(*law.fit_bounds))
-    bounds = list(zip(lo, hi))
     fun = obj.numpy_fun()
+    tol = dict(max_iter=max_iter, gtol=gtol, ftol=ftol)
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(MAX_THREADS)
     try:
         if method == "batched":
-            res = lbfgs_batched(obj, x0, lo, hi, max_iter=batch_max_iter, gtol=gtol, ftol=ftol)
-            xs, fs, its = res.x.copy(), res.f.copy(), res.n_iter.copy()
-            codes, gnorm = res.status.copy(), res.grad_norm.copy()
-            for i in _distinct_best(xs, fs, n_polish):
-                r = _scipy_minimize(fun, xs[i], bounds, max_iter, gtol, ftol)
-                if np.isfinite(r.fun) and r.fun <= fs[i]:
-                    xs[i], fs[i] = r.x, r.fun
-                    its[i] += r.nit
-                    codes[i] = 0 if r.success else (2 if r.nit >= max_iter else 3)
-                    gnorm[i] = float(np.abs(np.clip(r.x - r.jac, lo, hi) - r.x).max())
+            ends = _batched_then_polish(obj, fun, x0, lo, hi, batch_max_iter=batch_max_iter, n_polish=n_polish, **tol)
         else:
-            n = x0.shape[0]
-            xs, fs = np.empty_like(x0), np.full(n, np.inf)
-            its, codes, gnorm = np.zeros(n, int), np.zeros(n, int), np.zeros(n)
-            for i in range(n):
-                r = _scipy_minimize(fun, np.clip(x0[i], lo, hi), bounds, max_iter, gtol, ftol)
-                xs[i], fs[i], its[i] = r.x, r.fun, r.nit
-                codes[i] = 0 if r.success else (2 if r.nit >= max_iter else 3)
-                gnorm[i] = float(np.abs(np.clip(r.x - r.jac, lo, hi) - r.x).max())
+            ends = _scipy_per_start(fun, x0, lo, hi, **tol)
     finally:
         torch.set_num_threads(prev_threads)
+    xs, fs, its, codes, gnorm = ends
     if not np.isfinite(fs).any():
         raise UsageError(f"{law.name} fit: the objective is not finite at any start; check the data scale")
     best = int(np.nanargmin(np.where(np.isfinite(fs), fs, np.nan)))
     theta = xs[best]
     status = int(codes[best])
-    warns: list[str] = []
-    if loss.size == law.n_params:
-        warns.append(f"as many points as parameters ({loss.size}): no residual degrees of freedom")
-    warns += diagnostics.bound_warnings(law, theta)
-    warns += diagnostics.stall_warning(status, int(its[best]), float(gnorm[best]), STATUS_TEXT[status])
-    warns += diagnostics.disagreement_warning(law, law.to_natural_array(xs), fs)
-    if diagnose:
-        dm = delta_method(law, x, loss, theta, weights=w, delta=delta if objective == "huber" else None, derived={})
-        warns += diagnostics.flatness_warnings(law, theta, dm.information, dm.se)
+    warns = _fit_warnings(
+        law, x, loss, w, theta, status, int(its[best]), float(gnorm[best]), xs, fs, objective, delta, diagnose
+    )
     resid = obj.residuals(theta)
     alt = _distinct_best(xs, fs, 5)
     return FitResult(

@@ -204,6 +204,146 @@ def _applicable(names, table: RunTable | None, curves, score: str) -> dict[str, 
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(kw_only=True)
+class _Split:
+    """The held-out-largest split shared by every candidate: training runs, held-out points."""
+
+    train_t: RunTable | None = None  # score="final": the runs below the held-out budget ...
+    test_t: RunTable | None = None  # ... and the held-out runs
+    train_c: list[RunCurve]  # the training runs' curves
+    test_c: list[RunCurve] = field(default_factory=list)  # score="tail": the largest model's curves ...
+    tail_steps: list[np.ndarray] = field(default_factory=list)  # ... and the steps of their tails
+    holdout: list[str]  # the held-out run ids
+    observed: np.ndarray  # the held-out points' losses, their ids and FLOPs
+    point_ids: list[str]
+    point_flops: np.ndarray
+
+
+def _check_inputs(table: RunTable | None, curves, score: str) -> None:
+    if score not in ("final", "tail"):
+        raise UsageError(f"score={score!r} unknown; use 'final' or 'tail'")
+    if score == "final" and table is None:
+        raise UsageError("score='final' needs a run table of final losses")
+    if score == "tail" and not curves:
+        raise UsageError("score='tail' needs loss curves")
+
+
+def _split_final(table: RunTable, curves, holdout_frac: float | None) -> _Split:
+    """Hold out the largest FLOP budget (or `holdout_frac` of the runs by FLOPs): final losses."""
+    mask = holdout_mask(table.flops, holdout_frac)
+    if int((~mask).sum()) < 3:
+        raise UsageError(f"law selection: only {int((~mask).sum())} runs below the held-out budget (need 3)")
+    train_t, test_t = table.subset(~mask), table.subset(mask)
+    ids = set(str(r) for r in train_t.run_id)
+    holdout = [str(r) for r in test_t.run_id]
+    return _Split(
+        train_t=train_t,
+        test_t=test_t,
+        train_c=[c for c in curves or [] if c.run_id in ids],
+        holdout=holdout,
+        observed=test_t.loss,
+        point_ids=holdout,
+        point_flops=test_t.flops.copy(),
+    )
+
+
+def _split_tail(curves, tail: float) -> _Split:
+    """Hold out the largest model size: the last `tail` of its curves."""
+    sizes = np.array([c.params for c in curves])
+    big = sizes.max()
+    train_c = [c for c in curves if c.params < big]
+    test_c = [c for c in curves if c.params == big]
+    if np.unique([c.params for c in train_c]).size < 2:
+        raise UsageError("law selection: fewer than 2 model sizes below the held-out largest")
+    tail_steps = [c.tail_steps(tail) for c in test_c]
+    return _Split(
+        train_c=train_c,
+        test_c=test_c,
+        tail_steps=tail_steps,
+        holdout=[c.run_id for c in test_c],
+        observed=np.concatenate([c.loss[np.isin(c.steps, s)] for c, s in zip(test_c, tail_steps)]),
+        point_ids=[f"{c.run_id}@{st}" for c, s in zip(test_c, tail_steps) for st in s],
+        point_flops=np.concatenate([c.inputs(s, 0.999)["flops"] for c, s in zip(test_c, tail_steps)]),
+    )
+
+
+def _fit_and_predict(name: str, cand: Candidate, split: _Split, score: str, curves, ckw: dict):
+    """The candidate fitted on the training runs and its predictions of the held-out points."""
+    if score == "final" and name in TABLE_LAWS:
+        fit = _fit_table_law(name, split.train_t)
+        return fit, _predict_final(name, fit, split.test_t, None, 1.0)
+    if score == "final":
+        cf = fit_curves(split.train_c, name, **ckw)
+        cand.calibration = calibration_factor(cf, split.train_t, split.train_c)
+        return cf, _predict_final(name, cf, split.test_t, curves, cand.calibration)
+    fit = fit_curves(split.train_c, name, **ckw)
+    return fit, np.concatenate([fit.predict(c, s) for c, s in zip(split.test_c, split.tail_steps)])
+
+
+def _score_candidates(names, reasons, split: _Split, score: str, curves, ckw: dict):
+    """Every candidate (skipped ones with their reason), and the held-out predictions and training
+    fits of those that could be fitted, "average" last (the geometric mean of the others)."""
+    preds: dict[str, np.ndarray] = {}
+    trained: dict[str, Any] = {}  # each candidate's fit on the training runs
+    results: dict[str, Candidate] = {}
+    for name in names:
+        n_params = get_law(name).n_params if name != "average" else 0
+        cand = Candidate(name=name, n_params=n_params, skipped=reasons.get(name))
+        results[name] = cand
+        if name == "average" or cand.skipped:
+            continue
+        try:
+            fit, p = _fit_and_predict(name, cand, split, score, curves, ckw)
+        except UsageError as e:
+            cand.skipped = f"fit failed: {e}"
+            continue
+        cand.warnings = list(fit.warnings)
+        preds[name] = p
+        trained[name] = fit
+    if "average" in names:
+        if len(preds) >= 2:
+            preds["average"] = np.exp(np.mean(np.log(np.stack(list(preds.values()))), axis=0))
+        else:
+            results["average"].skipped = "fewer than 2 candidates scored"
+    if not preds:
+        why = "; ".join(f"{c.name}: {c.skipped}" for c in results.values())
+        raise UsageError(f"law selection: no candidate could be scored ({why})")
+    return results, preds, trained
+
+
+def _attach_backtests(results: dict[str, Candidate], preds: dict[str, np.ndarray], split: _Split, score: str) -> None:
+    n_train = len(split.train_t) if score == "final" else len(split.train_c)
+    for name, p in preds.items():
+        rel, mare, bias = relative_errors(p, split.observed)
+        results[name].backtest = BacktestResult(
+            protocol="holdout" if score == "final" else "holdout_tail",
+            run_id=split.point_ids,
+            flops=split.point_flops,
+            observed=np.asarray(split.observed, dtype=float),
+            predicted=np.asarray(p, dtype=float),
+            rel_error=rel,
+            mare=mare,
+            bias=bias,
+            n_train=n_train,
+            n_test=len(split.observed),
+        )
+
+
+def _choose(sel: Selection, incumbent: str | None, margin: float) -> None:
+    """The lowest held-out MARE, unless it does not beat a scored incumbent by `margin`."""
+    results = sel.candidates
+    best = sel.ranking()[0]
+    inc = results.get(incumbent) if incumbent else None
+    if inc is not None and inc.backtest is not None and best.backtest.mare > (1.0 - margin) * inc.backtest.mare:
+        best = inc
+    sel.chosen = best.name
+    sel.rule = (
+        f"lowest held-out MARE; {incumbent} kept unless beaten by {margin:.0%}"
+        if inc is not None and inc.backtest is not None
+        else "lowest held-out MARE"
+    )
+
+
 def select_law(
     table: RunTable | None = None,
     curves: Sequence[RunCurve] | None = None,
@@ -237,102 +377,17 @@ def select_law(
     Raises:
         UsageError: nothing to select from, an unknown candidate, or no candidate could be scored.
     """
-    if score not in ("final", "tail"):
-        raise UsageError(f"score={score!r} unknown; use 'final' or 'tail'")
-    if score == "final" and table is None:
-        raise UsageError("score='final' needs a run table of final losses")
-    if score == "tail" and not curves:
-        raise UsageError("score='tail' needs loss curves")
+    _check_inputs(table, curves, score)
     names = list(CANDIDATES if candidates is None else candidates)
     reasons = _applicable(names, table, curves, score)
     ckw = dict(curve_kwargs or {})
-
-    # the split
-    if score == "final":
-        mask = holdout_mask(table.flops, holdout_frac)
-        if int((~mask).sum()) < 3:
-            raise UsageError(f"law selection: only {int((~mask).sum())} runs below the held-out budget (need 3)")
-        train_t, test_t = table.subset(~mask), table.subset(mask)
-        ids = set(str(r) for r in train_t.run_id)
-        train_c = [c for c in curves or [] if c.run_id in ids]
-        holdout = [str(r) for r in test_t.run_id]
-        observed, point_ids, point_flops = test_t.loss, holdout, test_t.flops.copy()
-    else:
-        sizes = np.array([c.params for c in curves])
-        big = sizes.max()
-        train_c = [c for c in curves if c.params < big]
-        test_c = [c for c in curves if c.params == big]
-        if np.unique([c.params for c in train_c]).size < 2:
-            raise UsageError("law selection: fewer than 2 model sizes below the held-out largest")
-        holdout = [c.run_id for c in test_c]
-        tail_steps = [c.tail_steps(tail) for c in test_c]
-        observed = np.concatenate([c.loss[np.isin(c.steps, s)] for c, s in zip(test_c, tail_steps)])
-        point_ids = [f"{c.run_id}@{st}" for c, s in zip(test_c, tail_steps) for st in s]
-        point_flops = np.concatenate([c.inputs(s, 0.999)["flops"] for c, s in zip(test_c, tail_steps)])
-
-    preds: dict[str, np.ndarray] = {}
-    trained: dict[str, Any] = {}  # each candidate's fit on the training runs
-    results: dict[str, Candidate] = {}
-    for name in names:
-        n_params = get_law(name).n_params if name != "average" else 0
-        cand = Candidate(name=name, n_params=n_params, skipped=reasons.get(name))
-        results[name] = cand
-        if name == "average" or cand.skipped:
-            continue
-        try:
-            if score == "final" and name in TABLE_LAWS:
-                fit = _fit_table_law(name, train_t)
-                p = _predict_final(name, fit, test_t, None, 1.0)
-            elif score == "final":
-                cf = fit_curves(train_c, name, **ckw)
-                cand.calibration = calibration_factor(cf, train_t, train_c)
-                fit = cf
-                p = _predict_final(name, cf, test_t, curves, cand.calibration)
-            else:
-                fit = fit_curves(train_c, name, **ckw)
-                p = np.concatenate([fit.predict(c, s) for c, s in zip(test_c, tail_steps)])
-        except UsageError as e:
-            cand.skipped = f"fit failed: {e}"
-            continue
-        cand.warnings = list(fit.warnings)
-        preds[name] = p
-        trained[name] = fit
-    if "average" in names:
-        if len(preds) >= 2:
-            preds["average"] = np.exp(np.mean(np.log(np.stack(list(preds.values()))), axis=0))
-        else:
-            results["average"].skipped = "fewer than 2 candidates scored"
-    if not preds:
-        why = "; ".join(f"{c.name}: {c.skipped}" for c in results.values())
-        raise UsageError(f"law selection: no candidate could be scored ({why})")
-    n_train = len(train_t) if score == "final" else len(train_c)
-    for name, p in preds.items():
-        rel, mare, bias = relative_errors(p, observed)
-        results[name].backtest = BacktestResult(
-            protocol="holdout" if score == "final" else "holdout_tail",
-            run_id=point_ids,
-            flops=point_flops,
-            observed=np.asarray(observed, dtype=float),
-            predicted=np.asarray(p, dtype=float),
-            rel_error=rel,
-            mare=mare,
-            bias=bias,
-            n_train=n_train,
-            n_test=len(observed),
-        )
-    sel = Selection(chosen="", score=score, candidates=results, fits={}, holdout=holdout)
-    best = sel.ranking()[0]
-    inc = results.get(incumbent) if incumbent else None
-    if inc is not None and inc.backtest is not None and best.backtest.mare > (1.0 - margin) * inc.backtest.mare:
-        best = inc
-    sel.chosen = best.name
-    sel.rule = (
-        f"lowest held-out MARE; {incumbent} kept unless beaten by {margin:.0%}"
-        if inc is not None and inc.backtest is not None
-        else "lowest held-out MARE"
-    )
+    split = _split_final(table, curves, holdout_frac) if score == "final" else _split_tail(curves, tail)
+    results, preds, trained = _score_candidates(names, reasons, split, score, curves, ckw)
+    _attach_backtests(results, preds, split, score)
+    sel = Selection(chosen="", score=score, candidates=results, fits={}, holdout=split.holdout)
+    _choose(sel, incumbent, margin)
     if isinstance(trained.get(sel.chosen), CurveFit):
-        held = [c for c in curves or [] if c.run_id in set(holdout)]
+        held = [c for c in curves or [] if c.run_id in set(split.holdout)]
         sel.departures = [d for c in held for d in departures(trained[sel.chosen], c)]
     if refit:
         _refit(sel, table, curves, ckw, list(preds))

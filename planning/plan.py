@@ -11,10 +11,11 @@ In order (each step's figures are kept in the plan):
     at D = C / 6N, and its law loss; the plan takes the lowest. Its cost over L*(C) is "rounding".
  3. LR and batch with intervals (planning.hparams), warmup and schedule from the design.
  4. The run resolved exactly as it will be launched (planning.design): whole steps, run id.
- 5. The layout: on a GPU cluster the planner's fastest that fits memory (and, when none divides the
-    batch or fits, the batch doubled up to BATCH_GROWTH times: the batch "the cluster can hold", its
-    loss cost entered as a shift); on this CPU the sweep's own single-process layout. Step time,
-    MFU, wall time = steps x step, GPU-hours, and the planner's error band on the wall time.
+ 5. The layout (planning.plan_layout): on a GPU cluster the planner's fastest that fits memory (and,
+    when none divides the batch or fits, the batch doubled up to BATCH_GROWTH times: the batch "the
+    cluster can hold", its loss cost entered as a shift); on this CPU the sweep's own single-process
+    layout. Step time, MFU, wall time = steps x step, GPU-hours, and the planner's error band on the
+    wall time.
  6. The loss at the concrete (N, D) with the fit's interval parts plus the plan's own: the cost
     of the LR and the batch at the edge of their intervals (planning.hparams) as log-sds (the edge
     cost / z, so each enters the root sum of squares as a 95% half-width), and "rounding" (the
@@ -36,8 +37,6 @@ from scalelab.errors import UsageError
 from scalelab.fitting.predictive import PredictionInterval, interval_from_parts
 from scalelab.models.accounting import flops_per_token, num_params
 from scalelab.models.config import ModelConfig
-from scalelab.parallel.config import ParallelConfig
-from scalelab.parallel.planner import Plan, estimate, plan_layouts
 from scalelab.planning.cluster import Cluster
 from scalelab.planning.design import Design, transfer_gate
 from scalelab.planning.hparams import (
@@ -50,11 +49,11 @@ from scalelab.planning.hparams import (
     transfer_hparams,
 )
 from scalelab.planning.loss_model import LossModel
-from scalelab.planning.whatif import WhatIf, default_sizes, scale_what_ifs, shares
+from scalelab.planning.plan_layout import LayoutChoice, gpu_overrides, held_layout, layout_choice
+from scalelab.planning.whatif import WhatIf, default_sizes, scale_what_ifs
 
 SHAPE_FACTORS = (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.4, 1.6)  # targets around N* the shape rule is asked for
 NEIGHBOURS = 2  # shapes kept on each side of N*
-BATCH_GROWTH = 2  # times the batch may be doubled to find a layout
 SOLVE_TOL = 0.005  # |log(wall / target)| at which the budget for a time is solved
 SOLVE_ITERS = 8
 
@@ -77,20 +76,6 @@ class ShapeChoice:
     loss: float  # the law's point
     cost: float  # loss / L*(C) - 1
     shape: dict[str, Any]  # the model fields
-
-
-@dataclass(kw_only=True, slots=True)
-class LayoutChoice:
-    name: str
-    parallel: dict[str, Any]
-    micro_batch_sequences: int
-    step_time_s: float  # the planner's step plus any fixed per-step cost of the cluster
-    mfu: float | None  # None on this CPU (its rate is fitted: a fraction of it says nothing)
-    tokens_per_s_per_gpu: float
-    memory_gib: dict[str, float]
-    time_parts: dict[str, float]
-    comm_share: float
-    bubble_share: float
 
 
 @dataclass(kw_only=True, slots=True)
@@ -218,55 +203,6 @@ def _fit_overrides(hp: HyperParams, seq_len: int, tokens: float) -> tuple[dict[s
     return over, batch
 
 
-def _gpu_overrides(plan: Plan) -> dict[str, Any]:
-    """The layout as run-config keys. Under a pipeline the planner's micro-batch is the pipeline's
-    (parallel.pp_microbatches of them make one step: no loop accumulation); otherwise it is the
-    loop's gradient-accumulation micro-batch."""
-    over = {f"parallel.{k}": v for k, v in asdict(plan.parallel).items()}
-    mbs = 0 if plan.parallel.pp > 1 else plan.micro_batch_sequences
-    return over | {"train.micro_batch_sequences": mbs, "train.device": "cuda", "train.dtype": "bf16"}
-
-
-def _layout(cfg: ModelConfig, cluster: Cluster, *, seq_len: int, batch_tokens: int, config: dict) -> Plan | None:
-    """The planner's fastest layout that fits (GPU), or the run's own single-process layout (CPU)."""
-    if cluster.is_cpu:
-        seqs = batch_tokens // seq_len
-        mbs = config["train"].get("micro_batch_sequences") or seqs
-        return estimate(cfg, ParallelConfig(), micro_batch_sequences=mbs, seq_len=seq_len, global_batch_sequences=seqs,
-                        hw=cluster.hw, consts=cluster.consts)  # fmt: skip
-    plans = plan_layouts(cfg, num_gpus=cluster.num_gpus, seq_len=seq_len, global_batch_tokens=batch_tokens,
-                         hw=cluster.hw, consts=cluster.consts)  # fmt: skip
-    return plans[0] if plans else None
-
-
-def _cannot_hold(cfg: ModelConfig, cluster: Cluster, seq_len: int, batch_tokens: int, params: int) -> UsageError:
-    closest = plan_layouts(cfg, num_gpus=cluster.num_gpus, seq_len=seq_len, global_batch_tokens=batch_tokens,
-                           hw=cluster.hw, consts=cluster.consts, include_unfit=True)  # fmt: skip
-    need = f"; the smallest layout needs {closest[0].memory['total'] / 2**30:.0f} GiB per GPU" if closest else ""
-    return UsageError(
-        f"--gpus {cluster.num_gpus} x {cluster.gpu}: no layout holds the {params / 1e9:.3g}B-parameter model at "
-        f"{batch_tokens:,} tokens per step in {cluster.hw.gpu_memory_bytes / 2**30:.0f} GiB per GPU{need}; "
-        "give more GPUs (--gpus) or a smaller budget"
-    )
-
-
-def _layout_choice(p: Plan, cluster: Cluster) -> LayoutChoice:
-    overhead_s = cluster.step_overhead_s
-    comm, bubble = shares(p)
-    return LayoutChoice(
-        name=p.name,
-        parallel=asdict(p.parallel),
-        micro_batch_sequences=p.micro_batch_sequences,
-        step_time_s=p.step_time_s + overhead_s,
-        mfu=None if cluster.is_cpu else p.mfu * p.step_time_s / (p.step_time_s + overhead_s),
-        tokens_per_s_per_gpu=p.tokens_per_s_per_gpu * p.step_time_s / (p.step_time_s + overhead_s),
-        memory_gib={k: v / 2**30 for k, v in p.memory.items()},
-        time_parts=dict(p.time_parts, **({"per_step_overhead": overhead_s} if overhead_s else {})),
-        comm_share=comm,
-        bubble_share=bubble,
-    )
-
-
 def _loss(
     model: LossModel, n: float, d: float, flops: float, hp: HyperParams, shifts: dict[str, float]
 ) -> PredictionInterval:
@@ -339,6 +275,68 @@ def _resolve(design: Design, hp_choice: HPChoice, shape: dict[str, Any], flops: 
     return run, hp, batch, design.overrides(shape, tokens, {**over, **extra})
 
 
+def _check_beyond_fit(model: LossModel, flops: float) -> None:
+    if not (math.isfinite(flops) and flops > model.max_flops):
+        raise UsageError(
+            f"--flops {flops:.3g} is not above the largest budget the fit saw ({model.max_flops:.3g}): plan-run plans "
+            "beyond a sweep; give a larger budget"
+        )
+
+
+def _note_batch_growth(
+    hparams: HyperParams, batch: int, grown: int, notes: list[str], shifts: dict[str, float]
+) -> None:
+    """Say that the batch grew x`grown`, and add its loss cost to `shifts` where the batch law knows it."""
+    k = hparams.batch_tokens.curvature
+    notes.append(
+        f"no layout holds {batch:,} tokens per step on this cluster: the batch is x{grown} ({batch * grown:,})"
+    )
+    if k is not None:
+        shifts["batch change"] = k * math.log2(grown) ** 2
+    else:
+        notes.append("the loss cost of the larger batch is unknown (no batch sweep): not in the interval")
+
+
+def _cost(steps: int, layout: LayoutChoice, cluster: Cluster) -> Cost:
+    """Wall time and GPU-hours of `steps` steps of the layout, with the cluster's error band."""
+    wall = steps * layout.step_time_s
+    band = cluster.band
+    return Cost(
+        steps=steps,
+        wall_s=wall,
+        wall_band_s=(wall * band.lo, wall * band.hi),
+        gpu_hours=wall * cluster.num_gpus / 3600,
+        gpu_hours_band=(wall * band.lo * cluster.num_gpus / 3600, wall * band.hi * cluster.num_gpus / 3600),
+        band=asdict(band),
+    )
+
+
+def _optimum_dict(opt) -> dict[str, Any]:
+    return {
+        "n": opt.n,
+        "n_interval": list(opt.n_interval) if opt.n_interval else None,
+        "d": opt.d,
+        "d_interval": list(opt.d_interval) if opt.d_interval else None,
+        "loss": _pi_dict(opt.loss),
+    }
+
+
+def _run_dict(run, cfg: ModelConfig, tokens_per_step: int, best: ShapeChoice) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "params": run.params,
+        "params_nonembed": run.params_nonembed,
+        "tokens": run.num_tokens,
+        "flops_6n": run.flops_6n,
+        "tokens_per_step": tokens_per_step,
+        "num_layers": cfg.num_layers,
+        "d_model": cfg.d_model,
+        "num_heads": cfg.num_heads,
+        "d_ff": cfg.d_ff,
+        "chosen_shape": [best.num_layers, best.d_model],
+    }
+
+
 def plan_run(
     model: LossModel,
     design: Design,
@@ -351,15 +349,11 @@ def plan_run(
 ) -> RunPlan:
     """The plan at `flops` (module docstring). what_if_sizes: None = the defaults (GPU clusters), [] = none.
 
-    One function: the steps of the module docstring in order, each feeding the next (the batch a
-    layout needs changes the run, which changes its cost and its loss).
+    The steps of the module docstring in order, each feeding the next (the batch a layout needs
+    changes the run, which changes its cost and its loss).
     """
     hp = hp or HPChoice()
-    if not (math.isfinite(flops) and flops > model.max_flops):
-        raise UsageError(
-            f"--flops {flops:.3g} is not above the largest budget the fit saw ({model.max_flops:.3g}): plan-run plans "
-            "beyond a sweep; give a larger budget"
-        )
+    _check_beyond_fit(model, flops)
     opt = model.optimum(flops)
     shapes = shape_choices(model, design, opt.n, flops, opt.loss.point)
     best = min(shapes, key=lambda s: s.loss)
@@ -369,50 +363,22 @@ def plan_run(
     seq_len = int(run.config["data"]["seq_len"])
     notes = list(hparams.notes) + list(design.notes)
     shifts: dict[str, float] = {}
-    p = _layout(cfg, cluster, seq_len=seq_len, batch_tokens=batch, config=run.config)
-    grown = 1
-    while p is None and grown < 2**BATCH_GROWTH:
-        grown *= 2
-        p = _layout(cfg, cluster, seq_len=seq_len, batch_tokens=batch * grown, config=run.config)
-    if p is None:
-        raise _cannot_hold(cfg, cluster, seq_len, batch, run.params)
-    if grown > 1 and design.recipe is not None:
-        raise UsageError(
-            f"--gpus {cluster.num_gpus}: no layout divides the {batch:,} tokens per step the sweep's recipe sets for "
-            f"this run (it holds {batch * grown:,}); the recipe fixes the batch: plan on fewer GPUs"
-        )
+    p, grown = held_layout(cfg, cluster, design, seq_len=seq_len, batch=batch, run=run)
     if grown > 1 or not cluster.is_cpu:
         extra = {"train.global_batch_tokens": batch * grown} if grown > 1 else {}
         if not cluster.is_cpu:
-            extra |= _gpu_overrides(p)
+            extra |= gpu_overrides(p)
         run, _, _, over = _resolve(design, hp, shape, flops, extra)
     if grown > 1:
-        k = hparams.batch_tokens.curvature
-        notes.append(
-            f"no layout holds {batch:,} tokens per step on this cluster: the batch is x{grown} ({batch * grown:,})"
-        )
-        if k is not None:
-            shifts["batch change"] = k * math.log2(grown) ** 2
-        else:
-            notes.append("the loss cost of the larger batch is unknown (no batch sweep): not in the interval")
-    layout = _layout_choice(p, cluster)
+        _note_batch_growth(hparams, batch, grown, notes, shifts)
+    layout = layout_choice(p, cluster)
     tokens_per_step = int(run.config["train"]["global_batch_tokens"])
-    steps = run.num_tokens // tokens_per_step
-    wall = steps * layout.step_time_s
-    band = cluster.band
-    cost = Cost(
-        steps=steps,
-        wall_s=wall,
-        wall_band_s=(wall * band.lo, wall * band.hi),
-        gpu_hours=wall * cluster.num_gpus / 3600,
-        gpu_hours_band=(wall * band.lo * cluster.num_gpus / 3600, wall * band.hi * cluster.num_gpus / 3600),
-        band=asdict(band),
-    )
+    cost = _cost(run.num_tokens // tokens_per_step, layout, cluster)
     loss = _loss(model, run.params, run.num_tokens, flops, hparams, shifts)
     shifts = {"rounding": math.log(model.point(run.params, run.num_tokens) / opt.loss.point), **shifts}
     what_if = None
     if not cluster.is_cpu and what_if_sizes != []:
-        what_if = scale_what_ifs(cfg, seq_len=seq_len, batch_tokens=tokens_per_step, steps=steps, cluster=cluster,
+        what_if = scale_what_ifs(cfg, seq_len=seq_len, batch_tokens=tokens_per_step, steps=cost.steps, cluster=cluster,
                                  sizes=what_if_sizes or default_sizes(cluster.num_gpus))  # fmt: skip
     return RunPlan(
         flops=flops,
@@ -422,27 +388,9 @@ def plan_run(
         fit_max_flops=model.max_flops,
         fit_warnings=list(model.warnings),
         level=model.level,
-        optimum={
-            "n": opt.n,
-            "n_interval": list(opt.n_interval) if opt.n_interval else None,
-            "d": opt.d,
-            "d_interval": list(opt.d_interval) if opt.d_interval else None,
-            "loss": _pi_dict(opt.loss),
-        },
+        optimum=_optimum_dict(opt),
         shapes=shapes,
-        run={
-            "run_id": run.run_id,
-            "params": run.params,
-            "params_nonembed": run.params_nonembed,
-            "tokens": run.num_tokens,
-            "flops_6n": run.flops_6n,
-            "tokens_per_step": tokens_per_step,
-            "num_layers": cfg.num_layers,
-            "d_model": cfg.d_model,
-            "num_heads": cfg.num_heads,
-            "d_ff": cfg.d_ff,
-            "chosen_shape": [best.num_layers, best.d_model],
-        },
+        run=_run_dict(run, cfg, tokens_per_step, best),
         loss=loss,
         shifts=shifts,
         hparams=hparams,

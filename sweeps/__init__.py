@@ -3,7 +3,7 @@
     spec.py      YAML spec -> validated runs (grid, isoflop, ladder, random, points; seeds, axes,
                  data axes, WSD cooldown branches); run id = hash of the resolved config
     cooldowns.py WSD-S: stable runs and decay branches from their checkpoints (each its own run)
-    plan.py      the dry run: table of N, D, C, layout, memory, time from measured throughput
+    dry_run.py   `sweep plan`, the dry run: table of N, D, C, layout, memory, time from measured throughput
     execute.py   one Ray Tune trial per unfinished run; retries resume from checkpoints; resume
                  after a dead driver from the store alone; multi-process runs as a TorchTrainer
     store.py     the on-disk store (atomic files), load_runs -> polars, cross-sweep dedupe and claims

@@ -102,24 +102,7 @@ def run_demo(
     largest = max(spec["isoflop"]["budgets"])
     next_budget = 3 * largest
     times = {"sweep": 0.0, "fit": 0.0}
-
-    def before_fit(i: int) -> None:
-        if i == 1:
-            times["sweep"] = time.time() - t0
-            log(
-                f"[2/4] fit, gates and proposal (the compute-optimal run at {next_budget:.3g} FLOPs = 3x the "
-                "largest budget)"
-            )
-
-    def before_launch(i: int, proposal: Proposal) -> None:
-        if not proposal.passed:
-            log(format_gates(proposal.gates.to_dict()))
-            log(f"  -> launching the {len(proposal.runs)} run(s) that would pass the failed gate(s)")
-            return
-        _print_fit(proposal.to_dict(), log)
-        times["fit"] = time.time() - t0 - times["sweep"]
-        log("[3/4] the proposed compute-optimal run")
-
+    before_fit, before_launch = _step_printers(t0, times, next_budget, log)
     result = run_rounds(
         sweep,
         sweep_dir,
@@ -141,11 +124,41 @@ def run_demo(
         log("some runs did not finish; see `scalelab sweep status " + str(sweep_dir) + "`")
         return {"ok": False}
     proposal = result.proposals[-1].to_dict()
-    fit = proposal["fit"]
     if not proposal["gates"]["passed"]:
         _print_fit(proposal, log)
         log(f"the gates still fail after {MAX_ROUNDS} rounds; no compute-optimal run is proposed")
-        return {"ok": False, "gates": proposal["gates"], "fit": fit}
+        return {"ok": False, "gates": proposal["gates"], "fit": proposal["fit"]}
+    return _predicted_vs_measured(sweep_dir, proposal, t0, times, plot, log)
+
+
+def _step_printers(t0: float, times: dict[str, float], next_budget: float, log):
+    """run_rounds' before_fit and before_launch for the demo: they print steps 2 and 3 (or a failed
+    gate's remedial round) and record in `times` when the sweep and the fit ended."""
+
+    def before_fit(i: int) -> None:
+        if i == 1:
+            times["sweep"] = time.time() - t0
+            log(
+                f"[2/4] fit, gates and proposal (the compute-optimal run at {next_budget:.3g} FLOPs = 3x the "
+                "largest budget)"
+            )
+
+    def before_launch(i: int, proposal: Proposal) -> None:
+        if not proposal.passed:
+            log(format_gates(proposal.gates.to_dict()))
+            log(f"  -> launching the {len(proposal.runs)} run(s) that would pass the failed gate(s)")
+            return
+        _print_fit(proposal.to_dict(), log)
+        times["fit"] = time.time() - t0 - times["sweep"]
+        log("[3/4] the proposed compute-optimal run")
+
+    return before_fit, before_launch
+
+
+def _predicted_vs_measured(sweep_dir: Path, proposal: dict[str, Any], t0: float, times, plot, log) -> dict[str, Any]:
+    """Step 4: the proposed run's measured loss against its prediction, the ledger, the plot, and
+    the numbers run_demo returns."""
+    fit = proposal["fit"]
     t_sweep, t_fit = times["sweep"], times["fit"]
     p = proposal["proposals"][0]
     status = store.read_status(store.run_path(sweep_dir, p["run_id"])) or {}

@@ -293,6 +293,58 @@ def _progress_callback(log: Log, sweep_dir: Path):
     return Progress()
 
 
+def _trial_args(sweep_dir, r: dict[str, Any], execution: ExecutionConfig, fault_steps) -> TrialArgs:
+    """The Tune trial's arguments of run entry `r`."""
+    return TrialArgs(
+        sweep_dir=str(sweep_dir),
+        run_id=r["run_id"],
+        config=r["config"],
+        cpus_per_run=execution.cpus_per_run,
+        gpus_per_run=execution.gpus_per_run,
+        cpus_per_worker=execution.cpus_per_run,
+        gpus_per_worker=execution.gpus_per_run,
+        fail_at_step=(fault_steps or {}).get(r["run_id"]),
+        max_failures=execution.max_failures,
+        elastic=execution.elastic,
+        hang_factor=execution.hang_factor,
+        hang_min_s=execution.hang_min_s,
+    )
+
+
+def _tune_wave(
+    sweep_dir, trial_configs: list[dict[str, Any]], wave: int, execution: ExecutionConfig, *, max_concurrent, log: Log
+) -> None:
+    """One wave: a Tune trial per run, retried up to execution.max_failures times; returns when all end."""
+    from ray import tune
+
+    limit = max_concurrent or execution.max_concurrent or None
+    tuner = tune.Tuner(
+        tune.with_resources(sweep_trial, _trial_resources),
+        param_space={"trial": tune.grid_search(trial_configs)},
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=limit,
+            reuse_actors=True,
+            trial_name_creator=lambda t: t.config["trial"]["run_id"],
+            trial_dirname_creator=lambda t: t.config["trial"]["run_id"],
+        ),
+        run_config=tune.RunConfig(
+            name=f"wave{wave}-{time.strftime('%Y%m%d-%H%M%S')}",
+            storage_path=str(_tune_dir(sweep_dir)),
+            failure_config=tune.FailureConfig(max_failures=execution.max_failures),
+            verbose=0,
+            callbacks=[_progress_callback(log, sweep_dir)],
+        ),
+    )
+    tuner.fit()
+
+
+def _log_states(states: dict[str, str], t0: float, log: Log) -> None:
+    counts: dict[str, int] = {}
+    for s in states.values():
+        counts[s] = counts.get(s, 0) + 1
+    log("states: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())) + f"  ({time.time() - t0:.0f} s)")
+
+
 def execute(
     sweep_dir: str | Path,
     runs: list[dict[str, Any]],
@@ -313,7 +365,6 @@ def execute(
     if not address:
         local_ray_on_loopback()
     import ray
-    from ray import tune
 
     sweep_dir = store.location(sweep_dir)
     t0 = time.time()
@@ -342,44 +393,8 @@ def execute(
             if not ray.is_initialized():
                 reaper, started = start_ray(address, num_cpus, pass_env), True
             log(f"wave {wave}: {len(ready)} run(s) on Ray ({ray.cluster_resources().get('CPU', 0):g} CPUs)")
-            trial_configs = [
-                asdict(
-                    TrialArgs(
-                        sweep_dir=str(sweep_dir),
-                        run_id=r["run_id"],
-                        config=r["config"],
-                        cpus_per_run=execution.cpus_per_run,
-                        gpus_per_run=execution.gpus_per_run,
-                        cpus_per_worker=execution.cpus_per_run,
-                        gpus_per_worker=execution.gpus_per_run,
-                        fail_at_step=(fault_steps or {}).get(r["run_id"]),
-                        max_failures=execution.max_failures,
-                        elastic=execution.elastic,
-                        hang_factor=execution.hang_factor,
-                        hang_min_s=execution.hang_min_s,
-                    )
-                )
-                for r in ready
-            ]
-            limit = max_concurrent or execution.max_concurrent or None
-            tuner = tune.Tuner(
-                tune.with_resources(sweep_trial, _trial_resources),
-                param_space={"trial": tune.grid_search(trial_configs)},
-                tune_config=tune.TuneConfig(
-                    max_concurrent_trials=limit,
-                    reuse_actors=True,
-                    trial_name_creator=lambda t: t.config["trial"]["run_id"],
-                    trial_dirname_creator=lambda t: t.config["trial"]["run_id"],
-                ),
-                run_config=tune.RunConfig(
-                    name=f"wave{wave}-{time.strftime('%Y%m%d-%H%M%S')}",
-                    storage_path=str(_tune_dir(sweep_dir)),
-                    failure_config=tune.FailureConfig(max_failures=execution.max_failures),
-                    verbose=0,
-                    callbacks=[_progress_callback(log, sweep_dir)],
-                ),
-            )
-            tuner.fit()
+            trial_configs = [asdict(_trial_args(sweep_dir, r, execution, fault_steps)) for r in ready]
+            _tune_wave(sweep_dir, trial_configs, wave, execution, max_concurrent=max_concurrent, log=log)
             trained += [r["run_id"] for r in ready]
             states = {i: store.run_state(store.run_location(sweep_dir, i)) for i in by_id}
             wave += 1
@@ -391,10 +406,7 @@ def execute(
     if not objects.is_url(sweep_dir) and (scored := ledger.score(sweep_dir)):
         log("ledger: measured losses recorded beside their predictions (scalelab sweep ledger)")
         wandb_fit.update_ledger(sweep_dir, scored, log=log)  # the rounds' W&B ledger tables
-    counts: dict[str, int] = {}
-    for s in states.values():
-        counts[s] = counts.get(s, 0) + 1
-    log("states: " + ", ".join(f"{k}={v}" for k, v in sorted(counts.items())) + f"  ({time.time() - t0:.0f} s)")
+    _log_states(states, t0, log)
     return {"states": states, "trained": trained, "skipped": skipped, "wall_s": time.time() - t0}
 
 

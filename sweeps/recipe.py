@@ -40,6 +40,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from scalelab.config_tree import from_dict
 from scalelab.errors import ConfigError
 
 
@@ -109,8 +112,6 @@ class RunPlan:
 
 def parse_recipe(section: Any, key: str = "recipe") -> Recipe:
     """A Recipe from the spec's `recipe:` mapping (True or {} = the defaults); ConfigError names the key."""
-    from scalelab.config_tree import from_dict
-
     if section is True:
         section = {}
     if not isinstance(section, dict):
@@ -212,11 +213,10 @@ def lr_law_from_runs(params, lr, loss, *, ref_params: float | None = None) -> LR
     its neighbours (scalelab.fitting.hyperparams.optimal_per_budget, grouping runs by N); the law
     is the OLS line of log10 best LR on log10 N (fit_hyperparam_law).
     """
-    import numpy as np
-
+    n, h, y = (np.asarray(a, dtype=float) for a in (params, lr, loss))
+    # start-up time: fitting.hyperparams loads statsmodels (~1 s); every command reading a spec imports this module
     from scalelab.fitting.hyperparams import fit_hyperparam_law, optimal_per_budget
 
-    n, h, y = (np.asarray(a, dtype=float) for a in (params, lr, loss))
     optima = optimal_per_budget(n, h, y, rel_tol=0.01)  # one "budget" per size
     if len(optima) < 3:
         raise ConfigError("recipe.lr", f"an LR sweep at {len(optima)} size(s)", "sweep the LR at 3 or more sizes")

@@ -146,23 +146,9 @@ def load_sweep(path: str | Path) -> Sweep:
     return expand_sweep(raw, default_name=Path(path).stem)
 
 
-def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
-    """Validate a spec mapping and expand it into resolved runs.
-
-    Raises:
-        ConfigError: naming the offending key (unknown keys and generators, a budget too small for
-            the smallest size, a FLOP count outside the tolerance, a run config that fails).
-    """
-    check_keys(raw, TOP_KEYS, "")
-    gens = [g for g in GENERATORS if g in raw]
-    if not gens:
-        raise ConfigError("generator", "the spec names no generator", f"add one of: {', '.join(GENERATORS)}")
-    if len(gens) > 1:
-        raise ConfigError(gens[1], f"a spec has one generator, found {gens}", "split it into two specs")
-    base = raw.get("base") or {}
-    if not isinstance(base, dict):
-        raise ConfigError("base", f"expected a run-config mapping, got {base!r}", "see examples/sweeps/")
-    execution = _dataclass_from(ExecutionConfig, raw.get("execution"), "execution")
+def _execution(section: Any) -> ExecutionConfig:
+    """The spec's `execution:` section, checked."""
+    execution = _dataclass_from(ExecutionConfig, section, "execution")
     if execution.cpus_per_run < 1 or execution.max_failures < 0 or execution.max_concurrent < 0:
         raise ConfigError("execution", "cpus_per_run >= 1, max_failures >= 0, max_concurrent >= 0", "fix the value")
     if execution.hang_factor and execution.hang_factor <= 1:
@@ -173,9 +159,11 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         )
     if execution.hang_min_s <= 0:
         raise ConfigError("execution.hang_min_s", f"{execution.hang_min_s} s is not positive", "use e.g. 60")
-    fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
-    parse_early_stop(raw.get("early_stop"))  # checked here; the trials read it back from the spec
-    parse_wandb_section(raw.get("wandb"))  # the same
+    return execution
+
+
+def _check_fit(fit: FitSpec) -> None:
+    """The `fit:` section's values: a law the loop fits, known conventions, stackable candidates."""
     if fit.law not in (*LOOP_LAWS, "auto"):
         raise ConfigError(
             "fit.law", f"{fit.law!r} is not a law of (N, D) the loop can fit", f"use {', '.join(LOOP_LAWS)} or auto"
@@ -198,6 +186,29 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
             )
     if not 0.0 <= fit.noise_floor < 0.5:
         raise ConfigError("fit.noise_floor", f"{fit.noise_floor!r} must be in [0, 0.5)", "a log-sd, e.g. 0.01")
+
+
+def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
+    """Validate a spec mapping and expand it into resolved runs.
+
+    Raises:
+        ConfigError: naming the offending key (unknown keys and generators, a budget too small for
+            the smallest size, a FLOP count outside the tolerance, a run config that fails).
+    """
+    check_keys(raw, TOP_KEYS, "")
+    gens = [g for g in GENERATORS if g in raw]
+    if not gens:
+        raise ConfigError("generator", "the spec names no generator", f"add one of: {', '.join(GENERATORS)}")
+    if len(gens) > 1:
+        raise ConfigError(gens[1], f"a spec has one generator, found {gens}", "split it into two specs")
+    base = raw.get("base") or {}
+    if not isinstance(base, dict):
+        raise ConfigError("base", f"expected a run-config mapping, got {base!r}", "see examples/sweeps/")
+    execution = _execution(raw.get("execution"))
+    fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
+    parse_early_stop(raw.get("early_stop"))  # checked here; the trials read it back from the spec
+    parse_wandb_section(raw.get("wandb"))  # the same
+    _check_fit(fit)
     gen = gens[0]
     study = None
     if raw.get("study") is not None:

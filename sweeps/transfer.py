@@ -41,8 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from scalelab.errors import ConfigError
 from scalelab.fitting.hyperparams import best_lr, grid_position
+from scalelab.models.accounting import num_params
+from scalelab.models.shapes import base_shape, shape_for_width
 from scalelab.sweeps.spec import Sweep, expand_sweep
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
 
@@ -150,16 +154,11 @@ def parse_transfer(section: Any, ladder: Sweep) -> TransferSpec | None:
 
 
 def _base_shape(spec: TransferSpec) -> dict[str, int]:
-    from scalelab.models.shapes import base_shape
-
     return base_shape(spec.base_width, spec.base_depth)
 
 
 def plan_transfer(raw: dict[str, Any], ladder: Sweep) -> TransferPlan | None:
     """The check's sweep for a spec with `transfer:` (validated, nothing written), or None."""
-    from scalelab.models.accounting import num_params
-    from scalelab.models.shapes import shape_for_width
-
     spec = parse_transfer(raw.get("transfer"), ladder)
     if spec is None:
         return None
@@ -220,8 +219,6 @@ def transfer_dir(out: str | Path) -> Path:
 
 def evaluate_gate(plan: TransferPlan, df) -> GateResult:
     """Best LR per size from the check's run table (scalelab.store.load_runs) and the drifts."""
-    import polars as pl
-
     loss_col = plan.sweep.fit.loss
     spec = plan.spec
     rows = []

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from scalelab.analysis.compare import compare_sweeps, flops_to_reach, frontier_loss, multiplier
-from scalelab.analysis.store import load_store_runs
+from scalelab.analysis.store_reader import load_store_runs
 from scalelab.analysis.synthetic import SyntheticLaw, isoflop_design, write_synthetic_sweep
 from scalelab.fitting.laws import get_law
 

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from scalelab.analysis.noise import NoiseOptions, fit_weights, noise_table, recommendations
-from scalelab.analysis.store import load_evals, load_store_runs
+from scalelab.analysis.store_reader import load_evals, load_store_runs
 from scalelab.analysis.synthetic import DesignPoint, SyntheticLaw, write_synthetic_sweep
 from scalelab.models.accounting import num_params
 from scalelab.models.shapes import shape_for_width

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from scalelab.analysis.downstream import predict_task
-from scalelab.analysis.store import load_evals, load_store_runs
+from scalelab.analysis.store_reader import load_evals, load_store_runs
 from scalelab.analysis.synthetic import SyntheticLaw, isoflop_design, write_synthetic_sweep
 from scalelab.errors import UsageError
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from scalelab.errors import UsageError
+from scalelab.fitting.batched_lbfgs import lbfgs_batched
 from scalelab.fitting.fit import fit_law
 from scalelab.fitting.laws import get_law
 from scalelab.fitting.objective import BatchObjective, huber
-from scalelab.fitting.optim import lbfgs_batched
 from scalelab.fitting.simulate import simulate
 
 LAW = get_law("chinchilla")

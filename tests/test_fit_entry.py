@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from scalelab.analysis.report_loop import loop_fit
-from scalelab.analysis.store import load_store_runs
+from scalelab.analysis.store_reader import load_store_runs
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.cli.main import main
 from scalelab.fitting.fit_options import FitOptions

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from scalelab.fitting.backtest import holdout_backtest, law_fitter
-from scalelab.fitting.compare import compare_laws, information_criteria
+from scalelab.fitting.compare_laws import compare_laws, information_criteria
 from scalelab.fitting.fit import subsample_starts
 from scalelab.fitting.fit_runs import one_torch_thread
 from scalelab.fitting.io import read_runs

@@ -28,7 +28,7 @@ from scalelab.planning.cluster import cpu_cluster, gpu_cluster
 from scalelab.planning.design import fit_design
 from scalelab.planning.hparams import HParam, read_hp_sweep, table_hparams, transfer_hparams
 from scalelab.planning.loss_model import load_loss_model
-from scalelab.planning.plan import _gpu_overrides
+from scalelab.planning.plan_layout import gpu_overrides
 from scalelab.planning.whatif import scale_what_ifs
 from scalelab.sweeps.propose import propose_next
 from scalelab.sweeps.recipe import parse_recipe, peak_lr
@@ -307,7 +307,7 @@ def test_a_pipeline_layout_becomes_a_config_that_builds():
     plans = plan_layouts(ModelConfig(**shape), num_gpus=16, seq_len=2048, global_batch_tokens=2**21,
                          hw=gpu_cluster("H100-SXM", 16).hw)  # fmt: skip
     piped = next(p for p in plans if p.parallel.pp > 1 and p.micro_batch_sequences == 1)
-    extra = {**_gpu_overrides(piped), "optim.lr": 3e-4, "train.global_batch_tokens": 2**21}
+    extra = {**gpu_overrides(piped), "optim.lr": 3e-4, "train.global_batch_tokens": 2**21}
     run = design.resolve(shape, 2**21 * 100, extra, {})
     assert run.config["parallel"]["pp"] == piped.parallel.pp and run.config["train"]["micro_batch_sequences"] == 0
 

@@ -17,7 +17,7 @@ from scalelab.errors import ConfigError
 from scalelab.fitting.gap import gap_interval, paired_extrapolation
 from scalelab.fitting.predictive import ExtrapolationError
 from scalelab.store import ledger
-from scalelab.sweeps.plan import format_plan, plan_sweep
+from scalelab.sweeps.dry_run import format_plan, plan_sweep
 from scalelab.sweeps.spec import expand_sweep, load_sweep
 from scalelab.sweeps.study_fit import format_study
 from scalelab.sweeps.study_propose import propose_study_round

@@ -22,6 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from scalelab.errors import UsageError
+from scalelab.store import load_runs
 
 _DESIGN_TAGS = ("flops_budget", "tokens_per_param", "generator", "spec", "round", "proposal", "sample")
 
@@ -60,8 +61,6 @@ def _run_dirs(path: Path) -> dict[str, Path]:
 
 def load_store_runs(path: str | Path, *, done_only: bool = True) -> pl.DataFrame:
     """load_runs(path) plus run_dir, seed_group, scale and candidate columns (see module docstring)."""
-    from scalelab.store import load_runs
-
     path = Path(path).expanduser()
     if not path.exists():
         raise UsageError(f"{path} does not exist; pass a sweep directory (holding runs/) or a store root")
