@@ -31,7 +31,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from scalelab.store import files
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
+from scalelab.store.paths import run_path
 from scalelab.store.records import EVALS_SCHEMA, METRICS_SCHEMA
 
 # CPU-sized shapes (num_layers, d_model) of the shape rule, total params with vocab 320 in comments
@@ -278,14 +280,13 @@ def simulate_runs(
     are tested and benchmarked on, with the truth known. `law` may map a study's arms to their
     laws (a run takes the law of its `arm` label)."""
     for run in runs:
-        run_dir = Path(sweep_dir) / "runs" / run.run_id
+        run_dir = run_path(sweep_dir, run.run_id)  # a Path, or an s3:// URL (objects written whole)
         rng = _rng(noise_seed, "sim", run.run_id)
         run_law = law[run.labels["arm"]] if isinstance(law, dict) else law
         loss = float(run_law.loss(run.params, run.num_tokens)) * math.exp(float(rng.normal(0.0, noise_std)))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(run_dir / "config.json", run.config)
+        atomic_write_json(files.join(run_dir, "config.json"), run.config)
         atomic_write_json(
-            run_dir / "status.json",
+            files.join(run_dir, "status.json"),
             dict(
                 status="done",
                 run_id=run.run_id,
@@ -315,7 +316,7 @@ def launch_synthetic(
     if isinstance(spec, dict):
         text, name = yaml.safe_dump(spec, sort_keys=False), str(spec.get("name", "sweep"))
     else:
-        text, name, spec = Path(spec).read_text(), Path(spec).stem, read_spec(spec)
+        text, name, spec = files.read_text(spec), files.stem(spec), read_spec(spec)
     sweep = expand_sweep(spec, default_name=name)
     entries = [r.to_dict() for r in sweep.runs]
     store.init_sweep(sweep_dir, text, name, entries, sweep.name)
