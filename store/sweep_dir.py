@@ -22,6 +22,8 @@ from scalelab.store import objects
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json, replace_if, update_json
 from scalelab.store.paths import RESOLVED, check_run_id, is_sweep_dir, runs_dir
 
+DRIVER_PREFIX = "driver/"  # a detached driver's spec copy (`sweep launch --detach`), written before the sweep
+
 
 def init_sweep(sweep_dir: str | Path, spec_text: str, spec_name: str, runs: list[dict], name: str) -> str:
     """Create or extend a sweep directory; returns the spec's file name relative to the sweep.
@@ -70,7 +72,7 @@ def _init_object_sweep(url: str, spec_text: str, spec_name: str, runs: list[dict
     sweep never drop each other's runs."""
     objects.check(url, "--out")
     spec = objects.read_bytes(objects.join(url, "sweep.yaml"))
-    if spec is None and objects.list_objects(url):
+    if spec is None and [k for k in objects.list_objects(url) if not k.startswith(DRIVER_PREFIX)]:
         raise UsageError(f"--out {url} holds objects but no sweep.yaml; choose an empty or new prefix")
     rel = "sweep.yaml" if spec is None or spec.decode() == spec_text else f"rounds/{spec_name}.yaml"
     target = objects.join(url, rel)
