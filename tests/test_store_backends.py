@@ -12,6 +12,7 @@ must be the same on both stores.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import uuid
 
@@ -297,3 +298,45 @@ def test_the_cooldown_sweep_has_the_same_records_on_both_stores():
     if len(TRAINED) < 2:
         pytest.skip("needs both backends of the test before it")
     assert TRAINED["True"] == TRAINED["False"]  # same run ids, statuses and final losses (bit for bit)
+
+
+# ---------------------------------------------------------------------------------------------
+# The LR-transfer gate
+# ---------------------------------------------------------------------------------------------
+
+LADDER = {
+    "name": "lad",
+    "base": {
+        "model": {"parametrization": "mup", "kernels": "torch"},
+        "data": {"seq_len": 32, "val_sequences": 8},
+        "train": {"global_batch_tokens": 128},
+        "eval": {"interval_steps": 0},
+        "checkpoint": {"interval_steps": 0},
+        "logging": {"wandb": "disabled"},
+    },
+    "ladder": {"sizes": [3.4e4], "tokens_per_param": [0.25]},
+    "transfer": {"check": True, "widths": [32, 64], "lrs": [4e-3, 1.6e-2, 6.4e-2], "tokens_per_param": 0.25},
+}
+
+
+def _lr_launch(sweep, sweep_dir, *, spec_text, spec_name, **_):
+    """A launch whose runs end at a loss with its minimum at lr 1.6e-2 at every width (a transfer that holds)."""
+    store.init_sweep(sweep_dir, spec_text, spec_name, [r.to_dict() for r in sweep.runs], sweep.name)
+    for r in sweep.runs:
+        loss = 3.0 + (math.log(r.config["optim"]["lr"] / 1.6e-2)) ** 2 + 1e-3 * r.config["model"]["d_model"]
+        store.write_status(store.run_path(sweep_dir, r.run_id), "done", final_val_loss=loss, final_train_loss=loss)
+    return {"states": {r.run_id: "done" for r in sweep.runs}}
+
+
+def test_transfer_gate_checks_into_the_sibling_sweep_and_the_ladder_takes_its_lr(root, monkeypatch):
+    monkeypatch.setattr(rounds, "launch", _lr_launch)
+    out = sweep_of(root, "lad")
+    result = run_rounds(
+        expand_sweep(LADDER), out, spec_text=yaml.safe_dump(LADDER), spec_name="lad", log=lambda _: None
+    )
+    assert result.transfer is not None and not result.transfer.refused and result.transfer.gate.ok
+    check = files.join(root, "lad-transfer")
+    assert files.read_text(files.join(check, "gate.txt")) == result.transfer.table + "\n"
+    assert store.load_runs(check).height == 6  # 2 widths x 3 LRs, in the sibling sweep
+    ladder = store.load_runs(out)
+    assert ladder["lr"].to_list() == [pytest.approx(1.6e-2)]  # the ladder's run took the transferred LR
