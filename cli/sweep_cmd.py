@@ -297,6 +297,7 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
 
 
 def run_resume(args) -> int:
+    from scalelab import store
     from scalelab.sweeps.execute import resume
 
     result = resume(
@@ -306,7 +307,7 @@ def run_resume(args) -> int:
         num_cpus=args.num_cpus,
         pass_env=args.pass_env,
     )
-    return 0 if all(s in ("done", "diverged") for s in result["states"].values()) else 1
+    return 0 if all(s in store.TERMINAL for s in result["states"].values()) else 1  # stopped early: finished
 
 
 def run_status(args) -> int:

@@ -85,8 +85,8 @@ class RoundsResult:
 
     @property
     def ok(self) -> bool:
-        """Every run of the last launch done (or diverged: a finished run)."""
-        return all(s in ("done", "diverged") for s in self.states.values())
+        """Every run of the last launch finished: done, diverged, or stopped early (store.TERMINAL)."""
+        return all(s in store.TERMINAL for s in self.states.values())
 
 
 def run_rounds(
