@@ -379,6 +379,8 @@ def run_next(args) -> int:
 def _next_study(args) -> int:
     from scalelab.sweeps.study_propose import format_study_proposal, propose_study_round
 
+    if objects.is_url(args.sweep_dir):
+        raise UsageError(f"{args.sweep_dir}: a study's rounds need a local or shared POSIX store (not s3:// yet)")
     if args.target_flops is not None:
         raise UsageError("--target-flops: a study's target is its study.target_flops; edit the spec's study section")
     if args.seeds != 1:
