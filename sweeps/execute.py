@@ -35,7 +35,9 @@ Dedupe and resume: there is no hidden Tune state to restore. The store is the st
 status.json says done/diverged (here or in a sibling sweep of the store root, see
 scalelab.store.claims) is skipped; anything else is started, and resumes from its checkpoints if it
 has any. `resume(sweep_dir)` therefore works after any driver death, including SIGKILL.
-Cooldown branches run in a second wave, after the stable runs they start from are done.
+Cooldown branches run in a second wave, after the stable runs they start from are done; on object
+storage a branch first downloads its branch point (the stable run's checkpoint) from the bucket
+beside its node-local copy (`_pull_branch_point`).
 
 Every trial appends `start`/`end`/`fail` lines to `<sweep>/events.jsonl` (the node it ran on, the seconds spent in
 training, and on `end`/`fail` the checkpoint step the attempt loaded, from the loop's

@@ -31,6 +31,11 @@ What it does, in order:
    out-of-sample error at its extrapolation distance, scalelab.fitting.predictive). The fit,
    gates and predictions go to fits/round_K.json and to the ledger, before anything runs; the
    round's spec to rounds/round_K.yaml, which expands to the same runs.
+   The round's number K is taken before the fit, and fits/round_K.json is created only if no other
+   driver created it meanwhile (`If-None-Match: *` on object storage, a hard link locally): of
+   two drivers proposing the same round one writes it, the other stops with one line. On an
+   `s3://` sweep the fit reads a local copy of its records (objects.local_view) and the round's
+   files are objects.
 """
 
 from __future__ import annotations
