@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from scalelab import store
-from scalelab.analysis.synthetic import SyntheticLaw, simulate_runs
+from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic, simulate_runs
+from scalelab.cli.main import main
 from scalelab.errors import UsageError
 from scalelab.store import files, ledger, objects
 from scalelab.store.atomic import atomic_write_json, read_versioned, replace_if, update_json
@@ -340,3 +341,32 @@ def test_transfer_gate_checks_into_the_sibling_sweep_and_the_ladder_takes_its_lr
     assert store.load_runs(check).height == 6  # 2 widths x 3 LRs, in the sibling sweep
     ladder = store.load_runs(out)
     assert ladder["lr"].to_list() == [pytest.approx(1.6e-2)]  # the ladder's run took the transferred LR
+
+
+# ---------------------------------------------------------------------------------------------
+# What object storage does not run yet: one line, exit 2, nothing written
+# ---------------------------------------------------------------------------------------------
+
+STUDY = {
+    "name": "study",
+    "base": {"data": {"seq_len": 64}, "train": {"global_batch_tokens": 512}},
+    "isoflop": {"budgets": [3e11, 1e12, 3e12], "num_sizes": 5, "center": {"tokens_per_param": 5.0}, "span": 3},
+    "fit": {"bootstrap": 8},
+    "study": {"arms": {"a": {}, "b": {"optim.beta2": 0.99}}, "target_flops": 3e13},
+}
+
+
+def test_a_studys_rounds_on_s3_stop_with_one_line(s3, tmp_path, capsys):
+    spec = tmp_path / "study.yaml"
+    spec.write_text(yaml.safe_dump(STUDY))
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/study"
+    assert main(["sweep", "launch", str(spec), "--out", url, "--rounds", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "a study's rounds need a local or shared POSIX store" in err and len(err.splitlines()) == 1
+    assert objects.list_objects(objects.parent(url)) == {}  # nothing written
+    launch_synthetic(STUDY, url, {"a": SyntheticLaw(), "b": SyntheticLaw(efficiency=2.0)})
+    before = objects.list_objects(url)
+    assert main(["sweep", "next", url]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "a study's rounds need a local or shared POSIX store" in err and len(err.splitlines()) == 1
+    assert objects.list_objects(url).keys() == before.keys()
