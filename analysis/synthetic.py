@@ -35,7 +35,9 @@ import yaml
 from scalelab import store
 from scalelab.models.accounting import num_params, num_params_nonembedding
 from scalelab.models.shapes import shape_for_width
+from scalelab.store import files
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
+from scalelab.store.paths import run_path
 from scalelab.store.records import EVALS_SCHEMA, METRICS_SCHEMA
 from scalelab.sweeps.spec import expand_sweep, read_spec
 from scalelab.train.config import build_run_config, to_dict
@@ -272,14 +274,13 @@ def simulate_runs(
     are tested and benchmarked on, with the truth known. `law` may map a study's arms to their
     laws (a run takes the law of its `arm` label)."""
     for run in runs:
-        run_dir = Path(sweep_dir) / "runs" / run.run_id
+        run_dir = run_path(sweep_dir, run.run_id)  # a Path, or an s3:// URL (objects written whole)
         rng = _rng(noise_seed, "sim", run.run_id)
         run_law = law[run.labels["arm"]] if isinstance(law, dict) else law
         loss = float(run_law.loss(run.params, run.num_tokens)) * math.exp(float(rng.normal(0.0, noise_std)))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(run_dir / "config.json", run.config)
+        atomic_write_json(files.join(run_dir, "config.json"), run.config)
         atomic_write_json(
-            run_dir / "status.json",
+            files.join(run_dir, "status.json"),
             dict(
                 status="done",
                 run_id=run.run_id,
@@ -304,7 +305,7 @@ def launch_synthetic(
     if isinstance(spec, dict):
         text, name = yaml.safe_dump(spec, sort_keys=False), str(spec.get("name", "sweep"))
     else:
-        text, name, spec = Path(spec).read_text(), Path(spec).stem, read_spec(spec)
+        text, name, spec = files.read_text(spec), files.stem(spec), read_spec(spec)
     sweep = expand_sweep(spec, default_name=name)
     entries = [r.to_dict() for r in sweep.runs]
     store.init_sweep(sweep_dir, text, name, entries, sweep.name)

@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from scalelab.errors import UsageError
-from scalelab.store import objects
+from scalelab.store import files, objects
 
 
 def add_parser(sub) -> None:
@@ -89,7 +89,7 @@ def _add_launch(s) -> None:
         "--detach",
         action="store_true",
         help="submit the driver as a Ray Job (--address http://HEAD:8265, the dashboard) and return; "
-        "--out must be a path every node sees",
+        "--out must be a path every node sees, or s3://",
     )
     q.set_defaults(func=run_launch)
 
@@ -245,8 +245,6 @@ def run_launch(args) -> int:
     check, target = check_rounds(sweep, out, rounds=args.rounds, target_flops=args.target_flops)
     faults = _faults(args.inject_fault)
     if args.detach:
-        if objects.is_url(out):
-            raise UsageError(f"--out {out}: --detach needs a shared POSIX store (the driver's spec copy lives there)")
         return _detach(args, sweep, check is None, out)
     print(f"sweep {sweep.name}: {len(sweep.runs)} runs -> {out}")
 
@@ -260,8 +258,8 @@ def run_launch(args) -> int:
     result = run_rounds(
         sweep,
         out,
-        spec_text=Path(args.spec).read_text(),
-        spec_name=Path(args.spec).stem,
+        spec_text=files.read_text(args.spec),  # a detached driver's spec copy may be an object
+        spec_name=files.stem(args.spec),
         rounds=args.rounds,
         target_flops=target,
         budget_flops=args.budget_flops,
@@ -288,27 +286,32 @@ def run_launch(args) -> int:
     return 0 if result.ok else 1
 
 
-def _detach(args, sweep, pre_record: bool, out: Path) -> int:
+def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
     """Copy the spec into the sweep directory and submit `sweep launch` of it as a Ray Job.
 
     A spec without a transfer check is recorded in the store first, so `sweep status` shows its
-    runs (pending) before the job's driver starts."""
+    runs (pending) before the job's driver starts. On object storage the copy is an object of the
+    sweep (`<out>/driver/<spec>`), which the job's driver reads from the bucket."""
     from scalelab import store
-    from scalelab.sweeps.execute import check_runnable, save_execution
+    from scalelab.store.atomic import atomic_write_bytes
+    from scalelab.sweeps.execute import check_object_store, check_runnable, save_execution
     from scalelab.sweeps.ray_cluster import check_dashboard_address, check_pass_env, submit_driver
 
     check_dashboard_address(args.address)
     check_pass_env(args.address, args.pass_env)  # before anything is written
-    out = out.resolve()
+    out = out if objects.is_url(out) else out.resolve()
     text = Path(args.spec).read_text()
     if pre_record:
         entries = [r.to_dict() for r in sweep.runs]
         check_runnable(entries)
+        if objects.is_url(out):
+            check_object_store(out, text, entries)
         store.init_sweep(out, text, Path(args.spec).stem, entries, sweep.name)
         save_execution(out, sweep.execution)
-    spec_copy = out / "driver" / Path(args.spec).name
-    spec_copy.parent.mkdir(parents=True, exist_ok=True)
-    spec_copy.write_text(text)
+    elif objects.is_url(out):
+        objects.check(out, "--out")
+    spec_copy = files.join(out, "driver", Path(args.spec).name)
+    atomic_write_bytes(spec_copy, text.encode())
     argv = ["sweep", "launch", str(spec_copy), "--out", str(out), "--address", "auto", "--rounds", str(args.rounds)]
     for flag, value in (
         ("--max-concurrent", args.max_concurrent),
@@ -327,6 +330,7 @@ def _detach(args, sweep, pre_record: bool, out: Path) -> int:
 
 
 def run_resume(args) -> int:
+    from scalelab import store
     from scalelab.sweeps.execute import resume
 
     result = resume(
@@ -336,7 +340,7 @@ def run_resume(args) -> int:
         num_cpus=args.num_cpus,
         pass_env=args.pass_env,
     )
-    return 0 if all(s in ("done", "diverged") for s in result["states"].values()) else 1
+    return 0 if all(s in store.TERMINAL for s in result["states"].values()) else 1  # stopped early: finished
 
 
 def run_status(args) -> int:
@@ -408,6 +412,8 @@ def run_next(args) -> int:
 def _next_study(args) -> int:
     from scalelab.sweeps.study_propose import format_study_proposal, propose_study_round
 
+    if objects.is_url(args.sweep_dir):
+        raise UsageError(f"{args.sweep_dir}: a study's rounds need a local or shared POSIX store (not s3:// yet)")
     if args.target_flops is not None:
         raise UsageError("--target-flops: a study's target is its study.target_flops; edit the spec's study section")
     if args.seeds != 1:

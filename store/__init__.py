@@ -14,7 +14,9 @@ One directory per sweep (or one prefix on object storage), readable without scal
 The modules, bottom up (this package imports only scalelab.errors, never train/ or sweeps/):
 
     objects        object storage (`s3://bucket/prefix`): whole objects, listings, local views
-    atomic         whole-file writes (temporary name + rename; one object on object storage)
+    atomic         whole-file writes (temporary name + rename; one object on object storage),
+                   and read-modify-writes that lose no update (conditional puts on object storage)
+    files          a sweep's own files (specs, rounds, fits) read alike from either kind of store
     paths          a sweep's address, its runs, sweep.resolved.json's name
     records        a run's status.json and Parquet records, its state
     checkpoint_files   complete checkpoint directories, their upload and download

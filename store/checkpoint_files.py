@@ -10,6 +10,8 @@ scalelab.train.checkpoint's; this module only moves and lists the directories, s
 On object storage a checkpoint is uploaded file by file, manifest.json last, and only step_<N>/
 prefixes whose manifest is there count (`remote_checkpoints`; scalelab.store.lease pulls those), so
 an upload cut short is never loaded (and never mistaken for a legacy checkpoint without a manifest).
+`pull_checkpoint` downloads one complete checkpoint of another run (a cooldown branch's branch
+point, read from its stable run) beside the node-local copy of the run that starts from it.
 """
 
 from __future__ import annotations
@@ -49,3 +51,18 @@ def remote_checkpoints(url: str) -> dict[str, list[str]]:
         if STEP_DIR.match(step_dir) and fname and "/" not in fname:
             found.setdefault(step_dir, []).append(fname)
     return {d: names for d, names in found.items() if MANIFEST in names}
+
+
+def pull_checkpoint(url: str, dest: Path) -> bool:
+    """Download the complete checkpoint at `url` (.../checkpoints/step_<N>) into `dest`, whole: its
+    files go to `dest`.tmp, renamed to `dest` once all are there. False (nothing written) when the
+    store holds no complete checkpoint there (no manifest)."""
+    listing = objects.list_objects(url)
+    if MANIFEST not in listing:
+        return False
+    tmp = dest.with_name(dest.name + ".tmp")
+    for rel, meta in sorted(listing.items()):
+        if "/" not in rel:
+            objects.download(objects.join(url, rel), objects.inside(tmp, rel), meta["mtime"])
+    tmp.rename(dest)
+    return True

@@ -21,8 +21,12 @@ scalelab.sweeps.execute calls it at the end of every launch). A prediction whose
 started in this sweep when it was recorded (an identical config proposed again: its id is the hash
 of the config, labels aside), or that the fit itself used, is kept with a `flag` and never scored:
 it was not a prediction. Every update reads and rewrites the file under one lock
-(`<sweep>/.ledger.lock`, fcntl), so a scoring pass never drops a fit recorded meanwhile.
-`scalelab sweep ledger DIR` prints it.
+(`<sweep>/.ledger.lock`, fcntl), so a scoring pass never drops a fit recorded meanwhile. On object
+storage (`s3://`), where there is no lock, the ledger is one object rewritten with a conditional
+put (`If-Match` the ETag it was read with; `If-None-Match: *` for the first entry): a writer that
+lost the race reads the other's version and applies its change again (scalelab.store.atomic
+.update_json), so there too no update is lost. A run is looked up where it lives (a run linked
+from a sibling sweep: that sweep's copy). `scalelab sweep ledger DIR` prints it.
 """
 
 from __future__ import annotations
@@ -37,23 +41,35 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from scalelab.store.atomic import atomic_write_json
-from scalelab.store.paths import check_run_id, run_path
+from scalelab.store import objects
+from scalelab.store.atomic import atomic_write_json, update_json
+from scalelab.store.claims import run_location
+from scalelab.store.paths import check_run_id
 from scalelab.store.records import read_status
 
 LEDGER = "ledger.json"
 
 
-def ledger_path(sweep_dir: str | Path) -> Path:
-    return Path(sweep_dir) / LEDGER
+def ledger_path(sweep_dir: str | Path) -> str | Path:
+    return objects.join(sweep_dir, LEDGER) if objects.is_url(sweep_dir) else Path(sweep_dir) / LEDGER
+
+
+def _empty() -> dict[str, list[dict[str, Any]]]:
+    return {"fits": [], "predictions": [], "studies": []}
 
 
 def read_ledger(sweep_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
     """The ledger (empty when there is none); every prediction's run id checked before it names a path."""
     path = ledger_path(sweep_dir)
+    if objects.is_url(path):
+        raw = objects.read_bytes(path)
+        return _checked(json.loads(raw), path) if raw else _empty()
     if not path.exists():
-        return {"fits": [], "predictions": [], "studies": []}
-    data = json.loads(path.read_text())
+        return _empty()
+    return _checked(json.loads(path.read_text()), path)
+
+
+def _checked(data: dict[str, Any], path: str | Path) -> dict[str, list[dict[str, Any]]]:
     data.setdefault("fits", [])
     data.setdefault("predictions", [])
     data.setdefault("studies", [])
@@ -63,6 +79,25 @@ def read_ledger(sweep_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
         for run_id in (e.get("run_ids") or {}).values():
             check_run_id(run_id, f"{path}: study entry's run")
     return data
+
+
+def _update(sweep_dir: str | Path, change) -> Any:
+    """Read, change and rewrite the ledger with no lost update (module docstring): under the fcntl
+    lock locally, by conditional puts on object storage. change(ledger) -> (result, changed)."""
+    path = ledger_path(sweep_dir)
+    if objects.is_url(path):
+        return update_json(path, lambda book: change(_checked(book, path)), default=_empty)
+    with locked(sweep_dir):
+        book = read_ledger(sweep_dir)
+        result, changed = change(book)
+        if changed:
+            atomic_write_json(path, book)
+        return result
+
+
+def _status(sweep_dir: str | Path, run_id: str) -> dict[str, Any] | None:
+    """status.json of the sweep's run where it lives (a run of a sibling sweep: that copy)."""
+    return read_status(run_location(sweep_dir, check_run_id(run_id, f"{sweep_dir}: run id")))
 
 
 @contextlib.contextmanager
@@ -94,13 +129,12 @@ def record_round(sweep_dir: str | Path, fit: dict[str, Any], predictions: list[d
     """Append one fit and its predictions (before the predicted runs can start); flags the
     predictions that cannot be ones (module docstring)."""
     used = set(fit.get("run_ids") or [])
-    with locked(sweep_dir):
-        ledger = read_ledger(sweep_dir)
+    recorded_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    def change(ledger):
         previous = ledger["fits"][-1] if ledger["fits"] else None
-        fit = dict(
-            fit, drift=drift(previous, fit["params"]), recorded_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        )
-        ledger["fits"].append(fit)
+        entry_fit = dict(fit, drift=drift(previous, fit["params"]), recorded_at=recorded_at)
+        ledger["fits"].append(entry_fit)
         known = {(p["round"], p["run_id"]) for p in ledger["predictions"]}
         for p in predictions:
             if (p["round"], p["run_id"]) in known:
@@ -108,25 +142,26 @@ def record_round(sweep_dir: str | Path, fit: dict[str, Any], predictions: list[d
             entry = dict(p, measured=None, rel_error=None, covered=None)
             if p["run_id"] in used:
                 entry["flag"] = "run used by the fit"
-            elif read_status(run_path(sweep_dir, p["run_id"])) is not None:
+            elif _status(sweep_dir, p["run_id"]) is not None:
                 entry["flag"] = "run already started"
             ledger["predictions"].append(entry)
-        atomic_write_json(ledger_path(sweep_dir), ledger)
         _score(sweep_dir, ledger, None)
-    return fit
+        return entry_fit, True
+
+    return _update(sweep_dir, change)
 
 
 def record_study(sweep_dir: str | Path, studies: list[dict[str, Any]], predictions: list[dict[str, Any]]) -> None:
     """Append a study round's gap predictions and its runs' loss predictions (before the runs start);
     a loss prediction whose run had already started is flagged, as in record_round."""
-    with locked(sweep_dir):
-        ledger = read_ledger(sweep_dir)
+
+    def change(ledger):
         known = {(p["round"], p["run_id"]) for p in ledger["predictions"]}
         for p in predictions:
             if (p["round"], p["run_id"]) in known:
                 continue
             entry = dict(p, measured=None, rel_error=None, covered=None)
-            if read_status(run_path(sweep_dir, p["run_id"])) is not None:
+            if _status(sweep_dir, p["run_id"]) is not None:
                 entry["flag"] = "run already started"
             ledger["predictions"].append(entry)
         known_studies = {(e["round"], e["arm"]) for e in ledger["studies"]}
@@ -135,12 +170,14 @@ def record_study(sweep_dir: str | Path, studies: list[dict[str, Any]], predictio
                 ledger["studies"].append(
                     dict(e, measured_gap=None, measured_winner=None, winner_right=None, covered=None)
                 )
-        atomic_write_json(ledger_path(sweep_dir), ledger)
         _score(sweep_dir, ledger, None)
+        return None, True
+
+    _update(sweep_dir, change)
 
 
-def _measured(sweep_dir: Path, run_id: str, loss_column: str) -> float | None:
-    status = read_status(run_path(sweep_dir, run_id)) or {}
+def _measured(sweep_dir: str | Path, run_id: str, loss_column: str) -> float | None:
+    status = _status(sweep_dir, run_id) or {}
     if status.get("status") != "done":
         return None
     measured = status.get(loss_column)
@@ -150,12 +187,17 @@ def _measured(sweep_dir: Path, run_id: str, loss_column: str) -> float | None:
 def score(sweep_dir: str | Path, loss_column: str | None = None) -> list[dict[str, Any]]:
     """Fill in the measured loss of every prediction whose run is done, and the measured gap of every
     study entry whose two runs are; returns the newly scored predictions."""
-    sweep_dir = Path(sweep_dir)
-    with locked(sweep_dir):
-        return _score(sweep_dir, read_ledger(sweep_dir), loss_column)
+    sweep_dir = sweep_dir if objects.is_url(sweep_dir) else Path(sweep_dir)
+
+    def change(ledger):
+        scored, studies = _score(sweep_dir, ledger, loss_column)
+        return scored, bool(scored or studies)
+
+    return _update(sweep_dir, change)
 
 
-def _score(sweep_dir: Path, ledger: dict[str, Any], loss_column: str | None) -> list[dict[str, Any]]:
+def _score(sweep_dir: str | Path, ledger: dict[str, Any], loss_column: str | None):
+    """Score `ledger` in place: (the predictions scored now, the study entries scored now)."""
     scored = []
     for p in ledger["predictions"]:
         if p.get("measured") is not None or p.get("flag"):
@@ -168,13 +210,10 @@ def _score(sweep_dir: Path, ledger: dict[str, Any], loss_column: str | None) -> 
         p["rel_error"] = (p["predicted"] - p["measured"]) / p["measured"]
         p["covered"] = bool(lo <= p["measured"] <= hi)
         scored.append(p)
-    studies = _score_studies(sweep_dir, ledger["studies"])
-    if scored or studies:
-        atomic_write_json(ledger_path(sweep_dir), ledger)
-    return scored
+    return scored, _score_studies(sweep_dir, ledger["studies"])
 
 
-def _score_studies(sweep_dir: Path, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _score_studies(sweep_dir: str | Path, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The measured gap of study entries whose runs are both done (module docstring)."""
     scored = []
     for e in entries:

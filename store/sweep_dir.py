@@ -6,8 +6,9 @@
     init_sweep(sweep_dir, spec_text, spec_name, runs, name)   # new sweep, or a later round of it
     read_resolved(sweep_dir)["runs"]                          # what `sweep resume` trains
 
-On object storage (`s3://bucket/prefix/sweep`) the same files are objects, each written whole; a
-prefix holds one spec (later rounds need a local or shared POSIX store).
+On object storage (`s3://bucket/prefix/sweep`) the same files are objects, each written whole
+(a later round's spec under rounds/ as locally); sweep.resolved.json there is extended by
+conditional puts, so two drivers never drop each other's runs.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from typing import Any
 
 from scalelab.errors import UsageError
 from scalelab.store import objects
-from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
+from scalelab.store.atomic import atomic_write_bytes, atomic_write_json, replace_if, update_json
 from scalelab.store.paths import RESOLVED, check_run_id, is_sweep_dir, runs_dir
+
+DRIVER_PREFIX = "driver/"  # a detached driver's spec copy (`sweep launch --detach`), written before the sweep
 
 
 def init_sweep(sweep_dir: str | Path, spec_text: str, spec_name: str, runs: list[dict], name: str) -> str:
@@ -29,7 +32,7 @@ def init_sweep(sweep_dir: str | Path, spec_text: str, spec_name: str, runs: list
     from `sweep next`) stores it under rounds/ and appends its runs to sweep.resolved.json.
     """
     if objects.is_url(sweep_dir):
-        return _init_object_sweep(sweep_dir, spec_text, runs, name)
+        return _init_object_sweep(sweep_dir, spec_text, spec_name, runs, name)
     sweep_dir = Path(sweep_dir)
     if sweep_dir.exists() and not sweep_dir.is_dir():
         raise UsageError(f"--out {sweep_dir} is a file; give a sweep directory (new, or one to extend)")
@@ -61,24 +64,45 @@ def init_sweep(sweep_dir: str | Path, spec_text: str, spec_name: str, runs: list
     return rel
 
 
-def _init_object_sweep(url: str, spec_text: str, runs: list[dict], name: str) -> str:
+def _init_object_sweep(url: str, spec_text: str, spec_name: str, runs: list[dict], name: str) -> str:
     """init_sweep on object storage: every check before the first object is written (what the runs
-    need of the store, e.g. single-process layouts, the caller checks first: scalelab.sweeps.execute)."""
+    need of the store, e.g. single-process layouts, the caller checks first: scalelab.sweeps.execute).
+    sweep.yaml and a round's spec are created with `If-None-Match: *`, and sweep.resolved.json is
+    extended by conditional puts (scalelab.store.atomic.update_json), so two drivers extending one
+    sweep never drop each other's runs."""
     objects.check(url, "--out")
     spec = objects.read_bytes(objects.join(url, "sweep.yaml"))
-    if spec is None and objects.list_objects(url):
+    if spec is None and [k for k in objects.list_objects(url) if not k.startswith(DRIVER_PREFIX)]:
         raise UsageError(f"--out {url} holds objects but no sweep.yaml; choose an empty or new prefix")
-    if spec is not None and spec.decode() != spec_text:
-        raise UsageError(f"--out {url} holds a different sweep; launch into a new prefix (rounds need a local store)")
-    if spec is None:
-        atomic_write_bytes(objects.join(url, "sweep.yaml"), spec_text.encode())
-    resolved = read_resolved(url)
-    resolved.setdefault("name", name)
-    resolved.setdefault("specs", ["sweep.yaml"])
-    known = {r["run_id"] for r in resolved.setdefault("runs", [])}
-    resolved["runs"] += [dict(r, spec="sweep.yaml") for r in runs if r["run_id"] not in known]
-    write_resolved(url, resolved)
-    return "sweep.yaml"
+    rel = "sweep.yaml" if spec is None or spec.decode() == spec_text else f"rounds/{spec_name}.yaml"
+    target = objects.join(url, rel)
+    if not replace_if(target, spec_text.encode(), None) and objects.read_bytes(target).decode() != spec_text:
+        raise UsageError(f"{target} holds a different spec of the same name; rename the spec file")
+
+    def extend(resolved: dict[str, Any]) -> tuple[None, bool]:
+        resolved.setdefault("name", name)
+        specs = resolved.setdefault("specs", [])
+        if rel not in specs:
+            specs.append(rel)
+        known = {r["run_id"] for r in resolved.setdefault("runs", [])}
+        resolved["runs"] += [dict(r, spec=rel) for r in runs if r["run_id"] not in known]
+        return None, True
+
+    update_resolved(url, extend)
+    return rel
+
+
+def update_resolved(sweep_dir: str | Path, change) -> Any:
+    """Read-modify-write sweep.resolved.json: change(resolved) -> (result, changed). On object
+    storage by conditional puts (no lost update between two drivers); locally as before, one
+    driver per sweep directory."""
+    if objects.is_url(sweep_dir):
+        return update_json(objects.join(sweep_dir, RESOLVED), change, default=dict)
+    resolved = read_resolved(sweep_dir)
+    result, changed = change(resolved)
+    if changed:
+        write_resolved(sweep_dir, resolved)
+    return result
 
 
 def write_resolved(sweep_dir: str | Path, resolved: dict[str, Any]) -> None:

@@ -17,7 +17,9 @@ full run would not measure its loss more precisely than seed-to-seed noise) and 
 finished runs inform the fit, the run stops there: status.json says `stopped_early`, with the
 predicted final loss and its interval, the step, and the FLOPs not spent. The decision happens at a
 checkpoint event, after the records are flushed and the checkpoint written, so a stopped run can be
-resumed to its end if wanted. Single-process runs only (the callback runs on rank 0).
+resumed to its end if wanted. Single-process runs only (the callback runs on rank 0). On object
+storage the run's own prefix is its node-local copy (scalelab.store.lease) and the finished runs
+come from a local copy of the sweep's records taken at each check.
 
 Predicted losses are on the scale of the store's `loss` column (the final validation loss): the
 curve law's final prediction times a calibration factor measured on the finished runs (their
@@ -32,7 +34,9 @@ predicted as precisely as a run is measured counts fully; "exclude" (the default
 
 from __future__ import annotations
 
+import io
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,12 +46,13 @@ import numpy as np
 from scipy import stats
 
 from scalelab import store
-from scalelab.config_tree import from_dict, load_yaml
+from scalelab.config_tree import from_dict, safe_yaml
 from scalelab.errors import ConfigError, UsageError
 from scalelab.fitting.curves import RunCurve, fit_curves
 from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.laws import CURVE_LAWS
 from scalelab.fitting.predictive import interval_from_parts, replicate_sd, t_over_z
+from scalelab.store import files, objects
 from scalelab.sweeps.run_curves import SOURCES, resolve_source, run_curve, store_curves
 from scalelab.train.config import build_run_config
 from scalelab.train.loop import StopRun
@@ -119,10 +124,11 @@ def settings_for(sweep_dir: str | Path, run_id: str) -> EarlyStopConfig | None:
     """The early_stop section of the spec that generated `run_id` (sweep.yaml or a round's spec)."""
     resolved = store.read_resolved(sweep_dir)
     entry = next((r for r in resolved.get("runs", []) if r.get("run_id") == run_id), None)
-    spec = Path(sweep_dir) / ((entry or {}).get("spec") or "sweep.yaml")
-    if not spec.exists():
+    spec = files.join(sweep_dir, (entry or {}).get("spec") or "sweep.yaml")
+    text = files.read_text(spec)
+    if text is None:
         return None
-    return parse_early_stop(load_yaml(str(spec)).get("early_stop"))
+    return parse_early_stop((safe_yaml(io.StringIO(text), str(spec)) or {}).get("early_stop"))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -249,21 +255,29 @@ def decide(
 
 
 def finished_curves(sweep_dir: str | Path, source: str, exclude: str) -> tuple[list[RunCurve], np.ndarray]:
-    """Curves and final losses of the sweep's done runs (other than `exclude`)."""
+    """Curves and final losses of the sweep's done runs (other than `exclude`); an s3:// sweep's
+    from a local copy of its records, taken for this check and removed after it."""
+    view = objects.local_view(sweep_dir, "sweep_dir") if objects.is_url(sweep_dir) else None
     try:
-        runs, curves = store_curves(sweep_dir, source=source)
+        runs, curves = store_curves(view or sweep_dir, source=source)
     except UsageError:
         return [], np.empty(0)
+    finally:
+        if view is not None:
+            shutil.rmtree(view.parent, ignore_errors=True)
     keep = [i for i, c in enumerate(curves) if c.run_id != exclude and c.final_loss is not None]
     return [curves[i] for i in keep], np.array([curves[i].final_loss for i in keep], dtype=float)
 
 
-def callback(sweep_dir: str | Path, run_id: str, config: dict[str, Any]):
-    """The train-loop callback that stops `run_id` early, or None when its spec has no early_stop."""
+def callback(sweep_dir: str | Path, run_id: str, config: dict[str, Any], run_dir: Path | None = None):
+    """The train-loop callback that stops `run_id` early, or None when its spec has no early_stop.
+
+    run_dir: the directory the run trains in (on object storage its node-local copy; default the
+    sweep's runs/<run_id>)."""
     cfg = settings_for(sweep_dir, run_id)
     if cfg is None:
         return None
-    run_dir = store.run_path(sweep_dir, run_id)
+    run_dir = run_dir if run_dir is not None else store.run_path(sweep_dir, run_id)
     num_steps = build_run_config(config).num_steps
     source = resolve_source(cfg.source, [config])  # the sweep's runs share their eval settings
     train_rows: list[tuple[int, float]] = []

@@ -35,7 +35,9 @@ Dedupe and resume: there is no hidden Tune state to restore. The store is the st
 status.json says done/diverged (here or in a sibling sweep of the store root, see
 scalelab.store.claims) is skipped; anything else is started, and resumes from its checkpoints if it
 has any. `resume(sweep_dir)` therefore works after any driver death, including SIGKILL.
-Cooldown branches run in a second wave, after the stable runs they start from are done.
+Cooldown branches run in a second wave, after the stable runs they start from are done; on object
+storage a branch first downloads its branch point (the stable run's checkpoint) from the bucket
+beside its node-local copy (`_pull_branch_point`).
 
 Every trial appends `start`/`end`/`fail` lines to `<sweep>/events.jsonl` (the node it ran on, the seconds spent in
 training, and on `end`/`fail` the checkpoint step the attempt loaded, from the loop's
@@ -52,14 +54,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from scalelab import store
 from scalelab.config_tree import from_dict
 from scalelab.errors import UsageError
 from scalelab.parallel.config import ParallelConfig
 from scalelab.store import ledger, objects
+from scalelab.store.checkpoint_files import STEP_DIR, list_checkpoints, pull_checkpoint
+from scalelab.store.paths import check_run_id
 from scalelab.store.run_lock import remove_stale_temp_files, run_lock
+from scalelab.store.sweep_dir import update_resolved
 from scalelab.sweeps import early_stop, ray_reaper, wandb_fit, wandb_runs
 from scalelab.sweeps.ray_cluster import check_pass_env, local_ray_on_loopback, start_ray
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
@@ -153,6 +156,8 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
             tune.report({"status": state, "skipped": True})
             return
         cfg = same_run(tc.config, run_id)  # today's code must compute the stored run
+        if objects.is_url(sweep_dir) and cfg.train.init_from:
+            _pull_branch_point(sweep_dir, run_dir, cfg.train.init_from)
         os.chdir(run_dir)  # cooldown branches name their stable run's checkpoint relative to the run dir
         prev = (store.read_status(run_dir) or {}) if state != "pending" else {}
         attempt = int(prev.get("attempts", 0)) + 1
@@ -164,7 +169,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
                 summary = _train_multiworker(tc, run_dir, cfg, wb)
             else:
                 fault = _fault_callback(run_dir, tc.fail_at_step)
-                stop = early_stop.callback(sweep_dir, run_id, tc.config)
+                stop = early_stop.callback(sweep_dir, run_id, tc.config, run_dir=run_dir)
                 cbs = [cb for cb in (fault, _hold_callback(), stop) if cb]
                 summary = train_run(cfg, run_dir, resume=True, callbacks=cbs, hang=_hang_policy(tc), wandb=wb)
         except BaseException as e:
@@ -186,6 +191,23 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
             train_s=time.perf_counter() - t0,
         )
     tune.report({k: v for k, v in summary.items() if isinstance(v, int | float | str) and v is not None})
+
+
+def _pull_branch_point(sweep_url: str, run_dir: Path, init_from: str) -> None:
+    """A cooldown branch on object storage: its `train.init_from` (`../<stable id>/checkpoints/step_N`,
+    relative to the run directory) downloaded from the stable run's prefix (where that run lives in
+    the store root) beside the branch's node-local copy, unless the branch resumes from its own
+    checkpoints. Anything missing is left to the training loop, which names the checkpoint."""
+    parts = Path(init_from).parts
+    if len(parts) != 4 or parts[0] != ".." or parts[2] != "checkpoints" or not STEP_DIR.match(parts[3]):
+        return
+    if list_checkpoints(run_dir / "checkpoints"):
+        return
+    check_run_id(parts[1], f"{run_dir.name}: train.init_from names the run")
+    dest = run_dir.parent / parts[1] / "checkpoints" / parts[3]
+    if not dest.is_dir():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        pull_checkpoint(objects.join(store.run_location(sweep_url, parts[1]), "checkpoints", parts[3]), dest)
 
 
 def _loaded_step(run_dir: Path, attempt: int) -> int | None:
@@ -402,8 +424,8 @@ def execute(
         if started:
             ray_reaper.stop_reaper(reaper)
             ray.shutdown()
-    # proposed runs that finished get their measured loss in the ledger (rounds need a local store)
-    if not objects.is_url(sweep_dir) and (scored := ledger.score(sweep_dir)):
+    # proposed runs that finished get their measured loss in the ledger (locally or on object storage)
+    if scored := ledger.score(sweep_dir):
         log("ledger: measured losses recorded beside their predictions (scalelab sweep ledger)")
         wandb_fit.update_ledger(sweep_dir, scored, log=log)  # the rounds' W&B ledger tables
     _log_states(states, t0, log)
@@ -421,14 +443,10 @@ def _tune_dir(sweep_dir: str | Path) -> Path:
 def check_object_store(url: str, spec_text: str, runs: list[dict[str, Any]]) -> None:
     """What an s3:// sweep cannot run yet, refused before the first object is written (UsageError)."""
     objects.check(url, "--out")
-    if (yaml.safe_load(spec_text) or {}).get("early_stop"):
-        raise UsageError(f"--out {url}: early_stop is not supported on s3:// stores yet; use a shared POSIX path")
     for r in runs:
-        world = _world_size(r["config"])
-        if world > 1 or r.get("depends_on"):
-            what = "a multi-process layout" if world > 1 else f"a cooldown branch of {r['depends_on']}"
+        if _world_size(r["config"]) > 1:
             raise UsageError(
-                f"--out {url}: run {r['run_id']} is {what}, which s3:// stores do not run yet; "
+                f"--out {url}: run {r['run_id']} is a multi-process layout, which s3:// stores do not run yet; "
                 "use a shared POSIX path (NFS/Lustre) for this sweep"
             )
 
@@ -503,6 +521,9 @@ def resume(
 
 def save_execution(sweep_dir: str | Path, execution: ExecutionConfig) -> None:
     """Keep the spec's execution section in sweep.resolved.json (what `resume` runs with)."""
-    resolved = store.read_resolved(sweep_dir)
-    resolved["execution"] = to_dict(execution)
-    store.write_resolved(sweep_dir, resolved)
+
+    def keep(resolved: dict[str, Any]) -> tuple[None, bool]:
+        resolved["execution"] = to_dict(execution)
+        return None, True
+
+    update_resolved(sweep_dir, keep)

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalelab.errors import UsageError
 from scalelab.fitting.gates import GateReport
 from scalelab.fitting.predictive import PredictionInterval
+from scalelab.store import files
 from scalelab.sweeps.runspec import RunSpec
 from scalelab.sweeps.spec import Sweep, load_sweep
 
@@ -90,8 +92,8 @@ class Proposal:
     d_opt_at_target: float
     loss_column: str
     flops_convention: str  # 6n | exact
-    spec_path: Path  # rounds/round_K.yaml
-    fit_path: Path  # fits/round_K.json
+    spec_path: str | Path  # rounds/round_K.yaml (a URL on object storage)
+    fit_path: str | Path  # fits/round_K.json
     warnings: list[str] = field(default_factory=list)
     candidates_scored: int = 0  # narrowing candidates whose effect on L*(C*) was measured
     sweep: Sweep | None = None  # the round's runs as launched; None until resolved (read_round resolves the spec)
@@ -172,9 +174,11 @@ def round_spec(raw: dict[str, Any], runs: list[RunSpec], k: int, runs_labels: li
 
 def read_round(sweep_dir: str | Path, k: int) -> Proposal:
     """Round k of a sweep as saved (fits/round_K.json), its runs resolved from rounds/round_K.yaml."""
-    sweep_dir = Path(sweep_dir)
-    fit_path, spec_path = sweep_dir / "fits" / f"round_{k}.json", sweep_dir / "rounds" / f"round_{k}.yaml"
-    saved = json.loads(fit_path.read_text())
+    fit_path, spec_path = round_paths(sweep_dir, k)
+    text = files.read_text(fit_path)
+    if text is None:
+        raise UsageError(f"{fit_path}: no such round; `scalelab sweep ledger` lists the sweep's rounds")
+    saved = json.loads(text)
     sweep = load_sweep(spec_path)
     by_id = {r.run_id: r for r in sweep.runs}
     level = saved["level"]
@@ -220,8 +224,22 @@ def read_round(sweep_dir: str | Path, k: int) -> Proposal:
     )
 
 
+def round_paths(sweep_dir: str | Path, k: int) -> tuple[str | Path, str | Path]:
+    """(fits/round_K.json, rounds/round_K.yaml) of a sweep: Paths, or URLs on object storage."""
+    return files.join(sweep_dir, "fits", f"round_{k}.json"), files.join(sweep_dir, "rounds", f"round_{k}.yaml")
+
+
+def _numbers(sweep_dir: str | Path, folder: str, suffix: str) -> set[int]:
+    names = files.names(files.join(sweep_dir, folder), "round_", suffix)
+    return {int(n[len("round_") : -len(suffix)]) for n in names if n[len("round_") : -len(suffix)].isdigit()}
+
+
 def latest_round(sweep_dir: str | Path) -> int:
-    """The number of the sweep's latest saved round (0: none)."""
-    fits = Path(sweep_dir) / "fits"
-    ks = [int(p.stem.split("_")[1]) for p in fits.glob("round_*.json")] if fits.is_dir() else []
-    return max(ks, default=0)
+    """The number of the sweep's latest complete round, its fit and its spec both saved (0: none).
+    A fit without its spec is a round whose proposer died before it was launchable."""
+    return max(_numbers(sweep_dir, "fits", ".json") & _numbers(sweep_dir, "rounds", ".yaml"), default=0)
+
+
+def next_round(sweep_dir: str | Path) -> int:
+    """The number a new round takes: one past every round begun (a fit or a spec saved)."""
+    return 1 + max(_numbers(sweep_dir, "fits", ".json") | _numbers(sweep_dir, "rounds", ".yaml"), default=0)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.fitting.ensemble import format_stacked
+from scalelab.store import objects
 
 
 def format_proposal(p: dict[str, Any]) -> str:
@@ -55,7 +56,8 @@ def format_proposal(p: dict[str, Any]) -> str:
             extra += f"  narrows the C* interval by {q['width_reduction']:.4f}"
         lines.append(f"  {q['kind']:16s} {q['run_id']} N={q['params']:,} D={q['tokens']:,} C={q['flops']:.3g}{extra}")
     lines.append(f"spec: {p['spec_path']}   fit: {p['fit_path']}")
-    lines.append(f"launch it: scalelab sweep launch {p['spec_path']} --out {Path(p['spec_path']).parent.parent}")
+    out = objects.parent(objects.parent(p["spec_path"])) if objects.is_url(p["spec_path"]) else None
+    lines.append(f"launch it: scalelab sweep launch {p['spec_path']} --out {out or Path(p['spec_path']).parent.parent}")
     return "\n".join(lines)
 
 

@@ -31,11 +31,17 @@ What it does, in order:
    out-of-sample error at its extrapolation distance, scalelab.fitting.predictive). The fit,
    gates and predictions go to fits/round_K.json and to the ledger, before anything runs; the
    round's spec to rounds/round_K.yaml, which expands to the same runs.
+   The round's number K is taken before the fit, and fits/round_K.json is created only if no other
+   driver created it meanwhile (`If-None-Match: *` on object storage, a hard link locally): of
+   two drivers proposing the same round one writes it, the other stops with one line. On an
+   `s3://` sweep the fit reads a local copy of its records (objects.local_view) and the round's
+   files are objects.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,10 +56,10 @@ from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.scaling_fit import ScalingFit, code_version
 from scalelab.models.accounting import num_params, num_params_nonembedding
 from scalelab.models.config import ModelConfig
-from scalelab.store import ledger
-from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
+from scalelab.store import files, ledger, objects
+from scalelab.store.atomic import atomic_write_bytes, replace_if
 from scalelab.sweeps.design_context import DesignContext
-from scalelab.sweeps.proposal import Proposal, ProposedRun, round_spec
+from scalelab.sweeps.proposal import Proposal, ProposedRun, next_round, round_paths, round_spec
 from scalelab.sweeps.spec import ExecutionConfig, FitSpec, Sweep, dump_spec, expand_sweep, read_spec
 from scalelab.sweeps.store_fit import FIT_STARTS, MIN_LOOP_RUNS, fit_options, fit_store
 
@@ -109,7 +115,7 @@ def fit_sweep(
     fit_starts: int | None = FIT_STARTS,
 ) -> tuple[ScalingFit, dict[str, Any], FitSpec, list[str]]:
     """The loop's fit of a sweep's done runs: (ScalingFit, raw spec, fit spec, warnings)."""
-    sweep_dir = Path(sweep_dir)
+    sweep_dir = readable(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
         raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
     raw = read_spec(sweep_dir / "sweep.yaml")
@@ -145,9 +151,14 @@ def propose_round(
     """Fit the sweep's done runs, gate the fit, and write the next round (module docstring)."""
     if seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {seeds}")
-    sweep_dir = Path(sweep_dir)
+    sweep_dir = sweep_dir if objects.is_url(sweep_dir) else Path(sweep_dir)
+    if objects.is_url(sweep_dir):
+        objects.check(sweep_dir, "sweep_dir")
     ledger.score(sweep_dir)
-    raw_probe = read_spec(sweep_dir / "sweep.yaml") if store.is_sweep_dir(sweep_dir) else {}
+    # Round k is taken before the fit (the store's rounds as they are now); its fit file is then
+    # created only if no other driver created it meanwhile (_write_round).
+    k = next_round(sweep_dir)
+    raw_probe = read_spec(files.join(sweep_dir, "sweep.yaml")) if store.is_sweep_dir(sweep_dir) else {}
     target = target_flops or from_dict(FitSpec, raw_probe.get("fit") or {}).target_flops
     if not target:
         raise UsageError("sweep next needs --target-flops C* (or fit.target_flops in the spec)")
@@ -165,7 +176,6 @@ def propose_round(
     else:
         log(f"gates failed: {', '.join(lf.gates.failed)}; proposing the runs that would pass them")
         cands = remedies(lf, ctx, c_next)
-    k = next_round(sweep_dir)
     gains: dict[int, float] = {}
     candidates_scored = 0
     if lf.gates.passed and max_runs > seeds and budget > seeds * cands[0].flops:
@@ -199,8 +209,8 @@ def propose_round(
         d_opt_at_target=d_t,
         loss_column=fit_spec.loss,
         flops_convention=fit_spec.flops,
-        spec_path=sweep_dir / "rounds" / f"round_{k}.yaml",
-        fit_path=sweep_dir / "fits" / f"round_{k}.json",
+        spec_path=round_paths(sweep_dir, k)[1],
+        fit_path=round_paths(sweep_dir, k)[0],
         warnings=warnings,
         candidates_scored=candidates_scored,
     )
@@ -360,12 +370,12 @@ def _predicted(lf: ScalingFit, run, fit_spec: FitSpec) -> ProposedRun:
     )
 
 
-def next_round(sweep_dir: Path) -> int:
-    rounds = sweep_dir / "rounds"
-    return 1 + len(list(rounds.glob("round_*.yaml"))) if rounds.exists() else 1
+def readable(sweep_dir: str | Path) -> Path:
+    """A sweep to read from: the directory itself, or a local copy of an s3:// sweep's records."""
+    return objects.local_view(sweep_dir, "sweep_dir") if objects.is_url(sweep_dir) else Path(sweep_dir)
 
 
-def _write_round(sweep_dir: Path, raw: dict[str, Any], proposal: Proposal, sweep: Sweep) -> None:
+def _write_round(sweep_dir: str | Path, raw: dict[str, Any], proposal: Proposal, sweep: Sweep) -> None:
     """rounds/round_K.yaml, fits/round_K.json and the ledger's predictions; `proposal.sweep` becomes
     the round's runs with the labels its spec gives them (proposal, budget, round, prediction), so
     launching it is launching the spec, without resolving the runs again."""
@@ -383,7 +393,12 @@ def _write_round(sweep_dir: Path, raw: dict[str, Any], proposal: Proposal, sweep
     for r, lab in zip(proposal.runs, labels):
         r.run = dataclasses.replace(r.run, labels=dict(lab, generator="points"))
     proposal.sweep = dataclasses.replace(sweep, raw=spec, runs=[r.run for r in proposal.runs])
-    atomic_write_json(proposal.fit_path, proposal.to_dict())
+    body = (json.dumps(proposal.to_dict(), indent=2, sort_keys=True) + "\n").encode()
+    if not replace_if(proposal.fit_path, body, None):  # If-None-Match: * on object storage
+        raise UsageError(
+            f"{proposal.fit_path}: round {k} was proposed meanwhile by another driver of this sweep; "
+            "`scalelab sweep ledger` shows it (run `sweep next` again for the round after it)"
+        )
     ledger.record_round(sweep_dir, proposal.fit, proposal.ledger_entries())
     # the spec last: a round is launchable only once its predictions are in the ledger
     atomic_write_bytes(proposal.spec_path, dump_spec(spec).encode())

@@ -29,10 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.errors import UsageError
+from scalelab.store import files
 from scalelab.store.atomic import atomic_write_json
 from scalelab.sweeps import ray_reaper
 
-_FORWARDED_ENV = ("SCALELAB_", "WANDB_", "HF_", "TRITON_", "RAY_TRAIN_")
+# AWS_: where an s3:// store is (AWS_ENDPOINT_URL, AWS_DEFAULT_REGION); its keys are credentials
+_FORWARDED_ENV = ("SCALELAB_", "WANDB_", "HF_", "TRITON_", "RAY_TRAIN_", "AWS_")
 _JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in the driver process of a Ray Job
 DRIVER_FILE = "driver.json"  # <sweep>/driver.json: the Ray Job running a detached sweep's driver
 
@@ -47,10 +49,12 @@ def is_secret(name: str) -> bool:
 
 
 def forwarded_env(allow: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
-    """The variables runs read (SCALELAB_CACHE, WANDB_MODE, HF_HOME, Ray Train settings), which the
-    processes of an existing cluster (other nodes included) do not inherit from this shell.
+    """The variables runs read (SCALELAB_CACHE, WANDB_MODE, HF_HOME, Ray Train settings, an s3://
+    store's AWS_ENDPOINT_URL and region), which the processes of an existing cluster (other nodes
+    included) do not inherit from this shell.
 
-    Credentials (WANDB_API_KEY, HF_TOKEN, any *TOKEN*, *KEY*, *SECRET*, *PASSWORD*) travel only when
+    Credentials (WANDB_API_KEY, HF_TOKEN, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, any *TOKEN*,
+    *KEY*, *SECRET*, *PASSWORD*) travel only when
     named in `allow` (`--pass-env NAME`); a name in `allow` is forwarded whatever its prefix."""
     env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV) and not is_secret(k)}
     for name in allow:
@@ -193,7 +197,6 @@ def submit_driver(
     check_secret_transport(address, pass_env)
     from ray.job_submission import JobSubmissionClient
 
-    sweep_dir = Path(sweep_dir)
     env = forwarded_env(pass_env)
     entrypoint = shlex.join(["python", "-m", "scalelab.cli", *argv])
     client = JobSubmissionClient(address)
@@ -213,5 +216,5 @@ def submit_driver(
                 raise
             time.sleep(2.0)
     record = dict(job_id=job_id, address=address, entrypoint=entrypoint, submitted_at=time.time())
-    atomic_write_json(sweep_dir / DRIVER_FILE, record)
+    atomic_write_json(files.join(sweep_dir, DRIVER_FILE), record)
     return job_id

@@ -36,7 +36,8 @@ from pathlib import Path
 
 from scalelab import store
 from scalelab.errors import UsageError
-from scalelab.store import objects
+from scalelab.store import files, objects
+from scalelab.store.atomic import atomic_write_bytes
 from scalelab.sweeps import wandb_fit
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.proposal import Proposal, latest_round, read_round
@@ -84,8 +85,8 @@ class RoundsResult:
 
     @property
     def ok(self) -> bool:
-        """Every run of the last launch done (or diverged: a finished run)."""
-        return all(s in ("done", "diverged") for s in self.states.values())
+        """Every run of the last launch finished: done, diverged, or stopped early (store.TERMINAL)."""
+        return all(s in store.TERMINAL for s in self.states.values())
 
 
 def run_rounds(
@@ -112,7 +113,7 @@ def run_rounds(
 
     Raises:
         UsageError: rounds < 1; rounds > 1 without a target (target_flops or the spec's
-            fit.target_flops); a transfer gate or rounds on object objects. All before anything runs.
+            fit.target_flops); a study's rounds on object storage. All before anything runs.
     """
     options = options or LaunchOptions()
     check, target = check_rounds(sweep, sweep_dir, rounds=rounds, target_flops=target_flops)
@@ -142,7 +143,8 @@ def run_rounds(
             log(f"W&B: fit run {wandb_id} (fit, gates, proposals, ledger, plots)")
         if before_launch is not None:
             before_launch(i, proposal)
-        launched = _launch(proposal.sweep, out, proposal.spec_path.read_text(), proposal.spec_path.stem, options, log)
+        spec_text = files.read_text(proposal.spec_path)
+        launched = _launch(proposal.sweep, out, spec_text, files.stem(proposal.spec_path), options, log)
         result.states = launched["states"]
         result.proposals.append(proposal)
         if until_passed and proposal.passed:
@@ -154,7 +156,7 @@ def check_rounds(
     sweep: Sweep, sweep_dir: str | Path, *, rounds: int, target_flops: float | None
 ) -> tuple[TransferPlan | None, float | None]:
     """(the spec's LR-transfer check or None, the rounds' target C*), or UsageError before anything
-    runs: rounds < 1, rounds > 1 without a target, a transfer gate or rounds on object objects."""
+    runs: rounds < 1, rounds > 1 without a target, a study's rounds on object storage."""
     if rounds < 1:
         raise UsageError("--rounds must be >= 1")
     check = plan_transfer(sweep.raw, sweep)  # the transfer section is validated here
@@ -163,8 +165,8 @@ def check_rounds(
         target = sweep.study.target_flops
     if rounds > 1 and not target:
         raise UsageError("--rounds > 1 needs --target-flops (or fit.target_flops in the spec)")
-    if objects.is_url(sweep_dir) and (check is not None or rounds > 1):
-        raise UsageError(f"--out {sweep_dir}: transfer gates and --rounds need a local or shared POSIX store")
+    if objects.is_url(sweep_dir) and sweep.study is not None and rounds > 1:
+        raise UsageError(f"--out {sweep_dir}: a study's rounds need a local or shared POSIX store; give --rounds 1")
     return check, target
 
 
@@ -183,18 +185,18 @@ def _launch(sweep: Sweep, out, spec_text: str, spec_name: str, options: LaunchOp
     )
 
 
-def _open_round(sweep_dir: Path) -> Proposal | None:
+def _open_round(sweep_dir: str | Path) -> Proposal | None:
     """The sweep's latest round unless its runs are all done and its fit failed (module docstring)."""
     k = latest_round(sweep_dir)
     if not k:
         return None
     last = read_round(sweep_dir, k)
-    done = all(store.run_state(store.run_path(sweep_dir, r.run_id)) == "done" for r in last.runs)
+    done = all(store.run_state(store.run_location(sweep_dir, r.run_id)) == "done" for r in last.runs)
     return None if done and not last.passed else last
 
 
 def _transfer_gate(
-    check: TransferPlan, out: Path, spec_name: str, options: LaunchOptions, force: bool, log: Log
+    check: TransferPlan, out: str | Path, spec_name: str, options: LaunchOptions, force: bool, log: Log
 ) -> TransferOutcome:
     """Train the LR-transfer check into <out>-transfer and judge it; the table goes to gate.txt."""
     check_dir = transfer_dir(out)
@@ -204,7 +206,7 @@ def _transfer_gate(
     _launch(check.sweep, check_dir, dump_spec(check.sweep.raw), f"{spec_name}-transfer", options, log)
     gate = evaluate_gate(check, store.load_runs(check_dir))
     table = format_gate(gate, check.spec.lrs, check.sweep.fit.loss)
-    (check_dir / "gate.txt").write_text(table + "\n")
+    atomic_write_bytes(files.join(check_dir, "gate.txt"), (table + "\n").encode())
     refused = not gate.ok and not force
     if not refused:
         log(table)

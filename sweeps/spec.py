@@ -41,6 +41,7 @@ starts; the CLI prints it as one line with exit code 2.
 from __future__ import annotations
 
 import copy
+import io
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,10 +50,11 @@ from typing import Any
 import numpy as np
 import yaml
 
-from scalelab.config_tree import from_dict, load_yaml, set_in_dict, to_dict
+from scalelab.config_tree import from_dict, load_yaml, safe_yaml, set_in_dict, to_dict
 from scalelab.errors import ConfigError
 from scalelab.models.accounting import num_params
 from scalelab.models.config import ModelConfig
+from scalelab.store import files, objects
 from scalelab.sweeps.cooldowns import expand_cooldowns
 from scalelab.sweeps.design_context import SHAPE_KEYS, DesignContext, Point
 from scalelab.sweeps.early_stop import parse_early_stop
@@ -136,14 +138,26 @@ def _dataclass_from(cls, data: Any, prefix: str):
 
 
 def read_spec(path: str | Path) -> dict[str, Any]:
-    """The spec mapping from a YAML file; ConfigError names the file on any problem."""
+    """The spec mapping from a YAML file (or an object of an s3:// store: a round's spec);
+    ConfigError names the file on any problem."""
+    if objects.is_url(path):
+        text = files.read_text(path)
+        if text is None:
+            raise ConfigError(str(path), "config file not found", "check the path")
+        try:
+            data = safe_yaml(io.StringIO(text), str(path)) or {}
+        except yaml.YAMLError:
+            raise ConfigError(str(path), "invalid YAML", "fix the syntax") from None
+        if not isinstance(data, dict):
+            raise ConfigError(str(path), "the top level must be a mapping of sections", "see the README")
+        return data
     return load_yaml(str(path))
 
 
 def load_sweep(path: str | Path) -> Sweep:
     """Read and expand a spec file into a validated Sweep (nothing starts)."""
     raw = read_spec(path)
-    return expand_sweep(raw, default_name=Path(path).stem)
+    return expand_sweep(raw, default_name=files.stem(path))
 
 
 def _execution(section: Any) -> ExecutionConfig:

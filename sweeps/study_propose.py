@@ -45,7 +45,7 @@ from scalelab.config_tree import from_dict
 from scalelab.errors import ConfigError, UsageError
 from scalelab.fitting.multiplier import interval, multiplier
 from scalelab.fitting.scaling_fit import code_version
-from scalelab.store import ledger
+from scalelab.store import files, ledger
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
 from scalelab.sweeps.design_context import DesignContext
 from scalelab.sweeps.proposal import ProposedRun, round_spec
@@ -101,8 +101,8 @@ class StudyProposal:
 
 def is_study(sweep_dir: str | Path) -> bool:
     """The sweep's spec has a `study:` section."""
-    path = Path(sweep_dir) / "sweep.yaml"
-    return path.is_file() and read_spec(path).get("study") is not None
+    path = files.join(sweep_dir, "sweep.yaml")
+    return files.exists(path) and read_spec(path).get("study") is not None
 
 
 def propose_study_round(

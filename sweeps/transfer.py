@@ -47,6 +47,7 @@ from scalelab.errors import ConfigError
 from scalelab.fitting.hyperparams import best_lr, grid_position
 from scalelab.models.accounting import num_params
 from scalelab.models.shapes import base_shape, shape_for_width
+from scalelab.store import objects
 from scalelab.sweeps.spec import Sweep, expand_sweep
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
 
@@ -211,8 +212,11 @@ def plan_transfer(raw: dict[str, Any], ladder: Sweep) -> TransferPlan | None:
     return TransferPlan(spec=spec, sweep=sweep, parametrization=parametrization, raw=raw, warnings=warnings)
 
 
-def transfer_dir(out: str | Path) -> Path:
-    """Where the check's runs go: a sibling sweep of `out` in the same store root."""
+def transfer_dir(out: str | Path) -> str | Path:
+    """Where the check's runs go: a sibling sweep of `out` in the same store root (a sibling prefix
+    on object storage)."""
+    if objects.is_url(out):
+        return f"{out.rstrip('/')}-transfer"
     out = Path(out)
     return out.parent / f"{out.name}-transfer"
 

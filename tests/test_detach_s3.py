@@ -1,0 +1,90 @@
+"""`sweep launch --detach` into an s3:// store: the driver runs as a Ray Job and reads the bucket.
+
+The Ray cluster (`ray.cluster_utils.Cluster` with its dashboard) is started with no AWS variable in
+its environment, so the job can reach moto's S3 server (tests/s3_local.py) only through what the
+client forwarded: AWS_ENDPOINT_URL and the region by default, the keys named with --pass-env. The
+spec copy the job's driver launches is an object of the sweep (`<out>/driver/<spec>`).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from scalelab import store
+from scalelab.store import objects
+
+pytest.importorskip("moto.server")
+pytest.importorskip("boto3")
+from s3_local import serve  # noqa: E402
+
+BUCKET = "scalelab-detach"
+SPEC = {
+    "name": "det",
+    "base": {
+        "model": {"preset": "debug"},
+        "data": {"seq_len": 64, "val_sequences": 8},
+        "train": {"global_batch_tokens": 256, "num_tokens": 256 * 10},
+        "eval": {"interval_steps": 0, "val_batch_sequences": 8},
+        "checkpoint": {"interval_steps": 5},
+        "logging": {"wandb": "disabled", "progress": "off"},
+    },
+    "grid": {"optim.lr": [1e-3, 2e-3]},
+}
+WAIT_S = 600
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster_without_aws():
+    """A local Ray cluster with a dashboard, its processes started with no AWS_* variable."""
+    from ray.cluster_utils import Cluster
+
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("AWS_")}
+    try:
+        ports = {"dashboard_port": _free_port(), "dashboard_agent_listen_port": _free_port()}
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": True} | ports)
+    finally:
+        os.environ.update(saved)
+    try:
+        yield "http://" + c.head_node.address_info["webui_url"]
+    finally:
+        c.shutdown()
+
+
+def test_detached_driver_runs_a_sweep_into_the_bucket(cluster_without_aws, tmp_path):
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    dashboard = cluster_without_aws
+    spec = tmp_path / "det.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    with serve(BUCKET) as env:
+        out = f"s3://{BUCKET}/root/det"
+        cmd = [sys.executable, "-m", "scalelab.cli", "sweep", "launch", str(spec), "--out", out,
+               "--address", dashboard, "--detach", "--pass-env", "AWS_ACCESS_KEY_ID",
+               "--pass-env", "AWS_SECRET_ACCESS_KEY"]  # fmt: skip
+        launched = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=WAIT_S)
+        assert launched.returncode == 0, launched.stderr[-3000:]
+        job_id = json.loads(objects.read_bytes(f"{out}/driver.json"))["job_id"]
+        assert objects.read_bytes(f"{out}/driver/det.yaml") == spec.read_bytes()  # what the job's driver reads
+        assert store.read_resolved(out)["runs"]  # recorded before the job's driver starts
+        client = JobSubmissionClient(dashboard)
+        deadline = time.time() + WAIT_S
+        while client.get_job_status(job_id) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            assert time.time() < deadline, "the detached driver never finished"
+            time.sleep(0.5)
+        assert client.get_job_status(job_id) == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
+        runs = store.load_runs(out)
+        assert runs.height == 2 and set(runs["status"]) == {"done"}
+        starts = [e for e in store.read_events(out) if e["event"] == "start"]
+        assert len(starts) == 2  # each run trained once, by the job's driver
