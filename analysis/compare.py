@@ -3,7 +3,8 @@
     cmp = compare_sweeps(runs_a, runs_b, law="chinchilla", target_flops=1e21, n_boot=200)
     cmp.multiplier_at_target, cmp.target_interval, cmp.slope, cmp.slope_interval, cmp.verdict
 
-Each side is fitted separately (scalelab.fitting's robust fit, analysis.lawfit's bootstrap). With
+Each side is fitted separately through the one fit entry (scalelab.fitting.fit_runs: the robust fit
+from the law's whole start grid and its bootstrap; no backtests, the comparison does not use them). With
 L*_X(C) the compute-optimal frontier of side X (the minimum over N of the fitted L(N, C/6N); the
 law itself for laws of compute), the compute-efficiency multiplier of B over A at budget C is
 
@@ -26,9 +27,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from scalelab.analysis.lawfit import bootstrap_params, fit_point
 from scalelab.errors import UsageError
 from scalelab.fitting.approaches import group_budgets
+from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.fit_runs import fit_runs
+from scalelab.fitting.io import read_runs
 from scalelab.fitting.laws import get_law
 from scalelab.fitting.multiplier import (  # noqa: F401  (frontier_loss, flops_to_reach: this module's API)
     flops_to_reach,
@@ -96,39 +99,45 @@ class Comparison:
         }
 
 
-def _side_data(runs: pl.DataFrame, law, loss_col: str) -> dict[str, np.ndarray]:
+def _side_table(runs: pl.DataFrame, law, loss_col: str) -> pl.DataFrame:
+    """The runs a side is fitted on: params, tokens, flops (6ND where the table has none) and loss.
+    A law of compute describes the frontier: only the best run of each compute budget is kept."""
     for col in ("params", "tokens", loss_col):
         if col not in runs.columns:
             raise UsageError(f"the run table has no '{col}' column")
     df = runs.filter(pl.col(loss_col).is_not_null() & pl.col("params").is_not_null() & pl.col("tokens").is_not_null())
-    n = np.array(df["params"].cast(pl.Float64).to_numpy())  # copies: polars gives read-only views
-    d = np.array(df["tokens"].cast(pl.Float64).to_numpy())
-    loss = np.array(df[loss_col].cast(pl.Float64).to_numpy())
-    c = np.array(df["flops"].cast(pl.Float64).to_numpy()) if "flops" in df.columns else 6 * n * d
+    flops = pl.col("flops") if "flops" in df.columns else 6 * pl.col("params") * pl.col("tokens")
+    df = df.select(
+        pl.col("params").cast(pl.Float64),
+        pl.col("tokens").cast(pl.Float64),
+        flops.cast(pl.Float64).alias("flops"),
+        pl.col(loss_col).cast(pl.Float64).alias("loss"),
+    )
     if law.inputs == ("flops",):
-        # a law of compute describes the frontier: keep the best run of each compute budget
+        c, loss = df["flops"].to_numpy(), df["loss"].to_numpy()
         groups = group_budgets(c)
-        best = [np.flatnonzero(groups == g)[np.argmin(loss[groups == g])] for g in np.unique(groups)]
-        return {"flops": c[best], "loss": loss[best]}
-    return {"params": n, "tokens": d, "loss": loss, "_flops": c}
+        best = [int(np.flatnonzero(groups == g)[np.argmin(loss[groups == g])]) for g in np.unique(groups)]
+        df = df[best]
+    return df
 
 
 def fit_side(
     name: str, runs: pl.DataFrame, law_name: str, *, n_boot: int, seed: int, loss_col: str = "loss"
 ) -> SideFit:
+    """One side's law, through the one fit entry, with `n_boot` bootstrap draws (none: no intervals)."""
     law = get_law(law_name)
-    data = _side_data(runs, law, loss_col)
-    flops = data.pop("_flops", data.get("flops"))
-    point = fit_point(law, data)
-    draws = bootstrap_params(point, n_boot=n_boot, seed=seed) if n_boot > 0 else np.empty((0, law.n_params))
+    table = read_runs(_side_table(runs, law, loss_col))
+    options = FitOptions(law=law.name, bootstrap=n_boot, seed=seed, backtest=False)
+    fit = fit_runs(table, options)
+    draws = np.array([[p[k] for k in law.param_names] for p in fit.draws], dtype=float)
     return SideFit(
         name=name,
         law=law.name,
-        params=dict(point.params),
-        draws=draws,
-        n_runs=int(point.n_points),
-        flops_range=(float(np.min(flops)), float(np.max(flops))),
-        warnings=list(point.warnings),
+        params=dict(fit.params),
+        draws=draws.reshape(-1, law.n_params),
+        n_runs=fit.n_points,
+        flops_range=(float(np.min(table.flops)), float(np.max(table.flops))),
+        warnings=list(fit.warnings),
     )
 
 

@@ -5,11 +5,13 @@
 
 Step 1 fits the task's bits-per-byte of the correct answer (each run's mean over its last `last_n`
 checkpoints) against (N, D) with a law from scalelab.fitting (Chinchilla by default), optionally
-weighted by the noise analysis' inverse variances. Step 2 fits the loss-to-accuracy sigmoid
-(scalelab.fitting.loss_to_accuracy) on the (bpb, accuracy) pairs of every checkpoint of every run, since
-intermediate checkpoints cover the range the sigmoid needs. Intervals: bootstrap draws of the step-1
-law give bpb draws at (N, D); each is pushed through a sigmoid drawn from the step-2 fit's
-parameter covariance, so the accuracy interval carries both steps' uncertainty.
+weighted by the noise analysis' inverse variances, through the one fit entry
+(scalelab.fitting.fit_runs: the law's whole start grid, its bootstrap, no backtests). Step 2 fits
+the loss-to-accuracy sigmoid (scalelab.fitting.loss_to_accuracy) on the (bpb, accuracy) pairs of
+every checkpoint of every run, since intermediate checkpoints cover the range the sigmoid needs.
+Intervals: bootstrap draws of the step-1 law give bpb draws at (N, D); each is pushed through a
+sigmoid drawn from the step-2 fit's parameter covariance, so the accuracy interval carries both
+steps' uncertainty.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from scalelab.analysis.lawfit import bootstrap_params, fit_point
 from scalelab.analysis.noise import fit_weights
 from scalelab.errors import UsageError
+from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.fit_runs import fit_runs
 from scalelab.fitting.intervals import percentile_interval
+from scalelab.fitting.io import read_runs
+from scalelab.fitting.laws import get_law
 from scalelab.fitting.loss_to_accuracy import fit_sigmoid, sigmoid
 
 
@@ -85,13 +90,12 @@ def predict_task(
     n = np.array(runs["params"].cast(pl.Float64).to_numpy())[ok]
     d = np.array(runs["tokens"].cast(pl.Float64).to_numpy())[ok]
     weights = w[ok] if weighted and np.all(w[ok] > 0) else None
-    point = fit_point(law, {"params": n, "tokens": d, "loss": values[ok]}, weights=weights)
-    lawobj = point.law_object()
-    bpb = float(point.predict(params=np.asarray(params), tokens=np.asarray(tokens)))
-    draws = bootstrap_params(point, n_boot=n_boot, seed=seed, weights=weights) if n_boot else np.empty((0, 0))
-    bpb_draws = np.array(
-        [float(lawobj.predict(dict(zip(lawobj.param_names, p)), params=params, tokens=tokens)) for p in draws]
-    )
+    columns = {"params": n, "tokens": d, "loss": values[ok]}
+    table = read_runs(columns if weights is None else {**columns, "weight": weights})
+    lawobj = get_law(law)  # one named law (not "auto"/"select"): its draws give the bpb interval
+    fit = fit_runs(table, FitOptions(law=lawobj.name, bootstrap=n_boot, seed=seed, level=level, backtest=False))
+    bpb = float(lawobj.predict(fit.params, params=np.asarray(params), tokens=np.asarray(tokens)))
+    bpb_draws = np.array([float(lawobj.predict(p, params=params, tokens=tokens)) for p in fit.draws])
 
     # step 2: (bpb, acc) of every checkpoint
     pairs = (
@@ -128,7 +132,7 @@ def predict_task(
         acc_interval=acc_iv,
         level=level,
         law=lawobj.name,
-        law_params=dict(point.params),
+        law_params=dict(fit.params),
         sigmoid=sig.params,
         sigmoid_rmse=sig.rmse,
         n_runs=int(ok.sum()),

@@ -5,10 +5,12 @@ import math
 import numpy as np
 import pytest
 
-from scalelab.analysis.compare import compare_sweeps, flops_to_reach, frontier_loss, multiplier
+from scalelab.analysis.compare import compare_sweeps, fit_side, flops_to_reach, frontier_loss, multiplier
 from scalelab.analysis.store_reader import load_store_runs
 from scalelab.analysis.synthetic import SyntheticLaw, isoflop_design, write_synthetic_sweep
+from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.laws import get_law
+from scalelab.sweeps.store_fit import fit_store
 
 BUDGETS = [1e13, 3e13, 1e14, 3e14, 1e15, 3e15]
 
@@ -52,9 +54,20 @@ def test_b_built_1p5x_more_efficient_recovers_1p5(stores):
     assert all(abs(m / 1.5 - 1) < 0.1 for m in cmp.multipliers)
     assert all(iv[0] > 1.0 for iv in cmp.intervals)  # B is better at every measured budget
     assert cmp.slope_interval[0] <= 0.0 <= cmp.slope_interval[1]  # the true multiplier is constant
-    # B was built 1.5x more efficient: the verdict must say so (its interval [1.09, 1.75] is above 1)
+    # B was built 1.5x more efficient: the verdict must say so (its interval [1.01, 1.98] is above 1)
     assert cmp.verdict.startswith("The data support 'B is better'"), cmp.verdict
     assert "No evidence that the multiplier changes with scale" in cmp.verdict  # the truth is constant
+
+
+def test_a_side_is_the_one_fit_entrys_fit_of_its_store(stores):
+    """compare fits a side through the one fit entry: the store's fit with the same options (law,
+    bootstrap, seed, no backtests) has the same parameters and the same bootstrap draws."""
+    side = fit_side("A", load_store_runs(stores / "A"), "chinchilla", n_boot=4, seed=3)
+    fit, _ = fit_store(stores / "A", FitOptions(law="chinchilla", bootstrap=4, seed=3, backtest=False))
+    assert side.params == fit.params
+    names = get_law("chinchilla").param_names
+    assert np.array_equal(side.draws, np.array([[d[k] for k in names] for d in fit.draws]))
+    assert side.n_runs == fit.n_points
 
 
 def test_equal_sides_interval_contains_one(stores):

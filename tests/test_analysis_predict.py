@@ -22,7 +22,8 @@ def test_two_step_prediction_covers_the_truth(store):
     runs = load_store_runs(store)
     evals = load_evals(runs)
     n, d = 1.7e6, 2e8  # inside the sweep's range (C = 2e15, 2x the largest budget)
-    pred = predict_task(runs, evals, task="synthetic/mc", params=n, tokens=d, n_boot=40)
+    # 100 draws: on these 11 runs a 40-draw percentile interval's ends move by ~0.01 bpb from seed to seed
+    pred = predict_task(runs, evals, task="synthetic/mc", params=n, tokens=d, n_boot=100)
     loss = float(law.loss(n, d))
     true_bpb = law.task_bpb_slope * loss + law.task_bpb_offset
     true_acc = float(law.accuracy(loss))
