@@ -54,7 +54,7 @@ from pathlib import Path
 
 from scalelab.store import objects
 from scalelab.store.checkpoint_files import MANIFEST
-from scalelab.store.lease import CLOCK_SLACK_S, NOT_SYNCED, Lease, LeaseLapsing, LeaseLost, RunMirror
+from scalelab.store.lease import CLOCK_SLACK_S, NOT_SYNCED, Lease, LeaseLapsing, LeaseLost, RunMirror, _read
 
 
 class LeaseView:
@@ -116,9 +116,11 @@ class RankMirror(RunMirror):
             return done
 
     def publish(self, step: int, ckpt: Path, shards: dict[str, str]) -> None:
-        """Rank 0, once every rank's shards are up: records, then the rest of `ckpt`, manifest last."""
+        """Rank 0, once every rank's shards are up: records, then the rest of `ckpt`, manifest last,
+        then status.json (this attempt's loaded step and layout: a retry after a node loss counts it)."""
         with self.lock:
             self.owned.update(shards)
+            status = _read(self.local / "status.json")
             for f in sorted(self.local.iterdir()):
                 if f.is_file() and f.name not in NOT_SYNCED and not f.name.endswith(".tmp"):
                     self._put(f.name, f.read_bytes())
@@ -127,3 +129,4 @@ class RankMirror(RunMirror):
             for f in [p for p in rest if p.name != MANIFEST] + [ckpt / MANIFEST]:  # the manifest last
                 self._put_file(f"{where}/{f.name}", f)
             self.sent[where] = hashlib.sha256((ckpt / MANIFEST).read_bytes()).hexdigest()
+            self._put("status.json", status)
