@@ -101,8 +101,14 @@ class RankMirror(RunMirror):
     """One rank's node-local copy of a multi-process run and its uploads (module docstring)."""
 
     def published(self, step: int) -> bool:
-        """Whether the store already holds checkpoint `step` complete (its manifest)."""
-        return objects.head(objects.join(self.url, "checkpoints", f"step_{step}", MANIFEST)) is not None
+        """Rank 0, before any rank uploads checkpoint `step`: whether the store holds it complete
+        (its manifest). Leftovers of `step` taken over at the pull are no longer this holder's to
+        prune: the ranks are about to overwrite them, possibly with the same bytes (same ETag),
+        and a prune between their upload and the manifest would delete a live shard."""
+        with self.lock:
+            for key in [k for k in self.owned if k.startswith(f"checkpoints/step_{step}/")]:
+                del self.owned[key]
+            return objects.head(objects.join(self.url, "checkpoints", f"step_{step}", MANIFEST)) is not None
 
     def upload_shards(self, step: int, files: list[Path]) -> dict[str, str]:
         """Upload the files this rank wrote into checkpoint `step`; {key: ETag} of each."""

@@ -18,8 +18,10 @@ calls `train_run(resume=True)`, a retry continues from the run's latest checkpoi
 being deterministic) ends bit for bit where an uninterrupted run would. A per-run file lock
 (`runs/<id>/.lock`, fcntl; a lease on object storage: scalelab.store.run_lock) makes a retry or a
 resumed sweep wait until a previous process of the same run is gone, so two processes never write
-one run. The run directory is the store root's
-one copy of the run (scalelab.store.claims.claim_run), so the lock also covers sibling sweeps: a
+one run. A multi-process run on object storage: the trial holds the lease only, and each of its
+ranks trains in a copy on its own node and writes to the store under it (scalelab.store.rank_copy).
+The run directory is the store root's one copy of the run (scalelab.store.claims.claim_run), so
+the lock also covers sibling sweeps: a
 trial whose run another sweep claimed waits for that sweep's trial (holding its Ray slot) and
 then finds the run done, or resumes it if that trial died.
 
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -232,6 +235,8 @@ def _train_multiworker(
     gpus = float(tc.gpus_per_worker)
     world = cfg.parallel.world_size
     policy = _hang_policy(tc)
+    # Ray Train's own state: beside the run, or local to the trial for a run on object storage
+    trainer_state = tempfile.mkdtemp(prefix="scalelab-train-") if lease else str(Path(run_dir) / ".ray_train")
     trainer = TorchTrainer(
         ray_train_fn,
         train_loop_config={
@@ -258,12 +263,15 @@ def _train_multiworker(
         ),
         run_config=TrainRunConfig(
             name=f"train-{tc.run_id}",
-            # Ray Train's own state: beside the run, or local to the trial for a run on object storage
-            storage_path=tempfile.mkdtemp(prefix="scalelab-train-") if lease else str(Path(run_dir) / ".ray_train"),
+            storage_path=trainer_state,
             failure_config=FailureConfig(max_failures=int(tc.max_failures)),
         ),
     )
-    trainer.fit()
+    try:
+        trainer.fit()
+    finally:
+        if lease is not None:
+            shutil.rmtree(trainer_state, ignore_errors=True)
     return store.read_status(run_dir) or {"status": "failed"}
 
 

@@ -132,3 +132,29 @@ def test_a_fenced_out_rank_writes_nothing(s3, tmp_path):
             RankMirror(run_url, tmp_path / "copy", lease=view).upload_shards(5, [shard])
     assert objects.head(key) == newer
     assert objects.read_bytes(key) == b"the newer holder's shard"
+
+
+def test_a_leftover_rewritten_with_the_same_bytes_is_not_pruned(s3, tmp_path):
+    """A cut upload of step 10 left a shard; this attempt's rank 1 uploads the same bytes again (a
+    deterministic run: same ETag). Rank 0's periodic push between that upload and the manifest
+    must not prune it as the leftover it took over at its pull."""
+    sweep = f"s3://{BUCKET}/leftover"
+    run_url = objects.join(sweep, "runs", "r2")
+    key = objects.join(run_url, "checkpoints/step_10/__1_0.distcp")
+    objects.write_bytes(key, b"rank 1's shard of step 10")
+    with held_lease(sweep, "r2", wait_s=5) as lease:
+        rank0 = RankMirror(run_url, tmp_path / "rank0", lease=LeaseView(**_view(lease)))
+        rank1 = RankMirror(run_url, tmp_path / "rank1", lease=LeaseView(**_view(lease)))
+        listing = objects.list_objects(run_url)
+        rank0.pull(listing)
+        rank1.pull(listing, records=False)
+        assert not rank0.published(10)
+        shard = tmp_path / "__1_0.distcp"
+        shard.write_bytes(b"rank 1's shard of step 10")
+        shards = rank1.upload_shards(10, [shard])
+        rank0.push(checkpoints=False)  # step_10 is not complete on rank 0's disk yet
+        assert objects.head(key) == shards[f"checkpoints/step_10/{shard.name}"]
+
+
+def _view(lease) -> dict:
+    return {"url": lease.url, "holder": lease.holder, "generation": lease.generation, "ttl_s": lease.ttl_s}
