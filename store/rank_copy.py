@@ -20,7 +20,7 @@ rank trains in a directory of its own node and reaches the store directly:
     whether all uploads succeeded; only then does rank 0 upload the records, `.metadata`,
     train_state.json and, last, manifest.json. A step whose manifest the store already has is not
     uploaded again (a complete checkpoint is never rewritten: training is deterministic, so it
-    holds the same state).
+    holds the same state), unless it failed verification at this attempt's resume.
   - records (metrics, evals, status.json) are rank 0's alone, pushed every ttl/3, before each
     manifest and once at the end, as a one-process run's are (RunMirror, records only); rank 0
     also prunes superseded checkpoints (every rank's shard keys, whose ETags it gathered).
@@ -108,6 +108,8 @@ class RankMirror(RunMirror):
         with self.lock:
             for key in [k for k in self.owned if k.startswith(f"checkpoints/step_{step}/")]:
                 del self.owned[key]
+            if any((self.local / "checkpoints").glob(f"step_{step}.corrupt*")):
+                return False  # in the store but it did not verify at this attempt's resume: saved again
             return objects.head(objects.join(self.url, "checkpoints", f"step_{step}", MANIFEST)) is not None
 
     def upload_shards(self, step: int, files: list[Path]) -> dict[str, str]:

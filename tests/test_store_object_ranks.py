@@ -158,3 +158,15 @@ def test_a_leftover_rewritten_with_the_same_bytes_is_not_pruned(s3, tmp_path):
 
 def _view(lease) -> dict:
     return {"url": lease.url, "holder": lease.holder, "generation": lease.generation, "ttl_s": lease.ttl_s}
+
+
+def test_a_complete_checkpoint_is_saved_again_only_if_it_failed_verification(s3, tmp_path):
+    sweep = f"s3://{BUCKET}/again"
+    run_url = objects.join(sweep, "runs", "r3")
+    objects.write_bytes(objects.join(run_url, "checkpoints/step_5/manifest.json"), b"{}")
+    with held_lease(sweep, "r3", wait_s=5) as lease:
+        rank0 = RankMirror(run_url, tmp_path / "rank0", lease=LeaseView(**_view(lease)))
+        rank0.pull()
+        assert rank0.published(5) and not rank0.published(10)
+        (tmp_path / "rank0" / "checkpoints" / "step_5").rename(tmp_path / "rank0" / "checkpoints" / "step_5.corrupt")
+        assert not rank0.published(5)  # moved aside by this attempt's resume: rewritten
