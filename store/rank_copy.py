@@ -100,6 +100,11 @@ class LeaseView:
 class RankMirror(RunMirror):
     """One rank's node-local copy of a multi-process run and its uploads (module docstring)."""
 
+    def records(self) -> None:
+        """Rank 0: upload the records and status.json now (the step watchdog's hang record, before
+        it ends the process); superseded checkpoints are pruned as in every push."""
+        self.push(checkpoints=False)
+
     def published(self, step: int) -> bool:
         """Rank 0, before any rank uploads checkpoint `step`: whether the store holds it complete
         (its manifest). Leftovers of `step` taken over at the pull are no longer this holder's to

@@ -8,13 +8,17 @@ as a trial would (scalelab.store.rank_copy, scalelab.train.rank_copy):
   complete checkpoint, which a cut upload of a later step does not hide) ends within 1e-5 of the
   uninterrupted dp=2 run trained on one local disk, with `loaded_steps` [None, 5];
 - fencing: a rank handed an older generation of the lease writes nothing, and a shard key a newer
-  holder wrote is not overwritten by a fenced-out rank.
+  holder wrote is not overwritten by a fenced-out rank;
+- a leftover shard re-uploaded with the same bytes is not pruned before its manifest; a complete
+  checkpoint is saved again only if it failed verification; a hang the step watchdog ends is
+  recorded in the bucket, not only on the node.
 """
 
 import json
 
 import polars as pl
 import pytest
+import torch.multiprocessing as mp
 
 from scalelab.parallel.backend import spawn
 from scalelab.store import objects
@@ -26,6 +30,7 @@ from scalelab.train.elastic import WorkerLayout, shrink_layout
 from scalelab.train.launch import launch_local
 from scalelab.train.loop import train_run
 from scalelab.train.rank_copy import rank_copy
+from scalelab.train.watchdog import HangPolicy
 
 pytest.importorskip("moto.server")
 from s3_local import serve  # noqa: E402
@@ -170,3 +175,21 @@ def test_a_complete_checkpoint_is_saved_again_only_if_it_failed_verification(s3,
         assert rank0.published(5) and not rank0.published(10)
         (tmp_path / "rank0" / "checkpoints" / "step_5").rename(tmp_path / "rank0" / "checkpoints" / "step_5.corrupt")
         assert not rank0.published(5)  # moved aside by this attempt's resume: rewritten
+
+
+def _hanging_rank(cfg, store_cfg: dict) -> None:
+    with rank_copy(store_cfg) as (run_dir, publish):
+        train_run(cfg, run_dir, resume=True, hang=HangPolicy(factor=10.0, min_s=1.0), publish=publish)
+
+
+def test_a_hang_ended_by_the_watchdog_is_recorded_in_the_bucket(s3, tmp_path, monkeypatch):
+    """Rank 0's watchdog ends its process after recording the hang in its node-local status.json;
+    the record reaches the bucket before the process ends."""
+    cfg = build_run_config(dict(CONFIG, parallel={"backend": "gloo"}))
+    sweep = f"s3://{BUCKET}/hang"
+    monkeypatch.setenv("SCALELAB_TEST_HANG", f"4:0:{tmp_path / 'hung'}")
+    with held_lease(sweep, "r4", wait_s=5) as lease:
+        with pytest.raises(mp.ProcessExitedException):
+            spawn(_hanging_rank, 1, (cfg, _store_cfg(sweep, "r4", lease)), backend="gloo")
+    status = read_status(objects.join(sweep, "runs", "r4"))
+    assert status["status"] == "failed" and [h["step"] for h in status["hangs"]] == [4], status

@@ -87,6 +87,8 @@ class Publisher(Protocol):
 
     def publish(self, step: int, ckpt: Path, shards: dict[str, str]) -> None: ...  # rank 0: the rest, manifest last
 
+    def records(self) -> None: ...  # rank 0: upload the records and status.json now
+
 
 def save_checkpoint(
     ckpt_root: str | Path,

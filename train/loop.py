@@ -140,7 +140,8 @@ def train_run(
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run_dir / "config.json", to_dict(cfg))
     try:
-        with StepWatchdog(hang, run_dir, rank=runtime.rank) as watchdog:
+        upload = publish.records if publish is not None else None  # the hang record, to the store
+        with StepWatchdog(hang, run_dir, rank=runtime.rank, after_record=upload) as watchdog:
             hooks = _SessionEnd(stop_after_steps)
             return _train(cfg, run_dir, runtime, data, resume, callbacks, hooks, layout, watchdog, wandb, publish)
     except StopRun as stop:
