@@ -54,8 +54,8 @@ def rank_copy(store_cfg: dict[str, Any]) -> Iterator[tuple[Path, RankMirror]]:
         mirror.pull(_rank0_listing(store_cfg["run_url"]), records=_rank() == 0)
         if _rank() == 0:
             period = float(store_cfg["ttl_s"]) / 3
-            push = lambda: mirror.push(checkpoints=False)  # noqa: E731 - the ranks uploaded the checkpoints
-            syncer = threading.Thread(target=every, args=(period, stop, push), name=f"records-{run_id}")
+            # records only: the ranks upload the checkpoints themselves
+            syncer = threading.Thread(target=every, args=(period, stop, mirror.records), name=f"records-{run_id}")
             syncer.daemon = True
             syncer.start()
         yield mirror.local, mirror
