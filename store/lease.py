@@ -200,10 +200,14 @@ class RunMirror:
         self.url, self.local, self.lease = url, local, lease
         self.sent: dict[str, str] = {}  # file name -> sha256 of what the store holds
         self.owned: dict[str, str] = {}  # key below url -> ETag this holder wrote or took over at its pull
+        self.lock = threading.Lock()  # a periodic push and a rank's checkpoint upload never interleave
 
-    def pull(self) -> None:
-        """Copy the run's records and its complete checkpoints; every key is checked first."""
-        listing = objects.list_objects(self.url)
+    def pull(self, listing: dict[str, dict] | None = None, *, records: bool = True) -> None:
+        """Copy the run's records and its complete checkpoints; every key is checked first.
+
+        listing: the run's objects as objects.list_objects gave them (default: listed now; the
+        ranks of a multi-process run all pull what rank 0 listed). records=False: checkpoints only."""
+        listing = objects.list_objects(self.url) if listing is None else listing
         self.local.mkdir(parents=True, exist_ok=True)
         (self.local / "checkpoints").mkdir(exist_ok=True)
         complete = {
@@ -212,6 +216,8 @@ class RunMirror:
         for rel, meta in sorted(listing.items()):
             parts = rel.split("/")
             if len(parts) == 1:
+                if not records:
+                    continue
                 self._fetch(rel, self.local / rel, meta)
                 self.sent[rel] = _sha(self.local / rel)
             elif parts[0] == "checkpoints" and len(parts) == 3 and parts[1] in complete and STEP_DIR.match(parts[1]):
@@ -230,8 +236,15 @@ class RunMirror:
         objects.download(objects.join(self.url, rel), objects.inside(self.local, str(dest.relative_to(self.local))),
                          meta["mtime"])  # fmt: skip
 
-    def push(self) -> None:
-        """Upload what changed: records, then new checkpoints (manifest last), then prune, then status."""
+    def push(self, *, checkpoints: bool = True) -> None:
+        """Upload what changed: records, then new checkpoints (manifest last), then prune, then status.
+
+        checkpoints=False: the checkpoints were uploaded by the ranks that wrote them
+        (scalelab.store.rank_copy); only superseded ones are pruned here."""
+        with self.lock:
+            self._push(checkpoints)
+
+    def _push(self, checkpoints: bool) -> None:
         # Snapshots first, uploads in reverse: status.json read before the records it summarises,
         # checkpoints listed before the records that cover them are read.
         status = _read(self.local / "status.json")
@@ -244,7 +257,7 @@ class RunMirror:
             rel = f"checkpoints/{path.name}"
             kept.add(path.name)
             manifest = _read(path / MANIFEST)
-            if manifest is None or self.sent.get(rel) == hashlib.sha256(manifest).hexdigest():
+            if not checkpoints or manifest is None or self.sent.get(rel) == hashlib.sha256(manifest).hexdigest():
                 continue
             try:
                 files = sorted(p for p in path.iterdir() if p.is_file() and p.name != MANIFEST)
@@ -320,6 +333,26 @@ def lease_url(sweep_url: str, run_id: str) -> str:
 
 
 @contextlib.contextmanager
+def held_lease(sweep_url: str, run_id: str, wait_s: float | None, ttl_s: float = LEASE_TTL_S) -> Iterator[Lease]:
+    """Take run_id's lease (waiting up to wait_s) and renew it every ttl_s/3 until the block ends.
+
+    The renewals run in their own thread, so a long upload in the block never delays one. The
+    caller checks `lease.lost` after the block (remote_run raises LeaseLost)."""
+    lease = Lease(lease_url(sweep_url, run_id), ttl_s)
+    lease.acquire(wait_s)
+    stop_renew = threading.Event()
+    renewer = threading.Thread(target=every, args=(ttl_s / 3, stop_renew, lease.renew), name=f"lease-{run_id}")
+    renewer.daemon = True
+    renewer.start()
+    try:
+        yield lease
+    finally:
+        stop_renew.set()
+        renewer.join()
+        lease.release()
+
+
+@contextlib.contextmanager
 def remote_run(
     sweep_url: str, run_id: str, wait_s: float | None, ttl_s: float = LEASE_TTL_S, *, run_url: str | None = None
 ) -> Iterator[Path]:
@@ -332,48 +365,40 @@ def remote_run(
         LeaseLost: (on exit) the lease was taken over or lapsed while this holder trained; nothing
             of this holder's was uploaded after that.
     """
-    lease = Lease(lease_url(sweep_url, run_id), ttl_s)
-    lease.acquire(wait_s)
-    stop_renew, stop_sync = threading.Event(), threading.Event()
-    # Renewing and uploading run apart: a long checkpoint upload never delays a renewal; renewals
-    # start before the pull and stop after the final upload.
-    renewer = threading.Thread(target=_every, args=(ttl_s / 3, stop_renew, lease.renew), name=f"lease-{run_id}")
-    renewer.daemon = True
-    renewer.start()
-    syncer, top, pulled = None, None, False
-    try:
-        top = Path(tempfile.mkdtemp(prefix=f"scalelab-run-{run_id}-"))
-        mirror = RunMirror(run_url or objects.join(sweep_url, "runs", run_id), top / run_id, lease=lease)
-        mirror.pull()
-        pulled = True
-        syncer = threading.Thread(target=_every, args=(ttl_s / 3, stop_sync, mirror.push), name=f"sync-{run_id}")
-        syncer.daemon = True
-        syncer.start()
-        yield mirror.local
-    finally:
-        stop_sync.set()
-        if syncer is not None:
-            syncer.join()
+    stop_sync = threading.Event()
+    # Renewals start before the pull and stop after the final upload (held_lease's block).
+    with held_lease(sweep_url, run_id, wait_s, ttl_s) as lease:
+        syncer, top, pulled = None, None, False
         try:
-            if pulled and not lease.lost.is_set():  # a copy pulled only in part is never pushed
-                _final_push(mirror, lease)
+            top = Path(tempfile.mkdtemp(prefix=f"scalelab-run-{run_id}-"))
+            mirror = RunMirror(run_url or objects.join(sweep_url, "runs", run_id), top / run_id, lease=lease)
+            mirror.pull()
+            pulled = True
+            syncer = threading.Thread(target=every, args=(ttl_s / 3, stop_sync, mirror.push), name=f"sync-{run_id}")
+            syncer.daemon = True
+            syncer.start()
+            yield mirror.local
         finally:
-            stop_renew.set()
-            renewer.join()
-            lease.release()
-            if top is not None:
-                if Path.cwd().is_relative_to(top):  # the trial chdir'd into the copy; Ray reuses its actor
-                    os.chdir(tempfile.gettempdir())
-                shutil.rmtree(top, ignore_errors=True)
+            stop_sync.set()
+            if syncer is not None:
+                syncer.join()
+            try:
+                if pulled and not lease.lost.is_set():  # a copy pulled only in part is never pushed
+                    final_push(mirror, lease)
+            finally:
+                if top is not None:
+                    if Path.cwd().is_relative_to(top):  # the trial chdir'd into the copy; Ray reuses its actor
+                        os.chdir(tempfile.gettempdir())
+                    shutil.rmtree(top, ignore_errors=True)
     if lease.lost.is_set():
         raise LeaseLost(f"{lease.url}: taken over or lapsed while this trial trained; its uploads stopped")
 
 
-def _final_push(mirror: RunMirror, lease: Lease, attempts: int = 4) -> None:
+def final_push(mirror: RunMirror, lease, attempts: int = 4, *, checkpoints: bool = True) -> None:
     """The last upload, under renewals: retried while renewals are only failing (LeaseLapsing)."""
     for attempt in range(attempts):
         try:
-            mirror.push()
+            mirror.push(checkpoints=checkpoints)
             return
         except LeaseLapsing:
             if attempt == attempts - 1:
@@ -381,7 +406,7 @@ def _final_push(mirror: RunMirror, lease: Lease, attempts: int = 4) -> None:
             time.sleep(lease.ttl_s / 6)
 
 
-def _every(period_s: float, stop: threading.Event, fn) -> None:
+def every(period_s: float, stop: threading.Event, fn) -> None:
     """fn() every period_s until stop is set or the lease is lost; a failed call is retried next time."""
     while not stop.wait(period_s):
         try:

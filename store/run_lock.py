@@ -9,6 +9,9 @@ under an exclusive fcntl lock on `<run>/.lock`, which the OS drops when its hold
 storage: a lease and a node-local copy synced to the store (scalelab.store.lease) of the root's one
 copy of the run (claims.claim_object_run). A run claimed by a sibling sweep waits as long as its
 holder lives.
+
+A multi-process run on object storage trains on several nodes, each rank in a copy of its own
+(scalelab.store.rank_copy): its trial takes only the lease (`run_lease`) and hands it to the ranks.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 
 from scalelab.store import objects
 from scalelab.store.claims import claim_object_run, claim_run
-from scalelab.store.lease import remote_run
+from scalelab.store.lease import Lease, LeaseLost, held_lease, remote_run
 
 LOCK_WAIT_S = 180.0  # how long a trainer waits for a previous process of the same run to go away
 
@@ -40,6 +43,21 @@ def run_lock(sweep_dir: str | Path, run_id: str, wait_s: float = LOCK_WAIT_S) ->
     run_dir = claim_run(sweep_dir, run_id)
     with fcntl_lock(run_dir, wait_s=None if run_dir.is_symlink() else wait_s):
         yield run_dir
+
+
+@contextlib.contextmanager
+def run_lease(sweep_url: str, run_id: str, wait_s: float = LOCK_WAIT_S) -> Iterator[tuple[str, Lease]]:
+    """Hold run_id's lease on object storage without a local copy: yields (the run's URL, the lease).
+
+    Raises:
+        LeaseLost: (on exit) the lease was taken over or lapsed during the block.
+    """
+    run_url = claim_object_run(sweep_url, run_id)
+    linked = run_url != objects.join(sweep_url, "runs", run_id)  # another sweep's: wait as long as it trains
+    with held_lease(sweep_url, run_id, wait_s=None if linked else wait_s) as lease:
+        yield run_url, lease
+    if lease.lost.is_set():
+        raise LeaseLost(f"{lease.url}: taken over or lapsed while this trial trained")
 
 
 @contextlib.contextmanager

@@ -18,8 +18,10 @@ calls `train_run(resume=True)`, a retry continues from the run's latest checkpoi
 being deterministic) ends bit for bit where an uninterrupted run would. A per-run file lock
 (`runs/<id>/.lock`, fcntl; a lease on object storage: scalelab.store.run_lock) makes a retry or a
 resumed sweep wait until a previous process of the same run is gone, so two processes never write
-one run. The run directory is the store root's
-one copy of the run (scalelab.store.claims.claim_run), so the lock also covers sibling sweeps: a
+one run. A multi-process run on object storage: the trial holds the lease only, and each of its
+ranks trains in a copy on its own node and writes to the store under it (scalelab.store.rank_copy).
+The run directory is the store root's one copy of the run (scalelab.store.claims.claim_run), so
+the lock also covers sibling sweeps: a
 trial whose run another sweep claimed waits for that sweep's trial (holding its Ray slot) and
 then finds the run done, or resumes it if that trial died.
 
@@ -46,10 +48,12 @@ training, and on `end`/`fail` the checkpoint step the attempt loaded, from the l
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -60,8 +64,9 @@ from scalelab.errors import UsageError
 from scalelab.parallel.config import ParallelConfig
 from scalelab.store import ledger, objects
 from scalelab.store.checkpoint_files import STEP_DIR, list_checkpoints, pull_checkpoint
+from scalelab.store.lease import Lease
 from scalelab.store.paths import check_run_id
-from scalelab.store.run_lock import remove_stale_temp_files, run_lock
+from scalelab.store.run_lock import remove_stale_temp_files, run_lease, run_lock
 from scalelab.store.sweep_dir import update_resolved
 from scalelab.sweeps import early_stop, ray_reaper, wandb_fit, wandb_runs
 from scalelab.sweeps.ray_cluster import check_pass_env, local_ray_on_loopback, start_ray
@@ -149,16 +154,16 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
 
     tc = TrialArgs.of(trial_config)
     sweep_dir, run_id = store.location(tc.sweep_dir), tc.run_id
-    with run_lock(sweep_dir, run_id) as run_dir:
-        remove_stale_temp_files(run_dir)
+    with _run_home(sweep_dir, tc) as (run_dir, lease):
         state = store.run_state(run_dir)
         if state in store.TERMINAL:  # finished by an earlier attempt whose driver died before seeing it
             tune.report({"status": state, "skipped": True})
             return
         cfg = same_run(tc.config, run_id)  # today's code must compute the stored run
-        if objects.is_url(sweep_dir) and cfg.train.init_from:
-            _pull_branch_point(sweep_dir, run_dir, cfg.train.init_from)
-        os.chdir(run_dir)  # cooldown branches name their stable run's checkpoint relative to the run dir
+        if lease is None:
+            if objects.is_url(sweep_dir) and cfg.train.init_from:
+                _pull_branch_point(sweep_dir, run_dir, cfg.train.init_from)
+            os.chdir(run_dir)  # cooldown branches name their stable run's checkpoint relative to the run dir
         prev = (store.read_status(run_dir) or {}) if state != "pending" else {}
         attempt = int(prev.get("attempts", 0)) + 1
         store.append_event(sweep_dir, "start", run_id, attempt=attempt, node=ray.get_runtime_context().get_node_id())
@@ -166,7 +171,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
         wb = wandb_runs.trial_context(sweep_dir, run_id, tc.config)  # group, tags, live prediction
         try:
             if cfg.parallel.world_size > 1:
-                summary = _train_multiworker(tc, run_dir, cfg, wb)
+                summary = _train_multiworker(tc, run_dir, cfg, wb, lease)
             else:
                 fault = _fault_callback(run_dir, tc.fail_at_step)
                 stop = early_stop.callback(sweep_dir, run_id, tc.config, run_dir=run_dir)
@@ -210,7 +215,20 @@ def _pull_branch_point(sweep_url: str, run_dir: Path, init_from: str) -> None:
         pull_checkpoint(objects.join(store.run_location(sweep_url, parts[1]), "checkpoints", parts[3]), dest)
 
 
-def _loaded_step(run_dir: Path, attempt: int) -> int | None:
+@contextlib.contextmanager
+def _run_home(sweep_dir: str | Path, tc: TrialArgs) -> Iterator[tuple[str | Path, Lease | None]]:
+    """Where the trial trains its run, as the only process doing so: (the run's directory, None), or
+    for a multi-process run on object storage (the run's URL, the lease its ranks write under)."""
+    if objects.is_url(sweep_dir) and _world_size(tc.config) > 1:  # ranks on several nodes: scalelab.store.rank_copy
+        with run_lease(sweep_dir, tc.run_id) as (run_url, lease):
+            yield run_url, lease
+        return
+    with run_lock(sweep_dir, tc.run_id) as run_dir:
+        remove_stale_temp_files(run_dir)
+        yield run_dir, None
+
+
+def _loaded_step(run_dir: str | Path, attempt: int) -> int | None:
     """The checkpoint step this trial's last attempt loaded, as the training loop recorded it in
     status.json (None: it started from step 0, or failed before it got that far). A TorchTrainer
     that restarted its workers inside the trial made more attempts than the trial's first."""
@@ -223,11 +241,15 @@ def _hang_policy(tc: TrialArgs) -> HangPolicy | None:
     return HangPolicy(factor=factor, min_s=float(tc.hang_min_s)) if factor else None
 
 
-def _train_multiworker(tc: TrialArgs, run_dir: Path, cfg, wb: WandbRun | None = None) -> dict[str, Any]:
+def _train_multiworker(
+    tc: TrialArgs, run_dir: str | Path, cfg, wb: WandbRun | None = None, lease: Lease | None = None
+) -> dict[str, Any]:
     """A multi-process run as a Ray Train TorchTrainer inside this trial.
 
     The trainer restarts its worker group after a worker failure (a lost node, the step watchdog)
-    up to max_failures times; elastic: at whatever size between one replica and the layout fits."""
+    up to max_failures times; elastic: at whatever size between one replica and the layout fits.
+    lease: the run is on object storage (run_dir its URL) and this trial holds its lease; every rank
+    trains in a copy on its own node and writes to the store under it (scalelab.train.rank_copy)."""
     from ray.train import FailureConfig, ScalingConfig
     from ray.train import RunConfig as TrainRunConfig
     from ray.train.torch import TorchTrainer
@@ -235,6 +257,8 @@ def _train_multiworker(tc: TrialArgs, run_dir: Path, cfg, wb: WandbRun | None = 
     gpus = float(tc.gpus_per_worker)
     world = cfg.parallel.world_size
     policy = _hang_policy(tc)
+    # Ray Train's own state: beside the run, or local to the trial for a run on object storage
+    trainer_state = tempfile.mkdtemp(prefix="scalelab-train-") if lease else str(Path(run_dir) / ".ray_train")
     trainer = TorchTrainer(
         ray_train_fn,
         train_loop_config={
@@ -243,6 +267,15 @@ def _train_multiworker(tc: TrialArgs, run_dir: Path, cfg, wb: WandbRun | None = 
             "resume": True,
             "hang": None if policy is None else {"factor": policy.factor, "min_s": policy.min_s},
             "wandb": wb,
+            "object_store": None
+            if lease is None
+            else {
+                "run_url": str(run_dir),
+                "lease_url": lease.url,
+                "holder": lease.holder,
+                "generation": lease.generation,
+                "ttl_s": lease.ttl_s,
+            },
         },
         scaling_config=ScalingConfig(
             num_workers=(min_world_size(cfg.parallel), world) if tc.elastic else world,
@@ -252,11 +285,15 @@ def _train_multiworker(tc: TrialArgs, run_dir: Path, cfg, wb: WandbRun | None = 
         ),
         run_config=TrainRunConfig(
             name=f"train-{tc.run_id}",
-            storage_path=str(run_dir / ".ray_train"),
+            storage_path=trainer_state,
             failure_config=FailureConfig(max_failures=int(tc.max_failures)),
         ),
     )
-    trainer.fit()
+    try:
+        trainer.fit()
+    finally:
+        if lease is not None:
+            shutil.rmtree(trainer_state, ignore_errors=True)
     return store.read_status(run_dir) or {"status": "failed"}
 
 
@@ -441,14 +478,9 @@ def _tune_dir(sweep_dir: str | Path) -> Path:
 
 
 def check_object_store(url: str, spec_text: str, runs: list[dict[str, Any]]) -> None:
-    """What an s3:// sweep cannot run yet, refused before the first object is written (UsageError)."""
+    """An s3:// store checked before the first object is written (UsageError): every layout, cooldown
+    branches, early stopping and rounds run there, so only the address, the bucket and credentials."""
     objects.check(url, "--out")
-    for r in runs:
-        if _world_size(r["config"]) > 1:
-            raise UsageError(
-                f"--out {url}: run {r['run_id']} is a multi-process layout, which s3:// stores do not run yet; "
-                "use a shared POSIX path (NFS/Lustre) for this sweep"
-            )
 
 
 def launch(

@@ -16,7 +16,10 @@ SafeLoadPlanner. `select_resume_checkpoint` picks the newest checkpoint that ver
 ones that do not aside (`step_<N>.corrupt`, kept for inspection, never considered again) and says why.
 
 On object storage (a run of an `s3://` store, scalelab.store.lease) a checkpoint is saved here
-as always and the store uploads the directory (scalelab.store.checkpoint_files).
+as always and the store uploads the directory (scalelab.store.checkpoint_files). The ranks of a
+multi-process run there each save into a directory of their own node and upload what they wrote
+themselves (`publish`, scalelab.store.rank_copy): every rank its shards, then, once a collective
+says every upload succeeded, rank 0 the rest with manifest.json last.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -75,6 +78,18 @@ def single_process_ok():
         yield
 
 
+class Publisher(Protocol):
+    """Where each rank's checkpoint files go besides its directory (scalelab.store.rank_copy.RankMirror)."""
+
+    def published(self, step: int) -> bool: ...  # rank 0: the store holds checkpoint `step` complete
+
+    def upload_shards(self, step: int, files: list[Path]) -> dict[str, str]: ...  # every rank: its files
+
+    def publish(self, step: int, ckpt: Path, shards: dict[str, str]) -> None: ...  # rank 0: the rest, manifest last
+
+    def records(self) -> None: ...  # rank 0: upload the records and status.json now
+
+
 def save_checkpoint(
     ckpt_root: str | Path,
     step: int,
@@ -82,8 +97,12 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     train_state: dict[str, Any],
     keep_last: int = 2,
+    publish: Publisher | None = None,
 ) -> Path:
-    """Save model+optimizer (DCP), train_state and RNG; collective over all ranks."""
+    """Save model+optimizer (DCP), train_state and RNG; collective over all ranks.
+
+    publish: every rank's directory is its own (object storage, scalelab.store.rank_copy); each
+    rank uploads the files it wrote, and rank 0 the rest, manifest last, once all succeeded."""
     root = Path(ckpt_root)
     final = root / f"step_{step}"
     tmp = root / f"step_{step}.tmp"
@@ -91,6 +110,10 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True, exist_ok=True)
     _barrier()
+    if publish is not None:  # each rank's own directory (on a shared one rank 0 made it above)
+        if _rank():
+            shutil.rmtree(tmp, ignore_errors=True)  # a save of this step cut short on this node
+        tmp.mkdir(parents=True, exist_ok=True)
     model_sd, optim_sd = get_state_dict(model, optimizer)
     with single_process_ok():
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
@@ -102,6 +125,7 @@ def save_checkpoint(
         fsync_file(f)  # durable before the manifest that vouches for them
     _barrier()
     entries = _gather_entries(_own_files(tmp))  # each rank hashes the files it wrote
+    shards = _upload_shards(publish, step, tmp) if publish is not None else None
     if _rank() == 0:
         atomic_write_json(tmp / TRAIN_STATE, train_state)
         entries.update({name: file_entry(tmp / name) for name in (METADATA, TRAIN_STATE)})
@@ -111,10 +135,38 @@ def save_checkpoint(
             shutil.rmtree(final)
         tmp.rename(final)
         fsync_dir(root)  # the new checkpoint is durable: only now may older ones go
+        if shards is not None:  # every rank's shards are up: the rest, manifest last (None: already there)
+            publish.publish(step, final, shards)
         for _, old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     _barrier()
+    if publish is not None and _rank():
+        shutil.rmtree(tmp, ignore_errors=True)  # uploaded; a resume downloads the whole checkpoint
     return final
+
+
+def _upload_shards(publish: Publisher, step: int, tmp: Path) -> dict[str, str] | None:
+    """Every rank uploads the files it wrote; {key: ETag} of all ranks' (rank 0), or None when the
+    store already has the checkpoint complete. Raises on every rank if any rank's upload failed,
+    so that rank 0 never writes a manifest over a missing shard."""
+    if _on_rank0(lambda: publish.published(step)):
+        return None  # never rewritten: an earlier attempt of this deterministic run saved it
+    mine: dict[str, str] = {}
+    error: BaseException | None = None
+    try:
+        mine = publish.upload_shards(step, _own_files(tmp))
+    except Exception as e:  # noqa: BLE001 - every rank must learn of it before anyone goes on
+        error = e
+    parts: list[Any] = [(mine, None if error is None else f"{type(error).__name__}: {error}")]
+    if _is_dist():
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, (mine, None if error is None else f"{type(error).__name__}: {error}"))
+    if error is not None:
+        raise error
+    failed = [f"rank {r}: {why}" for r, (_, why) in enumerate(parts) if why]
+    if failed:
+        raise RuntimeError(f"checkpoint step_{step} not published: {'; '.join(failed)}")
+    return {k: v for done, _ in parts for k, v in done.items()}
 
 
 def _own_files(tmp: Path) -> list[Path]:
@@ -203,7 +255,8 @@ def select_resume_checkpoint(
             log(f"resume: from {chosen}")
         elif skipped:
             log("resume: --start-over: from step 0; the checkpoints that did not verify are kept aside")
-    return (Path(chosen) if chosen else None), skipped
+    # by name: a rank whose directory is its own (object storage) loads its own copy of that step
+    return (Path(ckpt_root) / Path(chosen).name if chosen else None), skipped
 
 
 def _verify_retrying(path: Path, log: Callable[[str], None]) -> str | None:

@@ -14,6 +14,7 @@ come from `scalelab.parallel.backend` (spawn: torchrun's environment, a loopback
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from scalelab.store.records import read_status
 from scalelab.train.config import RunConfig, build_run_config
 from scalelab.train.elastic import WorkerLayout, shrink_layout
 from scalelab.train.loop import train_run
+from scalelab.train.rank_copy import rank_copy
 from scalelab.train.watchdog import HangPolicy
 
 
@@ -84,7 +86,8 @@ def ray_train_fn(config: dict[str, Any]) -> None:
     """Entry point for a Ray Train `TorchTrainer` worker.
 
     config: {"config": RunConfig dict, "run_dir", "resume", "hang": HangPolicy fields or None,
-    "wandb": a WandbRun or None}.
+    "wandb": a WandbRun or None, "object_store": None, or the run's address on object storage and
+    the trial's lease (scalelab.train.rank_copy): each rank then trains in a copy on its own node}.
     Ray has already created the process group; the worker group's size picks the layout (the
     configured one, or a smaller dp when an elastic trainer got fewer workers); the same `train_run`
     as everywhere else runs, and rank 0 writes the records.
@@ -106,14 +109,19 @@ def ray_train_fn(config: dict[str, Any]) -> None:
         init_distributed(cfg.parallel.backend)  # no-op when Ray already initialised it
     nodes = _gather_node_ids(ray.get_runtime_context().get_node_id(), world)
     hang = HangPolicy(**config["hang"]) if config.get("hang") else None
-    train_run(
-        cfg,
-        config["run_dir"],
-        resume=bool(config.get("resume", False)),
-        layout=WorkerLayout(parallel=parallel, nodes=nodes),
-        hang=hang,
-        wandb=config.get("wandb"),  # a sweep's WandbRun (scalelab.train.loggers); rank 0 uses it
-    )
+    with contextlib.ExitStack() as stack:
+        run_dir, publish = config["run_dir"], None
+        if config.get("object_store"):  # no shared file system: a copy on this node, uploads to the store
+            run_dir, publish = stack.enter_context(rank_copy(config["object_store"]))
+        train_run(
+            cfg,
+            run_dir,
+            resume=bool(config.get("resume", False)),
+            layout=WorkerLayout(parallel=parallel, nodes=nodes),
+            hang=hang,
+            wandb=config.get("wandb"),  # a sweep's WandbRun (scalelab.train.loggers); rank 0 uses it
+            publish=publish,
+        )
 
 
 def _gather_node_ids(node_id: str, world: int) -> list[str]:

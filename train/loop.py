@@ -105,6 +105,7 @@ def train_run(
     layout: WorkerLayout | None = None,
     hang: HangPolicy | None = None,
     wandb: WandbRun | None = None,
+    publish: ckpt.Publisher | None = None,
 ) -> dict[str, Any]:
     """Train one run into `run_dir`; returns the summary that status.json also holds.
 
@@ -121,6 +122,8 @@ def train_run(
         hang: the step watchdog's policy (scalelab.train.watchdog); None = no watchdog.
         wandb: what the launcher adds to the run's W&B record (group, tags, live prediction;
             scalelab.train.loggers); None = the config's W&B settings alone.
+        publish: each rank's run_dir is its own and every rank uploads its checkpoint files to
+            the store (a multi-process run on object storage, scalelab.train.rank_copy).
     """
     run_dir = Path(run_dir)
     runtime = make_runtime(cfg)
@@ -137,9 +140,10 @@ def train_run(
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run_dir / "config.json", to_dict(cfg))
     try:
-        with StepWatchdog(hang, run_dir, rank=runtime.rank) as watchdog:
+        upload = publish.records if publish is not None else None  # the hang record, to the store
+        with StepWatchdog(hang, run_dir, rank=runtime.rank, after_record=upload) as watchdog:
             hooks = _SessionEnd(stop_after_steps)
-            return _train(cfg, run_dir, runtime, data, resume, callbacks, hooks, layout, watchdog, wandb)
+            return _train(cfg, run_dir, runtime, data, resume, callbacks, hooks, layout, watchdog, wandb, publish)
     except StopRun as stop:
         if runtime.is_rank0:
             write_status(run_dir, stop.status, **stop.record)
@@ -222,6 +226,7 @@ class _Session:
     best_loss: float
     micro_sequences: int  # sequences per forward/backward on this rank
     num_micro: int  # micro-batches per step on this rank
+    publish: ckpt.Publisher | None = None  # each rank uploads its checkpoint files (object storage)
 
     @property
     def model(self):
@@ -243,6 +248,7 @@ def _train(
     layout: WorkerLayout,
     watchdog: StepWatchdog,
     wandb: WandbRun | None = None,
+    publish: ckpt.Publisher | None = None,
 ) -> dict[str, Any]:
     _seed_everything(cfg.train.seed)
     par = parallel_model(cfg, runtime, layout.parallel, seed=cfg.train.seed, z_loss=cfg.optim.z_loss)
@@ -259,6 +265,7 @@ def _train(
     if runtime.is_rank0:
         _record_attempt(cfg, run_dir, start, par, layout, micro, static)
     s = _open_session(cfg, run_dir, runtime, par, optimizer, data, writer, callbacks, wandb, start, micro, static)
+    s.publish = publish
     bar = open_progress(cfg, runtime, start.step)
     par.model.train()
     if hasattr(par.model, "set_moe_loss_scale"):  # MoE aux losses get the LM loss's 1/num_micro too
@@ -481,6 +488,7 @@ def _checkpoint(s: _Session, step: int) -> None:
         s.optimizer,
         train_state,
         keep_last=s.cfg.checkpoint.keep_last,
+        publish=s.publish,
     )
     _emit(s.callbacks if s.writer is not None else [], "checkpoint", {"step": step, "path": str(path)})
 

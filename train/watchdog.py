@@ -29,6 +29,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,8 +56,19 @@ class HangPolicy:
 class StepWatchdog:
     """Times each step of this rank; past the policy's limit, records the hang and ends the process."""
 
-    def __init__(self, policy: HangPolicy | None, run_dir: str | Path, *, rank: int, poll_s: float = 0.1):
+    def __init__(
+        self,
+        policy: HangPolicy | None,
+        run_dir: str | Path,
+        *,
+        rank: int,
+        poll_s: float = 0.1,
+        after_record: Callable[[], None] | None = None,
+    ):
         self.policy, self.run_dir, self.rank, self.poll_s = policy, Path(run_dir), rank, poll_s
+        # rank 0, after the hang is in status.json and before the process ends: e.g. upload it
+        # (a multi-process run on object storage, whose run_dir is a node-local copy)
+        self.after_record = after_record
         self.durations: list[float] = []
         self._step: int | None = None
         self._began = 0.0
@@ -121,6 +133,11 @@ class StepWatchdog:
             hangs = (read_status(self.run_dir) or {}).get("hangs") or []
             hang = dict(step=step, rank=self.rank, elapsed_s=elapsed_s, median_s=median_s, at=time.time())
             write_status(self.run_dir, "failed", error=reason, hangs=hangs + [hang])
+            if self.after_record is not None:
+                try:
+                    self.after_record()
+                except Exception as e:  # noqa: BLE001 - the process ends either way; say why the record is missing
+                    print(f"watchdog: the hang record was not uploaded ({type(e).__name__}: {e})", file=sys.stderr)
         else:
             time.sleep(PEER_EXIT_GRACE_S)
         os._exit(HANG_EXIT_CODE)
