@@ -45,6 +45,18 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         objects.write_bytes(path, data)
         return
     path = Path(path)
+    tmp = _durable_temp(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def _durable_temp(path: Path, data: bytes) -> str:
+    """data in a new fsynced temporary file beside path, for a rename or link into place (removed
+    again if the write fails)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -52,11 +64,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    return tmp
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
@@ -164,13 +175,8 @@ def update_json(path: str | Path, change: Callable[[Any], tuple[Any, bool]], *, 
 
 def _create(path: Path, data: bytes) -> bool:
     """A new file written whole, linked into place only if no file is there (os.link fails then)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = _durable_temp(path, data)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         os.link(tmp, path)
     except FileExistsError:
         return False
