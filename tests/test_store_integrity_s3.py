@@ -210,6 +210,9 @@ def test_renewals_cover_the_pull_and_the_final_upload(s3, tmp_path, monkeypatch)
 
     def taker():
         other = Lease(lease_url(sweep, "rc1"), ttl_s=30, holder="taker")
+        # Only a takeover is under test: a taker that started first would simply take the free lease.
+        while not stop.is_set() and other.current() is None:
+            time.sleep(0.05)
         while not stop.is_set() and not released.is_set():
             if other.try_acquire() and not released.is_set():
                 taken.append(time.monotonic())
