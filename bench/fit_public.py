@@ -122,7 +122,26 @@ def load_revisiting_lm() -> pl.DataFrame:
     ).filter(pl.col("tokens") > 0)
 
 
+# Pile-T5 (EleutherAI): parameter counts and 1e6 tokens per step as ColPret's loader states them.
+PILE_T5_SIZES = {"base": 247_586_304, "large": 783_173_632, "xl": 2_849_804_288, "xxl": 11_135_426_560}
+
+
+def load_pile_t5() -> pl.DataFrame:
+    """Pile-T5's validation curves; loss = ln(val_perplexity), as OPT's ln(ppl) above."""
+    df = pl.read_csv(DATA / "pile_t5.csv").filter(pl.col("steps") > 0)
+    return pl.DataFrame(
+        {
+            "model": df["model_name"],
+            "params": df["model_name"].replace_strict(PILE_T5_SIZES, return_dtype=pl.Float64),
+            "tokens": df["steps"].cast(pl.Float64) * 1e6,
+            "loss": np.log(df["val_perplexity"].to_numpy()),
+        }
+    ).sort("params", "tokens")
+
+
 FAMILIES = {"OPT": load_opt, "GPT-3": load_gpt3, "LM-1 (Alabdulmohsin)": load_revisiting_lm}
+# Scored only after the method was fixed, never used to choose or tune it (bench/fit_public_auto.py --held-out).
+HELD_OUT_FAMILIES = {"Pile-T5": load_pile_t5}
 
 # (tokens per step, peak LR) per model, from the papers' tables (see the module docstring)
 OPT_RECIPE = {

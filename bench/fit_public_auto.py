@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from fit_public import FAMILIES  # noqa: E402 - the bench folder's own loaders
+from fit_public import FAMILIES, HELD_OUT_FAMILIES  # noqa: E402 - the bench folder's own loaders
 
 from scalelab.cli.main import main as cli  # noqa: E402
 
@@ -75,9 +75,11 @@ def score(name: str, df: pl.DataFrame, work: pathlib.Path) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=pathlib.Path, default=None)
+    ap.add_argument("--held-out", action="store_true", help="score the families kept out of the method's development")
     args = ap.parse_args(argv)
+    families = HELD_OUT_FAMILIES if args.held_out else FAMILIES
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [score(name, load(), pathlib.Path(tmp)) for name, load in FAMILIES.items()]
+        rows = [score(name, load(), pathlib.Path(tmp)) for name, load in families.items()]
     print(f"{'family':<22} {'A3 (chinchilla)':>16} {'auto':>10} {'change':>8}  weights (chinchilla, kaplan)")
     for r in rows:
         a3, auto = r["chinchilla"]["are"], r["auto"]["are"]
