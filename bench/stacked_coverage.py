@@ -18,6 +18,12 @@ largest budget; the run's loss is drawn from the truth with the same noise. Trut
 Prints per truth and distance the mean |error|, the bias, the interval's coverage (with its binomial
 standard error), its mean width and how often the forward evidence moved weight off Chinchilla.
 The trials' seeds are fixed: the same command prints the same table.
+
+Design for distance: `--design NAME --targets 2e13,6e13` fits another first round (DESIGNS: its
+budgets and sizes per budget; the truths and seeds are the same) and predicts at fixed budgets
+instead of multiples of the design's largest, so designs are compared at the same targets, each
+with its cost (the sum of its runs' FLOPs) printed. A synthetic truth has no warmup transient: a
+design's small budgets are as informative here as their noise allows, which on real runs they are not.
 """
 
 from __future__ import annotations
@@ -32,10 +38,23 @@ import numpy as np
 from scalelab.fitting.allocate import chinchilla_optimum
 from scalelab.fitting.ensemble import fit_stacked
 
-BUDGETS = tuple(np.logspace(math.log10(2e11), math.log10(2e12), 3))
 MULTIPLES = (3, 10, 30)
 NOISE = 0.006  # a run's log-sd: the demo's seed study measures 0.4-0.6%
-SIZES, SPAN = 4, 3.0
+SPAN = 3.0
+
+
+def _budgets(lo: float, hi: float, k: int) -> tuple[float, ...]:
+    return tuple(float(b) for b in np.logspace(math.log10(lo), math.log10(hi), k))
+
+
+# name -> (budgets, sizes per budget); "demo" is the closed loop's first round
+DESIGNS = {
+    "demo": (_budgets(2e11, 2e12, 3), 4),  # 12 runs over one decade
+    "five": (_budgets(2e11, 2e12, 5), 3),  # 15 runs, one decade, five groups
+    "up4": (_budgets(2e11, 6.3e12, 4), 4),  # 16 runs over 1.5 decades, upward
+    "down5": (_budgets(2e10, 2e12, 5), 3),  # 15 runs over two decades, downward
+}
+BUDGETS, SIZES = DESIGNS["demo"]
 
 Truth = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
@@ -62,28 +81,35 @@ def truth(kind: str, rng: np.random.Generator) -> tuple[Truth, dict[str, float]]
     return forms[kind], p
 
 
-def design(p: dict[str, float], rng: np.random.Generator) -> tuple[np.ndarray, ...]:
-    """SIZES runs per budget, log-spaced over x SPAN either side of a prior N*(C) that is off the truth's."""
+def design(
+    p: dict[str, float], rng: np.random.Generator, budgets=BUDGETS, sizes: int = SIZES
+) -> tuple[np.ndarray, ...]:
+    """`sizes` runs per budget, log-spaced over x SPAN either side of a prior N*(C) that is off the truth's."""
     off = math.exp(rng.uniform(-0.3, 0.3))
     n, c = [], []
-    for budget in BUDGETS:
+    for budget in budgets:
         centre = chinchilla_optimum(p, budget)[0] * off
-        for x in centre * np.exp(np.linspace(-math.log(SPAN), math.log(SPAN), SIZES)):
+        for x in centre * np.exp(np.linspace(-math.log(SPAN), math.log(SPAN), sizes)):
             n.append(x)
             c.append(budget)
     n, c = np.array(n), np.array(c)
     return n, c / (6 * n), c
 
 
-def trial(seed: int, kind: str, bootstrap: int) -> dict[int, tuple[float, bool, float, bool]]:
+def trial(
+    seed: int, kind: str, bootstrap: int, name: str = "demo", targets: tuple[float, ...] | None = None
+) -> dict[float, tuple[float, bool, float, bool]]:
+    """Per target (a multiple of the design's largest budget, or an absolute budget from `targets`):
+    (relative error, covered, relative width, weight moved off Chinchilla)."""
+    budgets, sizes = DESIGNS[name]
     rng = np.random.default_rng(1000 + seed)
     f, p = truth(kind, rng)
-    n, d, c = design(p, rng)
+    n, d, c = design(p, rng, budgets, sizes)
     y = f(n, d) * np.exp(NOISE * rng.standard_normal(n.size))
     fit = fit_stacked(params=n, tokens=d, loss=y, flops=c, groups=c, noise=NOISE, bootstrap=bootstrap)
     out = {}
-    for mult in MULTIPLES:
-        budget = mult * max(BUDGETS)
+    for mult in targets or MULTIPLES:
+        budget = mult if targets else mult * max(budgets)
         nn, dd, _ = fit.optimum(budget)
         pi = fit.predict_interval(nn, dd, budget)
         obs = float(f(np.array(nn), np.array(dd))) * math.exp(NOISE * rng.standard_normal())
@@ -96,19 +122,27 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=16)
     ap.add_argument("--kinds", default="chinchilla,curved,farseer,receding")
     ap.add_argument("--bootstrap", type=int, default=8, help="run-resampling replicates per fit")
+    ap.add_argument("--design", choices=sorted(DESIGNS), default="demo", help="the first round's budgets and sizes")
+    ap.add_argument("--targets", default=None, help="absolute target budgets, comma-separated (default: 3, 10, 30x)")
     args = ap.parse_args()
-    print(f"{'truth':<11} {'dist':>4} {'|err|':>7} {'bias':>7} {'coverage':>13} {'width':>6} {'adopted':>7}")
+    targets = tuple(float(t) for t in args.targets.split(",")) if args.targets else None
+    budgets, sizes = DESIGNS[args.design]
+    cost = sizes * sum(budgets)
+    print(f"design {args.design}: {len(budgets)} budgets {budgets[0]:.2g}..{budgets[-1]:.2g}, {sizes} sizes each, "
+          f"{len(budgets) * sizes} runs, {cost:.3g} FLOPs")  # fmt: skip
+    print(f"{'truth':<11} {'target':>6} {'|err|':>7} {'bias':>7} {'coverage':>13} {'width':>6} {'adopted':>7}")
     for kind in args.kinds.split(","):
         t0 = time.perf_counter()
-        rows = [trial(i, kind, args.bootstrap) for i in range(args.trials)]
-        for mult in MULTIPLES:
+        rows = [trial(i, kind, args.bootstrap, args.design, targets) for i in range(args.trials)]
+        for mult in targets or MULTIPLES:
             e = np.array([r[mult][0] for r in rows])
             cov = float(np.mean([r[mult][1] for r in rows]))
             se = math.sqrt(cov * (1 - cov) / len(rows))
             width = float(np.mean([r[mult][2] for r in rows]))
             adopted = float(np.mean([r[mult][3] for r in rows]))
             print(
-                f"{kind:<11} {mult:>3}x {100 * np.mean(np.abs(e)):>6.2f}% {100 * np.mean(e):>+6.2f}% "
+                f"{kind:<11} {f'{mult:.2g}' if targets else f'{mult}x':>6} {100 * np.mean(np.abs(e)):>6.2f}% "
+                f"{100 * np.mean(e):>+6.2f}% "
                 f"{100 * cov:>6.0f}% ± {100 * se:>2.0f}% {100 * width:>5.1f}% {100 * adopted:>6.0f}%"
             )
         print(f"  ({len(rows)} trials, {time.perf_counter() - t0:.0f} s)", flush=True)
