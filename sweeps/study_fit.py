@@ -351,7 +351,8 @@ def format_study(sf: StudyFit) -> str:
         lines.append(f"{c.arm} over {c.baseline}: multiplier m(C) = C_{c.baseline}(L*_{c.arm}(C)) / C")
         lines.append(f"  {'budget (FLOPs)':>16} {'m':>8} {pct + ' interval':>22}")
         for budget, m, iv in zip(c.budgets, c.multipliers, c.intervals):
-            lines.append(f"  {budget:>16.3g} {m:>8.3f} {_iv(iv):>22}")
+            if budget != c.target_flops:  # once the target's runs are in, its row is the one below
+                lines.append(f"  {budget:>16.3g} {m:>8.3f} {_iv(iv):>22}")
         lines.append(f"  {c.target_flops:>16.3g} {c.multiplier_at_target:>8.3f} {_iv(c.target_interval):>22}  (target)")
         lines.append(f"  slope d ln m / d ln C: {c.slope:.4f} {_iv(c.slope_interval)}")
         for arm, (n, d) in c.runs.items():
