@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from scalelab.analysis.compare import compare_sweeps, fit_side, flops_to_reach, frontier_loss, multiplier
+from scalelab.analysis.compare import compare_fits, fit_side, flops_to_reach, frontier_loss, multiplier
 from scalelab.analysis.store_reader import load_store_runs
 from scalelab.analysis.synthetic import SyntheticLaw, isoflop_design, write_synthetic_sweep
 from scalelab.fitting.fit_options import FitOptions
@@ -25,6 +25,18 @@ def stores(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def sides(stores):
+    """Each store fitted once (60 bootstrap draws), with the seeds compare_sweeps gives its two sides
+    (A: seed 0; B and A2: seed 1), so compare_fits on these pairs is compare_sweeps(A, B) and
+    compare_sweeps(A, A2) to the bit, and A, common to both comparisons, is fitted once (a side's fit
+    is most of a comparison's time). compare_sweeps itself runs in test_compare_cli_by_tag_and_errors."""
+    return {
+        name: fit_side(name, load_store_runs(stores / name), "chinchilla", n_boot=60, seed=seed)
+        for name, seed in (("A", 0), ("B", 1), ("A2", 1))
+    }
+
+
 def test_multiplier_is_exact_for_the_true_laws():
     law = get_law("chinchilla")
     pa, pb = SyntheticLaw().params_dict(), SyntheticLaw(efficiency=1.5).params_dict()
@@ -37,9 +49,8 @@ def test_multiplier_is_exact_for_the_true_laws():
     assert math.isinf(flops_to_reach(law, pa, pa["E"] * 0.99))
 
 
-def test_b_built_1p5x_more_efficient_recovers_1p5(stores):
-    a, b = load_store_runs(stores / "A"), load_store_runs(stores / "B")
-    cmp = compare_sweeps(a, b, names=("A", "B"), n_boot=60, target_flops=1e16)
+def test_b_built_1p5x_more_efficient_recovers_1p5(sides):
+    cmp = compare_fits(sides["A"], sides["B"], target_flops=1e16)
     print(
         {
             f"{c:.2g}": (round(m, 3), tuple(round(x, 3) for x in iv))
@@ -70,9 +81,8 @@ def test_a_side_is_the_one_fit_entrys_fit_of_its_store(stores):
     assert side.n_runs == fit.n_points
 
 
-def test_equal_sides_interval_contains_one(stores):
-    a, a2 = load_store_runs(stores / "A"), load_store_runs(stores / "A2")
-    cmp = compare_sweeps(a, a2, names=("A", "A2"), n_boot=60, target_flops=1e16)
+def test_equal_sides_interval_contains_one(sides):
+    cmp = compare_fits(sides["A"], sides["A2"], target_flops=1e16)
     print("A=B target", cmp.multiplier_at_target, cmp.target_interval)
     assert cmp.target_interval[0] <= 1.0 <= cmp.target_interval[1]
     assert all(iv[0] <= 1.0 <= iv[1] for iv in cmp.intervals)

@@ -27,7 +27,9 @@ SCRIPT = textwrap.dedent(
         gcs = ray.get_runtime_context().gcs_address
         probe = "import ray, sys\\ntry:\\n    ray.init(address=sys.argv[1])\\n    print('connected')\\n"
         probe += "except Exception as e:\\n    print('refused', type(e).__name__)\\n"
-        env = dict(os.environ, HOME=sys.argv[1], RAY_AUTH_MODE="disabled")
+        # The stranger's ray.init tries the GCS once a second, 20 times by default, before it gives
+        # up; the cluster is up and answering (the task ran), so 5 tries tell a refusal just as well.
+        env = dict(os.environ, HOME=sys.argv[1], RAY_AUTH_MODE="disabled", RAY_gcs_server_port_wait_time_s="5")
         r = subprocess.run([sys.executable, "-c", probe, gcs], env=env, capture_output=True, text=True, timeout=120)
         print("stranger", r.stdout.strip().splitlines()[-1])
     """

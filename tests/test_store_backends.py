@@ -4,9 +4,9 @@ Every test here takes `root`, a store root that is a temporary directory or a fr
 moto's S3 server (tests/s3_local.py), and runs the same assertions on both: whole records and
 read-modify-writes that lose no update (scalelab.store.atomic), the ledger (flags, scoring, two
 writers at once), run locks and leases, claims and links between sibling sweeps, resume, and the
-closed loop's rounds. The last two tests train for real on Ray: a WSD cooldown sweep (a branch
-started from its stable run's checkpoint) with a sibling sweep that shares its runs, whose records
-must be the same on both stores.
+closed loop's rounds. The last two tests train for real on Ray (one private cluster for the module,
+module_ray): a WSD cooldown sweep (a branch started from its stable run's checkpoint) with a sibling
+sweep that shares its runs, whose records must be the same on both stores.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import threading
 import uuid
 
 import pytest
+import ray
 import yaml
 
 from scalelab import store
@@ -29,6 +30,7 @@ from scalelab.store.run_lock import run_lock
 from scalelab.sweeps import propose, rounds
 from scalelab.sweeps.execute import launch, resume
 from scalelab.sweeps.proposal import read_round
+from scalelab.sweeps.ray_cluster import local_ray_on_loopback
 from scalelab.sweeps.rounds import run_rounds
 from scalelab.sweeps.spec import expand_sweep
 
@@ -273,8 +275,22 @@ WSD = {
 TRAINED: dict[str, dict[str, tuple]] = {}  # backend -> run id -> (status, final val loss), for the comparison
 
 
-def test_cooldown_branch_and_a_sibling_sweep_sharing_its_runs_train_each_run_once(root, monkeypatch):
-    monkeypatch.setenv("RAY_ADDRESS", "local")  # a private Ray per launch, with this process's AWS environment
+@pytest.fixture(scope="module")
+def module_ray(s3):
+    """One private loopback Ray (1 CPU, as each launch asked for) for both backends' training, started
+    after the S3 server so its workers inherit the AWS environment pointing at it; a launch uses a Ray
+    that is already up as it is. Shut down at the module's end, before the session's `ray_local`
+    (whose tests run last) starts. Starting a cluster is most of a launch's time on a small sweep."""
+    local_ray_on_loopback()
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def test_cooldown_branch_and_a_sibling_sweep_sharing_its_runs_train_each_run_once(root, module_ray):
     a, b = sweep_of(root, "wsd"), sweep_of(root, "wsd-sibling")
     sweep = expand_sweep(WSD)
     branch = next(r for r in sweep.runs if r.depends_on)
