@@ -13,7 +13,15 @@
 """
 
 import os
+import sys
 import tempfile
+from pathlib import Path
+
+# `python -m pytest` from the repository root puts the root on sys.path, where the top-level kernels/
+# folder (installed as scalelab.kernels) would shadow the PyPI package `kernels` that transformers
+# imports. scalelab is imported through its installed package mapping, never from the root.
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
