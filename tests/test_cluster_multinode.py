@@ -11,16 +11,9 @@ CPU each, so a dp=2 run's two workers sit on two nodes. Each test drives a sweep
 - `sweep launch --detach`: the driver runs as a Ray Job after the client has exited; `sweep status`
   and `sweep resume` work from another process that only sees the store;
 - a hang injected in one rank of a dp=2 run over two nodes: the step watchdog ends the workers, the
-  retry finishes the run, and its numbers equal the same run on one node (`scalelab run`'s processes);
-- the elastic dp=2 run on an `s3://` store (moto's S3 server, tests/s3_local.py): the node lost once
-  the bucket holds a complete checkpoint at step >= 10, the run continues at dp=1 from the bucket's
-  newest complete checkpoint and ends within 1e-5 of the uninterrupted dp=2 run on one local disk.
+  retry finishes the run, and its numbers equal the same run on one node (`scalelab run`'s processes).
 
-The moto server is started before the cluster, so every node inherits the AWS environment pointing
-at it (no shared file system is used by the s3:// run: each rank trains in a directory of its own,
-scalelab.store.rank_copy); the runs on a local store ignore it. One cluster and one uninterrupted
-dp=2 reference serve every test here (starting a cluster and training the reference are the slow
-parts). The cluster is shut down at the end of the module; this process never connects to it, so the
+The cluster is shut down at the end of the module; this process never connects to it, so the
 session's `ray_local` cluster of later tests is untouched. Runs: the debug model, 64-token sequences.
 """
 
@@ -36,10 +29,8 @@ import polars as pl
 import pytest
 import yaml
 from ray.cluster_utils import Cluster
-from s3_local import serve
 
 from scalelab import store
-from scalelab.store import checkpoint_files, objects
 from scalelab.store.checkpoint_files import latest_checkpoint, list_checkpoints
 from scalelab.store.records import read_status
 from scalelab.sweeps.spec import expand_sweep
@@ -56,7 +47,6 @@ BASE = {
     "logging": {"wandb": "disabled", "progress": "off"},
 }
 DP2 = {**BASE, "parallel": {"dp_shard": 2}}
-BUCKET = "scalelab-cluster"
 WAIT_S = 600  # how long a state may take before a test calls it a hang (a loaded 2-core machine is slow)
 METRIC_COLS = ["step", "tokens", "flops", "loss", "lr", "grad_norm"]
 
@@ -106,18 +96,16 @@ class SimCluster:
 
 @pytest.fixture(scope="module")
 def sim():
-    with serve(BUCKET):  # first: the cluster's nodes inherit the AWS environment pointing at it
-        c = SimCluster()
-        try:
-            yield c
-        finally:
-            c.cluster.shutdown()
+    c = SimCluster()
+    try:
+        yield c
+    finally:
+        c.cluster.shutdown()
 
 
 @pytest.fixture(scope="module")
 def dp2_reference(tmp_path_factory):
-    """The dp=2 run on one node, uninterrupted: `scalelab run`'s two local processes (no Ray), on one
-    local disk; the reference of the elastic, hang and s3:// tests (the same config, the same run id)."""
+    """The dp=2 run on one node, uninterrupted: `scalelab run`'s two local processes (no Ray)."""
     spec = {"name": "ref", "base": DP2, "grid": {"optim.lr": [3e-3]}}
     run = expand_sweep(spec).runs[0]
     out = tmp_path_factory.mktemp("dp2ref") / run.run_id
@@ -309,58 +297,6 @@ def test_dp2_over_two_nodes_equals_one_node_through_a_hang_ended_by_the_watchdog
         assert layout["dp"] == 2 and not layout["elastic"], layout
         assert len(set(layout["nodes"])) == 2 and set(layout["nodes"]) <= worker_ids, layout["nodes"]
     assert _metrics(store.run_path(out, run_id)).equals(ref)
-
-
-def _newest_complete(run_url: str) -> int:
-    steps = [int(d.split("_")[1]) for d in checkpoint_files.remote_checkpoints(objects.join(run_url, "checkpoints"))]
-    return max(steps, default=0)
-
-
-def test_dp2_on_s3_loses_a_node_and_resumes_from_the_bucket(sim, dp2_reference, tmp_path):
-    """The elastic dp=2 run of test_elastic_dp2_continues_at_dp1_with_the_same_global_batch with its
-    store in the bucket: resumed at dp=1 from the bucket's newest complete checkpoint (resharded on
-    load), under the same run id as the uninterrupted dp=2 run on one local disk."""
-    sim.ensure_workers(2)
-    ref_id, ref, ref_status = dp2_reference
-    spec = {
-        "name": "elastic",
-        "base": DP2,
-        "grid": {"optim.lr": [3e-3]},
-        "execution": {"elastic": True, "max_failures": 2},
-    }
-    run_id = expand_sweep(spec).runs[0].run_id
-    out = f"s3://{BUCKET}/root/elastic"
-    run_url = objects.join(out, "runs", run_id)
-    log = tmp_path / "elastic.log"
-    timeout = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}  # then Ray Train tries a smaller group
-    proc = _driver(spec, out, sim.address, tmp_path, SCALELAB_TEST_STEP_DELAY_S="0.15", **timeout)
-    _wait_for("a complete checkpoint >= 10 in the bucket", lambda: _newest_complete(run_url) >= 10, proc, log)
-    trial_node = [e for e in store.read_events(out) if e["event"] == "start"][-1]["node"]
-    other = next(n.node_id for n in sim.workers if n.node_id != trial_node)
-    killed_at = sim.remove(other)
-    print(f"\nkilled {other[:8]} at step >= {_newest_complete(run_url)} (newest complete checkpoint in the bucket)")
-    _finish(proc, log)
-    sim.ensure_workers(2)
-
-    status = read_status(run_url)
-    print("events:", [(e["event"], round(e["time"] - killed_at, 1)) for e in store.read_events(out)])
-    print("layouts:", status["layouts"], "loaded_steps:", status["loaded_steps"])
-    assert status["status"] == "done" and status["run_id"] == run_id
-    first, *_, last = status["layouts"]
-    assert (first["dp"], first["from_step"]) == (2, 0) and len(set(first["nodes"])) == 2 and other in first["nodes"]
-    assert (last["dp"], last["accumulation"], last["elastic"]) == (1, 2, True), status["layouts"]
-    resumed_at = status["loaded_steps"][-1]
-    assert resumed_at >= 10 and last["from_step"] == resumed_at, status["loaded_steps"]
-
-    objects.download(objects.join(run_url, "metrics.parquet"), tmp_path / "got.parquet")
-    got = pl.read_parquet(tmp_path / "got.parquet").select(METRIC_COLS)
-    _print_losses("s3:// dp=2 over two nodes, one lost, resumed at dp=1 from the bucket", ref, got, resumed_at,
-                  status["layouts"])  # fmt: skip
-    diff = (got["loss"] - ref["loss"]).abs().max()
-    assert got["step"].to_list() == ref["step"].to_list() and diff <= 1e-5, diff
-    final, ref_final = status["final_train_loss"], ref_status["final_train_loss"]
-    print(f"final train loss: s3 {final:.8f} vs local {ref_final:.8f}")
-    assert abs(final - ref_final) <= 1e-5 and ref_status["run_id"] == run_id == ref_id
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
