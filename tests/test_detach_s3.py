@@ -8,7 +8,6 @@ spec copy the job's driver launches is an object of the sweep (`<out>/driver/<sp
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from scalelab.store import objects
 
 pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
-from s3_local import serve  # noqa: E402
+from s3_local import free_port, serve  # noqa: E402
 
 BUCKET = "scalelab-detach"
 SPEC = {
@@ -39,12 +38,6 @@ SPEC = {
 WAIT_S = 600
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def cluster_without_aws():
     """A local Ray cluster with a dashboard, its processes started with no AWS_* variable."""
@@ -52,7 +45,7 @@ def cluster_without_aws():
 
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("AWS_")}
     try:
-        ports = {"dashboard_port": _free_port(), "dashboard_agent_listen_port": _free_port()}
+        ports = {"dashboard_port": free_port(), "dashboard_agent_listen_port": free_port()}
         c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": True} | ports)
     finally:
         os.environ.update(saved)
