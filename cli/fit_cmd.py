@@ -80,6 +80,13 @@ def _add_fit(sub) -> None:
     )
     p.add_argument("--approach", type=int, choices=(1, 2, 3), default=3, help="Chinchilla approach (default 3)")
     p.add_argument(
+        "--isoflop-shape",
+        choices=("parabola", "power"),
+        default=None,
+        help="--approach 2: each IsoFLOP slice fitted with a parabola in ln N (Chinchilla's, default) or with the "
+        "curve's own asymmetric shape, exponents shared across slices (no grid bias; docs/extrapolation.md)",
+    )
+    p.add_argument(
         "--bootstrap",
         type=int,
         default=None,
@@ -180,6 +187,7 @@ def _options(args: argparse.Namespace, store: pathlib.Path | None):
         params=args.params,
         evidence=args.evidence,
         approach=args.approach,
+        isoflop_shape=args.isoflop_shape,
         loss=args.loss_col,
         stopped=args.stopped,
         starts=args.starts,

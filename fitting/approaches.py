@@ -26,6 +26,7 @@ import numpy as np
 import statsmodels.api as sm
 
 from scalelab.errors import UsageError
+from scalelab.fitting.isoflop_shape import shape_minima
 
 # Relative tolerance when deciding that two runs share a FLOP budget (IsoFLOP designs use exact
 # budgets, but recorded FLOPs differ slightly because sizes are rounded to whole layers).
@@ -254,6 +255,7 @@ def approach2(
     min_runs_per_budget: int = 3,
     curvature_z: float = 2.0,
     level: float = 0.95,
+    shape: str = "parabola",
 ) -> ApproachResult:
     """Chinchilla Approach 2: IsoFLOP parabolas, then power laws in C.
 
@@ -269,14 +271,20 @@ def approach2(
         min_runs_per_budget: budgets with fewer distinct sizes are skipped (a parabola needs 3).
         curvature_z: z-threshold on the parabola's curvature for "not flat".
         level: confidence level for all intervals.
+        shape: "parabola" (Chinchilla's) or "power": each slice fitted with the IsoFLOP curve's own
+            asymmetric shape, the exponents shared (scalelab.fitting.isoflop_shape: no grid bias).
     Returns:
         ApproachResult with n_opt/d_opt power laws and per-budget minima (intervals on N* from the
-        delta method on the parabola's covariance).
+        delta method on the parabola's, or the shape fit's, covariance).
     Raises:
         UsageError: bad arrays, or fewer than 2 usable budgets.
     """
     params, tokens, loss, flops = _check_arrays(params, tokens, loss, flops)
     labels = group_budgets(flops) if budget_labels is None else np.asarray(budget_labels)
+    if shape == "power":
+        return _finish(2, *_shape_minima(params, loss, flops, labels, level), level)
+    if shape != "parabola":
+        raise UsageError(f"isoflop shape {shape!r} is not known; use parabola or power")
     minima: list[BudgetMinimum] = []
     warnings: list[str] = []
     for lab in np.unique(labels):
@@ -295,6 +303,45 @@ def approach2(
                 "extend the size range"
             )
     return _finish(2, minima, warnings, level)
+
+
+def _shape_minima(params, loss, flops, labels, level) -> tuple[list[BudgetMinimum], list[str]]:
+    """Approach 2's minima from the shared-shape slice fits (scalelab.fitting.isoflop_shape)."""
+    points, fitted, warnings = shape_minima(params=params, loss=loss, flops=flops, labels=labels, level=level)
+    warnings.append(
+        f"isoflop shape: alpha {fitted.alpha:.3f}, beta {fitted.beta:.3f} shared by the slices "
+        f"({fitted.dof} residual degree(s) of freedom)"
+    )
+    at_edge = [n for n, v in (("alpha", fitted.alpha), ("beta", fitted.beta)) if not fitted.interior(v)]
+    if at_edge:
+        warnings.append(
+            f"isoflop shape: {' and '.join(at_edge)} at the edge of the searched range: the slices do not "
+            "identify the shape, and the minima rest on an arbitrary one"
+        )
+    minima = []
+    for p in points:
+        flat = p.x_star is None
+        x_star = p.x_range[0] if flat else p.x_star
+        boundary = not flat and not (p.x_range[0] < x_star < p.x_range[1])
+        n_opt = float(np.exp(x_star))
+        minima.append(
+            BudgetMinimum(
+                flops=p.flops,
+                n_opt=n_opt,
+                d_opt=p.flops / (6.0 * n_opt),
+                loss_opt=p.loss_star,
+                n_opt_interval=None if p.x_interval is None else tuple(float(np.exp(v)) for v in p.x_interval),
+                num_runs=p.num_runs,
+                flat=flat,
+                boundary=boundary,
+                used=not (flat or boundary),
+            )
+        )
+        if flat:
+            warnings.append(f"budget C={p.flops:.3g}: no interior minimum under the fitted shape")
+        elif boundary:
+            warnings.append(f"budget C={p.flops:.3g}: minimum at or beyond the sampled sizes (N*≈{n_opt:.3g})")
+    return minima, warnings
 
 
 def approach1(

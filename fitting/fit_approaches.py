@@ -24,17 +24,17 @@ from scalelab.fitting.select import Selection, calibration_factor, select_law
 APPROACH_SAMPLES = 2000  # parametric draws of the N* line saved for Approaches 1/2
 
 
-def _run_approach(approach: int, table: RunTable, level: float):
+def _run_approach(approach: int, table: RunTable, level: float, shape: str = "parabola"):
     kw = dict(params=table.params, tokens=table.tokens, loss=table.loss, flops=table.flops, level=level)
     if approach == 1:
         return appr.approach1(**kw)
-    return appr.approach2(**kw, budget_labels=None if table.group is None else table.group)
+    return appr.approach2(**kw, budget_labels=None if table.group is None else table.group, shape=shape)
 
 
 def fit_approach(table: RunTable, options: FitOptions) -> ScalingFit:
     """Approach 1 or 2 of `table` (module docstring)."""
     approach = options.approach
-    res = _run_approach(approach, table, options.level)
+    res = _run_approach(approach, table, options.level, options.isoflop_shape)
     params = {
         "n_coef": res.n_opt.coef,
         "n_exponent": res.n_opt.exponent,
@@ -80,7 +80,7 @@ def _approach_backtest(approach: int, table: RunTable, full, options: FitOptions
     if held.all():
         raise UsageError("every located budget would be held out")
     cut = c[held].min() / (1.0 + appr.BUDGET_REL_TOL)
-    train = _run_approach(approach, table.subset(table.flops < cut), options.level)
+    train = _run_approach(approach, table.subset(table.flops < cut), options.level, options.isoflop_shape)
     obs = np.array([m.n_opt for m, h in zip(used, held) if h])
     pred = train.n_opt(c[held])
     rel = (pred - obs) / obs

@@ -34,6 +34,8 @@ class FitOptions:
     require_optimum: bool = False  # one law of N and D with a compute-optimal allocation (the loop proposes
     # from N*(C)): when "auto" picks a curve law or the average, the best-scored such law is fitted instead
     approach: int = 3  # 1 (envelope), 2 (IsoFLOP parabolas) or 3 (parametric law), Chinchilla's approaches
+    isoflop_shape: str = "parabola"  # approach 2's slice fit: parabola in ln N | power (the curve's own
+    # asymmetric shape, exponents shared: scalelab.fitting.isoflop_shape)
     # which runs and values (a sweep store's runs table: scalelab.sweeps.store_fit)
     loss: str = "loss"  # the loss column
     flops: str = "6n"  # 6n | exact: a run's FLOPs where it has no IsoFLOP budget label
@@ -72,6 +74,7 @@ class FitOptions:
             ("params", self.params, ("total", "nonembed")),
             ("stopped", self.stopped, ("include", "exclude")),
             ("evidence", self.evidence, ("growth", "level")),
+            ("isoflop_shape", self.isoflop_shape, ("parabola", "power")),
         ):
             if value not in allowed:
                 raise UsageError(f"{name} {value!r} is not known; use {' or '.join(allowed)}")
