@@ -41,12 +41,18 @@ def _cli(*argv: str) -> str:
     return out.getvalue()
 
 
-def score(name: str, df: pl.DataFrame, work: pathlib.Path) -> dict:
+def split(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(training rows: every model but the largest after 10% of its training; the held-out rows:
+    the largest model's last 30%), the Hitchhiker's-guide protocol."""
     df = df.unique(subset=["model", "tokens", "loss"], keep="first", maintain_order=True)
     df = df.with_columns(frac=pl.col("tokens") / pl.col("tokens").max().over("model"))
     largest = df["params"].max()
     train = df.filter((pl.col("params") < largest) & (pl.col("frac") > 0.1)).select("params", "tokens", "loss")
-    test = df.filter((pl.col("params") == largest) & (pl.col("frac") >= 0.7))
+    return train, df.filter((pl.col("params") == largest) & (pl.col("frac") >= 0.7))
+
+
+def score(name: str, df: pl.DataFrame, work: pathlib.Path) -> dict:
+    train, test = split(df)
     table = work / f"{name.split()[0]}.csv"
     train.write_csv(table)
     n, d, obs = (np.asarray(test[c].to_numpy(), dtype=float) for c in ("params", "tokens", "loss"))
