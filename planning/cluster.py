@@ -5,7 +5,8 @@
     cluster.hw, cluster.consts, cluster.band.lo, cluster.band.hi
 
 The band is how far the planner's step time has been from measured ones, as the ratio measured /
-predicted of the wall time (so a band [0.8, 1.5] says the run may take from 0.8x to 1.5x the plan):
+predicted of the run's time (wall time on GPUs, CPU time on this CPU: `band.clock`; so a band
+[0.8, 1.5] says the run may take from 0.8x to 1.5x the plan):
   - GPU types: the check against published cluster results (scalelab.parallel.planner_published,
     docs/planner-at-scale.md): the lowest and highest ratio over its goal rows (every figure there is
     a throughput, so measured / predicted wall time = predicted / published figure);
