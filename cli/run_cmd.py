@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,8 +108,12 @@ def _train(cfg, out: Path, args) -> int:
         return launch_local(cfg, out, resume=resume)
     from scalelab.train.loop import train_run
 
+    # The same two clocks as a sweep trial's end event (scalelab.sweeps.execute._TrainClock): wall,
+    # and this process's CPU seconds (every thread: torch's pool too), what a CPU plan times.
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     summary = train_run(cfg, out, resume=resume)
     _print_summary(summary, out)
+    print(f"train {time.perf_counter() - wall0:.1f} s wall, {time.process_time() - cpu0:.1f} s CPU")
     return 0 if summary.get("status") == "done" else 1
 
 

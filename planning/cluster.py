@@ -5,18 +5,25 @@
     cluster.hw, cluster.consts, cluster.band.lo, cluster.band.hi
 
 The band is how far the planner's step time has been from measured ones, as the ratio measured /
-predicted of the wall time (so a band [0.8, 1.5] says the run may take from 0.8x to 1.5x the plan):
+predicted of the run's time (wall time on GPUs, CPU time on this CPU: `band.clock`; so a band
+[0.8, 1.5] says the run may take from 0.8x to 1.5x the plan):
   - GPU types: the check against published cluster results (scalelab.parallel.planner_published,
     docs/planner-at-scale.md): the lowest and highest ratio over its goal rows (every figure there is
     a throughput, so measured / predicted wall time = predicted / published figure);
-  - this CPU: the sweep's own runs. Each run's measured seconds per step (its trial's wall time
-    from events.jsonl over its steps, so start-up, evaluation and a shared machine's load are in it)
-    against the planner's step for its model and batch. On one process the planner's step is its
-    FLOPs over peak x mfu; tiny models add a fixed cost per step (Python, the optimizer's loop over
-    tensors, the data loader) that no FLOP count sees. So the CPU's rate R (FLOP/s: the planner's
-    peak, with mfu 1) and that cost per step b are fitted to the runs, step = FLOPs / R + b, by least
-    squares on log step time; the band is the lowest and highest ratio measured / fitted left. Runs
-    that shared the cores with another run are slower than one alone: the band shows it.
+  - this CPU: the sweep's own runs. Each run's measured seconds per step (its trial's CPU seconds
+    from events.jsonl, `train_cpu_s`, over its steps, so start-up and evaluation are in it) against
+    the planner's step for its model and batch. On one process the planner's step is its FLOPs over
+    peak x mfu; tiny models add a fixed cost per step (Python, the optimizer's loop over tensors, the
+    data loader) that no FLOP count sees. So the CPU's rate R (FLOP/s: the planner's peak, with mfu
+    1) and that cost per step b are fitted to the runs, step = FLOPs / R + b, by least squares on log
+    step time; the band is the lowest and highest ratio measured / fitted left.
+
+CPU seconds, not wall: on a machine shared with other work a run gets a share of a core that
+changes from hour to hour, and its wall time is its CPU time over that share. A rate fitted on the
+wall time of the sweep's runs would plan at the load of the day the sweep ran; fitted on their CPU
+time it plans the run alone on one idle core, a figure the next run can be checked against whatever
+the load then (its own CPU time). A store whose events predate `train_cpu_s` (any timed run without
+it) is fitted on wall time, and the cluster's label and band say which clock they are.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ class PlannerBand:
     n: int
     within_15: int  # cases whose step time the planner got within 15%
     source: str
+    clock: str = "wall"  # the time the ratios are of: "wall", or "CPU" (a CPU plan fitted on CPU seconds)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -114,8 +122,9 @@ def _machine_memory_bytes() -> int:
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def _timed_runs(sweep_dir: Path) -> list[tuple[Path, float]]:
-    """(run directory, seconds per optimizer step) of the sweep's done runs that timed themselves."""
+def _timed_runs(sweep_dir: Path) -> list[tuple[Path, float, float | None]]:
+    """(run directory, wall seconds per optimizer step, CPU seconds per step or None where the event
+    has none) of the sweep's done runs that timed themselves."""
     out = []
     for ev in store.read_events(sweep_dir):
         if ev.get("event") != "end" or ev.get("status") != "done" or not ev.get("train_s"):
@@ -125,8 +134,19 @@ def _timed_runs(sweep_dir: Path) -> list[tuple[Path, float]]:
             steps = build_run_config(json.loads((run_dir / "config.json").read_text())).num_steps
         except (OSError, json.JSONDecodeError, UsageError):
             continue
-        out.append((run_dir, float(ev["train_s"]) / steps))
+        cpu = ev.get("train_cpu_s")
+        out.append((run_dir, float(ev["train_s"]) / steps, float(cpu) / steps if cpu else None))
     return out
+
+
+def _step_times(sweep_dir: Path, hw: Hardware) -> tuple[list[Measurement], str]:
+    """The sweep's one-process runs as measurements of seconds per step, and the clock they are in:
+    CPU seconds when every such run recorded them, else wall seconds (an older store)."""
+    runs = [(_measurement(d, wall, hw), wall, cpu) for d, wall, cpu in _timed_runs(sweep_dir)]
+    runs = [(m, wall, cpu) for m, wall, cpu in runs if m is not None]
+    if runs and all(cpu is not None for _, _, cpu in runs):
+        return [replace(m, step_time_s=cpu) for m, _, cpu in runs], "CPU"
+    return [m for m, _, _ in runs], "wall"
 
 
 def _measurement(run_dir: Path, step_s: float, hw: Hardware) -> Measurement | None:
@@ -169,7 +189,7 @@ def cpu_cluster(sweep_dir: str | Path) -> Cluster:
         host_runs_ahead=False,
     )
     consts = CostConstants(mfu=1.0, comm_efficiency=1.0, overhead_bytes=0.0)
-    timed = [m for m in (_measurement(d, s, unit) for d, s in _timed_runs(sweep_dir)) if m is not None]
+    timed, clock = _step_times(sweep_dir, unit)
     if len(timed) < 3:
         raise UsageError(
             f"--gpu cpu: {sweep_dir} has {len(timed)} timed one-process run(s) in events.jsonl; the CPU plan "
@@ -184,10 +204,15 @@ def cpu_cluster(sweep_dir: str | Path) -> Cluster:
         hi=float(ratios.max()),
         n=len(ratios),
         within_15=int(np.sum(np.abs(ratios - 1) <= 0.15)),
-        source=f"the sweep's {len(ratios)} runs on this machine (rate and per-step cost fitted on them)",
+        source=f"the sweep's {len(ratios)} runs on this machine (rate and per-step cost fitted on their "
+        f"{clock} seconds)",
+        clock=clock,
     )
     hw = replace(unit, peak_flops=rate)
-    label = f"1 x cpu (this machine: one process, fp32, {rate / 1e9:.1f} GFLOP/s + {1e3 * overhead:.1f} ms per step)"
+    label = f"1 x cpu (this machine: one process, fp32, {rate / 1e9:.1f} GFLOP/s + {1e3 * overhead:.1f} ms per step"
+    label += (
+        ", of CPU time: the run alone on one idle core)" if clock == "CPU" else ", of wall time at the sweep's load)"
+    )
     return Cluster(label=label, gpu=CPU, num_gpus=1, hw=hw, consts=consts, band=band, step_overhead_s=overhead)
 
 

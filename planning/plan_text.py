@@ -108,6 +108,7 @@ def format_plan(p: dict[str, Any]) -> str:
     lines += [f"  note: {n}" for n in p["notes"]]
     comm = ", ".join(f"{k} {v:.3g} s" for k, v in lay["time_parts"].items())
     band = cost["band"]
+    clock = band.get("clock", "wall")  # plans written before the CPU clock have none
     mem = lay["memory_gib"]["total"]
     lines += [
         f"cluster: {p['cluster']['label']}",
@@ -118,8 +119,9 @@ def format_plan(p: dict[str, Any]) -> str:
         f"wall time {duration(cost['wall_s'])}  band [{duration(cost['wall_band_s'][0])}, "
         f"{duration(cost['wall_band_s'][1])}]; device-hours {cost['gpu_hours']:,.4g} "
         f"[{cost['gpu_hours_band'][0]:,.4g}, {cost['gpu_hours_band'][1]:,.4g}]",
-        f"  band x{band['lo']:.2f}..x{band['hi']:.2f}: measured / planned wall time over {band['n']} cases of "
+        f"  band x{band['lo']:.2f}..x{band['hi']:.2f}: measured / planned {clock} time over {band['n']} cases of "
         f"{band['source']}; {band['within_15']} of {band['n']} within 15%",
+        *_cpu_time_note(clock),
         f"sensitivity (the law's loss at the run's N, D; + is worse; the interval's upper half-width is "
         f"{pct(loss['hi'] / loss['point'] - 1)})",
     ]
@@ -158,3 +160,13 @@ def what_if_lines(w: dict[str, Any]) -> list[str]:
         lines.append(f"  system ceiling: the shortest run is {duration(w['ceiling_wall_s'])} at {w['ceiling']:,} GPUs")
     lines += [f"  assumes: {a}" for a in w["assumptions"]]
     return lines
+
+
+def _cpu_time_note(clock: str) -> list[str]:
+    """A CPU plan fitted on CPU seconds times the run alone on one idle core; say what wall time is."""
+    if clock != "CPU":
+        return []
+    return [
+        "  the time is CPU time: the run alone on one idle core; on a shared machine its wall time is that "
+        "over the share of a core the run gets"
+    ]

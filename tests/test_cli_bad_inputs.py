@@ -8,6 +8,7 @@ the whole fuzz table as separate processes.)
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,6 @@ def test_a_rejected_run_leaves_nothing_that_blocks_the_corrected_command(workdir
     capsys.readouterr()
     assert main(["run", "run.yaml", "--out", "o"]) == 0
     assert json.loads((workdir / "o" / "status.json").read_text())["status"] == "done"
+    # the run's time on both clocks (what a CPU plan is checked against); one thread: CPU <= wall
+    wall, cpu = map(float, re.search(r"train ([\d.]+) s wall, ([\d.]+) s CPU", capsys.readouterr().out).groups())
+    assert 0 < cpu <= wall * 1.05 + 0.2

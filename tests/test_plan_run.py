@@ -6,6 +6,7 @@ import io
 import json
 import math
 import re
+import shutil
 
 import matplotlib.image as mpimg
 import numpy as np
@@ -107,6 +108,36 @@ def test_cpu_cluster_recovers_the_machine_from_the_sweep_runs(sweep):
     assert c.band.n == 15 and c.band.within_15 == 15
 
 
+def _retimed(sd, dest, cpu_of):
+    """A copy of the sweep's runs (their configs) in `dest` whose end events carry the wall time of
+    a loaded machine (each run at its own share of a core) and the CPU time cpu_of(run id, seconds)."""
+    for i, run_id in enumerate(sorted({e["run_id"] for e in store.read_events(sd)})):
+        config = json.loads((store.run_path(sd, run_id) / "config.json").read_text())
+        run_dir = store.run_path(dest, run_id)
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.json").write_text(json.dumps(config))
+        steps, flops = _steps_and_flops(config)
+        cpu = steps * (flops / RATE + PER_STEP)
+        share = (0.2, 0.35, 0.5, 0.9)[i % 4]  # what the other processes left this run
+        store.append_event(dest, "end", run_id, status="done", train_s=cpu / share, **cpu_of(run_id, cpu))
+    return dest
+
+
+def test_cpu_cluster_fits_cpu_seconds_when_every_run_has_them(sweep, tmp_path):
+    sd, _ = sweep
+    c = cpu_cluster(_retimed(sd, tmp_path / "cpu", lambda _, cpu: {"train_cpu_s": cpu}))
+    assert c.hw.peak_flops == pytest.approx(RATE, rel=1e-3)  # the load's wall time does not enter
+    assert c.step_overhead_s == pytest.approx(PER_STEP, rel=1e-3)
+    assert c.band.clock == "CPU" and "CPU seconds" in c.band.source and "idle core" in c.label
+    assert c.band.lo == pytest.approx(1.0, abs=1e-3) and c.band.hi == pytest.approx(1.0, abs=1e-3)
+    # one run without CPU time (a store written before it was recorded): the whole fit is on wall time
+    missing = sorted({e["run_id"] for e in store.read_events(sd)})[3]
+    old = _retimed(sd, tmp_path / "old", lambda run_id, cpu: {} if run_id == missing else {"train_cpu_s": cpu})
+    w = cpu_cluster(old)
+    assert w.band.clock == "wall" and "wall seconds" in w.band.source and "sweep's load" in w.label
+    assert w.hw.peak_flops < 0.9 * RATE and w.band.hi / w.band.lo > 2  # the load is in the wall time
+
+
 def test_wall_time_is_steps_times_the_calibrated_step(sweep, tmp_path):
     sd, _ = sweep
     out = tmp_path / "p"
@@ -117,6 +148,27 @@ def test_wall_time_is_steps_times_the_calibrated_step(sweep, tmp_path):
     assert plan["cost"]["wall_s"] == pytest.approx(steps * (flops / RATE + PER_STEP), rel=1e-6)
     assert plan["layout"]["mfu"] is None  # a fitted CPU rate has no meaningful peak
     assert plan["what_if"] is None
+
+
+def test_a_plan_fitted_on_cpu_seconds_times_the_run_alone_and_says_so(sweep, tmp_path, capsys):
+    sd, _ = sweep
+    copy = tmp_path / "fake"
+    shutil.copytree(sd, copy)
+    events = store.read_events(copy)
+    (copy / "events.jsonl").unlink()
+    for e in events:  # the same runs timed on a loaded machine: a third of a core each, CPU time as before
+        fields = {k: v for k, v in e.items() if k not in ("event", "run_id", "time", "pid")}
+        cpu = fields.pop("train_s")
+        store.append_event(copy, e["event"], e["run_id"], **fields, train_s=3 * cpu, train_cpu_s=cpu)
+    out = tmp_path / "p"
+    assert main(["plan-run", str(copy), "--flops", "3e13", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    plan = json.loads((out / "plan.json").read_text())
+    steps, flops = _steps_and_flops(plan["config"])
+    assert plan["cost"]["wall_s"] == pytest.approx(steps * (flops / RATE + PER_STEP), rel=1e-6)
+    assert plan["cost"]["band"]["clock"] == "CPU"
+    assert "measured / planned CPU time" in text and "the run alone on one idle core" in text
+    assert "its wall time is that over the share of a core the run gets" in text
 
 
 def test_hp_sweep_gives_the_lr_interval_and_its_cost_enters_the_loss_interval(sweep, tmp_path):

@@ -99,6 +99,10 @@ def test_six_runs_dedupe_and_fault_resume_bit_exact(ray_local, tmp_path, capsys)
     assert "InjectedFault" in events[1]["error"]
     # the retry loaded the step-10 checkpoint (a retry from step 0 would log the same losses)
     assert events[1]["loaded_step"] is None and events[4]["loaded_step"] == 10
+    # each attempt's time: wall, and the trial process's CPU seconds over the same interval (one
+    # thread of torch: no more than the wall time, but for Ray's own threads in the worker)
+    for e in (e for e in store.read_events(a) if e["event"] in ("end", "fail")):
+        assert 0 < e["train_cpu_s"] <= e["train_s"] * 1.05 + 0.2, e
     # the uninterrupted run, trained here as one process (a trial runs the same train_run)
     clean, resumed = tmp_path / "clean", store.run_path(a, faulty.run_id)
     train_run(build_run_config(faulty.config), clean)
