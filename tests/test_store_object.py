@@ -200,10 +200,11 @@ def _cli(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
 def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, ray_local, tmp_path, capsys):
     """The must-show: a sweep whose store is the bucket, read back by status, fit and report.
 
-    The launch is a `scalelab` process of its own that joins the session's Ray (`--address`): the
-    cluster was started without this server's AWS environment, so its trials reach the bucket only
-    through what the driver forwards (AWS_ENDPOINT_URL and the region; the keys named with
-    --pass-env). The commands that read the bucket after it run here, through the same CLI entry point."""
+    The launch is a `scalelab` process of its own that joins the session's Ray (`--address`), whose
+    processes were started without this server's AWS environment: the driver forwards the endpoint
+    and the region, and the keys as a user names them (--pass-env; Ray Tune also hands a driver's
+    AWS keys to its trial actors). The commands that read the bucket after it run here, through the
+    same CLI entry point."""
     spec = tmp_path / "objstore.yaml"
     spec.write_text(yaml.safe_dump(SWEEP))
     out = f"s3://{BUCKET}/sweeps/objstore"
