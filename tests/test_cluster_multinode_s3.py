@@ -11,14 +11,21 @@ disk, under the same run id.
 
 import polars as pl
 import pytest
-from test_cluster_multinode import DP2, METRIC_COLS, SimCluster, _driver, _finish, _print_losses, _wait_for
+from test_cluster_multinode import (
+    DP2,
+    METRIC_COLS,
+    SimCluster,
+    _driver,
+    _finish,
+    _print_losses,
+    _wait_for,
+    dp2_reference_run,
+)
 
 from scalelab import store
 from scalelab.store import checkpoint_files, objects
 from scalelab.store.records import read_status
 from scalelab.sweeps.spec import expand_sweep
-from scalelab.train.config import build_run_config
-from scalelab.train.launch import launch_local
 
 pytest.importorskip("moto.server")
 from s3_local import serve  # noqa: E402
@@ -41,7 +48,13 @@ def _newest_complete(run_url: str) -> int:
     return max(steps, default=0)
 
 
-def test_dp2_on_s3_loses_a_node_and_resumes_from_the_bucket(sim, tmp_path):
+@pytest.fixture(scope="module")
+def dp2_reference(tmp_path_factory):
+    """The uninterrupted dp=2 run on one local disk (trained once for both multinode modules)."""
+    return dp2_reference_run(tmp_path_factory)
+
+
+def test_dp2_on_s3_loses_a_node_and_resumes_from_the_bucket(sim, dp2_reference, tmp_path):
     sim.ensure_workers(2)
     spec = {
         "name": "elastic",
@@ -73,15 +86,14 @@ def test_dp2_on_s3_loses_a_node_and_resumes_from_the_bucket(sim, tmp_path):
     resumed_at = status["loaded_steps"][-1]
     assert resumed_at >= 10 and last["from_step"] == resumed_at, status["loaded_steps"]
 
-    ref_dir = tmp_path / "ref"  # the uninterrupted dp=2 run: `scalelab run`'s two processes, one local disk
-    assert launch_local(build_run_config(expand_sweep(spec).runs[0].config), ref_dir) == 0
-    ref = pl.read_parquet(ref_dir / "metrics.parquet").select(METRIC_COLS)
+    # the uninterrupted dp=2 run: `scalelab run`'s two processes, one local disk
+    ref_id, ref, ref_status = dp2_reference
     objects.download(objects.join(run_url, "metrics.parquet"), tmp_path / "got.parquet")
     got = pl.read_parquet(tmp_path / "got.parquet").select(METRIC_COLS)
     _print_losses("s3:// dp=2 over two nodes, one lost, resumed at dp=1 from the bucket", ref, got, resumed_at,
                   status["layouts"])  # fmt: skip
     diff = (got["loss"] - ref["loss"]).abs().max()
     assert got["step"].to_list() == ref["step"].to_list() and diff <= 1e-5, diff
-    final, ref_final = status["final_train_loss"], read_status(ref_dir)["final_train_loss"]
+    final, ref_final = status["final_train_loss"], ref_status["final_train_loss"]
     print(f"final train loss: s3 {final:.8f} vs local {ref_final:.8f}")
-    assert abs(final - ref_final) <= 1e-5 and read_status(ref_dir)["run_id"] == run_id
+    assert abs(final - ref_final) <= 1e-5 and ref_status["run_id"] == ref_id == run_id

@@ -197,17 +197,18 @@ def _cli(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(900)
-def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, tmp_path, capsys):
+def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, ray_local, tmp_path, capsys):
     """The must-show: a sweep whose store is the bucket, read back by status, fit and report.
 
-    The launch is a `scalelab` process of its own (its private Ray inherits the AWS environment);
-    the commands that read the bucket after it run here, through the same CLI entry point."""
+    The launch is a `scalelab` process of its own that joins the session's Ray (`--address`), whose
+    processes were started without this server's AWS environment: the driver forwards the endpoint
+    and the region, and the keys as a user names them (--pass-env; Ray Tune also hands a driver's
+    AWS keys to its trial actors). The commands that read the bucket after it run here, through the
+    same CLI entry point."""
     spec = tmp_path / "objstore.yaml"
     spec.write_text(yaml.safe_dump(SWEEP))
     out = f"s3://{BUCKET}/sweeps/objstore"
-    # RAY_ADDRESS=local: a private cluster even when another Ray on the machine left its address
-    # in /tmp/ray/ray_current_cluster (ray.init() with no address would join that one).
-    env = dict(os.environ, **s3, RAY_ADDRESS="local")
+    env = dict(os.environ, **s3)
     from scalelab.sweeps.spec import expand_sweep
 
     runs = [r.to_dict() for r in expand_sweep(SWEEP).runs]
@@ -238,7 +239,10 @@ def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, tmp_path, c
     dead = Lease(lease_url(out, orphan_id), ttl_s=15, holder="dead-node:1:x")
     dead.acquire(wait_s=0)
     expires_at = dead.current()["expires_at"]
-    launch = step(["sweep", "launch", str(spec), "--out", out, "--num-cpus", "2", "--inject-fault", f"{crash_id}:12"])
+    keys = ["--pass-env", "AWS_ACCESS_KEY_ID", "--pass-env", "AWS_SECRET_ACCESS_KEY"]
+    launch = step(
+        ["sweep", "launch", str(spec), "--out", out, "--address", ray_local, *keys, "--inject-fault", f"{crash_id}:12"]
+    )
     assert "states: done=6" in launch
     status = step_here(["sweep", "status", out])
     fit = step_here(["fit", out, "--law", "power_law_no_e", "--no-backtest"])
