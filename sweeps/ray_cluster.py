@@ -41,6 +41,9 @@ DRIVER_FILE = "driver.json"  # <sweep>/driver.json: the Ray Job running a detach
 
 # Variables that hold credentials: forwarded only when named in the allow-list (--pass-env).
 _SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_HUB_TOKEN")
+# The credentials Ray Tune itself copies from the driver's environment into every trial actor's
+# runtime env (ray.tune.execution.class_cache.ENV_VARS_TO_PROPAGATE), whatever the job's env says.
+_TUNE_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")
 _SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 
 
@@ -62,6 +65,20 @@ def forwarded_env(allow: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
             raise UsageError(f"--pass-env {name}: not set in this environment; export it or drop the flag")
         env[name] = os.environ[name]
     return env
+
+
+def tune_credentials(allow: list[str] | tuple[str, ...] | None) -> None:
+    """Which of the driver's AWS keys Ray Tune may copy into its trial actors: those named in
+    `allow` on a joined cluster (--pass-env; they also travel in the job's env), all of them for a
+    private cluster of this machine (None: Tune's own default). Tune's list is a process global, so
+    every start_ray sets it for the cluster it connects to."""
+    from ray.tune.execution import class_cache
+
+    for name in _TUNE_CREDENTIALS:
+        if allow is None or name in allow:
+            class_cache.ENV_VARS_TO_PROPAGATE.add(name)
+        else:
+            class_cache.ENV_VARS_TO_PROPAGATE.discard(name)
 
 
 def check_pass_env(address: str | None, pass_env: list[str] | tuple[str, ...]) -> None:
@@ -121,8 +138,10 @@ def start_ray(
         # A detached driver (a Ray Job) already runs in the runtime env its submitter forwarded,
         # which Ray refuses to merge with a second one naming the same variables.
         env = {} if _JOB_CONFIG_ENV in os.environ else forwarded_env(pass_env)
+        tune_credentials(tuple(pass_env))
         ray.init(address=address, runtime_env={"env_vars": env} if env else None, **kw)
         return None
+    tune_credentials(None)
     # A private cluster that listens on loopback only (local_ray_on_loopback, called before ray
     # was imported): token authentication is off unless RAY_AUTH_MODE says otherwise.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")

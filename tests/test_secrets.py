@@ -2,7 +2,8 @@
 
 WANDB_API_KEY and HF tokens are left out of the runtime env a job or a joined cluster receives
 unless named with `--pass-env`; named, they are refused for an http:// dashboard or a plain Ray
-address that is not loopback. (The Ray clients are replaced by recorders: nothing is sent.)
+address that is not loopback. The AWS keys Ray Tune itself copies into every trial actor follow
+the same rule on a joined cluster. (The Ray clients are replaced by recorders: nothing is sent.)
 """
 
 from __future__ import annotations
@@ -13,6 +14,30 @@ import yaml
 from scalelab.cli.main import main
 from scalelab.errors import UsageError
 from scalelab.sweeps import ray_cluster
+
+
+@pytest.fixture(autouse=True)
+def tune_default():
+    """start_ray sets Ray Tune's process-wide list of credentials it hands to trials; later tests
+    in this process run sweeps on private clusters, where Tune's default holds."""
+    yield
+    ray_cluster.tune_credentials(None)
+
+
+class _Trial:
+    pass
+
+
+class _OtherTrial:
+    pass
+
+
+def _trial_env(cls) -> dict:
+    """The env vars Ray Tune puts in a trial actor's runtime env (its actor-class cache, as the
+    trial runner calls it), read without starting anything."""
+    from ray.tune.execution.class_cache import _ActorClassCache
+
+    return _ActorClassCache().get(cls)._default_options["runtime_env"]["env_vars"]
 
 
 @pytest.fixture
@@ -65,6 +90,21 @@ def test_joining_a_cluster_forwards_no_secret_unless_named(secrets, monkeypatch)
     monkeypatch.setenv("RAY_USE_TLS", "1")
     ray_cluster.start_ray("10.1.2.3:6379", None, pass_env=["HF_TOKEN"])
     assert inits[-1]["runtime_env"]["env_vars"]["HF_TOKEN"] == "hf-secret"
+
+
+def test_tune_hands_trials_only_the_named_aws_keys_on_a_joined_cluster(monkeypatch):
+    import ray
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.setenv(name, f"{name.lower()}-value")
+    monkeypatch.setattr(ray, "init", lambda **kw: None)
+    ray_cluster.start_ray("127.0.0.1:6379", None)
+    assert not {k for k in _trial_env(_Trial) if k.startswith("AWS_")}
+    ray_cluster.start_ray("127.0.0.1:6379", None, pass_env=["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"])
+    env = _trial_env(_OtherTrial)
+    assert env["AWS_SECRET_ACCESS_KEY"] == "aws_secret_access_key-value" and "AWS_SESSION_TOKEN" not in env
+    ray_cluster.tune_credentials(None)  # a private cluster of this machine: Tune's own default
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"} <= set(_trial_env(type("T", (), {})))
 
 
 def test_the_cli_refuses_a_secret_in_clear_text_before_anything_is_written(secrets, submitted, tmp_path, capsys):

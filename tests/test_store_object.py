@@ -202,9 +202,9 @@ def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, ray_local, 
 
     The launch is a `scalelab` process of its own that joins the session's Ray (`--address`), whose
     processes were started without this server's AWS environment: the driver forwards the endpoint
-    and the region, and the keys as a user names them (--pass-env; Ray Tune also hands a driver's
-    AWS keys to its trial actors). The commands that read the bucket after it run here, through the
-    same CLI entry point."""
+    and the region, and the keys as a user names them (--pass-env: without it no trial gets them,
+    Ray Tune's own copying of the driver's AWS keys included, and the sweep cannot reach the bucket).
+    The commands that read the bucket after it run here, through the same CLI entry point."""
     spec = tmp_path / "objstore.yaml"
     spec.write_text(yaml.safe_dump(SWEEP))
     out = f"s3://{BUCKET}/sweeps/objstore"
