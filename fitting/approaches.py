@@ -282,7 +282,7 @@ def approach2(
     params, tokens, loss, flops = _check_arrays(params, tokens, loss, flops)
     labels = group_budgets(flops) if budget_labels is None else np.asarray(budget_labels)
     if shape == "power":
-        return _finish(2, *_shape_minima(params, loss, flops, labels, level), level)
+        return _finish(2, *_shape_minima(params, loss, flops, labels, level, min_runs_per_budget), level)
     if shape != "parabola":
         raise UsageError(f"isoflop shape {shape!r} is not known; use parabola or power")
     minima: list[BudgetMinimum] = []
@@ -305,9 +305,11 @@ def approach2(
     return _finish(2, minima, warnings, level)
 
 
-def _shape_minima(params, loss, flops, labels, level) -> tuple[list[BudgetMinimum], list[str]]:
+def _shape_minima(params, loss, flops, labels, level, min_sizes) -> tuple[list[BudgetMinimum], list[str]]:
     """Approach 2's minima from the shared-shape slice fits (scalelab.fitting.isoflop_shape)."""
-    points, fitted, warnings = shape_minima(params=params, loss=loss, flops=flops, labels=labels, level=level)
+    points, fitted, warnings = shape_minima(
+        params=params, loss=loss, flops=flops, labels=labels, level=level, min_sizes=min_sizes
+    )
     warnings.append(
         f"isoflop shape: alpha {fitted.alpha:.3f}, beta {fitted.beta:.3f} shared by the slices "
         f"({fitted.dof} residual degree(s) of freedom)"

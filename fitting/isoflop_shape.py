@@ -81,8 +81,9 @@ def _design(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
 def _slice_rss(slices: list[tuple[np.ndarray, np.ndarray]], alpha: float, beta: float) -> float:
     total = 0.0
     for x, y in slices:
-        coef, *_ = np.linalg.lstsq(_design(x, alpha, beta), y, rcond=None)
-        r = y - _design(x, alpha, beta) @ coef
+        design = _design(x, alpha, beta)
+        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+        r = y - design @ coef
         total += float(r @ r)
     return total
 
@@ -143,17 +144,24 @@ def _slice_minimum(
 
 
 def shape_minima(
-    *, params: np.ndarray, loss: np.ndarray, flops: np.ndarray, labels: np.ndarray, level: float = 0.95
+    *,
+    params: np.ndarray,
+    loss: np.ndarray,
+    flops: np.ndarray,
+    labels: np.ndarray,
+    level: float = 0.95,
+    min_sizes: int = MIN_SIZES,
 ) -> tuple[list[SlicePoint], ShapeFit, list[str]]:
     """Every slice's minimum under the shared shape (module docstring), the shape, and warnings.
 
-    Slices with fewer than MIN_SIZES distinct sizes are skipped with a warning.
+    Slices with fewer than `min_sizes` distinct sizes (never below MIN_SIZES) are skipped with a warning.
     """
+    min_sizes = max(min_sizes, MIN_SIZES)
     params, loss, flops = (np.asarray(v, dtype=float) for v in (params, loss, flops))
     slices, meta, warnings = [], [], []
     for lab in np.unique(labels):
         idx = np.flatnonzero(labels == lab)
-        if np.unique(params[idx]).size < MIN_SIZES:
+        if np.unique(params[idx]).size < min_sizes:
             warnings.append(
                 f"budget C={np.median(flops[idx]):.3g}: only {np.unique(params[idx]).size} distinct sizes, skipped"
             )
