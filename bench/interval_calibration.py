@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stacked_coverage import DESIGNS, MULTIPLES, NOISE, design, truth  # noqa: E402 - the bench folder's own
+from stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw  # noqa: E402 - the bench folder's own
 
 from scalelab.fitting.ensemble import fit_stacked  # noqa: E402
 from scalelab.fitting.predictive import interval_from_parts  # noqa: E402
@@ -48,11 +48,8 @@ def _sd(parts: dict) -> float:
 
 
 def trial(seed: int, kind: str, bootstrap: int) -> dict:
-    budgets, sizes = DESIGNS["demo"]
-    rng = np.random.default_rng(1000 + seed)
-    f, p = truth(kind, rng)
-    n, d, c = design(p, rng, budgets, sizes)
-    y = f(n, d) * np.exp(NOISE * rng.standard_normal(n.size))
+    budgets = DESIGNS["demo"][0]
+    f, n, d, c, y, rng = draw(seed, kind)
     kw = dict(noise=NOISE, bootstrap=bootstrap)
     fit = fit_stacked(params=n, tokens=d, loss=y, flops=c, groups=c, **kw)
     held = c >= max(budgets) * 0.99

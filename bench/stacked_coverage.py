@@ -96,16 +96,23 @@ def design(
     return n, c / (6 * n), c
 
 
+def draw(seed: int, kind: str, name: str = "demo"):
+    """Trial `seed`'s truth and first round: (truth, n, d, c, measured losses, the trial's generator,
+    which then draws the targets' measurements). One protocol for every bench that scores these trials."""
+    budgets, sizes = DESIGNS[name]
+    rng = np.random.default_rng(1000 + seed)
+    f, p = truth(kind, rng)
+    n, d, c = design(p, rng, budgets, sizes)
+    return f, n, d, c, f(n, d) * np.exp(NOISE * rng.standard_normal(n.size)), rng
+
+
 def trial(
     seed: int, kind: str, bootstrap: int, name: str = "demo", targets: tuple[float, ...] | None = None
 ) -> dict[float, tuple[float, bool, float, bool]]:
     """Per target (a multiple of the design's largest budget, or an absolute budget from `targets`):
     (relative error, covered, relative width, weight moved off Chinchilla)."""
-    budgets, sizes = DESIGNS[name]
-    rng = np.random.default_rng(1000 + seed)
-    f, p = truth(kind, rng)
-    n, d, c = design(p, rng, budgets, sizes)
-    y = f(n, d) * np.exp(NOISE * rng.standard_normal(n.size))
+    budgets = DESIGNS[name][0]
+    f, n, d, c, y, rng = draw(seed, kind, name)
     fit = fit_stacked(params=n, tokens=d, loss=y, flops=c, groups=c, noise=NOISE, bootstrap=bootstrap)
     out = {}
     for mult in targets or MULTIPLES:
