@@ -99,28 +99,32 @@ def test_mean_huber_trap_stops_before_the_summed_optimum():
     not scale with it: L-BFGS-B stops when an iteration lowers f by <= ftol * max(|f|, 1), an
     absolute test at these objective sizes (f < 1), so on the mean it stops with up to n times the
     summed objective's tolerance still to gain. Asserted against the optimum itself (L-BFGS-B with
-    tight tolerances), not against where one optimizer happens to stop: the summed fit ends within
-    ftol of it, the mean fit (scored by the sum) more than 5 ftol short of it.
-    Measured on the reference machine: gaps 3.8e-11 (sum) and 5.3e-8 (mean, 24 ftol); n = 240."""
+    tight tolerances from both fits), over 8 simulated sets: where an L-BFGS-B path ends in this flat
+    valley depends on the last bits of exp and log (the CPU's vector width), so one set decides
+    nothing; on every machine the mean fit ends more than 5 ftol short on every set, while the summed
+    fit reaches the optimum (within ftol) on some of them. n = 240."""
     from scipy import optimize
 
-    data = simulate("chinchilla", noise_sigma=0.02, seed=1)
-    starts = GRID[::450]  # 10 of Hoffmann's starting values
-    fit_sum = fit_law("chinchilla", data, starts=starts, method="scipy")
-    fit_mean = fit_law("chinchilla", data, starts=starts, method="scipy", reduction="mean")
-    fun = BatchObjective(LAW, data, data["loss"]).numpy_fun()
-    bounds = list(zip(*np.array(LAW.fit_bounds).T))
-    f_sum, f_mean = (float(fun(np.asarray(f.theta))[0]) for f in (fit_sum, fit_mean))
-    assert f_sum == pytest.approx(fit_sum.objective, rel=1e-12)
-    assert f_mean == pytest.approx(fit_mean.objective * data["loss"].size, rel=1e-12)  # mean = sum / n
-    tight = {"ftol": 1e-15, "gtol": 1e-10, "maxiter": 10_000}
-    optimum = min(
-        optimize.minimize(fun, np.asarray(f.theta), jac=True, method="L-BFGS-B", bounds=bounds, options=tight).fun
-        for f in (fit_sum, fit_mean)
-    )
     ftol = 2.2e-9  # scipy's default, which fit_law uses
-    assert f_sum - optimum <= ftol
-    assert f_mean - optimum > 5 * ftol
+    tight = {"ftol": 1e-15, "gtol": 1e-10, "maxiter": 10_000}
+    bounds = list(zip(*np.array(LAW.fit_bounds).T))
+    starts = GRID[::450]  # 10 of Hoffmann's starting values
+    reached = {"sum": 0, "mean": 0}
+    for seed in range(1, 9):
+        data = simulate("chinchilla", noise_sigma=0.02, seed=seed)
+        fits = {red: fit_law("chinchilla", data, starts=starts, method="scipy", reduction=red) for red in reached}
+        fun = BatchObjective(LAW, data, data["loss"]).numpy_fun()
+        ends = {red: float(fun(np.asarray(f.theta))[0]) for red, f in fits.items()}
+        assert ends["sum"] == pytest.approx(fits["sum"].objective, rel=1e-12)
+        assert ends["mean"] == pytest.approx(fits["mean"].objective * data["loss"].size, rel=1e-12)  # mean = sum / n
+        optimum = min(
+            optimize.minimize(fun, np.asarray(f.theta), jac=True, method="L-BFGS-B", bounds=bounds, options=tight).fun
+            for f in fits.values()
+        )
+        assert ends["mean"] - optimum > 5 * ftol, seed
+        for red, end in ends.items():
+            reached[red] += end - optimum <= ftol
+    assert reached["mean"] == 0 and reached["sum"] >= 2, reached
 
 
 def test_batched_lbfgs_matches_scipy_reference():

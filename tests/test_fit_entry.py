@@ -20,10 +20,11 @@ from scalelab.fitting.io import read_runs
 
 # A 3-budget IsoFLOP design of the synthetic law (E 1.7, A 60, B 80, alpha 0.30, beta 0.28) with
 # 0.4% noise on the loss, and what a store's fit gives for it (replicates=4, seed 0, 200 starts
-# drawn): exact float-hex. The point fit is the one the loop recorded before the fit stacks were
-# merged; the intervals, backtests and refits are those of refits run to tight tolerances (a refit
-# from the full fit's optimum with L-BFGS-B's default gtol stayed there: the recorded intervals
-# missed the true E, alpha and beta, and the backtests scored the full fit).
+# drawn): float-hex, compared to 1e-12 (_as_recorded says why not to the bit). The point fit is
+# the one the loop recorded before the fit stacks were merged; the intervals, backtests and refits
+# are those of refits run to tight tolerances (a refit from the full fit's optimum with L-BFGS-B's
+# default gtol stayed there: the recorded intervals missed the true E, alpha and beta, and the
+# backtests scored the full fit).
 TRUE = {"E": 1.7, "A": 60.0, "B": 80.0, "alpha": 0.30, "beta": 0.28}
 N = [33888, 58512, 94400, 172320, 283104, 58512, 94400, 172320, 283104, 545552, 94400, 172320, 283104, 545552, 1008576]
 D = [1475584, 854528, 529408, 290304, 176640, 2848256, 1765376, 967168, 588800, 305664]
@@ -59,18 +60,35 @@ LOOP = {
 }  # fmt: skip
 
 
+def _as_recorded(value, recorded) -> None:
+    """Equal to the recorded float-hex within 1e-12: a refit's last bits follow the CPU's vector
+    width (numpy's and ATen's SIMD kernels sum and round in different orders with AVX2 and AVX-512),
+    so exact hex holds only on the machine type that recorded it; a change of method moves these
+    numbers by far more than 1e-12."""
+    if isinstance(recorded, dict):
+        assert set(value) == set(recorded)
+        for k in recorded:
+            _as_recorded(value[k], recorded[k])
+    elif isinstance(recorded, list):
+        assert len(value) == len(recorded)
+        for v, r in zip(value, recorded):
+            _as_recorded(v, r)
+    else:
+        assert value == pytest.approx(float.fromhex(recorded), rel=1e-12, abs=0), (value.hex(), recorded)
+
+
 def test_a_store_fit_reproduces_the_loops_recorded_numbers():
     table = read_runs({"params": N, "tokens": D, "loss": [float.fromhex(x) for x in LOSS], "flops": C})
     fit = fit_runs(table, FitOptions(bootstrap=4, starts=200, draw_starts=True, gates=True))
     record = fit.to_record()
-    assert {k: v.hex() for k, v in record["params"].items()} == LOOP["params"]
-    assert {k: [x.hex() for x in v] for k, v in record["intervals"].items()} == LOOP["intervals"]
-    assert record["backtest"]["holdout"]["mare"].hex() == LOOP["holdout_mare"]
-    assert record["backtest"]["leave_one_budget_out"]["mare"].hex() == LOOP["lobo_mare"]
-    assert record["extrapolation"]["per_decade"].hex() == LOOP["per_decade"]
+    _as_recorded(record["params"], LOOP["params"])
+    _as_recorded(record["intervals"], LOOP["intervals"])
+    _as_recorded(record["backtest"]["holdout"]["mare"], LOOP["holdout_mare"])
+    _as_recorded(record["backtest"]["leave_one_budget_out"]["mare"], LOOP["lobo_mare"])
+    _as_recorded(record["extrapolation"]["per_decade"], LOOP["per_decade"])
     pi = fit.predict_interval(3e5, 6e6)
-    assert [pi.point.hex(), pi.lo.hex(), pi.hi.hex()] == LOOP["prediction"]
-    assert {k: v.hex() for k, v in fit.replicates_with([(2e5, 5e6)])[0].items()} == LOOP["with_first"]
+    _as_recorded([pi.point, pi.lo, pi.hi], LOOP["prediction"])
+    _as_recorded(fit.replicates_with([(2e5, 5e6)])[0], LOOP["with_first"])
     assert record["gates"]["passed"]
     # even 4 replicates cover every true parameter once the refits leave the full fit's optimum
     assert all(lo <= TRUE[k] <= hi for k, (lo, hi) in record["intervals"].items() if k in TRUE)

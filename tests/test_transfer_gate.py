@@ -157,5 +157,8 @@ def test_launch_trains_the_check_into_the_store_then_gates(ray_local, tmp_path, 
     else:  # passed: the ladder's run took the base width's best LR
         assert code == 0
         ladder = store.load_runs(out)
-        best = float(gate.splitlines()[2].split()[-2])
-        assert ladder["lr"].to_list() == [pytest.approx(best)]
+        lines = gate.splitlines()
+        best = float(lines[-1].rsplit("the ladder takes lr ", 1)[1])
+        base = [row.split() for row in lines[2:-1] if row.split()[-1] == "+0.00"]  # drift 0: the base size
+        assert base and all(row[-4] == f"{best:.3g}" for row in base)  # its best LR, [lo, hi], drift
+        assert ladder["lr"].to_list() == [pytest.approx(best)]  # the base's best LR, at 3 digits
