@@ -10,6 +10,8 @@
   problems are tiny, and on a shared 2-core machine a second thread mostly spins against the other
   processes. A value set in the environment wins.
 - The tests on the session's Ray cluster (`ray_local`) run last, together (pytest_collection_modifyitems).
+- Tests that start Ray are marked `serial`: the README's command runs the others on two xdist
+  workers first, then these in one process (SERIAL_MODULES says why).
 """
 
 import os
@@ -53,10 +55,36 @@ def pytest_configure(config):
         config.pluginmanager.register(CpuTime(config.getoption("--cputime-out")), "cputime")
 
 
+# Modules with tests that start Ray (a private cluster, a simulated multi-node one, a `scalelab sweep
+# launch` subprocess) or time leases against a wall clock, and every test on the session's cluster
+# (`ray_local`): marked `serial`. The README's command runs every other test on two xdist workers
+# (`pytest -n 2 -m "not serial"`: most are one process, so a second worker uses the core they leave
+# idle), then these in one process (`pytest -m serial`): a Ray test uses both cores itself, and two
+# clusters started side by side would each run at half speed under timing checks (hang watchdogs,
+# lease renewals) sized for one.
+SERIAL_MODULES = {
+    "test_cluster_multinode", "test_cluster_multinode_s3", "test_detach_s3", "test_detach_submit",
+    "test_loopback", "test_ray_token_auth", "test_secrets", "test_store_backends", "test_store_integrity_s3",
+    "test_store_object", "test_sweep_eval", "test_sweep_ray", "test_transfer_gate", "test_wandb",
+}  # fmt: skip
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """The tests on the session's Ray cluster last, in their collected order: the first of them
-    starts the cluster, which lives until the session ends, so no other test runs beside it."""
+    """Mark the serial tests (SERIAL_MODULES, and any test on the session's Ray cluster); then the
+    tests on the session's Ray cluster last, in their collected order: the first of them starts the
+    cluster, which lives until the session ends, so no other test runs beside it."""
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in SERIAL_MODULES or "ray_local" in item.fixturenames:
+            item.add_marker(pytest.mark.serial)
     items.sort(key=lambda item: "ray_local" in getattr(item, "fixturenames", ()))
+
+
+@pytest.fixture(autouse=True)
+def _serial_tests_not_beside_others(request):
+    """A serial test run on an xdist worker would share the machine with the other worker's tests."""
+    if os.environ.get("PYTEST_XDIST_WORKER") and request.node.get_closest_marker("serial"):
+        pytest.fail("a serial test (tests/conftest.py SERIAL_MODULES) runs without -n: pytest -m serial")
 
 
 @pytest.fixture(scope="module")
