@@ -59,9 +59,11 @@ def _train_digest(cfg: ModelConfig) -> tuple[str, list]:
 @pytest.mark.parametrize("tied", [False, True])
 def test_sp_model_and_optimizer_are_bit_identical_to_before(tied):
     decay = 21 if tied else 22
-    assert _train_digest(_cfg(tied_embeddings=tied))[1] == [(decay, 0.1, 1e-2, False), (14, 0.0, 1e-2, False)]
+    digest, groups = _train_digest(_cfg(tied_embeddings=tied))
+    assert groups == [(decay, 0.1, 1e-2, False), (14, 0.0, 1e-2, False)]
+    # sp with a base shape given computes the same (the base only matters to mup/completep)
+    assert _train_digest(_cfg(tied_embeddings=tied, base_d_model=16, base_num_layers=1))[0] == digest
     skip_unless_recorded_here(SP_DIGESTS["torch"], SP_DIGESTS["machine"])
-    # and sp with a base shape given computes the same (the base only matters to mup/completep)
     code = "import test_parametrization as t\nfor base in ({}, dict(base_d_model=16, base_num_layers=1)):\n"
     code += f"    print(t._train_digest(t._cfg(tied_embeddings={tied}, **base))[0])"
     assert run_pinned(code).split() == [SP_DIGESTS[tied]] * 2
