@@ -69,15 +69,19 @@ SERIAL_MODULES = {
 }  # fmt: skip
 
 
+def _on_session_ray(item) -> bool:
+    return "ray_local" in getattr(item, "fixturenames", ())
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
     """Mark the serial tests (SERIAL_MODULES, and any test on the session's Ray cluster); then the
     tests on the session's Ray cluster last, in their collected order: the first of them starts the
     cluster, which lives until the session ends, so no other test runs beside it."""
     for item in items:
-        if item.module.__name__.rsplit(".", 1)[-1] in SERIAL_MODULES or "ray_local" in item.fixturenames:
+        if item.path.stem in SERIAL_MODULES or _on_session_ray(item):
             item.add_marker(pytest.mark.serial)
-    items.sort(key=lambda item: "ray_local" in getattr(item, "fixturenames", ()))
+    items.sort(key=_on_session_ray)
 
 
 @pytest.fixture(autouse=True)

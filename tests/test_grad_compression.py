@@ -39,7 +39,6 @@ SPEC = ParitySpec(steps=6, lr=1e-3)
 # reproduce them. (The unpinned values, measured at commit f8551f6 before compression existed, held
 # only on AVX-512 machines; `none` reproduced them there, and these were recorded from the same
 # code, pinned.)
-_SPAWN_NONE = "spawn(t._none_worker, 2, backend='gloo')"
 GOLDEN_DP2 = {
     "torch": "2.13.0",
     "machine": "x86_64",
@@ -105,7 +104,11 @@ def _none_worker() -> None:
 
 def test_none_is_bit_identical_to_the_code_before_compression():
     skip_unless_recorded_here(GOLDEN_DP2["torch"], GOLDEN_DP2["machine"])
-    run_pinned("from scalelab.parallel.backend import spawn\nimport test_grad_compression as t\n" + _SPAWN_NONE)
+    run_pinned(
+        "from scalelab.parallel.backend import spawn\n"
+        "import test_grad_compression as t\n"
+        "spawn(t._none_worker, 2, backend='gloo')"
+    )
 
 
 @pytest.fixture(scope="module")
