@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,13 +106,12 @@ def _train(cfg, out: Path, args) -> int:
 
         return launch_local(cfg, out, resume=resume)
     from scalelab.train.loop import train_run
+    from scalelab.train.train_clock import TrainClock
 
-    # The same two clocks as a sweep trial's end event (scalelab.sweeps.execute._TrainClock): wall,
-    # and this process's CPU seconds (every thread: torch's pool too), what a CPU plan times.
-    wall0, cpu0 = time.perf_counter(), time.process_time()
+    clock = TrainClock(in_process=True)  # the clocks of a sweep trial's end event: what a CPU plan times
     summary = train_run(cfg, out, resume=resume)
     _print_summary(summary, out)
-    print(f"train {time.perf_counter() - wall0:.1f} s wall, {time.process_time() - cpu0:.1f} s CPU")
+    print("train {train_s:.1f} s wall, {train_cpu_s:.1f} s CPU".format(**clock.seconds()))
     return 0 if summary.get("status") == "done" else 1
 
 

@@ -42,7 +42,7 @@ storage a branch first downloads its branch point (the stable run's checkpoint) 
 beside its node-local copy (`_pull_branch_point`).
 
 Every trial appends `start`/`end`/`fail` lines to `<sweep>/events.jsonl` (the node it ran on, the seconds spent in
-training: wall `train_s` and, for a one-process run, CPU `train_cpu_s` (see _TrainClock), and on
+training: wall `train_s` and, for a one-process run, CPU `train_cpu_s` (scalelab.train.train_clock), and on
 `end`/`fail` the checkpoint step the attempt loaded, from the loop's
 `loaded_steps` in status.json), which `sweep status` and bench/sweep_overhead.py read.
 """
@@ -78,6 +78,7 @@ from scalelab.train.identity import current_run_id, same_run
 from scalelab.train.launch import ray_train_fn
 from scalelab.train.loggers import WandbRun
 from scalelab.train.loop import train_run
+from scalelab.train.train_clock import TrainClock
 from scalelab.train.watchdog import HangPolicy
 
 Log = Callable[[str], None]
@@ -168,7 +169,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
         prev = (store.read_status(run_dir) or {}) if state != "pending" else {}
         attempt = int(prev.get("attempts", 0)) + 1
         store.append_event(sweep_dir, "start", run_id, attempt=attempt, node=ray.get_runtime_context().get_node_id())
-        clock = _TrainClock(in_process=cfg.parallel.world_size == 1)
+        clock = TrainClock(in_process=cfg.parallel.world_size == 1)
         wb = wandb_runs.trial_context(sweep_dir, run_id, tc.config)  # group, tags, live prediction
         try:
             if cfg.parallel.world_size > 1:
@@ -197,31 +198,6 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
             **clock.seconds(),
         )
     tune.report({k: v for k, v in summary.items() if isinstance(v, int | float | str) and v is not None})
-
-
-class _TrainClock:
-    """The seconds a trial spent training, for its `end`/`fail` event: `train_s` (wall) and, for a
-    run trained in this process, `train_cpu_s` (CPU seconds over the same interval).
-
-    CPU time is the whole process's (time.process_time: user + system of every thread), not the
-    calling thread's (RUSAGE_THREAD): Tune runs a function trainable in a thread of its own, and
-    torch's intra-op pool (`train.num_threads` > 1) does the run's work in further threads that a
-    per-thread clock would miss. The Ray worker holds one trial at a time (reused actors run them
-    one after another), so what else the process counts is Ray's own threads in it, small beside
-    training. A multi-process run trains in its Ray Train workers, other processes: this process
-    only waits for them, and its CPU time would say nothing about theirs, so it is left out.
-    Wall time is what the run took on the machine as it was loaded; CPU time is about what it would
-    take alone on an idle core (the CPU plan's rate is fitted on it, scalelab.planning.cluster)."""
-
-    def __init__(self, *, in_process: bool):
-        self.in_process = in_process
-        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
-
-    def seconds(self) -> dict[str, float]:
-        out = {"train_s": time.perf_counter() - self.wall0}
-        if self.in_process:
-            out["train_cpu_s"] = time.process_time() - self.cpu0
-        return out
 
 
 def _pull_branch_point(sweep_url: str, run_dir: Path, init_from: str) -> None:
