@@ -123,7 +123,7 @@ def test_law_auto_stacks_by_forward_evidence_and_the_ledger_keeps_the_weights(tm
     assert not st["stack"]["adopted"] and "incumbent predicts" in st["stack"]["reason"]
     assert p["law"] == "chinchilla" and p["fit"]["selection"]["chosen"] == "chinchilla"
     first = p["proposals"][0]
-    assert set(first["interval_parts"]) == {"bootstrap", "weights", "noise", "extrapolation", "decades"}
+    assert set(first["interval_parts"]) == {"bootstrap", "weights", "noise", "forms", "extrapolation", "decades"}
     assert ledger.read_ledger(sd)["fits"][-1]["stacked"]["weights"] == st["weights"]
     with pytest.raises(ConfigError, match="fit.law"):
         expand_sweep({**_spec(5.0), "fit": {"law": "lr_annealing"}})

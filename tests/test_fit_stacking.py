@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from scalelab.errors import UsageError
-from scalelab.fitting.ensemble import StackedFit, fit_stacked, parse_candidate
+from scalelab.fitting.ensemble import EXTRAPOLATION_SCALE, StackedFit, fit_stacked, parse_candidate
 from scalelab.fitting.forward import ForwardGroup, forward_backtest
 from scalelab.fitting.laws import get_law
 from scalelab.fitting.predictive import ExtrapolationError, t_over_z
@@ -139,7 +139,14 @@ def test_stacked_fit_moves_to_the_form_that_extrapolates(true_law):
     assert abs(float(sf.predict(far_n, far_d)) / obs - 1) < 0.01 < abs(wrong / obs - 1)
     pi = sf.predict_interval(far_n, far_d)
     assert pi.lo <= obs <= pi.hi
-    assert set(pi.parts) == {"bootstrap", "weights", "noise", "extrapolation", "decades"}
+    assert set(pi.parts) == {"bootstrap", "weights", "noise", "forms", "extrapolation", "decades"}
+    # every form's own prediction is inside, the one the evidence dropped too (the forms part)
+    assert pi.lo < wrong < pi.hi
+    assert pi.parts["forms"] == pytest.approx(abs(math.log(wrong / float(sf.predict(far_n, far_d)))) / 1.959964)
+    bare = sf.predict_interval(far_n, far_d, extrapolation_scale=1.0, forms=False)
+    assert "forms" not in bare.parts and bare.parts["extrapolation"] == pytest.approx(
+        pi.parts["extrapolation"] / EXTRAPOLATION_SCALE
+    )
 
 
 def test_candidate_names_are_checked():
@@ -186,7 +193,7 @@ def test_while_the_incumbent_keeps_the_weight_its_better_measured_extrapolation_
     assert back.extrapolation == own
     far = 30 * budgets[-1]
     assert back.predict_interval(*sf.optimum(far)[:2], far).parts["extrapolation"] == pytest.approx(
-        t_over_z(2, 0.95) * 0.02 * sf.decades(far)
+        EXTRAPOLATION_SCALE * t_over_z(2, 0.95) * 0.02 * sf.decades(far)
     )
     # once forward evidence moves weight, the combination's own drift is what extrapolates
     sf.stack = replace(sf.stack, adopted=True)
