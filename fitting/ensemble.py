@@ -166,14 +166,15 @@ class StackedFit:
             "bootstrap": _half_width(boot, self.level) / z,
             "weights": _half_width(by_weights, self.level) / z,
             "noise": float(self.noise),
-            "extrapolation": (
-                extrapolation_scale * t_over_z(ext.n_folds, self.level) * ext.per_decade * dist
-                if ext.per_decade is not None
-                else float("nan")
-            ),
         }
         if forms:
             parts["forms"] = float(np.max(np.abs(comps - point))) / z
+        # last, so that the texts' "at D decades" (format_parts) follows the part it belongs to
+        parts["extrapolation"] = (
+            extrapolation_scale * t_over_z(ext.n_folds, self.level) * ext.per_decade * dist
+            if ext.per_decade is not None
+            else float("nan")
+        )
         out = interval_from_parts(math.exp(point), parts, self.level)
         out.parts["decades"] = float(dist)
         return out
