@@ -1,8 +1,9 @@
-"""A candidate interval for far targets, measured against the shipped one on synthetic truths.
+"""A candidate interval for far targets, measured against the uncalibrated one on synthetic truths.
 
-The shipped interval adds an extrapolation term t/z k d_t (scalelab.fitting.predictive): k is the
-forward folds' miss per decade, measured half a decade out where a fold's miss is mostly its own
-parameter and run noise, and d_t is the target's distance. The candidate keeps the parts the
+The uncalibrated interval (before scalelab.fitting.ensemble scaled this term and added a forms
+part, bench/extrapolation_scale.py) adds an extrapolation term t/z k d_t: k is the forward folds'
+miss per decade, measured half a decade out where a fold's miss is mostly its own parameter and run
+noise, and d_t is the target's distance. The candidate keeps the parts the
 bootstrap and the noise model already carry and widens them only by what the folds show beyond
 them: the fold that holds out the largest budget is refitted with its own bootstrap, each held-out
 run's miss is standardised by that fold's predictive sd (bootstrap, weights, noise),
@@ -14,8 +15,8 @@ Under the fitted form z is about N(0, 1) and lambda about 1; under a misspecifie
 misses exceed its own spread and lambda scales the interval, whose bootstrap part already grows
 with distance.
 
-Trials, truths and designs are bench/stacked_coverage.py's (same seeds), so the shipped columns
-reproduce its table.
+Trials, truths and designs are bench/stacked_coverage.py's (same seeds), so the uncalibrated columns
+reproduce its uncalibrated table in docs/extrapolation.md.
 
     python bench/interval_calibration.py --trials 16 --kinds chinchilla,farseer [--bootstrap 8]
 
@@ -59,7 +60,7 @@ def trial(seed: int, kind: str, bootstrap: int) -> dict:
     for mult in MULTIPLES:
         budget = mult * max(budgets)
         nn, dd, _ = fit.optimum(budget)
-        pi = fit.predict_interval(nn, dd, budget)
+        pi = fit.predict_interval(nn, dd, budget, extrapolation_scale=1.0, forms=False)
         obs = float(f(np.array(nn), np.array(dd))) * math.exp(NOISE * rng.standard_normal())
         cand = interval_from_parts(pi.point, {"scaled": lam * _sd(pi.parts)}, pi.level)
         out[mult] = (
@@ -76,7 +77,7 @@ def fold_lambda(fold, n, d, c, y) -> float:
     """lambda (module docstring) of a fold's fit scored on the held-out runs (n, d, c, y)."""
     z = []
     for nn, dd, cc, obs in zip(n, d, c, y):
-        pi = fold.predict_interval(nn, dd, cc)
+        pi = fold.predict_interval(nn, dd, cc, extrapolation_scale=1.0, forms=False)
         z.append(math.log(obs / pi.point) / _sd(pi.parts))
     return max(1.0, math.sqrt(float(np.mean(np.square(z)))))
 
@@ -95,11 +96,11 @@ def score_store(path: str, max_flops: float, scored: list[tuple[float, float, fl
     lam = fold_lambda(fold.stacked, t.params[held], t.tokens[held], t.flops[held], t.loss[held])
     print(f"{path}: {len(first)} runs, the fold {len(fold_runs)}; lambda {lam:.2f}")
     for n, d, obs in scored:
-        pi = fit.stacked.predict_interval(n, d, 6 * n * d)
+        pi = fit.stacked.predict_interval(n, d, 6 * n * d, extrapolation_scale=1.0, forms=False)
         cand = interval_from_parts(pi.point, {"scaled": lam * _sd(pi.parts)}, pi.level)
         print(
             f"  N {n:.0f} D {d:.3g} ({6 * n * d / max_flops:.0f}x): predicted {pi.point:.4f}, measured {obs:.4f} "
-            f"({pi.point / obs - 1:+.2%}); shipped [{pi.lo:.4f}, {pi.hi:.4f}] ({(pi.hi - pi.lo) / pi.point:.1%}); "
+            f"({pi.point / obs - 1:+.2%}); uncalibrated [{pi.lo:.4f}, {pi.hi:.4f}] ({(pi.hi - pi.lo) / pi.point:.1%}); "
             f"candidate [{cand.lo:.4f}, {cand.hi:.4f}] ({(cand.hi - cand.lo) / cand.point:.1%})"
         )
 
@@ -116,7 +117,7 @@ def main() -> None:
     if args.store:
         score_store(args.store, args.max_flops, [tuple(float(v) for v in s.split(",")) for s in args.score])
         return
-    head = f"{'truth':<11} {'target':>6} {'|err|':>7} {'shipped: cover':>15} {'width':>6}"
+    head = f"{'truth':<11} {'target':>6} {'|err|':>7} {'uncalibrated: cover':>15} {'width':>6}"
     print(head + f" {'candidate: cover':>17} {'width':>6}")
     for kind in args.kinds.split(","):
         t0 = time.perf_counter()
