@@ -19,7 +19,7 @@ forms the calibration never saw). The rule's own pick among variants is the narr
 calibration set; `--variant` scores another at its calibrated c.
 
     python bench/extrapolation_scale.py --trials 16 --workers 2 --out scale.json
-    python bench/extrapolation_scale.py --from scale.json [--variant forms+scaled] [--public]
+    python bench/extrapolation_scale.py --from scale.json [--variant forms+scaled] [--public] [--more 16]
         [--store DIR --max-flops 2e12 --score N,D,LOSS ...]
 
 Each trial's parts, forms and log error are written to --out, so every variant is scored from one
@@ -207,6 +207,7 @@ def main() -> None:
     ap.add_argument("--score", nargs="*", default=[], help="PARAMS,TOKENS,LOSS of a run the fit has not seen")
     ap.add_argument("--public", action="store_true", help="score the public families")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default=None, help="score this variant at its calibrated c")
+    ap.add_argument("--more", type=int, default=0, help="then fit and score this many more trials per truth")
     args = ap.parse_args()
     if args.src:
         data = json.loads(Path(args.src).read_text())
@@ -237,6 +238,12 @@ def main() -> None:
     table(cal, variant, scale)
     print(f"\nscored on {len(held)} trials (every truth, seeds {t}..{2 * t - 1})")
     table(held, variant, scale)
+    if args.more:
+        jobs = [(s, k, data["bootstrap"]) for k in KINDS for s in range(2 * t, 2 * t + args.more)]
+        with ProcessPoolExecutor(args.workers) as pool:
+            more = list(pool.map(trial, jobs, chunksize=4))
+        print(f"\nscored on {len(more)} more trials (every truth, seeds {2 * t}..{2 * t + args.more - 1})")
+        table(more, variant, scale)
     if args.store:
         print()
         scored = [tuple(float(v) for v in s.split(",")) for s in args.score]
