@@ -31,8 +31,6 @@ but the largest, scored on its last 30% of checkpoints). `--store`: the store's 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import math
 import sys
@@ -46,12 +44,11 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit_public import FAMILIES, HELD_OUT_FAMILIES  # noqa: E402 - the bench folder's own
-from fit_public_auto import split  # noqa: E402
-from stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw  # noqa: E402
+from fit_public_auto import _cli, split  # noqa: E402
+from interval_calibration import first_round_runs  # noqa: E402
+from stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw, target_runs  # noqa: E402
 
-from scalelab.cli.main import main as cli  # noqa: E402
 from scalelab.fitting.ensemble import StackedFit, fit_stacked  # noqa: E402
-from scalelab.store.runs_table import load_runs  # noqa: E402
 from scalelab.sweeps.store_fit import fit_options, fit_store, store_fit_spec  # noqa: E402
 
 KINDS = ("chinchilla", "curved", "farseer", "receding")
@@ -61,20 +58,22 @@ POOLED, EACH = 0.95, 0.92
 Z = float(stats.norm.ppf(0.975))
 
 
+def uncalibrated(fit: StackedFit, n: float, d: float, flops: float):
+    """The uncalibrated interval at (N, D) and each candidate form's log departure from its point:
+    what every variant is computed from."""
+    pi = fit.predict_interval(n, d, flops, extrapolation_scale=1.0, forms=False)
+    return pi, (fit.log_components(n, d) - math.log(pi.point)).tolist()
+
+
 def trial(args: tuple[int, str, int]) -> dict:
-    """One trial: per distance the log error ln(obs/pred) and the interval's log-space parts."""
+    """One trial: per distance the log error ln(obs/pred), the interval's log-space parts and the forms."""
     seed, kind, bootstrap = args
-    budgets = DESIGNS["demo"][0]
     f, n, d, c, y, rng = draw(seed, kind)
     fit = fit_stacked(params=n, tokens=d, loss=y, flops=c, groups=c, noise=NOISE, bootstrap=bootstrap)
     out = {"seed": seed, "kind": kind, "targets": {}}
-    for mult in MULTIPLES:
-        budget = mult * max(budgets)
-        nn, dd, _ = fit.optimum(budget)
-        pi = fit.predict_interval(nn, dd, budget, extrapolation_scale=1.0, forms=False)
-        obs = float(f(np.array(nn), np.array(dd))) * math.exp(NOISE * rng.standard_normal())
-        forms = fit.log_components(nn, dd) - math.log(pi.point)  # each form's departure from the point
-        out["targets"][str(mult)] = {"log_error": math.log(obs / pi.point), "forms": forms.tolist(), **pi.parts}
+    for mult, budget, nn, dd, obs in target_runs(fit, f, rng, DESIGNS["demo"][0]):
+        pi, forms = uncalibrated(fit, nn, dd, budget)
+        out["targets"][str(mult)] = {"log_error": math.log(obs / pi.point), "forms": forms, **pi.parts}
     return out
 
 
@@ -148,13 +147,11 @@ def interval(pi, forms: list[float], variant: str, scale: float) -> tuple[float,
 
 
 def score_store(path: str, max_flops: float, scored: list[tuple[float, ...]], variant: str, scale: float) -> None:
-    runs = load_runs(path)
-    first = runs.filter(6.0 * runs["params"] * runs["tokens"] <= max_flops * 1.05)
+    first = first_round_runs(path, max_flops)
     fit = fit_store(path, fit_options(store_fit_spec(path)), runs=first)[0].stacked
     print(f"{path}: the {len(first)} runs at or below {max_flops:.3g} FLOPs; {variant} at c={scale:.2f}")
     for n, d, obs in scored:
-        pi = fit.predict_interval(n, d, 6 * n * d, extrapolation_scale=1.0, forms=False)
-        forms = (fit.log_components(n, d) - math.log(pi.point)).tolist()
+        pi, forms = uncalibrated(fit, n, d, 6 * n * d)
         lo, hi = interval(pi, forms, variant, scale)
         print(
             f"  N {n:.0f} D {d:.3g} ({6 * n * d / max_flops:.0f}x): predicted {pi.point:.4f}, measured {obs:.4f} "
@@ -176,14 +173,11 @@ def score_public(variant: str, scale: float) -> None:
             table_path = Path(tmp) / f"{name.split()[0]}.csv"
             train.write_csv(table_path)
             fit_path = table_path.with_suffix(".json")
-            with contextlib.redirect_stdout(io.StringIO()):
-                if cli(["fit", str(table_path), "--law", "auto", "--out", str(fit_path)]):
-                    raise SystemExit(f"scalelab fit {table_path} failed")
+            _cli("fit", str(table_path), "--law", "auto", "--out", str(fit_path))
             fit = StackedFit.from_dict(json.loads(fit_path.read_text())["stacked"])
             rows = {"uncalibrated": [], variant: []}
             for n, d, obs in test.select("params", "tokens", "loss").iter_rows():
-                pi = fit.predict_interval(n, d, 6 * n * d, extrapolation_scale=1.0, forms=False)
-                forms = (fit.log_components(n, d) - math.log(pi.point)).tolist()
+                pi, forms = uncalibrated(fit, n, d, 6 * n * d)
                 for key, (lo, hi) in (("uncalibrated", (pi.lo, pi.hi)), (variant, interval(pi, forms, variant, scale))):
                     rows[key].append((lo <= obs <= hi, (hi - lo) / pi.point))
             print(

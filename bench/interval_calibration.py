@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw  # noqa: E402 - the bench folder's own
+from stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw, target_runs  # noqa: E402 - the bench folder's own
 
 from scalelab.fitting.ensemble import fit_stacked  # noqa: E402
 from scalelab.fitting.predictive import interval_from_parts  # noqa: E402
@@ -57,11 +57,8 @@ def trial(seed: int, kind: str, bootstrap: int) -> dict:
     fold = fit_stacked(params=n[~held], tokens=d[~held], loss=y[~held], flops=c[~held], groups=c[~held], **kw)
     lam = fold_lambda(fold, n[held], d[held], c[held], y[held])
     out = {"lambda": lam}
-    for mult in MULTIPLES:
-        budget = mult * max(budgets)
-        nn, dd, _ = fit.optimum(budget)
+    for mult, budget, nn, dd, obs in target_runs(fit, f, rng, budgets):
         pi = fit.predict_interval(nn, dd, budget, extrapolation_scale=1.0, forms=False)
-        obs = float(f(np.array(nn), np.array(dd))) * math.exp(NOISE * rng.standard_normal())
         cand = interval_from_parts(pi.point, {"scaled": lam * _sd(pi.parts)}, pi.level)
         out[mult] = (
             (pi.point - obs) / obs,
@@ -82,10 +79,14 @@ def fold_lambda(fold, n, d, c, y) -> float:
     return max(1.0, math.sqrt(float(np.mean(np.square(z)))))
 
 
-def score_store(path: str, max_flops: float, scored: list[tuple[float, float, float]]) -> None:
+def first_round_runs(path: str, max_flops: float):
+    """The store's runs at or below `max_flops` (within 5%: a budget's runs sit near it, not on it)."""
     runs = load_runs(path)
-    flops = 6.0 * runs["params"] * runs["tokens"]
-    first = runs.filter(flops <= max_flops * 1.05)
+    return runs.filter(6.0 * runs["params"] * runs["tokens"] <= max_flops * 1.05)
+
+
+def score_store(path: str, max_flops: float, scored: list[tuple[float, float, float]]) -> None:
+    first = first_round_runs(path, max_flops)
     budgets = 6.0 * first["params"] * first["tokens"]
     fold_runs = first.filter(budgets < float(budgets.max()) / 1.5)
     options = fit_options(store_fit_spec(path))

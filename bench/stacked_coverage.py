@@ -106,20 +106,25 @@ def draw(seed: int, kind: str, name: str = "demo"):
     return f, n, d, c, f(n, d) * np.exp(NOISE * rng.standard_normal(n.size)), rng
 
 
-def trial(
-    seed: int, kind: str, bootstrap: int, name: str = "demo", targets: tuple[float, ...] | None = None
-) -> dict[float, tuple[float, bool, float, bool]]:
-    """Per target (a multiple of the design's largest budget, or an absolute budget from `targets`):
-    (relative error, covered, relative width, weight moved off Chinchilla)."""
-    budgets = DESIGNS[name][0]
-    f, n, d, c, y, rng = draw(seed, kind, name)
-    fit = fit_stacked(params=n, tokens=d, loss=y, flops=c, groups=c, noise=NOISE, bootstrap=bootstrap)
-    out = {}
+def target_runs(fit, f: Truth, rng: np.random.Generator, budgets, targets: tuple[float, ...] | None = None):
+    """Per target (a multiple of the design's largest budget, or an absolute budget from `targets`),
+    in order: (target, its budget, the fit's compute-optimal N and D there, the run's loss drawn from
+    the truth with the runs' noise). One protocol for every bench that scores these trials."""
     for mult in targets or MULTIPLES:
         budget = mult if targets else mult * max(budgets)
         nn, dd, _ = fit.optimum(budget)
+        yield mult, budget, nn, dd, float(f(np.array(nn), np.array(dd))) * math.exp(NOISE * rng.standard_normal())
+
+
+def trial(
+    seed: int, kind: str, bootstrap: int, name: str = "demo", targets: tuple[float, ...] | None = None
+) -> dict[float, tuple[float, bool, float, bool]]:
+    """Per target (target_runs): (relative error, covered, relative width, weight moved off Chinchilla)."""
+    f, n, d, c, y, rng = draw(seed, kind, name)
+    fit = fit_stacked(params=n, tokens=d, loss=y, flops=c, groups=c, noise=NOISE, bootstrap=bootstrap)
+    out = {}
+    for mult, budget, nn, dd, obs in target_runs(fit, f, rng, DESIGNS[name][0], targets):
         pi = fit.predict_interval(nn, dd, budget)
-        obs = float(f(np.array(nn), np.array(dd))) * math.exp(NOISE * rng.standard_normal())
         out[mult] = ((pi.point - obs) / obs, pi.lo <= obs <= pi.hi, (pi.hi - pi.lo) / pi.point, fit.stack.adopted)
     return out
 
