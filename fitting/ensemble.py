@@ -40,8 +40,9 @@ import numpy as np
 from scipy import optimize, stats
 
 from scalelab.errors import UsageError
+from scalelab.fitting import diagnostics
 from scalelab.fitting.allocate import optimum_for_law
-from scalelab.fitting.bootstrap import REFIT_TOLERANCES
+from scalelab.fitting.bootstrap import refit_replicates
 from scalelab.fitting.fit import FitResult, fit_law
 from scalelab.fitting.forward import forward_backtest
 from scalelab.fitting.laws import get_law
@@ -283,46 +284,68 @@ def _half_width(values: np.ndarray, level: float) -> float:
     return float(hi - lo) / 2.0
 
 
-def _fit_one(name: str, n, d, y, c, starts=None, weights=None, tight: bool = False) -> FitResult:
-    """One candidate's fit. `tight`: a bootstrap refit from a warm start, run to tight tolerances
-    (with the default ones a replicate stops where it started and the spread collapses)."""
+def _fit_one(name: str, n, d, y, c, weights=None) -> FitResult:
+    """One candidate's fit (its weighting times `weights`)."""
     law, weighting = parse_candidate(name)
     w = run_weights(weighting, c)
     if weights is not None:
         w = weights if w is None else w * weights
-    tol = REFIT_TOLERANCES if tight else {}
-    return fit_law(
-        law, {"params": n, "tokens": d, "loss": y}, starts=starts, weights=w, diagnose=False, n_polish=1, **tol
-    )
+    return fit_law(law, {"params": n, "tokens": d, "loss": y}, weights=w, diagnose=False, n_polish=1)
 
 
 def _bootstrap_components(
     components: dict, n, d, y, c, base, *, bootstrap: int, seed: int
 ) -> list[dict[str, dict[str, float]]]:
     """`bootstrap` run resamples, each refitting every component from its full fit's optimum and
-    BOOT_EXTRA_STARTS grid points; a resample one component cannot fit is left out."""
+    BOOT_EXTRA_STARTS grid points; a resample one component cannot fit is left out. Every resample
+    is drawn first, in the order the draws were always made (a resample's draws stop at the first
+    component that refuses its runs), then each component refits all resamples at once
+    (bootstrap.refit_replicates)."""
     rng = np.random.default_rng(seed)
     names = tuple(components)
-    replicates: list[dict[str, dict[str, float]]] = []
-    grids = {k: get_law(parse_candidate(k)[0]).init_grid() for k in names}
+    laws = {k: get_law(parse_candidate(k)[0]) for k in names}
+    grids = {k: laws[k].init_grid() for k in names}
+    drawn = []  # per resample: its counts and each component's starts, or None (left out)
     for _ in range(bootstrap):
-        w = np.bincount(rng.integers(0, y.size, y.size), minlength=y.size).astype(float)
-        keep = w > 0
-        rep = {}
-        try:
-            for k in names:
-                law = get_law(parse_candidate(k)[0])
-                grid = grids[k]
-                starts = np.vstack(
-                    [law.to_fit(components[k].params)[None, :], grid[rng.choice(len(grid), BOOT_EXTRA_STARTS)]]
-                )
-                rep[k] = dict(
-                    _fit_one(k, n[keep], d[keep], y[keep], c[keep], starts, (w * base)[keep], tight=True).params
-                )
-        except UsageError:
-            continue  # a degenerate resample (too few distinct points)
-        replicates.append(rep)
-    return replicates
+        counts = np.bincount(rng.integers(0, y.size, y.size), minlength=y.size).astype(float)
+        keep = counts > 0
+        starts = {}
+        for k in names:
+            warm = laws[k].to_fit(components[k].params)[None, :]
+            starts[k] = np.vstack([warm, grids[k][rng.choice(len(grids[k]), BOOT_EXTRA_STARTS)]])
+            if not _can_fit(laws[k], n[keep], d[keep], y[keep]):
+                starts = None
+                break
+        drawn.append(None if starts is None else (counts, starts))
+    plan = [p for p in drawn if p is not None]
+    if not plan:
+        return []
+    keep = np.stack([counts > 0 for counts, _ in plan])
+    fitted = {}
+    for k in names:
+        weighting = parse_candidate(k)[1]
+        weights = np.zeros(keep.shape)
+        for i, (counts, _) in enumerate(plan):
+            w = run_weights(weighting, c[keep[i]])
+            weights[i, keep[i]] = (counts * base)[keep[i]] * (1.0 if w is None else w)
+        fitted[k] = refit_replicates(
+            laws[k],
+            {"params": n, "tokens": d},
+            np.broadcast_to(y, keep.shape),
+            keep,
+            weights,
+            np.stack([starts[k] for _, starts in plan]),
+        )
+    return [{k: fitted[k][i] for k in names} for i in range(len(plan)) if all(fitted[k][i] is not None for k in names)]
+
+
+def _can_fit(law, n, d, y) -> bool:
+    """Whether fit_law would take these runs (enough distinct points for the law's parameters)."""
+    try:
+        diagnostics.validate_data(law, {"params": n, "tokens": d, "loss": y})
+    except UsageError:
+        return False
+    return True
 
 
 def fit_stacked(

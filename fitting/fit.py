@@ -41,6 +41,8 @@ from scalelab.fitting.objective import BatchObjective
 MAX_THREADS = int(os.environ.get("SCALELAB_FIT_THREADS", "1"))
 # One torch thread by default: on shared 2-core machines two OpenMP threads spin against other
 # processes and a fit got 10-20x slower (measured: 41 s vs 2 s CPU for the 4500-start fit).
+BATCH_MAX_ITER = 200  # iterations of the batched stage (every start)
+POLISH_MAX_ITER = 15000  # iterations of the scipy polish of the best end points
 
 
 @dataclass(kw_only=True)
@@ -191,8 +193,15 @@ def _scipy_grad_norm(r, lo: np.ndarray, hi: np.ndarray) -> float:
 def _batched_then_polish(obj, fun, x0, lo, hi, *, batch_max_iter, n_polish, max_iter, gtol, ftol):
     """Stage 1, every start in the batched L-BFGS; stage 2, the best distinct end points finished by
     scipy (kept where scipy does not end higher). Returns (points, values, iterations, codes, |pg|)."""
-    bounds = list(zip(lo, hi))
     res = lbfgs_batched(obj, x0, lo, hi, max_iter=batch_max_iter, gtol=gtol, ftol=ftol)
+    return polish(fun, res, lo, hi, n_polish=n_polish, max_iter=max_iter, gtol=gtol, ftol=ftol)
+
+
+def polish(fun, res, lo, hi, *, n_polish, max_iter, gtol, ftol):
+    """Stage 2 of a fit: the `n_polish` best distinct end points of a batched stage's result `res`
+    (its rows: one problem's starts) finished by scipy L-BFGS-B on `fun`, each kept where scipy does
+    not end higher. Returns (points, values, iterations, codes, |pg|)."""
+    bounds = list(zip(lo, hi))
     xs, fs, its = res.x.copy(), res.f.copy(), res.n_iter.copy()
     codes, gnorm = res.status.copy(), res.grad_norm.copy()
     for i in _distinct_best(xs, fs, n_polish):
@@ -243,8 +252,8 @@ def fit_law(
     reduction: str = "sum",
     starts: Any = None,
     weights: Any = None,
-    max_iter: int = 15000,
-    batch_max_iter: int = 200,
+    max_iter: int = POLISH_MAX_ITER,
+    batch_max_iter: int = BATCH_MAX_ITER,
     n_polish: int = 3,
     method: str = "batched",
     gtol: float = 1e-5,

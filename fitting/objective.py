@@ -13,8 +13,9 @@ decrease per L-BFGS step falls under scipy's default ftol (2.2e-9 absolute when 
 couple of iterations; the optimiser reports convergence at a poor point. Summing keeps the scale.
 
 `BatchObjective` evaluates f and its gradient for S parameter vectors (S, P) in one torch call, each
-row with its own optional weights (S, n) - which is how bootstrap replicates (integer counts) run
-together.
+row with its own optional weights (S, n) and losses (S, n) - which is how bootstrap replicates
+(integer counts; runs added at drawn losses) run together. A run at weight 0 adds exactly nothing,
+even where the law's prediction for it is not finite.
 """
 
 from __future__ import annotations
@@ -45,13 +46,23 @@ def elementwise_loss(r: torch.Tensor, objective: str, delta: float) -> torch.Ten
     raise UsageError(f"objective={objective!r} is not known; choose one of {OBJECTIVES}")
 
 
+def _rows(t: torch.Tensor, idx: torch.Tensor | None) -> torch.Tensor:
+    """A shared (n,) tensor as it is; the rows `idx` of a per-row (S, n) one (all rows for None)."""
+    return t if t.ndim == 1 or idx is None else t[idx]
+
+
+def _weighted(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """h * w, exactly 0 where w is 0 (0 * inf would be NaN)."""
+    return torch.where(w > 0, h * w, 0.0)
+
+
 class BatchObjective:
     """f(theta) and grad f for a batch of parameter vectors; see the module docstring for the formula.
 
     Args:
         law: the law form (its log_predict_fit is the model in log space).
         x: inputs as numpy arrays (n,), keys law.inputs.
-        loss: observed losses (n,), > 0.
+        loss: observed losses (n,), > 0, or (S, n) per-row losses.
         weights: None, (n,) shared weights, or (S, n) per-row weights (bootstrap counts).
         objective: "huber" or "squared"; delta: Huber threshold; reduction: "sum" or "mean".
     """
@@ -79,19 +90,17 @@ class BatchObjective:
         self.n_evals = 0  # rows evaluated, for benchmarks
 
     def _weights_for(self, idx: torch.Tensor | None) -> torch.Tensor | None:
-        if self.weights is None or self.weights.ndim == 1:
-            return self.weights
-        return self.weights if idx is None else self.weights[idx]
+        return None if self.weights is None else _rows(self.weights, idx)
 
     def value(self, theta: torch.Tensor, idx: torch.Tensor | None = None) -> torch.Tensor:
         """Objective per row of theta (S, P) -> (S,). idx selects rows of per-row weights."""
-        r = self.law.log_predict_fit(theta, self.x) - self.log_y
+        r = self.law.log_predict_fit(theta, self.x) - _rows(self.log_y, idx)
         h = elementwise_loss(r, self.objective, self.delta)
         w = self._weights_for(idx)
         if w is None:
             f = h.sum(dim=1)
             return f / h.shape[1] if self.reduction == "mean" else f
-        f = (h * w).sum(dim=1)
+        f = _weighted(h, w).sum(dim=1)
         return f / w.sum(dim=-1) if self.reduction == "mean" else f
 
     def __call__(self, theta: torch.Tensor, idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,7 +111,7 @@ class BatchObjective:
         """
         self.n_evals += theta.shape[0]
         log_pred, vjp = self.law.log_predict_vjp(theta.detach(), self.x)
-        r = log_pred - self.log_y  # not in place: autograd may have saved log_pred
+        r = log_pred - _rows(self.log_y, idx)  # not in place: autograd may have saved log_pred
         if self.objective == "huber":
             # psi = clip(r, -delta, delta) = dh/dr and h = psi (r - psi/2): both branches of the
             # Huber loss in three in-place ops.
@@ -113,7 +122,7 @@ class BatchObjective:
             h = r.mul_(r).mul_(0.5)
         w = self._weights_for(idx)
         if w is not None:
-            h, psi = h * w, psi * w
+            h, psi = _weighted(h, w), _weighted(psi, w)
         f = h.sum(dim=1)
         if self.reduction == "mean":
             denom = w.sum(dim=-1) if w is not None else torch.tensor(float(h.shape[1]), dtype=h.dtype)

@@ -3,13 +3,15 @@ version of the calibration study (the full 200-dataset one is bench/fit_calibrat
 
 import numpy as np
 import pytest
+import torch
 
 from scalelab.errors import UsageError
 from scalelab.fitting.allocate import chinchilla_optimum
-from scalelab.fitting.bootstrap import bootstrap, resample_counts
+from scalelab.fitting.bootstrap import bootstrap, refit_law, refit_replicates, resample_counts
 from scalelab.fitting.fit import fit_law
 from scalelab.fitting.intervals import delta_method_intervals, huber_variance_factor
 from scalelab.fitting.laws import get_law
+from scalelab.fitting.objective import BatchObjective
 from scalelab.fitting.simulate import CHINCHILLA_EPOCH, precision_vs_runs, simulate
 
 LAW = get_law("chinchilla")
@@ -104,3 +106,53 @@ def test_precision_vs_runs_shrinks_with_more_runs():
     )
     assert [r["n_runs"] for r in rows] == [8, 64]
     assert rows[1]["std"]["alpha"] < rows[0]["std"]["alpha"]
+
+
+def test_refit_replicates_match_one_refit_per_replicate():
+    """Every replicate's batched stage in one L-BFGS (the path `scalelab fit` and the stacked law
+    take) ends where refit_law ends on that replicate's own runs: the same objective to 1e-9 and
+    parameters to 1e-4, for resampled counts, per-replicate losses (a run added at a drawn loss, as
+    refit_with_runs adds them) and a resample too small to fit (None, as fit_law refuses it)."""
+    data = _data(1, n_sizes=4, n_tokens=4)
+    rng = np.random.default_rng(3)
+    n = data["loss"].size
+    inputs = {k: np.append(data[k], v) for k, v in (("params", 3e10), ("tokens", 9e11))}
+    counts = np.vstack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(5)] + [np.eye(n)[0] * 3])
+    counts = np.hstack([counts, np.ones((6, 1))])  # the added run is in every replicate
+    losses = np.tile(np.append(data["loss"], 2.0), (6, 1))
+    losses[:, -1] *= np.exp(rng.normal(0, 0.02, 6))  # each replicate draws its own loss for it
+    starts = np.stack([np.vstack([LAW.to_fit(CHINCHILLA_EPOCH), STARTS[rng.choice(len(STARTS), 4)]])] * 6)
+    got = refit_replicates(LAW, inputs, losses, counts > 0, counts, starts)
+    assert got[-1] is None  # two distinct runs for five parameters
+    for r in range(5):
+        keep = counts[r] > 0
+        sub = {**{k: v[keep] for k, v in inputs.items()}, "loss": losses[r][keep]}
+        ref = refit_law(LAW, sub, starts[r], counts[r][keep])
+        obj = BatchObjective(LAW, {k: sub[k] for k in LAW.inputs}, sub["loss"], weights=counts[r][keep])
+        f_got = float(obj.value(torch.tensor(LAW.to_fit(got[r]))[None])[0])
+        assert f_got == pytest.approx(ref.objective, rel=1e-9)
+        assert got[r] == pytest.approx(dict(ref.params), rel=1e-4)
+
+
+def test_objective_rows_carry_their_own_losses_and_weights():
+    """A BatchObjective with per-row losses and weights (S, n) gives row s, alone or picked out by
+    idx, the value and gradient of an objective built from losses[s] and weights[s] only."""
+    data = _data(2, n_sizes=3, n_tokens=3)
+    rng = np.random.default_rng(0)
+    x = {k: data[k] for k in LAW.inputs}
+    losses = data["loss"] * np.exp(rng.normal(0, 0.03, (4, data["loss"].size)))
+    weights = rng.integers(0, 3, (4, data["loss"].size)).astype(float)
+    theta = torch.tensor(STARTS[:4])
+    both = BatchObjective(LAW, x, losses, weights=weights)
+    f_all, g_all = both(theta)
+    idx = torch.tensor([3, 1])
+    f_idx, g_idx = both(theta[idx], idx)
+    for s in range(4):
+        one = BatchObjective(LAW, x, losses[s], weights=weights[s])
+        f, g = one(theta[s : s + 1])
+        assert float(f_all[s]) == pytest.approx(float(f[0]), rel=1e-12)
+        assert torch.allclose(g_all[s], g[0], rtol=1e-12, atol=0)
+        assert float(both.value(theta)[s]) == pytest.approx(float(f[0]), rel=1e-12)
+    for j, s in enumerate(idx.tolist()):
+        assert float(f_idx[j]) == pytest.approx(float(f_all[s]), rel=1e-12)
+        assert torch.allclose(g_idx[j], g_all[s], rtol=1e-12, atol=0)

@@ -24,7 +24,11 @@ from scalelab.fitting.io import read_runs
 # the one the loop recorded before the fit stacks were merged; the intervals, backtests and refits
 # are those of refits run to tight tolerances (a refit from the full fit's optimum with L-BFGS-B's
 # default gtol stayed there: the recorded intervals missed the true E, alpha and beta, and the
-# backtests scored the full fit).
+# backtests scored the full fit). The replicates' numbers were recorded again when every replicate's
+# batched stage became rows of one L-BFGS (bootstrap.refit_replicates: a replicate's undrawn runs
+# at weight 0 change the sums' rounding): the intervals moved by at most 6e-7 relative and the
+# prediction's bounds by 1e-9; the replicate refitted with a run added ends 1e-2 away in A along a
+# flat valley (objective 1.2357e-5 against 1.2355e-5 before).
 TRUE = {"E": 1.7, "A": 60.0, "B": 80.0, "alpha": 0.30, "beta": 0.28}
 N = [33888, 58512, 94400, 172320, 283104, 58512, 94400, 172320, 283104, 545552, 94400, 172320, 283104, 545552, 1008576]
 D = [1475584, 854528, 529408, 290304, 176640, 2848256, 1765376, 967168, 588800, 305664]
@@ -42,20 +46,20 @@ LOOP = {
         "alpha": "0x1.3640db8de3c28p-2", "beta": "0x1.22e132770af7ep-2",
     },
     "intervals": {
-        "E": ["0x1.63ae2a1088e6fp+0", "0x1.d551f4f6b3871p+0"],
-        "A": ["0x1.6a2de5108b0bep+5", "0x1.0b0dfa58bb787p+6"],
-        "B": ["0x1.070e4e7e936b5p+6", "0x1.620b37626b38fp+6"],
-        "alpha": ["0x1.0e61baab3e88fp-2", "0x1.3f7f8927ae572p-2"],
-        "beta": ["0x1.0cb4d80ad5a98p-2", "0x1.2a2493b543eb6p-2"],
-        "a": ["0x1.dca70f912b22cp-2", "0x1.03719e6768d92p-1"],
+        "E": ["0x1.63ae37e732444p+0", "0x1.d551f0a6b12c4p+0"],
+        "A": ["0x1.6a2de6eef3b34p+5", "0x1.0b0df90b76799p+6"],
+        "B": ["0x1.070e49d347e88p+6", "0x1.620b3520bb423p+6"],
+        "alpha": ["0x1.0e61bbbaa6772p-2", "0x1.3f7f88adb0838p-2"],
+        "beta": ["0x1.0cb4d6ce1591fp-2", "0x1.2a2492fe578c6p-2"],
+        "a": ["0x1.dca70a61b408dp-2", "0x1.0371a23ffa9cap-1"],
     },
     "holdout_mare": "0x1.56809377d1fddp-9",
     "lobo_mare": "0x1.789607f7589c4p-9",
     "per_decade": "0x1.af343023096dcp-8",
-    "prediction": ["0x1.058abc5bd34c2p+2", "0x1.0163f8bb3bdf3p+2", "0x1.09c2a4225083bp+2"],  # (3e5, 6e6)
+    "prediction": ["0x1.058abc5bd34c2p+2", "0x1.0163f8b5ed37ap+2", "0x1.09c2a427cb598p+2"],  # (3e5, 6e6)
     "with_first": {  # the first replicate refitted with a run at (2e5, 5e6) added
-        "E": "0x1.d7d8fadcfa8a3p+0", "A": "0x1.f87afb69d5fcep+5", "B": "0x1.6e3b25dff4218p+6",
-        "alpha": "0x1.39621a6145565p-2", "beta": "0x1.2de7ddd144e6dp-2",
+        "E": "0x1.d94809c80a887p+0", "A": "0x1.fe0d0fe6fff07p+5", "B": "0x1.6dcd10ccae18ap+6",
+        "alpha": "0x1.3aa65a87bcadep-2", "beta": "0x1.2dcb6c9685502p-2",
     },
 }  # fmt: skip
 
