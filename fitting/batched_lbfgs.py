@@ -47,6 +47,17 @@ class BatchResult:
     status: np.ndarray  # (S,) codes, see STATUS_TEXT
     n_fun_rows: int  # total rows evaluated (objective+gradient), for benchmarks
 
+    def rows(self, sl: slice) -> BatchResult:
+        """The outcome of the rows `sl` (e.g. one problem's starts among many problems')."""
+        return BatchResult(
+            x=self.x[sl],
+            f=self.f[sl],
+            grad_norm=self.grad_norm[sl],
+            n_iter=self.n_iter[sl],
+            status=self.status[sl],
+            n_fun_rows=0,
+        )
+
 
 def _project(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
     return torch.maximum(torch.minimum(x, hi), lo)

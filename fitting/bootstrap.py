@@ -32,6 +32,7 @@ Percentile intervals: scalelab.fitting.intervals.percentile_interval.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,12 +40,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from scalelab.errors import UsageError
 from scalelab.fitting import diagnostics
-from scalelab.fitting.batched_lbfgs import BatchResult, lbfgs_batched
-from scalelab.fitting.fit import BATCH_MAX_ITER, MAX_THREADS, POLISH_MAX_ITER, FitResult, fit_law, polish
+from scalelab.fitting.batched_lbfgs import lbfgs_batched
+from scalelab.fitting.fit import BATCH_MAX_ITER, POLISH_MAX_ITER, FitResult, fit_law, fit_threads, polish
 from scalelab.fitting.intervals import default_derived, percentile_interval
 from scalelab.fitting.laws import Law, get_law
 from scalelab.fitting.objective import BatchObjective
@@ -163,21 +163,44 @@ def _replicate_starts(law: Law, fit: FitResult, n_boot: int, k: int, rng: np.ran
     return starts
 
 
+def _replicate_rows(law: Law, x, losses, weights, starts, lo, hi, *, objective, delta, reduction="sum", **tol):
+    """Every replicate's every start as a row of one batched L-BFGS: row b*k + j is replicate b's
+    start j, weighted by weights[b] (R, n) and fitted to losses[b] where losses is (R, n) (shared
+    where it is (n,)). `tol`: lbfgs_batched's max_iter, gtol, ftol."""
+    k = starts.shape[1]
+    obj = BatchObjective(
+        law,
+        x,
+        losses if losses.ndim == 1 else np.repeat(losses, k, axis=0),
+        weights=np.repeat(weights, k, axis=0),
+        objective=objective,
+        delta=delta,
+        reduction=reduction,
+    )
+    return lbfgs_batched(obj, starts.reshape(-1, law.n_params), lo, hi, **tol)
+
+
 def _fit_replicates(law: Law, x, loss, fit: FitResult, counts, starts, *, max_iter, gtol, ftol):
     """Every replicate's every start as a row of one batched L-BFGS (weights: the replicate's
     counts); each replicate's best end point (fit space) and whether it converged."""
     n_boot, k = starts.shape[:2]
-    rows_w = np.repeat(counts, k, axis=0)  # row b*k + j belongs to replicate b
-    obj = BatchObjective(
-        law, x, loss, weights=rows_w, objective=fit.objective_name, delta=fit.delta, reduction=fit.reduction
-    )
     lo, hi = (np.array(b, dtype=np.float64) for b in zip(*law.fit_bounds))
-    prev = torch.get_num_threads()
-    torch.set_num_threads(MAX_THREADS)
-    try:
-        res = lbfgs_batched(obj, starts.reshape(-1, law.n_params), lo, hi, max_iter=max_iter, gtol=gtol, ftol=ftol)
-    finally:
-        torch.set_num_threads(prev)
+    with fit_threads():
+        res = _replicate_rows(
+            law,
+            x,
+            loss,
+            counts,
+            starts,
+            lo,
+            hi,
+            objective=fit.objective_name,
+            delta=fit.delta,
+            reduction=fit.reduction,
+            max_iter=max_iter,
+            gtol=gtol,
+            ftol=ftol,
+        )
     f = np.where(np.isfinite(res.f), res.f, np.inf).reshape(n_boot, k)
     best = np.argmin(f, axis=1)
     pick = np.arange(n_boot) * k + best
@@ -315,55 +338,45 @@ def refit_replicates(
     problems), a replicate's other runs at weight 0; stage 2 polishes each replicate's best end
     point with scipy on its own runs, as fit_law does. Runs at weight 0 change only the rounding of
     the sums, but where a resample's optimum is a flat valley or has several basins that is enough
-    to end elsewhere: in bench/refit_replicates_speed.py most replicates reach refit_law's objective
-    to 1e-11, and a few in forty end in another basin, as often lower as higher.
+    to end elsewhere: in bench/refit_replicates_speed.py the median replicate reaches refit_law's
+    objective to within 1e-9, and a few in forty end in another basin, as often lower as higher.
 
     Returns each replicate's natural parameters; None where fit_law would refuse the replicate's
     runs (a degenerate resample: too few distinct runs) or no start has a finite objective.
     """
-    n_rep, k, n_par = starts.shape
-    subsets, valid = {}, []
+    n_rep, k = starts.shape[:2]
+    subsets = {}  # replicate -> its runs, as fit_law validates them
     for r in range(n_rep):
         sub = {**{name: v[keep[r]] for name, v in inputs.items()}, "loss": losses[r][keep[r]]}
-        try:
+        with contextlib.suppress(UsageError):
             subsets[r] = diagnostics.validate_data(law, sub, weights[r][keep[r]])
-        except UsageError:
-            continue
-        valid.append(r)
+    valid = list(subsets)
     out: list[dict[str, float] | None] = [None] * n_rep
     if not valid:
         return out
     lo, hi = (np.array(b, dtype=np.float64) for b in zip(*law.fit_bounds))
     tol = REFIT_TOLERANCES
-    obj = BatchObjective(
-        law,
-        inputs,
-        np.repeat(losses[valid], k, axis=0),
-        weights=np.repeat(np.where(keep, weights, 0.0)[valid], k, axis=0),
-        objective=objective,
-        delta=delta,
-    )
-    prev = torch.get_num_threads()
-    torch.set_num_threads(MAX_THREADS)
-    try:
-        batch = lbfgs_batched(obj, starts[valid].reshape(-1, n_par), lo, hi, max_iter=BATCH_MAX_ITER, **tol)
+    with fit_threads():
+        batch = _replicate_rows(
+            law,
+            inputs,
+            losses[valid],
+            np.where(keep, weights, 0.0)[valid],
+            starts[valid],
+            lo,
+            hi,
+            objective=objective,
+            delta=delta,
+            max_iter=BATCH_MAX_ITER,
+            **tol,
+        )
         for i, r in enumerate(valid):
             x, y, w = subsets[r]
             fun = BatchObjective(law, x, y, weights=w, objective=objective, delta=delta).numpy_fun()
-            rows = slice(i * k, (i + 1) * k)
-            res = BatchResult(
-                x=batch.x[rows],
-                f=batch.f[rows],
-                grad_norm=batch.grad_norm[rows],
-                n_iter=batch.n_iter[rows],
-                status=batch.status[rows],
-                n_fun_rows=0,
-            )
+            res = batch.rows(slice(i * k, (i + 1) * k))
             xs, fs = polish(fun, res, lo, hi, n_polish=1, max_iter=POLISH_MAX_ITER, **tol)[:2]
             if np.isfinite(fs).any():
                 out[r] = dict(law.to_natural(xs[int(np.nanargmin(np.where(np.isfinite(fs), fs, np.nan)))]))
-    finally:
-        torch.set_num_threads(prev)
     return out
 
 

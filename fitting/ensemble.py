@@ -284,12 +284,18 @@ def _half_width(values: np.ndarray, level: float) -> float:
     return float(hi - lo) / 2.0
 
 
-def _fit_one(name: str, n, d, y, c, weights=None) -> FitResult:
-    """One candidate's fit (its weighting times `weights`)."""
-    law, weighting = parse_candidate(name)
+def _candidate_weights(weighting: str, c, weights):
+    """A candidate's run weights: its weighting's (run_weights) times `weights` (either may be None)."""
     w = run_weights(weighting, c)
     if weights is not None:
         w = weights if w is None else w * weights
+    return w
+
+
+def _fit_one(name: str, n, d, y, c, weights=None) -> FitResult:
+    """One candidate's fit (its weighting times `weights`)."""
+    law, weighting = parse_candidate(name)
+    w = _candidate_weights(weighting, c, weights)
     return fit_law(law, {"params": n, "tokens": d, "loss": y}, weights=w, diagnose=False, n_polish=1)
 
 
@@ -305,7 +311,7 @@ def _bootstrap_components(
     names = tuple(components)
     laws = {k: get_law(parse_candidate(k)[0]) for k in names}
     grids = {k: laws[k].init_grid() for k in names}
-    drawn = []  # per resample: its counts and each component's starts, or None (left out)
+    plan = []  # per resample every component can fit: its counts and each component's starts
     for _ in range(bootstrap):
         counts = np.bincount(rng.integers(0, y.size, y.size), minlength=y.size).astype(float)
         keep = counts > 0
@@ -314,10 +320,9 @@ def _bootstrap_components(
             warm = laws[k].to_fit(components[k].params)[None, :]
             starts[k] = np.vstack([warm, grids[k][rng.choice(len(grids[k]), BOOT_EXTRA_STARTS)]])
             if not _can_fit(laws[k], n[keep], d[keep], y[keep]):
-                starts = None
                 break
-        drawn.append(None if starts is None else (counts, starts))
-    plan = [p for p in drawn if p is not None]
+        else:
+            plan.append((counts, starts))
     if not plan:
         return []
     keep = np.stack([counts > 0 for counts, _ in plan])
@@ -326,8 +331,7 @@ def _bootstrap_components(
         weighting = parse_candidate(k)[1]
         weights = np.zeros(keep.shape)
         for i, (counts, _) in enumerate(plan):
-            w = run_weights(weighting, c[keep[i]])
-            weights[i, keep[i]] = (counts * base)[keep[i]] * (1.0 if w is None else w)
+            weights[i, keep[i]] = _candidate_weights(weighting, c[keep[i]], (counts * base)[keep[i]])
         fitted[k] = refit_replicates(
             laws[k],
             {"params": n, "tokens": d},

@@ -21,9 +21,10 @@ method="scipy" instead runs the plain reference: one scipy L-BFGS-B call per sta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,17 @@ MAX_THREADS = int(os.environ.get("SCALELAB_FIT_THREADS", "1"))
 # processes and a fit got 10-20x slower (measured: 41 s vs 2 s CPU for the 4500-start fit).
 BATCH_MAX_ITER = 200  # iterations of the batched stage (every start)
 POLISH_MAX_ITER = 15000  # iterations of the scipy polish of the best end points
+
+
+@contextlib.contextmanager
+def fit_threads() -> Iterator[None]:
+    """Run a fit's tensor work on MAX_THREADS torch threads, then restore the caller's setting."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(MAX_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
 
 
 @dataclass(kw_only=True)
@@ -295,15 +307,11 @@ def fit_law(
     lo, hi = (np.array(b, dtype=np.float64) for b in zip(*law.fit_bounds))
     fun = obj.numpy_fun()
     tol = dict(max_iter=max_iter, gtol=gtol, ftol=ftol)
-    prev_threads = torch.get_num_threads()
-    torch.set_num_threads(MAX_THREADS)
-    try:
+    with fit_threads():
         if method == "batched":
             ends = _batched_then_polish(obj, fun, x0, lo, hi, batch_max_iter=batch_max_iter, n_polish=n_polish, **tol)
         else:
             ends = _scipy_per_start(fun, x0, lo, hi, **tol)
-    finally:
-        torch.set_num_threads(prev_threads)
     xs, fs, its, codes, gnorm = ends
     if not np.isfinite(fs).any():
         raise UsageError(f"{law.name} fit: the objective is not finite at any start; check the data scale")
