@@ -13,7 +13,7 @@ scored runs exist: `fit.law: auto`, the stacked law of scalelab.fitting.ensemble
    also predicted by *every earlier* round's fit: the 30x runs as the first round's fit saw them
    (30x away), as the 3x round's fit did (10x away) and as the 10x round's (3x away).
 
-    python bench/closed_loop.py --out results/bench/closed_loop      # ~1.5-2 h on 2 idle cores
+    python bench/closed_loop.py --out results/bench/closed_loop      # ~1-2 h on 2 idle cores
 
 Prints the fits per round (weights, the interval of L*(T) at T = 30x), the ledger (each run as
 predicted by the round that proposed it) and the matrix of every round's prediction of every
