@@ -1,0 +1,134 @@
+"""The stacked law's point weights against their bagged mean, on the loop's second round.
+
+The growth rule (scalelab.fitting.stacking) decides all or nothing: the incumbent keeps every weight
+unless its forward error's slope is 2 se from zero, and then the weights zero the combination's
+slope. Its 400 bootstrap draws of the forward groups (the weights' uncertainty, already in the
+interval) are a bagged version of the same decision: their mean moves weight in proportion to how
+often a resample adopts. On this machine's two cold stores the rule swung 1/0 -> 0/1 -> 1/0 over
+three rounds. This bench scores both points, the rule's and the draws' mean, with everything else
+equal (the same fit, the same components), where the rule has something to decide: after the
+round-0 design plus its 3x pair, the first fit with three forward groups.
+
+Protocol (synthetic; bench/stacked_coverage.py's truths and demo design, trial seeds from
+`--first-seed`, never used by the calibration's seeds 0-47): per trial, the round-0 runs; the
+stacked fit's compute-optimal run at 3x the largest budget, drawn twice from the truth with the runs'
+noise (the loop's `--seeds 2` pair); the refit on those 14 runs; its compute-optimal runs at 10x and
+30x drawn from the truth. Per target, the log error of: the rule's weights, the draws' mean, and each
+form alone. `--public`: the same comparison on bench/fit_public_auto.py's split of every public family
+(`scalelab fit TABLE --law auto` on all but the largest model; its last 30% of checkpoints held out).
+
+    python bench/stack_bagging.py --trials 24 --workers 2 [--public]
+
+Prints mean |error| per truth and target for each weighting, and how often the rule adopted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fit_public import FAMILIES, HELD_OUT_FAMILIES  # noqa: E402 - the bench folder's own
+from fit_public_auto import _cli, split  # noqa: E402
+from stacked_coverage import DESIGNS, NOISE, draw  # noqa: E402
+
+from scalelab.fitting.ensemble import StackedFit, fit_stacked  # noqa: E402
+
+KINDS = ("chinchilla", "curved", "farseer", "receding")
+TARGETS = (10, 30)  # multiples of the round-0 design's largest budget
+STEP = 3  # the 3x pair's multiple
+
+
+def _weightings(fit: StackedFit) -> dict[str, np.ndarray]:
+    k = len(fit.names)
+    out = {"rule": fit.stack.weight_vector(), "bagged": fit.stack.draws.mean(axis=0)}
+    for i, name in enumerate(fit.names):
+        out[name] = np.eye(k)[i]
+    return out
+
+
+def _fit(n, d, y, c):
+    return fit_stacked(params=n, tokens=d, loss=y, flops=c, groups=c, noise=NOISE, bootstrap=0)
+
+
+def trial(args: tuple[int, str]) -> dict:
+    seed, kind = args
+    f, n, d, c, y, rng = draw(seed, kind)
+    largest = max(DESIGNS["demo"][0])
+    first = _fit(n, d, y, c)
+    n3, d3, _ = first.optimum(STEP * largest)
+    pair = float(f(np.array(n3), np.array(d3))) * np.exp(NOISE * rng.standard_normal(2))
+    n2, d2 = np.append(n, [n3, n3]), np.append(d, [d3, d3])
+    y2, c2 = np.append(y, pair), np.append(c, [STEP * largest] * 2)
+    fit = _fit(n2, d2, y2, c2)
+    out = {"seed": seed, "kind": kind, "adopted": fit.stack.adopted, "bagged": fit.stack.draws.mean(0).tolist()}
+    for mult in TARGETS:
+        nn, dd, _ = fit.optimum(mult * largest)
+        obs = float(f(np.array(nn), np.array(dd))) * math.exp(NOISE * rng.standard_normal())
+        out[str(mult)] = {
+            name: float(fit.log_predict(nn, dd, weights=w)) - math.log(obs) for name, w in _weightings(fit).items()
+        }
+    return out
+
+
+def synthetic(trials: int, first_seed: int, workers: int) -> None:
+    jobs = [(s, k) for k in KINDS for s in range(first_seed, first_seed + trials)]
+    t0 = time.time()
+    with ProcessPoolExecutor(workers) as pool:
+        rows = list(pool.map(trial, jobs))
+    print(f"synthetic ladder: {len(rows)} trials in {time.time() - t0:.0f} s (seeds {first_seed}..{first_seed + trials - 1})")
+    names = [k for k in rows[0]["10"]]
+    print(f"{'truth':<11} {'target':>6} {'adopted':>8} " + " ".join(f"{n:>11}" for n in names))
+    for kind in KINDS:
+        sub = [r for r in rows if r["kind"] == kind]
+        adopted = np.mean([r["adopted"] for r in sub])
+        for mult in TARGETS:
+            errs = [np.mean([abs(math.expm1(r[str(mult)][n])) for r in sub]) for n in names]
+            print(f"{kind:<11} {f'{mult}x':>6} {100 * adopted:>7.0f}% " + " ".join(f"{100 * e:>10.2f}%" for e in errs))
+    for mult in TARGETS:
+        errs = [np.mean([abs(math.expm1(r[str(mult)][n])) for r in rows]) for n in names]
+        print(f"{'all':<11} {f'{mult}x':>6} {'':>8} " + " ".join(f"{100 * e:>10.2f}%" for e in errs))
+
+
+def public() -> None:
+    print("public families (mean |error| on the held-out rows)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, load in {**FAMILIES, **HELD_OUT_FAMILIES}.items():
+            train, test = split(load())
+            table = Path(tmp) / f"{name.split()[0]}.csv"
+            train.write_csv(table)
+            out = table.with_suffix(".json")
+            _cli("fit", str(table), "--law", "auto", "--out", str(out))
+            fit = StackedFit.from_dict(json.loads(out.read_text())["stacked"])
+            n, d, obs = (test[col].to_numpy() for col in ("params", "tokens", "loss"))
+            cells = [
+                f"{k} {100 * np.mean(np.abs(np.exp(fit.log_predict(n, d, weights=w)) / obs - 1)):.2f}%"
+                for k, w in _weightings(fit).items()
+            ]
+            bag = ", ".join(f"{v:.2f}" for v in fit.stack.draws.mean(0))
+            print(f"  {name:<22} adopted {fit.stack.adopted!s:<5} bagged weights {bag}: " + "; ".join(cells))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=24, help="trials per truth")
+    ap.add_argument("--first-seed", type=int, default=100)
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--public", action="store_true")
+    args = ap.parse_args()
+    if args.public:
+        public()
+    if args.trials:
+        synthetic(args.trials, args.first_seed, args.workers)
+
+
+if __name__ == "__main__":
+    main()
