@@ -84,7 +84,8 @@ def synthetic(trials: int, first_seed: int, workers: int) -> None:
     t0 = time.time()
     with ProcessPoolExecutor(workers) as pool:
         rows = list(pool.map(trial, jobs))
-    print(f"synthetic ladder: {len(rows)} trials in {time.time() - t0:.0f} s (seeds {first_seed}..{first_seed + trials - 1})")
+    seeds = f"seeds {first_seed}..{first_seed + trials - 1}"
+    print(f"synthetic ladder: {len(rows)} trials in {time.time() - t0:.0f} s ({seeds})")
     names = [k for k in rows[0]["10"]]
     print(f"{'truth':<11} {'target':>6} {'adopted':>8} " + " ".join(f"{n:>11}" for n in names))
     for kind in KINDS:
