@@ -1,20 +1,23 @@
-"""The stacked law's point weights against their bagged mean, on the loop's second round.
+"""The stacked law's point weights: the rule's decision against its bagged mean, on the loop's second round.
 
 The growth rule (scalelab.fitting.stacking) decides all or nothing: the incumbent keeps every weight
 unless its forward error's slope is 2 se from zero, and then the weights zero the combination's
 slope. Its 400 bootstrap draws of the forward groups (the weights' uncertainty, already in the
 interval) are a bagged version of the same decision: their mean moves weight in proportion to how
 often a resample adopts. On this machine's two cold stores the rule swung 1/0 -> 0/1 -> 1/0 over
-three rounds. This bench scores both points, the rule's and the draws' mean, with everything else
-equal (the same fit, the same components), where the rule has something to decide: after the
+three rounds. Scored here, with everything else equal (the same fit, components and (N, D)): "rule",
+the rule's own decision; "bagged", the mean of the draws whose resample can test the evidence (the
+default, StackRule.point); "all-draws", the mean of every draw (a resample that repeats one of three
+groups cannot test a slope and keeps the incumbent: this mean leans to the incumbent even on
+overwhelming evidence); and each form alone. Where the rule has something to decide: after the
 round-0 design plus its 3x pair, the first fit with three forward groups.
 
 Protocol (synthetic; bench/stacked_coverage.py's truths and demo design, trial seeds from
 `--first-seed`, never used by the calibration's seeds 0-47): per trial, the round-0 runs; the
 stacked fit's compute-optimal run at 3x the largest budget, drawn twice from the truth with the runs'
 noise (the loop's `--seeds 2` pair); the refit on those 14 runs; its compute-optimal runs at 10x and
-30x drawn from the truth. Per target, the log error of: the rule's weights, the draws' mean, and each
-form alone. `--public`: the same comparison on bench/fit_public_auto.py's split of every public family
+30x drawn from the truth. Per target, the log error of every weighting above. `--public`: the same
+comparison on bench/fit_public_auto.py's split of every public family
 (`scalelab fit TABLE --law auto` on all but the largest model; its last 30% of checkpoints held out).
 
     python bench/stack_bagging.py --trials 24 --workers 2 [--public]
@@ -41,6 +44,7 @@ from fit_public_auto import _cli, split  # noqa: E402
 from stacked_coverage import DESIGNS, NOISE, draw  # noqa: E402
 
 from scalelab.fitting.ensemble import StackedFit, fit_stacked  # noqa: E402
+from scalelab.fitting.stacking import StackRule, stack_weights  # noqa: E402
 
 KINDS = ("chinchilla", "curved", "farseer", "receding")
 TARGETS = (10, 30)  # multiples of the round-0 design's largest budget
@@ -48,8 +52,12 @@ STEP = 3  # the 3x pair's multiple
 
 
 def _weightings(fit: StackedFit) -> dict[str, np.ndarray]:
+    """rule: the rule's own decision; bagged: the fit's weights (the mean of the draws that can test
+    the evidence, the default); all-draws: the mean of every draw; then each form alone."""
     k = len(fit.names)
-    out = {"rule": fit.stack.weight_vector(), "bagged": fit.stack.draws.mean(axis=0)}
+    st = fit.stack
+    rule = stack_weights(st.groups, fit.names, noise=fit.noise, incumbent=st.incumbent, rule=StackRule(point="rule"))
+    out = {"rule": rule.weight_vector(), "bagged": st.weight_vector(), "all-draws": st.draws.mean(axis=0)}
     for i, name in enumerate(fit.names):
         out[name] = np.eye(k)[i]
     return out
@@ -69,7 +77,7 @@ def trial(args: tuple[int, str]) -> dict:
     n2, d2 = np.append(n, [n3, n3]), np.append(d, [d3, d3])
     y2, c2 = np.append(y, pair), np.append(c, [STEP * largest] * 2)
     fit = _fit(n2, d2, y2, c2)
-    out = {"seed": seed, "kind": kind, "adopted": fit.stack.adopted, "bagged": fit.stack.draws.mean(0).tolist()}
+    out = {"seed": seed, "kind": kind, "adopted": fit.stack.adopted, "bagged": fit.stack.weight_vector().tolist()}
     for mult in TARGETS:
         nn, dd, _ = fit.optimum(mult * largest)
         obs = float(f(np.array(nn), np.array(dd))) * math.exp(NOISE * rng.standard_normal())
@@ -109,12 +117,12 @@ def public() -> None:
             out = table.with_suffix(".json")
             _cli("fit", str(table), "--law", "auto", "--out", str(out))
             fit = StackedFit.from_dict(json.loads(out.read_text())["stacked"])
-            n, d, obs = (test[col].to_numpy() for col in ("params", "tokens", "loss"))
+            n, d, obs = (test[col].to_numpy().copy() for col in ("params", "tokens", "loss"))
             cells = [
                 f"{k} {100 * np.mean(np.abs(np.exp(fit.log_predict(n, d, weights=w)) / obs - 1)):.2f}%"
                 for k, w in _weightings(fit).items()
             ]
-            bag = ", ".join(f"{v:.2f}" for v in fit.stack.draws.mean(0))
+            bag = ", ".join(f"{v:.2f}" for v in fit.stack.weight_vector())
             print(f"  {name:<22} adopted {fit.stack.adopted!s:<5} bagged weights {bag}: " + "; ".join(cells))
 
 

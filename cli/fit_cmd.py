@@ -63,6 +63,13 @@ def _add_fit(sub) -> None:
         "default) or nonzero per decade (level); docs/extrapolation.md",
     )
     p.add_argument(
+        "--stack-point",
+        choices=("bagged", "rule"),
+        default=None,
+        help="--law auto: the weights that predict: the mean of the rule's bootstrap draws (bagged, default) or "
+        "the rule's own all-or-nothing decision (rule)",
+    )
+    p.add_argument(
         "--params",
         choices=("total", "nonembed"),
         default=None,
@@ -186,6 +193,7 @@ def _options(args: argparse.Namespace, store: pathlib.Path | None):
         candidates=tuple(c.strip() for c in args.candidates.split(",") if c.strip()) if args.candidates else None,
         params=args.params,
         evidence=args.evidence,
+        stack_point=args.stack_point,
         approach=args.approach,
         isoflop_shape=args.isoflop_shape,
         loss=args.loss_col,
@@ -212,8 +220,8 @@ def _fit(args: argparse.Namespace):
     from scalelab.fitting.io import read_runs
     from scalelab.fitting.laws import CURVE_LAWS
 
-    if (args.candidates or args.evidence) and args.law != "auto":
-        raise UsageError("--candidates, --evidence: options of --law auto; add --law auto")
+    if (args.candidates or args.evidence or args.stack_point) and args.law != "auto":
+        raise UsageError("--candidates, --evidence, --stack-point: options of --law auto; add --law auto")
     wants_curves = args.law == "select" or args.law in CURVE_LAWS
     path = objects.local_view(args.data, "DATA") if objects.is_url(args.data) else pathlib.Path(args.data)
     if path.is_dir():

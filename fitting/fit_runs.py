@@ -166,7 +166,7 @@ def fit_stacked_runs(table: RunTable, options: FitOptions) -> ScalingFit:
         bootstrap=options.bootstrap,
         seed=options.seed,
         level=options.level,
-        rule=StackRule(evidence=options.evidence),
+        rule=StackRule(evidence=options.evidence, point=options.stack_point),
     )
     fit.stacked.incumbent_extrapolation = fit.extrapolation
     st = fit.stacked.stack

@@ -39,13 +39,21 @@ The rule (`StackRule` holds its constants; `evidence` chooses step 2):
    a draw of its runs' noise: the weights' uncertainty (which reaches the prediction interval as the
    spread of the combined prediction over the draws). With no forward group at all the draws are
    uniform on the simplex: nothing has said which form extrapolates.
+6. The weights that predict ("bagged", the default `point`) are the mean of the draws whose resample
+   can test the evidence (for growth: at least three groups spread over a tenth of a decade; a
+   resample of three groups often repeats one, and says nothing rather than "keep the incumbent").
+   Steps 2-3 decide all or nothing on a slope read from a handful of groups, and near the threshold
+   a resample of the same groups flips the decision; the mean moves weight in proportion to how often
+   the evidence holds (bagging a pre-test decision). `point="rule"` predicts with the rule's own
+   decision. With no forward group, or none of the draws able to test, the incumbent predicts. The
+   drift k (step 4) is the rule's, fold by fold.
 
 With candidates whose errors grow with the same sign, step 3 gives all weight to the one that grows
 least; with opposite signs it interpolates. A selection by one or two held-out runs is not this: the rule
 reads every forward group and refuses to move off the incumbent on noise.
 
     st = stack_weights(groups, ("chinchilla", "kaplan"), noise=0.0056)
-    st.weights                 # e.g. {"chinchilla": 0.66, "kaplan": 0.34}
+    st.weights                 # e.g. {"chinchilla": 0.66, "kaplan": 0.34}: the draws' mean
     st.draws                   # (B, 2) weight draws
     st.per_decade["chinchilla"]  # (mean, se) of its forward error per decade
 """
@@ -69,6 +77,7 @@ class StackRule:
     z_adopt: float = 2.0  # standard errors of forward bias before the incumbent shares its weight
     recent_folds: int = 2  # only the latest fold origins count (0: all)
     evidence: str = "growth"  # growth: the incumbent's error must grow with distance; level: be nonzero per decade
+    point: str = "bagged"  # bagged: the weights that predict are the draws' mean; rule: the rule's own decision
     draws: int = 400  # bootstrap resamples of the forward groups
     seed: int = 0
 
@@ -83,7 +92,7 @@ class Stack:
     drift_folds: int  # folds k rests on
     n_groups: int
     n_folds: int
-    adopted: bool  # False: the incumbent kept all the weight
+    adopted: bool  # False: the rule kept the incumbent (bagged weights may still share some)
     reason: str
     incumbent: str
     groups: list[ForwardGroup] = field(default_factory=list)
@@ -282,11 +291,15 @@ def stack_weights(
     w, adopted = _rule(ev, inc, rule)
     rng = np.random.default_rng(rule.seed)
     draws = np.empty((rule.draws, len(names)))
+    tested = np.zeros(rule.draws, dtype=bool)
     for b in range(rule.draws):
         # groups resampled, and each group's observed runs redrawn: their noise shifts every
         # candidate's error in that group alike (one set of runs is scored against all of them)
         idx = rng.integers(0, len(groups), len(groups))
-        draws[b], _ = _rule(ev.take(idx, ev.noise_e[idx] * rng.standard_normal(len(groups))), inc, rule)
+        ev_b = ev.take(idx, ev.noise_e[idx] * rng.standard_normal(len(groups)))
+        draws[b], _ = _rule(ev_b, inc, rule)
+        tested[b] = rule.evidence == "level" or _slopes(ev_b) is not None
+    point = draws[tested].mean(axis=0) if rule.point == "bagged" and tested.any() else w
     per_decade = {n: _bias(ev.r[:, j], ev.omega, ev.noise_se) for j, n in enumerate(names)}
     slopes = _slopes(ev)
     drift, drift_folds = _drift(every, names, w, inc, noise, rule)
@@ -316,9 +329,16 @@ def stack_weights(
             f"{incumbent}'s forward error {100 * m:+.2f}% per decade is within {rule.z_adopt:g} se "
             f"({100 * se:.2f}%) of zero over {len(groups)} groups: {incumbent} alone"
         )
+    if rule.point == "bagged" and not np.allclose(point, w, rtol=0.0, atol=5e-3):
+        kept = float(np.mean(draws[tested, inc] > 1.0 - 1e-9))
+        share = ", ".join(f"{n} {x:.2f}" for n, x in zip(names, point))
+        reason += (
+            f"; over the {int(tested.sum())} of {rule.draws} resamples of the groups that can test it, the rule "
+            f"keeps {incumbent} alone in {kept:.0%}: predicting with their mean weights ({share})"
+        )
     return Stack(
         names=names,
-        weights={n: float(x) for n, x in zip(names, w)},
+        weights={n: float(x) for n, x in zip(names, point)},
         draws=draws,
         per_decade=per_decade,
         drift=drift,

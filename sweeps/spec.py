@@ -107,6 +107,7 @@ class FitSpec:
     candidates: list[str] = field(default_factory=list)  # law auto: the stacked forms, incumbent first
     # (empty: chinchilla, kaplan; a form may carry an estimator, e.g. chinchilla@flops: runs weighted by compute)
     evidence: str = "growth"  # law auto: growth | level, what moves weight off the incumbent (docs/extrapolation.md)
+    stack_point: str = "bagged"  # law auto: bagged | rule, the weights that predict (docs/extrapolation.md)
     loss: str = "final_val_loss"  # load_runs column used as the loss
     flops: str = "6n"  # 6n | exact: which FLOP count the fit and the proposals use
     params: str = "total"  # total | nonembed: which parameter count the law is fitted on
@@ -188,6 +189,8 @@ def _check_fit(fit: FitSpec) -> None:
         raise ConfigError("fit.params", f"{fit.params!r} unknown", "use total or nonembed")
     if fit.evidence not in ("growth", "level"):
         raise ConfigError("fit.evidence", f"{fit.evidence!r} unknown", "use growth or level")
+    if fit.stack_point not in ("bagged", "rule"):
+        raise ConfigError("fit.stack_point", f"{fit.stack_point!r} unknown", "use bagged or rule")
     if fit.candidates and fit.law != "auto":
         raise ConfigError("fit.candidates", f"set with fit.law {fit.law!r}", "candidates are stacked by law auto")
     for i, name in enumerate(fit.candidates):

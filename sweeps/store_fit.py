@@ -54,6 +54,7 @@ def fit_options(spec: FitSpec, **overrides) -> FitOptions:
         law=spec.law,
         candidates=tuple(spec.candidates) or None,
         evidence=spec.evidence,
+        stack_point=spec.stack_point,
         require_optimum=True,
         loss=spec.loss,
         flops=spec.flops,

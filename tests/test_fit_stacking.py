@@ -15,6 +15,7 @@ from scalelab.fitting.stacking import StackRule, stack_weights
 
 CHIN = {"E": 1.2, "A": 60.0, "B": 80.0, "alpha": 0.32, "beta": 0.30}
 KAP = {"Nc": 3e8, "Dc": 1e9, "alpha_N": 0.11, "alpha_D": 0.12}
+RULE = StackRule(point="rule")  # the rule's own decision; the default predicts with its draws' mean
 
 
 def _design(budgets, sizes=4, span=3.0):
@@ -60,7 +61,7 @@ def _groups(bias: dict[str, float], decades=(0.25, 0.5, 0.75, 0.5, 1.0), folds=(
 
 
 def test_weights_cancel_opposite_biases_and_the_zero_bias_mix_holds_at_every_distance():
-    st = stack_weights(_groups({"chinchilla": 0.03, "kaplan": -0.06}), ["chinchilla", "kaplan"], noise=0.005)
+    st = stack_weights(_groups({"chinchilla": 0.03, "kaplan": -0.06}), ["chinchilla", "kaplan"], noise=0.005, rule=RULE)
     assert st.adopted
     assert st.weights["chinchilla"] == pytest.approx(2 / 3, abs=1e-4)
     assert st.weights["kaplan"] == pytest.approx(1 / 3, abs=1e-4)
@@ -69,22 +70,42 @@ def test_weights_cancel_opposite_biases_and_the_zero_bias_mix_holds_at_every_dis
     resolution = math.sqrt(np.mean([(0.0025 / dd) ** 2 for dd in (0.25, 0.5, 0.75, 0.5, 1.0)]))
     assert resolution < st.drift < 0.03
     # biases of one sign: all weight on the less biased form
-    st = stack_weights(_groups({"chinchilla": 0.03, "kaplan": 0.01}), ["chinchilla", "kaplan"], noise=0.005)
+    st = stack_weights(_groups({"chinchilla": 0.03, "kaplan": 0.01}), ["chinchilla", "kaplan"], noise=0.005, rule=RULE)
     assert st.weights == pytest.approx({"chinchilla": 0.0, "kaplan": 1.0}, abs=1e-4)
     assert 0.01 <= st.drift <= 0.03  # between the chosen form's bias and the incumbent's (out of fold)
 
 
 def test_the_incumbent_keeps_its_weight_when_its_forward_bias_is_within_the_noise():
     # +0.4% per decade with 0.6% run noise over 4 runs per group: not distinguishable from zero
-    st = stack_weights(_groups({"chinchilla": 0.004, "kaplan": -0.05}), ["chinchilla", "kaplan"], noise=0.006)
+    st = stack_weights(
+        _groups({"chinchilla": 0.004, "kaplan": -0.05}), ["chinchilla", "kaplan"], noise=0.006, rule=RULE
+    )
     assert not st.adopted
     assert st.weights == {"chinchilla": 1.0, "kaplan": 0.0}
     assert "within 2 se" in st.reason
     # the weight draws still say the choice is open (some resamples move off the incumbent)
     assert st.draws[:, 1].max() > 0.0
     # with a stricter noise model the same bias is evidence
-    st = stack_weights(_groups({"chinchilla": 0.004, "kaplan": -0.05}), ["chinchilla", "kaplan"], noise=0.0005)
+    st = stack_weights(
+        _groups({"chinchilla": 0.004, "kaplan": -0.05}), ["chinchilla", "kaplan"], noise=0.0005, rule=RULE
+    )
     assert st.adopted and 0.0 < st.weights["kaplan"] < 0.2
+
+
+def test_bagged_weights_are_the_draws_mean_and_follow_how_often_the_evidence_holds():
+    names = ["chinchilla", "kaplan"]
+    # near the threshold the rule keeps the incumbent, but some resamples move off it: so do the weights
+    near = _groups({"chinchilla": 0.004, "kaplan": -0.05})
+    st = stack_weights(near, names, noise=0.006)
+    assert not st.adopted and 0.0 < st.draws[:, 1].mean() < st.weights["kaplan"]  # only testable draws count
+    assert 0.005 < st.weights["kaplan"] < 0.1 and "predicting with their mean weights" in st.reason
+    assert stack_weights(near, names, noise=0.006, rule=RULE).weights == {"chinchilla": 1.0, "kaplan": 0.0}
+    # clear evidence: the mean is near the rule's zero-bias mix (2/3, 1/3)
+    st = stack_weights(_groups({"chinchilla": 0.03, "kaplan": -0.06}), names, noise=0.005)
+    assert st.adopted and st.weights["chinchilla"] == pytest.approx(2 / 3, abs=0.02)
+    # fewer than three groups: no slope to test in any resample, the incumbent alone
+    two = _groups({"chinchilla": 0.05, "kaplan": -0.05}, decades=(0.5, 0.8), folds=(2, 2))
+    assert stack_weights(two, names, noise=0.005).weights == {"chinchilla": 1.0, "kaplan": 0.0}
 
 
 def test_an_edge_miss_that_does_not_grow_keeps_the_incumbent_under_the_growth_rule():
@@ -95,15 +116,15 @@ def test_an_edge_miss_that_does_not_grow_keeps_the_incumbent_under_the_growth_ru
         for dd, f in zip((0.25, 0.5, 0.75, 0.5, 1.0), (2, 2, 2, 3, 3))
     ]  # fmt: skip
     names = ["chinchilla", "kaplan"]
-    st = stack_weights(groups, names, noise=0.005)
+    st = stack_weights(groups, names, noise=0.005, rule=RULE)
     assert not st.adopted and st.weights == {"chinchilla": 1.0, "kaplan": 0.0}, st.reason
     assert "grows +0.00% per decade" in st.reason
     # read per decade, the same constant miss is 2-8% per decade: the level rule moves weight to Kaplan
-    st = stack_weights(groups, names, noise=0.005, rule=StackRule(evidence="level"))
+    st = stack_weights(groups, names, noise=0.005, rule=StackRule(evidence="level", point="rule"))
     assert st.adopted and st.weights["kaplan"] > 0.3
     # a miss that grows is what the growth rule acts on, and the weights cancel the growth
     grown = [replace(g, errors={"chinchilla": 0.02 + 0.04 * g.decades, "kaplan": -0.03 * g.decades}) for g in groups]
-    st = stack_weights(grown, names, noise=0.005)
+    st = stack_weights(grown, names, noise=0.005, rule=RULE)
     assert st.adopted
     assert st.weights["chinchilla"] == pytest.approx(3 / 7, abs=1e-3)
 
@@ -111,7 +132,7 @@ def test_an_edge_miss_that_does_not_grow_keeps_the_incumbent_under_the_growth_ru
 def test_only_recent_folds_set_the_weights_but_every_fold_measures_the_drift():
     old = _groups({"chinchilla": 0.20, "kaplan": -0.02}, decades=(0.5, 0.8), folds=(2, 2))
     new = _groups({"chinchilla": 0.001, "kaplan": -0.04}, decades=(0.4, 0.6), folds=(3, 4))
-    st = stack_weights(old + new, ["chinchilla", "kaplan"], noise=0.005, rule=StackRule(recent_folds=2))
+    st = stack_weights(old + new, ["chinchilla", "kaplan"], noise=0.005, rule=StackRule(recent_folds=2, point="rule"))
     assert st.weights["chinchilla"] == 1.0  # the early fold's large bias does not move the weights
     assert st.drift_folds == 3 and st.drift > 0.05  # but it widens the drift the interval carries
     assert st.n_groups == 2
