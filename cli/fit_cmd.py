@@ -66,8 +66,8 @@ def _add_fit(sub) -> None:
         "--stack-point",
         choices=("bagged", "rule"),
         default=None,
-        help="--law auto: the weights that predict: the mean of the rule's bootstrap draws (bagged, default) or "
-        "the rule's own all-or-nothing decision (rule)",
+        help="--law auto: the weights that predict: the mean of the rule's bootstrap draws that can test the "
+        "evidence (bagged, default) or the rule's own all-or-nothing decision (rule); docs/extrapolation.md",
     )
     p.add_argument(
         "--params",

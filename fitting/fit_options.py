@@ -32,7 +32,7 @@ class FitOptions:
     evidence: str = "growth"  # auto: what moves weight off the incumbent (scalelab.fitting.stacking.StackRule):
     # growth (its forward error grows with distance) | level (its forward error per decade is nonzero)
     stack_point: str = "bagged"  # auto: the weights that predict: bagged (the mean of the rule's bootstrap
-    # draws) | rule (the rule's own all-or-nothing decision)
+    # draws that can test the evidence) | rule (the rule's own all-or-nothing decision)
     require_optimum: bool = False  # one law of N and D with a compute-optimal allocation (the loop proposes
     # from N*(C)): when "auto" picks a curve law or the average, the best-scored such law is fitted instead
     approach: int = 3  # 1 (envelope), 2 (IsoFLOP parabolas) or 3 (parametric law), Chinchilla's approaches

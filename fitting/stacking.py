@@ -77,7 +77,7 @@ class StackRule:
     z_adopt: float = 2.0  # standard errors of forward bias before the incumbent shares its weight
     recent_folds: int = 2  # only the latest fold origins count (0: all)
     evidence: str = "growth"  # growth: the incumbent's error must grow with distance; level: be nonzero per decade
-    point: str = "bagged"  # bagged: the weights that predict are the draws' mean; rule: the rule's own decision
+    point: str = "bagged"  # bagged: the weights that predict are the testable draws' mean; rule: its own decision
     draws: int = 400  # bootstrap resamples of the forward groups
     seed: int = 0
 
