@@ -129,6 +129,8 @@ def test_law_auto_stacks_by_forward_evidence_and_the_ledger_keeps_the_weights(tm
         expand_sweep({**_spec(5.0), "fit": {"law": "lr_annealing"}})
     with pytest.raises(ConfigError, match="fit.candidates"):
         expand_sweep({**_spec(5.0), "fit": {"law": "auto", "candidates": ["chinchilla@flops", "kaplan"]}})
+    with pytest.raises(ConfigError, match="fit.stack_point"):
+        expand_sweep({**_spec(5.0), "fit": {"law": "auto", "stack_point": "mean"}})
 
 
 def test_unbracketed_design_gets_bracketing_runs_not_a_compute_optimal_run(tmp_path):

@@ -181,6 +181,15 @@ def test_bad_fit_file_and_missing_inputs_exit_2(saved_fit, tmp_path, capsys):
     assert err.count("\n") == 3
 
 
+def test_stack_options_need_law_auto_and_a_known_value(csv_path, capsys):
+    assert main(["fit", str(csv_path), "--stack-point", "rule"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--stack-point" in err and "--law auto" in err
+    with pytest.raises(SystemExit) as exc:  # argparse's choices
+        main(["fit", str(csv_path), "--law", "auto", "--stack-point", "mean"])
+    assert exc.value.code == 2
+
+
 def test_approach1_on_training_curves(tmp_path, capsys):
     # Grid design: every size trained to every token count = a loss-vs-FLOPs curve per size.
     data = simulate(
