@@ -20,9 +20,11 @@ noise (the loop's `--seeds 2` pair); the refit on those 14 runs; its compute-opt
 comparison on bench/fit_public_auto.py's split of every public family
 (`scalelab fit TABLE --law auto` on all but the largest model; its last 30% of checkpoints held out).
 
-    python bench/stack_bagging.py --trials 24 --workers 2 [--public]
+    python bench/stack_bagging.py --trials 24 --workers 2 [--public] [--bootstrap 8]
 
-Prints mean |error| per truth and target for each weighting, and how often the rule adopted.
+Prints mean |error| per truth and target for each weighting, and how often the rule adopted; with
+`--bootstrap B` the refit carries B replicates and the default's 95% interval (bagged point,
+calibrated) is scored too: coverage and mean width per truth and target.
 """
 
 from __future__ import annotations
@@ -63,12 +65,12 @@ def _weightings(fit: StackedFit) -> dict[str, np.ndarray]:
     return out
 
 
-def _fit(n, d, y, c):
-    return fit_stacked(params=n, tokens=d, loss=y, flops=c, groups=c, noise=NOISE, bootstrap=0)
+def _fit(n, d, y, c, bootstrap: int = 0):
+    return fit_stacked(params=n, tokens=d, loss=y, flops=c, groups=c, noise=NOISE, bootstrap=bootstrap)
 
 
-def trial(args: tuple[int, str]) -> dict:
-    seed, kind = args
+def trial(args: tuple[int, str, int]) -> dict:
+    seed, kind, bootstrap = args
     f, n, d, c, y, rng = draw(seed, kind)
     largest = max(DESIGNS["demo"][0])
     first = _fit(n, d, y, c)
@@ -76,7 +78,7 @@ def trial(args: tuple[int, str]) -> dict:
     pair = float(f(np.array(n3), np.array(d3))) * np.exp(NOISE * rng.standard_normal(2))
     n2, d2 = np.append(n, [n3, n3]), np.append(d, [d3, d3])
     y2, c2 = np.append(y, pair), np.append(c, [STEP * largest] * 2)
-    fit = _fit(n2, d2, y2, c2)
+    fit = _fit(n2, d2, y2, c2, bootstrap)
     out = {"seed": seed, "kind": kind, "adopted": fit.stack.adopted, "bagged": fit.stack.weight_vector().tolist()}
     for mult in TARGETS:
         nn, dd, _ = fit.optimum(mult * largest)
@@ -84,11 +86,14 @@ def trial(args: tuple[int, str]) -> dict:
         out[str(mult)] = {
             name: float(fit.log_predict(nn, dd, weights=w)) - math.log(obs) for name, w in _weightings(fit).items()
         }
+        if bootstrap:
+            pi = fit.predict_interval(nn, dd, mult * largest)
+            out[f"interval {mult}"] = (pi.lo <= obs <= pi.hi, (pi.hi - pi.lo) / pi.point)
     return out
 
 
-def synthetic(trials: int, first_seed: int, workers: int) -> None:
-    jobs = [(s, k) for k in KINDS for s in range(first_seed, first_seed + trials)]
+def synthetic(trials: int, first_seed: int, workers: int, bootstrap: int) -> None:
+    jobs = [(s, k, bootstrap) for k in KINDS for s in range(first_seed, first_seed + trials)]
     t0 = time.time()
     with ProcessPoolExecutor(workers) as pool:
         rows = list(pool.map(trial, jobs))
@@ -105,6 +110,16 @@ def synthetic(trials: int, first_seed: int, workers: int) -> None:
     for mult in TARGETS:
         errs = [np.mean([abs(math.expm1(r[str(mult)][n])) for r in rows]) for n in names]
         print(f"{'all':<11} {f'{mult}x':>6} {'':>8} " + " ".join(f"{100 * e:>10.2f}%" for e in errs))
+    if bootstrap:
+        print(f"the default's 95% interval ({bootstrap} replicates): coverage, mean width")
+        for kind in KINDS:
+            sub = [r for r in rows if r["kind"] == kind]
+            cells = [
+                f"{mult}x {100 * np.mean([r[f'interval {mult}'][0] for r in sub]):.0f}% "
+                f"{100 * np.mean([r[f'interval {mult}'][1] for r in sub]):.1f}%"
+                for mult in TARGETS
+            ]
+            print(f"  {kind:<11} " + "; ".join(cells) + f"  ({len(sub)} trials)")
 
 
 def public() -> None:
@@ -132,11 +147,12 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=100)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--public", action="store_true")
+    ap.add_argument("--bootstrap", type=int, default=0, help="replicates of the refit; > 0 also scores its interval")
     args = ap.parse_args()
     if args.public:
         public()
     if args.trials:
-        synthetic(args.trials, args.first_seed, args.workers)
+        synthetic(args.trials, args.first_seed, args.workers, args.bootstrap)
 
 
 if __name__ == "__main__":
