@@ -34,7 +34,6 @@ import argparse
 import json
 import math
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -43,8 +42,7 @@ import numpy as np
 from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fit_public import FAMILIES, HELD_OUT_FAMILIES  # noqa: E402 - the bench folder's own
-from fit_public_auto import _cli, split  # noqa: E402
+from fit_public_auto import stacked_fits  # noqa: E402 - the bench folder's own
 from interval_calibration import first_round_runs  # noqa: E402
 from stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw, target_runs  # noqa: E402
 
@@ -165,28 +163,20 @@ def score_store(path: str, max_flops: float, scored: list[tuple[float, ...]], va
 def score_public(variant: str, scale: float) -> None:
     """bench/fit_public_auto.py's protocol (`scalelab fit TABLE --law auto` on every model but the
     largest; its last 30% of checkpoints held out): coverage and width of both intervals."""
-    families = {**FAMILIES, **HELD_OUT_FAMILIES}
     print(f"public families, {variant} at c={scale:.2f}")
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, load in families.items():
-            train, test = split(load())
-            table_path = Path(tmp) / f"{name.split()[0]}.csv"
-            train.write_csv(table_path)
-            fit_path = table_path.with_suffix(".json")
-            _cli("fit", str(table_path), "--law", "auto", "--out", str(fit_path))
-            fit = StackedFit.from_dict(json.loads(fit_path.read_text())["stacked"])
-            rows = {"uncalibrated": [], variant: []}
-            for n, d, obs in test.select("params", "tokens", "loss").iter_rows():
-                pi, forms = uncalibrated(fit, n, d, 6 * n * d)
-                for key, (lo, hi) in (("uncalibrated", (pi.lo, pi.hi)), (variant, interval(pi, forms, variant, scale))):
-                    rows[key].append((lo <= obs <= hi, (hi - lo) / pi.point))
-            print(
-                f"  {name:<22} {test.height:>3} held-out rows: "
-                + "; ".join(
-                    f"{k} covers {100 * np.mean([r[0] for r in v]):.0f}% at {100 * np.mean([r[1] for r in v]):.1f}%"
-                    for k, v in rows.items()
-                )
+    for name, fit, test in stacked_fits():
+        rows = {"uncalibrated": [], variant: []}
+        for n, d, obs in test.select("params", "tokens", "loss").iter_rows():
+            pi, forms = uncalibrated(fit, n, d, 6 * n * d)
+            for key, (lo, hi) in (("uncalibrated", (pi.lo, pi.hi)), (variant, interval(pi, forms, variant, scale))):
+                rows[key].append((lo <= obs <= hi, (hi - lo) / pi.point))
+        print(
+            f"  {name:<22} {test.height:>3} held-out rows: "
+            + "; ".join(
+                f"{k} covers {100 * np.mean([r[0] for r in v]):.0f}% at {100 * np.mean([r[1] for r in v]):.1f}%"
+                for k, v in rows.items()
             )
+        )
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ import pathlib
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import polars as pl
@@ -30,6 +31,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from fit_public import FAMILIES, HELD_OUT_FAMILIES  # noqa: E402 - the bench folder's own loaders
 
 from scalelab.cli.main import main as cli  # noqa: E402
+from scalelab.fitting.ensemble import StackedFit  # noqa: E402
 
 
 def _cli(*argv: str) -> str:
@@ -49,6 +51,19 @@ def split(df: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     largest = df["params"].max()
     train = df.filter((pl.col("params") < largest) & (pl.col("frac") > 0.1)).select("params", "tokens", "loss")
     return train, df.filter((pl.col("params") == largest) & (pl.col("frac") >= 0.7))
+
+
+def stacked_fits() -> Iterator[tuple[str, StackedFit, pl.DataFrame]]:
+    """Per public family (held and held out): its name, the stacked law `scalelab fit TABLE --law auto`
+    saves for its training rows (split), and its held-out rows."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, load in {**FAMILIES, **HELD_OUT_FAMILIES}.items():
+            train, test = split(load())
+            table = pathlib.Path(tmp) / f"{name.split()[0]}.csv"
+            train.write_csv(table)
+            out = table.with_suffix(".json")
+            _cli("fit", str(table), "--law", "auto", "--out", str(out))
+            yield name, StackedFit.from_dict(json.loads(out.read_text())["stacked"]), test
 
 
 def score(name: str, df: pl.DataFrame, work: pathlib.Path) -> dict:

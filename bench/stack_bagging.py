@@ -30,10 +30,8 @@ calibrated) is scored too: coverage and mean width per truth and target.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -41,8 +39,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fit_public import FAMILIES, HELD_OUT_FAMILIES  # noqa: E402 - the bench folder's own
-from fit_public_auto import _cli, split  # noqa: E402
+from fit_public_auto import stacked_fits  # noqa: E402 - the bench folder's own
 from stacked_coverage import DESIGNS, NOISE, draw  # noqa: E402
 
 from scalelab.fitting.ensemble import StackedFit, fit_stacked  # noqa: E402
@@ -124,21 +121,14 @@ def synthetic(trials: int, first_seed: int, workers: int, bootstrap: int) -> Non
 
 def public() -> None:
     print("public families (mean |error| on the held-out rows)")
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, load in {**FAMILIES, **HELD_OUT_FAMILIES}.items():
-            train, test = split(load())
-            table = Path(tmp) / f"{name.split()[0]}.csv"
-            train.write_csv(table)
-            out = table.with_suffix(".json")
-            _cli("fit", str(table), "--law", "auto", "--out", str(out))
-            fit = StackedFit.from_dict(json.loads(out.read_text())["stacked"])
-            n, d, obs = (test[col].to_numpy().copy() for col in ("params", "tokens", "loss"))
-            cells = [
-                f"{k} {100 * np.mean(np.abs(np.exp(fit.log_predict(n, d, weights=w)) / obs - 1)):.2f}%"
-                for k, w in _weightings(fit).items()
-            ]
-            bag = ", ".join(f"{v:.2f}" for v in fit.stack.weight_vector())
-            print(f"  {name:<22} adopted {fit.stack.adopted!s:<5} bagged weights {bag}: " + "; ".join(cells))
+    for name, fit, test in stacked_fits():
+        n, d, obs = (test[col].to_numpy().copy() for col in ("params", "tokens", "loss"))
+        cells = [
+            f"{k} {100 * np.mean(np.abs(np.exp(fit.log_predict(n, d, weights=w)) / obs - 1)):.2f}%"
+            for k, w in _weightings(fit).items()
+        ]
+        bag = ", ".join(f"{v:.2f}" for v in fit.stack.weight_vector())
+        print(f"  {name:<22} adopted {fit.stack.adopted!s:<5} bagged weights {bag}: " + "; ".join(cells))
 
 
 def main() -> None:
