@@ -241,25 +241,29 @@ def _drift(groups, names, w, inc: int, noise: float, rule: StackRule) -> tuple[f
         rest = _recent([g for g in groups if g.fold != f], rule.recent_folds)
         w_f = w
         if rest:
-            w_f, _ = _rule(_arrays(rest, names, noise), inc, rule)
+            w_f = _rule(_arrays(rest, names, noise), inc, rule)[0]
         e[mine] = ev.e[mine] @ w_f
     k = float(math.sqrt(np.sum(ev.omega * e**2) / np.sum(ev.omega * ev.dec**2)))
     # a drift below what the groups' own noise can resolve is not measured, only bounded by it
     return max(k, float(np.sqrt(np.mean(ev.noise_se**2)))), len(folds)
 
 
-def _rule(ev: _Evidence, inc: int, rule: StackRule) -> tuple[np.ndarray, bool]:
+def _rule(ev: _Evidence, inc: int, rule: StackRule) -> tuple[np.ndarray, bool, bool]:
+    """(weights, adopted, tested): tested is False where the groups cannot test the evidence (growth:
+    no slope, _slopes), and then the incumbent keeps the weight."""
     keep = np.zeros(ev.e.shape[1])
     keep[inc] = 1.0
     if rule.evidence == "level":
         mean, se = _bias(ev.r[:, inc], ev.omega, ev.noise_se)
         if not abs(mean) > rule.z_adopt * se:
-            return keep, False
-        return _simplex_lsq(ev.r, ev.omega), True
+            return keep, False, True
+        return _simplex_lsq(ev.r, ev.omega), True, True
     slopes = _slopes(ev)
-    if slopes is None or not abs(slopes[0][inc]) > rule.z_adopt * slopes[1][inc]:
-        return keep, False
-    return _simplex_lsq(slopes[0][None, :], np.ones(1)), True
+    if slopes is None:
+        return keep, False, False
+    if not abs(slopes[0][inc]) > rule.z_adopt * slopes[1][inc]:
+        return keep, False, True
+    return _simplex_lsq(slopes[0][None, :], np.ones(1)), True, True
 
 
 def stack_weights(
@@ -288,7 +292,7 @@ def stack_weights(
             reason="no forward backtest (too few groups): the incumbent predicts, every weighting is open",
         )  # fmt: skip
     ev = _arrays(groups, names, noise)
-    w, adopted = _rule(ev, inc, rule)
+    w, adopted, _ = _rule(ev, inc, rule)
     rng = np.random.default_rng(rule.seed)
     draws = np.empty((rule.draws, len(names)))
     tested = np.zeros(rule.draws, dtype=bool)
@@ -296,9 +300,7 @@ def stack_weights(
         # groups resampled, and each group's observed runs redrawn: their noise shifts every
         # candidate's error in that group alike (one set of runs is scored against all of them)
         idx = rng.integers(0, len(groups), len(groups))
-        ev_b = ev.take(idx, ev.noise_e[idx] * rng.standard_normal(len(groups)))
-        draws[b], _ = _rule(ev_b, inc, rule)
-        tested[b] = rule.evidence == "level" or _slopes(ev_b) is not None
+        draws[b], _, tested[b] = _rule(ev.take(idx, ev.noise_e[idx] * rng.standard_normal(len(groups))), inc, rule)
     point = draws[tested].mean(axis=0) if rule.point == "bagged" and tested.any() else w
     per_decade = {n: _bias(ev.r[:, j], ev.omega, ev.noise_se) for j, n in enumerate(names)}
     slopes = _slopes(ev)
