@@ -10,8 +10,9 @@
   problems are tiny, and on a shared 2-core machine a second thread mostly spins against the other
   processes. A value set in the environment wins.
 - The tests on the session's Ray cluster (`ray_local`) run last, together (pytest_collection_modifyitems).
-- Tests that start Ray are marked `serial`: the README's command runs the others on two xdist
-  workers first, then these in one process (SERIAL_MODULES says why).
+- Tests that start Ray are marked `serial` and grouped: the README's command (`pytest -n 2 --dist
+  loadgroup`) runs them one after another on one xdist worker while the other worker runs the rest
+  (SERIAL_MODULES says why).
 """
 
 import os
@@ -57,11 +58,12 @@ def pytest_configure(config):
 
 # Modules with tests that start Ray (a private cluster, a simulated multi-node one, a `scalelab sweep
 # launch` subprocess) or time leases against a wall clock, and every test on the session's cluster
-# (`ray_local`): marked `serial`. The README's command runs every other test on two xdist workers
-# (`pytest -n 2 -m "not serial"`: most are one process, so a second worker uses the core they leave
-# idle), then these in one process (`pytest -m serial`): a Ray test uses both cores itself, and two
-# clusters started side by side would each run at half speed under timing checks (hang watchdogs,
-# lease renewals) sized for one.
+# (`ray_local`): marked `serial` and put in one xdist group, so `--dist loadgroup` runs them on one
+# worker, one after another: a Ray test uses both cores in bursts, and two clusters started side by
+# side would each run at half speed under timing checks (hang watchdogs, lease renewals) sized for
+# one. Between the bursts they mostly wait, so the other worker runs every other test beside them;
+# the serial group is the largest unit of work, so xdist hands it out first. `pytest -m serial` still
+# runs them alone in one process.
 SERIAL_MODULES = {
     "test_cluster_multinode", "test_cluster_multinode_s3", "test_detach_s3", "test_detach_submit",
     "test_loopback", "test_ray_token_auth", "test_secrets", "test_store_backends", "test_store_integrity_s3",
@@ -81,14 +83,27 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.stem in SERIAL_MODULES or _on_session_ray(item):
             item.add_marker(pytest.mark.serial)
+            item.add_marker(pytest.mark.xdist_group("serial"))
     items.sort(key=_on_session_ray)
+
+
+def _grouped(config) -> bool:
+    """Whether the xdist controller distributes by group (`--dist loadgroup`): then the serial tests
+    share one worker, one after another. A worker's own options say `dist: no`; its main argv does not."""
+    argv = getattr(config, "workerinput", {}).get("mainargv", [])
+    return "--dist=loadgroup" in argv or any(a == "--dist" and b == "loadgroup" for a, b in zip(argv, argv[1:]))
 
 
 @pytest.fixture(autouse=True)
 def _serial_tests_not_beside_others(request):
-    """A serial test run on an xdist worker would share the machine with the other worker's tests."""
-    if os.environ.get("PYTEST_XDIST_WORKER") and request.node.get_closest_marker("serial"):
-        pytest.fail("a serial test (tests/conftest.py SERIAL_MODULES) runs without -n: pytest -m serial")
+    """A serial test on an xdist worker that hands out tests one by one could run beside another
+    serial test (two Ray clusters at once); grouped, they share one worker."""
+    if (
+        os.environ.get("PYTEST_XDIST_WORKER")
+        and not _grouped(request.config)
+        and request.node.get_closest_marker("serial")
+    ):
+        pytest.fail("a serial test (tests/conftest.py SERIAL_MODULES) needs --dist loadgroup or no -n")
 
 
 @pytest.fixture(scope="module")
