@@ -8,12 +8,16 @@ scored runs exist: `fit.law: auto`, the stacked law of scalelab.fitting.ensemble
 2. Rounds until the gates pass, then the compute-optimal run at 3x the largest budget (`sweep next
    --step 3 --seeds 2`: two seeds of it, both predicted and scored).
 3. The next round at 10x the first round's largest budget (the compute-optimal run and its second
-   seed), predicted by the fit of every run so far; then the round at 30x, the same way.
+   seed), predicted by the fit of every run so far; then the round at 30x, the same way. When a
+   fit's gates fail, its round holds the runs that would pass them, as `run_rounds` launches them:
+   they are launched and the distance proposed again; a gate-fixing round that trains runs at or
+   past a distance (an IsoFLOP slice at the new budget) stands for it, and its runs are scored.
 4. Every round's fit is kept (fits/round_K.json, with the stacked law's draws), so each later run is
    also predicted by *every earlier* round's fit: the 30x runs as the first round's fit saw them
    (30x away), as the 3x round's fit did (10x away) and as the 10x round's (3x away).
 
     python bench/closed_loop.py --out results/bench/closed_loop      # ~1-2 h on 2 idle cores
+    python bench/closed_loop.py --out results/bench/closed_loop --resume   # a stopped store: its latest round, then on
 
 Prints the fits per round (weights, the interval of L*(T) at T = 30x), the ledger (each run as
 predicted by the round that proposed it) and the matrix of every round's prediction of every
@@ -27,6 +31,7 @@ import json
 import time
 from pathlib import Path
 
+import polars as pl
 import yaml
 
 from scalelab import store
@@ -36,6 +41,7 @@ from scalelab.fitting.laws import get_law
 from scalelab.store import ledger
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
+from scalelab.sweeps.proposal import latest_round, read_round
 from scalelab.sweeps.proposal_text import format_gates
 from scalelab.sweeps.propose import propose_round
 from scalelab.sweeps.rounds import LaunchOptions, run_rounds
@@ -70,6 +76,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1, help="training seed of round 0 (the 2nd seed of a scored run: +1)")
     ap.add_argument("--num-cpus", type=int, default=None)
     ap.add_argument("--report-only", action="store_true", help="print the tables of a finished store")
+    ap.add_argument(
+        "--resume", action="store_true", help="continue a stopped store: launch its latest round, then the distances"
+    )
     args = ap.parse_args()
     t0 = time.time()
     sweep_dir = Path(args.out) / "loop"
@@ -79,7 +88,7 @@ def main() -> None:
     largest = max(spec["isoflop"]["budgets"])
     target = MULTIPLES[-1] * largest
     if not args.report_only:
-        _run(spec, sweep_dir, largest, target, args.num_cpus)
+        _run(spec, sweep_dir, largest, target, args.num_cpus, args.resume)
     ledger.score(sweep_dir)
     print(f"\nclosed loop: {time.time() - t0:.0f} s; target T = {target:.3g} FLOPs")
     _print_rounds(sweep_dir, target)
@@ -88,10 +97,16 @@ def main() -> None:
     _print_matrix(sweep_dir, largest)
 
 
-def _run(spec: dict, sweep_dir: Path, largest: float, target: float, num_cpus) -> None:
+def _run(spec: dict, sweep_dir: Path, largest: float, target: float, num_cpus, resume: bool) -> None:
     def announce(k, p) -> None:
         print(f"round {k}: {len(p.fit['run_ids'])} runs fitted; " + format_gates(p.gates.to_dict()).splitlines()[0])
 
+    if resume:  # the latest round as it was proposed (its predictions are in the ledger), then the distances
+        p = read_round(sweep_dir, latest_round(sweep_dir))
+        _launch_round(p, sweep_dir, num_cpus)
+        runs = store.load_runs(sweep_dir).filter(pl.col("status") == "done")
+        _distances(sweep_dir, largest, target, num_cpus, float(runs["flops_budget"].max()), announce)
+        return
     result = run_rounds(
         expand_sweep(spec),
         sweep_dir,
@@ -107,15 +122,28 @@ def _run(spec: dict, sweep_dir: Path, largest: float, target: float, num_cpus) -
     )
     if not result.proposals or not result.proposals[-1].passed:
         raise SystemExit(f"the gates did not pass in {MAX_ROUNDS} rounds: {result.stopped}")
-    done_budget = result.proposals[-1].next_budget
+    _distances(sweep_dir, largest, target, num_cpus, result.proposals[-1].next_budget, announce)
+
+
+def _distances(sweep_dir: Path, largest: float, target: float, num_cpus, done_budget: float, announce) -> None:
+    """The rounds at 10x and 30x the first round's largest budget. A round proposed from a fit whose
+    gates fail holds the runs that would pass them (as in run_rounds): it is launched and the
+    distance proposed again; runs it trains at or past the distance are that distance's."""
     for mult in MULTIPLES[1:]:
-        step = mult * largest / done_budget
-        p = propose_round(sweep_dir, target_flops=target, budget_flops=SEEDS * mult * largest, step=step, seeds=SEEDS)
-        announce(p.round, p)
-        if not p.passed:
-            raise SystemExit(f"round {p.round}: the gates failed ({', '.join(p.gates.failed)}); stopping")
-        _launch_round(p, sweep_dir, num_cpus)
-        done_budget = p.next_budget
+        for _ in range(MAX_ROUNDS):
+            if done_budget >= 0.99 * mult * largest:  # a gate-fixing round already trained runs at this distance
+                break
+            step = mult * largest / done_budget
+            p = propose_round(
+                sweep_dir, target_flops=target, budget_flops=SEEDS * mult * largest, step=step, seeds=SEEDS
+            )
+            announce(p.round, p)
+            _launch_round(p, sweep_dir, num_cpus)  # a failed fit's round holds the runs that would pass the gates
+            done_budget = max(done_budget, max(r.budget for r in p.runs))
+            if p.passed:
+                break
+        else:
+            raise SystemExit(f"the gates did not pass in {MAX_ROUNDS} rounds before {mult:g}x")
 
 
 def _print_rounds(sweep_dir: Path, target: float) -> None:
@@ -144,7 +172,15 @@ def _print_matrix(sweep_dir: Path, largest: float) -> None:
     """Every round's prediction of every scored compute-optimal run (the ledger holds the proposer's)."""
     fits = _round_fits(sweep_dir)
     runs = store.load_runs(sweep_dir)
-    scored = [r for r in runs.iter_rows(named=True) if r.get("proposal") == "compute_optimal" and r["status"] == "done"]
+    scored = [  # the compute-optimal runs, and a gate-fixing round's runs past the first round's budgets
+        r
+        for r in runs.iter_rows(named=True)
+        if r["status"] == "done"
+        and (
+            r.get("proposal") == "compute_optimal"
+            or (r.get("proposal") == "new_budget" and r["flops_budget"] > largest)
+        )
+    ]
     print("\nevery round's fit against every scored run (error = predicted/measured - 1):")
     print(f"{'run':>13} {'x':>4} {'seed':>4} {'measured':>8}  " + "  ".join(f"{'round ' + str(k):>27}" for k in fits))
     by_distance: dict[tuple[int, float], list[tuple[float, bool, float]]] = {}
