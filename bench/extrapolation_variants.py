@@ -1,8 +1,9 @@
 """Every accounting x law x selection variant on the same stores: its error at 3x, 10x and 30x and its width.
 
 Each variant is fitted by the one fit entry (scalelab.fitting.fit_runs, bootstrap 16) on a store's
-round-0 IsoFLOP runs (the first design), and again with the 3x runs and with the 10x runs added (the
-loop's later rounds); it then predicts every later compute-optimal run the store holds (FitOptions
+round-0 IsoFLOP runs (the first design), and again with every run up to 3x and up to 10x (the
+loop's later rounds, gate-fixing runs included); it then predicts every later compute-optimal run the
+store holds, and the runs of a gate-fixing IsoFLOP slice past the first design (FitOptions
 sets the accounting and the law; the runs' N follows the accounting). Variants:
 
   accounting  total N | non-embedding N | exact-FLOP N (N = C_exact / 6D)
@@ -77,10 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     runs = runs.with_columns(round=pl.col("round").fill_null(0) if "round" in runs.columns else pl.lit(0))
     base = runs.filter(pl.col("round") == 0)
     largest = float(base["flops_budget"].max())
-    scored = runs.filter(pl.col("proposal") == "compute_optimal").sort("flops_budget")
+    # the compute-optimal runs, and a gate-fixing round's IsoFLOP slice past the first design's budgets
+    beyond = (pl.col("proposal") == "compute_optimal") | (
+        (pl.col("proposal") == "new_budget") & (pl.col("flops_budget") > 1.01 * largest)
+    )
+    scored = runs.filter(beyond).sort("flops_budget", "params")
     points = [
         dict(
-            label=f"{r['flops_budget'] / largest:.0f}x s{r.get('seed', 0)}",
+            label=f"{r['flops_budget'] / largest:.0f}x "
+            + (f"s{r.get('seed', 0)}" if r["proposal"] == "compute_optimal" else f"{r['params'] / 1e3:.0f}k"),
             mult=r["flops_budget"] / largest,
             budget=r["flops_budget"],
             loss=r["final_val_loss"],
@@ -96,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                            n={"total": n, "nonembed": n_ne, "exact": n_ex}, d=d, run_id=None))  # fmt: skip
     stages = {"round 0": base}
     for mult in sorted({round(p["mult"]) for p in points if p["run_id"]})[:-1]:
-        later = (pl.col("flops_budget") <= mult * largest * 1.01) & (pl.col("proposal") == "compute_optimal")
-        stages[f"+{mult}x"] = runs.filter((pl.col("round") == 0) | later)
+        # every run the loop held once that distance was trained (a gate-fixing round's runs too)
+        stages[f"+{mult}x"] = runs.filter(pl.col("flops_budget") <= mult * largest * 1.01)
     print("scored runs: " + ", ".join(f"{p['label']} ({p['loss']:.4f})" for p in points))
     head = f"{'accounting':<10} {'law':<11} {'fitted on':<9}"
     print(head + "".join(f"{p['label']:>16}" for p in points) + "   mean|err| by distance; mean width")
