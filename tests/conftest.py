@@ -79,7 +79,8 @@ def _on_session_ray(item) -> bool:
 def pytest_collection_modifyitems(config, items):
     """Mark the serial tests (SERIAL_MODULES, and any test on the session's Ray cluster); then the
     tests on the session's Ray cluster last, in their collected order: the first of them starts the
-    cluster, which lives until the session ends, so no other test runs beside it."""
+    cluster, which lives until the session ends, so no test that starts a cluster of its own comes
+    after it on the serial tests' worker."""
     for item in items:
         if item.path.stem in SERIAL_MODULES or _on_session_ray(item):
             item.add_marker(pytest.mark.serial)
