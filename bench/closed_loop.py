@@ -28,24 +28,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import polars as pl
 import yaml
 
-from scalelab import store
-from scalelab.fitting.allocate import optimum_for_law
-from scalelab.fitting.ensemble import StackedFit
-from scalelab.fitting.laws import get_law
-from scalelab.store import ledger
-from scalelab.sweeps.demo import demo_spec
-from scalelab.sweeps.execute import launch
-from scalelab.sweeps.proposal import latest_round, read_round
-from scalelab.sweeps.proposal_text import format_gates
-from scalelab.sweeps.propose import propose_round
-from scalelab.sweeps.rounds import LaunchOptions, run_rounds
-from scalelab.sweeps.spec import expand_sweep
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from extrapolation_variants import scored_runs  # noqa: E402 - the bench folder's own
+
+from scalelab import store  # noqa: E402
+from scalelab.fitting.allocate import optimum_for_law  # noqa: E402
+from scalelab.fitting.ensemble import StackedFit  # noqa: E402
+from scalelab.fitting.laws import get_law  # noqa: E402
+from scalelab.store import ledger  # noqa: E402
+from scalelab.sweeps.demo import demo_spec  # noqa: E402
+from scalelab.sweeps.execute import launch  # noqa: E402
+from scalelab.sweeps.proposal import latest_round, read_round  # noqa: E402
+from scalelab.sweeps.proposal_text import format_gates  # noqa: E402
+from scalelab.sweeps.propose import propose_round  # noqa: E402
+from scalelab.sweeps.rounds import LaunchOptions, run_rounds  # noqa: E402
+from scalelab.sweeps.spec import expand_sweep  # noqa: E402
 
 MAX_ROUNDS = 4  # rounds that may fix failed gates before the 3x round
 MULTIPLES = (3.0, 10.0, 30.0)  # of the first round's largest budget
@@ -139,9 +143,10 @@ def _distances(sweep_dir: Path, largest: float, target: float, num_cpus, done_bu
             )
             announce(p.round, p)
             _launch_round(p, sweep_dir, num_cpus)  # a failed fit's round holds the runs that would pass the gates
-            done_budget = max(done_budget, max(r.budget for r in p.runs))
-            if p.passed:
+            if p.passed:  # its compute-optimal run is the distance's
+                done_budget = p.next_budget
                 break
+            done_budget = max(done_budget, max(r.budget for r in p.runs))
         else:
             raise SystemExit(f"the gates did not pass in {MAX_ROUNDS} rounds before {mult:g}x")
 
@@ -169,18 +174,10 @@ def _optimum(fit: dict, flops: float) -> tuple[float, float]:
 
 
 def _print_matrix(sweep_dir: Path, largest: float) -> None:
-    """Every round's prediction of every scored compute-optimal run (the ledger holds the proposer's)."""
+    """Every round's prediction of every scored run (scored_runs; the ledger holds the proposer's)."""
     fits = _round_fits(sweep_dir)
     runs = store.load_runs(sweep_dir)
-    scored = [  # the compute-optimal runs, and a gate-fixing round's runs past the first round's budgets
-        r
-        for r in runs.iter_rows(named=True)
-        if r["status"] == "done"
-        and (
-            r.get("proposal") == "compute_optimal"
-            or (r.get("proposal") == "new_budget" and r["flops_budget"] > largest)
-        )
-    ]
+    scored = list(scored_runs(runs, largest).iter_rows(named=True))
     print("\nevery round's fit against every scored run (error = predicted/measured - 1):")
     print(f"{'run':>13} {'x':>4} {'seed':>4} {'measured':>8}  " + "  ".join(f"{'round ' + str(k):>27}" for k in fits))
     by_distance: dict[tuple[int, float], list[tuple[float, bool, float]]] = {}

@@ -48,6 +48,15 @@ LAWS = {
 }
 
 
+def scored_runs(runs: pl.DataFrame, largest: float) -> pl.DataFrame:
+    """The finished runs a closed-loop store scores (bench/closed_loop.py's protocol): the
+    compute-optimal runs, and a gate-fixing round's IsoFLOP slice past the first design's budgets."""
+    beyond = (pl.col("proposal") == "compute_optimal") | (
+        (pl.col("proposal") == "new_budget") & (pl.col("flops_budget") > 1.01 * largest)
+    )
+    return runs.filter((pl.col("status") == "done") & beyond)
+
+
 def _n(frame: pl.DataFrame, accounting: str) -> np.ndarray:
     if accounting == "total":
         return frame["params"].to_numpy().astype(float)
@@ -78,11 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = runs.with_columns(round=pl.col("round").fill_null(0) if "round" in runs.columns else pl.lit(0))
     base = runs.filter(pl.col("round") == 0)
     largest = float(base["flops_budget"].max())
-    # the compute-optimal runs, and a gate-fixing round's IsoFLOP slice past the first design's budgets
-    beyond = (pl.col("proposal") == "compute_optimal") | (
-        (pl.col("proposal") == "new_budget") & (pl.col("flops_budget") > 1.01 * largest)
-    )
-    scored = runs.filter(beyond).sort("flops_budget", "params")
+    scored = scored_runs(runs, largest).sort("flops_budget", "params")
     points = [
         dict(
             label=f"{r['flops_budget'] / largest:.0f}x "
