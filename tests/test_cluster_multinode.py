@@ -6,18 +6,16 @@ CPU each, so a dp=2 run's two workers sit on two nodes. Each test drives a sweep
 
 - a node lost mid-run: its trial is retried on another node from its latest checkpoint, ends bit
   for bit as an uninterrupted run, and the runs that had finished are not trained again;
-- elastic: a dp=2 run loses a node and continues at dp=1 with the same global batch (twice the
-  accumulation) from its DCP checkpoint, within 1e-5 of the uninterrupted dp=2 run;
-- `sweep launch --detach`: the driver runs as a Ray Job after the client has exited; `sweep status`
-  and `sweep resume` work from another process that only sees the store;
 - a hang injected in one rank of a dp=2 run over two nodes: the step watchdog ends the workers, the
   retry finishes the run, and its numbers equal the same run on one node (`scalelab run`'s processes).
 
-The cluster is shut down at the end of the module; this process never connects to it, so the
-session's `ray_local` cluster of later tests is untouched. Runs: the debug model, 64-token sequences.
+The elastic case (a dp=2 run loses a node and continues at dp=1) is test_cluster_multinode_s3.py's:
+the same run on a cluster of the same shape, its checkpoints reaching the surviving node through a
+bucket. `sweep launch --detach` is test_detach_s3.py's. The cluster is shut down at the end of the
+module; this process never connects to it, so the session's `ray_local` cluster of later tests is
+untouched. Runs: the debug model, 64-token sequences.
 """
 
-import json
 import os
 import socket
 import subprocess
@@ -31,7 +29,7 @@ import yaml
 from ray.cluster_utils import Cluster
 
 from scalelab import store
-from scalelab.store.checkpoint_files import latest_checkpoint, list_checkpoints
+from scalelab.store.checkpoint_files import latest_checkpoint
 from scalelab.store.records import read_status
 from scalelab.sweeps.spec import expand_sweep
 from scalelab.train.config import build_run_config
@@ -64,22 +62,22 @@ class SimCluster:
         # A node that vanished silently is declared dead after ~4 missed 0.5 s health checks (Ray's
         # default: ~15 s); a killed simulated node closes its connections and is noticed sooner.
         health = {"health_check_period_ms": 500, "health_check_timeout_ms": 500, "health_check_failure_threshold": 4}
-        # The dashboard serves Ray Jobs (`sweep launch --detach`); on free ports, not Ray's fixed
-        # defaults (8265, 52365), which another cluster on the machine may hold.
-        ports = {"dashboard_port": _free_port(), "dashboard_agent_listen_port": _free_port()}
+        # No dashboard (`sweep launch --detach` is tests/test_detach_s3.py's); its agent on a free
+        # port, not Ray's fixed default (52365), which another cluster on the machine may hold.
         self.cluster = Cluster(
             initialize_head=True,
-            head_node_args={"num_cpus": 0, "include_dashboard": True, "_system_config": health} | ports,
+            head_node_args={
+                "num_cpus": 0,
+                "include_dashboard": False,
+                "dashboard_agent_listen_port": _free_port(),
+                "_system_config": health,
+            },
         )
         self.workers = []
 
     @property
     def address(self) -> str:
         return self.cluster.address
-
-    @property
-    def dashboard(self) -> str:
-        return "http://" + self.cluster.head_node.address_info["webui_url"]
 
     def ensure_workers(self, n: int) -> None:
         while len(self.workers) < n:
@@ -236,52 +234,6 @@ def test_node_loss_retries_the_trial_on_another_node_from_its_checkpoint(sim, tm
     assert 0 < detect_s <= restart_s
 
 
-def test_elastic_dp2_continues_at_dp1_with_the_same_global_batch(sim, dp2_reference, tmp_path):
-    """An elastic dp=2 run across two nodes loses the node that does not hold its trial; with one
-    worker slot left it resumes at dp=1 (accumulation 2) from its DCP checkpoint."""
-    sim.ensure_workers(2)
-    run_id, ref, _ = dp2_reference
-    spec = {
-        "name": "elastic",
-        "base": DP2,
-        "grid": {"optim.lr": [3e-3]},
-        "execution": {"elastic": True, "max_failures": 2},
-    }
-    out = tmp_path / "root" / "elastic"
-    run_dir = store.run_path(out, run_id)
-    log = tmp_path / "elastic.log"
-    # Ray Train first retries at the size its resource view still shows (the lost node may not be
-    # declared dead yet) and waits this long for it before trying smaller (60 s by default).
-    timeout = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
-    proc = _driver(spec, out, sim.address, tmp_path, SCALELAB_TEST_STEP_DELAY_S="0.15", **timeout)
-
-    def checkpointed():
-        return run_dir.exists() and any(step >= 10 for step, _ in list_checkpoints(run_dir / "checkpoints"))
-
-    _wait_for("a checkpoint at step >= 10", checkpointed, proc, log)
-    trial_node = [e for e in _events(out, run_id) if e["event"] == "start"][-1]["node"]
-    other = next(n.node_id for n in sim.workers if n.node_id != trial_node)
-    killed_at = sim.remove(other)
-    _finish(proc, log)
-    sim.ensure_workers(2)
-
-    status = read_status(run_dir)
-    assert status["status"] == "done"
-    first, *_, last = status["layouts"]
-    print(f"\nelastic: layout change recorded {last['at'] - killed_at:.1f} s after the node was killed")
-    assert (first["dp"], first["accumulation"], first["from_step"]) == (2, 1, 0) and other in first["nodes"]
-    assert (last["dp"], last["accumulation"], last["elastic"]) == (1, 2, True), status["layouts"]
-    assert last["at"] > killed_at and last["nodes"] == [trial_node]
-    resumed_at = status["loaded_steps"][-1]
-    assert resumed_at >= 10 and last["from_step"] == resumed_at
-    got = _metrics(run_dir)
-    _print_losses("elastic: dp=2 over two nodes, one lost, continued at dp=1", ref, got, resumed_at, status["layouts"])
-    before, after = (pl.col("step") <= resumed_at), (pl.col("step") > resumed_at)
-    assert got.filter(before).equals(ref.filter(before))  # trained at dp=2
-    diff = (got.filter(after)["loss"] - ref.filter(after)["loss"]).abs().max()
-    assert got.height == ref.height and diff <= 1e-5, diff
-
-
 def test_dp2_over_two_nodes_equals_one_node_through_a_hang_ended_by_the_watchdog(sim, dp2_reference, tmp_path):
     """A dp=2 run whose two Ray Train workers sit on two nodes. Rank 1 sleeps forever inside step 12
     (once); rank 0 blocks in that step's collective. Both watchdogs end their processes, the trainer
@@ -308,47 +260,6 @@ def test_dp2_over_two_nodes_equals_one_node_through_a_hang_ended_by_the_watchdog
         assert layout["dp"] == 2 and not layout["elastic"], layout
         assert len(set(layout["nodes"])) == 2 and set(layout["nodes"]) <= worker_ids, layout["nodes"]
     assert _metrics(store.run_path(out, run_id)).equals(ref)
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "scalelab.cli", *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=WAIT_S)
-
-
-def test_detached_driver_runs_as_a_ray_job(sim, tmp_path):
-    """The client submits the driver as a Ray Job and exits; the sweep finishes without it, and a
-    process elsewhere (another working directory, only the store path) reads and resumes it."""
-    from ray.job_submission import JobStatus, JobSubmissionClient
-
-    sim.ensure_workers(2)
-    spec = {"name": "detached", "base": {**BASE, "train": {**BASE["train"], "num_tokens": 256 * 10}}}
-    spec["grid"] = {"optim.lr": [1e-3, 2e-3]}
-    spec_path = tmp_path / "detached.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
-    out = tmp_path / "root" / "detached"
-    launched = _cli(
-        "sweep", "launch", str(spec_path), "--out", str(out), "--address", sim.dashboard, "--detach", cwd=tmp_path
-    )
-    assert launched.returncode == 0, launched.stderr[-3000:]
-    job_id = json.loads((out / "driver.json").read_text())["job_id"]
-    assert f"Ray job {job_id}" in launched.stdout
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    status = _cli("sweep", "status", str(out), cwd=elsewhere)  # recorded before the job's driver starts
-    assert status.returncode == 0 and f"driver: Ray job {job_id}" in status.stdout and "2 runs" in status.stdout
-
-    client = JobSubmissionClient(sim.dashboard)
-    deadline = time.time() + WAIT_S
-    while client.get_job_status(job_id) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-        assert time.time() < deadline, "the detached driver never finished"
-        time.sleep(0.5)
-    assert client.get_job_status(job_id) == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
-    status = _cli("sweep", "status", str(out), "--json", cwd=elsewhere)
-    assert json.loads(status.stdout)["counts"] == {"done": 2}
-    resumed = _cli("sweep", "resume", str(out), "--address", sim.address, cwd=elsewhere)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    starts = [e for e in store.read_events(out) if e["event"] == "start"]
-    assert len(starts) == 2  # each run trained once, by the job's driver; the resume found them done
 
 
 def test_readme_cluster_section_names_real_keys_and_flags():

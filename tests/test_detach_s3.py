@@ -1,9 +1,11 @@
 """`sweep launch --detach` into an s3:// store: the driver runs as a Ray Job and reads the bucket.
 
-The Ray cluster (`ray.cluster_utils.Cluster` with its dashboard) is started with no AWS variable in
-its environment, so the job can reach moto's S3 server (tests/s3_local.py) only through what the
-client forwarded: AWS_ENDPOINT_URL and the region by default, the keys named with --pass-env. The
-spec copy the job's driver launches is an object of the sweep (`<out>/driver/<spec>`).
+The client submits the driver as a Ray Job and exits; the sweep finishes without it, and a process
+elsewhere (another working directory, only the store's URL) reads its status and resumes it. The Ray
+cluster (`ray.cluster_utils.Cluster` with its dashboard) is started with no AWS variable in its
+environment, so the job can reach moto's S3 server (tests/s3_local.py) only through what the client
+forwarded: AWS_ENDPOINT_URL and the region by default, the keys named with --pass-env. The spec copy
+the job's driver launches is an object of the sweep (`<out>/driver/<spec>`).
 """
 
 import json
@@ -40,7 +42,8 @@ WAIT_S = 600
 
 @pytest.fixture(scope="module")
 def cluster_without_aws():
-    """A local Ray cluster with a dashboard, its processes started with no AWS_* variable."""
+    """A local Ray cluster with a dashboard, its processes started with no AWS_* variable: its
+    dashboard's URL (for jobs) and its GCS address (for drivers)."""
     from ray.cluster_utils import Cluster
 
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("AWS_")}
@@ -50,7 +53,7 @@ def cluster_without_aws():
     finally:
         os.environ.update(saved)
     try:
-        yield "http://" + c.head_node.address_info["webui_url"]
+        yield "http://" + c.head_node.address_info["webui_url"], c.address
     finally:
         c.shutdown()
 
@@ -58,7 +61,7 @@ def cluster_without_aws():
 def test_detached_driver_runs_a_sweep_into_the_bucket(cluster_without_aws, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    dashboard = cluster_without_aws
+    dashboard, address = cluster_without_aws
     spec = tmp_path / "det.yaml"
     spec.write_text(yaml.safe_dump(SPEC))
     with serve(BUCKET) as env:
@@ -69,8 +72,13 @@ def test_detached_driver_runs_a_sweep_into_the_bucket(cluster_without_aws, tmp_p
         launched = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=WAIT_S)
         assert launched.returncode == 0, launched.stderr[-3000:]
         job_id = json.loads(objects.read_bytes(f"{out}/driver.json"))["job_id"]
+        assert f"Ray job {job_id}" in launched.stdout
         assert objects.read_bytes(f"{out}/driver/det.yaml") == spec.read_bytes()  # what the job's driver reads
         assert store.read_resolved(out)["runs"]  # recorded before the job's driver starts
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        status = _cli("sweep", "status", out, cwd=elsewhere)
+        assert status.returncode == 0 and f"driver: Ray job {job_id}" in status.stdout and "2 runs" in status.stdout
         client = JobSubmissionClient(dashboard)
         deadline = time.time() + WAIT_S
         while client.get_job_status(job_id) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
@@ -79,5 +87,15 @@ def test_detached_driver_runs_a_sweep_into_the_bucket(cluster_without_aws, tmp_p
         assert client.get_job_status(job_id) == JobStatus.SUCCEEDED, client.get_job_logs(job_id)[-3000:]
         runs = store.load_runs(out)
         assert runs.height == 2 and set(runs["status"]) == {"done"}
+        status = _cli("sweep", "status", out, "--json", cwd=elsewhere)
+        assert json.loads(status.stdout)["counts"] == {"done": 2}
+        resumed = _cli("sweep", "resume", out, "--address", address, cwd=elsewhere)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
         starts = [e for e in store.read_events(out) if e["event"] == "start"]
-        assert len(starts) == 2  # each run trained once, by the job's driver
+        assert len(starts) == 2  # each run trained once, by the job's driver; the resume found them done
+
+
+def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    """A scalelab command in another working directory, with this process's (moto) AWS environment."""
+    cmd = [sys.executable, "-m", "scalelab.cli", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=WAIT_S)
