@@ -1,6 +1,6 @@
 """The layouts an elastic run shrinks to (scalelab.train.elastic) and the watchdog's limit; no Ray.
 
-The end-to-end behaviour (a node lost, the run continuing at dp=1) is in test_cluster_multinode.py.
+The end-to-end behaviour (a node lost, the run continuing at dp=1) is in test_cluster_multinode_s3.py.
 """
 
 import pytest

@@ -2,7 +2,8 @@
 bit-exact resume, and a SIGKILLed driver followed by `sweep resume`.
 
 A multi-process run (a Ray Train TorchTrainer inside its trial) is tested on the simulated cluster of
-test_cluster_multinode.py (dp=2 over two nodes, equal to one node's run bit for bit; elastic).
+test_cluster_multinode.py (dp=2 over two nodes, equal to one node's run bit for bit) and
+test_cluster_multinode_s3.py (elastic).
 
 Runs are the debug model on 64-token sequences, a few thousand tokens each (~0.5-2 s of training).
 """
