@@ -119,8 +119,9 @@ def main() -> None:
             for name, v in cols.items()
         )
         print(f"  {budget:.1e} ({budget / EXTRA_BUDGET:.1f}x / {budget / largest:.0f}x): {text}")
-    cost = spec["isoflop"]["num_sizes"] * sum(spec["isoflop"]["budgets"])
-    print(f"\nup4 design: {cost:.3g} FLOPs (the demo's: {cost - 4 * EXTRA_BUDGET:.3g}); the 6.3e12 runs trained in "
+    sizes = spec["isoflop"]["num_sizes"]
+    cost = sizes * sum(spec["isoflop"]["budgets"])
+    print(f"\nup4 design: {cost:.3g} FLOPs (the demo's: {cost - sizes * EXTRA_BUDGET:.3g}); the 6.3e12 runs trained in "
           f"{trained_s:.0f} s; total {time.time() - t0:.0f} s")  # fmt: skip
 
 
