@@ -291,18 +291,20 @@ def test_a_trial_logs_its_predicted_final_loss_while_it_trains(offline, tmp_path
 
 
 @pytest.mark.slow
-def test_an_online_sweep_whose_server_is_a_closed_port_completes(tmp_path):
-    """`sweep launch` (its own local Ray, ~40 s) with logging.wandb online and WANDB_BASE_URL on a
-    closed port of 127.0.0.1: the runs finish with their records, one warning line says W&B was not
-    reached, and the runs' W&B records wait offline for `wandb sync`."""
+def test_an_online_sweep_whose_server_is_a_closed_port_completes(ray_local, tmp_path):
+    """`sweep launch` (a process of its own on the session's Ray) with logging.wandb online and
+    WANDB_BASE_URL on a closed port of 127.0.0.1: the runs finish with their records, one warning
+    line says W&B was not reached, and the runs' W&B records wait offline for `wandb sync`. The
+    driver forwards WANDB_MODE and WANDB_BASE_URL to the trials (the cluster's processes started
+    under the suite's WANDB_MODE=disabled); the API key, a secret, stays with the driver."""
     spec = {**SWEEP, "base": {**SWEEP["base"], "logging": {"wandb": "online", "progress": "off"}}}
     spec["grid"] = {"model.d_model": [32, 48]}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
-    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
-    env |= {"WANDB_BASE_URL": f"http://127.0.0.1:{_closed_port()}", "WANDB_API_KEY": "k" * 40}
+    env = os.environ | {"WANDB_MODE": "online", "WANDB_BASE_URL": f"http://127.0.0.1:{_closed_port()}"}
+    env |= {"WANDB_API_KEY": "k" * 40}
     out = tmp_path / "root" / "live"
     cmd = [sys.executable, "-m", "scalelab.cli", "sweep", "launch", str(tmp_path / "s.yaml"), "--out", str(out)]
-    proc = subprocess.run([*cmd, "--num-cpus", "1"], env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([*cmd, "--address", ray_local], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     warnings = [line for line in (proc.stdout + proc.stderr).splitlines() if "W&B" in line]
     assert len(warnings) == 1 and "not reached" in warnings[0] and "Connection refused" in warnings[0]
