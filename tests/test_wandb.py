@@ -6,7 +6,7 @@ reached logging offline after one warning line; the spec's `wandb:` section; a s
 job types; a run trained as a sweep trial trains it, with the live predicted final loss from its
 sweep's finished runs; `sweep wandb` on a finished store with its fit run (parameter, gate,
 proposal and ledger tables, three plots), the ledger table updated when the proposed run finishes;
-and a sweep launched online against a closed port (slow: its own Ray).
+and a sweep launched online against a closed port (slow: a driver of its own on the session's Ray).
 """
 
 import os
