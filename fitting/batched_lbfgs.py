@@ -1,4 +1,4 @@
-"""Batched, bound-constrained L-BFGS in torch float64: thousands of independent starts in one loop.
+"""Batched, bound-constrained L-BFGS in float64: thousands of independent starts in one loop.
 
 Each row of x (S, P) is its own minimisation problem; all rows advance together so every
 objective evaluation is one vectorised call. Per row:
@@ -16,6 +16,13 @@ objective evaluation is one vectorised call. Per row:
   search fails (status 3, the analogue of ABNORMAL_TERMINATION_IN_LNSRCH).
 
 Statuses: 0 gradient converged, 1 relative reduction converged, 2 max_iter, 3 line search failed.
+
+The optimiser's own arithmetic runs on numpy arrays: most of its operations touch a few hundred
+numbers, where a torch call costs several times a numpy one. Each is an elementwise IEEE operation
+(the same bits in either library), except the row sums and norms, which torch reduces in an order of
+its own that depends on the shape: those stay torch's (`_rowsum`, `_rownorm`), so the optimiser
+takes the same steps, to the last bit, as when it was written in torch. `fun` is called with torch
+tensors that share the arrays' memory.
 """
 
 from __future__ import annotations
@@ -59,13 +66,28 @@ class BatchResult:
         )
 
 
-def _project(x: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-    return torch.maximum(torch.minimum(x, hi), lo)
+def _rowsum(a: np.ndarray) -> np.ndarray:
+    """Each row's sum, by torch's reduction: the order of its additions is torch's, which the
+    optimiser's results were first written with (numpy sums some shapes in another order)."""
+    return torch.from_numpy(a).sum(dim=1).numpy()
 
 
-def projected_gradient(x: torch.Tensor, g: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+def _rownorm(a: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(a).norm(dim=1).numpy()
+
+
+def _project(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    return np.maximum(np.minimum(x, hi), lo)
+
+
+def projected_gradient(x: np.ndarray, g: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """The L-BFGS-B projected gradient: the step x - g clipped to the box, minus x."""
     return _project(x - g, lo, hi) - x
+
+
+def _evaluate(fun: Fun, x: np.ndarray, idx: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    f, g = fun(torch.from_numpy(x), None if idx is None else torch.from_numpy(idx))
+    return f.numpy(), g.numpy()
 
 
 @dataclass(slots=True)
@@ -73,71 +95,71 @@ class _Memory:
     """Every row's last `history` (s, y) pairs, in one ring buffer: all rows advance in lockstep, so
     they share the slot written next (`pos`). rho = 0 marks an empty or skipped slot."""
 
-    s: torch.Tensor  # (S, history, P)
-    y: torch.Tensor  # (S, history, P)
-    rho: torch.Tensor  # (S, history) 1 / s'y
-    gamma: torch.Tensor  # (S,) s'y / y'y of the newest accepted pair
-    n_pairs: torch.Tensor  # (S,) pairs kept since the memory was last cleared
+    s: np.ndarray  # (S, history, P)
+    y: np.ndarray  # (S, history, P)
+    rho: np.ndarray  # (S, history) 1 / s'y
+    gamma: np.ndarray  # (S,) s'y / y'y of the newest accepted pair
+    n_pairs: np.ndarray  # (S,) pairs kept since the memory was last cleared
     pos: int = 0
 
     @classmethod
     def empty(cls, n_rows: int, history: int, n_par: int) -> _Memory:
-        s = torch.zeros(n_rows, history, n_par, dtype=torch.float64)
+        s = np.zeros((n_rows, history, n_par))
         return cls(
             s=s,
-            y=torch.zeros_like(s),
-            rho=torch.zeros(n_rows, history, dtype=torch.float64),
-            gamma=torch.ones(n_rows, dtype=torch.float64),
-            n_pairs=torch.zeros(n_rows, dtype=torch.long),
+            y=np.zeros_like(s),
+            rho=np.zeros((n_rows, history)),
+            gamma=np.ones(n_rows),
+            n_pairs=np.zeros(n_rows, dtype=np.int64),
         )
 
-    def direction(self, act, xa, ga, lo, hi) -> tuple[torch.Tensor, torch.Tensor]:
+    def direction(self, act, xa, ga, lo, hi) -> tuple[np.ndarray, np.ndarray]:
         """The search direction d of the rows `act` and its slope d'g: the two-loop recursion,
         components pushing out of an active bound zeroed, projected steepest descent (and this
         row's memory forgotten) where that is not a descent direction."""
         history = self.s.shape[1]
         sa, ya, ra = self.s[act], self.y[act], self.rho[act]
         # Two-loop recursion, newest pair first; rho = 0 marks an empty or skipped slot.
-        q = ga.clone()
+        q = ga.copy()
         order = [(self.pos - 1 - i) % history for i in range(history)]
         alphas = []
         for j in order:
-            a_j = ra[:, j] * (sa[:, j] * q).sum(dim=1)
+            a_j = ra[:, j] * _rowsum(sa[:, j] * q)
             q -= a_j[:, None] * ya[:, j]
             alphas.append(a_j)
         r = self.gamma[act, None] * q
         for j, a_j in zip(reversed(order), reversed(alphas)):
-            b_j = ra[:, j] * (ya[:, j] * r).sum(dim=1)
+            b_j = ra[:, j] * _rowsum(ya[:, j] * r)
             r += sa[:, j] * (a_j - b_j)[:, None]
         d = -r
-        d = d.masked_fill(((xa <= lo) & (d < 0)) | ((xa >= hi) & (d > 0)), 0.0)
-        dg = (d * ga).sum(dim=1)
+        d[((xa <= lo) & (d < 0)) | ((xa >= hi) & (d > 0))] = 0.0
+        dg = _rowsum(d * ga)
         bad = ~(dg < 0)
-        if bool(bad.any()):
+        if bad.any():
             # Not a descent direction: projected steepest descent, forget this row's memory.
             d[bad] = projected_gradient(xa[bad], ga[bad], lo, hi)
             self.rho[act[bad]] = 0.0
             self.n_pairs[act[bad]] = 0
-            dg = (d * ga).sum(dim=1)
+            dg = _rowsum(d * ga)
         return d, dg
 
     def push(self, act, ok, s, y, eps: float) -> None:
         """Keep each row's pair (s, y) where its step was accepted and has curvature (s'y > eps y'y)."""
-        sy, yy = (s * y).sum(dim=1), (y * y).sum(dim=1)
+        sy, yy = _rowsum(s * y), _rowsum(y * y)
         good = ok & (sy > eps * yy) & (sy > 0)
-        self.s[act, self.pos] = torch.where(good[:, None], s, 0.0)
-        self.y[act, self.pos] = torch.where(good[:, None], y, 0.0)
-        self.rho[act, self.pos] = torch.where(good, 1.0 / torch.where(good, sy, 1.0), 0.0)
-        self.gamma[act] = torch.where(good, sy / torch.where(good, yy, 1.0), self.gamma[act])
-        self.n_pairs[act] += good.long()
+        self.s[act, self.pos] = np.where(good[:, None], s, 0.0)
+        self.y[act, self.pos] = np.where(good[:, None], y, 0.0)
+        self.rho[act, self.pos] = np.where(good, 1.0 / np.where(good, sy, 1.0), 0.0)
+        self.gamma[act] = np.where(good, sy / np.where(good, yy, 1.0), self.gamma[act])
+        self.n_pairs[act] += good
         self.pos = (self.pos + 1) % self.s.shape[1]
 
 
-def _first_trial(d: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+def _first_trial(d: np.ndarray, fresh: np.ndarray) -> np.ndarray:
     """The first trial step: t = 1, and t = 1/||d|| (at most 1) for rows with an empty memory."""
-    t = torch.ones(d.shape[0], dtype=torch.float64)
-    if bool(fresh.any()):
-        t[fresh] = torch.clamp(1.0 / d[fresh].norm(dim=1).clamp_min(1e-300), max=1.0)
+    t = np.ones(d.shape[0])
+    if fresh.any():
+        t[fresh] = np.minimum(1.0 / np.maximum(_rownorm(d[fresh]), 1e-300), 1.0)
     return t
 
 
@@ -147,32 +169,33 @@ def _line_search(fun: Fun, act, xa, fa, ga, d, dg, t, lo, hi, *, c1: float, max_
     Returns the last trial point of each row, its value and gradient, whether it satisfies the
     sufficient decrease, and how many rows were evaluated."""
     x_new = _project(xa + t[:, None] * d, lo, hi)
-    f_new, g_new = fun(x_new, act)
-    n_fun = act.numel()
-    ok = f_new <= fa + c1 * (ga * (x_new - xa)).sum(dim=1)
-    ok &= torch.isfinite(f_new)
+    f_new, g_new = _evaluate(fun, x_new, act)
+    n_fun = act.size
+    ok = f_new <= fa + c1 * _rowsum(ga * (x_new - xa))
+    ok &= np.isfinite(f_new)
     for _ls in range(max_ls):
-        fail = torch.nonzero(~ok).squeeze(1)
-        if fail.numel() == 0:
+        fail = np.flatnonzero(~ok)
+        if fail.size == 0:
             break
         # Safeguarded quadratic interpolation of f along d: t* = -dg t^2 / (2 (f(t) - f - dg t)).
-        tf, dgf = t[fail], dg[fail]
-        denom = 2.0 * (f_new[fail] - fa[fail] - dgf * tf)
-        t_q = torch.where(torch.isfinite(denom) & (denom > 0), -dgf * tf * tf / denom, 0.5 * tf)
-        t[fail] = torch.minimum(torch.maximum(t_q, 0.1 * tf), 0.5 * tf)
-        xt = _project(xa[fail] + t[fail, None] * d[fail], lo, hi)
-        ft, gt = fun(xt, act[fail])
-        n_fun += fail.numel()
+        tf, dgf, faf, xaf = t[fail], dg[fail], fa[fail], xa[fail]
+        denom = 2.0 * (f_new[fail] - faf - dgf * tf)
+        t_q = np.where(np.isfinite(denom) & (denom > 0), -dgf * tf * tf / denom, 0.5 * tf)
+        tf = np.minimum(np.maximum(t_q, 0.1 * tf), 0.5 * tf)
+        t[fail] = tf
+        xt = _project(xaf + tf[:, None] * d[fail], lo, hi)
+        ft, gt = _evaluate(fun, xt, act[fail])
+        n_fun += fail.size
         x_new[fail], f_new[fail], g_new[fail] = xt, ft, gt
-        ok[fail] = torch.isfinite(ft) & (ft <= fa[fail] + c1 * (ga[fail] * (xt - xa[fail])).sum(dim=1))
+        ok[fail] = np.isfinite(ft) & (ft <= faf + c1 * _rowsum(ga[fail] * (xt - xaf)))
     return x_new, f_new, g_new, ok, n_fun
 
 
-def _step_status(ok, fa, f_new, pg, *, ftol: float, gtol: float) -> torch.Tensor:
+def _step_status(ok, fa, f_new, pg, *, ftol: float, gtol: float) -> np.ndarray:
     """Each row's status after a step: -1 still running, else a STATUS_TEXT code."""
-    scale = torch.maximum(torch.maximum(fa.abs(), f_new.abs()), torch.ones_like(fa))
+    scale = np.maximum(np.maximum(np.abs(fa), np.abs(f_new)), 1.0)
     conv_f = ok & ((fa - f_new) <= ftol * scale)
-    new_status = torch.full_like(pg, -1, dtype=torch.long)
+    new_status = np.full(pg.shape, -1, dtype=np.int64)
     new_status[~ok] = 3
     new_status[conv_f] = 1
     new_status[pg <= gtol] = 0
@@ -195,7 +218,7 @@ def lbfgs_batched(
     """Minimise S independent problems from the rows of x0 (S, P) inside [lower, upper].
 
     Args:
-        fun: fun(x (k, P), idx (k,) rows or None for all) -> (f (k,), grad (k, P)).
+        fun: fun(x (k, P), idx (k,) rows or None for all) -> (f (k,), grad (k, P)), torch float64.
         x0: starting points, clipped into the box first.
         lower, upper: (P,) bounds (use +-inf for none).
         max_iter, history, gtol, ftol, max_ls, c1: see the module docstring.
@@ -203,23 +226,28 @@ def lbfgs_batched(
     Returns:
         BatchResult with per-row points, values, iterations and statuses.
     """
-    x = torch.as_tensor(np.asarray(x0, dtype=np.float64)).clone()
+    with np.errstate(all="ignore"):  # inf - inf, 0 / 0 in rejected trial steps: as torch, no warning
+        return _minimise(fun, x0, lower, upper, max_iter, history, gtol, ftol, max_ls, c1)
+
+
+def _minimise(fun, x0, lower, upper, max_iter, history, gtol, ftol, max_ls, c1) -> BatchResult:
+    x = np.array(x0, dtype=np.float64)
     n_rows, n_par = x.shape
-    lo = torch.as_tensor(np.asarray(lower, dtype=np.float64))
-    hi = torch.as_tensor(np.asarray(upper, dtype=np.float64))
+    lo = np.asarray(lower, dtype=np.float64)
+    hi = np.asarray(upper, dtype=np.float64)
     x = _project(x, lo, hi)
-    f, g = fun(x, None)
+    f, g = _evaluate(fun, x, None)
     n_fun = n_rows
     mem = _Memory.empty(n_rows, history, n_par)
-    n_iter = torch.zeros(n_rows, dtype=torch.long)
-    status = torch.full((n_rows,), -1, dtype=torch.long)
-    pg_norm = projected_gradient(x, g, lo, hi).abs().amax(dim=1)
+    n_iter = np.zeros(n_rows, dtype=np.int64)
+    status = np.full(n_rows, -1, dtype=np.int64)
+    pg_norm = np.abs(projected_gradient(x, g, lo, hi)).max(axis=1)
     status[pg_norm <= gtol] = 0
-    eps = torch.finfo(torch.float64).eps
+    eps = np.finfo(np.float64).eps
 
     for _ in range(max_iter):
-        act = torch.nonzero(status < 0).squeeze(1)
-        if act.numel() == 0:
+        act = np.flatnonzero(status < 0)
+        if act.size == 0:
             break
         xa, fa, ga = x[act], f[act], g[act]
         d, dg = mem.direction(act, xa, ga, lo, hi)
@@ -232,16 +260,9 @@ def lbfgs_batched(
         x[acc], f[acc], g[acc] = x_new[ok], f_new[ok], g_new[ok]
         n_iter[act] += 1
 
-        pg = projected_gradient(x[act], g[act], lo, hi).abs().amax(dim=1)
+        pg = np.abs(projected_gradient(x[act], g[act], lo, hi)).max(axis=1)
         pg_norm[act] = pg
         status[act] = _step_status(ok, fa, f_new, pg, ftol=ftol, gtol=gtol)
 
     status[status < 0] = 2
-    return BatchResult(
-        x=x.numpy(),
-        f=f.numpy(),
-        grad_norm=pg_norm.numpy(),
-        n_iter=n_iter.numpy(),
-        status=status.numpy(),
-        n_fun_rows=n_fun,
-    )
+    return BatchResult(x=x, f=f, grad_norm=pg_norm, n_iter=n_iter, status=status, n_fun_rows=n_fun)

@@ -42,8 +42,7 @@ from typing import Any
 import numpy as np
 
 from scalelab.errors import UsageError
-from scalelab.fitting import diagnostics
-from scalelab.fitting.batched_lbfgs import lbfgs_batched
+from scalelab.fitting import batch_memo, diagnostics
 from scalelab.fitting.fit import BATCH_MAX_ITER, POLISH_MAX_ITER, FitResult, fit_law, fit_threads, polish
 from scalelab.fitting.intervals import default_derived, percentile_interval
 from scalelab.fitting.laws import Law, get_law
@@ -177,7 +176,7 @@ def _replicate_rows(law: Law, x, losses, weights, starts, lo, hi, *, objective, 
         delta=delta,
         reduction=reduction,
     )
-    return lbfgs_batched(obj, starts.reshape(-1, law.n_params), lo, hi, **tol)
+    return batch_memo.solve(obj, starts.reshape(-1, law.n_params), lo, hi, **tol)
 
 
 def _fit_replicates(law: Law, x, loss, fit: FitResult, counts, starts, *, max_iter, gtol, ftol):

@@ -10,9 +10,10 @@ Default objective (Hoffmann et al. 2022, Besiroglu et al. 2024): Huber loss with
 log-loss residuals, SUMMED over runs, minimised by L-BFGS from every point of the law's init grid
 (Chinchilla: Hoffmann's 4500 starts), keeping the best. Two stages:
 
-1. all starts at once in the batched torch L-BFGS (fitting/batched_lbfgs.py), scipy L-BFGS-B's stopping
+1. all starts at once in the batched L-BFGS (fitting/batched_lbfgs.py), scipy L-BFGS-B's stopping
    rules, up to `batch_max_iter` iterations (starts still running there are carried to stage 2
-   only if they are among the best);
+   only if they are among the best); a problem solved earlier in the process is not solved again
+   (fitting/batch_memo.py);
 2. the best `n_polish` distinct end points are finished with scipy's L-BFGS-B (same objective and
    tolerances), which also confirms the batched optimum against the reference optimiser.
 
@@ -33,8 +34,8 @@ import torch
 from scipy import optimize
 
 from scalelab.errors import UsageError
-from scalelab.fitting import diagnostics
-from scalelab.fitting.batched_lbfgs import STATUS_TEXT, lbfgs_batched
+from scalelab.fitting import batch_memo, diagnostics
+from scalelab.fitting.batched_lbfgs import STATUS_TEXT
 from scalelab.fitting.intervals import delta_method, robust_scale
 from scalelab.fitting.laws import Law, get_law
 from scalelab.fitting.objective import BatchObjective
@@ -205,7 +206,7 @@ def _scipy_grad_norm(r, lo: np.ndarray, hi: np.ndarray) -> float:
 def _batched_then_polish(obj, fun, x0, lo, hi, *, batch_max_iter, n_polish, max_iter, gtol, ftol):
     """Stage 1, every start in the batched L-BFGS; stage 2, the best distinct end points finished by
     scipy (kept where scipy does not end higher). Returns (points, values, iterations, codes, |pg|)."""
-    res = lbfgs_batched(obj, x0, lo, hi, max_iter=batch_max_iter, gtol=gtol, ftol=ftol)
+    res = batch_memo.solve(obj, x0, lo, hi, max_iter=batch_max_iter, gtol=gtol, ftol=ftol)
     return polish(fun, res, lo, hi, n_polish=n_polish, max_iter=max_iter, gtol=gtol, ftol=ftol)
 
 
