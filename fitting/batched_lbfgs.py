@@ -93,22 +93,23 @@ def _evaluate(fun: Fun, x: np.ndarray, idx: np.ndarray | None) -> tuple[np.ndarr
 @dataclass(slots=True)
 class _Memory:
     """Every row's last `history` (s, y) pairs, in one ring buffer: all rows advance in lockstep, so
-    they share the slot written next (`pos`). rho = 0 marks an empty or skipped slot."""
+    they share the slot written next (`pos`). rho = 0 marks an empty or skipped slot. Slot-major, so
+    that one slot of the active rows is one contiguous block."""
 
-    s: np.ndarray  # (S, history, P)
-    y: np.ndarray  # (S, history, P)
-    rho: np.ndarray  # (S, history) 1 / s'y
+    s: np.ndarray  # (history, S, P)
+    y: np.ndarray  # (history, S, P)
+    rho: np.ndarray  # (history, S) 1 / s'y
     gamma: np.ndarray  # (S,) s'y / y'y of the newest accepted pair
     n_pairs: np.ndarray  # (S,) pairs kept since the memory was last cleared
     pos: int = 0
 
     @classmethod
     def empty(cls, n_rows: int, history: int, n_par: int) -> _Memory:
-        s = np.zeros((n_rows, history, n_par))
+        s = np.zeros((history, n_rows, n_par))
         return cls(
             s=s,
             y=np.zeros_like(s),
-            rho=np.zeros((n_rows, history)),
+            rho=np.zeros((history, n_rows)),
             gamma=np.ones(n_rows),
             n_pairs=np.zeros(n_rows, dtype=np.int64),
         )
@@ -117,20 +118,20 @@ class _Memory:
         """The search direction d of the rows `act` and its slope d'g: the two-loop recursion,
         components pushing out of an active bound zeroed, projected steepest descent (and this
         row's memory forgotten) where that is not a descent direction."""
-        history = self.s.shape[1]
-        sa, ya, ra = self.s[act], self.y[act], self.rho[act]
+        history = self.s.shape[0]
+        sa, ya, ra = (np.take(m, act, axis=1) for m in (self.s, self.y, self.rho))  # contiguous slots
         # Two-loop recursion, newest pair first; rho = 0 marks an empty or skipped slot.
         q = ga.copy()
         order = [(self.pos - 1 - i) % history for i in range(history)]
         alphas = []
         for j in order:
-            a_j = ra[:, j] * _rowsum(sa[:, j] * q)
-            q -= a_j[:, None] * ya[:, j]
+            a_j = ra[j] * _rowsum(sa[j] * q)
+            q -= a_j[:, None] * ya[j]
             alphas.append(a_j)
         r = self.gamma[act, None] * q
         for j, a_j in zip(reversed(order), reversed(alphas)):
-            b_j = ra[:, j] * _rowsum(ya[:, j] * r)
-            r += sa[:, j] * (a_j - b_j)[:, None]
+            b_j = ra[j] * _rowsum(ya[j] * r)
+            r += sa[j] * (a_j - b_j)[:, None]
         d = -r
         d[((xa <= lo) & (d < 0)) | ((xa >= hi) & (d > 0))] = 0.0
         dg = _rowsum(d * ga)
@@ -138,7 +139,7 @@ class _Memory:
         if bad.any():
             # Not a descent direction: projected steepest descent, forget this row's memory.
             d[bad] = projected_gradient(xa[bad], ga[bad], lo, hi)
-            self.rho[act[bad]] = 0.0
+            self.rho[:, act[bad]] = 0.0
             self.n_pairs[act[bad]] = 0
             dg = _rowsum(d * ga)
         return d, dg
@@ -147,12 +148,12 @@ class _Memory:
         """Keep each row's pair (s, y) where its step was accepted and has curvature (s'y > eps y'y)."""
         sy, yy = _rowsum(s * y), _rowsum(y * y)
         good = ok & (sy > eps * yy) & (sy > 0)
-        self.s[act, self.pos] = np.where(good[:, None], s, 0.0)
-        self.y[act, self.pos] = np.where(good[:, None], y, 0.0)
-        self.rho[act, self.pos] = np.where(good, 1.0 / np.where(good, sy, 1.0), 0.0)
+        self.s[self.pos, act] = np.where(good[:, None], s, 0.0)
+        self.y[self.pos, act] = np.where(good[:, None], y, 0.0)
+        self.rho[self.pos, act] = np.where(good, 1.0 / np.where(good, sy, 1.0), 0.0)
         self.gamma[act] = np.where(good, sy / np.where(good, yy, 1.0), self.gamma[act])
         self.n_pairs[act] += good
-        self.pos = (self.pos + 1) % self.s.shape[1]
+        self.pos = (self.pos + 1) % self.s.shape[0]
 
 
 def _first_trial(d: np.ndarray, fresh: np.ndarray) -> np.ndarray:
