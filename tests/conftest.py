@@ -57,17 +57,19 @@ def pytest_configure(config):
 
 
 # Modules with tests that start Ray (a private cluster, a simulated multi-node one, a `scalelab sweep
-# launch` subprocess) or time leases against a wall clock, and every test on the session's cluster
-# (`ray_local`): marked `serial` and put in one xdist group, so `--dist loadgroup` runs them on one
-# worker, one after another: a Ray test uses both cores in bursts, and two clusters started side by
-# side would each run at half speed under timing checks (hang watchdogs, lease renewals) sized for
-# one. Between the bursts they mostly wait, so the other worker runs every other test beside them;
-# the serial group is the largest unit of work, so xdist hands it out first. `pytest -m serial` still
-# runs them alone in one process.
+# launch` subprocess), and every test on the session's cluster (`ray_local`): marked `serial` and put
+# in one xdist group, so `--dist loadgroup` runs them on one worker, one after another: a Ray test
+# uses both cores in bursts, and two clusters started side by side would each run at half speed
+# under timing checks (hang watchdogs, lease renewals) sized for one. Between the bursts they mostly
+# wait, so the other worker runs every other test beside them; the serial group is the largest unit
+# of work, so xdist hands it out first, and it is the suite's longest path. A module whose tests
+# only wait on leases and never start Ray (test_store_integrity_s3: ~30 s, most of it asleep, its
+# leases sized for a loaded machine) stays out of it: asleep on the other worker, it costs no one a
+# core. `pytest -m serial` still runs the serial tests alone in one process.
 SERIAL_MODULES = {
     "test_cluster_multinode", "test_cluster_multinode_s3", "test_detach_s3", "test_detach_submit",
-    "test_loopback", "test_ray_token_auth", "test_secrets", "test_store_backends", "test_store_integrity_s3",
-    "test_store_object", "test_sweep_eval", "test_sweep_ray", "test_transfer_gate", "test_wandb",
+    "test_loopback", "test_ray_token_auth", "test_secrets", "test_store_backends", "test_store_object",
+    "test_sweep_eval", "test_sweep_ray", "test_transfer_gate", "test_wandb",
 }  # fmt: skip
 
 
