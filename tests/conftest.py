@@ -62,14 +62,16 @@ def pytest_configure(config):
 # uses both cores in bursts, and two clusters started side by side would each run at half speed
 # under timing checks (hang watchdogs, lease renewals) sized for one. Between the bursts they mostly
 # wait, so the other worker runs every other test beside them; the serial group is the largest unit
-# of work, so xdist hands it out first, and it is the suite's longest path. A module whose tests
-# only wait on leases and never start Ray (test_store_integrity_s3: ~30 s, most of it asleep, its
-# leases sized for a loaded machine) stays out of it: asleep on the other worker, it costs no one a
-# core. `pytest -m serial` still runs the serial tests alone in one process.
+# of work, so xdist hands it out first, and it is the suite's longest path: nothing joins it that
+# does not start Ray. A module is listed when its tests start a Ray of their own; a test on the
+# session's cluster is serial wherever it is, so the other tests of its module (test_store_object's
+# lease and object checks, test_wandb's offline records, test_transfer_gate's spec checks: ~30 s)
+# run on either worker, as do the lease tests of test_store_integrity_s3 (~30 s, most of it asleep,
+# leases sized for a loaded machine). `pytest -m serial` still runs the serial tests alone.
 SERIAL_MODULES = {
     "test_cluster_multinode", "test_cluster_multinode_s3", "test_detach_s3", "test_detach_submit",
-    "test_loopback", "test_ray_token_auth", "test_secrets", "test_store_backends", "test_store_object",
-    "test_sweep_eval", "test_sweep_ray", "test_transfer_gate", "test_wandb",
+    "test_loopback", "test_ray_token_auth", "test_secrets", "test_store_backends", "test_sweep_eval",
+    "test_sweep_ray",
 }  # fmt: skip
 
 
