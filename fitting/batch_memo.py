@@ -4,10 +4,10 @@ A batched fit is a pure function of its problem: the law (its class and every fi
 inputs, losses and weights, the objective (Huber delta, reduction), the starting points, the box, the
 stopping rules and torch's thread count; lbfgs_batched on the same problem performs the same
 operations on the same rows in the same order, so it returns the same bits. Within one process the
-same problem comes back: `sweep next` fits the store that the report and the plan fit again, a study
-fits each arm the way the loop does, a backtest refits the fold an earlier selection fitted. The memo
-keys a problem by a SHA-256 digest of all of it, keeps the last MEMO_SIZE results and hands out
-copies, so a caller that edits its arrays cannot change what the next caller gets.
+same problem comes back (one store's fit asked for by `sweep next`, the report and the plan; a
+quarter of the calls in the test suite). The memo keys a problem by a SHA-256 digest of all of it,
+keeps the last MEMO_SIZE results and hands out copies, so a caller that edits its arrays cannot
+change what the next caller gets.
 
     res = solve(BatchObjective(law, x, loss), x0, lo, hi, max_iter=200)   # lbfgs_batched's arguments
 """
@@ -97,5 +97,5 @@ def solve(obj: BatchObjective, x0: Any, lower: Any, upper: Any, **options: Any) 
 
 
 def clear() -> None:
-    """Forget every memoised result (benchmarks that time a fit call this first)."""
+    """Forget every memoised result: a benchmark that times one fit more than once calls this first."""
     _MEMO.clear()

@@ -19,9 +19,9 @@ Statuses: 0 gradient converged, 1 relative reduction converged, 2 max_iter, 3 li
 
 The optimiser's own arithmetic runs on numpy arrays: most of its operations touch a few hundred
 numbers, where a torch call costs several times a numpy one. Each is an elementwise IEEE operation
-(the same bits in either library), except the row sums and norms, which torch reduces in an order of
-its own that depends on the shape: those stay torch's (`_rowsum`, `_rownorm`), so the optimiser
-takes the same steps, to the last bit, as when it was written in torch. `fun` is called with torch
+(the same bits in either library), except the row sums and norms, whose order of additions torch and
+numpy choose differently for some shapes: those stay torch's (`_rowsum`, `_rownorm`), so a fit gives
+the same bits as the fits already recorded in stores, ledgers and docs. `fun` is called with torch
 tensors that share the arrays' memory.
 """
 
@@ -67,8 +67,7 @@ class BatchResult:
 
 
 def _rowsum(a: np.ndarray) -> np.ndarray:
-    """Each row's sum, by torch's reduction: the order of its additions is torch's, which the
-    optimiser's results were first written with (numpy sums some shapes in another order)."""
+    """Each row's sum in torch's order of additions (see the module docstring)."""
     return torch.from_numpy(a).sum(dim=1).numpy()
 
 
