@@ -60,9 +60,8 @@ def problem_key(obj: BatchObjective, x0: Any, lower: Any, upper: Any, options: d
     _feed(h, {k: obj.x[k] for k in law.inputs})
     for value in (obj.log_y, obj.weights, obj.objective, obj.delta, obj.reduction):
         _feed(h, value)
-    for value in (np.asarray(x0, dtype=np.float64), np.asarray(lower, dtype=np.float64)):
-        _feed(h, value)
-    _feed(h, np.asarray(upper, dtype=np.float64))
+    for value in (x0, lower, upper):
+        _feed(h, np.asarray(value, dtype=np.float64))
     _feed(h, dict(options))
     _feed(h, torch.get_num_threads())
     return h.hexdigest()

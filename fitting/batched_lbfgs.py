@@ -231,11 +231,11 @@ def lbfgs_batched(
 
 
 def _minimise(fun, x0, lower, upper, max_iter, history, gtol, ftol, max_ls, c1) -> BatchResult:
-    x = np.array(x0, dtype=np.float64)
+    x = np.asarray(x0, dtype=np.float64)
     n_rows, n_par = x.shape
     lo = np.asarray(lower, dtype=np.float64)
     hi = np.asarray(upper, dtype=np.float64)
-    x = _project(x, lo, hi)
+    x = _project(x, lo, hi)  # a new array: the caller's starts are never written to
     f, g = _evaluate(fun, x, None)
     n_fun = n_rows
     mem = _Memory.empty(n_rows, history, n_par)
