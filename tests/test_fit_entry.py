@@ -64,21 +64,21 @@ LOOP = {
 }  # fmt: skip
 
 
-def _as_recorded(value, recorded) -> None:
-    """Equal to the recorded float-hex within 1e-12: a refit's last bits follow the CPU's vector
+def _as_recorded(value, recorded, rel: float = 1e-12) -> None:
+    """Equal to the recorded float-hex within `rel`: a refit's last bits follow the CPU's vector
     width (numpy's and ATen's SIMD kernels sum and round in different orders with AVX2 and AVX-512),
     so exact hex holds only on the machine type that recorded it; a change of method moves these
     numbers by far more than 1e-12."""
     if isinstance(recorded, dict):
         assert set(value) == set(recorded)
         for k in recorded:
-            _as_recorded(value[k], recorded[k])
+            _as_recorded(value[k], recorded[k], rel)
     elif isinstance(recorded, list):
         assert len(value) == len(recorded)
         for v, r in zip(value, recorded):
-            _as_recorded(v, r)
+            _as_recorded(v, r, rel)
     else:
-        assert value == pytest.approx(float.fromhex(recorded), rel=1e-12, abs=0), (value.hex(), recorded)
+        assert value == pytest.approx(float.fromhex(recorded), rel=rel, abs=0), (value.hex(), recorded)
 
 
 def test_a_store_fit_reproduces_the_loops_recorded_numbers():
@@ -92,7 +92,10 @@ def test_a_store_fit_reproduces_the_loops_recorded_numbers():
     _as_recorded(record["extrapolation"]["per_decade"], LOOP["per_decade"])
     pi = fit.predict_interval(3e5, 6e6)
     _as_recorded([pi.point, pi.lo, pi.hi], LOOP["prediction"])
-    _as_recorded(fit.replicates_with([(2e5, 5e6)])[0], LOOP["with_first"])
+    # The refit with a run added ends in the flat valley in A (see above), which magnifies the last
+    # bits' rounding: on an AVX-512 AMD EPYC its parameters differ from the recorded ones by up to
+    # 1.4e-11 relative (every other number here to the bit). A change of method moves them ~1e-4.
+    _as_recorded(fit.replicates_with([(2e5, 5e6)])[0], LOOP["with_first"], rel=1e-9)
     assert record["gates"]["passed"]
     # even 4 replicates cover every true parameter once the refits leave the full fit's optimum
     assert all(lo <= TRUE[k] <= hi for k, (lo, hi) in record["intervals"].items() if k in TRUE)
