@@ -39,6 +39,7 @@ def add_parser(sub) -> None:
 
 
 def _add_fit(sub) -> None:
+    """The `fit` subcommand's arguments. One piece: one add_argument per flag, in help order."""
     p = sub.add_parser("fit", help="fit a scaling law to a run table (CSV/Parquet) or a sweep store")
     p.add_argument("data", help="CSV or Parquet file, one row per run/checkpoint; or a sweep directory")
     p.add_argument(

@@ -274,7 +274,10 @@ def stack_weights(
     incumbent: str | None = None,
     rule: StackRule | None = None,
 ) -> Stack:
-    """Weights of `names` from forward groups (module docstring). `noise`: a run's log-sd."""
+    """Weights of `names` from forward groups (module docstring). `noise`: a run's log-sd.
+
+    Over 80 lines for the sentence that reports the choice: the rule, the resampling of the groups and
+    the reason's branches (no groups, growth, adopted or not, bagged) read against each other here."""
     rule = rule or StackRule()
     names = tuple(names)
     incumbent = incumbent or names[0]

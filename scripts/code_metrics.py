@@ -20,7 +20,8 @@ tests/, bench/ and scripts/ are listed in the line counts but not in the import 
     import inside a function is still a circle; and the same at folder level (train <-> parallel);
   - files over 500 lines (core files stay readable end to end);
   - functions over 80 and over 100 lines (from the `def` line to the function's last line, its
-    decorators not counted; a nested function counts inside its parent and on its own);
+    decorators not counted; a nested function counts inside its parent and on its own), each with
+    the reason its docstring gives for its length ("One piece: ..." or "Over 80 lines ...");
   - fit entries (the functions that take runs and return a fitted law with its intervals),
     evaluation paths (the functions that score a model on the validation sources and the tasks) and
     rounds loops (the loops that launch runs, fit and propose the next round). The first two are
@@ -33,6 +34,7 @@ The reading of sources (folders, module names, imports) is scripts/code_tree.py.
 
 from __future__ import annotations
 
+import ast
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -167,14 +169,31 @@ def print_long_files(root: Path, folders: tuple[str, ...]) -> None:
         print("  none")
 
 
+def length_reason(node: ast.AST) -> str | None:
+    """The reason a long function gives at its top: the part of its docstring from "One piece" or
+    "Over 80 lines" to the end of that paragraph (shortened), or None."""
+    doc = ast.get_docstring(node) or ""
+    for para in doc.split("\n\n"):
+        text = " ".join(para.split())
+        for mark in ("One piece", "Over 80 lines"):
+            if mark in text:
+                reason = text[text.index(mark) :]
+                return reason if len(reason) <= 100 else reason[:97] + "..."
+    return None
+
+
 def print_functions(root: Path, folders: tuple[str, ...]) -> None:
     """Long functions of the package folders; fit entries, evaluation paths, rounds loops."""
     index = function_index(root, folders, folders + OTHER_FOLDERS)
     lo, hi = LONG_FUNCTION_LINES
     long = [f for f in long_functions(index, lo) if f.path.relative_to(root).parts[0] in folders]
-    print(f"\nfunctions over {hi} lines: {sum(f.lines > hi for f in long)}; over {lo} lines: {len(long)}")
+    reasons = {f.name: length_reason(f.node) for f in long}
+    unexplained = sum(r is None for r in reasons.values())
+    print(f"\nfunctions over {hi} lines: {sum(f.lines > hi for f in long)}; over {lo} lines: {len(long)}, "
+          f"{unexplained} without a reason at its top")  # fmt: skip
     for f in long:
         print(f"  {f.lines:>5}  {f.name:<52} {where(root, f)}")
+        print(f"         reason: {reasons[f.name] or 'none'}")
 
     for role in ROLES:
         lines, entries = role_report(root, index, role)

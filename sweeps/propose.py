@@ -148,7 +148,10 @@ def propose_round(
     fit_starts: int | None = FIT_STARTS,
     log=print,
 ) -> Proposal:
-    """Fit the sweep's done runs, gate the fit, and write the next round (module docstring)."""
+    """Fit the sweep's done runs, gate the fit, and write the next round (module docstring).
+
+    One piece: the round's steps in order (score the ledger, fit, gate, candidates, narrowing runs,
+    resolve, write), each a call; a third of its length is the Proposal's fields."""
     if seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {seeds}")
     sweep_dir = sweep_dir if objects.is_url(sweep_dir) else Path(sweep_dir)

@@ -23,6 +23,8 @@ FILES = {
     # the one fit entry, and a long function
     "fitting/fit_runs.py": "import numpy as np\n\n\ndef fit_runs(table):\n    return np.mean(table)\n\n\n"
     + "def long_one():\n"
+    + LONG_BODY
+    + '\n\n\ndef long_two():\n    """Two.\n\n    One piece: a made-up\n    table."""\n'
     + LONG_BODY,
     "sweeps/__init__.py": '"""sweeps"""\n',
     # a wrapper of the fit entry (not a second entry), two imports inside functions, a module cycle
@@ -82,7 +84,9 @@ def test_figures_of_a_made_up_checkout(checkout, capsys):
     assert "imports of other packages inside functions outside cli/: 1" in out and "sweeps/store_fit.py:7" in out
     assert "import circles between modules (every import counted): 1" in out
     assert "sweeps.rounds <-> sweeps.store_fit" in out
-    assert "functions over 100 lines: 1; over 80 lines: 1" in out and "fitting.fit_runs.long_one" in out
+    assert "functions over 100 lines: 2; over 80 lines: 2, 1 without a reason at its top" in out, out
+    assert "fitting.fit_runs.long_one" in out and "reason: none" in out
+    assert "fitting.fit_runs.long_two" in out and "reason: One piece: a made-up table." in out
     assert "sweeps.store_fit.fit_store" in out and "calls fitting.fit_runs.fit_runs" in out
     assert "called by sweeps.store_fit.fit_store" in out
     assert "fit entries: 1\n" in out and "fitting.pipeline.fit_table" in out and "not in this checkout" in out
