@@ -5,7 +5,7 @@
 
 Measured in the same process, on the same simulated Chinchilla sweep (16 x 15 grid of N x D,
 2% lognormal noise):
-1. fit_law: batched torch L-BFGS over all 4500 Hoffmann starts + scipy polish of the best 3;
+1. fit_law: batched L-BFGS over all 4500 Hoffmann starts + scipy polish of the best 3;
 2. bootstrap: 1000 replicates, warm-started (+2 extra starts each), batched;
 3. the reference: one scipy L-BFGS-B call per start with a plain numpy Huber objective and its
    analytic gradient (no torch), scipy's default tolerances, on every `--ref-stride`-th start;

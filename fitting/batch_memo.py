@@ -67,17 +67,6 @@ def problem_key(obj: BatchObjective, x0: Any, lower: Any, upper: Any, options: d
     return h.hexdigest()
 
 
-def _copy(res: BatchResult, n_fun_rows: int) -> BatchResult:
-    return BatchResult(
-        x=res.x.copy(),
-        f=res.f.copy(),
-        grad_norm=res.grad_norm.copy(),
-        n_iter=res.n_iter.copy(),
-        status=res.status.copy(),
-        n_fun_rows=n_fun_rows,
-    )
-
-
 def solve(obj: BatchObjective, x0: Any, lower: Any, upper: Any, **options: Any) -> BatchResult:
     """lbfgs_batched(obj, x0, lower, upper, **options), or a copy of its result for the same problem
     earlier in this process (then n_fun_rows is 0: nothing was evaluated)."""
@@ -87,9 +76,9 @@ def solve(obj: BatchObjective, x0: Any, lower: Any, upper: Any, **options: Any) 
         return lbfgs_batched(obj, x0, lower, upper, **options)
     if key in _MEMO:
         _MEMO.move_to_end(key)
-        return _copy(_MEMO[key], 0)
+        return _MEMO[key].copy(0)
     res = lbfgs_batched(obj, x0, lower, upper, **options)
-    _MEMO[key] = _copy(res, res.n_fun_rows)
+    _MEMO[key] = res.copy(res.n_fun_rows)
     while len(_MEMO) > MEMO_SIZE:
         _MEMO.popitem(last=False)
     return res

@@ -65,6 +65,17 @@ class BatchResult:
             n_fun_rows=0,
         )
 
+    def copy(self, n_fun_rows: int) -> BatchResult:
+        """A copy that shares no array with this one, reporting `n_fun_rows` evaluations."""
+        return BatchResult(
+            x=self.x.copy(),
+            f=self.f.copy(),
+            grad_norm=self.grad_norm.copy(),
+            n_iter=self.n_iter.copy(),
+            status=self.status.copy(),
+            n_fun_rows=n_fun_rows,
+        )
+
 
 def _rowsum(a: np.ndarray) -> np.ndarray:
     """Each row's sum in torch's order of additions (see the module docstring)."""
