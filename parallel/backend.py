@@ -2,6 +2,7 @@
 one place that works around what gloo gets wrong, and shared collective ops.
 
     spawn(fn, world_size, args)   # run fn(*args) on N fresh processes joined in one process group
+    spawn(..., timeout_s=180)     # and end it, stacks dumped, if it has not finished by then
     init_distributed("auto")      # from torchrun-style env: RANK, WORLD_SIZE, MASTER_ADDR/PORT
     backend_for("auto", device)   # nccl on CUDA, gloo on CPU
     for_collective(t)             # a contiguous tensor for a collective (see below)
@@ -20,13 +21,18 @@ gloo on torch 2.13 (docs/architecture.md, "Known platform facts"):
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import logging
 import multiprocessing
 import os
+import signal
 import socket
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -123,7 +129,7 @@ def loopback_interface() -> str | None:
     return next((n for n in names if n in ("lo", "lo0")), None)
 
 
-def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: tuple, env: dict) -> None:
+def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: tuple, env: dict, stacks: str) -> None:
     # A forkserver's child starts with the server's environment, not the caller's: restore the
     # caller's, as a spawned process would have it.
     os.environ.clear()
@@ -137,6 +143,11 @@ def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: 
         MASTER_PORT=str(port),
         TORCHELASTIC_USE_AGENT_STORE="True",  # the launcher serves the store; every rank is a client
     )
+    # The caller's watchdog (spawn's timeout_s) sends SIGUSR1 before it kills a hung rank: every
+    # thread's Python stack goes to this rank's file, which the watchdog's error then quotes (a
+    # forkserver's child writes its stderr wherever the server's went, not to the caller's).
+    stack_file = open(Path(stacks, f"rank{local_rank}.txt"), "w")  # noqa: SIM115 - open until the rank ends
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     lo = loopback_interface()
     if lo:  # gloo's and NCCL's own sockets on loopback too (a user's setting wins)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
@@ -160,24 +171,80 @@ def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: 
 _PRELOAD = ["torch", "torch.distributed", "scalelab.train.loop"]  # what every rank imports
 
 
-def spawn(fn, world_size: int, args: tuple = (), backend: str = "auto") -> None:
-    """Run `fn(*args)` in `world_size` new processes joined in one process group; raise if any fails."""
+SPAWN_TIMEOUT_ENV = "SCALELAB_SPAWN_TIMEOUT_S"
+
+
+class SpawnHung(RuntimeError):
+    """A process group that did not finish within spawn's timeout (its ranks were killed)."""
+
+
+def spawn_timeout(timeout_s: float | None) -> float | None:
+    """The watchdog's limit: the caller's, else $SCALELAB_SPAWN_TIMEOUT_S, else none."""
+    if timeout_s is not None:
+        return timeout_s
+    raw = os.environ.get(SPAWN_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise UsageError(
+            f"{SPAWN_TIMEOUT_ENV}={raw!r} is not a positive number of seconds; set one (e.g. 180) or unset it"
+        )
+    return value
+
+
+def spawn(fn, world_size: int, args: tuple = (), backend: str = "auto", timeout_s: float | None = None) -> None:
+    """Run `fn(*args)` in `world_size` new processes joined in one process group; raise if any fails.
+
+    With a timeout (`timeout_s`, else $SCALELAB_SPAWN_TIMEOUT_S) a group still running when it
+    expires is a hang: the ranks' Python stacks are dumped, the ranks are killed and `SpawnHung`
+    is raised, quoting the stacks. Without one a hang lasts until a collective's own timeout (600 s on the
+    default group; torch's 30 min on the sub-groups a DeviceMesh makes). Training runs pass none;
+    the test suite sets the variable (tests/conftest.py), where a group finishes in under 30 s.
+    """
     if torch.cuda.is_available() and backend != "gloo" and world_size > torch.cuda.device_count():
         raise UsageError(
             f"the layout needs {world_size} processes but only {torch.cuda.device_count()} GPUs "
             "are visible; use a smaller layout or parallel.backend=gloo"
         )
+    limit = spawn_timeout(timeout_s)
     # Ranks are forked from a forkserver that imported torch and the training code once per
     # process (a fresh interpreter, not a fork of this one: no threads or CUDA state inherited);
     # a spawned rank re-imports torch, ~1-3 s per rank per launch on a small machine.
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     if method == "forkserver":
         multiprocessing.get_context(method).set_forkserver_preload(_PRELOAD)
-    with loopback_store() as port:
-        mp.start_processes(
+    with loopback_store() as port, tempfile.TemporaryDirectory(prefix="scalelab-spawn-") as stacks:
+        context = mp.start_processes(
             _entry,
-            args=(fn, world_size, port, backend, args, dict(os.environ)),
+            args=(fn, world_size, port, backend, args, dict(os.environ), stacks),
             nprocs=world_size,
-            join=True,
+            join=False,
             start_method=method,
         )
+        deadline = None if limit is None else time.monotonic() + limit
+        while not context.join(timeout=1.0):  # raises when a rank fails, after ending the others
+            if deadline is not None and time.monotonic() > deadline:
+                _end_hung(context, fn, world_size, limit, Path(stacks))
+
+
+def _end_hung(context, fn, world_size: int, limit: float, stacks: Path) -> None:
+    alive = [rank for rank, p in enumerate(context.processes) if p.is_alive()]
+    for rank in alive:
+        os.kill(context.processes[rank].pid, signal.SIGUSR1)
+    time.sleep(1.0)  # faulthandler writes the stacks from its signal handler, in milliseconds
+    for p in context.processes:
+        if p.is_alive():
+            p.kill()
+        p.join()
+    where = "".join(
+        f"\nrank {rank}:\n" + (stacks / f"rank{rank}.txt").read_text(errors="replace").rstrip() for rank in alive
+    )
+    name = getattr(fn, "__qualname__", repr(fn))
+    raise SpawnHung(
+        f"hung process group: the {world_size}-process group running {name} was still running after "
+        f"{limit:g} s; ranks {alive} were killed. Their Python stacks:{where}"
+    )

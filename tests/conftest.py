@@ -9,6 +9,9 @@
   either library loads and inherited by every subprocess, Ray worker and spawned rank: the tests'
   problems are tiny, and on a shared 2-core machine a second thread mostly spins against the other
   processes. A value set in the environment wins.
+- A process group started by `parallel.backend.spawn` that runs past 180 s is a hang (the longest
+  finishes in under 30 s): its ranks' stacks are dumped, it is killed and `SpawnHung` names it; the
+  test then reruns once (pyproject.toml), as for a rank killed by a signal.
 - The tests on the session's Ray cluster (`ray_local`) run last, together (pytest_collection_modifyitems).
 - Tests that start Ray are marked `serial` and grouped: the README's command (`pytest -n 2 --dist
   loadgroup`) runs them one after another on one xdist worker while the other worker runs the rest
@@ -35,6 +38,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("SCALELAB_CACHE", tempfile.mkdtemp(prefix="scalelab-test-cache-"))
 os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("SCALELAB_SPAWN_TIMEOUT_S", "180")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # The session's Ray cluster listens on 127.0.0.1 only (as scalelab's own local clusters do, see
 # scalelab.sweeps.ray_cluster.local_ray_on_loopback); read by ray when it is imported.

@@ -26,16 +26,25 @@ UPDATE = "python scripts/golden_losses.py --write, then commit tests/assets/gold
 
 
 def _script(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=540
-    )
+    try:
+        return subprocess.run(
+            [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=540
+        )
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        pytest.fail(f"scripts/golden_losses.py ran past 540 s; its stderr ends:\n{err[-4000:]}")
 
 
 def test_losses_and_grad_norms_equal_the_golden_values():
     r = _script()
     if r.returncode == 3:  # the asset holds another torch release's or machine type's values
         pytest.skip(r.stdout.strip())
-    assert r.returncode in (0, 1), r.stderr[-4000:]
+    # A hung process group's error (parallel.backend.SpawnHung) quotes every rank's stacks, which can
+    # push its first line out of the tail below; that line is what reruns the test (pyproject.toml).
+    hung = [line for line in r.stderr.splitlines() if "hung process group" in line]
+    # Exit 1 is also an uncaught exception's: the comparison finished only if it printed its count.
+    finished = r.returncode in (0, 1) and "value lists moved" in r.stdout
+    assert finished, "\n".join(hung + [r.stderr[-4000:]])
     assert r.returncode == 0, f"golden values moved:\n{r.stdout}\nIf the change is meant to move them: {UPDATE}"
 
 
