@@ -234,17 +234,23 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "auto", timeout_
 def _end_hung(context, fn, world_size: int, limit: float, stacks: Path) -> None:
     alive = [rank for rank, p in enumerate(context.processes) if p.is_alive()]
     for rank in alive:
-        os.kill(context.processes[rank].pid, signal.SIGUSR1)
+        with contextlib.suppress(ProcessLookupError):  # it may have ended since
+            os.kill(context.processes[rank].pid, signal.SIGUSR1)
     time.sleep(1.0)  # faulthandler writes the stacks from its signal handler, in milliseconds
     for p in context.processes:
         if p.is_alive():
             p.kill()
         p.join()
-    where = "".join(
-        f"\nrank {rank}:\n" + (stacks / f"rank{rank}.txt").read_text(errors="replace").rstrip() for rank in alive
-    )
+    where = "".join(f"\nrank {rank}:\n" + _read(stacks / f"rank{rank}.txt") for rank in alive)
     name = getattr(fn, "__qualname__", repr(fn))
     raise SpawnHung(
         f"hung process group: the {world_size}-process group running {name} was still running after "
         f"{limit:g} s; ranks {alive} were killed. Their Python stacks:{where}"
     )
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace").rstrip() or "(no stack written)"
+    except FileNotFoundError:  # the rank hung before it got as far as opening its file
+        return "(no stack file)"
