@@ -2,7 +2,7 @@
 
 They see the caller's environment and working directory as of the call (a forkserver's child would
 otherwise have the server's, from whenever it started), a rank's failure reaches the caller, and a
-group that hangs is ended by spawn's watchdog with the ranks' stacks on stderr.
+group that hangs is ended by spawn's watchdog, its error quoting the ranks' stacks.
 """
 
 import os
