@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -200,10 +201,10 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "auto", timeout_
     """Run `fn(*args)` in `world_size` new processes joined in one process group; raise if any fails.
 
     With a timeout (`timeout_s`, else $SCALELAB_SPAWN_TIMEOUT_S) a group still running when it
-    expires is a hang: the ranks' Python stacks are dumped, the ranks are killed and `SpawnHung`
-    is raised, quoting the stacks. Without one a hang lasts until a collective's own timeout (600 s on the
-    default group; torch's 30 min on the sub-groups a DeviceMesh makes). Training runs pass none;
-    the test suite sets the variable (tests/conftest.py), where a group finishes in under 30 s.
+    expires is a hang: the ranks' Python stacks are dumped, the ranks are killed and `SpawnHung` is
+    raised, quoting the stacks. Without one a hang lasts until a collective's own timeout (600 s on
+    the default group; torch's 30 min on the sub-groups a DeviceMesh makes). Training runs pass
+    none; the test suite sets the variable (tests/conftest.py), where a group finishes in under 30 s.
     """
     if torch.cuda.is_available() and backend != "gloo" and world_size > torch.cuda.device_count():
         raise UsageError(
@@ -231,7 +232,7 @@ def spawn(fn, world_size: int, args: tuple = (), backend: str = "auto", timeout_
                 _end_hung(context, fn, world_size, limit, Path(stacks))
 
 
-def _end_hung(context, fn, world_size: int, limit: float, stacks: Path) -> None:
+def _end_hung(context, fn, world_size: int, limit: float, stacks: Path) -> NoReturn:
     alive = [rank for rank, p in enumerate(context.processes) if p.is_alive()]
     for rank in alive:
         with contextlib.suppress(ProcessLookupError):  # it may have ended since
