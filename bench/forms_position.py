@@ -21,7 +21,7 @@ DIR/loop, or a demo store with its 3x run). `--far CSV` (columns seed, params, t
 far runs measured elsewhere to the store whose first round was trained at that seed:
 bench/data/closed_loop_far_runs.csv holds the far runs of the cold stores at seeds 1, 11 and 21,
 whose first rounds can be trained again (the training is deterministic on one machine type).
-`--rule 30:A,B` (repeatable, one per distance): a rule p_hat = A + B * (Kaplan's in-sample RMS /
+`--rule 30:A,B` (repeatable; B = 0 for a constant position): a rule p_hat = A + B * (Kaplan's in-sample RMS /
 Chinchilla's), scored against each far run's p at that distance. `--synthetic K`: the same table for
 K trials of each of bench/stacked_coverage.py's truths (the demo's design; the far "runs" are the noise-free truth
 at Chinchilla's compute-optimal (N, D) at 3x, 10x and 30x the largest budget).
@@ -107,14 +107,13 @@ def synthetic_rows(seed: int, kind: str) -> tuple[dict[str, float], list[tuple[f
     return in_sample_rms(params, n, d, y), list(zip(MULTIPLES, rows))
 
 
-def show(label: str, rms: dict[str, float], rows, rule: dict[int, tuple[float, float]]) -> None:
+def show(label: str, rms: dict[str, float], rows, rules: dict[int, list[tuple[float, float]]]) -> None:
     ratio = rms["kaplan"] / rms["chinchilla"]
     rc, rk = 100 * rms["chinchilla"], 100 * rms["kaplan"]
     print(f"{label}: in-sample RMS chinchilla {rc:.2f}%, kaplan {rk:.2f}% (x{ratio:.2f})")
     for mult, (ec, ek, dep, p) in rows:
         line = f"  {mult:5.1f}x  chinchilla {100 * ec:+6.2f}%  kaplan {100 * ek:+6.2f}%  D {dep:+.3f}  p {p:+.2f}"
-        if round(mult) in rule:
-            a, b = rule[round(mult)]
+        for a, b in rules.get(round(mult), ()):
             p_hat = a + b * ratio
             # the rule's point, exp((1 - p_hat) ln L_chinchilla + p_hat ln L_kaplan), against the run
             err = 100 * (np.exp((p_hat - p) * dep) - 1)
@@ -122,8 +121,10 @@ def show(label: str, rms: dict[str, float], rows, rule: dict[int, tuple[float, f
         print(line)
 
 
-def summary(label: str, found: list[tuple[float, list]]) -> None:
-    """Per distance: p's range over the stores or trials, and its correlation with the RMS ratio."""
+def summary(label: str, found: list[tuple[float, list]], rules: dict[int, list[tuple[float, float]]]) -> None:
+    """Per distance: p's range over the stores or trials, its correlation with the RMS ratio, and each
+    rule's score: the mean over stores of a store's mean |p - p_hat| (a store of five runs at a
+    distance counts as much as one of two)."""
     for mult in MULTIPLES:
         pts = [(ratio, p, dep) for ratio, rows in found for m, (_, _, dep, p) in rows if round(m) == mult]
         if not pts:
@@ -134,6 +135,13 @@ def summary(label: str, found: list[tuple[float, list]]) -> None:
             f"  {label} {mult}x: {len(pts)} runs, p {p.min():+.2f}..{p.max():+.2f} (mean {p.mean():+.2f}), "
             f"|D| {100 * np.abs(dep).min():.1f}..{100 * np.abs(dep).max():.1f}%, corr(RMS ratio, p) {r:+.2f}"
         )
+        for a, b in rules.get(mult, ()):
+            per_store = [
+                np.mean([abs(p - a - b * ratio) for m, (_, _, _, p) in rows if round(m) == mult])
+                for ratio, rows in found
+                if any(round(m) == mult for m, _ in rows)
+            ]
+            print(f"    rule p_hat = {a:+.2f} {b:+.2f} x ratio: score {np.mean(per_store):.2f} over {len(per_store)}")
 
 
 def main() -> None:
@@ -145,26 +153,26 @@ def main() -> None:
     ap.add_argument("--rule", action="append", default=[], metavar="DISTANCE:A,B",
                     help="p_hat = A + B * RMS ratio at a distance (3, 10 or 30); repeatable")  # fmt: skip
     args = ap.parse_args()
-    rule = {}
+    rules: dict[int, list[tuple[float, float]]] = {}
     for text in args.rule:
         dist, _, coef = text.partition(":")
         a, b = (float(v) for v in coef.split(","))
-        rule[int(dist)] = (a, b)
+        rules.setdefault(int(dist), []).append((a, b))
     far = pl.read_csv(args.far) if args.far else None
     found = []
     for path in args.stores:
         rms, rows = store_rows(path, args.max_flops, far)
-        show(path, rms, rows, rule)
+        show(path, rms, rows, rules)
         found.append((rms["kaplan"] / rms["chinchilla"], rows))
     if found:
-        summary("stores", found)
+        summary("stores", found, rules)
     for kind in KINDS if args.synthetic else ():
         found = []
         for seed in range(args.synthetic):
             rms, rows = synthetic_rows(seed, kind)
-            show(f"{kind} {seed}", rms, rows, rule)
+            show(f"{kind} {seed}", rms, rows, rules)
             found.append((rms["kaplan"] / rms["chinchilla"], rows))
-        summary(kind, found)
+        summary(kind, found, rules)
 
 
 if __name__ == "__main__":
