@@ -7,11 +7,10 @@ p = (ln L_measured - ln L_chinchilla) / D: 0 on Chinchilla's prediction, 1 on Ka
 each form's in-sample residual RMS on the first round: what the first round itself says about which
 form to believe.
 
-If p were predictable from the first round (from the in-sample fits, or fixed, as it is on a truth
-of Chinchilla's form: p near 0 and Kaplan's in-sample RMS several times Chinchilla's), an interval
-could sit where p says and be narrow. If far runs land anywhere in [0, 1] across stores whose first
-rounds look alike, any rule that predicts from the first round alone errs by up to
-max |p - p_hat| * |D| on some store, and an honest interval must span most of D.
+If p were predictable from the first round (from the in-sample fits, or because it is about the same
+on every store), an interval could sit where p says and be narrow. If far runs land anywhere in
+[0, 1] across stores whose first rounds look alike, any rule that predicts from the first round
+alone errs by up to max |p - p_hat| * |D| on some store, and an honest interval must span most of D.
 
     python bench/forms_position.py STORE [STORE ...] [--max-flops 2e12] [--far CSV] [--rule 30:A,B]
         [--synthetic 8]
