@@ -155,8 +155,11 @@ def main() -> None:
     rules: dict[int, list[tuple[float, float]]] = {}
     for text in args.rule:
         dist, _, coef = text.partition(":")
-        a, b = (float(v) for v in coef.split(","))
-        rules.setdefault(int(dist), []).append((a, b))
+        try:
+            a, b = (float(v) for v in coef.split(","))
+            rules.setdefault(int(dist), []).append((a, b))
+        except ValueError:
+            ap.error(f"--rule {text!r}: write DISTANCE:A,B, e.g. 30:-0.40,0.53")
     far = pl.read_csv(args.far) if args.far else None
     found = []
     for path in args.stores:
