@@ -36,7 +36,8 @@ import numpy as np
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stacked_coverage import MULTIPLES, draw  # noqa: E402 - the bench folder's own
+from interval_calibration import in_first_round  # noqa: E402 - the bench folder's own
+from stacked_coverage import MULTIPLES, draw  # noqa: E402
 
 from scalelab.fitting.allocate import chinchilla_optimum  # noqa: E402
 from scalelab.fitting.fit import fit_law  # noqa: E402
@@ -83,7 +84,7 @@ def store_rows(
     runs = load_runs(path)
     n, d, y = (runs[k].to_numpy().astype(float) for k in ("params", "tokens", "loss"))
     c = 6.0 * n * d
-    first = c <= max_flops * 1.05
+    first = in_first_round(c, max_flops)
     params = fit_forms(n[first], d[first], y[first])
     fn, fd, fy = n[~first], d[~first], y[~first]
     if far is not None:

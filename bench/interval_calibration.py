@@ -79,10 +79,16 @@ def fold_lambda(fold, n, d, c, y) -> float:
     return max(1.0, math.sqrt(float(np.mean(np.square(z)))))
 
 
+def in_first_round(flops, max_flops: float):
+    """Whether runs of these FLOPs (a number, array or Series) are in the first round: at or below
+    `max_flops`, within 5% (a budget's runs sit near it, not on it)."""
+    return flops <= max_flops * 1.05
+
+
 def first_round_runs(path: str, max_flops: float):
-    """The store's runs at or below `max_flops` (within 5%: a budget's runs sit near it, not on it)."""
+    """The store's runs in the first round (in_first_round)."""
     runs = load_runs(path)
-    return runs.filter(6.0 * runs["params"] * runs["tokens"] <= max_flops * 1.05)
+    return runs.filter(in_first_round(6.0 * runs["params"] * runs["tokens"], max_flops))
 
 
 def score_store(path: str, max_flops: float, scored: list[tuple[float, float, float]]) -> None:
