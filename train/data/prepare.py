@@ -97,15 +97,15 @@ def _select_val(hashes: np.ndarray, num_tokens: np.ndarray, val_fraction: float,
     target = val_tokens if val_tokens is not None else val_fraction * total
     if target <= 0 or len(hashes) < 2:
         return set()
-    order = np.lexsort((np.arange(len(hashes)), hashes))  # by hash, then input order
+    order = np.argsort(hashes, kind="stable")  # by hash, then input order
     chosen: set[int] = set()
     held = 0
-    for i in order.tolist():
+    for i in order:  # element by element: the loop stops after the val split's share of the documents
         if held >= target or len(chosen) == len(hashes) - 1:
             break
         if held + int(num_tokens[i]) > 2 * target:
             continue
-        chosen.add(i)
+        chosen.add(int(i))
         held += int(num_tokens[i])
     return chosen
 
@@ -250,7 +250,7 @@ def _choose_split(
     target = val_tokens if val_tokens is not None else val_fraction * int(tokens.sum())
     if val.any() or target <= 0:
         return split
-    i = int(np.lexsort((np.arange(len(docs)), np.frombuffer(docs.hashes, dtype=np.float64)))[0])
+    i = int(np.argmin(np.frombuffer(docs.hashes, dtype=np.float64)))  # the lowest hash, earliest first
     doc = docs.first if docs.first is not None else _reread(*reading, key=docs.lowest_key)
     if len(doc.data) <= 1:
         return split  # too short to cut: no val split
