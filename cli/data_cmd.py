@@ -2,6 +2,7 @@
 
 scalelab data tokenizer --vocab-size 4096 --out tok.json [INPUTS...]   # default: the stdlib corpus
 scalelab data prepare notes/ wiki.jsonl --out shards/mix --tokenizer tok.json --val-fraction 0.01
+scalelab data prepare fineweb/*.parquet dolma/*.json.gz --out shards/web --tokenizer llama/tokenizer.json
 scalelab data info shards/mix
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -27,12 +29,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=run)
 
     q = dsub.add_parser("prepare", help="tokenize text into train.bin / val.bin / index.json")
-    q.add_argument("inputs", nargs="+", help="files, folders, JSONL, or 'default' (the stdlib corpus)")
+    q.add_argument(
+        "inputs",
+        nargs="+",
+        help="text files, folders, Parquet, JSONL (.jsonl, .jsonl.gz, .json.gz, .jsonl.zst, .json.zst), "
+        "or 'default' (the stdlib corpus)",
+    )
     q.add_argument("--out", required=True, help="output shard dir (must not exist unless --overwrite)")
-    q.add_argument("--tokenizer", default="byte", help="'byte' (default) or a tokenizer.json path")
+    q.add_argument(
+        "--tokenizer", default="byte", help="'byte' (default) or a Hugging Face tokenizer.json (GPT-2/Llama BPE)"
+    )
     q.add_argument("--val-fraction", type=float, default=0.01, help="share of tokens held out (by document)")
     q.add_argument("--val-tokens", type=int, default=None, help="hold out at least this many tokens instead")
     q.add_argument("--overwrite", action="store_true", help="replace an existing --out dir")
+    q.add_argument(
+        "--progress",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="input read so far: a bar on a terminal; auto (default) prints a plain line every 30 s elsewhere",
+    )
     _add_reading_args(q)
     q.set_defaults(func=run)
 
@@ -44,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _add_reading_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--patterns", default=None, help="comma-separated globs for folders, e.g. '*.py,*.md'")
-    p.add_argument("--text-field", default="text", help="JSONL field holding the text (default: text)")
+    p.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text (default: text)")
 
 
 def _patterns(args: argparse.Namespace) -> list[str] | None:
@@ -60,10 +75,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tokenizer(args: argparse.Namespace) -> int:
-    from scalelab.train.data.corpus import resolve_inputs
+    from scalelab.train.data.corpus import check_inputs
     from scalelab.train.data.tokenizer import train_bpe
 
-    resolve_inputs(args.inputs, _patterns(args))  # one-line error for a missing path
+    check_inputs(args.inputs, _patterns(args), args.text_field)  # one-line error for a missing path, bad file
     t0 = time.perf_counter()
     tok = train_bpe(args.inputs, args.vocab_size, args.out, patterns=_patterns(args), text_field=args.text_field)
     print(f"wrote {tok.spec}: vocab {tok.vocab_size}, eot id {tok.eot_id} ({time.perf_counter() - t0:.1f} s)")
@@ -71,24 +86,62 @@ def _tokenizer(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
+    from scalelab.train.data.corpus import check_inputs
     from scalelab.train.data.prepare import prepare
     from scalelab.train.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(args.tokenizer)
+    # bad input is one line before a bar is drawn (prepare checks again: headers and first lines only)
+    total = sum(f.stat().st_size for f in check_inputs(args.inputs, _patterns(args), args.text_field))
     t0 = time.perf_counter()
-    src = prepare(
-        args.inputs,
-        args.out,
-        tok,
-        val_fraction=args.val_fraction,
-        val_tokens=args.val_tokens,
-        patterns=_patterns(args),
-        text_field=args.text_field,
-        overwrite=args.overwrite,
-    )
-    print(f"prepared {src.path} in {time.perf_counter() - t0:.1f} s")
+    with _Progress(total, args.progress) as progress:
+        src = prepare(
+            args.inputs,
+            args.out,
+            tok,
+            val_fraction=args.val_fraction,
+            val_tokens=args.val_tokens,
+            patterns=_patterns(args),
+            text_field=args.text_field,
+            overwrite=args.overwrite,
+            on_read=progress.update,
+        )
+    seconds = time.perf_counter() - t0
+    tokens = sum(src.index["num_tokens"].values())
+    rates = f"{tokens / seconds:,.0f} tokens/s, {total / seconds / 1e6:.1f} MB/s of input"
+    print(f"prepared {src.path} in {seconds:.1f} s ({rates})")
     _print_summary(src.index)
     return 0
+
+
+class _Progress:
+    """Bytes of input read: a tqdm bar on a terminal (or --progress on); with auto elsewhere (a log
+    file, a batch job) a plain line every 30 s instead of a bar's carriage returns; off: nothing."""
+
+    def __init__(self, total: int, mode: str) -> None:
+        self.total, self.done, self.bar = total, 0, None
+        self.lines = mode == "auto" and not sys.stderr.isatty()
+        self.t0 = self.last = time.monotonic()
+        if mode == "on" or (mode == "auto" and not self.lines):
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="read", dynamic_ncols=True)
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.lines and time.monotonic() - self.last >= 30:
+            self.last = time.monotonic()
+            rate = self.done / max(self.last - self.t0, 1e-9) / 1e6
+            print(f"read {self.done / 1e6:,.0f} of {self.total / 1e6:,.0f} MB ({rate:.1f} MB/s)", file=sys.stderr)
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _info(args: argparse.Namespace) -> int:

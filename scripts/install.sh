@@ -2,8 +2,8 @@
 # Install scalelab (editable) and its dependencies without ever pulling a multi-GB CUDA torch onto
 # a CPU-only machine.
 #   bash scripts/install.sh          # runtime dependencies
-#   bash scripts/install.sh dev      # plus test/lint tools, transformers (HF parity), triton, boto3 +
-#                                    # moto's S3 server (s3:// stores), and
+#   bash scripts/install.sh dev      # plus test/lint tools, transformers (HF parity), lm-eval (the
+#                                    # adapter's test), triton, boto3 + moto's S3 server (s3:// stores), and
 #                                    # (as root, with apt-get) Chromium for the report's browser test
 # Torch: kept if already importable; on a GPU machine (nvidia-smi present) the default PyPI build;
 # otherwise the CPU build of torch 2.13.0 (a local wheel where the machine has one, else PyTorch's

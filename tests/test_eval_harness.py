@@ -1,15 +1,20 @@
-"""lm-evaluation-harness adapter: its methods directly, and (when lm-eval is installed) a full offline
-simple_evaluate run on a local-JSONL task YAML that must agree with scalelab's own MC evaluator."""
+"""lm-evaluation-harness adapter: its methods directly, and a full offline simple_evaluate run of the real
+lm-eval package (in the dev extras) on a local-JSONL task YAML that must agree with scalelab's own MC
+evaluator. Nothing reaches the network: the task and its data are files in tmp_path, the hub is offline,
+and the task manager indexes only that folder (lm-eval's own ~10k task YAMLs would take ~18 s)."""
 
 import json
 import math
 
+import lm_eval
 import numpy as np
 import pytest
 import torch
+from lm_eval.api.registry import get_model
+from lm_eval.tasks import TaskManager
 
 from scalelab.train.data.tokenizer import load_tokenizer
-from scalelab.train.eval_harness import ScalelabLM
+from scalelab.train.eval_harness import HAVE_LM_EVAL, ScalelabLM
 from scalelab.train.eval_tasks import MCExample, MCTask, score_mc_task
 
 
@@ -69,9 +74,7 @@ def test_generate_until_is_greedy_and_stops():
 
 
 def test_lm_eval_simple_evaluate_offline_matches_own_evaluator(tmp_path, monkeypatch):
-    lm_eval = pytest.importorskip("lm_eval")
-    from lm_eval.tasks import TaskManager
-
+    assert HAVE_LM_EVAL and get_model("scalelab") is ScalelabLM  # `lm_eval --model scalelab` finds it
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # everything is local: never reach for the hub
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     rng = np.random.default_rng(0)
@@ -85,7 +88,7 @@ def test_lm_eval_simple_evaluate_offline_matches_own_evaluator(tmp_path, monkeyp
     (tmp_path / "toy.yaml").write_text(
         "task: scalelab_toy\n"
         "dataset_path: json\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n  cache_dir: {tmp_path / 'hf-datasets'}\n"
         "test_split: test\n"
         "output_type: multiple_choice\n"
         'doc_to_text: "{{context}}"\n'
@@ -100,7 +103,7 @@ def test_lm_eval_simple_evaluate_offline_matches_own_evaluator(tmp_path, monkeyp
     results = lm_eval.simple_evaluate(
         model=lm,
         tasks=["scalelab_toy"],
-        task_manager=TaskManager(include_path=str(tmp_path)),
+        task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False),
         bootstrap_iters=0,
         log_samples=False,
     )

@@ -4,9 +4,9 @@ Every test here takes `root`, a store root that is a temporary directory or a fr
 moto's S3 server (tests/s3_local.py), and runs the same assertions on both: whole records and
 read-modify-writes that lose no update (scalelab.store.atomic), the ledger (flags, scoring, two
 writers at once), run locks and leases, claims and links between sibling sweeps, resume, and the
-closed loop's rounds. The last two tests train for real on Ray (one private cluster for the module,
+closed loop's rounds. One test trains for real on Ray (one private cluster for the module,
 module_ray): a WSD cooldown sweep (a branch started from its stable run's checkpoint) with a sibling
-sweep that shares its runs, whose records must be the same on both stores.
+sweep that shares its runs, on a local root and then on an S3 prefix, whose records must be the same.
 """
 
 from __future__ import annotations
@@ -272,7 +272,6 @@ WSD = {
     "cooldowns": {"fractions": [0.5], "max_checkpoints": 4},
     "execution": {"max_failures": 1, "max_concurrent": 1},
 }
-TRAINED: dict[str, dict[str, tuple]] = {}  # backend -> run id -> (status, final val loss), for the comparison
 
 
 @pytest.fixture(scope="module")
@@ -290,7 +289,10 @@ def module_ray(s3):
         ray.shutdown()
 
 
-def test_cooldown_branch_and_a_sibling_sweep_sharing_its_runs_train_each_run_once(root, module_ray):
+def _train_cooldown_sweep_and_a_sibling(root) -> dict[str, tuple]:
+    """Launch the WSD sweep and a sibling sweep of the same spec into `root`; check that each run
+    trained once (the branch from its stable run's checkpoint); return run id -> (status, final val
+    loss, cooldown) as load_runs reads it."""
     a, b = sweep_of(root, "wsd"), sweep_of(root, "wsd-sibling")
     sweep = expand_sweep(WSD)
     branch = next(r for r in sweep.runs if r.depends_on)
@@ -306,15 +308,16 @@ def test_cooldown_branch_and_a_sibling_sweep_sharing_its_runs_train_each_run_onc
     assert status["loaded_steps"][0] == branch.labels["branch_step"]  # started from the stable checkpoint
     runs = store.load_runs(root)
     assert runs.height == 2
-    TRAINED[str(objects.is_url(a))] = {
-        r["run_id"]: (r["status"], r["final_val_loss"], r["cooldown"]) for r in runs.iter_rows(named=True)
-    }
+    return {r["run_id"]: (r["status"], r["final_val_loss"], r["cooldown"]) for r in runs.iter_rows(named=True)}
 
 
-def test_the_cooldown_sweep_has_the_same_records_on_both_stores():
-    if len(TRAINED) < 2:
-        pytest.skip("needs both backends of the test before it")
-    assert TRAINED["True"] == TRAINED["False"]  # same run ids, statuses and final losses (bit for bit)
+def test_cooldown_branch_and_a_sibling_sweep_train_each_run_once_with_the_same_records_on_both_stores(
+    s3, tmp_path, module_ray
+):
+    """Both backends in one test, so the comparison never depends on which worker ran which test first."""
+    local = _train_cooldown_sweep_and_a_sibling(tmp_path / "root")
+    remote = _train_cooldown_sweep_and_a_sibling(f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}")
+    assert remote == local  # same run ids, statuses and final losses (bit for bit)
 
 
 # ---------------------------------------------------------------------------------------------

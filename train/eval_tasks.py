@@ -47,7 +47,8 @@ from pathlib import Path
 import torch
 
 from scalelab.errors import ConfigError, UsageError
-from scalelab.train.data.corpus import iter_documents, iter_jsonl
+from scalelab.train.data.corpus import iter_documents
+from scalelab.train.data.formats import iter_jsonl
 from scalelab.train.data.prepare import select_val_documents
 
 BUNDLED_TASKS = ("stdlib_nextline", "stdlib_completion")

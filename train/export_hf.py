@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -144,14 +143,20 @@ def _load_tensors(ckpt: Path, items: list[tuple[str, TensorStorageMetadata]]) ->
 
 
 def write_tokenizer(cfg: RunConfig, out: Path) -> None:
-    """tokenizer.json + tokenizer_config.json encoding text to the ids the run was trained on."""
+    """tokenizer.json + tokenizer_config.json encoding text to the ids the run was trained on.
+
+    A copied tokenizer.json loses a post-processor that adds special tokens (a Llama file's `<s>`):
+    the run's documents were encoded without them, so `AutoTokenizer` must not add them either."""
     if cfg.data.tokenizer == "byte":
         _byte_level_tokenizer().save(str(out / "tokenizer.json"))
     else:
-        shutil.copyfile(Path(cfg.data.tokenizer).expanduser(), out / "tokenizer.json")
+        spec = json.loads(Path(cfg.data.tokenizer).expanduser().read_text(encoding="utf-8"))
+        if isinstance(spec.get("post_processor"), dict) and spec["post_processor"].get("type") != "ByteLevel":
+            spec["post_processor"] = None
+        (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": EOT_TEXT,
+        "eos_token": load_tokenizer(cfg.data.tokenizer).eot_text,
         "model_max_length": cfg.model.max_seq_len,
         "clean_up_tokenization_spaces": False,
         "add_bos_token": False,

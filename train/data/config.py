@@ -1,7 +1,7 @@
 """The `data:` section of a run config: tokenizer, sources with mixture weights, sequence length.
 
     data:
-      tokenizer: byte                  # or a path to a tokenizer.json made by `scalelab data tokenizer`
+      tokenizer: byte                  # or a Hugging Face tokenizer.json (scalelab data tokenizer, GPT-2, Llama)
       seq_len: 256
       val_sequences: 64
       val_fraction: 0.01               # share of raw sources' documents held out for validation
@@ -27,7 +27,7 @@ from scalelab.train.data.tokenizer import load_tokenizer
 @dataclass(kw_only=True, slots=True)
 class SourceConfig:
     name: str = "stdlib"
-    # a prepared shard dir, a raw text file/folder/JSONL (prepared into the cache on first use),
+    # a prepared shard dir, a raw text file/folder/JSONL/Parquet (prepared into the cache on first use),
     # or "default" (the Python stdlib corpus, see scalelab.train.data.corpus)
     path: str = "default"
     weight: float = 1.0  # mixture weight (normalised over sources)
@@ -86,7 +86,7 @@ class DataConfig:
                 raise ConfigError(
                     f"{key}.path",
                     f"{src.path!r} does not exist",
-                    "give a prepared shard dir, a text file/folder/JSONL, or 'default'",
+                    "give a prepared shard dir, a text file/folder/JSONL/Parquet, or 'default'",
                 )
             if not isinstance(src.unique_tokens, int) or src.unique_tokens < 0:
                 raise ConfigError(

@@ -2,13 +2,15 @@
 
 Inputs may be mixed freely:
   - "default": the installed stdlib's *.py files (see below);
-  - a folder: files matching glob patterns (default *.py *.txt *.md *.rst *.jsonl), recursively,
-    in sorted order, skipping hidden folders and __pycache__;
-  - a *.jsonl file: one document per non-empty line, from a string field (default "text");
-  - any other file: one document.
+  - a folder: files matching glob patterns (default: DEFAULT_PATTERNS, text, JSONL plain and
+    compressed, Parquet), recursively, in sorted order, skipping hidden folders and __pycache__;
+  - a file: read by its format (formats.py): Parquet (one document per row of a text column),
+    JSONL plain, .gz or .zst (one per non-blank line, from a string field, default "text"), or any
+    other file as one document.
 Every document is yielded as UTF-8 bytes (undecodable bytes become U+FFFD) with a stable key —
-its path relative to the input (`<folder name>/<rel path>`, `<file name>`, `<file name>:<line>`) —
-which decides the validation split. Empty documents are skipped.
+its path relative to the input (`<folder name>/<rel path>`, `<file name>`, `<file name>:<line>`,
+`<file name>:<row>`) — which decides the validation split. Empty documents are skipped.
+`check_inputs` opens every file's header before anything is read (bad input is one line, exit 2).
 
 The default corpus is chosen because it is on every machine with Python: `sysconfig`'s stdlib
 folder, *.py files only, test suites included, excluding site-packages/dist-packages and the
@@ -26,12 +28,15 @@ import json
 import os
 import sysconfig
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from scalelab.errors import UsageError
+from scalelab.train.data.formats import Document, OnRead, check_file, read_file
 
-DEFAULT_PATTERNS: tuple[str, ...] = ("*.py", "*.txt", "*.md", "*.rst", "*.jsonl")
+DEFAULT_PATTERNS: tuple[str, ...] = (
+    *("*.py", "*.txt", "*.md", "*.rst"),
+    *("*.jsonl", "*.jsonl.gz", "*.json.gz", "*.jsonl.zst", "*.json.zst", "*.parquet"),
+)
 # Generated files are left out: encodings/ holds ~120 near-identical charmap tables written by
 # gencodec.py, and pydoc_data/topics.py is the rendered documentation. Near-duplicates are what an LM
 # data pipeline dedupes; here they also took most of the 1% validation split (5 of its 12 documents
@@ -39,12 +44,6 @@ DEFAULT_PATTERNS: tuple[str, ...] = ("*.py", "*.txt", "*.md", "*.rst", "*.jsonl"
 # The test suites stay in: they triple the corpus (29 M tokens), so a CPU sweep's compute-optimal
 # runs (up to ~10 M tokens) see every token once; their few malformed files decode with U+FFFD.
 _STDLIB_SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "encodings", "pydoc_data"}
-
-
-@dataclass(frozen=True, slots=True)
-class Document:
-    key: str  # stable identity (relative path, or file:line for JSONL); hashed for the val split
-    data: bytes  # UTF-8 text
 
 
 def default_corpus_root() -> Path:
@@ -62,14 +61,6 @@ def default_corpus_files() -> list[Path]:
     return files
 
 
-def _utf8(raw: bytes) -> bytes:
-    try:
-        raw.decode("utf-8")
-        return raw
-    except UnicodeDecodeError:
-        return raw.decode("utf-8", errors="replace").encode("utf-8")
-
-
 def _walk(folder: Path, patterns: Sequence[str]) -> list[Path]:
     out: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(folder):
@@ -78,39 +69,6 @@ def _walk(folder: Path, patterns: Sequence[str]) -> list[Path]:
             if any(fnmatch.fnmatch(f, p) for p in patterns):
                 out.append(Path(dirpath) / f)
     return out
-
-
-def iter_jsonl(path: Path) -> Iterator[tuple[int, object]]:
-    """(line number, parsed record) for every non-blank line; bad JSON is a one-line UsageError."""
-    with open(path, "rb") as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-            yield line_no, record
-
-
-def _jsonl_documents(path: Path, text_field: str) -> Iterator[Document]:
-    for line_no, record in iter_jsonl(path):
-        text = record.get(text_field) if isinstance(record, dict) else None
-        if not isinstance(text, str):
-            raise UsageError(
-                f"{path}:{line_no}: no string field {text_field!r}; pass the right field name (--text-field)"
-            )
-        if text:
-            yield Document(f"{path.name}:{line_no}", text.encode("utf-8", errors="replace"))
-
-
-def _file_documents(path: Path, key: str, text_field: str) -> Iterator[Document]:
-    if path.suffix == ".jsonl":
-        yield from _jsonl_documents(path, text_field)
-        return
-    data = _utf8(path.read_bytes())
-    if data:
-        yield Document(key, data)
 
 
 def resolve_inputs(inputs: Sequence[str | os.PathLike], patterns: Sequence[str] | None = None) -> list[Path]:
@@ -134,10 +92,26 @@ def resolve_inputs(inputs: Sequence[str | os.PathLike], patterns: Sequence[str] 
     return files
 
 
-def iter_documents(
+def check_inputs(
     inputs: Sequence[str | os.PathLike], patterns: Sequence[str] | None = None, text_field: str = "text"
+) -> list[Path]:
+    """resolve_inputs, then every file opened as its reader would first open it (formats.check_file):
+    a missing path, a corrupt header, a missing text column or field, an unknown compression is one
+    UsageError naming the file and the fix, before any document is read."""
+    files = resolve_inputs(inputs, patterns)
+    for f in files:
+        check_file(f, text_field)
+    return files
+
+
+def iter_documents(
+    inputs: Sequence[str | os.PathLike],
+    patterns: Sequence[str] | None = None,
+    text_field: str = "text",
+    on_read: OnRead = None,
 ) -> Iterator[Document]:
-    """Yield every document of `inputs` in a fixed order (see module docstring for the rules)."""
+    """Yield every document of `inputs` in a fixed order (see module docstring for the rules);
+    `on_read(n)` hears of each n bytes of input files read (formats.py)."""
     if isinstance(inputs, str | os.PathLike):
         inputs = [inputs]
     resolve_inputs(inputs, patterns)  # fail on a missing path before reading anything
@@ -145,14 +119,14 @@ def iter_documents(
         if str(item) == "default":
             root = default_corpus_root()
             for f in default_corpus_files():
-                yield from _file_documents(f, "stdlib/" + f.relative_to(root).as_posix(), text_field)
+                yield from read_file(f, "stdlib/" + f.relative_to(root).as_posix(), text_field, on_read)
             continue
         path = Path(item).expanduser()
         if path.is_dir():
             for f in _walk(path, patterns or DEFAULT_PATTERNS):
-                yield from _file_documents(f, f"{path.name}/{f.relative_to(path).as_posix()}", text_field)
+                yield from read_file(f, f"{path.name}/{f.relative_to(path).as_posix()}", text_field, on_read)
         else:
-            yield from _file_documents(path, path.name, text_field)
+            yield from read_file(path, path.name, text_field, on_read)
 
 
 def inputs_fingerprint(

@@ -23,9 +23,15 @@ and the others discard their copy and open the winner's; `ensure_prepared` addit
 fcntl lock so the others wait instead of duplicating the work. A killed process can leave a
 `.<name>.tmp-*` dir behind; it is never read and may be deleted.
 
-Memory: token arrays are held until written (~2 bytes per token for the byte tokenizer), fine
-for corpora up to a few GB. The byte tokenizer takes numpy views of the raw bytes; a BPE tokenizer
-encodes through HF's encode_batch. Preparation times: docs/benchmarks.md ("Data preparation").
+Inputs are checked before anything is read (corpus.check_inputs: a corrupt Parquet footer, a missing
+text column or field, an unknown compression is one UsageError naming the file and the fix).
+
+Memory is flat in the input's size: documents are read as a stream (a Parquet record batch, a JSONL
+line at a time), tokenized a few MB at a time into one token file, and copied from it into train.bin
+and val.bin once the split is chosen; per document only its key hash and counts are kept
+(token_stream.py; the disk holds the stream and the splits together at the peak). The byte
+tokenizer takes numpy views of the raw bytes; a BPE tokenizer encodes through HF's encode_batch.
+Preparation times: docs/benchmarks.md ("Data preparation") and docs/data.md.
 """
 
 from __future__ import annotations
@@ -40,17 +46,26 @@ import shutil
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from scalelab.errors import UsageError
-from scalelab.train.data.corpus import Document, inputs_fingerprint, iter_documents, resolve_inputs
+from scalelab.train.data.corpus import check_inputs, inputs_fingerprint, iter_documents
+from scalelab.train.data.formats import Document, OnRead
 from scalelab.train.data.shards import FORMAT, PreparedSource, is_prepared_dir
+from scalelab.train.data.token_stream import (
+    StreamedDocs,
+    copy_documents,
+    tokenize,
+    tokenize_to_file,
+    unit_hash,
+    with_eot,
+)
 from scalelab.train.data.tokenizer import Tokenizer, load_tokenizer
 
 _VAL_RULE = "val-rule-2"  # bump when the val split rule changes, so caches are rebuilt
-_CHUNK_BYTES = 4 << 20  # tokenize this much text per encode_documents call (bounds peak memory)
 
 
 def data_cache_dir() -> Path:
@@ -60,11 +75,6 @@ def data_cache_dir() -> Path:
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
-
-
-def _unit_hash(key: str) -> float:
-    """A document key's position in [0, 1): the first 8 bytes of its sha256."""
-    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") / 2.0**64
 
 
 def select_val_documents(
@@ -77,19 +87,25 @@ def select_val_documents(
     split), and at least one document always stays in train. May return an empty set; `prepare`
     then cuts the tail off one document instead.
     """
-    total = int(sum(num_tokens))
+    hashes = np.array([unit_hash(k) for k in keys], dtype=np.float64)
+    return _select_val(hashes, np.asarray(num_tokens, dtype=np.int64), val_fraction, val_tokens)
+
+
+def _select_val(hashes: np.ndarray, num_tokens: np.ndarray, val_fraction: float, val_tokens: int | None) -> set[int]:
+    """select_val_documents over the keys' unit hashes (what prepare keeps of each document)."""
+    total = int(num_tokens.sum())
     target = val_tokens if val_tokens is not None else val_fraction * total
-    if target <= 0 or len(keys) < 2:
+    if target <= 0 or len(hashes) < 2:
         return set()
-    order = sorted(range(len(keys)), key=lambda i: (_unit_hash(keys[i]), i))
+    order = np.argsort(hashes, kind="stable")  # by hash, then input order
     chosen: set[int] = set()
     held = 0
-    for i in order:
-        if held >= target or len(chosen) == len(keys) - 1:
+    for i in order:  # element by element: the loop stops after the val split's share of the documents
+        if held >= target or len(chosen) == len(hashes) - 1:
             break
         if held + int(num_tokens[i]) > 2 * target:
             continue
-        chosen.add(i)
+        chosen.add(int(i))
         held += int(num_tokens[i])
     return chosen
 
@@ -110,45 +126,12 @@ def _split_document(doc: Document, val_share: float) -> list[Document]:
     return [Document(doc.key + "#train", data[:cut]), Document(doc.key + "#val", data[cut:])]
 
 
-def _reread(inputs, key: str, patterns, text_field: str) -> Document:
+def _reread(inputs, patterns, text_field: str, *, key: str) -> Document:
     """Read one document again by key (only for the rare cut-a-document fallback)."""
     for doc in iter_documents(inputs, patterns=patterns, text_field=text_field):
         if doc.key == key:
             return doc
     raise UsageError(f"document {key!r} changed while it was being prepared; run again")
-
-
-def _tokenize(docs: list[Document], tokenizer: Tokenizer, dtype: np.dtype) -> list[np.ndarray]:
-    arrays = tokenizer.encode_documents([d.data for d in docs])
-    out = []
-    for a in arrays:
-        if a.dtype != np.uint8 and a.size and int(a.max()) >= tokenizer.vocab_size:
-            raise ValueError(f"tokenizer {tokenizer.spec} produced id {int(a.max())} >= vocab_size")
-        out.append(a if a.dtype == np.uint8 else a.astype(dtype))  # uint8 views are widened on write
-    return out
-
-
-def _write_split(path: Path, arrays: list[np.ndarray], eot: np.ndarray, dtype: np.dtype, h) -> int:
-    """Write documents + end-of-text into `path`, feeding the bytes to hash `h`; returns tokens."""
-    num_tokens = 0
-    with open(path, "wb") as fh:
-        buf: list[np.ndarray] = []
-        buffered = 0
-        for a in arrays:
-            buf += [a, eot]
-            buffered += a.size + 1
-            if buffered >= _CHUNK_BYTES:
-                block = np.concatenate(buf).astype(dtype, copy=False).tobytes()
-                fh.write(block), h.update(block)
-                num_tokens += buffered
-                buf, buffered = [], 0
-        if buf:
-            block = np.concatenate(buf).astype(dtype, copy=False).tobytes()
-            fh.write(block), h.update(block)
-            num_tokens += buffered
-        fh.flush()
-        os.fsync(fh.fileno())
-    return num_tokens
 
 
 def _publish(tmp: Path, out_dir: Path, overwrite: bool) -> None:
@@ -181,16 +164,20 @@ def prepare(
     overwrite: bool = False,
     exist_ok: bool = False,
     train_exclude: Sequence[str] = (),
+    on_read: OnRead = None,
 ) -> PreparedSource:
     """Tokenize `inputs` into `out_dir` (train.bin, val.bin, index.json); return it opened.
 
     `train_exclude`: documents whose key matches one of these fnmatch patterns stay out of the train
-    split (the val split is unchanged; module docstring).
+    split (the val split is unchanged; module docstring). `on_read(n)`: told of every n bytes of input
+    files read (a progress bar).
 
     exist_ok=True returns an already prepared `out_dir` as it is (made with the same tokenizer;
     the caller vouches for the inputs): for processes that race to prepare the same dir.
-    Raises UsageError for a missing input, an empty corpus, a bad val_fraction, or an existing
-    non-empty `out_dir` (unless overwrite=True, which replaces it, or exist_ok as above).
+    Raises UsageError for a missing or unreadable input (a corrupt file, a missing text column or
+    field, an unknown compression: before anything is tokenized when its header shows it), an empty
+    corpus, a bad val_fraction, or an existing non-empty `out_dir` (unless overwrite=True, which
+    replaces it, or exist_ok as above); nothing is left in `out_dir`'s parent then.
     """
     t0 = time.perf_counter()
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
@@ -201,46 +188,36 @@ def prepare(
     if val_tokens is not None and val_tokens < 0:
         raise UsageError(f"val_tokens={val_tokens} must be >= 0")
     out_dir = Path(out_dir).expanduser()
-    resolve_inputs(inputs, patterns)
+    check_inputs(inputs, patterns, text_field)
     if exist_ok and not overwrite and is_prepared_dir(out_dir):
         return _open_checked(out_dir, tok, name)
     if out_dir.exists() and not overwrite and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UsageError(f"{out_dir} already exists; choose another output dir or pass --overwrite")
     dtype = token_dtype(tok.vocab_size)
 
-    keys, nbytes, arrays, first = _read_and_tokenize(inputs, patterns, text_field, tok, dtype)
-    doc_tokens = [a.size + 1 for a in arrays]
-    val_ids = select_val_documents(keys, doc_tokens, val_fraction, val_tokens)
-    target = val_tokens if val_tokens is not None else val_fraction * sum(doc_tokens)
-    if not val_ids and target > 0:
-        val_ids = _cut_val_from_one_document(
-            keys, nbytes, arrays, doc_tokens, target, first, tok, dtype, inputs, patterns, text_field
-        )
-    excluded = {
-        i for i, k in enumerate(keys) if i not in val_ids and any(fnmatch.fnmatchcase(k, p) for p in train_exclude)
-    }
-    if excluded and len(excluded) + len(val_ids) == len(keys):
-        raise UsageError(f"train_exclude {list(train_exclude)} leaves no document in the train split")
-
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
-        eot = np.array([tok.eot_id], dtype=dtype)
-        h = hashlib.sha256(tok.fingerprint.encode())
-        splits = {}
-        for split, members in (("train", False), ("val", True)):
-            idx = [i for i in range(len(keys)) if (i in val_ids) == members and i not in excluded]
-            num_tokens = _write_split(tmp / f"{split}.bin", [arrays[i] for i in idx], eot, dtype, h)
-            splits[split] = {
-                "num_tokens": num_tokens,
-                "num_bytes": int(sum(nbytes[i] for i in idx)),
-                "num_documents": len(idx),
-            }
-        index = _index(
-            out_dir, name, dtype, tok, keys, splits, val_fraction, val_tokens, inputs, patterns, text_field, h, t0
+        stream = tmp / "tokens.stream"
+        docs = tokenize_to_file(
+            iter_documents(inputs, patterns=patterns, text_field=text_field, on_read=on_read),
+            tok,
+            dtype,
+            stream,
+            lambda key: any(fnmatch.fnmatchcase(key, p) for p in train_exclude),
         )
-        index["train_exclude"] = {"patterns": list(train_exclude), "num_documents": len(excluded)}
+        if not len(docs):
+            raise UsageError(f"no documents found in {[str(i) for i in inputs]} (patterns {patterns or 'default'})")
+        split = _choose_split(docs, val_fraction, val_tokens, tok, dtype, (inputs, patterns, text_field))
+        if not split.train.any():
+            raise UsageError(f"train_exclude {list(train_exclude)} leaves no document in the train split")
+        h = hashlib.sha256(tok.fingerprint.encode())
+        splits = _write_splits(stream, tmp, docs, split, dtype, h)
+        stream.unlink()
+        index = _index(out_dir, name, dtype, tok, len(docs) + (split.extra is not None), splits, h, t0)
+        index |= _settings(val_fraction, val_tokens, inputs, patterns, text_field)
+        index["train_exclude"] = {"patterns": list(train_exclude), "num_documents": split.num_excluded}
         _write_index(tmp / "index.json", index)
         _publish(tmp, out_dir, overwrite)
     except BaseException:
@@ -249,60 +226,77 @@ def prepare(
     return _open_checked(out_dir, tok, name)
 
 
-def _read_and_tokenize(
-    inputs, patterns, text_field: str, tok: Tokenizer, dtype
-) -> tuple[list, list, list, Document | None]:
-    """Every document's key, byte count and tokens, tokenized in chunks of _CHUNK_BYTES; and the first
-    document when it is the only one (kept for the validation cut)."""
-    keys: list[str] = []
-    nbytes: list[int] = []
-    arrays: list[np.ndarray] = []
-    first: Document | None = None
-    pending: list[Document] = []
-    pending_bytes = 0
+@dataclass(slots=True)
+class _Split:
+    """Which streamed documents go where: boolean masks over them, and the cut of one document."""
 
-    def flush() -> None:
-        nonlocal pending, pending_bytes
-        arrays.extend(_tokenize(pending, tok, dtype))
-        pending, pending_bytes = [], 0
-
-    for doc in iter_documents(inputs, patterns=patterns, text_field=text_field):
-        first = doc if not keys else None  # kept only while it may be the lone document
-        keys.append(doc.key)
-        nbytes.append(len(doc.data))
-        pending.append(doc)
-        pending_bytes += len(doc.data)
-        if pending_bytes >= _CHUNK_BYTES:
-            flush()
-    flush()
-    if not keys:
-        raise UsageError(f"no documents found in {[str(i) for i in inputs]} (patterns {patterns or 'default'})")
-    return keys, nbytes, arrays, first
+    train: np.ndarray  # bool [n]: written to train.bin (not val, not excluded)
+    val: np.ndarray  # bool [n]: written to val.bin
+    num_excluded: int  # documents a train_exclude pattern kept out of train
+    replace: dict[int, np.ndarray] = field(default_factory=dict)  # the cut document's train tokens
+    extra: np.ndarray | None = None  # the cut document's val tokens (with end-of-text), val.bin's last
+    bytes_delta: dict[str, int] = field(default_factory=lambda: {"train": 0, "val": 0})  # the cut's bytes moved
 
 
-def _cut_val_from_one_document(
-    keys, nbytes, arrays, doc_tokens, target: float, first, tok: Tokenizer, dtype, inputs, patterns, text_field: str
-) -> set[int]:
-    """No whole document fits the validation target (a lone document, or only huge ones): cut the
-    tail off the document with the lowest key hash instead. Updates the lists in place; returns the
-    validation ids (none when that document is too short to cut)."""
-    i = min(range(len(keys)), key=lambda j: (_unit_hash(keys[j]), j))
-    doc = first if first is not None else _reread(inputs, keys[i], patterns, text_field)
-    if len(doc.data) > 1:
-        train_part, val_part = _split_document(doc, min(0.5, target / doc_tokens[i]))
-        keys[i], nbytes[i] = train_part.key, len(train_part.data)
-        keys.append(val_part.key)
-        nbytes.append(len(val_part.data))
-        arrays[i], val_array = _tokenize([train_part, val_part], tok, dtype)
-        arrays.append(val_array)
-        return {len(keys) - 1}
-    return set()
+def _choose_split(
+    docs: StreamedDocs, val_fraction: float, val_tokens: int | None, tok: Tokenizer, dtype, reading: tuple
+) -> _Split:
+    """Whole documents by the val rule; else the tail of the lowest-hash document (module docstring)."""
+    tokens = np.frombuffer(docs.tokens, dtype=np.int64)
+    excluded = np.frombuffer(bytes(docs.excluded), dtype=np.bool_)
+    val = np.zeros(len(docs), dtype=np.bool_)
+    val[list(_select_val(np.frombuffer(docs.hashes, dtype=np.float64), tokens, val_fraction, val_tokens))] = True
+    split = _Split(train=~val & ~excluded, val=val, num_excluded=int((excluded & ~val).sum()))
+    target = val_tokens if val_tokens is not None else val_fraction * int(tokens.sum())
+    if val.any() or target <= 0:
+        return split
+    i = int(np.argmin(np.frombuffer(docs.hashes, dtype=np.float64)))  # the lowest hash, earliest first
+    doc = docs.first if docs.first is not None else _reread(*reading, key=docs.lowest_key)
+    if len(doc.data) <= 1:
+        return split  # too short to cut: no val split
+    train_part, val_part = _split_document(doc, min(0.5, target / int(tokens[i])))
+    train_tokens, val_tokens_ = tokenize([train_part, val_part], tok, dtype)
+    split.extra = with_eot([val_tokens_], tok.eot_id, dtype)
+    split.bytes_delta["val"] = len(val_part.data)
+    if split.train[i]:
+        split.replace[i] = with_eot([train_tokens], tok.eot_id, dtype)
+        split.bytes_delta["train"] = len(train_part.data) - len(doc.data)
+    return split
 
 
-def _index(
-    out_dir, name, dtype, tok: Tokenizer, keys, splits, val_fraction, val_tokens, inputs, patterns, text_field, h, t0
-) -> dict:
-    """index.json's content."""
+def _write_splits(stream: Path, tmp: Path, docs: StreamedDocs, split: _Split, dtype, h) -> dict:
+    """train.bin then val.bin copied from the token stream (their bytes fed to `h` in that order);
+    index.json's per-split counts."""
+    offsets = docs.offsets()
+    nbytes = np.frombuffer(docs.nbytes, dtype=np.int64)
+    train_tokens = copy_documents(stream, tmp / "train.bin", offsets, split.train, dtype, h, split.replace)
+    val_tokens = copy_documents(stream, tmp / "val.bin", offsets, split.val, dtype, h, extra=split.extra)
+    return {
+        "train": {
+            "num_tokens": train_tokens,
+            "num_bytes": int(nbytes[split.train].sum()) + split.bytes_delta["train"],
+            "num_documents": int(split.train.sum()),
+        },
+        "val": {
+            "num_tokens": val_tokens,
+            "num_bytes": int(nbytes[split.val].sum()) + split.bytes_delta["val"],
+            "num_documents": int(split.val.sum()) + (split.extra is not None),
+        },
+    }
+
+
+def _settings(val_fraction, val_tokens, inputs, patterns, text_field) -> dict:
+    """index.json's record of how the inputs were read and split."""
+    return {
+        "val_rule": {"val_fraction": val_fraction, "val_tokens": val_tokens, "by": "sha256(document key)"},
+        "sources": [str(i) if str(i) == "default" else str(Path(i).expanduser().resolve()) for i in inputs],
+        "patterns": list(patterns) if patterns else None,
+        "text_field": text_field,
+    }
+
+
+def _index(out_dir, name, dtype, tok: Tokenizer, num_documents: int, splits, h, t0) -> dict:
+    """index.json's content (beside _settings)."""
     return {
         "format": FORMAT,
         "name": name or out_dir.name,
@@ -311,18 +305,10 @@ def _index(
         "tokenizer_fingerprint": tok.fingerprint,
         "vocab_size": tok.vocab_size,
         "eot_id": tok.eot_id,
-        "num_documents": len(keys),
+        "num_documents": num_documents,
         "num_tokens": {s: splits[s]["num_tokens"] for s in splits},
         "num_bytes": {s: splits[s]["num_bytes"] for s in splits},
         "splits": splits,
-        "val_rule": {
-            "val_fraction": val_fraction,
-            "val_tokens": val_tokens,
-            "by": "sha256(document key)",
-        },
-        "sources": [str(i) if str(i) == "default" else str(Path(i).expanduser().resolve()) for i in inputs],
-        "patterns": list(patterns) if patterns else None,
-        "text_field": text_field,
         "content_hash": h.hexdigest(),
         "prepare_seconds": round(time.perf_counter() - t0, 3),
     }

@@ -1,24 +1,37 @@
-"""Tokenizers: raw UTF-8 bytes (the default) and a byte-level BPE trained locally.
+"""Tokenizers: raw UTF-8 bytes (the default), and any Hugging Face tokenizer.json.
 
     tok = load_tokenizer("byte")                    # 256 byte values + end-of-text 256, vocab 257
-    tok = load_tokenizer("runs/tok4k.json")         # a BPE saved by train_bpe / `scalelab data tokenizer`
+    tok = load_tokenizer("runs/tok4k.json")         # train_bpe / `scalelab data tokenizer`, GPT-2, Llama...
     ids = tok.encode("def f(x):\\n")                 # list[int]
     assert tok.decode(ids) == "def f(x):\\n"
 
 `spec` is the string stored in configs (`data.tokenizer`): "byte" or the tokenizer.json path.
 `fingerprint` hashes the vocabulary itself, so shard caches notice a retrained file at the same path.
-`token_byte_lengths()` gives the UTF-8 bytes each id stands for (0 for end-of-text); summed over
-validation targets it turns a loss in nats/token into bits per byte exactly.
+`vocab_size` is one more than the largest id (added tokens included); the model pads it (train/config.py).
+`token_byte_lengths()` gives the UTF-8 bytes each id stands for (0 for special tokens); summed over
+validation targets it turns a loss in nats/token into bits per byte.
 
-The BPE uses the GPT-2 byte-level scheme from the HF `tokenizers` library (no prefix space, so
-`decode(encode(s)) == s` for any string). One caveat shared with GPT-2: text that contains the literal
-`<|endoftext|>` encodes to the end-of-text id.
+A tokenizer.json is read by the `tokenizers` library (Rust, JSON only: nothing in the file is
+executed, and no tokenizer_config.json or Python code beside it is read). Two vocabularies are
+understood, because bits per byte need each token's bytes:
+  - byte-level BPE (GPT-2, Llama 3, Qwen, `train_bpe` here): every token character stands for one
+    byte (the GPT-2 byte map), so the byte counts are exact;
+  - SentencePiece-style (Llama 2, Mistral: `▁` for a space, `<0xNN>` byte-fallback tokens): a token
+    is its UTF-8 with `▁` as one space byte, `<0xNN>` one byte. Such a tokenizer usually prepends `▁`
+    to the text, so each document counts one byte (its phantom space) more than it has.
+Anything else (WordPiece, no byte scheme) is refused at load with one line. The end-of-text id that
+follows every document is the first of EOT_CANDIDATES the vocabulary has. Documents are encoded
+without the tokenizer's own special tokens (no `<s>` a Llama post-processor would add): end-of-text
+alone separates them, as with GPT-2. With GPT-2's scheme `decode(encode(s)) == s` for any string;
+text that contains the literal end-of-text string encodes to its id.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -30,7 +43,11 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from scalelab.errors import ConfigError
 from scalelab.train.data.corpus import iter_documents
 
-EOT_TEXT = "<|endoftext|>"
+EOT_TEXT = "<|endoftext|>"  # the byte tokenizer's and train_bpe's end-of-text
+# end-of-text tokens of the common families, in the order tried: GPT-2 (and ours), Llama 3,
+# SentencePiece (Llama 2, Mistral), Gemma
+EOT_CANDIDATES = (EOT_TEXT, "<|end_of_text|>", "</s>", "<eos>")
+_BYTE_FALLBACK = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 class Tokenizer:
@@ -40,6 +57,7 @@ class Tokenizer:
     spec: str  # what goes into data.tokenizer: "byte" or the tokenizer.json path
     vocab_size: int  # number of ids, end-of-text included
     eot_id: int  # the end-of-text id appended after every document
+    eot_text: str  # its token string (what a Hugging Face export names as eos_token)
     fingerprint: str  # hex hash of the vocabulary (cache keys, shard compatibility checks)
 
     def encode(self, text: str) -> list[int]:
@@ -71,6 +89,7 @@ class ByteTokenizer(Tokenizer):
         self.spec = "byte"
         self.vocab_size = 257
         self.eot_id = 256
+        self.eot_text = EOT_TEXT
         self.fingerprint = "byte-v1"
 
     def encode(self, text: str) -> list[int]:
@@ -115,8 +134,30 @@ def byte_level_alphabet() -> dict[str, int]:
     return char_to_byte
 
 
+def _component_types(node) -> set[str]:
+    """Every "type" named in a tokenizer.json component (normalizer, pre-tokenizer, decoder), nested too."""
+    if isinstance(node, dict):
+        found = {node["type"]} if isinstance(node.get("type"), str) else set()
+        return found.union(*(_component_types(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_component_types(v) for v in node))
+    return set()
+
+
+def _byte_scheme(spec: dict) -> str | None:
+    """ "byte-level", "sentencepiece" or None (module docstring), from the file's components."""
+    parts = [spec.get(k) for k in ("normalizer", "pre_tokenizer", "decoder")]
+    types = _component_types(parts)
+    if "ByteLevel" in types:
+        return "byte-level"
+    model = spec.get("model") if isinstance(spec.get("model"), dict) else {}
+    if "Metaspace" in types or model.get("byte_fallback") or "\u2581" in json.dumps(parts, ensure_ascii=False):
+        return "sentencepiece"
+    return None
+
+
 class BPETokenizer(Tokenizer):
-    """A byte-level BPE loaded from a tokenizer.json written by `train_bpe`."""
+    """A Hugging Face tokenizer.json: byte-level or SentencePiece-style (module docstring)."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         # Absolute, because Ray trials run in their own working directories.
@@ -124,28 +165,39 @@ class BPETokenizer(Tokenizer):
         raw = path.read_bytes()
         try:
             self._tok = HFTokenizer.from_str(raw.decode("utf-8"))
+            spec = json.loads(raw)
         except Exception as e:  # the library raises its own Exception subclass for bad JSON
             raise ConfigError("data.tokenizer", f"{str(path)!r} is not a tokenizer.json ({e})") from None
-        eot = self._tok.token_to_id(EOT_TEXT)
+        self._scheme = _byte_scheme(spec) if isinstance(spec, dict) else None
+        if self._scheme is None:
+            raise ConfigError(
+                "data.tokenizer",
+                f"{str(path)!r} is neither a byte-level BPE (GPT-2, Llama 3) nor SentencePiece-style (Llama 2): "
+                "its tokens' bytes are unknown, so bits per byte could not be counted",
+                "use one of those, or train one with `scalelab data tokenizer`",
+            )
+        eot = next((t for t in EOT_CANDIDATES if self._tok.token_to_id(t) is not None), None)
         if eot is None:
             raise ConfigError(
                 "data.tokenizer",
-                f"{str(path)!r} has no {EOT_TEXT} token",
-                "train it with `scalelab data tokenizer`",
+                f"{str(path)!r} has none of the end-of-text tokens {', '.join(EOT_CANDIDATES)}",
+                "add one as a special token, or train one with `scalelab data tokenizer`",
             )
-        self.eot_id = int(eot)
-        self.vocab_size = int(self._tok.get_vocab_size())
+        self.eot_text = eot
+        self.eot_id = int(self._tok.token_to_id(eot))
+        ids = self._tok.get_vocab(with_added_tokens=True).values()
+        self.vocab_size = max(int(self._tok.get_vocab_size(with_added_tokens=True)), max(ids, default=-1) + 1)
         self.spec = str(path)
         self.name = f"bpe{self.vocab_size}"
         self.fingerprint = hashlib.sha256(raw).hexdigest()[:16]
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text).ids
+        return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         # encode_batch_fast skips offset tracking (~2x faster); older tokenizers lack it.
         encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
-        return [e.ids for e in encode(list(texts))]
+        return [e.ids for e in encode(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
@@ -155,12 +207,15 @@ class BPETokenizer(Tokenizer):
         special = set(self._tok.get_added_tokens_decoder())
         lengths = np.zeros(self.vocab_size, dtype=np.int64)
         for i in range(self.vocab_size):
-            if i in special:
-                continue  # end-of-text (and any other added token) stands for no input bytes
             token = self._tok.id_to_token(i)
-            if token is None or any(c not in alphabet for c in token):
+            if i in special or token is None:
+                continue  # special tokens (end-of-text, <s>, <unk>) and unused ids stand for no input bytes
+            if self._scheme == "sentencepiece":
+                lengths[i] = 1 if _BYTE_FALLBACK.fullmatch(token) else len(token.replace("\u2581", " ").encode())
+            elif any(c not in alphabet for c in token):
                 raise ValueError(f"{self.spec}: token {i} ({token!r}) is not byte-level; retrain it")
-            lengths[i] = len(token)
+            else:
+                lengths[i] = len(token)
         return lengths
 
 
@@ -208,7 +263,7 @@ def _load_bpe(path: str, mtime_ns: int, size: int) -> BPETokenizer:
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
-    """ "byte" -> ByteTokenizer; a path to a tokenizer.json -> BPETokenizer; else ConfigError."""
+    """ "byte" -> ByteTokenizer; a path to a Hugging Face tokenizer.json -> BPETokenizer; else ConfigError."""
     if not isinstance(spec, str) or not spec:
         raise ConfigError("data.tokenizer", f"{spec!r} is not a tokenizer spec", "use 'byte' or a tokenizer.json path")
     if spec == "byte":
