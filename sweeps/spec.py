@@ -67,6 +67,7 @@ from scalelab.sweeps.wandb_runs import parse_wandb_section
 from scalelab.train.config import build_run_config, merge_defaults
 from scalelab.train.data.config import SourceConfig
 
+RECIPE_OPTIM = ("optim.lr", "optim.weight_decay", "optim.beta2")  # a point that sets one keeps it
 LOOP_LAWS = ("chinchilla", "kaplan")  # laws of (N, D) with a compute-optimal allocation; fit.law may also be auto
 GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
 TOP_KEYS = (
@@ -317,20 +318,24 @@ def _resolve(ctx: DesignContext, overrides: dict[str, Any], labels: dict[str, An
         _set(tree, key, value)
     try:
         if ctx.recipe is not None:
-            _apply_recipe(ctx, tree, labels, keep_lr="optim.lr" in overrides, where=where)
+            _apply_recipe(ctx, tree, labels, keep=frozenset(k for k in RECIPE_OPTIM if k in overrides), where=where)
         return run_spec_from_tree(tree, labels)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e.key}", str(e).split(": ", 1)[-1]) from None
 
 
-def _apply_recipe(ctx: DesignContext, tree: dict, labels: dict[str, Any], *, keep_lr: bool, where: str) -> None:
-    """Set batch, whole-step length, warmup and LR of a run by the spec's recipe (sweeps/recipe.py)."""
+def _apply_recipe(ctx: DesignContext, tree: dict, labels: dict[str, Any], *, keep: frozenset[str], where: str) -> None:
+    """Set batch, whole-step length, warmup, LR, weight decay and beta2 of a run by the spec's recipe
+    (sweeps/recipe.py), but the optimizer keys in `keep`, which the point sets itself."""
     cfg = build_run_config(tree)
     n = num_params(cfg.model)
     target = float(cfg.train.num_tokens)
     budget = float(labels.get("flops_budget") or 6.0 * n * target)
-    plan = plan_run(ctx.recipe, params=n, target_tokens=target, flops_budget=budget, seq_len=cfg.seq_len, where=where)
-    for key, value in plan.overrides(keep_lr=keep_lr).items():
+    own_lr = cfg.optim.lr if "optim.lr" in keep else None
+    plan = plan_run(
+        ctx.recipe, params=n, target_tokens=target, flops_budget=budget, seq_len=cfg.seq_len, where=where, lr=own_lr
+    )
+    for key, value in plan.overrides(keep=keep).items():
         _set(tree, key, value)
 
 
