@@ -11,13 +11,17 @@
     scalelab sweep next results/study [--decide]                      # a study: narrow m(C), or the decisive pair
     scalelab sweep study results/study [--json]                       # a study's arms, m(C), gaps, decision accuracy
     scalelab sweep ledger results/iso [--json]                        # every fit and prediction, scored
+    scalelab sweep audit results/audit [--design SPEC] [--json]       # a recipe audit: best LR(N, D), wd, beta2
     scalelab sweep eval results/iso --tasks bundled:stdlib_completion@100  # add a task to finished runs
     scalelab sweep wandb results/iso [--mode offline|online] [--force]   # log a finished store to W&B
 
 Specs are validated before Ray starts; a bad spec exits 2 with one line naming the key. A spec with
 `transfer: {check: true, ...}` (scalelab.sweeps.transfer) gets its LR-transfer check planned beside
 it, and launched first: launch exits 2 with the check's table when the best LR drifts (--force
-launches anyway); the ladder's runs take the transferred LR. `launch --rounds R` is the closed loop
+launches anyway); the ladder's runs take the transferred LR. A spec with `recipe_gate: {audit: DIR}`
+(scalelab.sweeps.recipe_gate) is checked against a recipe audit (a sweep with the `audit:` generator,
+analysed by `sweep audit`): `plan` shows what each run's LR and weight decay cost, and `launch`
+exits 2 naming the runs over the allowed cost (--force launches anyway). `launch --rounds R` is the closed loop
 (scalelab.sweeps.rounds.run_rounds): the spec, then R - 1 rounds of `sweep next` launched in turn.
 A spec with `study:` arms (scalelab.sweeps.study_spec) is a study: `plan` shows its cost per arm,
 `next` fits every arm and proposes the study's next round (scalelab.sweeps.study_propose), and
@@ -56,6 +60,7 @@ def add_parser(sub) -> None:
         _add_study,
         _add_eval,
         _add_ledger,
+        _add_audit,
         _add_wandb,
     ):
         add(s)
@@ -77,7 +82,9 @@ def _add_launch(s) -> None:
     q.add_argument("--rounds", type=int, default=1, help="alternate launch and `sweep next` this many times")
     q.add_argument("--target-flops", type=float, default=None, help="C* for --rounds > 1 (default: the spec's fit)")
     q.add_argument("--budget-flops", type=float, default=None, help="FLOPs per proposed round (--rounds > 1)")
-    q.add_argument("--force", action="store_true", help="launch the ladder even when the LR-transfer gate fails")
+    q.add_argument(
+        "--force", action="store_true", help="launch even when the LR-transfer gate or the recipe gate refuses"
+    )
     q.add_argument(
         "--inject-fault",
         action="append",
@@ -164,6 +171,17 @@ def _add_ledger(s) -> None:
     q.set_defaults(func=run_ledger)
 
 
+def _add_audit(s) -> None:
+    q = s.add_parser(
+        "audit", help="a recipe audit's store: the best LR by size and horizon, LR(N, D), weight decay, beta2, shape"
+    )
+    q.add_argument("sweep_dir", help="the store of a spec with the audit: generator (trained by `sweep launch`)")
+    q.add_argument("--design", default=None, metavar="SPEC", help="also the cost of each run of this spec's design")
+    q.add_argument("--replicates", type=int, default=400, help="bootstrap replicates of every interval")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=run_audit)
+
+
 def _add_wandb(s) -> None:
     q = s.add_parser("wandb", help="log a sweep's runs and rounds to W&B (those not logged while they ran)")
     q.add_argument("sweep_dir")
@@ -194,12 +212,14 @@ def _ray_args(q) -> None:
 def run_plan(args) -> int:
     from scalelab.sweeps.dry_run import format_plan, plan_sweep
     from scalelab.sweeps.execute import check_runnable
+    from scalelab.sweeps.recipe_gate import check_sweep, format_recipe_gate
     from scalelab.sweeps.spec import load_sweep
     from scalelab.sweeps.transfer import plan_transfer
 
     sweep = load_sweep(args.spec)
     check = plan_transfer(sweep.raw, sweep)
     check_runnable([r.to_dict() for r in sweep.runs])
+    gate = check_sweep(sweep)
     rows, totals = plan_sweep(sweep, measure=not args.no_measure)
     check_rows = check_totals = None
     if check is not None:
@@ -210,6 +230,9 @@ def run_plan(args) -> int:
         out = {"runs": rows, "totals": totals}
         if check is not None:
             out["transfer"] = {"runs": check_rows, "totals": check_totals}
+        if gate is not None:
+            out["recipe_gate"] = {"ok": gate.ok, "over": [r.run_id for r in gate.over],
+                                  "cost": {r.run_id: r.cost for r in gate.rows}}  # fmt: skip
         print(json.dumps(out, indent=2))
         return 0
     slots = sweep.execution.max_concurrent or None
@@ -223,6 +246,8 @@ def run_plan(args) -> int:
         print("ladder (its LR: the check's best LR at the base size, set at launch; shown: the spec's)")
     print(f"sweep {sweep.name}: generator {sweep.generator}")
     print(format_plan(rows, totals, slots=slots))
+    if gate is not None:
+        print(format_recipe_gate(gate))
     return 0
 
 
@@ -264,6 +289,7 @@ def run_launch(args) -> int:
         target_flops=target,
         budget_flops=args.budget_flops,
         force_transfer=args.force,
+        force_recipe=args.force,
         options=LaunchOptions(
             address=args.address,
             max_concurrent=args.max_concurrent,
@@ -280,6 +306,18 @@ def run_launch(args) -> int:
             f"scalelab sweep launch: error: transfer: the best LR drifts beyond {result.transfer.gate.tolerance} grid "
             "step(s) (or sits on the grid's edge); under sp set each size's LR from a fitted LR law (recipe.lr), "
             "use parametrization mup/completep, widen transfer.lrs, or pass --force",
+            file=sys.stderr,
+        )
+        return 2
+    if result.recipe_gate is not None and not result.recipe_gate.ok and not args.force:
+        from scalelab.sweeps.recipe_gate import format_recipe_gate
+
+        print(format_recipe_gate(result.recipe_gate), file=sys.stderr)
+        over = ", ".join(f"{r.run_id} ({r.cost:+.2%})" for r in result.recipe_gate.over)
+        print(
+            f"scalelab sweep launch: error: recipe_gate: run(s) {over} would lose more than "
+            f"{result.recipe_gate.max_cost:.2%} of the loss to their LR and weight decay; set the recipe from the "
+            "audit's recipe.yaml, raise recipe_gate.max_cost, or pass --force",
             file=sys.stderr,
         )
         return 2
@@ -474,6 +512,36 @@ def run_wandb(args) -> int:
     if result.mode == "offline" and (result.runs or result.fits):
         d = Path(args.sweep_dir)
         print(f"  upload: wandb sync {d}/runs/*/wandb/offline-run-* {d}/wandb/offline-run-*")
+    return 0
+
+
+def run_audit(args) -> int:
+    from scalelab.sweeps.recipe_audit import audit_store, format_audit, save_audit
+    from scalelab.sweeps.recipe_gate import GateSpec, check_runs, format_recipe_gate, parse_gate
+    from scalelab.sweeps.spec import load_sweep
+
+    if args.replicates < 0:
+        raise UsageError(f"--replicates {args.replicates}: must be >= 0")
+    design = load_sweep(args.design) if args.design else None  # a bad spec fails before the fits
+    result = audit_store(args.sweep_dir, n_boot=args.replicates)
+    text = format_audit(result)
+    gate = None
+    if design is not None:
+        section = parse_gate(design.raw.get("recipe_gate"))  # its max_cost, or the gate's default
+        cost = section.max_cost if section else GateSpec(audit=args.sweep_dir).max_cost
+        gate = check_runs(design.runs, result, max_cost=cost, source=args.sweep_dir)
+        text += f"\nthe design of {args.design}: the loss its recipe's LR and weight decay cost at each run\n"
+        text += format_recipe_gate(gate)
+    path = save_audit(args.sweep_dir, result, text)
+    if args.json:
+        out = result.to_dict()
+        if gate is not None:
+            keys = ("run_id", "params", "tokens", "lr", "best_lr", "lr_cost", "timescale", "wd_cost")
+            out["design"] = [{k: getattr(r, k) for k in keys} for r in gate.rows]
+        print(json.dumps(out, indent=1))
+    else:
+        print(text)
+        print(f"written: {path}, audit.txt and recipe.yaml beside it")
     return 0
 
 

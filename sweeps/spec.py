@@ -17,13 +17,16 @@ A spec is a base run config (the same tree `scalelab run` reads) plus exactly on
     early_stop: {tolerance: 0.01}         # optional: stop runs whose final loss is predicted (sweeps/early_stop.py)
     wandb: {group: iso-v2, tags: [v2]}    # optional: W&B group, tags, live prediction (sweeps/wandb_runs.py)
     transfer: {check: true, widths: [32, 256], lrs: [...]}   # optional: the LR-transfer gate (sweeps/transfer.py)
+    recipe_gate: {audit: results/audit, max_cost: 0.005}   # optional: the recipe gate (sweeps/recipe_gate.py)
     execution: {max_concurrent: 2, max_failures: 2, cpus_per_run: 1, gpus_per_run: 0}
     fit: {law: chinchilla, loss: final_val_loss, target_flops: 1e12}
 
 Generators: `grid` (mapping dotted key -> list; cartesian product), `isoflop` (above), `ladder`
 (`sizes: [N...]`, `tokens_per_param: [20...]`: D = tpp x N), `random` (`num_samples`, `seed`,
-`params: {key: {loguniform|uniform: [lo, hi]} | {choice: [...]}}`) and `points` (an explicit list of
-{dotted key: value} mappings; what `sweep next` writes). Sizes given as `model.target_params` or by a
+`params: {key: {loguniform|uniform: [lo, hi]} | {choice: [...]}}`), `points` (an explicit list of
+{dotted key: value} mappings; what `sweep next` writes) and `audit` (a recipe audit: sizes x token
+horizons x LRs around the recipe's, weight decay, beta2 and depth at a few cells;
+scalelab.sweeps.audit_grid, analysed by `scalelab sweep audit`). Sizes given as `model.target_params` or by a
 generator go through the shape rule (scalelab.models.shapes).
 
 Run identity: every run is fully resolved (`build_run_config`) and its id is `config_hash(cfg)`.
@@ -55,11 +58,13 @@ from scalelab.errors import ConfigError
 from scalelab.models.accounting import num_params
 from scalelab.models.config import ModelConfig
 from scalelab.store import files, objects
+from scalelab.sweeps.audit_grid import audit_points
 from scalelab.sweeps.cooldowns import expand_cooldowns
 from scalelab.sweeps.design_context import SHAPE_KEYS, DesignContext, Point
 from scalelab.sweeps.early_stop import parse_early_stop
 from scalelab.sweeps.isoflop_grid import check_isoflop_tolerance, isoflop_points
 from scalelab.sweeps.recipe import plan_run
+from scalelab.sweeps.recipe_gate import parse_gate
 from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
 from scalelab.sweeps.study_spec import StudySpec, check_arm_runs, parse_study
@@ -69,7 +74,7 @@ from scalelab.train.data.config import SourceConfig
 
 RECIPE_OPTIM = ("optim.lr", "optim.weight_decay", "optim.beta2")  # a point that sets one keeps it
 LOOP_LAWS = ("chinchilla", "kaplan")  # laws of (N, D) with a compute-optimal allocation; fit.law may also be auto
-GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
+GENERATORS = ("grid", "isoflop", "ladder", "random", "points", "audit")
 TOP_KEYS = (
     "name",
     "description",
@@ -84,6 +89,7 @@ TOP_KEYS = (
     "recipe",
     "early_stop",
     "transfer",  # the LR-transfer gate (scalelab.sweeps.transfer), read by `sweep plan/launch`
+    "recipe_gate",  # the recipe gate (scalelab.sweeps.recipe_gate), read by `sweep plan/launch`
     "wandb",  # W&B group, tags and live prediction (scalelab.sweeps.wandb_runs), read back by the trials
     "study",  # arms crossed with the design (scalelab.sweeps.study_spec)
 )
@@ -226,6 +232,7 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
     parse_early_stop(raw.get("early_stop"))  # checked here; the trials read it back from the spec
     parse_wandb_section(raw.get("wandb"))  # the same
+    parse_gate(raw.get("recipe_gate"))  # the section; its audit is read by `sweep plan` and `launch`
     _check_fit(fit)
     gen = gens[0]
     study = None
@@ -240,6 +247,7 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         arm_base = with_overrides(base, arm_overrides)  # the generator sizes the arm's own runs
         ctx = DesignContext.from_base(arm_base, cpus_per_run=execution.cpus_per_run, recipe=raw.get("recipe"))
         points = _GENERATOR_FNS[gen](raw[gen], ctx, gen)
+        warnings += [w for w in ctx.warnings if w not in warnings]
         points = _cross(points, _axes(raw.get("axes"), "axes"))
         points = _cross(points, _data_axes(raw.get("data"), ctx, gen))
         points = _cross(points, _seeds(raw.get("seeds"), ctx))
@@ -440,7 +448,14 @@ def _ladder(section: Any, ctx: DesignContext, key: str) -> list[Point]:
     return out
 
 
-_GENERATOR_FNS = {"grid": _grid, "isoflop": isoflop_points, "ladder": _ladder, "random": _random, "points": _points}
+_GENERATOR_FNS = {
+    "grid": _grid,
+    "isoflop": isoflop_points,
+    "ladder": _ladder,
+    "random": _random,
+    "points": _points,
+    "audit": audit_points,
+}
 
 
 # ---------------------------------------------------------------------------------------------
