@@ -10,7 +10,8 @@ A spec is a base run config (the same tree `scalelab run` reads) plus exactly on
       tokens_per_param: [4, 64]       # sizes span D/N in this range at every budget (or params: [lo, hi])
       flops: 6n                       # 6n | exact (attention included, scalelab.models.accounting)
       tolerance: 0.05                 # |C_run / budget - 1| allowed after rounding to whole steps
-    seeds: 2                          # optional: K repeats (train.seed = base seed + k)
+    seeds: 2                          # optional: K repeats (train.seed = base seed + k); sweeps/seeds.py:
+                                      #   {count: 2, vary: init | data | both, distinct: true}
     axes: {optim.lr: [1e-3, 3e-3]}    # optional: crossed with every generated run (any config key)
     data: {mixtures: [{web: 0.7, code: 0.3}], num_tokens: [...], epochs: [1, 2, 4], unique_tokens: 1e6}
     cooldowns: {fractions: [0.25, 0.5]}   # optional, WSD only: decay branches off each run
@@ -66,6 +67,7 @@ from scalelab.sweeps.isoflop_grid import check_isoflop_tolerance, isoflop_points
 from scalelab.sweeps.recipe import plan_run
 from scalelab.sweeps.recipe_gate import parse_gate
 from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
+from scalelab.sweeps.seeds import seed_points
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
 from scalelab.sweeps.study_spec import StudySpec, check_arm_runs, parse_study
 from scalelab.sweeps.wandb_runs import parse_wandb_section
@@ -250,7 +252,7 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         warnings += [w for w in ctx.warnings if w not in warnings]
         points = _cross(points, _axes(raw.get("axes"), "axes"))
         points = _cross(points, _data_axes(raw.get("data"), ctx, gen))
-        points = _cross(points, _seeds(raw.get("seeds"), ctx))
+        points = seed_points(raw.get("seeds"), ctx, points)
         if arm is not None:
             points = _cross(points, [(arm_overrides, {"arm": arm})])
         where = f"study.arms.{arm}: {gen}" if arm is not None else gen
@@ -525,20 +527,6 @@ def _data_axes(section: Any, ctx: DesignContext, gen: str) -> list[Point]:
     for axis in axes:
         points = _cross(points, axis)
     return points
-
-
-def _seeds(section: Any, ctx: DesignContext) -> list[Point]:
-    if section is None:
-        return []
-    base_seed = int((ctx.base.get("train") or {}).get("seed", 0))
-    if isinstance(section, list):
-        seeds = [int(number(s, "seeds", positive=False)) for s in section]
-    else:
-        k = number(section, "seeds", example="3")
-        if not k.is_integer():
-            raise ConfigError("seeds", f"{section!r} is not a whole number of seeds", "e.g. seeds: 3, or a list")
-        seeds = [base_seed + i for i in range(int(k))]
-    return [({"train.seed": s}, {"seed": s}) for s in seeds]
 
 
 def dump_spec(spec: dict[str, Any]) -> str:
