@@ -1,6 +1,7 @@
 """`scalelab sweep plan|launch|resume|status|export|next`: sweeps of runs on Ray, the store, the next round.
 
     scalelab sweep plan examples/sweeps/isoflop_tiny.yaml            # dry run: table and total cost
+    scalelab sweep plan SPEC --reference DIR --audit DIR --replication  # IsoFLOP: centring, shape, seeds' price
     scalelab sweep launch SPEC --out results/iso [--address ADDR] [--max-concurrent K] [--rounds R]
     scalelab sweep launch SPEC --out /shared/iso --address http://HEAD:8265 --detach   # driver as a Ray Job
     scalelab sweep launch ladder.yaml --out results/lad [--force]    # with `transfer:`: the LR gate first
@@ -70,6 +71,18 @@ def _add_plan(s) -> None:
     q = s.add_parser("plan", help="expand and validate a spec; print runs and cost (nothing starts)")
     q.add_argument("spec")
     q.add_argument("--no-measure", action="store_true", help="skip the throughput measurement (no time estimates)")
+    q.add_argument(
+        "--reference",
+        default=None,
+        metavar="DIR",
+        help="an IsoFLOP design: the N*(C) to place its sizes against (a sweep with fits, a recipe audit, a fit "
+        "file; default: the design's center: {fit: ...})",
+    )
+    q.add_argument("--audit", default=None, metavar="DIR", help="a recipe audit whose shape cells price the shapes")
+    q.add_argument("--replication", action="store_true", help="price seeds per point against more sizes per budget")
+    q.add_argument(
+        "--noise", type=float, default=None, help="run-to-run log-sd for --replication (default: fit.noise_floor)"
+    )
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_plan)
 
@@ -248,7 +261,30 @@ def run_plan(args) -> int:
     print(format_plan(rows, totals, slots=slots))
     if gate is not None:
         print(format_recipe_gate(gate))
+    if sweep.generator == "isoflop":
+        print(_design_text(args, sweep, totals))
     return 0
+
+
+def _design_text(args, sweep, totals) -> str:
+    """`sweep plan`'s design report of an IsoFLOP spec (scalelab.sweeps.design_report)."""
+    from scalelab.sweeps.design_report import design_report, format_design_report
+    from scalelab.sweeps.isoflop_grid import read_frontier
+    from scalelab.sweeps.recipe_audit import load_audit
+    from scalelab.sweeps.recipe_gate import parse_gate
+
+    if args.noise is not None and not 0 < args.noise < 0.5:
+        raise UsageError(f"--noise {args.noise}: a log-sd in (0, 0.5), e.g. 0.0056")
+    center = (sweep.raw["isoflop"].get("center") or {}) if isinstance(sweep.raw["isoflop"], dict) else {}
+    source = args.reference or center.get("fit")
+    reference = read_frontier(source, "--reference") if source else None
+    gate = parse_gate(sweep.raw.get("recipe_gate"))
+    audit_dir = args.audit or (gate.audit if gate else None)
+    audit = load_audit(audit_dir) if audit_dir else None
+    per_flop = totals["serial_s"] / totals["cost_flops"] if totals.get("serial_s") else None
+    report = design_report(sweep, reference=reference, audit=audit, noise=args.noise or sweep.fit.noise_floor or None,
+                           replication=args.replication, seconds_per_flop=per_flop)  # fmt: skip
+    return format_design_report(report)
 
 
 def _faults(items: list[str]) -> dict[str, int]:
