@@ -9,6 +9,7 @@
     scalelab sweep status results/iso [--json]
     scalelab sweep export results/iso --csv runs.csv
     scalelab sweep next results/iso --target-flops 1e13 [--budget-flops 3e12]
+    scalelab sweep next results/iso --holdout 3,10,30 [--holdout-sizes 2]   # far runs, all predicted by one fit
     scalelab sweep next results/study [--decide]                      # a study: narrow m(C), or the decisive pair
     scalelab sweep study results/study [--json]                       # a study's arms, m(C), gaps, decision accuracy
     scalelab sweep ledger results/iso [--json]                        # every fit and prediction, scored
@@ -151,6 +152,15 @@ def _add_next(s) -> None:
     q.add_argument(
         "--seeds", type=int, default=1, help="train the compute-optimal run with this many seeds (each one scored)"
     )
+    q.add_argument(
+        "--holdout",
+        default=None,
+        metavar="M1,M2,...",
+        help="a holdout round instead: runs at these multiples of the largest budget (e.g. 3,10,30), all "
+        "predicted by this fit whatever its gates say, to score how far it extrapolates",
+    )
+    q.add_argument("--holdout-sizes", type=int, default=1, help="runs per multiple, spread around N* (--holdout)")
+    q.add_argument("--holdout-spread", type=float, default=1.5, help="largest over smallest size per multiple")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_next)
 
@@ -466,6 +476,15 @@ def run_next(args) -> int:
         return _next_study(args)
     if args.decide:
         raise UsageError(f"--decide: {args.sweep_dir} is not a study (its sweep.yaml has no study: section)")
+    holdout = None
+    if args.holdout:
+        from scalelab.sweeps.propose import Holdout
+
+        try:
+            multiples = tuple(float(m) for m in args.holdout.split(","))
+        except ValueError:
+            raise UsageError(f"--holdout {args.holdout!r}: multiples of the largest budget, e.g. 3,10,30") from None
+        holdout = Holdout(multiples=multiples, sizes=args.holdout_sizes, spread=args.holdout_spread)
     proposal = propose_next(
         args.sweep_dir,
         target_flops=args.target_flops,
@@ -473,6 +492,7 @@ def run_next(args) -> int:
         step=args.step,
         replicates=args.replicates,
         seeds=args.seeds,
+        holdout=holdout,
         log=(lambda m: None) if args.json else print,
     )
     _log_fit_runs(args.sweep_dir, (lambda m: print(m, file=sys.stderr)) if args.json else print)
