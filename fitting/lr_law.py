@@ -47,7 +47,8 @@ class CellOptimum:
     params: float
     tokens: float
     x_opt: float  # the vertex (the best measured value when not bracketed)
-    interval: tuple[float, float]  # bootstrap interval of x_opt at `level` (nan when not bracketed)
+    interval: tuple[float, float]  # bootstrap interval of x_opt at `level` (nan when not bracketed, or
+    # when the parabola passes through its three points exactly: no residual to resample)
     curvature: float  # q2: relative loss per (ln x)^2 (nan when not bracketed)
     loss_opt: float  # the fitted loss at the vertex (the best mean loss when not bracketed)
     bracketed: bool
@@ -121,7 +122,9 @@ def _one_cell(n, d, x, y, window, n_boot, level, rng) -> CellOptimum:
     resid = (ly - fitted) * math.sqrt(u.size / dof)
     draws_u = np.full(n_boot, vertex)
     draws_q2 = np.full(n_boot, q2)
-    if n_boot > 0 and np.any(resid != 0):
+    if u.size == 3:  # a parabola through three points: no residual, so no interval from this cell
+        draws_u, draws_q2 = np.zeros(0), np.zeros(0)
+    elif n_boot > 0 and np.any(resid != 0):
         ys = fitted[None, :] + rng.choice(resid, size=(n_boot, u.size), replace=True)
         c = np.linalg.lstsq(design, ys.T, rcond=None)[0]  # (3, n_boot)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -130,7 +133,7 @@ def _one_cell(n, d, x, y, window, n_boot, level, rng) -> CellOptimum:
         edge = np.where(c[1] + 2 * c[2] * u_lo > 0, u_lo, u_hi)
         draws_u = np.where(np.isfinite(v), np.clip(v, u_lo, u_hi), edge)
         draws_q2 = np.maximum(c[2], 1e-12)
-    lo_u, hi_u = percentile_interval(draws_u, level)
+    lo_u, hi_u = percentile_interval(draws_u, level) if draws_u.size else (math.nan, math.nan)
     return CellOptimum(
         params=n,
         tokens=d,
@@ -141,7 +144,7 @@ def _one_cell(n, d, x, y, window, n_boot, level, rng) -> CellOptimum:
         bracketed=True,
         grid=grid.tolist(),
         mean_loss=mean.tolist(),
-        resid_sd=float(np.sqrt(np.sum((ly - fitted) ** 2) / dof)),
+        resid_sd=float(np.sqrt(np.sum((ly - fitted) ** 2) / dof)) if u.size > 3 else math.nan,
         draws_u=draws_u,
         draws_q2=draws_q2,
     )

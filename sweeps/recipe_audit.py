@@ -101,7 +101,7 @@ class AuditResult:
             "lr_law": self.lr_law.to_dict() if self.lr_law else None,
             "lr_law_size": self.lr_law_size.to_dict() if self.lr_law_size else None,
             "wd_cells": [_cell_dict(c) for c in self.wd_cells],
-            "recipe_timescale": self.recipe_timescale,
+            "recipe_timescale": [_num(t) for t in self.recipe_timescale],  # None: no decay (infinite)
             "wd_law": self.wd_law.to_dict() if self.wd_law else None,
             "beta2": [
                 {
@@ -110,10 +110,10 @@ class AuditResult:
                     "batch_tokens": b.batch_tokens,
                     "current": b.current,
                     "best": b.best,
-                    "losses": [[k, v] for k, v in b.losses.items()],
+                    "losses": [[k, _num(v)] for k, v in b.losses.items()],
                 }
                 for b in self.beta2
-            ],  # fmt: skip
+            ],
             "shape_cells": [_cell_dict(c) for c in self.shape_cells],
             "frontier": self.frontier,
             "warnings": self.warnings,
@@ -132,18 +132,18 @@ class AuditResult:
                 lr_cells=[_cell_from(c) for c in data["lr_cells"]],
                 recipe_lr=[float(x) for x in data["recipe_lr"]],
                 wd_cells=[_cell_from(c) for c in data.get("wd_cells", [])],
-                recipe_timescale=[float(x) for x in data.get("recipe_timescale", [])],
+                recipe_timescale=[_back(x, math.inf) for x in data.get("recipe_timescale", [])],
                 beta2=[
                     Beta2Check(
                         params=float(b["params"]),
                         tokens=float(b["tokens"]),
                         batch_tokens=int(b["batch_tokens"]),
-                        losses={float(k): float(v) for k, v in b["losses"]},
+                        losses={float(k): _back(v, math.inf) for k, v in b["losses"]},
                         current=float(b["current"]),
                         best=float(b["best"]),
                     )
                     for b in data.get("beta2", [])
-                ],  # fmt: skip
+                ],
                 shape_cells=[_cell_from(c) for c in data.get("shape_cells", [])],
                 frontier=data.get("frontier"),
                 warnings=[str(w) for w in data.get("warnings", [])],
@@ -153,18 +153,27 @@ class AuditResult:
             raise UsageError(f"not a saved recipe audit ({e}); run `scalelab sweep audit DIR` again") from None
 
 
+def _num(x: float) -> float | None:
+    """A number for JSON: None for nan and infinities (what was not measured, or diverged)."""
+    return float(x) if math.isfinite(x) else None
+
+
 def _cell_dict(c: CellOptimum) -> dict[str, Any]:
-    return {"params": c.params, "tokens": c.tokens, "x_opt": c.x_opt, "interval": list(c.interval),
-            "curvature": c.curvature, "loss_opt": c.loss_opt, "bracketed": c.bracketed, "grid": c.grid,
-            "mean_loss": [v if math.isfinite(v) else None for v in c.mean_loss], "resid_sd": c.resid_sd}  # fmt: skip
+    return {"params": c.params, "tokens": c.tokens, "x_opt": c.x_opt, "interval": [_num(v) for v in c.interval],
+            "curvature": _num(c.curvature), "loss_opt": _num(c.loss_opt), "bracketed": c.bracketed, "grid": c.grid,
+            "mean_loss": [_num(v) for v in c.mean_loss], "resid_sd": _num(c.resid_sd)}  # fmt: skip
+
+
+def _back(x, missing: float = math.nan) -> float:
+    return missing if x is None else float(x)
 
 
 def _cell_from(d: dict[str, Any]) -> CellOptimum:
     return CellOptimum(
         params=float(d["params"]), tokens=float(d["tokens"]), x_opt=float(d["x_opt"]),
-        interval=(float(d["interval"][0]), float(d["interval"][1])), curvature=float(d["curvature"]),
-        loss_opt=float(d["loss_opt"]), bracketed=bool(d["bracketed"]), grid=[float(g) for g in d["grid"]],
-        mean_loss=[math.inf if v is None else float(v) for v in d["mean_loss"]], resid_sd=float(d["resid_sd"]),
+        interval=(_back(d["interval"][0]), _back(d["interval"][1])), curvature=_back(d["curvature"]),
+        loss_opt=_back(d["loss_opt"], math.inf), bracketed=bool(d["bracketed"]), grid=[float(g) for g in d["grid"]],
+        mean_loss=[_back(v, math.inf) for v in d["mean_loss"]], resid_sd=_back(d["resid_sd"]),
     )  # fmt: skip
 
 
@@ -252,8 +261,11 @@ def _frontier(cells: list[CellOptimum], warnings: list[str]) -> dict[str, Any] |
     if len(good) < 6:
         warnings.append(f"{len(good)} bracketed LR cells: too few for a frontier law (6 needed); no pilot N*(C)")
         return None
-    data = {k: np.array([getattr(c, a) for c in good]) for k, a in (("params", "params"), ("tokens", "tokens"),
-                                                                      ("loss", "loss_opt"))}  # fmt: skip
+    data = {
+        "params": np.array([c.params for c in good]),
+        "tokens": np.array([c.tokens for c in good]),
+        "loss": np.array([c.loss_opt for c in good]),
+    }
     fit = fit_law("chinchilla", data)
     return {"law": "chinchilla", "params": {k: float(v) for k, v in fit.params.items()}, "n_points": len(good)}
 
@@ -368,7 +380,8 @@ def audited_recipe(result: AuditResult) -> dict[str, Any]:
 def save_audit(sweep_dir: str | Path, result: AuditResult, text: str | None = None) -> Path:
     """audit.json (what the recipe gate and an IsoFLOP centre read), audit.txt and recipe.yaml."""
     sweep_dir = Path(sweep_dir)
-    atomic_write_bytes(sweep_dir / AUDIT_FILE, (json.dumps(result.to_dict(), indent=1) + "\n").encode())
+    body = json.dumps(result.to_dict(), indent=1, allow_nan=False)  # standard JSON: other tools read it too
+    atomic_write_bytes(sweep_dir / AUDIT_FILE, (body + "\n").encode())
     atomic_write_bytes(sweep_dir / "audit.txt", ((text or format_audit(result)) + "\n").encode())
     recipe = yaml.safe_dump({"recipe": audited_recipe(result)}, sort_keys=False, default_flow_style=None)
     atomic_write_bytes(sweep_dir / "recipe.yaml", recipe.encode())
@@ -390,7 +403,9 @@ def load_audit(path: str | Path) -> AuditResult:
 
 
 def _interval(c: CellOptimum) -> str:
-    return f"[{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if c.bracketed else "not bracketed"
+    if not c.bracketed:
+        return "not bracketed"
+    return f"[{c.interval[0]:.3g}, {c.interval[1]:.3g}]" if math.isfinite(c.interval[0]) else "3 points: none"
 
 
 def _cost(c: CellOptimum, x: float) -> str:
@@ -422,7 +437,7 @@ def format_audit(result: AuditResult) -> str:
         lines.append(
             f"{c.params:>9,.0f} {c.tokens:>11,.0f} {c.tokens / c.params:>6.1f} {lr:>9.3g} {c.x_opt:>9.3g} "
             f"{_interval(c):>20} {lr / c.x_opt:>11.2f} {_cost(c, lr):>7} "
-            + (f"{c.resid_sd:>6.2%}" if c.bracketed else f"{'':>6}")
+            + (f"{c.resid_sd:>6.2%}" if math.isfinite(c.resid_sd) else f"{'':>6}")
         )
     lines += [
         "fitted LR(N, D): " + _law_line(result.lr_law, "lr*"),

@@ -93,3 +93,12 @@ def test_a_saved_law_predicts_alike():
     assert back.cost(1e5, 5e6, 3e-3) == law.cost(1e5, 5e6, 3e-3)
     with pytest.raises(UsageError, match="optimum law"):
         OptimumLaw.from_dict({"terms": ["flops"]})
+
+
+def test_three_values_bracket_but_give_no_interval():
+    """A parabola through three points has no residual: the cell's optimum counts, its interval is
+    unknown (nan), and the law's replicates then rest on resampling the cells."""
+    cells = cell_optima(*sweep(np.random.default_rng(0), 0.0, mults=np.array([0.5, 1.0, 2.0])), n_boot=50)
+    inside = [c for c in cells if c.bracketed]
+    assert inside and all(math.isnan(c.interval[0]) and math.isnan(c.resid_sd) for c in inside)
+    assert all(c.draws_u.size == 0 for c in inside)
