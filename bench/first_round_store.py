@@ -26,13 +26,14 @@ already proposed is launched as it was proposed (never proposed again).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import yaml
 
 from scalelab import store
-from scalelab.errors import ConfigError
+from scalelab.errors import ConfigError, UsageError
 from scalelab.store import files, ledger
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.design_report import design_report, format_design_report
@@ -44,7 +45,6 @@ from scalelab.sweeps.recipe_audit import audited_recipe, load_audit
 from scalelab.sweeps.rounds import LaunchOptions, run_rounds
 from scalelab.sweeps.spec import Sweep, expand_sweep
 
-MULTIPLES = (3.0, 10.0, 30.0)  # of the first round's largest budget
 SPANS = (2.0, 1.8, 1.6)  # the span and its fallbacks, largest first
 
 
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds-per-point", type=int, default=1)
     ap.add_argument("--holdout-sizes", type=int, default=2, help="runs per multiple around the fit's N*")
     ap.add_argument("--budgets", default=None, help="comma-separated first-round budgets (default: the demo's)")
+    ap.add_argument("--multiples", default="3,10,30", help="the holdout's multiples of the largest budget")
     ap.add_argument("--first-round-only", action="store_true")
     ap.add_argument(
         "--plan", action="store_true", help="print the design (centring, replication priced) and train nothing"
@@ -107,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     if latest_round(sweep_dir):  # proposed before: launch it as proposed
         proposal = read_round(sweep_dir, latest_round(sweep_dir))
     else:
-        holdout = Holdout(multiples=MULTIPLES, sizes=args.holdout_sizes, spread=1.5)
+        multiples = tuple(float(m) for m in args.multiples.split(","))
+        holdout = Holdout(multiples=multiples, sizes=args.holdout_sizes, spread=1.5)
         proposal = propose_round(sweep_dir, holdout=holdout)
     print(f"holdout round {proposal.round}: {len(proposal.runs)} runs, gates "
           f"{'pass' if proposal.passed else 'fail: ' + ', '.join(proposal.gates.failed)}")  # fmt: skip
@@ -120,4 +122,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ConfigError, UsageError) as e:  # bad input: one line naming the key and the fix
+        print(f"{Path(__file__).name}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
+from pathlib import Path
 
 import yaml
 
+from scalelab.errors import ConfigError, UsageError
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.recipe_audit import audit_store, format_audit, save_audit
@@ -104,4 +107,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ConfigError, UsageError) as e:  # bad input: one line naming the key and the fix
+        print(f"{Path(__file__).name}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -188,8 +188,9 @@ class OptimumLaw:
         interval over the replicates (each with its own optimum and curvature)."""
         row = self._design(n, d)
         gap = math.log(x) - row @ self.coef
-        point = math.expm1(math.exp(row @ self.curv_coef) * gap**2)
-        reps = np.expm1(np.exp(self.curv_draws @ row) * (math.log(x) - self.draws @ row) ** 2)
+        point = math.expm1(min(math.exp(row @ self.curv_coef) * gap**2, 700.0))
+        exponent = np.exp(self.curv_draws @ row) * (math.log(x) - self.draws @ row) ** 2
+        reps = np.expm1(np.minimum(exponent, 700.0))  # a replicate past e^700 is as lost as an infinite one
         lo, hi = percentile_interval(reps, self.level)
         return float(point), float(lo), float(hi)
 
