@@ -4,13 +4,12 @@ reference law close to the demo's first-round fit."""
 
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import yaml
 
+from scalelab.cli.main import main
 from scalelab.fitting.allocate import chinchilla_optimum
 from scalelab.fitting.lr_law import CellOptimum
 from scalelab.sweeps.demo import demo_spec
@@ -82,15 +81,10 @@ def test_replication_choices_and_the_shape_cost(ref_file):
     assert worst == pytest.approx(math.expm1(0.02 * math.log(8 / 24) ** 2), rel=1e-6)
 
 
-def test_plan_prints_the_design_report(ref_file, tmp_path):
+def test_plan_prints_the_design_report(ref_file, tmp_path, capsys):
     spec = tmp_path / "demo.yaml"
     spec.write_text(yaml.safe_dump(demo_spec()))
-    res = subprocess.run(
-        [sys.executable, "-m", "scalelab.cli.main", "sweep", "plan", str(spec), "--no-measure", "--reference",
-         str(ref_file), "--replication"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-2000:]
-    out = res.stdout
+    assert main(["sweep", "plan", str(spec), "--no-measure", "--reference", str(ref_file), "--replication"]) == 0
+    out = capsys.readouterr().out
     assert "N* 93,060 at 0.33 of the span (inside)" in out and "shape effect: not measured" in out
     assert "2 seeds per point" in out and "<- most per FLOP" in out

@@ -6,14 +6,13 @@ The audit recovers each; the gate refuses a design run by the per-size recipe an
 the audited recipe, naming the runs it refuses."""
 
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import yaml
 
 from scalelab import store
+from scalelab.cli.main import main
 from scalelab.errors import ConfigError
 from scalelab.store.atomic import atomic_write_json
 from scalelab.sweeps.demo import demo_spec
@@ -142,19 +141,17 @@ def test_the_gate_refuses_the_per_size_recipe_and_passes_the_audited_one(audited
     assert "recipe gate refused the design" in res.stopped and not out.exists()
 
 
-def test_cli_audit_and_launch_refusal(audited, tmp_path):
+def test_cli_audit_and_launch_refusal(audited, tmp_path, capsys):
     sweep_dir, _ = audited
     spec = tmp_path / "design.yaml"
     spec.write_text(yaml.safe_dump(_design(RECIPE, sweep_dir)))
-    run = [sys.executable, "-m", "scalelab.cli.main"]
-    res = subprocess.run([*run, "sweep", "audit", str(sweep_dir), "--design", str(spec), "--replicates", "20"],
-                         capture_output=True, text=True, check=False)  # fmt: skip
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "best LR by size and horizon" in res.stdout and "fitted LR(N, D)" in res.stdout
-    assert "the design of" in res.stdout and "OVER" in res.stdout
-    res = subprocess.run([*run, "sweep", "launch", str(spec), "--out", str(tmp_path / "d")], capture_output=True,
-                         text=True, check=False)  # fmt: skip
-    assert res.returncode == 2 and "error: recipe_gate:" in res.stderr and "REFUSES" in res.stderr
+    assert main(["sweep", "audit", str(sweep_dir), "--design", str(spec), "--replicates", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "best LR by size and horizon" in out and "fitted LR(N, D)" in out
+    assert "the design of" in out and "OVER" in out
+    assert main(["sweep", "launch", str(spec), "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "error: recipe_gate:" in err and "REFUSES" in err
     assert not (tmp_path / "d").exists()
 
 
