@@ -6,7 +6,7 @@ evaluations and loss curves, and the keys that group runs.
     curves = load_metrics(runs)                        # one row per (run, logged step)
 
 Grouping keys are hashes of parts of each run's config.json:
-  seed_group  the config without train.seed and name: runs that differ only by seed;
+  seed_group  the config without train.seed, train.data_seed and name: runs that differ only by seeds;
   scale       the model shape (layers, widths, heads) and train.num_tokens: "how big" a run is;
   candidate   the config without seed, name, model shape, token count and the design labels
               (flops_budget, ...): what a decision is about (a recipe, an architecture, an lr).
@@ -38,6 +38,7 @@ def _keys(config: dict) -> dict[str, str]:
     cfg = copy.deepcopy(config)
     cfg.pop("name", None)
     cfg.get("train", {}).pop("seed", None)
+    cfg.get("train", {}).pop("data_seed", None)
     seed_group = _hash(cfg)
     model = cfg.get("model") or {}
     shape = {k: model.pop(k, None) for k in _SHAPE_FIELDS}

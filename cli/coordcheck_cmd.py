@@ -93,7 +93,7 @@ def run(args) -> int:
     widths, depths, names = _check(args, cfg)
     optim = dataclasses.replace(cfg.optim, lr=args.lr or cfg.optim.lr)
     torch.manual_seed(cfg.train.seed)
-    data = build_data(cfg.data, seed=cfg.train.seed)
+    data = build_data(cfg.data, seed=cfg.data_order_seed)
     batches = [data.sampler.next_batch(args.batch_sequences) for _ in range(args.steps)]
     probe = data.sampler.next_batch(args.probe_sequences)[:, :-1]  # a fixed batch none of the models trains on
     check = coord_check(

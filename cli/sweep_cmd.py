@@ -1,6 +1,7 @@
 """`scalelab sweep plan|launch|resume|status|export|next`: sweeps of runs on Ray, the store, the next round.
 
     scalelab sweep plan examples/sweeps/isoflop_tiny.yaml            # dry run: table and total cost
+    scalelab sweep plan SPEC --reference DIR --audit DIR --replication  # IsoFLOP: centring, shape, seeds' price
     scalelab sweep launch SPEC --out results/iso [--address ADDR] [--max-concurrent K] [--rounds R]
     scalelab sweep launch SPEC --out /shared/iso --address http://HEAD:8265 --detach   # driver as a Ray Job
     scalelab sweep launch ladder.yaml --out results/lad [--force]    # with `transfer:`: the LR gate first
@@ -8,16 +9,21 @@
     scalelab sweep status results/iso [--json]
     scalelab sweep export results/iso --csv runs.csv
     scalelab sweep next results/iso --target-flops 1e13 [--budget-flops 3e12]
+    scalelab sweep next results/iso --holdout 3,10,30 [--holdout-sizes 2]   # far runs, all predicted by one fit
     scalelab sweep next results/study [--decide]                      # a study: narrow m(C), or the decisive pair
     scalelab sweep study results/study [--json]                       # a study's arms, m(C), gaps, decision accuracy
     scalelab sweep ledger results/iso [--json]                        # every fit and prediction, scored
+    scalelab sweep audit results/audit [--design SPEC] [--json]       # a recipe audit: best LR(N, D), wd, beta2
     scalelab sweep eval results/iso --tasks bundled:stdlib_completion@100  # add a task to finished runs
     scalelab sweep wandb results/iso [--mode offline|online] [--force]   # log a finished store to W&B
 
 Specs are validated before Ray starts; a bad spec exits 2 with one line naming the key. A spec with
 `transfer: {check: true, ...}` (scalelab.sweeps.transfer) gets its LR-transfer check planned beside
 it, and launched first: launch exits 2 with the check's table when the best LR drifts (--force
-launches anyway); the ladder's runs take the transferred LR. `launch --rounds R` is the closed loop
+launches anyway); the ladder's runs take the transferred LR. A spec with `recipe_gate: {audit: DIR}`
+(scalelab.sweeps.recipe_gate) is checked against a recipe audit (a sweep with the `audit:` generator,
+analysed by `sweep audit`): `plan` shows what each run's LR and weight decay cost, and `launch`
+exits 2 naming the runs over the allowed cost (--force launches anyway). `launch --rounds R` is the closed loop
 (scalelab.sweeps.rounds.run_rounds): the spec, then R - 1 rounds of `sweep next` launched in turn.
 A spec with `study:` arms (scalelab.sweeps.study_spec) is a study: `plan` shows its cost per arm,
 `next` fits every arm and proposes the study's next round (scalelab.sweeps.study_propose), and
@@ -56,6 +62,7 @@ def add_parser(sub) -> None:
         _add_study,
         _add_eval,
         _add_ledger,
+        _add_audit,
         _add_wandb,
     ):
         add(s)
@@ -65,6 +72,18 @@ def _add_plan(s) -> None:
     q = s.add_parser("plan", help="expand and validate a spec; print runs and cost (nothing starts)")
     q.add_argument("spec")
     q.add_argument("--no-measure", action="store_true", help="skip the throughput measurement (no time estimates)")
+    q.add_argument(
+        "--reference",
+        default=None,
+        metavar="DIR",
+        help="an IsoFLOP design: the N*(C) to place its sizes against (a sweep with fits, a recipe audit, a fit "
+        "file; default: the design's center: {fit: ...})",
+    )
+    q.add_argument("--audit", default=None, metavar="DIR", help="a recipe audit whose shape cells price the shapes")
+    q.add_argument("--replication", action="store_true", help="price seeds per point against more sizes per budget")
+    q.add_argument(
+        "--noise", type=float, default=None, help="run-to-run log-sd for --replication (default: fit.noise_floor)"
+    )
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_plan)
 
@@ -77,7 +96,9 @@ def _add_launch(s) -> None:
     q.add_argument("--rounds", type=int, default=1, help="alternate launch and `sweep next` this many times")
     q.add_argument("--target-flops", type=float, default=None, help="C* for --rounds > 1 (default: the spec's fit)")
     q.add_argument("--budget-flops", type=float, default=None, help="FLOPs per proposed round (--rounds > 1)")
-    q.add_argument("--force", action="store_true", help="launch the ladder even when the LR-transfer gate fails")
+    q.add_argument(
+        "--force", action="store_true", help="launch even when the LR-transfer gate or the recipe gate refuses"
+    )
     q.add_argument(
         "--inject-fault",
         action="append",
@@ -131,6 +152,15 @@ def _add_next(s) -> None:
     q.add_argument(
         "--seeds", type=int, default=1, help="train the compute-optimal run with this many seeds (each one scored)"
     )
+    q.add_argument(
+        "--holdout",
+        default=None,
+        metavar="M1,M2,...",
+        help="a holdout round instead: runs at these multiples of the largest budget (e.g. 3,10,30), all "
+        "predicted by this fit whatever its gates say, to score how far it extrapolates",
+    )
+    q.add_argument("--holdout-sizes", type=int, default=1, help="runs per multiple, spread around N* (--holdout)")
+    q.add_argument("--holdout-spread", type=float, default=1.5, help="largest over smallest size per multiple")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_next)
 
@@ -164,6 +194,17 @@ def _add_ledger(s) -> None:
     q.set_defaults(func=run_ledger)
 
 
+def _add_audit(s) -> None:
+    q = s.add_parser(
+        "audit", help="a recipe audit's store: the best LR by size and horizon, LR(N, D), weight decay, beta2, shape"
+    )
+    q.add_argument("sweep_dir", help="the store of a spec with the audit: generator (trained by `sweep launch`)")
+    q.add_argument("--design", default=None, metavar="SPEC", help="also the cost of each run of this spec's design")
+    q.add_argument("--replicates", type=int, default=400, help="bootstrap replicates of every interval")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=run_audit)
+
+
 def _add_wandb(s) -> None:
     q = s.add_parser("wandb", help="log a sweep's runs and rounds to W&B (those not logged while they ran)")
     q.add_argument("sweep_dir")
@@ -194,12 +235,14 @@ def _ray_args(q) -> None:
 def run_plan(args) -> int:
     from scalelab.sweeps.dry_run import format_plan, plan_sweep
     from scalelab.sweeps.execute import check_runnable
+    from scalelab.sweeps.recipe_gate import check_sweep, format_recipe_gate
     from scalelab.sweeps.spec import load_sweep
     from scalelab.sweeps.transfer import plan_transfer
 
     sweep = load_sweep(args.spec)
     check = plan_transfer(sweep.raw, sweep)
     check_runnable([r.to_dict() for r in sweep.runs])
+    gate = check_sweep(sweep)
     rows, totals = plan_sweep(sweep, measure=not args.no_measure)
     check_rows = check_totals = None
     if check is not None:
@@ -210,6 +253,9 @@ def run_plan(args) -> int:
         out = {"runs": rows, "totals": totals}
         if check is not None:
             out["transfer"] = {"runs": check_rows, "totals": check_totals}
+        if gate is not None:
+            out["recipe_gate"] = {"ok": gate.ok, "over": [r.run_id for r in gate.over],
+                                  "cost": {r.run_id: r.cost for r in gate.rows}}  # fmt: skip
         print(json.dumps(out, indent=2))
         return 0
     slots = sweep.execution.max_concurrent or None
@@ -223,7 +269,32 @@ def run_plan(args) -> int:
         print("ladder (its LR: the check's best LR at the base size, set at launch; shown: the spec's)")
     print(f"sweep {sweep.name}: generator {sweep.generator}")
     print(format_plan(rows, totals, slots=slots))
+    if gate is not None:
+        print(format_recipe_gate(gate))
+    if sweep.generator == "isoflop":
+        print(_design_text(args, sweep, totals))
     return 0
+
+
+def _design_text(args, sweep, totals) -> str:
+    """`sweep plan`'s design report of an IsoFLOP spec (scalelab.sweeps.design_report)."""
+    from scalelab.sweeps.design_report import design_report, format_design_report
+    from scalelab.sweeps.isoflop_grid import read_frontier
+    from scalelab.sweeps.recipe_audit import load_audit
+    from scalelab.sweeps.recipe_gate import parse_gate
+
+    if args.noise is not None and not 0 < args.noise < 0.5:
+        raise UsageError(f"--noise {args.noise}: a log-sd in (0, 0.5), e.g. 0.0056")
+    center = (sweep.raw["isoflop"].get("center") or {}) if isinstance(sweep.raw["isoflop"], dict) else {}
+    source = args.reference or center.get("fit")
+    reference = read_frontier(source, "--reference") if source else None
+    gate = parse_gate(sweep.raw.get("recipe_gate"))
+    audit_dir = args.audit or (gate.audit if gate else None)
+    audit = load_audit(audit_dir) if audit_dir else None
+    per_flop = totals["serial_s"] / totals["cost_flops"] if totals.get("serial_s") else None
+    report = design_report(sweep, reference=reference, audit=audit, noise=args.noise or sweep.fit.noise_floor or None,
+                           replication=args.replication, seconds_per_flop=per_flop)  # fmt: skip
+    return format_design_report(report)
 
 
 def _faults(items: list[str]) -> dict[str, int]:
@@ -264,6 +335,7 @@ def run_launch(args) -> int:
         target_flops=target,
         budget_flops=args.budget_flops,
         force_transfer=args.force,
+        force_recipe=args.force,
         options=LaunchOptions(
             address=args.address,
             max_concurrent=args.max_concurrent,
@@ -280,6 +352,18 @@ def run_launch(args) -> int:
             f"scalelab sweep launch: error: transfer: the best LR drifts beyond {result.transfer.gate.tolerance} grid "
             "step(s) (or sits on the grid's edge); under sp set each size's LR from a fitted LR law (recipe.lr), "
             "use parametrization mup/completep, widen transfer.lrs, or pass --force",
+            file=sys.stderr,
+        )
+        return 2
+    if result.recipe_gate is not None and not result.recipe_gate.ok and not args.force:
+        from scalelab.sweeps.recipe_gate import format_recipe_gate
+
+        print(format_recipe_gate(result.recipe_gate), file=sys.stderr)
+        over = ", ".join(f"{r.run_id} ({r.cost:+.2%})" for r in result.recipe_gate.over)
+        print(
+            f"scalelab sweep launch: error: recipe_gate: run(s) {over} would lose more than "
+            f"{result.recipe_gate.max_cost:.2%} of the loss to their LR and weight decay; set the recipe from the "
+            "audit's recipe.yaml, raise recipe_gate.max_cost, or pass --force",
             file=sys.stderr,
         )
         return 2
@@ -392,6 +476,15 @@ def run_next(args) -> int:
         return _next_study(args)
     if args.decide:
         raise UsageError(f"--decide: {args.sweep_dir} is not a study (its sweep.yaml has no study: section)")
+    holdout = None
+    if args.holdout:
+        from scalelab.sweeps.propose import Holdout
+
+        try:
+            multiples = tuple(float(m) for m in args.holdout.split(","))
+        except ValueError:
+            raise UsageError(f"--holdout {args.holdout!r}: multiples of the largest budget, e.g. 3,10,30") from None
+        holdout = Holdout(multiples=multiples, sizes=args.holdout_sizes, spread=args.holdout_spread)
     proposal = propose_next(
         args.sweep_dir,
         target_flops=args.target_flops,
@@ -399,6 +492,7 @@ def run_next(args) -> int:
         step=args.step,
         replicates=args.replicates,
         seeds=args.seeds,
+        holdout=holdout,
         log=(lambda m: None) if args.json else print,
     )
     _log_fit_runs(args.sweep_dir, (lambda m: print(m, file=sys.stderr)) if args.json else print)
@@ -474,6 +568,36 @@ def run_wandb(args) -> int:
     if result.mode == "offline" and (result.runs or result.fits):
         d = Path(args.sweep_dir)
         print(f"  upload: wandb sync {d}/runs/*/wandb/offline-run-* {d}/wandb/offline-run-*")
+    return 0
+
+
+def run_audit(args) -> int:
+    from scalelab.sweeps.recipe_audit import audit_store, format_audit, save_audit
+    from scalelab.sweeps.recipe_gate import GateSpec, check_runs, format_recipe_gate, parse_gate
+    from scalelab.sweeps.spec import load_sweep
+
+    if args.replicates < 0:
+        raise UsageError(f"--replicates {args.replicates}: must be >= 0")
+    design = load_sweep(args.design) if args.design else None  # a bad spec fails before the fits
+    result = audit_store(args.sweep_dir, n_boot=args.replicates)
+    text = format_audit(result)
+    gate = None
+    if design is not None:
+        section = parse_gate(design.raw.get("recipe_gate"))  # its max_cost, or the gate's default
+        cost = section.max_cost if section else GateSpec(audit=args.sweep_dir).max_cost
+        gate = check_runs(design.runs, result, max_cost=cost, source=args.sweep_dir)
+        text += f"\nthe design of {args.design}: the loss its recipe's LR and weight decay cost at each run\n"
+        text += format_recipe_gate(gate)
+    path = save_audit(args.sweep_dir, result, text)
+    if args.json:
+        out = result.to_dict()
+        if gate is not None:
+            keys = ("run_id", "params", "tokens", "lr", "best_lr", "lr_cost", "timescale", "wd_cost")
+            out["design"] = [{k: getattr(r, k) for k in keys} for r in gate.rows]
+        print(json.dumps(out, indent=1))
+    else:
+        print(text)
+        print(f"written: {path}, audit.txt and recipe.yaml beside it")
     return 0
 
 

@@ -203,7 +203,12 @@ def recipe_hparams(
     notes = []
     interval = None
     source = f"the sweep's recipe: {recipe.lr.ref_lr:g} (N / {recipe.lr.ref_params:g})^{recipe.lr.exponent:g}"
-    if sweep is not None and sweep.best_lr:
+    if recipe.lr.has_horizon:
+        source += f" (D / {recipe.lr.ref_num_tokens:g})^{recipe.lr.tokens_exponent:g}"
+    if sweep is not None and sweep.best_lr and recipe.lr.has_horizon:
+        notes.append("the LR's interval is unknown: the recipe's LR follows the run's tokens, the HP sweep's "
+                     "per-size best LRs do not (a recipe audit prices it: docs/recipe-audit.md)")  # fmt: skip
+    elif sweep is not None and sweep.best_lr:
         ratios = {n: peak_lr(recipe, n) / b for n, b in sweep.best_lr.items()}
         r = max(max(x, 1 / x) for x in ratios.values())
         interval = (lr / r, lr * r)

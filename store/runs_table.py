@@ -34,6 +34,7 @@ _HYPER = {  # column -> path in the resolved config
     "global_batch_tokens": ("train", "global_batch_tokens"),
     "seq_len": ("data", "seq_len"),
     "seed": ("train", "seed"),
+    "data_seed": ("train", "data_seed"),  # None: the data order follows seed
     "num_layers": ("model", "num_layers"),
     "d_model": ("model", "d_model"),
     "parametrization": ("model", "parametrization"),

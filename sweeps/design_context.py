@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scalelab.config_tree import to_dict
@@ -48,6 +48,7 @@ class DesignContext:
     seq_len: int
     tokens_per_step: int  # the base's global batch in whole sequences
     recipe: Recipe | None = None  # the spec's `recipe:` (scalelab.sweeps.recipe), None = base config as is
+    warnings: list[str] = field(default_factory=list)  # what a generator left out, for the sweep's warnings
 
     @classmethod
     def from_base(cls, base: dict[str, Any], *, cpus_per_run: int, recipe: Any = None) -> DesignContext:

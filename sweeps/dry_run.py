@@ -177,7 +177,22 @@ def _label(labels: dict[str, Any]) -> str:
         parts.append(f"branch@{labels['branch_step']}")
     elif labels.get("cooldown") == "stable":
         parts.append("stable")
-    for k in ("seed", "lr", "d_model", "global_batch_tokens", "sample", "proposal", "mixture", "epochs"):
+    for k in (
+        "seed",
+        "data_seed",
+        "lr",
+        "d_model",
+        "global_batch_tokens",
+        "sample",
+        "proposal",
+        "mixture",
+        "epochs",
+        "audit",
+        "lr_multiplier",
+        "wd_timescale",
+        "beta2",
+        "layers",
+    ):
         if k in labels:
             v = labels[k]
             parts.append(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}")

@@ -21,6 +21,7 @@ from scalelab.fitting.laws import get_law
 from scalelab.models.accounting import flops_per_token
 from scalelab.models.config import ModelConfig
 from scalelab.sweeps.design_context import DesignContext, Point
+from scalelab.sweeps.recipe_audit import AUDIT_FILE
 from scalelab.sweeps.runspec import RunSpec
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
 
@@ -69,23 +70,38 @@ def _isoflop_targets(section: dict, budgets: list[float], num_sizes: int, key: s
     return [list(np.geomspace(lo, hi, num_sizes)) for _ in budgets]
 
 
-def _fit_centers(source: Any, budgets: list[float], key: str) -> list[float]:
-    """N*(C) at each budget from a sweep's latest `sweep next` fit (a sweep dir) or a fit JSON file."""
+def read_frontier(source: Any, key: str) -> dict[str, Any]:
+    """A fitted law of (N, D) to allocate with ({"law", "params"}): a sweep's latest `sweep next` fit
+    (a sweep dir), a recipe audit's frontier (an audit store: its audit.json, written by
+    `scalelab sweep audit`) or a fit JSON file; ConfigError naming `key` otherwise."""
     path = Path(str(source)).expanduser()
     if path.is_dir():
         fits = sorted(path.glob("fits/round_*.json"), key=lambda p: int(p.stem.split("_")[1]))
-        if not fits:
-            raise ConfigError(key, f"{path} has no fits/round_*.json", "run `scalelab sweep next` on it first")
-        path = fits[-1]
+        if not fits and not (path / AUDIT_FILE).is_file():
+            raise ConfigError(
+                key,
+                f"{path} has no fits/round_*.json nor {AUDIT_FILE}",
+                "run `scalelab sweep next` (or `sweep audit`) on it",
+            )
+        path = fits[-1] if fits else path / AUDIT_FILE
     if not path.is_file():
         raise ConfigError(key, f"{source!r} is neither a sweep directory nor a fit file", "give a sweep directory")
     try:
         fit = json.loads(path.read_text())
+        if path.name == AUDIT_FILE:
+            fit = fit.get("frontier") or {}
         fit = fit.get("fit", fit)
-        optimum = optimum_for_law(get_law(fit["law"]))
-        return [float(optimum(fit["params"], c)[0]) for c in budgets]
-    except (ValueError, KeyError, UsageError) as e:
+        optimum_for_law(get_law(fit["law"]))
+        return {"law": str(fit["law"]), "params": {k: float(v) for k, v in fit["params"].items()}, "source": str(path)}
+    except (ValueError, KeyError, TypeError, AttributeError, UsageError) as e:
         raise ConfigError(key, f"{path}: not a fit with law and params ({e})", "give a sweep directory") from None
+
+
+def _fit_centers(source: Any, budgets: list[float], key: str) -> list[float]:
+    """N*(C) at each budget of the law read_frontier reads from `source`."""
+    fit = read_frontier(source, key)
+    optimum = optimum_for_law(get_law(fit["law"]))
+    return [float(optimum(fit["params"], c)[0]) for c in budgets]
 
 
 def distinct_shapes(ctx: DesignContext, targets: list[float], key: str) -> list[dict[str, Any]]:

@@ -21,6 +21,9 @@ What it does, in order:
    fit, shaped by the shape rule, D = C_next / 6N), plus, within --budget-flops, the runs that most
    narrow the interval of L*(C*) (each candidate scored by refitting the bootstrap replicates with
    it added at its predicted loss times a residual drawn from the fit's own).
+   A holdout round (`holdout=Holdout(...)`, `sweep next --holdout 3,10,30`) holds runs at several
+   multiples of the largest budget instead, each predicted by this one fit, whatever its gates say:
+   what a first round's law is scored on far out.
 3b. A gate fails: no compute-optimal run. The round holds the runs that would pass the failed gate:
    sizes beyond the edge of a budget whose best run is its smallest or largest (`bracket`); a new
    IsoFLOP slice at C_next centred on the measured minima's trend when the exponents or the starts
@@ -146,14 +149,18 @@ def propose_round(
     seeds: int = 1,
     seed: int = 0,
     fit_starts: int | None = FIT_STARTS,
+    holdout: Holdout | None = None,
     log=print,
 ) -> Proposal:
-    """Fit the sweep's done runs, gate the fit, and write the next round (module docstring).
+    """Fit the sweep's done runs, gate the fit, and write the next round (module docstring); with
+    `holdout`, the round is that holdout's runs instead (Holdout), predicted by this fit.
 
     One piece: the round's steps in order (score the ledger, fit, gate, candidates, narrowing runs,
     resolve, write), each a call; a third of its length is the Proposal's fields."""
     if seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {seeds}")
+    if holdout is not None and target_flops is None:
+        target_flops = holdout.multiples[-1] * _largest_budget(sweep_dir)
     sweep_dir = sweep_dir if objects.is_url(sweep_dir) else Path(sweep_dir)
     if objects.is_url(sweep_dir):
         objects.check(sweep_dir, "sweep_dir")
@@ -174,14 +181,17 @@ def propose_round(
     budget = budget_flops or 2 * c_next
     execution = from_dict(ExecutionConfig, raw.get("execution") or {})
     ctx = DesignContext.from_base(raw.get("base") or {}, cpus_per_run=execution.cpus_per_run, recipe=raw.get("recipe"))
-    if lf.gates.passed:
+    if holdout is not None:
+        cands = holdout.candidates(lf, ctx, largest, count=_count(lf))
+        c_next = max(c.budget for c in cands)
+    elif lf.gates.passed:
         cands = [Candidate.at(ctx, lf.optimum(c_next)[0], c_next, "compute_optimal", count=_count(lf))]
     else:
         log(f"gates failed: {', '.join(lf.gates.failed)}; proposing the runs that would pass them")
         cands = remedies(lf, ctx, c_next)
     gains: dict[int, float] = {}
     candidates_scored = 0
-    if lf.gates.passed and max_runs > seeds and budget > seeds * cands[0].flops:
+    if holdout is None and lf.gates.passed and max_runs > seeds and budget > seeds * cands[0].flops:
         extra, gains, candidates_scored = _narrowing(lf, ctx, cands[0], target, budget, max_runs, log, seeds=seeds)
         cands += extra
     sweep = _resolve(raw, cands, k, seeds=seeds)
@@ -219,6 +229,48 @@ def propose_round(
     )
     _write_round(sweep_dir, raw, proposal, sweep)
     return proposal
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Holdout:
+    """A holdout round: runs far past the fitted budgets, every one predicted by the one fit before any
+    trains, to score how far that fit extrapolates (what a first round's law is worth at 3x, 10x
+    and 30x). At each multiple m of the largest done budget: `sizes` runs spread around the fit's
+    N*(m C) by `spread` (N* spread^o, o evenly in [-1/2, 1/2]: N* itself for one size), D = C / 6N.
+    Proposed whatever the gates say (the fit as it stands is what is scored; its gates are in
+    fits/round_K.json); the loop's other rounds are not affected."""
+
+    multiples: tuple[float, ...] = (3.0, 10.0, 30.0)
+    sizes: int = 1
+    spread: float = 1.5
+
+    def __post_init__(self) -> None:
+        if not self.multiples or any(m <= 1 for m in self.multiples) or list(self.multiples) != sorted(self.multiples):
+            raise UsageError(f"holdout multiples {self.multiples}: ascending, each > 1 (of the largest budget)")
+        if self.sizes < 1 or not self.spread > 1:
+            raise UsageError(f"holdout: sizes {self.sizes} must be >= 1 and spread {self.spread} > 1")
+
+    def candidates(self, lf: ScalingFit, ctx: DesignContext, largest: float, count: str) -> list[Candidate]:
+        out: list[Candidate] = []
+        offsets = np.linspace(-0.5, 0.5, self.sizes) if self.sizes > 1 else np.zeros(1)
+        for m in self.multiples:
+            c = m * largest
+            n_opt = lf.optimum(c)[0]
+            used: set[tuple[int, int]] = set()
+            for o in offsets:
+                cand = Candidate.at(ctx, n_opt * self.spread**o, c, "holdout", exclude=frozenset(used), count=count)
+                used.add(cand.layers_width)
+                out.append(cand)
+        return out
+
+
+def _largest_budget(sweep_dir: str | Path) -> float:
+    runs = store.load_runs(readable(sweep_dir))
+    done = runs.filter(runs["status"] == "done") if runs.height else runs
+    if not done.height:
+        raise UsageError(f"{sweep_dir}: no finished run to fit")
+    col = "flops_budget" if "flops_budget" in done.columns and done["flops_budget"].drop_nulls().len() else "flops"
+    return float(done[col].max())
 
 
 def remedies(lf: ScalingFit, ctx: DesignContext, c_next: float) -> list[Candidate]:
@@ -349,7 +401,7 @@ def _resolve(raw: dict[str, Any], cands: list[Candidate], k: int, seeds: int = 1
     for c in cands:
         labels = {"proposal": c.kind, "flops_budget": c.budget, "round": k}
         points.append({**c.overrides(), "labels": labels})
-        for j in range(1, seeds if c.kind == "compute_optimal" else 1):
+        for j in range(1, seeds if c.kind in ("compute_optimal", "holdout") else 1):
             points.append({**c.overrides(), "train.seed": base_seed + j, "labels": {**labels, "seed_replicate": j}})
     spec["points"] = points
     return expand_sweep(spec, default_name=f"round_{k}")

@@ -9,7 +9,9 @@ budgets and to hyperparameters not tuned per size). A sweep spec opts in with a 
       shape: {min_layers: 2, width_per_layer: 32, min_width: 32}   # options of the shape rule
       warmup: {fraction: 0.05, max_steps: 50}
       batch: {by: tokens, ref: 1.2e6, ref_tokens: 512, exponent: 0.5, min_sequences: 4, max_tokens: 0}
-      lr: {ref_params: 5e4, ref_lr: 6e-3, exponent: -0.35}
+      lr: {ref_params: 5e4, ref_lr: 6e-3, exponent: -0.35}   # + ref_num_tokens, tokens_exponent: LR(N, D)
+      weight_decay: {timescale: 0.5}   # optional: 1 / (lr wd) = half the run's steps
+      beta2: {ref_batch_tokens: 8192, ref_beta2: 0.95}   # optional: beta2's length held in tokens
 
 For a run of N parameters asked to train on about D tokens at FLOP budget C (the IsoFLOP label, or
 6ND when the run has none):
@@ -27,11 +29,25 @@ For a run of N parameters asked to train on about D tokens at FLOP budget C (the
   length    the number of steps is round(D / B); the run's tokens are steps * B (whole steps).
   warmup    linear, in steps: clamp(round(fraction * steps), 1, max_steps). A fixed fraction makes
             warmup a large share of a small run's updates; the cap keeps long runs' warmup short.
-  lr        peak LR = ref_lr * (N / ref_params)^exponent (total parameters), a power law fitted to
-            the best LR of an LR sweep at several sizes (scalelab.fitting.hyperparams; see
-            `lr_law_from_sweep` and bench/lr_sweep.py, whose table is in the docstring of DEFAULTS).
+  lr        peak LR = ref_lr * (N / ref_params)^exponent * (D / ref_num_tokens)^tokens_exponent
+            (N total parameters, D the run's tokens after rounding to whole steps). Without
+            `ref_num_tokens` the LR depends on N only (the per-size rule, fitted by `lr_law_from_runs`
+            from an LR sweep at several sizes). With it the rule has a token-horizon term: the best
+            LR falls as the run gets longer at a fixed size (Bjorck et al. 2024, "Scaling Optimal LR
+            Across Token Horizons"), which a design spanning 2-500 tokens per parameter needs; fit
+            both exponents with `scalelab sweep audit` (scalelab.sweeps.recipe_audit).
+  weight    `weight_decay: {timescale: f}` holds AdamW's weight-decay timescale at a fixed fraction
+  decay     of the run: torch's AdamW decays by lr x wd per step, an exponential moving average of
+            the updates over 1 / (lr x wd) steps (Wang & Aitchison 2024, "How to set AdamW's weight
+            decay as you scale model and dataset size"), so wd = 1 / (f x peak lr x steps). With a
+            fixed wd that timescale is a different fraction of a short and of a long run, and the
+            optimiser's regime changes with scale. Absent (or f = 0): the base config's weight_decay.
+  beta2     `beta2: {ref_batch_tokens: B0, ref_beta2: b0}` keeps the second-moment average's length in
+            tokens: beta2 = b0^(B / B0) for a batch of B tokens (Porian et al. 2024: beta2 = 0.95 is
+            too short at small batches). Absent: the base config's beta2.
 
-A point that sets `optim.lr` itself (an LR sweep's grid axis) keeps its LR; the rest still applies.
+A point that sets `optim.lr` itself (an LR sweep's grid axis) keeps its LR, and the weight-decay
+rule then uses that LR; a point that sets `optim.weight_decay` or `optim.beta2` keeps it.
 """
 
 from __future__ import annotations
@@ -67,6 +83,23 @@ class LRRule:
     ref_params: float = 5e4  # N (total parameters) where the peak LR is ref_lr
     ref_lr: float = 6e-3
     exponent: float = -0.35  # lr ~ N^exponent
+    ref_num_tokens: float = 0.0  # D (tokens) where the horizon factor is 1; 0 = no horizon term (N only)
+    tokens_exponent: float = 0.0  # lr ~ D^tokens_exponent at a fixed N (with ref_num_tokens)
+
+    @property
+    def has_horizon(self) -> bool:
+        return self.ref_num_tokens > 0
+
+
+@dataclass(kw_only=True, slots=True)
+class WeightDecayRule:
+    timescale: float = 0.0  # 1 / (peak lr x wd) as a fraction of the run's steps; 0 = the base's weight_decay
+
+
+@dataclass(kw_only=True, slots=True)
+class Beta2Rule:
+    ref_batch_tokens: int = 0  # batch (tokens per step) at which beta2 = ref_beta2; 0 = the base's beta2
+    ref_beta2: float = 0.95
 
 
 @dataclass(kw_only=True, slots=True)
@@ -85,6 +118,8 @@ class Recipe:
     warmup: WarmupRule = field(default_factory=WarmupRule)
     batch: BatchRule = field(default_factory=BatchRule)
     lr: LRRule = field(default_factory=LRRule)
+    weight_decay: WeightDecayRule = field(default_factory=WeightDecayRule)
+    beta2: Beta2Rule = field(default_factory=Beta2Rule)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -96,18 +131,24 @@ class RunPlan:
     num_steps: int
     num_tokens: int
     warmup_steps: int
-    lr: float
+    lr: float  # the run's peak LR (4 significant digits, as the run config gets it)
     halvings: int  # times the rule's batch was halved to reach min_steps
+    weight_decay: float | None = None  # by the timescale rule; None = the base's
+    beta2: float | None = None  # by the beta2 rule; None = the base's
 
-    def overrides(self, *, keep_lr: bool = False) -> dict[str, Any]:
-        out = {
+    def overrides(self, *, keep: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """The run-config keys the recipe sets, but those in `keep` (keys the point sets itself)."""
+        out: dict[str, Any] = {
             "train.global_batch_tokens": self.tokens_per_step,
             "train.num_tokens": self.num_tokens,
             "schedule.warmup_tokens": self.warmup_steps * self.tokens_per_step,
+            "optim.lr": self.lr,
         }
-        if not keep_lr:
-            out["optim.lr"] = float(f"{self.lr:.4g}")
-        return out
+        if self.weight_decay is not None:
+            out["optim.weight_decay"] = self.weight_decay
+        if self.beta2 is not None:
+            out["optim.beta2"] = self.beta2
+        return {k: v for k, v in out.items() if k not in keep}
 
 
 def parse_recipe(section: Any, key: str = "recipe") -> Recipe:
@@ -133,6 +174,16 @@ def parse_recipe(section: Any, key: str = "recipe") -> Recipe:
         ("lr.ref_params", recipe.lr.ref_params > 0, "> 0"),
         ("lr.ref_lr", 0 < recipe.lr.ref_lr < 1, "in (0, 1)"),
         ("lr.exponent", math.isfinite(recipe.lr.exponent), "finite"),
+        ("lr.ref_num_tokens", recipe.lr.ref_num_tokens >= 0, ">= 0 (0 = no token-horizon term)"),
+        ("lr.tokens_exponent", math.isfinite(recipe.lr.tokens_exponent), "finite"),
+        (
+            "lr.tokens_exponent",
+            recipe.lr.has_horizon or recipe.lr.tokens_exponent == 0,
+            "0 without lr.ref_num_tokens (set both for a token-horizon term)",
+        ),
+        ("weight_decay.timescale", 0 <= recipe.weight_decay.timescale < 100, "in [0, 100) (0 = the base's wd)"),
+        ("beta2.ref_batch_tokens", recipe.beta2.ref_batch_tokens >= 0, ">= 0 (0 = the base's beta2)"),
+        ("beta2.ref_beta2", 0 < recipe.beta2.ref_beta2 < 1, "in (0, 1)"),
     ]
     for name, ok, want in checks:
         if not ok:
@@ -155,9 +206,33 @@ def batch_sequences(recipe: Recipe, *, flops_budget: float, target_tokens: float
     return max(b.min_sequences, _pow2(tokens / seq_len))
 
 
-def peak_lr(recipe: Recipe, params: float) -> float:
+def peak_lr(recipe: Recipe, params: float, num_tokens: float | None = None) -> float:
+    """The LR rule at N = params (and D = num_tokens, which a rule with a token-horizon term needs)."""
     r = recipe.lr
-    return r.ref_lr * (params / r.ref_params) ** r.exponent
+    lr = r.ref_lr * (params / r.ref_params) ** r.exponent
+    if r.has_horizon:
+        if num_tokens is None:
+            raise ConfigError("recipe.lr.ref_num_tokens", "the LR rule depends on the run's tokens", "give them")
+        lr *= (num_tokens / r.ref_num_tokens) ** r.tokens_exponent
+    return lr
+
+
+def decay_for_timescale(timescale: float, lr: float, num_steps: int) -> float:
+    """AdamW's weight decay whose timescale 1 / (lr x wd) is `timescale` x num_steps (module docstring)."""
+    return 1.0 / (timescale * lr * num_steps)
+
+
+def timescale_of(weight_decay: float, lr: float, num_steps: int) -> float:
+    """AdamW's weight-decay timescale 1 / (lr x wd) as a fraction of the run (inf without decay)."""
+    return math.inf if weight_decay <= 0 else 1.0 / (weight_decay * lr * num_steps)
+
+
+def beta2_for_batch(recipe: Recipe, tokens_per_step: int) -> float | None:
+    """beta2 = ref_beta2^(B / ref_batch_tokens), or None when the recipe has no beta2 rule."""
+    b = recipe.beta2
+    if not b.ref_batch_tokens:
+        return None
+    return min(b.ref_beta2 ** (tokens_per_step / b.ref_batch_tokens), 0.9999)
 
 
 def warmup_steps(recipe: Recipe, num_steps: int) -> int:
@@ -166,9 +241,17 @@ def warmup_steps(recipe: Recipe, num_steps: int) -> int:
 
 
 def plan_run(
-    recipe: Recipe, *, params: int, target_tokens: float, flops_budget: float, seq_len: int, where: str
+    recipe: Recipe,
+    *,
+    params: int,
+    target_tokens: float,
+    flops_budget: float,
+    seq_len: int,
+    where: str,
+    lr: float | None = None,
 ) -> RunPlan:
-    """Batch, length, warmup and LR of one run (module docstring); ConfigError when min_steps fails."""
+    """Batch, length, warmup, LR, weight decay and beta2 of one run (module docstring); ConfigError
+    when min_steps fails. `lr`: the point's own LR (the weight-decay rule then uses it)."""
     seqs = batch_sequences(recipe, flops_budget=flops_budget, target_tokens=target_tokens, seq_len=seq_len)
     halvings = 0
     while round(target_tokens / (seqs * seq_len)) < recipe.min_steps and seqs > recipe.batch.min_sequences:
@@ -184,14 +267,23 @@ def plan_run(
             f"{recipe.min_steps}",
             "raise the budget, drop the largest sizes, or lower recipe.min_steps / recipe.batch.min_sequences",
         )
+    num_tokens = steps * tokens_per_step
+    if lr is None:
+        lr = float(f"{peak_lr(recipe, params, num_tokens):.4g}")
+    wd = None
+    if recipe.weight_decay.timescale:
+        wd = float(f"{decay_for_timescale(recipe.weight_decay.timescale, lr, steps):.4g}")
+    beta2 = beta2_for_batch(recipe, tokens_per_step)
     return RunPlan(
         batch_sequences=seqs,
         tokens_per_step=tokens_per_step,
         num_steps=steps,
-        num_tokens=steps * tokens_per_step,
+        num_tokens=num_tokens,
         warmup_steps=warmup_steps(recipe, steps),
-        lr=peak_lr(recipe, params),
+        lr=lr,
         halvings=halvings,
+        weight_decay=wd,
+        beta2=None if beta2 is None else float(f"{beta2:.6g}"),
     )
 
 

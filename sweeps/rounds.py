@@ -4,6 +4,7 @@
     result.states                   # every run's state after the last launch
     result.proposals[-1].passed     # the last round's fit passed every identification gate
     result.transfer                 # the LR-transfer gate's outcome (a spec with `transfer:`)
+    result.recipe_gate              # the recipe gate's table (a spec with `recipe_gate:`)
 
 `scalelab sweep launch --rounds R` and `scalelab demo` both run this. In order:
 
@@ -11,8 +12,11 @@
    check trains into the sibling sweep <out>-transfer; a gate that fails refuses the ladder
    (`result.transfer.refused`, nothing of the ladder written) unless `force_transfer`; otherwise
    every run of the ladder takes the transferred LR.
-2. The sweep's own runs (scalelab.sweeps.execute.launch).
-3. Up to R - 1 rounds, each proposed from a fit of everything done so far
+2. The recipe gate, when the spec has a `recipe_gate:` section (scalelab.sweeps.recipe_gate): a
+   design whose runs' LR and weight decay cost more loss than it allows is refused (`result.stopped`,
+   nothing written) unless `force_recipe`; so is a later round's proposal (the loop stops there).
+3. The sweep's own runs (scalelab.sweeps.execute.launch).
+4. Up to R - 1 rounds, each proposed from a fit of everything done so far
    (scalelab.sweeps.propose.propose_round: the runs of a passing fit, or those that would pass its
    failed gates) and launched into the same sweep as proposed - its runs resolved once, by the
    proposer. `until_passed` stops after launching the first round proposed from a passing fit;
@@ -42,6 +46,7 @@ from scalelab.sweeps import wandb_fit
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.proposal import Proposal, latest_round, read_round
 from scalelab.sweeps.propose import propose_round
+from scalelab.sweeps.recipe_gate import RecipeGate, check_sweep, format_recipe_gate
 from scalelab.sweeps.spec import Sweep, dump_spec
 from scalelab.sweeps.study_propose import is_study, propose_study_round
 from scalelab.sweeps.transfer import (
@@ -81,6 +86,7 @@ class RoundsResult:
     states: dict[str, str] = field(default_factory=dict)  # run id -> state after the last launch
     proposals: list[Proposal] = field(default_factory=list)  # the rounds launched, in order
     transfer: TransferOutcome | None = None
+    recipe_gate: RecipeGate | None = None  # the last design the recipe gate checked
     stopped: str = ""  # why the loop stopped before its last round ("" when it did not)
 
     @property
@@ -103,6 +109,7 @@ def run_rounds(
     until_passed: bool = False,
     reopen: bool = False,
     force_transfer: bool = False,
+    force_recipe: bool = False,
     options: LaunchOptions | None = None,
     log: Log = print,
     before_fit: Callable[[int], None] | None = None,
@@ -125,6 +132,8 @@ def run_rounds(
             result.stopped = "the LR-transfer gate refused the ladder"
             return result
         sweep = ladder_with_lr(check, result.transfer.gate.base_lr)
+    if not _recipe_gate(result, sweep, "the design", force_recipe, log):
+        return result
     launched = _launch(sweep, out, spec_text, spec_name, options, log, faults=True)
     result.states = launched["states"]
     for i in range(1, rounds):
@@ -143,6 +152,8 @@ def run_rounds(
             log(f"W&B: fit run {wandb_id} (fit, gates, proposals, ledger, plots)")
         if before_launch is not None:
             before_launch(i, proposal)
+        if not _recipe_gate(result, proposal.sweep, f"round {proposal.round}", force_recipe, log, raw=sweep.raw):
+            break
         spec_text = files.read_text(proposal.spec_path)
         launched = _launch(proposal.sweep, out, spec_text, files.stem(proposal.spec_path), options, log)
         result.states = launched["states"]
@@ -193,6 +204,23 @@ def _open_round(sweep_dir: str | Path) -> Proposal | None:
     last = read_round(sweep_dir, k)
     done = all(store.run_state(store.run_location(sweep_dir, r.run_id)) == "done" for r in last.runs)
     return None if done and not last.passed else last
+
+
+def _recipe_gate(result: RoundsResult, sweep: Sweep, what: str, force: bool, log: Log, raw=None) -> bool:
+    """Check `sweep`'s runs with the recipe gate of its spec (or of `raw`, the loop's spec, for a
+    round's runs); False when the gate refuses them and is not forced (result.stopped says why)."""
+    gate = check_sweep(sweep, raw=raw)
+    if gate is None:
+        return True
+    result.recipe_gate = gate
+    if gate.ok:
+        return True
+    if force:
+        log(format_recipe_gate(gate))
+        log(f"the recipe gate refuses {what}; launching it anyway (forced)")
+        return True
+    result.stopped = f"the recipe gate refused {what}: " + ", ".join(r.run_id for r in gate.over)
+    return False
 
 
 def _transfer_gate(

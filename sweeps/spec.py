@@ -10,20 +10,24 @@ A spec is a base run config (the same tree `scalelab run` reads) plus exactly on
       tokens_per_param: [4, 64]       # sizes span D/N in this range at every budget (or params: [lo, hi])
       flops: 6n                       # 6n | exact (attention included, scalelab.models.accounting)
       tolerance: 0.05                 # |C_run / budget - 1| allowed after rounding to whole steps
-    seeds: 2                          # optional: K repeats (train.seed = base seed + k)
+    seeds: 2                          # optional: K repeats (train.seed = base seed + k); sweeps/seeds.py:
+                                      #   {count: 2, vary: init | data | both, distinct: true}
     axes: {optim.lr: [1e-3, 3e-3]}    # optional: crossed with every generated run (any config key)
     data: {mixtures: [{web: 0.7, code: 0.3}], num_tokens: [...], epochs: [1, 2, 4], unique_tokens: 1e6}
     cooldowns: {fractions: [0.25, 0.5]}   # optional, WSD only: decay branches off each run
     early_stop: {tolerance: 0.01}         # optional: stop runs whose final loss is predicted (sweeps/early_stop.py)
     wandb: {group: iso-v2, tags: [v2]}    # optional: W&B group, tags, live prediction (sweeps/wandb_runs.py)
     transfer: {check: true, widths: [32, 256], lrs: [...]}   # optional: the LR-transfer gate (sweeps/transfer.py)
+    recipe_gate: {audit: results/audit, max_cost: 0.005}   # optional: the recipe gate (sweeps/recipe_gate.py)
     execution: {max_concurrent: 2, max_failures: 2, cpus_per_run: 1, gpus_per_run: 0}
     fit: {law: chinchilla, loss: final_val_loss, target_flops: 1e12}
 
 Generators: `grid` (mapping dotted key -> list; cartesian product), `isoflop` (above), `ladder`
 (`sizes: [N...]`, `tokens_per_param: [20...]`: D = tpp x N), `random` (`num_samples`, `seed`,
-`params: {key: {loguniform|uniform: [lo, hi]} | {choice: [...]}}`) and `points` (an explicit list of
-{dotted key: value} mappings; what `sweep next` writes). Sizes given as `model.target_params` or by a
+`params: {key: {loguniform|uniform: [lo, hi]} | {choice: [...]}}`), `points` (an explicit list of
+{dotted key: value} mappings; what `sweep next` writes) and `audit` (a recipe audit: sizes x token
+horizons x LRs around the recipe's, weight decay, beta2 and depth at a few cells;
+scalelab.sweeps.audit_grid, analysed by `scalelab sweep audit`). Sizes given as `model.target_params` or by a
 generator go through the shape rule (scalelab.models.shapes).
 
 Run identity: every run is fully resolved (`build_run_config`) and its id is `config_hash(cfg)`.
@@ -55,20 +59,24 @@ from scalelab.errors import ConfigError
 from scalelab.models.accounting import num_params
 from scalelab.models.config import ModelConfig
 from scalelab.store import files, objects
+from scalelab.sweeps.audit_grid import audit_points
 from scalelab.sweeps.cooldowns import expand_cooldowns
 from scalelab.sweeps.design_context import SHAPE_KEYS, DesignContext, Point
 from scalelab.sweeps.early_stop import parse_early_stop
 from scalelab.sweeps.isoflop_grid import check_isoflop_tolerance, isoflop_points
 from scalelab.sweeps.recipe import plan_run
+from scalelab.sweeps.recipe_gate import parse_gate
 from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
+from scalelab.sweeps.seeds import seed_points
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
 from scalelab.sweeps.study_spec import StudySpec, check_arm_runs, parse_study
 from scalelab.sweeps.wandb_runs import parse_wandb_section
 from scalelab.train.config import build_run_config, merge_defaults
 from scalelab.train.data.config import SourceConfig
 
+RECIPE_OPTIM = ("optim.lr", "optim.weight_decay", "optim.beta2")  # a point that sets one keeps it
 LOOP_LAWS = ("chinchilla", "kaplan")  # laws of (N, D) with a compute-optimal allocation; fit.law may also be auto
-GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
+GENERATORS = ("grid", "isoflop", "ladder", "random", "points", "audit")
 TOP_KEYS = (
     "name",
     "description",
@@ -83,6 +91,7 @@ TOP_KEYS = (
     "recipe",
     "early_stop",
     "transfer",  # the LR-transfer gate (scalelab.sweeps.transfer), read by `sweep plan/launch`
+    "recipe_gate",  # the recipe gate (scalelab.sweeps.recipe_gate), read by `sweep plan/launch`
     "wandb",  # W&B group, tags and live prediction (scalelab.sweeps.wandb_runs), read back by the trials
     "study",  # arms crossed with the design (scalelab.sweeps.study_spec)
 )
@@ -225,6 +234,7 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
     parse_early_stop(raw.get("early_stop"))  # checked here; the trials read it back from the spec
     parse_wandb_section(raw.get("wandb"))  # the same
+    parse_gate(raw.get("recipe_gate"))  # the section; its audit is read by `sweep plan` and `launch`
     _check_fit(fit)
     gen = gens[0]
     study = None
@@ -239,9 +249,10 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
         arm_base = with_overrides(base, arm_overrides)  # the generator sizes the arm's own runs
         ctx = DesignContext.from_base(arm_base, cpus_per_run=execution.cpus_per_run, recipe=raw.get("recipe"))
         points = _GENERATOR_FNS[gen](raw[gen], ctx, gen)
+        warnings += [w for w in ctx.warnings if w not in warnings]
         points = _cross(points, _axes(raw.get("axes"), "axes"))
         points = _cross(points, _data_axes(raw.get("data"), ctx, gen))
-        points = _cross(points, _seeds(raw.get("seeds"), ctx))
+        points = seed_points(raw.get("seeds"), ctx, points)
         if arm is not None:
             points = _cross(points, [(arm_overrides, {"arm": arm})])
         where = f"study.arms.{arm}: {gen}" if arm is not None else gen
@@ -317,20 +328,24 @@ def _resolve(ctx: DesignContext, overrides: dict[str, Any], labels: dict[str, An
         _set(tree, key, value)
     try:
         if ctx.recipe is not None:
-            _apply_recipe(ctx, tree, labels, keep_lr="optim.lr" in overrides, where=where)
+            _apply_recipe(ctx, tree, labels, keep=frozenset(k for k in RECIPE_OPTIM if k in overrides), where=where)
         return run_spec_from_tree(tree, labels)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e.key}", str(e).split(": ", 1)[-1]) from None
 
 
-def _apply_recipe(ctx: DesignContext, tree: dict, labels: dict[str, Any], *, keep_lr: bool, where: str) -> None:
-    """Set batch, whole-step length, warmup and LR of a run by the spec's recipe (sweeps/recipe.py)."""
+def _apply_recipe(ctx: DesignContext, tree: dict, labels: dict[str, Any], *, keep: frozenset[str], where: str) -> None:
+    """Set batch, whole-step length, warmup, LR, weight decay and beta2 of a run by the spec's recipe
+    (sweeps/recipe.py), but the optimizer keys in `keep`, which the point sets itself."""
     cfg = build_run_config(tree)
     n = num_params(cfg.model)
     target = float(cfg.train.num_tokens)
     budget = float(labels.get("flops_budget") or 6.0 * n * target)
-    plan = plan_run(ctx.recipe, params=n, target_tokens=target, flops_budget=budget, seq_len=cfg.seq_len, where=where)
-    for key, value in plan.overrides(keep_lr=keep_lr).items():
+    own_lr = cfg.optim.lr if "optim.lr" in keep else None
+    plan = plan_run(
+        ctx.recipe, params=n, target_tokens=target, flops_budget=budget, seq_len=cfg.seq_len, where=where, lr=own_lr
+    )
+    for key, value in plan.overrides(keep=keep).items():
         _set(tree, key, value)
 
 
@@ -435,7 +450,14 @@ def _ladder(section: Any, ctx: DesignContext, key: str) -> list[Point]:
     return out
 
 
-_GENERATOR_FNS = {"grid": _grid, "isoflop": isoflop_points, "ladder": _ladder, "random": _random, "points": _points}
+_GENERATOR_FNS = {
+    "grid": _grid,
+    "isoflop": isoflop_points,
+    "ladder": _ladder,
+    "random": _random,
+    "points": _points,
+    "audit": audit_points,
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,20 +527,6 @@ def _data_axes(section: Any, ctx: DesignContext, gen: str) -> list[Point]:
     for axis in axes:
         points = _cross(points, axis)
     return points
-
-
-def _seeds(section: Any, ctx: DesignContext) -> list[Point]:
-    if section is None:
-        return []
-    base_seed = int((ctx.base.get("train") or {}).get("seed", 0))
-    if isinstance(section, list):
-        seeds = [int(number(s, "seeds", positive=False)) for s in section]
-    else:
-        k = number(section, "seeds", example="3")
-        if not k.is_integer():
-            raise ConfigError("seeds", f"{section!r} is not a whole number of seeds", "e.g. seeds: 3, or a list")
-        seeds = [base_seed + i for i in range(int(k))]
-    return [({"train.seed": s}, {"seed": s}) for s in seeds]
 
 
 def dump_spec(spec: dict[str, Any]) -> str:

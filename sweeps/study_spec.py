@@ -94,7 +94,7 @@ def design_keys(raw: dict[str, Any], generator: str) -> tuple[str, ...]:
         if "epochs" in data:
             keys += ["train.num_tokens", "data.sources"]
     if raw.get("seeds") is not None:
-        keys.append("train.seed")
+        keys += ["train.seed", "train.data_seed"]
     return tuple(dict.fromkeys(keys))
 
 

@@ -224,3 +224,24 @@ def test_compile_applies_on_one_device(tmp_path, monkeypatch):
 
     assert len(compiled) == _cfg().model.num_layers
     assert all(isinstance(m, TransformerBlock) for m in compiled)
+
+
+def test_init_and_data_order_have_their_own_seeds(tmp_path):
+    """train.data_seed moves the data order and nothing else: at an LR too small to move a weight
+    (no decay), the validation loss is the init's alone and the training loss is the init's on the
+    first batches. Unset or equal to train.seed it is the run it always was (the same id)."""
+    from scalelab.train.identity import config_hash
+
+    frozen = ("train.num_tokens=512", "optim.lr=1e-30", "optim.weight_decay=0")
+
+    def losses(*overrides):
+        summary = train_run(_cfg(*frozen, *overrides), tmp_path / "-".join(overrides or ("plain",)))
+        return summary["final_val_loss"], _losses(tmp_path / "-".join(overrides or ("plain",)))
+
+    assert config_hash(_cfg(*frozen)) == config_hash(_cfg(*frozen, "train.data_seed=3"))  # seed is 3
+    assert config_hash(_cfg(*frozen)) != config_hash(_cfg(*frozen, "train.data_seed=4"))
+    val_ref, train_ref = losses()
+    val_data, train_data = losses("train.data_seed=4")  # the init of seed 3, the data order of seed 4
+    val_init, train_init = losses("train.seed=4")  # both from seed 4
+    assert val_data == val_ref and train_data != train_ref  # the same init, other batches
+    assert val_init != val_ref and train_init != train_data  # the same batches as data_seed=4, another init

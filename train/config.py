@@ -66,7 +66,10 @@ class TrainLoopConfig:
     num_tokens: int = 2_000_000  # run length in tokens (rounded down to whole steps)
     global_batch_tokens: int = 8192  # tokens per optimizer step across all data-parallel ranks
     micro_batch_sequences: int = 0  # sequences per forward/backward on one rank; 0 = no accumulation
-    seed: int = 0  # drives init, data order and dropout
+    seed: int = 0  # drives init and dropout, and the data order unless data_seed is set
+    # the data order's own seed (None: `seed`), so a design can replicate a point by init or by data
+    # order alone; left out of the run's identity while None (scalelab.train.identity)
+    data_seed: int | None = None
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16
     init_from: str | None = None  # checkpoint dir to start from (e.g. a WSD branch off a stable run)
@@ -140,6 +143,11 @@ class RunConfig:
     @property
     def num_steps(self) -> int:
         return self.train.num_tokens // self.tokens_per_step
+
+    @property
+    def data_order_seed(self) -> int:
+        """The seed of the data order: train.data_seed, or train.seed when it is not set."""
+        return self.train.seed if self.train.data_seed is None else self.train.data_seed
 
     @property
     def warmup_tokens(self) -> int:

@@ -106,7 +106,7 @@ def _evaluate_loaded(
     """The one evaluation of a loaded checkpoint: its run's held-out sets (with_val) and the tasks."""
     val_sets = []
     if with_val:
-        val_sets = build_data(cfg.data, seed=cfg.train.seed, val_batch_size=cfg.eval.val_batch_sequences).val_sets
+        val_sets = build_data(cfg.data, seed=cfg.data_order_seed, val_batch_size=cfg.eval.val_batch_sequences).val_sets
     return evaluate(
         par,
         tokenizer=load_tokenizer(cfg.data.tokenizer),

@@ -9,7 +9,9 @@ The identity leaves out what does not change the numbers: the layout (scalelab p
 does not), logging and profiling; so a run resumes under another layout and a sweep never retrains
 a finished run because the cluster shape changed. The parametrization's base-shape fields are left
 out under sp (which ignores them), and `base_d_ff` at its default of 0 (which computes what runs
-without the field computed), so stores written before those fields existed keep their ids.
+without the field computed), and so is `train.data_seed` while unset or equal to `train.seed`
+(the data order follows `train.seed`, as before the field existed), so stores written before those
+fields existed keep their ids.
 
 The policy (one, used by the store's dedupe, the sweep trial, `scalelab run --resume` and the tests):
 a stored run and today's config are the same run when
@@ -53,6 +55,10 @@ class NotSameRun(UsageError, RuntimeError):
 def identity_tree(tree: dict[str, Any]) -> dict[str, Any]:
     """The part of a resolved config tree that identifies the run (see the module docstring)."""
     out = {k: v for k, v in tree.items() if k not in _NOT_IDENTITY}
+    train = out.get("train")
+    if isinstance(train, dict) and "data_seed" in train and train["data_seed"] in (None, train.get("seed", 0)):
+        # the data order follows train.seed, as it did before the field existed
+        out["train"] = {k: v for k, v in train.items() if k != "data_seed"}
     data = out.get("data")
     if isinstance(data, dict) and isinstance(data.get("sources"), list):
         out["data"] = dict(data, sources=[_drop_defaults(s, _ADDED_SOURCE_DEFAULTS) for s in data["sources"]])

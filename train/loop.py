@@ -76,7 +76,7 @@ class StopRun(Exception):
 def _build_data(cfg: RunConfig, dp_rank: int = 0, dp_size: int = 1):
     return build_data(
         cfg.data,
-        seed=cfg.train.seed,
+        seed=cfg.data_order_seed,
         dp_rank=dp_rank,
         dp_size=dp_size,
         val_batch_size=cfg.eval.val_batch_sequences,

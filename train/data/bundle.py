@@ -1,6 +1,6 @@
 """One call from a `DataConfig` to everything a training run reads: tokenizer, shards, sampler, val sets.
 
-    data = build_data(cfg.data, seed=cfg.train.seed, dp_rank=rank, dp_size=dp)
+    data = build_data(cfg.data, seed=cfg.data_order_seed, dp_rank=rank, dp_size=dp)
     data.sampler.check_budget(cfg.train.num_tokens)      # fail at config time, not at step 10,000
     x = data.sampler.next_batch(global_batch_sequences)  # this rank's rows
     for vs in data.val_sets: ... vs.bpb(mean_loss)

@@ -1,0 +1,106 @@
+"""Smoke tests of the registered first-round experiment's scripts (docs/first-round.md), without
+training: bench/recipe_audit.py's grid and its report on a synthetic audit store, and
+bench/first_round_store.py -> bench/first_round_scores.py on a store whose runs are finished from a
+known law (scalelab.analysis.synthetic) where the scripts would train them on Ray."""
+
+import importlib.util
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import yaml
+
+from scalelab import store
+from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
+from scalelab.store.atomic import atomic_write_json
+from scalelab.sweeps.recipe import timescale_of
+from scalelab.sweeps.recipe_gate import check_sweep
+from scalelab.sweeps.spec import expand_sweep
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _loss(config: dict, n: int, d: int) -> float:
+    """A truth whose best LR is the demo recipe's times (D / 1e6)^-0.2, best timescale 0.5 of the run."""
+    o = config["optim"]
+    best = 5e-3 * (n / 5e4) ** -0.3 * (d / 1e6) ** -0.2
+    steps = d // config["train"]["global_batch_tokens"]
+    out = math.log(1.2 + 40 * n**-0.3 + 80 * d**-0.3) + 0.1 * math.log(o["lr"] / best) ** 2
+    return math.exp(out + 0.02 * math.log(timescale_of(o["weight_decay"], o["lr"], steps) / 0.5) ** 2)
+
+
+@pytest.fixture(scope="module")
+def audit_dir(tmp_path_factory):
+    """bench/recipe_audit.py's smoke grid, finished from the truth above, then its report."""
+    audit = _script("recipe_audit")
+    out = tmp_path_factory.mktemp("audit") / "audit"
+    spec = audit.audit_spec(smoke=True)
+    sweep = expand_sweep(spec)
+    store.init_sweep(out, yaml.safe_dump(spec), "recipe_audit", [r.to_dict() for r in sweep.runs], sweep.name)
+    for run in sweep.runs:
+        run_dir = store.run_path(out, run.run_id)
+        atomic_write_json(run_dir / "config.json", run.config)
+        loss = _loss(run.config, run.params, run.num_tokens)
+        status = dict(
+            status="done", run_id=run.run_id, params=run.params, num_tokens=run.num_tokens, final_val_loss=loss
+        )
+        atomic_write_json(run_dir / "status.json", status)
+    audit.main(["--out", str(out), "--smoke", "--report-only", "--replicates", "20"])
+    return out
+
+
+def test_the_audit_grid_and_its_report(audit_dir, capsys):
+    capsys.readouterr()
+    _script("recipe_audit").main(["--dry-run"])
+    assert "recipe audit: 103 runs {'lr': 78, 'weight_decay': 12, 'beta2': 4, 'shape': 9}" in capsys.readouterr().out
+    for name in ("audit.json", "audit.txt", "recipe.yaml"):
+        assert (audit_dir / name).is_file()
+    text = (audit_dir / "audit.txt").read_text()
+    assert "fitted LR(N, D)" in text and "the demo's design" in text
+    recipe = yaml.safe_load((audit_dir / "recipe.yaml").read_text())["recipe"]
+    # the truth's -0.2, moved by its decay term: a fixed wd makes a higher LR a shorter timescale
+    assert recipe["lr"]["tokens_exponent"] == pytest.approx(-0.2, abs=0.1)
+
+
+def test_one_store_then_its_scores(audit_dir, tmp_path, monkeypatch, capsys):
+    script = _script("first_round_store")
+    law = SyntheticLaw()
+    spec, sweep = script.first_round_spec(audit_dir, seed=1000, num_sizes=6, span=2.0, seeds_per_point=1)
+    assert len(sweep.runs) == 18 and len({r.config["train"]["seed"] for r in sweep.runs}) == 18
+    assert check_sweep(sweep).ok  # the audited recipe passes its own gate
+
+    def fake_rounds(sweep, sweep_dir, *, spec_text, **_):  # the first round "trains": finished from the law
+        launch_synthetic(yaml.safe_load(spec_text), sweep_dir, law, noise_std=0.004)
+        return SimpleNamespace(stopped="", ok=True)
+
+    def fake_launch(sweep, sweep_dir, *, spec_text, **_):
+        launch_synthetic(yaml.safe_load(spec_text), sweep_dir, law, noise_std=0.004)
+
+    capsys.readouterr()
+    script.main(["--out", str(tmp_path / "plan"), "--seed", "1", "--audit", str(audit_dir), "--plan"])
+    plan = capsys.readouterr().out
+    assert "most per FLOP" in plan and "of the span (inside)" in plan and not (tmp_path / "plan").exists()
+    monkeypatch.setattr(script, "run_rounds", fake_rounds)
+    monkeypatch.setattr(script, "launch", fake_launch)
+    args = ["--out", str(tmp_path / "s1000"), "--seed", "1000", "--audit", str(audit_dir), "--holdout-sizes", "2"]
+    script.main(args)
+    script.main(args)  # resumed: the holdout round is launched as proposed, never proposed again
+    loop = tmp_path / "s1000" / "loop"
+    assert sorted(p.name for p in (loop / "rounds").glob("round_*.yaml")) == ["round_1.yaml"]
+    scores = _script("first_round_scores")
+    capsys.readouterr()
+    scores.main([str(loop), "--json", str(tmp_path / "scores.json")])
+    out = capsys.readouterr().out
+    s = scores.store_scores(loop)
+    assert [s["distances"][m]["scored"] for m in (3, 10, 30)] == [2, 2, 2]
+    assert all(np.isfinite(s["distances"][m]["error"]) for m in (3, 10, 30))
+    assert "old recipe +7.70%, sd 4.11% over 7 stores" in out and "replication" in out
