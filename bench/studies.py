@@ -57,7 +57,8 @@ from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.proposal import latest_round
 from scalelab.sweeps.spec import expand_sweep, load_sweep
-from scalelab.sweeps.study_fit import fit_study, format_study
+from scalelab.sweeps.study_fit import fit_study
+from scalelab.sweeps.study_text import format_study
 from scalelab.sweeps.study_propose import format_study_proposal, propose_study_round
 
 TARGET_FLOPS = 2e13  # 10x the demo design's largest budget

@@ -8,8 +8,9 @@
     scalelab sweep status results/iso [--json]
     scalelab sweep export results/iso --csv runs.csv
     scalelab sweep next results/iso --target-flops 1e13 [--budget-flops 3e12]
-    scalelab sweep next results/study [--decide]                      # a study: narrow m(C), or the decisive pair
-    scalelab sweep study results/study [--json]                       # a study's arms, m(C), gaps, decision accuracy
+    scalelab sweep next results/study [--decide] [--seeds 2]          # a study: narrow m(C), or decide
+    scalelab sweep study results/study [--estimator separate] [--json]   # a study's arms, gaps, decision accuracy
+    scalelab sweep study s3://bucket/studies/study-arch              # a study on object storage (read-only)
     scalelab sweep ledger results/iso [--json]                        # every fit and prediction, scored
     scalelab sweep eval results/iso --tasks bundled:stdlib_completion@100  # add a task to finished runs
     scalelab sweep wandb results/iso [--mode offline|online] [--force]   # log a finished store to W&B
@@ -126,11 +127,17 @@ def _add_next(s) -> None:
     q.add_argument(
         "--decide",
         action="store_true",
-        help="a study: propose the decisive pair at the target now, even while the arms are not told apart",
+        help="a study: propose the matched decisive measurement at the target now, even while the arms are "
+        "not told apart",
     )
     q.add_argument(
-        "--seeds", type=int, default=1, help="train the compute-optimal run with this many seeds (each one scored)"
+        "--seeds",
+        type=int,
+        default=None,
+        help="train the compute-optimal run with this many seeds (each one scored); a study: seeds per size of "
+        "the decisive measurement (default: its study.decisive.seeds)",
     )
+    _estimator_arg(q)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_next)
 
@@ -140,8 +147,19 @@ def _add_study(s) -> None:
     q.add_argument("sweep_dir")
     q.add_argument("--replicates", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
     q.add_argument("--no-decisions", action="store_true", help="skip decision accuracy (its refits take a while)")
+    _estimator_arg(q)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_study)
+
+
+def _estimator_arg(q) -> None:
+    q.add_argument(
+        "--estimator",
+        choices=("paired", "separate"),
+        default=None,
+        help="a study: the gap the verdict rests on: paired (the arms' matched design points) or separate (each "
+        "arm's own law); default: the spec's study.estimator",
+    )
 
 
 def _add_eval(s) -> None:
@@ -390,15 +408,16 @@ def run_next(args) -> int:
 
     if is_study(args.sweep_dir):
         return _next_study(args)
-    if args.decide:
-        raise UsageError(f"--decide: {args.sweep_dir} is not a study (its sweep.yaml has no study: section)")
+    for flag, given in (("--decide", args.decide), ("--estimator", args.estimator)):
+        if given:
+            raise UsageError(f"{flag}: {args.sweep_dir} is not a study (its sweep.yaml has no study: section)")
     proposal = propose_next(
         args.sweep_dir,
         target_flops=args.target_flops,
         budget_flops=args.budget_flops,
         step=args.step,
         replicates=args.replicates,
-        seeds=args.seeds,
+        seeds=args.seeds or 1,
         log=(lambda m: None) if args.json else print,
     )
     _log_fit_runs(args.sweep_dir, (lambda m: print(m, file=sys.stderr)) if args.json else print)
@@ -416,14 +435,14 @@ def _next_study(args) -> int:
         raise UsageError(f"{args.sweep_dir}: a study's rounds need a local or shared POSIX store (not s3:// yet)")
     if args.target_flops is not None:
         raise UsageError("--target-flops: a study's target is its study.target_flops; edit the spec's study section")
-    if args.seeds != 1:
-        raise UsageError("--seeds: a study's decisive pair is one run per arm; add seeds to the spec's design instead")
     proposal = propose_study_round(
         args.sweep_dir,
         budget_flops=args.budget_flops,
         step=args.step,
         decide=args.decide,
         replicates=args.replicates,
+        seeds=args.seeds,
+        estimator=args.estimator,
         log=(lambda m: print(m, file=sys.stderr)) if args.json else print,
     )
     print(json.dumps(proposal.to_dict(), indent=2, default=str) if args.json else format_study_proposal(proposal))
@@ -433,12 +452,15 @@ def _next_study(args) -> int:
 def run_study(args) -> int:
     from scalelab.analysis.decision_accuracy import decision_accuracy, format_decisions
     from scalelab.store.ledger import format_studies, read_ledger, score
-    from scalelab.sweeps.study_fit import fit_study, format_study
+    from scalelab.sweeps.propose import readable
+    from scalelab.sweeps.study_fit import fit_study
+    from scalelab.sweeps.study_text import format_study
 
-    score(args.sweep_dir)
-    sf = fit_study(args.sweep_dir, replicates=args.replicates)
+    score(args.sweep_dir)  # on object storage too: the ledger is one object, updated by conditional puts
+    local = readable(args.sweep_dir)  # an s3:// study is read through one local copy, made after scoring
+    sf = fit_study(local, replicates=args.replicates, estimator=args.estimator)
     studies = read_ledger(args.sweep_dir)["studies"]
-    table = None if args.no_decisions else decision_accuracy(args.sweep_dir)
+    table = None if args.no_decisions else decision_accuracy(local)
     if args.json:
         out = {"fit": sf.to_dict(), "ledger": studies, "decisions": table.to_dict() if table else None}
         print(json.dumps(out, indent=2, default=str))
