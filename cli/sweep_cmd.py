@@ -4,6 +4,7 @@
     scalelab sweep launch SPEC --out results/iso [--address ADDR] [--max-concurrent K] [--rounds R]
     scalelab sweep launch SPEC --out /shared/iso --address http://HEAD:8265 --detach   # driver as a Ray Job
     scalelab sweep launch ladder.yaml --out results/lad [--force]    # with `transfer:`: the LR gate first
+    scalelab sweep launch study.yaml --out results/st --rounds 4 --decide   # a study, to its decisive measurement
     scalelab sweep resume results/iso                                # after the driver died
     scalelab sweep status results/iso [--json]
     scalelab sweep export results/iso --csv runs.csv
@@ -79,6 +80,12 @@ def _add_launch(s) -> None:
     q.add_argument("--target-flops", type=float, default=None, help="C* for --rounds > 1 (default: the spec's fit)")
     q.add_argument("--budget-flops", type=float, default=None, help="FLOPs per proposed round (--rounds > 1)")
     q.add_argument("--force", action="store_true", help="launch the ladder even when the LR-transfer gate fails")
+    q.add_argument(
+        "--decide",
+        action="store_true",
+        help="a study with --rounds: each round remedies failed gates or is the matched decisive measurement; "
+        "stop after that one (a round left unfinished is launched again)",
+    )
     q.add_argument(
         "--inject-fault",
         action="append",
@@ -261,6 +268,8 @@ def run_launch(args) -> int:
     sweep = load_sweep(args.spec)  # every run validated before Ray starts
     out = args.out if objects.is_url(args.out) else Path(args.out)
     check, target = check_rounds(sweep, out, rounds=args.rounds, target_flops=args.target_flops)
+    if args.decide and sweep.study is None:
+        raise UsageError(f"--decide: {args.spec} is not a study (it has no study: section)")
     faults = _faults(args.inject_fault)
     if args.detach:
         return _detach(args, sweep, check is None, out)
@@ -282,6 +291,9 @@ def run_launch(args) -> int:
         target_flops=target,
         budget_flops=args.budget_flops,
         force_transfer=args.force,
+        decide=args.decide,
+        until_passed=args.decide,
+        reopen=args.decide,
         options=LaunchOptions(
             address=args.address,
             max_concurrent=args.max_concurrent,
@@ -339,6 +351,7 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
         if value is not None:
             argv += [flag, str(value)]
     argv += ["--force"] if args.force else []
+    argv += ["--decide"] if args.decide else []
     for item in args.inject_fault:
         argv += ["--inject-fault", item]
     job_id = submit_driver(args.address, out, argv, pass_env=args.pass_env)

@@ -40,11 +40,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalelab import store
 from scalelab.config_tree import from_dict
 from scalelab.errors import ConfigError, UsageError
 from scalelab.fitting.multiplier import interval, multiplier
@@ -52,9 +54,9 @@ from scalelab.fitting.scaling_fit import code_version
 from scalelab.store import files, ledger
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
 from scalelab.sweeps.design_context import DesignContext
-from scalelab.sweeps.proposal import ProposedRun, round_spec
+from scalelab.sweeps.proposal import ProposedRun, latest_round, round_spec
 from scalelab.sweeps.propose import Candidate, next_round, remedies
-from scalelab.sweeps.spec import ExecutionConfig, Sweep, dump_spec, expand_sweep, read_spec, with_overrides
+from scalelab.sweeps.spec import ExecutionConfig, Sweep, dump_spec, expand_sweep, load_sweep, read_spec, with_overrides
 from scalelab.sweeps.study_decisive import DecisivePoint, decisive_candidates, decisive_points
 from scalelab.sweeps.study_fit import ArmFit, StudyFit, compare_arms, design_budgets, fit_study
 from scalelab.sweeps.study_text import format_study
@@ -362,6 +364,36 @@ def _write_round(sweep_dir: Path, raw: dict[str, Any], proposal: StudyProposal, 
     predictions = [r.ledger_entry(k, proposal.passed, loss_column) for r in proposal.runs]
     ledger.record_study(sweep_dir, proposal.entries, predictions)
     atomic_write_bytes(proposal.spec_path, dump_spec(spec).encode())  # after the ledger: launchable last
+
+
+@dataclass(kw_only=True)
+class OpenRound:
+    """A study's latest round as written, to launch again (its runs not all done)."""
+
+    round: int
+    kind: str
+    spec_path: Path
+    sweep: Sweep
+    runs: list  # the round's RunSpecs
+
+    @property
+    def passed(self) -> bool:
+        return self.kind == "decisive"
+
+
+def open_study_round(sweep_dir: str | Path) -> OpenRound | None:
+    """The study's latest round when a run of it is not done (a loop stopped while it trained), else None."""
+    k = latest_round(sweep_dir)
+    if not k:
+        return None
+    record = json.loads(files.read_text(files.join(sweep_dir, "fits", f"round_{k}.json")) or "{}")
+    spec_path = Path(sweep_dir) / "rounds" / f"round_{k}.yaml"
+    if not record.get("study") or not spec_path.exists():
+        return None
+    sweep = load_sweep(spec_path)
+    if all(store.run_state(store.run_location(sweep_dir, r.run_id)) == "done" for r in sweep.runs):
+        return None
+    return OpenRound(round=k, kind=record.get("kind", ""), spec_path=spec_path, sweep=sweep, runs=sweep.runs)
 
 
 def format_study_proposal(p: StudyProposal) -> str:

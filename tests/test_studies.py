@@ -21,7 +21,7 @@ from scalelab.store import ledger, load_runs
 from scalelab.sweeps.dry_run import format_plan, plan_sweep
 from scalelab.sweeps.spec import expand_sweep, load_sweep
 from scalelab.sweeps.study_fit import fit_study
-from scalelab.sweeps.study_propose import propose_study_round
+from scalelab.sweeps.study_propose import open_study_round, propose_study_round
 from scalelab.sweeps.study_text import format_study
 from scalelab.sweeps.wandb_runs import run_tags
 
@@ -152,7 +152,11 @@ def decided(tmp_path_factory):
     no_truth = decision_accuracy(sd)
     p = propose_study_round(sd, log=_quiet)
     (before,) = ledger.read_ledger(sd)["studies"]
+    reopened = open_study_round(sd)  # a loop stopped here launches this round again, not a new one
+    assert reopened.round == p.round and reopened.passed
+    assert [r.run_id for r in reopened.sweep.runs] == [r.run_id for r in p.runs]
     launch_synthetic(p.spec_path, sd, LAWS, noise_std=0.003)
+    assert open_study_round(sd) is None  # every run of it done: the next round is proposed afresh
     return sd, p, before, no_truth
 
 
