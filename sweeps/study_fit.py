@@ -60,7 +60,7 @@ from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_options, fit_store
 from scalelab.sweeps.study_decisive import decisive_points, planned_runs
 from scalelab.sweeps.study_paired import PairedComparison, compare_paired
 from scalelab.sweeps.study_spec import ARM_LABEL, ESTIMATORS, StudySpec, parse_study
-from scalelab.sweeps.study_text import verdict
+from scalelab.sweeps.study_text import PARTS, verdict
 
 GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
 DESIGN_ORDER = ("flops_budget", "size_index", "target_params", "seed", "params", "run_id")
@@ -136,6 +136,7 @@ class ArmComparison:
             "runs": {a: [{"params": n, "tokens": d} for n, d in pts] for a, pts in self.runs.items()},
             "losses": {a: [p.to_dict() for p in ps] for a, ps in self.losses.items()},
             "gap": self.gap.to_dict(),
+            "gap_parts": PARTS[self.estimator],  # what each part of the verdict's interval is
             "separate_gap": self.separate_gap.to_dict(),
             "paired": None if self.paired is None else self.paired.to_dict(),
             "winner": self.winner,

@@ -14,35 +14,27 @@ point of the shared bootstrap (scalelab.fitting.design_bootstrap).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 
 from scalelab.fitting.gap_model import NO_SIZE, GapPoints
+from scalelab.sweeps.store_fit import number_or_none
 from scalelab.sweeps.study_spec import ARM_LABEL
-
-
-def _num(x) -> float | None:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
 
 
 def design_key(row: dict, loss: str) -> tuple[float, str, int] | None:
     """(budget, size key, seed) of a done run with a loss and a design size; None otherwise."""
-    if row.get("status") != "done" or _num(row.get(loss)) is None:
+    if row.get("status") != "done" or number_or_none(row.get(loss)) is None:
         return None
-    budget = _num(row.get("flops_budget"))
-    size = _num(row.get("size_index"))
-    target = _num(row.get("target_params"))
+    budget = number_or_none(row.get("flops_budget"))
+    size = number_or_none(row.get("size_index"))
+    target = number_or_none(row.get("target_params"))
     if budget is None or (size is None and target is None):
         return None
     key = f"s{int(size)}" if size is not None else f"n{int(target)}"
-    return budget, key, int(_num(row.get("seed")) or 0)
+    return budget, key, int(number_or_none(row.get("seed")) or 0)
 
 
 def group_name(budget: float, size_key: str) -> str:
@@ -139,10 +131,14 @@ def joint_rows(runs: pl.DataFrame, baseline: str, arm: str, pairs: MatchedPairs,
     for i, name in enumerate((baseline, arm)):
         sub = runs.filter(pl.col(ARM_LABEL) == name) if ARM_LABEL in runs.columns else runs.clear()
         for row in sub.iter_rows(named=True):
-            y, n, d = _num(row.get(loss)), _num(row.get("params")), _num(row.get("tokens"))
+            y, n, d = (
+                number_or_none(row.get(loss)),
+                number_or_none(row.get("params")),
+                number_or_none(row.get("tokens")),
+            )
             if row.get("status") != "done" or y is None or n is None or d is None:
                 continue
-            budget = _num(row.get("flops_budget")) or 6.0 * n * d
+            budget = number_or_none(row.get("flops_budget")) or 6.0 * n * d
             out["n"].append(n)
             out["d"].append(d)
             out["arm"].append(float(i))

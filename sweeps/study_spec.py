@@ -172,23 +172,7 @@ def parse_study(section: Any, raw: dict[str, Any], generator: str, budgets: list
     baseline = section.get("baseline", next(iter(arms)))
     if baseline not in arms:
         raise ConfigError("study.baseline", f"{baseline!r} is not an arm", f"use one of {list(arms)}")
-    largest = max(budgets) if budgets else None
-    target = section.get("target_flops")
-    fit_target = (raw.get("fit") or {}).get("target_flops")
-    if target is not None:
-        target = number(target, "study.target_flops")
-    elif fit_target:
-        target = number(fit_target, "fit.target_flops")
-    elif largest is not None:
-        target = DEFAULT_TARGET_FACTOR * largest
-    else:
-        raise ConfigError("study.target_flops", "the design has no FLOP budgets to default from", "give it, e.g. 2e13")
-    if largest is not None and target <= largest:
-        raise ConfigError(
-            "study.target_flops",
-            f"{target:.3g} is not beyond the largest budget {largest:.3g}: nothing is extrapolated",
-            f"use a larger target, e.g. {DEFAULT_TARGET_FACTOR * largest:.3g}",
-        )
+    target = _target(section.get("target_flops"), (raw.get("fit") or {}).get("target_flops"), budgets)
     estimator = section.get("estimator", "paired")
     if estimator not in ESTIMATORS:
         raise ConfigError("study.estimator", f"{estimator!r} is not an estimator", f"use one of {list(ESTIMATORS)}")
@@ -202,6 +186,26 @@ def parse_study(section: Any, raw: dict[str, Any], generator: str, budgets: list
         decisive_sizes=sizes,
         decisive_seeds=seeds,
     )
+
+
+def _target(given: Any, fit_target: Any, budgets: list[float]) -> float:
+    """study.target_flops, else fit.target_flops, else 10x the largest budget; beyond the largest."""
+    largest = max(budgets) if budgets else None
+    if given is not None:
+        target = number(given, "study.target_flops")
+    elif fit_target:
+        target = number(fit_target, "fit.target_flops")
+    elif largest is not None:
+        target = DEFAULT_TARGET_FACTOR * largest
+    else:
+        raise ConfigError("study.target_flops", "the design has no FLOP budgets to default from", "give it, e.g. 2e13")
+    if largest is not None and target <= largest:
+        raise ConfigError(
+            "study.target_flops",
+            f"{target:.3g} is not beyond the largest budget {largest:.3g}: nothing is extrapolated",
+            f"use a larger target, e.g. {DEFAULT_TARGET_FACTOR * largest:.3g}",
+        )
+    return float(target)
 
 
 def _decisive(section: Any) -> tuple[int, int]:

@@ -231,6 +231,7 @@ def test_the_verdict_names_its_estimator_and_the_parts_of_its_interval(decided):
     assert out["estimator"] == "paired" and out["gap"]["estimator"] == "paired"
     assert out["paired"]["gap_model"]["model"] in ("constant", "drift") and out["paired"]["joint"]["params"]
     assert set(out["gap"]["parts"]) == {"bootstrap", "drift", "scatter", "baseline", "decades"}
+    assert set(out["gap_parts"]) == {"bootstrap", "drift", "scatter", "baseline"}  # and what each one is
 
 
 STEADY = {"a": SyntheticLaw(), "b": SyntheticLaw(E=1.7 * 1.03, A=60.0 * 1.03, B=80.0 * 1.03)}  # b: 3% above a
