@@ -18,11 +18,12 @@ from pathlib import Path
 
 import polars as pl
 
-from scalelab.analysis.decision_accuracy import METHODS, decision_accuracy
+from scalelab.analysis.decision_accuracy import METHOD_TEXT, METHODS, decision_accuracy
 from scalelab.analysis.report_html import html_table, img
 from scalelab.analysis.study_plots import plot_study_frontiers, plot_study_multiplier
 from scalelab.store import ledger
 from scalelab.sweeps.study_fit import fit_study
+from scalelab.sweeps.study_text import ESTIMATOR_TEXT, PARTS, parts_text
 
 
 def _iv(iv) -> str:
@@ -60,15 +61,32 @@ def study_sections(store: Path, runs: pl.DataFrame, *, n_boot: int | None = None
         rows = [[b, m, _iv(iv)] for b, m, iv in zip(c.budgets, c.multipliers, c.intervals)]
         rows.append([f"{c.target_flops:.3g} (target)", c.multiplier_at_target, _iv(c.target_interval)])
         parts.append(html_table(["budget C", "multiplier m(C)", f"{pct} interval"], rows))
-        g = c.gap
-        loss_rows = [[a, n, d, p.point, _iv((p.lo, p.hi))] for a, (n, d) in c.runs.items() for p in [c.losses[a]]]
-        loss_rows.append(["gap (arm - baseline)", "", "", g.point, _iv((g.lo, g.hi))])
+        loss_rows = [
+            [a, n, d, p.point, _iv((p.lo, p.hi))] for a, pts in c.runs.items() for (n, d), p in zip(pts, c.losses[a])
+        ]
         parts.append(html_table(["at the target", "N", "D", "predicted loss", f"{pct} interval"], loss_rows, left=1))
+        parts.append(_gaps_table(c, pct))
         parts.append(f'<div class="{"ok" if c.decided else "warn"}">{html.escape(c.verdict)}</div>')
         figs.append(img(plot_study_multiplier(c), f"Multiplier of {c.arm} over {c.baseline}"))
     parts.append(_ledger_table(store))
     parts.append(_decisions_table(store, runs))
     return parts, figs
+
+
+def _gaps_table(c, pct: str) -> str:
+    """Every estimator's gap at the decisive measurement (and between the frontiers), with its parts."""
+    views = [("the verdict's", c.gap)]
+    if c.paired is not None:
+        views += [("between the frontiers", c.paired.frontier)]
+        if c.paired.joint_matched is not None:
+            views += [("joint law", c.paired.joint_matched), ("joint law, frontiers", c.paired.joint_frontier)]
+    if c.estimator != "separate":
+        views += [("each arm's own law", c.separate_gap)]
+    rows = [[what, ESTIMATOR_TEXT[g.estimator], g.point, _iv((g.lo, g.hi)), parts_text(g)] for what, g in views]
+    cols = [f"gap L_{c.arm} - L_{c.baseline}", "estimator", "point", f"{pct} interval", "sds (loss units)"]
+    return html_table(cols, rows, left=2) + "".join(
+        f'<p class="muted">{html.escape(name)}: {html.escape(text)}</p>' for name, text in PARTS[c.estimator].items()
+    )
 
 
 def _ledger_table(store: Path) -> str:
@@ -84,19 +102,21 @@ def _ledger_table(store: Path) -> str:
                 e["arm"],
                 e["baseline"],
                 e["target_flops"],
+                e.get("estimator", "separate"),
                 e["predicted_gap"],
                 _iv(e["interval"]),
                 "yes" if e["decided"] else "no",
                 e["predicted_winner"],
                 e["measured_gap"] if e.get("measured_gap") is not None else "pending",
+                "" if e.get("measured_se") is None else e["measured_se"],
                 e.get("measured_winner") or "",
-                "" if e.get("winner_right") is None else ("yes" if e["winner_right"] else "NO"),
+                e.get("decision") or "",
                 "" if e.get("covered") is None else ("yes" if e["covered"] else "NO"),
             ]
         )
-    cols = ["round", "arm", "baseline", "C", "predicted gap", "interval", "decided", "winner"]
-    cols += ["measured gap", "measured winner", "winner right", "covered"]
-    return "<h3>Ledger: predicted against measured gaps at the target</h3>\n" + html_table(cols, rows, left=3)
+    cols = ["round", "arm", "baseline", "C", "estimator", "predicted gap", "interval", "decided", "winner"]
+    cols += ["measured gap (mean over pairs)", "its se", "measured winner", "decision", "covered"]
+    return "<h3>Ledger: predicted against measured gaps at the target</h3>\n" + html_table(cols, rows, left=5)
 
 
 def _decisions_table(store: Path, runs: pl.DataFrame) -> str:
@@ -104,13 +124,14 @@ def _decisions_table(store: Path, runs: pl.DataFrame) -> str:
     out = ["<h3>Decision accuracy</h3>"]
     if not table.truth:
         return out[0] + "".join(f'<p class="muted">{html.escape(n)}</p>' for n in table.notes)
-    rows = [[b, *[table.cell(b, m).text() for m in METHODS]] for b in table.budgets]
+    rows = [[b, *[table.cell(b, m).text(decisions=m in ("law", "paired")) for m in METHODS]] for b in table.budgets]
     out.append(
-        '<p class="muted">how often the ranking at a smaller budget picks the arm that wins at the target: '
-        "single-scale ranking (each shared design point; the best run of each arm) and the law-based "
-        "prediction (each arm fitted on the budgets up to this one)</p>"
+        '<p class="muted">how often the ranking at a smaller budget picks the arm that wins at the target, with '
+        "Wilson 95% intervals: single-scale ranking (each shared design point; the best run of each arm) and "
+        "the law-based predictions (each arm fitted on the budgets up to this one; the gap by each arm's law "
+        "and by the paired gap model), with how many were decided and how many of those were wrong</p>"
     )
-    out.append(html_table(["budget", "single-scale, each size", "single-scale, best run", "law-based"], rows))
+    out.append(html_table(["budget", *[METHOD_TEXT[m] for m in METHODS]], rows))
     for arm, gaps in table.truth.items():
         mean = sum(gaps.values()) / len(gaps)
         out.append(f'<p class="muted">truth: {html.escape(arm)} - baseline at the target = {mean:+.4f}</p>')

@@ -35,7 +35,7 @@ import yaml
 from scalelab import store
 from scalelab.models.accounting import num_params, num_params_nonembedding
 from scalelab.models.shapes import shape_for_width
-from scalelab.store import files
+from scalelab.store import files, ledger
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
 from scalelab.store.paths import run_path
 from scalelab.store.records import EVALS_SCHEMA, METRICS_SCHEMA
@@ -312,3 +312,20 @@ def launch_synthetic(
     todo = [r for r in sweep.runs if store.run_state(store.run_path(sweep_dir, r.run_id)) != "done"]
     simulate_runs(sweep_dir, todo, law, **noise)
     return [r.run_id for r in sweep.runs]
+
+
+def synthetic_trainer(law: SyntheticLaw | dict[str, SyntheticLaw], **noise):
+    """A stand-in for scalelab.sweeps.execute.launch (scalelab.sweeps.rounds.LaunchOptions.trainer):
+    records the sweep as a launch does and finishes its unfinished runs with `simulate_runs`, so the
+    closed loop, studies included, runs through its own code with the truth known."""
+
+    def train(sweep, sweep_dir, *, spec_text: str, spec_name: str = "sweep", log=print, **_launch_options) -> dict:
+        entries = [r.to_dict() for r in sweep.runs]
+        store.init_sweep(sweep_dir, spec_text, spec_name, entries, sweep.name)
+        todo = [r for r in sweep.runs if store.run_state(store.run_location(sweep_dir, r.run_id)) != "done"]
+        simulate_runs(sweep_dir, todo, law, **noise)
+        ledger.score(sweep_dir)
+        log(f"simulated {len(todo)} run(s) of {len(sweep.runs)}")
+        return {"states": {r.run_id: "done" for r in sweep.runs}}
+
+    return train

@@ -5,13 +5,15 @@
     scalelab sweep launch SPEC --out results/iso [--address ADDR] [--max-concurrent K] [--rounds R]
     scalelab sweep launch SPEC --out /shared/iso --address http://HEAD:8265 --detach   # driver as a Ray Job
     scalelab sweep launch ladder.yaml --out results/lad [--force]    # with `transfer:`: the LR gate first
+    scalelab sweep launch study.yaml --out results/st --rounds 4 --decide   # a study, to its decisive measurement
     scalelab sweep resume results/iso                                # after the driver died
     scalelab sweep status results/iso [--json]
     scalelab sweep export results/iso --csv runs.csv
     scalelab sweep next results/iso --target-flops 1e13 [--budget-flops 3e12]
     scalelab sweep next results/iso --holdout 3,10,30 [--holdout-sizes 2]   # far runs, all predicted by one fit
-    scalelab sweep next results/study [--decide]                      # a study: narrow m(C), or the decisive pair
-    scalelab sweep study results/study [--json]                       # a study's arms, m(C), gaps, decision accuracy
+    scalelab sweep next results/study [--decide] [--seeds 2]          # a study: narrow m(C), or decide
+    scalelab sweep study results/study [--estimator separate] [--json]   # a study's arms, gaps, decision accuracy
+    scalelab sweep study s3://bucket/studies/study-arch              # a study on object storage (read-only)
     scalelab sweep ledger results/iso [--json]                        # every fit and prediction, scored
     scalelab sweep audit results/audit [--design SPEC] [--json]       # a recipe audit: best LR(N, D), wd, beta2
     scalelab sweep eval results/iso --tasks bundled:stdlib_completion@100  # add a task to finished runs
@@ -100,6 +102,12 @@ def _add_launch(s) -> None:
         "--force", action="store_true", help="launch even when the LR-transfer gate or the recipe gate refuses"
     )
     q.add_argument(
+        "--decide",
+        action="store_true",
+        help="a study with --rounds: each round remedies failed gates or is the matched decisive measurement; "
+        "stop after that one (a round left unfinished is launched again)",
+    )
+    q.add_argument(
         "--inject-fault",
         action="append",
         default=[],
@@ -147,10 +155,15 @@ def _add_next(s) -> None:
     q.add_argument(
         "--decide",
         action="store_true",
-        help="a study: propose the decisive pair at the target now, even while the arms are not told apart",
+        help="a study: propose the matched decisive measurement at the target now, even while the arms are "
+        "not told apart",
     )
     q.add_argument(
-        "--seeds", type=int, default=1, help="train the compute-optimal run with this many seeds (each one scored)"
+        "--seeds",
+        type=int,
+        default=None,
+        help="train the compute-optimal run with this many seeds (each one scored); a study: seeds per size of "
+        "the decisive measurement (default: its study.decisive.seeds)",
     )
     q.add_argument(
         "--holdout",
@@ -161,6 +174,7 @@ def _add_next(s) -> None:
     )
     q.add_argument("--holdout-sizes", type=int, default=1, help="runs per multiple, spread around N* (--holdout)")
     q.add_argument("--holdout-spread", type=float, default=1.5, help="largest over smallest size per multiple")
+    _estimator_arg(q)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_next)
 
@@ -170,8 +184,19 @@ def _add_study(s) -> None:
     q.add_argument("sweep_dir")
     q.add_argument("--replicates", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
     q.add_argument("--no-decisions", action="store_true", help="skip decision accuracy (its refits take a while)")
+    _estimator_arg(q)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=run_study)
+
+
+def _estimator_arg(q) -> None:
+    q.add_argument(
+        "--estimator",
+        choices=("paired", "separate"),
+        default=None,
+        help="a study: the gap the verdict rests on: paired (the arms' matched design points) or separate (each "
+        "arm's own law); default: the spec's study.estimator",
+    )
 
 
 def _add_eval(s) -> None:
@@ -314,6 +339,8 @@ def run_launch(args) -> int:
     sweep = load_sweep(args.spec)  # every run validated before Ray starts
     out = args.out if objects.is_url(args.out) else Path(args.out)
     check, target = check_rounds(sweep, out, rounds=args.rounds, target_flops=args.target_flops)
+    if args.decide and sweep.study is None:
+        raise UsageError(f"--decide: {args.spec} is not a study (it has no study: section)")
     faults = _faults(args.inject_fault)
     if args.detach:
         return _detach(args, sweep, check is None, out)
@@ -336,6 +363,9 @@ def run_launch(args) -> int:
         budget_flops=args.budget_flops,
         force_transfer=args.force,
         force_recipe=args.force,
+        decide=args.decide,
+        until_passed=args.decide,
+        reopen=args.decide,
         options=LaunchOptions(
             address=args.address,
             max_concurrent=args.max_concurrent,
@@ -405,6 +435,7 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
         if value is not None:
             argv += [flag, str(value)]
     argv += ["--force"] if args.force else []
+    argv += ["--decide"] if args.decide else []
     for item in args.inject_fault:
         argv += ["--inject-fault", item]
     job_id = submit_driver(args.address, out, argv, pass_env=args.pass_env)
@@ -485,14 +516,17 @@ def run_next(args) -> int:
         except ValueError:
             raise UsageError(f"--holdout {args.holdout!r}: multiples of the largest budget, e.g. 3,10,30") from None
         holdout = Holdout(multiples=multiples, sizes=args.holdout_sizes, spread=args.holdout_spread)
+    for flag, given in (("--decide", args.decide), ("--estimator", args.estimator)):
+        if given:
+            raise UsageError(f"{flag}: {args.sweep_dir} is not a study (its sweep.yaml has no study: section)")
     proposal = propose_next(
         args.sweep_dir,
         target_flops=args.target_flops,
         budget_flops=args.budget_flops,
         step=args.step,
         replicates=args.replicates,
-        seeds=args.seeds,
         holdout=holdout,
+        seeds=args.seeds or 1,
         log=(lambda m: None) if args.json else print,
     )
     _log_fit_runs(args.sweep_dir, (lambda m: print(m, file=sys.stderr)) if args.json else print)
@@ -510,14 +544,14 @@ def _next_study(args) -> int:
         raise UsageError(f"{args.sweep_dir}: a study's rounds need a local or shared POSIX store (not s3:// yet)")
     if args.target_flops is not None:
         raise UsageError("--target-flops: a study's target is its study.target_flops; edit the spec's study section")
-    if args.seeds != 1:
-        raise UsageError("--seeds: a study's decisive pair is one run per arm; add seeds to the spec's design instead")
     proposal = propose_study_round(
         args.sweep_dir,
         budget_flops=args.budget_flops,
         step=args.step,
         decide=args.decide,
         replicates=args.replicates,
+        seeds=args.seeds,
+        estimator=args.estimator,
         log=(lambda m: print(m, file=sys.stderr)) if args.json else print,
     )
     print(json.dumps(proposal.to_dict(), indent=2, default=str) if args.json else format_study_proposal(proposal))
@@ -527,12 +561,15 @@ def _next_study(args) -> int:
 def run_study(args) -> int:
     from scalelab.analysis.decision_accuracy import decision_accuracy, format_decisions
     from scalelab.store.ledger import format_studies, read_ledger, score
-    from scalelab.sweeps.study_fit import fit_study, format_study
+    from scalelab.sweeps.propose import readable
+    from scalelab.sweeps.study_fit import fit_study
+    from scalelab.sweeps.study_text import format_study
 
-    score(args.sweep_dir)
-    sf = fit_study(args.sweep_dir, replicates=args.replicates)
+    score(args.sweep_dir)  # on object storage too: the ledger is one object, updated by conditional puts
+    local = readable(args.sweep_dir)  # an s3:// study is read through one local copy, made after scoring
+    sf = fit_study(local, replicates=args.replicates, estimator=args.estimator)
     studies = read_ledger(args.sweep_dir)["studies"]
-    table = None if args.no_decisions else decision_accuracy(args.sweep_dir)
+    table = None if args.no_decisions else decision_accuracy(local)
     if args.json:
         out = {"fit": sf.to_dict(), "ledger": studies, "decisions": table.to_dict() if table else None}
         print(json.dumps(out, indent=2, default=str))

@@ -46,7 +46,8 @@ class GapInterval:
     lo: float
     hi: float
     level: float
-    parts: dict[str, float]  # sds in loss units: bootstrap, noise, extrapolation; and decades
+    parts: dict[str, float]  # sds in loss units (this estimator's: bootstrap, noise, extrapolation); decades
+    estimator: str = "separate"  # separate (this module) | paired | joint (scalelab.fitting.paired_gap)
 
     @property
     def decided(self) -> bool:

@@ -10,10 +10,15 @@ the run that is trained is exactly the one predicted), N, D, C, the predicted lo
 and, once the run is done, the measured loss, the relative error and whether the interval covered it.
 
 A study entry (a study's `sweep next`, scalelab.sweeps.study_propose) is one arm against the
-baseline at the target: the two runs that decide it, the predicted gap L_arm - L_baseline with its
-interval, the predicted winner and whether the interval excluded 0, the multiplier; once both runs
-are done, the measured gap, the measured winner, whether the prediction named it and whether the
-interval covered the gap.
+baseline at the target: the runs that decide it (the matched decisive measurement: the baseline's and
+the arm's run ids, aligned pair by pair, the same size and seed; an older entry names one run per
+arm), the predicted gap L_arm - L_baseline with its interval, its parts and the estimator it comes
+from, the other estimators' gaps (`views`), the predicted winner and whether the interval excluded 0,
+the multiplier. Once every run is done: the measured gap (the mean over pairs of L_arm - L_baseline)
+with its standard error (the pairs' sd over sqrt(pairs)) and the same for ln(L_arm / L_baseline),
+whether the measurement itself tells the arms apart (|gap| > t se), the measured winner, whether the
+prediction named it, whether the interval covered the gap, and the decision: `right` or `wrong` when
+the interval excluded 0, `none` when it did not (each view scored the same way).
 
 Predictions are recorded before their runs can start (`record_round`, `record_study`; the round's
 spec is written after it), and scored whenever the ledger is touched after a launch (`score`;
@@ -40,6 +45,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from scipy import stats
 
 from scalelab.store import objects
 from scalelab.store.atomic import atomic_write_json, update_json
@@ -76,8 +83,9 @@ def _checked(data: dict[str, Any], path: str | Path) -> dict[str, list[dict[str,
     for p in data["predictions"]:
         check_run_id(p.get("run_id"), f"{path}: prediction for run")
     for e in data["studies"]:
-        for run_id in (e.get("run_ids") or {}).values():
-            check_run_id(run_id, f"{path}: study entry's run")
+        for ids in (e.get("run_ids") or {}).values():
+            for run_id in [ids] if isinstance(ids, str) else ids:
+                check_run_id(run_id, f"{path}: study entry's run")
     return data
 
 
@@ -213,24 +221,57 @@ def _score(sweep_dir: str | Path, ledger: dict[str, Any], loss_column: str | Non
     return scored, _score_studies(sweep_dir, ledger["studies"])
 
 
+def _mean_se(values: list[float]) -> tuple[float, float | None]:
+    """Mean and its standard error (None from one value)."""
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return m, None
+    var = sum((v - m) ** 2 for v in values) / (len(values) - 1)
+    return m, math.sqrt(var / len(values))
+
+
+def _decision(decided: bool, predicted_negative: bool, measured_gap: float) -> str:
+    """right | wrong (an interval that excluded 0, on the measured side or not) | none."""
+    if not decided:
+        return "none"
+    return "right" if predicted_negative == (measured_gap < 0) else "wrong"
+
+
+def _score_study(sweep_dir: str | Path, e: dict[str, Any]) -> bool:
+    """Score one study entry in place once all its runs are done (module docstring)."""
+    column = e.get("loss_column") or "final_val_loss"
+    ids = [e["run_ids"][e["baseline"]], e["run_ids"][e["arm"]]]
+    ids = [[x] if isinstance(x, str) else list(x) for x in ids]
+    base = [_measured(sweep_dir, r, column) for r in ids[0]]
+    arm = [_measured(sweep_dir, r, column) for r in ids[1]]
+    if not base or any(v is None for v in base + arm):
+        return False
+    gap, se = _mean_se([b - a for a, b in zip(base, arm)])
+    log_ratio, log_se = _mean_se([math.log(b / a) for a, b in zip(base, arm)])
+    t = float(stats.t.ppf(0.5 + e.get("level", 0.95) / 2, len(base) - 1)) if se else math.nan
+    lo, hi = e["interval"]
+    e.update(
+        measured_gap=gap,
+        measured_se=se,
+        measured_log_ratio=log_ratio,
+        measured_log_ratio_se=log_se,
+        n_pairs=len(base),
+        measured_decided=bool(se is not None and abs(gap) > t * se),
+        measured_winner=e["arm"] if gap < 0 else e["baseline"],
+        covered=bool(lo <= gap <= hi),
+        decision=_decision(e["decided"], e["predicted_gap"] < 0, gap),
+    )
+    e["winner_right"] = e["measured_winner"] == e["predicted_winner"]
+    for view in (e.get("views") or {}).values():
+        v_lo, v_hi = view["interval"]
+        view["covered"] = bool(v_lo <= gap <= v_hi)
+        view["decision"] = _decision(view["decided"], view["gap"] < 0, gap)
+    return True
+
+
 def _score_studies(sweep_dir: str | Path, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The measured gap of study entries whose runs are both done (module docstring)."""
-    scored = []
-    for e in entries:
-        if e.get("measured_gap") is not None:
-            continue
-        column = e.get("loss_column") or "final_val_loss"
-        base = _measured(sweep_dir, e["run_ids"][e["baseline"]], column)
-        arm = _measured(sweep_dir, e["run_ids"][e["arm"]], column)
-        if base is None or arm is None:
-            continue
-        lo, hi = e["interval"]
-        e["measured_gap"] = arm - base
-        e["measured_winner"] = e["arm"] if arm < base else e["baseline"]
-        e["winner_right"] = e["measured_winner"] == e["predicted_winner"]
-        e["covered"] = bool(lo <= e["measured_gap"] <= hi)
-        scored.append(e)
-    return scored
+    """The measured gap of study entries whose runs are all done (module docstring)."""
+    return [e for e in entries if e.get("measured_gap") is None and _score_study(sweep_dir, e)]
 
 
 def coverage(predictions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -295,19 +336,32 @@ def format_ledger(ledger: dict[str, list[dict[str, Any]]]) -> str:
 
 def format_studies(entries: list[dict[str, Any]]) -> str:
     """A study's predicted vs measured gaps at the target, one line per (round, arm)."""
-    lines = ["studies (gap = L_arm - L_baseline at the target):"]
+    lines = ["studies (gap = L_arm - L_baseline at the target; measured: mean over the matched pairs, +- its se):"]
     lines.append(
-        f"  {'round':>5} {'arm':12} {'baseline':12} {'C':>9} {'predicted':>9} {'interval':>19} {'decided':>7} "
-        f"{'winner':12} {'measured':>9} {'measured winner':15} {'right':>5} covered"
+        f"  {'round':>5} {'arm':12} {'baseline':12} {'C':>9} {'estimator':9} {'predicted':>9} {'interval':>19} "
+        f"{'decided':>7} {'winner':12} {'pairs':>5} {'measured':>17} {'measured winner':15} {'decision':>8} covered"
     )
     for e in entries:
         lo, hi = e["interval"]
-        measured = f"{e['measured_gap']:+.4f}" if e.get("measured_gap") is not None else "pending"
-        right = "" if e.get("winner_right") is None else ("yes" if e["winner_right"] else "NO")
+        measured = "pending"
+        if e.get("measured_gap") is not None:
+            se = e.get("measured_se")
+            measured = f"{e['measured_gap']:+.4f}" + (f" +- {se:.4f}" if se is not None else "")
+        decision = e.get("decision") or ""
         cov = "" if e.get("covered") is None else ("yes" if e["covered"] else "NO")
+        pairs = len(e["run_ids"][e["baseline"]]) if not isinstance(e["run_ids"][e["baseline"]], str) else 1
         lines.append(
-            f"  {e['round']:>5} {e['arm']:12} {e['baseline']:12} {e['target_flops']:>9.3g} {e['predicted_gap']:>+9.4f} "
-            f"[{lo:+.4f}, {hi:+.4f}] {'yes' if e['decided'] else 'no':>7} {e['predicted_winner']:12} {measured:>9} "
-            f"{e.get('measured_winner') or '':15} {right:>5} {cov}"
+            f"  {e['round']:>5} {e['arm']:12} {e['baseline']:12} {e['target_flops']:>9.3g} "
+            f"{e.get('estimator', 'separate'):9} {e['predicted_gap']:>+9.4f} [{lo:+.4f}, {hi:+.4f}] "
+            f"{'yes' if e['decided'] else 'no':>7} {e['predicted_winner']:12} {pairs:>5} {measured:>17} "
+            f"{e.get('measured_winner') or '':15} {decision:>8} {cov}"
         )
+        for name, v in (e.get("views") or {}).items():
+            if name == e.get("estimator"):
+                continue
+            v_lo, v_hi = v["interval"]
+            scored = (
+                "" if v.get("covered") is None else f"  {v['decision']}, {'covered' if v['covered'] else 'NOT covered'}"
+            )
+            lines.append(f"        {name:>16}: {v['gap']:+.4f} [{v_lo:+.4f}, {v_hi:+.4f}]{scored}")
     return "\n".join(lines)

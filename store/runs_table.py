@@ -50,6 +50,8 @@ _LABELS = (
     "spec",
     "flops_budget",
     "tokens_per_param",
+    "size_index",
+    "target_params",
     "cooldown",
     "branch_of",
     "branch_step",

@@ -23,13 +23,16 @@
    `reopen` first takes up the sweep's latest round when its runs are not all done (or it passed),
    so a loop run again continues where it stopped. No round is proposed after a launch that left
    a run unfinished (failed, its retries spent): `result.stopped` says so. A study (a spec with
-   `study:` arms) proposes its rounds with scalelab.sweeps.study_propose instead, at its own target
-   (not reopened: its latest round's spec is launched as any spec is).
+   `study:` arms) proposes its rounds with scalelab.sweeps.study_propose instead, at its own target;
+   with `decide` every round is a remedy (an arm's gates fail) or the matched decisive measurement,
+   which `until_passed` stops after; `reopen` relaunches its latest round when a run of it is not done.
 
 Each round's fit, gates, proposals and ledger go to W&B as a fit run when W&B is on
 (scalelab.sweeps.wandb_fit.log_rounds; `fit_images` draws its plots). Hooks let a caller print
 between the steps: `before_fit(i)` before round i is fitted and proposed, `before_launch(i,
-proposal)` before it is launched.
+proposal)` before it is launched. `LaunchOptions.trainer` replaces the launcher (default
+scalelab.sweeps.execute.launch, Ray): a dry run or a test trains with a simulator of the same
+signature (scalelab.analysis.synthetic.synthetic_trainer) through this same loop.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from scalelab.sweeps.proposal import Proposal, latest_round, read_round
 from scalelab.sweeps.propose import propose_round
 from scalelab.sweeps.recipe_gate import RecipeGate, check_sweep, format_recipe_gate
 from scalelab.sweeps.spec import Sweep, dump_spec
-from scalelab.sweeps.study_propose import is_study, propose_study_round
+from scalelab.sweeps.study_propose import is_study, open_study_round, propose_study_round
 from scalelab.sweeps.transfer import (
     GateResult,
     TransferPlan,
@@ -72,6 +75,7 @@ class LaunchOptions:
     num_cpus: int | None = None  # CPUs of the local Ray
     fault_steps: dict[str, int] = field(default_factory=dict)  # testing: run id -> step it raises once at
     pass_env: list[str] = field(default_factory=list)  # credentials forwarded to a joined cluster (--pass-env)
+    trainer: Callable[..., dict] | None = None  # launch's stand-in (module docstring); None: execute.launch
 
 
 @dataclass(kw_only=True, slots=True)
@@ -108,6 +112,7 @@ def run_rounds(
     seeds: int = 1,
     until_passed: bool = False,
     reopen: bool = False,
+    decide: bool = False,
     force_transfer: bool = False,
     force_recipe: bool = False,
     options: LaunchOptions | None = None,
@@ -142,8 +147,10 @@ def run_rounds(
             break
         if before_fit is not None:
             before_fit(i)
-        if is_study(out):  # a study's round: narrowing runs, remedies, or the decisive pair
-            proposal = propose_study_round(out, budget_flops=budget_flops, step=step, log=log)
+        if is_study(out):  # a study's round: narrowing runs, remedies, or the decisive measurement
+            proposal = (open_study_round(out) if reopen else None) or propose_study_round(
+                out, budget_flops=budget_flops, step=step, decide=decide, log=log
+            )
         else:
             proposal = (_open_round(out) if reopen else None) or propose_round(
                 out, target_flops=target, budget_flops=budget_flops, step=step, seeds=seeds, log=log
@@ -182,7 +189,7 @@ def check_rounds(
 
 
 def _launch(sweep: Sweep, out, spec_text: str, spec_name: str, options: LaunchOptions, log: Log, faults=False):
-    return launch(
+    return (options.trainer or launch)(
         sweep,
         out,
         spec_text=spec_text,

@@ -95,13 +95,13 @@ def fit_frame(runs: pl.DataFrame, options: FitOptions, *, store_path: str | Path
             continue
         if loss is None or row.get(params_col) is None:
             continue
-        budget = _finite_or_none(row.get("flops_budget"))
+        budget = number_or_none(row.get("flops_budget"))
         rows.append(
             {
                 "run_id": str(row["run_id"]),
                 "params": float(row[params_col]),
                 "tokens": float(row["tokens"]),
-                "flops": budget if budget is not None else _finite_or_none(row.get(flops_col)),
+                "flops": budget if budget is not None else number_or_none(row.get(flops_col)),
                 "loss": float(loss),
                 "weight": float(weight),
                 "status": row["status"],
@@ -110,7 +110,8 @@ def fit_frame(runs: pl.DataFrame, options: FitOptions, *, store_path: str | Path
     return _frame(rows)
 
 
-def _finite_or_none(x) -> float | None:
+def number_or_none(x) -> float | None:
+    """x as a finite float; None when it is missing, not a number, or not finite."""
     try:
         x = float(x)
     except (TypeError, ValueError):

@@ -1,31 +1,38 @@
 """A study's fit: every arm fitted the loop's way, and each arm against the baseline at the target.
 
-    sf = fit_study("results/studies/study-arch")
+    sf = fit_study("results/studies/study-arch")          # or s3://bucket/studies/study-arch
     sf.arms["gelu"].fit.gates.passed          # each arm: the loop's fit (bootstrap, backtests, gates)
     cmp = sf.comparisons[0]                     # the first non-baseline arm against the baseline
-    cmp.multipliers, cmp.intervals              # m(C) of the arm over the baseline at every budget
-    cmp.multiplier_at_target, cmp.target_interval, cmp.slope, cmp.slope_interval
-    cmp.gap.point, cmp.gap.lo, cmp.gap.hi       # L_arm - L_baseline at the target, 95% interval
+    cmp.gap.point, cmp.gap.lo, cmp.gap.hi       # L_arm - L_baseline at the decisive measurement, 95% interval
+    cmp.estimator, cmp.gap.parts                # which estimator the verdict rests on; its interval's parts
+    cmp.paired.frontier, cmp.paired.joint_matched, cmp.separate_gap   # the other views
+    cmp.multipliers, cmp.intervals, cmp.multiplier_at_target, cmp.slope
     cmp.winner, cmp.decided, cmp.verdict
 
 Each arm's runs (the store's runs labelled `arm: NAME`, done) are fitted through the one fit entry
 with the spec's `fit:` options, exactly as `sweep next` fits a sweep (scalelab.sweeps.store_fit:
 Huber on log loss, bootstrap over runs, hold-out and leave-one-budget-out backtests, the
-identification gates at the study's target), arm i with bootstrap seed `seed + i` (independent
-resamples of independent runs). The comparison of an arm B with the baseline A:
+identification gates at the study's target). Every arm draws its bootstrap with the same seed from
+its runs in design order (budget, size, seed), so where the arms' runs are the same design points,
+replicate i of each resamples the same points. The comparison of an arm B with the baseline A is made
+at the study's matched decisive measurement (scalelab.sweeps.study_decisive: both arms at the same
+sizes around N* and the same seeds at the target; the runs as resolved once a round is proposed):
 
+- the gap L_B - L_A there, by the study's estimator (`study.estimator`, or `estimator=`):
+  `paired` (the default): the arms' log loss ratio at matched design points modelled directly, with
+  the shared-exponent law as a second view, one bootstrap over design points shared by both
+  (scalelab.sweeps.study_paired); `separate`: each arm's own law, their difference with an interval
+  of bootstrap, run noise and the arms' paired backtests (scalelab.fitting.gap). Both are computed;
+  the verdict rests on the one asked for (the paired one needs MIN_PAIRS matched design points, else
+  the separate one, with a warning);
 - the compute multiplier m(C) = C_A(L*_B(C)) / C at every budget of the design and at the target,
-  and its slope d ln m / d ln C over the design's range, with percentile intervals over paired
-  bootstrap replicates (scalelab.fitting.multiplier; the same arithmetic as `scalelab compare`);
-- the predicted gap L_B - L_A between the two runs that decide the study: each arm's
-  compute-optimal run at the target (or the runs given), each predicted by its arm's fit with the
-  loop's three-part interval, their difference with an interval of bootstrap, run noise and the
-  gap's own out-of-sample error measured by the arms' paired backtests (scalelab.fitting.gap);
-- a verdict: the predicted winner when the gap's interval excludes 0, else "cannot tell" (naming
-  the side it leans to), with what m and its slope say.
+  and its slope d ln m / d ln C, with percentile intervals over the arms' paired replicates
+  (scalelab.fitting.multiplier, the same arithmetic as `scalelab compare`);
+- a verdict (scalelab.sweeps.study_text): the predicted winner when the gap's interval excludes 0,
+  else "cannot tell" (naming the side it leans to), with what m and its slope say.
 
-`max_budget` fits each arm on the runs of budgets up to it only: the law-based prediction a study
-would have made from less compute (scalelab.analysis.decision_accuracy).
+`max_budget` fits each arm on the runs of budgets up to it only: the prediction a study would have
+made from less compute (scalelab.analysis.decision_accuracy).
 """
 
 from __future__ import annotations
@@ -44,13 +51,19 @@ from scalelab.errors import UsageError
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.gap import GapInterval, gap_interval, paired_extrapolation
 from scalelab.fitting.multiplier import interval, log_slope, multiplier, paired_multipliers
+from scalelab.fitting.paired_gap import Measurement
 from scalelab.fitting.predictive import PredictionInterval
 from scalelab.fitting.scaling_fit import ScalingFit
+from scalelab.sweeps.propose import readable
 from scalelab.sweeps.spec import FitSpec, read_spec
 from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_options, fit_store
-from scalelab.sweeps.study_spec import StudySpec, parse_study
+from scalelab.sweeps.study_decisive import decisive_points, planned_runs
+from scalelab.sweeps.study_paired import PairedComparison, compare_paired
+from scalelab.sweeps.study_spec import ARM_LABEL, ESTIMATORS, StudySpec, parse_study
+from scalelab.sweeps.study_text import PARTS, verdict
 
 GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
+DESIGN_ORDER = ("flops_budget", "size_index", "target_params", "seed", "params", "run_id")
 
 
 @dataclass(kw_only=True)
@@ -83,10 +96,14 @@ class ArmComparison:
     target_interval: tuple[float, float]
     slope: float  # d ln m / d ln C over the design's budgets
     slope_interval: tuple[float, float]
-    runs: dict[str, tuple[float, float]]  # arm -> (N, D) of its run at the target
-    losses: dict[str, PredictionInterval]  # arm -> that run's predicted loss
-    gap: GapInterval  # L_B - L_A
+    runs: dict[str, list[tuple[float, float]]]  # arm -> (N, D) of its runs in the decisive measurement
+    losses: dict[str, list[PredictionInterval]]  # arm -> each run's predicted loss (its own fit)
+    gap: GapInterval  # L_B - L_A at the decisive measurement: the verdict's estimator
+    separate_gap: GapInterval  # the same by each arm's own law (scalelab.fitting.gap)
+    estimator: str = "paired"  # the estimator `gap` comes from
+    paired: PairedComparison | None = None
     verdict: str = ""
+    notes: list[str] = field(default_factory=list)
 
     @property
     def winner(self) -> str:
@@ -97,11 +114,15 @@ class ArmComparison:
     def decided(self) -> bool:
         return self.gap.decided
 
+    def mean_loss(self, arm: str) -> float:
+        return float(np.mean([p.point for p in self.losses[arm]]))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "baseline": self.baseline,
             "arm": self.arm,
             "level": self.level,
+            "estimator": self.estimator,
             "budgets": [
                 {"flops": c, "multiplier": m, "interval": list(iv)}
                 for c, m, iv in zip(self.budgets, self.multipliers, self.intervals)
@@ -112,12 +133,16 @@ class ArmComparison:
                 "interval": list(self.target_interval),
             },
             "slope": {"value": self.slope, "interval": list(self.slope_interval)},
-            "runs": {a: {"params": n, "tokens": d} for a, (n, d) in self.runs.items()},
-            "losses": {a: p.to_dict() for a, p in self.losses.items()},
+            "runs": {a: [{"params": n, "tokens": d} for n, d in pts] for a, pts in self.runs.items()},
+            "losses": {a: [p.to_dict() for p in ps] for a, ps in self.losses.items()},
             "gap": self.gap.to_dict(),
+            "gap_parts": PARTS[self.estimator],  # what each part of the verdict's interval is
+            "separate_gap": self.separate_gap.to_dict(),
+            "paired": None if self.paired is None else self.paired.to_dict(),
             "winner": self.winner,
             "decided": self.decided,
             "verdict": self.verdict,
+            "notes": self.notes,
         }
 
 
@@ -128,7 +153,9 @@ class StudyFit:
     options: FitOptions
     arms: dict[str, ArmFit]
     comparisons: list[ArmComparison]
+    estimator: str = "paired"
     warnings: list[str] = field(default_factory=list)
+    setting: PairedSetting | None = None  # how the comparisons were made (to make them again at other runs)
 
     def comparison(self, arm: str) -> ArmComparison:
         for c in self.comparisons:
@@ -158,6 +185,8 @@ class StudyFit:
                 "arms": self.study.arms,
                 "baseline": self.study.baseline,
                 "target_flops": self.study.target_flops,
+                "estimator": self.estimator,
+                "decisive": {"sizes": self.study.decisive_sizes, "seeds": self.study.decisive_seeds},
             },
             "arms": arms,
             "comparisons": [c.to_dict() for c in self.comparisons],
@@ -166,7 +195,7 @@ class StudyFit:
 
 
 def read_study(sweep_dir: str | Path) -> tuple[dict[str, Any], StudySpec]:
-    """(the spec, its study section checked) of a study's sweep directory."""
+    """(the spec, its study section checked) of a study's sweep directory (local: see `readable`)."""
     sweep_dir = Path(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
         raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
@@ -179,13 +208,33 @@ def read_study(sweep_dir: str | Path) -> tuple[dict[str, Any], StudySpec]:
 
 
 def arm_runs(runs: pl.DataFrame, arm: str, max_budget: float | None = None) -> pl.DataFrame:
-    """The store's runs of one arm (label `arm`), of budgets up to `max_budget` when given."""
-    if "arm" not in runs.columns:
+    """The store's runs of one arm (label `arm`), of budgets up to `max_budget` when given, in design
+    order (budget, size, seed: two arms' runs at the same design points line up row by row)."""
+    if ARM_LABEL not in runs.columns:
         return runs.clear()
-    out = runs.filter(pl.col("arm") == arm)
+    out = runs.filter(pl.col(ARM_LABEL) == arm)
     if max_budget is not None and "flops_budget" in out.columns:
         out = out.filter(pl.col("flops_budget") <= max_budget * (1 + 1e-9))
-    return out
+    return out.sort([c for c in DESIGN_ORDER if c in out.columns], nulls_last=True)
+
+
+def up_to(runs: pl.DataFrame, max_budget: float | None) -> pl.DataFrame:
+    """The runs of budgets up to `max_budget` (all when None)."""
+    if max_budget is None or "flops_budget" not in runs.columns:
+        return runs
+    return runs.filter(pl.col("flops_budget") <= max_budget * (1 + 1e-9))
+
+
+@dataclass(kw_only=True)
+class PairedSetting:
+    """What the paired comparison needs beyond the two fits: the runs, the estimator, its bootstrap."""
+
+    runs: pl.DataFrame
+    estimator: str = "paired"
+    replicates: int = 0
+    seed: int = 0
+    sizes: int = 1  # distinct sizes of the decisive measurement
+    joint: bool = True
 
 
 def fit_study(
@@ -195,26 +244,37 @@ def fit_study(
     seed: int = 0,
     runs: pl.DataFrame | None = None,
     max_budget: float | None = None,
-    at: dict[str, tuple[float, float]] | None = None,
+    at: dict[str, list[tuple[float, float]]] | None = None,
+    estimator: str | None = None,
+    paired_replicates: int | None = None,
+    joint: bool = True,
 ) -> StudyFit:
     """Fit every arm of a study and compare each with the baseline (module docstring).
 
     Args:
+        sweep_dir: the study's sweep directory, or an s3:// URL (read through a local copy).
         replicates: bootstrap replicates per arm (default: the spec's fit.bootstrap).
         runs: the store's runs table (default: load it).
         max_budget: fit on the runs of budgets up to this only.
-        at: arm -> (N, D) of the runs whose gap is predicted (default: each arm's N*(C*), D*(C*)).
+        at: arm -> the decisive measurement's (N, D), aligned pair by pair (default: the planned
+            measurement around the baseline's N*(C*), scalelab.sweeps.study_decisive).
+        estimator: the verdict's estimator (default: the spec's study.estimator).
+        paired_replicates: replicates of the shared design-point bootstrap (default: `replicates`,
+            else the spec's fit.bootstrap).
+        joint: also fit the paired comparison's joint law (its second view).
     Raises:
-        UsageError: not a study, or an arm with too few done runs for the loop's fit.
+        UsageError: not a study, an unknown estimator, or an arm with too few done runs.
     """
-    sweep_dir = Path(sweep_dir)
+    sweep_dir = readable(sweep_dir)
     raw, study = read_study(sweep_dir)
+    estimator = estimator or study.estimator
+    if estimator not in ESTIMATORS:
+        raise UsageError(f"--estimator {estimator!r}: use one of {list(ESTIMATORS)}")
     fit_spec = from_dict(FitSpec, raw.get("fit") or {}, prefix="fit")
     runs = store.load_runs(sweep_dir) if runs is None else runs
+    options = fit_options(fit_spec, bootstrap=replicates, seed=seed, target_flops=study.target_flops)
     arms: dict[str, ArmFit] = {}
-    options = None
-    for i, name in enumerate(study.names):
-        options = fit_options(fit_spec, bootstrap=replicates, seed=seed + i, target_flops=study.target_flops)
+    for name in study.names:
         sub = arm_runs(runs, name, max_budget)
         if sub.is_empty():
             raise UsageError(
@@ -223,14 +283,28 @@ def fit_study(
         fit, warnings = fit_store(sweep_dir, options, runs=sub, min_runs=MIN_LOOP_RUNS)
         arms[name] = ArmFit(name=name, fit=fit, warnings=warnings)
     base = arms[study.baseline]
-    comparisons = [compare_arms(base, arms[b], study.target_flops, at=at) for b in study.others]
+    if at is None:
+        planned = planned_runs(decisive_points(base.fit.optimum(study.target_flops)[0], study, raw), study.target_flops)
+        at = {name: planned for name in study.names}
+    setting = PairedSetting(
+        runs=up_to(runs, max_budget),
+        estimator=estimator,
+        replicates=options.bootstrap if paired_replicates is None else paired_replicates,
+        seed=seed,
+        sizes=study.decisive_sizes,
+        joint=joint,
+    )
+    comparisons = [compare_arms(base, arms[b], study.target_flops, at=at, setting=setting) for b in study.others]
     return StudyFit(
         sweep_dir=sweep_dir,
         study=study,
         options=options,
         arms=arms,
         comparisons=comparisons,
-        warnings=[f"{n}: {w}" for n, a in arms.items() for w in a.warnings],
+        estimator=estimator,
+        setting=setting,
+        warnings=[f"{n}: {w}" for n, a in arms.items() for w in a.warnings]
+        + [f"{c.arm}: {n}" for c in comparisons for n in c.notes],
     )
 
 
@@ -243,130 +317,96 @@ def design_budgets(fit: ScalingFit) -> list[float]:
     return out
 
 
-def compare_arms(
-    a: ArmFit, b: ArmFit, target: float, *, at: dict[str, tuple[float, float]] | None = None
-) -> ArmComparison:
-    """Arm B against the baseline A (module docstring): m(C) with intervals, the gap at the target."""
+def separate_gap(a: ArmFit, b: ArmFit, target: float, at: dict[str, list[tuple[float, float]]]) -> GapInterval:
+    """L_B - L_A averaged over the decisive measurement's pairs, each arm by its own law, with the
+    interval of scalelab.fitting.gap (run noise over the pairs: a mean of `pairs` runs)."""
     fa, fb = a.fit, b.fit
-    level = fa.level
-    budgets = sorted(set(design_budgets(fa)) & set(design_budgets(fb))) or design_budgets(fa)
+    pairs = len(at[a.name])
+    mean_pred = lambda f, pts, p=None: float(np.mean([f.predict(n, d, p) for n, d in pts]))  # noqa: E731
+    reps = {arm.name: np.array([mean_pred(arm.fit, at[arm.name], p) for p in arm.fit.draws]) for arm in (a, b)}
+    sizes = lambda f: dict(zip(f.run_ids, f.n.tolist()))  # noqa: E731
+    mid = len(at[a.name]) // 2
+    ext = (fa.predict_interval(*at[a.name][mid], flops=target), fb.predict_interval(*at[b.name][mid], flops=target))
+    return gap_interval(
+        mean_pred(fa, at[a.name]),
+        mean_pred(fb, at[b.name]),
+        reps[a.name],
+        reps[b.name],
+        noise_a=fa.residual_scale / math.sqrt(pairs),
+        noise_b=fb.residual_scale / math.sqrt(pairs),
+        extrapolation=paired_extrapolation(fa.backtest, fb.backtest, sizes(fa), sizes(fb)),
+        decades=max(fa.decades(target), fb.decades(target)),
+        level=fa.level,
+        fallback_ext=(ext[0].parts["extrapolation"], ext[1].parts["extrapolation"]),
+    )
+
+
+def _multipliers(fa: ScalingFit, fb: ScalingFit, budgets: list[float], target: float) -> dict[str, Any]:
+    """m(C) at the budgets and the target, its slope, and their paired-replicate intervals."""
     slope_grid = np.geomspace(min(budgets), max(budgets), 5) if len(budgets) > 1 else np.array(budgets)
     law_a, law_b = fa.law_object, fb.law_object
-    m_point = [multiplier(law_a, fa.params, law_b, fb.params, c) for c in budgets]
-    m_target = multiplier(law_a, fa.params, law_b, fb.params, target)
-    slope = log_slope(slope_grid, np.array([multiplier(law_a, fa.params, law_b, fb.params, c) for c in slope_grid]))
+    m = lambda c: multiplier(law_a, fa.params, law_b, fb.params, c)  # noqa: E731
     paired = paired_multipliers(law_a, fa.draws, law_b, fb.draws, budgets=budgets, target=target, slope_grid=slope_grid)
     k = paired.at_target.size
     nan2 = (math.nan, math.nan)
-    intervals = [interval(paired.per_budget[:, j], level) for j in range(len(budgets))] if k else [nan2] * len(budgets)
-
-    runs = {}
-    for arm in (a, b):
-        n, d = (at or {}).get(arm.name) or arm.fit.optimum(target)[:2]
-        runs[arm.name] = (float(n), float(d))
-    losses = {arm.name: arm.fit.predict_interval(*runs[arm.name], flops=target) for arm in (a, b)}
-    reps = {arm.name: np.array([float(arm.fit.predict(*runs[arm.name], p)) for p in arm.fit.draws]) for arm in (a, b)}
-    sizes = lambda f: dict(zip(f.run_ids, f.n.tolist()))  # noqa: E731
-    gap = gap_interval(
-        losses[a.name].point,
-        losses[b.name].point,
-        reps[a.name],
-        reps[b.name],
-        noise_a=fa.residual_scale,
-        noise_b=fb.residual_scale,
-        extrapolation=paired_extrapolation(fa.backtest, fb.backtest, sizes(fa), sizes(fb)),
-        decades=max(fa.decades(target), fb.decades(target)),
-        level=level,
-        fallback_ext=(losses[a.name].parts["extrapolation"], losses[b.name].parts["extrapolation"]),
+    return dict(
+        budgets=budgets,
+        multipliers=[m(c) for c in budgets],
+        intervals=[interval(paired.per_budget[:, j], fa.level) for j in range(len(budgets))]
+        if k
+        else [nan2] * len(budgets),
+        multiplier_at_target=float(m(target)),
+        target_interval=interval(paired.at_target, fa.level) if k else nan2,
+        slope=log_slope(slope_grid, np.array([m(c) for c in slope_grid])),
+        slope_interval=interval(paired.slopes, fa.level) if k else nan2,
     )
+
+
+def compare_arms(
+    a: ArmFit, b: ArmFit, target: float, *, at: dict[str, list[tuple[float, float]]], setting: PairedSetting
+) -> ArmComparison:
+    """Arm B against the baseline A (module docstring): the gap at the decisive measurement by both
+    estimators, m(C) with intervals, the verdict."""
+    fa, fb = a.fit, b.fit
+    budgets = sorted(set(design_budgets(fa)) & set(design_budgets(fb))) or design_budgets(fa)
+    points = {arm.name: [(float(n), float(d)) for n, d in at[arm.name]] for arm in (a, b)}
+    losses = {arm.name: [arm.fit.predict_interval(n, d, flops=target) for n, d in points[arm.name]] for arm in (a, b)}
+    separate = separate_gap(a, b, target, points)
+    paired, notes = None, []
+    try:
+        paired = compare_paired(
+            setting.runs,
+            a.name,
+            b.name,
+            fits=(fa, fb),
+            target=target,
+            points=points,
+            measurement=Measurement(sizes=min(setting.sizes, len(points[a.name])), pairs=len(points[a.name])),
+            loss=fa.options.loss,
+            replicates=setting.replicates,
+            seed=setting.seed,
+            level=fa.level,
+            joint=setting.joint,
+        )
+        notes += paired.notes
+    except UsageError as e:
+        notes.append(f"no paired estimate ({e})")
+    use_paired = setting.estimator == "paired" and paired is not None
+    if setting.estimator == "paired" and paired is None:
+        notes.append("the verdict rests on the separate estimator")
     cmp = ArmComparison(
         baseline=a.name,
         arm=b.name,
-        level=level,
-        budgets=budgets,
-        multipliers=m_point,
-        intervals=intervals,
+        level=fa.level,
         target_flops=float(target),
-        multiplier_at_target=float(m_target),
-        target_interval=interval(paired.at_target, level) if k else nan2,
-        slope=slope,
-        slope_interval=interval(paired.slopes, level) if k else nan2,
-        runs=runs,
+        runs=points,
         losses=losses,
-        gap=gap,
+        gap=paired.matched if use_paired else separate,
+        separate_gap=separate,
+        estimator="paired" if use_paired else "separate",
+        paired=paired,
+        notes=notes,
+        **_multipliers(fa, fb, budgets, target),
     )
     cmp.verdict = verdict(cmp, largest=max(budgets))
     return cmp
-
-
-def _iv(iv) -> str:
-    return f"[{iv[0]:.3g}, {iv[1]:.3g}]"
-
-
-def verdict(cmp: ArmComparison, *, largest: float) -> str:
-    """The study's answer for one arm, in words (module docstring)."""
-    pct = f"{100 * cmp.level:.0f}%"
-    a, b, g = cmp.baseline, cmp.arm, cmp.gap
-    where = f"at C = {cmp.target_flops:.3g} FLOPs ({cmp.target_flops / largest:.3g}x the largest budget)"
-    rel = abs(g.point) / cmp.losses[a].point
-    loser = a if cmp.winner == b else b
-    if g.decided:
-        head = (
-            f"{cmp.winner} wins {where}: predicted loss {abs(g.point):.4f} below {loser}'s ({rel:.2%}); "
-            f"{pct} interval of L_{b} - L_{a} [{g.lo:+.4f}, {g.hi:+.4f}] excludes 0."
-        )
-    else:
-        head = (
-            f"The data cannot tell {a} and {b} apart {where}: predicted L_{b} - L_{a} = {g.point:+.4f}, {pct} "
-            f"interval [{g.lo:+.4f}, {g.hi:+.4f}] contains 0 (leaning {cmp.winner})."
-        )
-    m, iv = cmp.multiplier_at_target, cmp.target_interval
-    mult = f" Multiplier of {b} over {a} at the target: {m:.3g} {pct} {_iv(iv)}"
-    if not math.isnan(iv[0]) and (iv[0] > 1 or iv[1] < 1):
-        mult += " (excludes 1"
-        mult += "; the frontiers differ, but two runs at the target may not show it)." if not g.decided else ")."
-    else:
-        mult += " (contains 1)."
-    s, s_iv = cmp.slope, cmp.slope_interval
-    if math.isnan(s_iv[0]):
-        trend = ""
-    elif s_iv[0] > 0 or s_iv[1] < 0:
-        trend = f" It changes with scale: d ln m / d ln C = {s:.3f} {_iv(s_iv)} excludes 0."
-    else:
-        trend = f" No evidence that it changes with scale: slope {s:.3f} {_iv(s_iv)} contains 0."
-    return head + mult + trend
-
-
-def format_study(sf: StudyFit) -> str:
-    """Per arm: its fit and gates; per comparison: m(C), the gap at the target, the verdict."""
-    pct = f"{100 * sf.options.level:.0f}%"
-    lines = [f"study {sf.sweep_dir.name}: baseline {sf.study.baseline}, target {sf.study.target_flops:.3g} FLOPs"]
-    lines.append(f"  {'arm':12} {'runs':>4} {'gates':24} parameters ({pct} interval)")
-    for name, a in sf.arms.items():
-        f = a.fit
-        gates = "pass" if a.passed else "FAIL: " + ",".join(f.gates.failed if f.gates else ["none"])
-        params = ", ".join(f"{k}={v:.4g} {_iv(f.intervals[k])}" for k, v in f.params.items() if k in f.intervals)
-        lines.append(f"  {name:12} {a.n_runs:>4} {gates:24} {params}")
-    for c in sf.comparisons:
-        lines.append(f"{c.arm} over {c.baseline}: multiplier m(C) = C_{c.baseline}(L*_{c.arm}(C)) / C")
-        lines.append(f"  {'budget (FLOPs)':>16} {'m':>8} {pct + ' interval':>22}")
-        for budget, m, iv in zip(c.budgets, c.multipliers, c.intervals):
-            if budget != c.target_flops:  # once the target's runs are in, its row is the one below
-                lines.append(f"  {budget:>16.3g} {m:>8.3f} {_iv(iv):>22}")
-        lines.append(f"  {c.target_flops:>16.3g} {c.multiplier_at_target:>8.3f} {_iv(c.target_interval):>22}  (target)")
-        lines.append(f"  slope d ln m / d ln C: {c.slope:.4f} {_iv(c.slope_interval)}")
-        for arm, (n, d) in c.runs.items():
-            p = c.losses[arm]
-            lines.append(
-                f"  {arm:12} at the target: N={n:,.0f}, D={d:,.0f}: predicted loss {p.point:.4f} "
-                f"[{p.lo:.4f}, {p.hi:.4f}]"
-            )
-        g = c.gap
-        lines.append(
-            f"  gap L_{c.arm} - L_{c.baseline}: {g.point:+.4f} [{g.lo:+.4f}, {g.hi:+.4f}] (sds: bootstrap "
-            f"{g.parts['bootstrap']:.4f}, noise {g.parts['noise']:.4f}, extrapolation {g.parts['extrapolation']:.4f} "
-            f"at {g.parts['decades']:.2f} decades)"
-        )
-        lines.append("  " + c.verdict)
-    lines += [f"warning: {w}" for w in sf.warnings]
-    return "\n".join(lines)

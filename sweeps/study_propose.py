@@ -16,9 +16,13 @@
    - `remedy`: an arm's identification gates fail: the runs that would pass them, for that arm
      (scalelab.sweeps.propose.remedies, sized in the arm's own design context);
    - `decisive`: every arm is told apart from the baseline (the gap's interval at the target
-     excludes 0), or `decide` is asked: each arm's compute-optimal run at the target. Their gaps are
-     predicted at the runs as resolved, and each arm's entry (predicted winner, gap and interval,
-     multiplier, verdict) goes to the ledger before the runs start; it is scored when they finish;
+     excludes 0), or `decide` is asked: the matched decisive measurement (scalelab.sweeps
+     .study_decisive): every arm at the same sizes around the baseline's N* at the target, each with
+     the same seeds (`study.decisive`, `seeds` here). Its gaps are predicted at the runs as resolved,
+     and each arm's entry (the pairs' run ids, the predicted gap and interval with its parts by the
+     study's estimator and by the others, the predicted winner, the multiplier, the verdict) goes to
+     the ledger before the runs start; it is scored when they finish (the measured mean gap with its
+     standard error, covered or not, the decision right, wrong or none: scalelab.store.ledger);
    - `narrow`: otherwise, the runs that most narrow the multiplier's interval at the target per
      FLOP: candidates per arm at the largest budget done and at min(step x it, target), sizes
      0.4, 1 and 2.5 x the arm's N*(C); each scored by refitting that arm's bootstrap replicates
@@ -36,11 +40,13 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalelab import store
 from scalelab.config_tree import from_dict
 from scalelab.errors import ConfigError, UsageError
 from scalelab.fitting.multiplier import interval, multiplier
@@ -48,13 +54,16 @@ from scalelab.fitting.scaling_fit import code_version
 from scalelab.store import files, ledger
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
 from scalelab.sweeps.design_context import DesignContext
-from scalelab.sweeps.proposal import ProposedRun, round_spec
+from scalelab.sweeps.proposal import ProposedRun, latest_round, round_spec
 from scalelab.sweeps.propose import Candidate, next_round, remedies
-from scalelab.sweeps.spec import ExecutionConfig, Sweep, dump_spec, expand_sweep, read_spec, with_overrides
-from scalelab.sweeps.study_fit import ArmFit, StudyFit, compare_arms, design_budgets, fit_study, format_study
+from scalelab.sweeps.spec import ExecutionConfig, Sweep, dump_spec, expand_sweep, load_sweep, read_spec, with_overrides
+from scalelab.sweeps.study_decisive import DecisivePoint, decisive_candidates, decisive_points
+from scalelab.sweeps.study_fit import ArmFit, StudyFit, compare_arms, design_budgets, fit_study
+from scalelab.sweeps.study_text import format_study
 
 NARROW_MULTS = (0.4, 1.0, 2.5)  # candidate sizes around an arm's N*(C)
 MAX_NARROWING = 3  # narrowing runs per round at most
+ROUND_LABELS = ("arm", "proposal", "flops_budget", "size_index", "target_params")  # kept in the round's spec
 
 
 @dataclass(kw_only=True)
@@ -113,12 +122,19 @@ def propose_study_round(
     decide: bool = False,
     replicates: int | None = None,
     seed: int = 0,
+    seeds: int | None = None,
+    estimator: str | None = None,
     log=print,
 ) -> StudyProposal:
-    """Fit the study's arms and write its next round (module docstring)."""
+    """Fit the study's arms and write its next round (module docstring); `seeds` overrides the
+    decisive measurement's seeds per size (study.decisive.seeds)."""
     sweep_dir = Path(sweep_dir)
     ledger.score(sweep_dir)
-    sf = fit_study(sweep_dir, replicates=replicates, seed=seed)
+    sf = fit_study(sweep_dir, replicates=replicates, seed=seed, estimator=estimator)
+    if seeds is not None:
+        if seeds < 1:
+            raise UsageError(f"--seeds must be >= 1, got {seeds}")
+        sf.study = dataclasses.replace(sf.study, decisive_seeds=seeds)
     study = sf.study
     raw = read_spec(sweep_dir / "sweep.yaml")
     execution = from_dict(ExecutionConfig, raw.get("execution") or {})
@@ -140,22 +156,24 @@ def propose_study_round(
     if failed:
         kind = "remedy"
         log("gates failed: " + "; ".join(f"{a.name}: {', '.join(a.fit.gates.failed)}" for a in failed))
-        cands = [(a.name, c) for a in failed for c in remedies(a.fit, ctxs[a.name], c_next)]
+        cands = [(a.name, c, None) for a in failed for c in remedies(a.fit, ctxs[a.name], c_next)]
     elif decide or all(c.decided for c in sf.comparisons):
-        kind, cands = "decisive", _decisive(sf, ctxs)
+        kind, cands = "decisive", _decisive(sf, ctxs, raw)
     else:
         kind = "narrow"
         cands, gains = _narrowing(sf, ctxs, largest, c_next, budget, log)
         if not cands:
-            warnings.append("no candidate run narrows the multiplier's interval: proposing the decisive pair")
-            kind, cands = "decisive", _decisive(sf, ctxs)
+            warnings.append("no candidate run narrows the multiplier's interval: proposing the decisive measurement")
+            kind, cands = "decisive", _decisive(sf, ctxs, raw)
     k = next_round(sweep_dir)
     sweep = _resolve(raw, study.arms, cands, k)
-    by_arm = {r.labels["arm"]: r for r in sweep.runs}
+    by_arm: dict[str, list] = {}
+    for r in sweep.runs:
+        by_arm.setdefault(r.labels["arm"], []).append(r)
     if kind == "decisive":  # the gaps at the runs as resolved (the shape rule moves N a little)
-        at = {arm: (float(r.params), float(r.num_tokens)) for arm, r in by_arm.items()}
+        at = {arm: [(float(r.params), float(r.num_tokens)) for r in rs] for arm, rs in by_arm.items()}
         base = sf.arms[study.baseline]
-        sf.comparisons = [compare_arms(base, sf.arms[c.arm], target, at=at) for c in sf.comparisons]
+        sf.comparisons = [compare_arms(base, sf.arms[c.arm], target, at=at, setting=sf.setting) for c in sf.comparisons]
     runs = [_predicted(sf.arms[r.labels["arm"]], r, sf.options.flops) for r in sweep.runs]
     proposal = StudyProposal(
         round=k,
@@ -173,12 +191,15 @@ def propose_study_round(
     return proposal
 
 
-def _decisive(sf: StudyFit, ctxs: dict[str, DesignContext]) -> list[tuple[str, Candidate]]:
-    """Each arm's compute-optimal run at the target."""
+Planned = tuple[str, Candidate, DecisivePoint | None]  # (arm, its run, the decisive point it measures)
+
+
+def _decisive(sf: StudyFit, ctxs: dict[str, DesignContext], raw: dict[str, Any]) -> list[Planned]:
+    """The matched decisive measurement: every arm at the same sizes around the baseline's N* and the
+    same seeds (scalelab.sweeps.study_decisive)."""
     target = sf.study.target_flops
-    return [
-        (name, Candidate.at(ctxs[name], a.fit.optimum(target)[0], target, "decisive")) for name, a in sf.arms.items()
-    ]
+    points = decisive_points(sf.arms[sf.study.baseline].fit.optimum(target)[0], sf.study, raw)
+    return decisive_candidates(points, ctxs, target)
 
 
 def _m_width(sf: StudyFit, draws: dict[str, list[dict[str, float]]], arm: str) -> float:
@@ -227,22 +248,23 @@ def _narrowing(sf: StudyFit, ctxs, largest: float, c_next: float, budget: float,
         if len(picked) >= MAX_NARROWING or not gain > 0 or spent + cand.flops > budget:
             continue
         gains[len(picked)] = float(gain)
-        picked.append((arm, cand))
+        picked.append((arm, cand, None))
         spent += cand.flops
     return picked, gains
 
 
-def _resolve(raw: dict[str, Any], arms: dict[str, dict[str, Any]], cands: list[tuple[str, Candidate]], k: int) -> Sweep:
-    """The round's runs, resolved once: one point per candidate carrying its arm's overrides."""
+def _resolve(raw: dict[str, Any], arms: dict[str, dict[str, Any]], cands: list[Planned], k: int) -> Sweep:
+    """The round's runs, resolved once: one point per candidate carrying its arm's overrides (and a
+    decisive point's seed and design size)."""
     spec = round_spec(raw, [], k, [])
-    spec["points"] = [
-        {
-            **c.overrides(),
-            **arms[arm],
-            "labels": {"arm": arm, "proposal": c.kind, "flops_budget": c.budget, "round": k},
-        }
-        for arm, c in cands
-    ]
+    spec["points"] = []
+    for arm, c, point in cands:
+        labels = {"arm": arm, "proposal": c.kind, "flops_budget": c.budget, "round": k}
+        seed = {}
+        if point is not None:
+            labels.update(size_index=point.size_index, target_params=round(point.target_params))
+            seed = {"train.seed": point.seed}
+        spec["points"].append({**c.overrides(), **seed, **arms[arm], "labels": labels})
     if not cands:
         raise UsageError("the study's round has no buildable run (every candidate is below the smallest shape)")
     return expand_sweep(spec, default_name=f"round_{k}")
@@ -260,21 +282,48 @@ def _predicted(arm: ArmFit, run, flops_convention: str) -> ProposedRun:
     )
 
 
-def _entries(sf: StudyFit, by_arm: dict[str, Any], k: int) -> list[dict[str, Any]]:
-    """The ledger's study entries of a decisive round: one per arm compared with the baseline."""
+def _views(c) -> dict[str, Any]:
+    """Every estimator's gap at the decisive measurement (and between the frontiers), for the ledger."""
+    views = {"separate": c.separate_gap}
+    if c.paired is not None:
+        views |= {"paired": c.paired.matched, "paired_frontier": c.paired.frontier}
+        if c.paired.joint_matched is not None:
+            views |= {"joint": c.paired.joint_matched, "joint_frontier": c.paired.joint_frontier}
+    return {
+        name: {"gap": g.point, "interval": [g.lo, g.hi], "parts": g.parts, "decided": g.decided}
+        for name, g in views.items()
+    }
+
+
+def _entries(sf: StudyFit, by_arm: dict[str, list], k: int) -> list[dict[str, Any]]:
+    """The ledger's study entries of a decisive round: one per arm compared with the baseline, its
+    runs aligned pair by pair with the baseline's (the same size and seed)."""
     out = []
     for c in sf.comparisons:
+        base, other = by_arm[c.baseline], by_arm[c.arm]
         out.append(
             dict(
                 round=k,
                 arm=c.arm,
                 baseline=c.baseline,
-                run_ids={c.baseline: by_arm[c.baseline].run_id, c.arm: by_arm[c.arm].run_id},
+                estimator=c.estimator,
+                run_ids={c.baseline: [r.run_id for r in base], c.arm: [r.run_id for r in other]},
+                pairs=[
+                    {
+                        "size_index": ra.labels.get("size_index"),
+                        "seed": ra.config["train"]["seed"],
+                        "params": [ra.params, rb.params],
+                        "tokens": [ra.num_tokens, rb.num_tokens],
+                    }
+                    for ra, rb in zip(base, other)
+                ],  # fmt: skip
                 target_flops=c.target_flops,
-                predicted_losses={a: p.point for a, p in c.losses.items()},
+                predicted_losses={a: [p.point for p in ps] for a, ps in c.losses.items()},
                 predicted_gap=c.gap.point,
                 interval=[c.gap.lo, c.gap.hi],
                 interval_parts=c.gap.parts,
+                views=_views(c),
+                gap_model=None if c.paired is None else c.paired.estimate.to_dict(),
                 predicted_winner=c.winner,
                 decided=c.decided,
                 multiplier=c.multiplier_at_target,
@@ -295,7 +344,7 @@ def _write_round(sweep_dir: Path, raw: dict[str, Any], proposal: StudyProposal, 
     k = proposal.round
     labels = [
         {
-            **{key: v for key, v in r.run.labels.items() if key in ("arm", "proposal", "flops_budget")},
+            **{key: v for key, v in r.run.labels.items() if key in ROUND_LABELS},
             "round": k,
             "predicted_loss": r.prediction.point,
             "predicted_interval": [r.prediction.lo, r.prediction.hi],
@@ -317,13 +366,43 @@ def _write_round(sweep_dir: Path, raw: dict[str, Any], proposal: StudyProposal, 
     atomic_write_bytes(proposal.spec_path, dump_spec(spec).encode())  # after the ledger: launchable last
 
 
+@dataclass(kw_only=True)
+class OpenRound:
+    """A study's latest round as written, to launch again (its runs not all done)."""
+
+    round: int
+    kind: str
+    spec_path: Path
+    sweep: Sweep
+    runs: list  # the round's RunSpecs
+
+    @property
+    def passed(self) -> bool:
+        return self.kind == "decisive"
+
+
+def open_study_round(sweep_dir: str | Path) -> OpenRound | None:
+    """The study's latest round when a run of it is not done (a loop stopped while it trained), else None."""
+    k = latest_round(sweep_dir)
+    if not k:
+        return None
+    record = json.loads(files.read_text(files.join(sweep_dir, "fits", f"round_{k}.json")) or "{}")
+    spec_path = Path(sweep_dir) / "rounds" / f"round_{k}.yaml"
+    if not record.get("study") or not spec_path.exists():
+        return None
+    sweep = load_sweep(spec_path)
+    if all(store.run_state(store.run_location(sweep_dir, r.run_id)) == "done" for r in sweep.runs):
+        return None
+    return OpenRound(round=k, kind=record.get("kind", ""), spec_path=spec_path, sweep=sweep, runs=sweep.runs)
+
+
 def format_study_proposal(p: StudyProposal) -> str:
     """What `sweep next` prints for a study: the arms' fits and comparisons, then the round."""
     lines = [format_study(p.study_fit)]
     what = {
         "remedy": "runs that would pass the failed gates",
         "narrow": "the runs that most narrow m's interval at the target per FLOP",
-        "decisive": "the decisive pair: each arm's compute-optimal run at the target",
+        "decisive": "the matched decisive measurement: every arm at the same sizes around N* and seeds",
     }[p.kind]
     lines.append(f"round {p.round} ({p.kind}): {what}")
     for r in p.runs:
@@ -337,8 +416,9 @@ def format_study_proposal(p: StudyProposal) -> str:
     for e in p.entries:
         lo, hi = e["interval"]
         lines.append(
-            f"  ledger: {e['arm']} vs {e['baseline']}: predicted gap {e['predicted_gap']:+.4f} [{lo:+.4f}, {hi:+.4f}], "
-            f"winner {e['predicted_winner']} ({'decided' if e['decided'] else 'not decided: the interval contains 0'})"
+            f"  ledger: {e['arm']} vs {e['baseline']}: predicted gap {e['predicted_gap']:+.4f} [{lo:+.4f}, {hi:+.4f}] "
+            f"({e['estimator']}, mean over {len(e['pairs'])} matched pairs), winner {e['predicted_winner']} "
+            f"({'decided' if e['decided'] else 'not decided: the interval contains 0'})"
         )
     lines += [f"warning: {w}" for w in p.warnings]
     lines.append(

@@ -7,6 +7,8 @@
       baseline: swiglu               # A of the compute multiplier (default: the first arm)
       target_flops: 2e13             # where the winner and the gap are predicted (default:
                                      # fit.target_flops, else 10x the largest budget)
+      estimator: paired              # the verdict's gap: paired (default) | separate (each arm's own law)
+      decisive: {sizes: 3, seeds: 2} # the matched decisive measurement at the target (the defaults)
 
 Every run the generator makes (with its axes, data axes and seeds) is made once per arm: the
 arm's overrides are applied to the base before the generator sizes the runs (so a key the shape
@@ -14,6 +16,11 @@ rule reads, `model.mlp`, `model.tied_embeddings`, shapes that arm's runs), and a
 own overrides (so an arm's `optim.lr` replaces the recipe's per-size LR, as a point's does). Each
 run carries the label `arm: NAME`; the arm is not part of the run's config, so an arm equal to
 another sweep's base config links that sweep's finished runs instead of training them again.
+
+`estimator` names what the verdict rests on (scalelab.sweeps.study_fit): `paired`, the gap modelled
+directly on the arms' matched design points, or `separate`, each arm's own law. `decisive` is the
+matched decisive measurement at the target (scalelab.sweeps.study_decisive): both arms at `sizes`
+sizes around N* (a factor 2 apart), each with `seeds` training seeds.
 
 Refused before anything runs (ConfigError naming the key, exit 2 at the CLI): fewer than two
 arms; an override that is not a dotted key of model, data, optim, schedule or train (a `recipe.` key:
@@ -32,7 +39,12 @@ from typing import Any
 from scalelab.errors import ConfigError
 from scalelab.sweeps.spec_checks import check_keys, number
 
-STUDY_KEYS = ("arms", "baseline", "target_flops")
+STUDY_KEYS = ("arms", "baseline", "target_flops", "estimator", "decisive")
+ESTIMATORS = ("paired", "separate")
+DECISIVE_KEYS = ("sizes", "seeds")
+MAX_DECISIVE_SIZES = 5
+MAX_DECISIVE_SEEDS = 8
+ARM_LABEL = "arm"  # the run label (and runs-table column) that names a run's arm
 # The sections whose keys change what a run computes; eval, checkpoint, logging, parallel, profile
 # and tags change how it is measured, saved, logged or laid out (the same numbers).
 ARM_SECTIONS = ("model", "data", "optim", "schedule", "train")
@@ -62,6 +74,9 @@ class StudySpec:
     baseline: str  # A of the multiplier m = C_A(L*_B) / C
     target_flops: float  # where the predicted winner and gap are checked; > every design budget
     design_keys: tuple[str, ...] = field(default_factory=tuple)  # keys the design sets (refused in an arm)
+    estimator: str = "paired"  # the verdict's gap: paired | separate
+    decisive_sizes: int = 3  # the matched decisive measurement: sizes around N* ...
+    decisive_seeds: int = 2  # ... each with this many training seeds
 
     @property
     def names(self) -> list[str]:
@@ -157,11 +172,27 @@ def parse_study(section: Any, raw: dict[str, Any], generator: str, budgets: list
     baseline = section.get("baseline", next(iter(arms)))
     if baseline not in arms:
         raise ConfigError("study.baseline", f"{baseline!r} is not an arm", f"use one of {list(arms)}")
+    target = _target(section.get("target_flops"), (raw.get("fit") or {}).get("target_flops"), budgets)
+    estimator = section.get("estimator", "paired")
+    if estimator not in ESTIMATORS:
+        raise ConfigError("study.estimator", f"{estimator!r} is not an estimator", f"use one of {list(ESTIMATORS)}")
+    sizes, seeds = _decisive(section.get("decisive"))
+    return StudySpec(
+        arms=arms,
+        baseline=baseline,
+        target_flops=float(target),
+        design_keys=design,
+        estimator=estimator,
+        decisive_sizes=sizes,
+        decisive_seeds=seeds,
+    )
+
+
+def _target(given: Any, fit_target: Any, budgets: list[float]) -> float:
+    """study.target_flops, else fit.target_flops, else 10x the largest budget; beyond the largest."""
     largest = max(budgets) if budgets else None
-    target = section.get("target_flops")
-    fit_target = (raw.get("fit") or {}).get("target_flops")
-    if target is not None:
-        target = number(target, "study.target_flops")
+    if given is not None:
+        target = number(given, "study.target_flops")
     elif fit_target:
         target = number(fit_target, "fit.target_flops")
     elif largest is not None:
@@ -174,7 +205,23 @@ def parse_study(section: Any, raw: dict[str, Any], generator: str, budgets: list
             f"{target:.3g} is not beyond the largest budget {largest:.3g}: nothing is extrapolated",
             f"use a larger target, e.g. {DEFAULT_TARGET_FACTOR * largest:.3g}",
         )
-    return StudySpec(arms=arms, baseline=baseline, target_flops=float(target), design_keys=design)
+    return float(target)
+
+
+def _decisive(section: Any) -> tuple[int, int]:
+    """(sizes, seeds) of the matched decisive measurement: `study.decisive`, checked."""
+    if section is None:
+        return 3, 2
+    check_keys(section, DECISIVE_KEYS, "study.decisive")
+    out = []
+    for name, default, most in (("sizes", 3, MAX_DECISIVE_SIZES), ("seeds", 2, MAX_DECISIVE_SEEDS)):
+        value = section.get(name, default)
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+            raise ConfigError(
+                f"study.decisive.{name}", f"{value!r} is not a whole number from 1 to {most}", f"e.g. {default}"
+            )
+        out.append(value)
+    return out[0], out[1]
 
 
 def check_arm_runs(study: StudySpec, run_ids: dict[str, list[str]]) -> None:

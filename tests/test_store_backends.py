@@ -389,3 +389,14 @@ def test_a_studys_rounds_on_s3_stop_with_one_line(s3, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "a study's rounds need a local or shared POSIX store" in err and len(err.splitlines()) == 1
     assert objects.list_objects(url).keys() == before.keys()
+
+
+def test_sweep_study_reads_a_study_on_s3(s3, capsys):
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}/study"
+    launch_synthetic(STUDY, url, {"a": SyntheticLaw(), "b": SyntheticLaw(efficiency=2.0)})
+    before = objects.list_objects(url)
+    assert main(["sweep", "study", url, "--replicates", "4"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("study study: baseline a") and "b over a: multiplier" in out
+    assert "verdicts by the paired gap model" in out and "no arm has measured runs at the target yet" in out
+    assert objects.list_objects(url).keys() == before.keys()  # read, not written

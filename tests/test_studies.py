@@ -1,6 +1,7 @@
 """Choice studies on synthetic stores (no training): the study spec and its checks, per-arm fits and
 the multiplier, the gap at the target, the study loop's rounds and ledger, decision accuracy."""
 
+import json
 import math
 import re
 from pathlib import Path
@@ -9,18 +10,19 @@ import numpy as np
 import pytest
 import yaml
 
-from scalelab.analysis.decision_accuracy import decision_accuracy, format_decisions, pool
+from scalelab.analysis.decision_accuracy import decision_accuracy, format_decisions, pool, wilson_interval
 from scalelab.analysis.report import build_report
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.cli.main import main
 from scalelab.errors import ConfigError
 from scalelab.fitting.gap import gap_interval, paired_extrapolation
 from scalelab.fitting.predictive import ExtrapolationError
-from scalelab.store import ledger
+from scalelab.store import ledger, load_runs
 from scalelab.sweeps.dry_run import format_plan, plan_sweep
 from scalelab.sweeps.spec import expand_sweep, load_sweep
-from scalelab.sweeps.study_fit import format_study
-from scalelab.sweeps.study_propose import propose_study_round
+from scalelab.sweeps.study_fit import fit_study
+from scalelab.sweeps.study_propose import open_study_round, propose_study_round
+from scalelab.sweeps.study_text import format_study
 from scalelab.sweeps.wandb_runs import run_tags
 
 BASE = {"data": {"seq_len": 64}, "train": {"global_batch_tokens": 512}}
@@ -79,6 +81,9 @@ BAD_STUDIES = [
     ({"arms": {"a": {}, "b": {"recipe.min_steps": 10}}}, r"study\.arms\.b\.recipe\.min_steps: an arm is a config"),
     ({"target_flops": 3e12}, r"study\.target_flops: 3e\+12 is not beyond the largest budget 3e\+12"),
     ({"baseline": "z"}, r"study\.baseline: 'z' is not an arm"),
+    ({"estimator": "pooled"}, r"study\.estimator: 'pooled' is not an estimator"),
+    ({"decisive": {"sizes": 0}}, r"study\.decisive\.sizes: 0 is not a whole number from 1 to 5"),
+    ({"decisive": {"seed": 2}}, r"study\.decisive\.seed: "),
 ]
 
 
@@ -147,7 +152,11 @@ def decided(tmp_path_factory):
     no_truth = decision_accuracy(sd)
     p = propose_study_round(sd, log=_quiet)
     (before,) = ledger.read_ledger(sd)["studies"]
+    reopened = open_study_round(sd)  # a loop stopped here launches this round again, not a new one
+    assert reopened.round == p.round and reopened.passed
+    assert [r.run_id for r in reopened.sweep.runs] == [r.run_id for r in p.runs]
     launch_synthetic(p.spec_path, sd, LAWS, noise_std=0.003)
+    assert open_study_round(sd) is None  # every run of it done: the next round is proposed afresh
     return sd, p, before, no_truth
 
 
@@ -164,49 +173,128 @@ def test_each_arm_is_fitted_the_loops_way_and_the_multiplier_recovered(decided):
     assert "b over a: multiplier" in text and "(target)" in text and cmp.verdict in text
 
 
-def test_the_study_loop_writes_its_prediction_before_the_runs_and_scores_it(decided):
+def test_the_study_loop_writes_a_matched_decisive_measurement_and_scores_it(decided):
     sd, p, before, _ = decided
     assert p.kind == "decisive" and p.passed  # a 2x multiplier is told apart at once
-    assert sorted(r.run.labels["arm"] for r in p.runs) == ["a", "b"]
-    assert all(r.budget == 3e13 for r in p.runs)
-    # the gap is predicted at the runs as resolved, each arm's at its N*(C*) by the shape rule
+    assert all(r.budget == 3e13 and r.kind == "decisive" for r in p.runs)
+    # every arm at the same 3 sizes around N* and the same 2 seeds: the same N, D, shape and seed
+    by_point: dict = {}
+    for r in p.runs:
+        key = (r.run.labels["size_index"], r.run.config["train"]["seed"])
+        by_point.setdefault(key, {})[r.run.labels["arm"]] = r.run
+    assert sorted(by_point) == [(i, s) for i in range(3) for s in (0, 1)]
+    shape = lambda run: {k: run.config["model"][k] for k in ("num_layers", "d_model", "num_heads", "d_ff")}  # noqa: E731
+    for pair in by_point.values():
+        a, b = pair["a"], pair["b"]
+        assert (a.params, a.num_tokens, shape(a)) == (b.params, b.num_tokens, shape(b))
+        assert b.config["optim"]["beta2"] == 0.99 and a.config["optim"]["beta2"] != 0.99
+    sizes = sorted({pair["a"].params for pair in by_point.values()})
+    assert 1.6 < sizes[1] / sizes[0] < 2.5 and 1.6 < sizes[2] / sizes[1] < 2.5  # a factor 2 apart, around N*
+    # the gap is predicted at the runs as resolved
     cmp = p.study_fit.comparison("b")
-    assert cmp.runs == {r.run.labels["arm"]: (r.run.params, r.run.num_tokens) for r in p.runs}
-    # the round's spec expands to exactly these runs (the arm's overrides travel with its point)
+    for arm in "ab":
+        runs = [r.run for r in p.runs if r.run.labels["arm"] == arm]
+        assert cmp.runs[arm] == [(r.params, r.num_tokens) for r in runs]
+    # the round's spec expands to exactly these runs (the arm's overrides and the seeds travel with them)
     assert [r.run_id for r in load_sweep(p.spec_path).runs] == [r.run_id for r in p.runs]
-    b_run = next(r for r in p.runs if r.run.labels["arm"] == "b")
-    assert b_run.run.config["optim"]["beta2"] == 0.99
-    # recorded before the runs existed
+    # recorded before the runs existed: the pairs' ids aligned, the estimator, every view's gap
     assert before["measured_gap"] is None and before["predicted_winner"] == "b" and before["decided"]
+    assert before["estimator"] == "paired" and before["interval_parts"].keys() >= {"bootstrap", "drift", "scatter"}
     assert before["interval"][0] <= before["predicted_gap"] <= before["interval"][1] < 0
-    assert before["run_ids"] == {r.run.labels["arm"]: r.run_id for r in p.runs}
+    ids = before["run_ids"]
+    assert set(zip(ids["a"], ids["b"])) == {(pair["a"].run_id, pair["b"].run_id) for pair in by_point.values()}
+    assert set(before["views"]) == {"separate", "paired", "paired_frontier", "joint", "joint_frontier"}
     ledger.score(sd)
     (entry,) = ledger.read_ledger(sd)["studies"]
-    assert entry["measured_gap"] < 0 and entry["measured_winner"] == "b" and entry["winner_right"] is True
+    runs = load_runs(sd)
+    measured = dict(zip(runs["run_id"].to_list(), runs["final_val_loss"].to_list()))
+    diffs = [measured[b] - measured[a] for a, b in zip(ids["a"], ids["b"])]
+    assert entry["n_pairs"] == 6 and entry["measured_gap"] == pytest.approx(np.mean(diffs))
+    assert entry["measured_se"] == pytest.approx(np.std(diffs, ddof=1) / math.sqrt(6))
+    assert entry["measured_winner"] == "b" and entry["winner_right"] is True and entry["decision"] == "right"
     assert entry["covered"] == (entry["interval"][0] <= entry["measured_gap"] <= entry["interval"][1])
-    assert "studies (gap = L_arm - L_baseline at the target)" in ledger.format_ledger(ledger.read_ledger(sd))
+    assert all("covered" in v and v["decision"] in ("right", "wrong", "none") for v in entry["views"].values())
+    text = ledger.format_ledger(ledger.read_ledger(sd))
+    assert "measured: mean over the matched pairs" in text and " +- " in text and "separate:" in text
 
 
-def test_decision_accuracy_of_single_scale_ranking_and_of_the_law(decided):
+def test_the_verdict_names_its_estimator_and_the_parts_of_its_interval(decided):
+    sf = decided[1].study_fit
+    cmp = sf.comparison("b")
+    assert cmp.estimator == "paired" and cmp.gap.estimator == "paired" and cmp.separate_gap.estimator == "separate"
+    assert "by the paired gap model" in cmp.verdict
+    text = format_study(sf)
+    assert "verdicts by the paired gap model" in text
+    for part in ("bootstrap", "drift", "scatter", "baseline", "noise", "extrapolation", "shared-exponent law"):
+        assert part in text, part
+    out = sf.to_dict()["comparisons"][0]
+    assert out["estimator"] == "paired" and out["gap"]["estimator"] == "paired"
+    assert out["paired"]["gap_model"]["model"] in ("constant", "drift") and out["paired"]["joint"]["params"]
+    assert set(out["gap"]["parts"]) == {"bootstrap", "drift", "scatter", "baseline", "decades"}
+    assert set(out["gap_parts"]) == {"bootstrap", "drift", "scatter", "baseline"}  # and what each one is
+
+
+STEADY = {"a": SyntheticLaw(), "b": SyntheticLaw(E=1.7 * 1.03, A=60.0 * 1.03, B=80.0 * 1.03)}  # b: 3% above a
+
+
+@pytest.fixture(scope="module")
+def steady(tmp_path_factory):
+    """A study whose gap is a constant 3% of the loss."""
+    sd = tmp_path_factory.mktemp("steady") / "s"
+    launch_synthetic(_spec(), sd, STEADY, noise_std=0.003)
+    return sd
+
+
+def test_the_paired_gap_is_far_narrower_than_each_arms_laws_on_the_same_runs(steady):
+    sf = fit_study(steady, joint=False)
+    cmp = sf.comparison("b")
+    at = [(n, d) for n, d in cmp.runs["a"]]
+    truth = float(np.mean([STEADY["b"].loss(n, d) - STEADY["a"].loss(n, d) for n, d in at]))
+    paired, separate = cmp.gap, cmp.separate_gap
+    assert paired.lo <= truth <= paired.hi and separate.lo <= truth <= separate.hi
+    assert paired.hi - paired.lo < 0.4 * (separate.hi - separate.lo), (paired, separate)
+    assert paired.decided and cmp.paired.estimate.model == "constant"
+    old = fit_study(steady, joint=False, estimator="separate").comparison("b")  # the old estimator, on request
+    assert old.estimator == "separate" and old.gap.point == pytest.approx(separate.point)
+    assert (old.gap.lo, old.gap.hi) == pytest.approx((separate.lo, separate.hi))
+
+
+def test_decision_accuracy_of_single_scale_ranking_of_each_arms_law_and_of_the_paired_gap(decided):
     sd, _, _, no_truth = decided
     assert no_truth.notes and not no_truth.truth  # before the target runs: nothing to score against
     table = decision_accuracy(sd)
     ledger.score(sd)  # as the scoring test does: an xdist worker may not have run that one first
     (entry,) = ledger.read_ledger(sd)["studies"]
-    assert table.truth["b"][0] == pytest.approx(entry["measured_gap"])
+    # the truth: the matched decisive measurement's mean gap, and its se over the 6 pairs
+    assert table.truth_gap("b") == pytest.approx(entry["measured_gap"])
+    assert table.truth_se["b"] == pytest.approx(entry["measured_se"])
     assert table.budgets == BUDGETS
     smallest, largest = BUDGETS[0], BUDGETS[-1]
     assert table.cell(smallest, "each size").total == 5 and table.cell(smallest, "best run").total == 1
-    assert table.cell(smallest, "law").total == 0  # one budget does not identify the law
-    assert table.cell(largest, "law").total == 1 and table.cell(largest, "law").correct == 1
-    assert table.cell(largest, "each size").correct == 5  # a 2x multiplier shows at every size
-    text = format_decisions(pool([table, table]))
-    assert "#3" in text and "2/2 (100%)" in text
+    for method in ("law", "paired"):  # one budget does not identify a law
+        assert table.cell(smallest, method).total == 0 and table.cell(smallest, method).note
+        cell = table.cell(largest, method)
+        assert (cell.total, cell.correct, cell.wrong) == (1, 1, 0)
+    assert table.cell(largest, "paired").decided == 1  # a 2x multiplier: the paired gap decides
+    assert table.cell(largest, "each size").correct == 5  # and shows at every size
+    assert table.cell(largest, "each size").interval() == pytest.approx((0.566, 1.0), abs=1e-3)  # Wilson, 5/5
+    pooled = pool([table, table])
+    assert pooled.cell(2, "paired").total == 2
+    assert pooled.cell(2, "paired").interval()[0] == pytest.approx(0.342, abs=1e-3)
+    text = format_decisions(pooled)
+    assert "#3" in text and "2/2 (100%) [34%, 100%]" in text and "paired gap model" in text
+
+
+def test_wilson_intervals_of_a_few_decisions():
+    assert wilson_interval(4, 6) == pytest.approx((0.300, 0.903), abs=1e-3)  # 4 of 6 settles little
+    assert all(math.isnan(x) for x in wilson_interval(0, 0))
+    lo, hi = wilson_interval(90, 100)
+    assert lo < 0.9 < hi and hi - lo < 0.13
 
 
 def test_the_study_loop_narrows_the_multiplier_while_the_arms_are_not_told_apart(tmp_path):
     sd = tmp_path / "s"
-    close = {"a": SyntheticLaw(), "b": SyntheticLaw(efficiency=1.03)}
+    close = {"a": SyntheticLaw(), "b": SyntheticLaw()}  # no difference: nothing tells them apart
     launch_synthetic(_spec(), sd, close, noise_std=0.003)
     p = propose_study_round(sd, replicates=4, log=_quiet)
     assert p.kind == "narrow" and not p.passed and not p.study_fit.comparison("b").decided
@@ -221,14 +309,19 @@ def test_the_study_loop_narrows_the_multiplier_while_the_arms_are_not_told_apart
 
 def test_sweep_study_prints_the_study_and_next_decide_needs_a_study(decided, tmp_path, capsys):
     sd = decided[0]
-    assert main(["sweep", "study", str(sd), "--replicates", "4", "--no-decisions"]) == 0
-    out = capsys.readouterr().out
-    assert "b over a: multiplier" in out and "studies (gap = L_arm - L_baseline" in out
+    argv = ["sweep", "study", str(sd), "--replicates", "4", "--no-decisions", "--estimator", "separate", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    (cmp,) = out["fit"]["comparisons"]
+    assert cmp["estimator"] == "separate" and out["fit"]["study"]["estimator"] == "separate"  # the old one, asked
+    assert set(cmp["gap"]["parts"]) == {"bootstrap", "noise", "extrapolation", "decades"}
+    assert cmp["paired"]["matched"]["estimator"] == "paired" and out["ledger"][0]["measured_se"] > 0
     plain = tmp_path / "plain"
     launch_synthetic({k: v for k, v in _spec().items() if k != "study"}, plain, LAWS["a"], noise_std=0.003)
-    assert main(["sweep", "next", str(plain), "--decide"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--decide" in err and "not a study" in err
+    for flag in (["--decide"], ["--estimator", "paired"]):
+        assert main(["sweep", "next", str(plain), *flag]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and flag[0] in err and "not a study" in err
 
 
 def test_the_report_of_a_study_has_its_section(decided, tmp_path):
@@ -242,5 +335,6 @@ def test_the_report_of_a_study_has_its_section(decided, tmp_path):
         "Decision accuracy",
     ):
         assert what in text, what
+    assert "paired gap model" in text and "shared-exponent law" in text and "drift" in text  # the parts, named
     assert "<h2>Fit:" not in text  # no single law over both arms
     assert text.count("data:image/png;base64,") >= 2  # the frontiers per arm, m(C)
