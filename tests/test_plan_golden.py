@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -25,9 +26,11 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
+import pytest
+
 from scalelab.cli.main import main as scalelab
 from scalelab.models.presets import get_preset
-from scalelab.parallel.planner import plan_layouts
+from scalelab.parallel.planner import best_layout, plan_layouts
 from scalelab.planning.cluster import gpu_cluster
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -78,11 +81,20 @@ def _rounded(obj):
     return obj
 
 
-def planner_case(name: str) -> dict:
+def _search(name: str, search, **kw):
     preset, gpus, seq_len, batch = PLANNER_CASES[name]
     cluster = gpu_cluster("H100-SXM", gpus)
-    plans = plan_layouts(get_preset(preset), num_gpus=gpus, seq_len=seq_len, global_batch_tokens=batch,
-                         hw=cluster.hw, consts=cluster.consts, include_unfit=True)  # fmt: skip
+    return search(get_preset(preset), num_gpus=gpus, seq_len=seq_len, global_batch_tokens=batch, hw=cluster.hw,
+                  consts=cluster.consts, **kw)  # fmt: skip
+
+
+@functools.cache
+def _every_candidate(name: str) -> list:
+    return _search(name, plan_layouts, include_unfit=True)
+
+
+def planner_case(name: str) -> dict:
+    plans = _every_candidate(name)
     rows = [_plan_row(p) for p in plans]
     return {
         "candidates": len(rows),
@@ -117,6 +129,16 @@ def test_planner_search_is_as_pinned():
     golden = json.loads(GOLDEN.read_text())["planner"]
     for name in PLANNER_CASES:
         assert planner_case(name) == golden[name], f"{name}: the planner's candidates moved"
+
+
+@pytest.mark.parametrize("name", list(PLANNER_CASES))
+def test_best_layout_is_the_first_of_the_full_search(name):
+    """best_layout skips candidates whose compute + bubble exceeds the best step found: exact only
+    while no time part is negative (communication only adds)."""
+    plans = _every_candidate(name)
+    assert all(v >= 0 for p in plans for v in p.time_parts.values())
+    fitting = [p for p in plans if p.fits]
+    assert _plan_row(_search(name, best_layout)) == _plan_row(fitting[0])
 
 
 def test_plan_run_plan_is_as_pinned():
