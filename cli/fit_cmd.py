@@ -19,6 +19,9 @@ says otherwise - so `scalelab fit DIR`, `sweep next DIR` and `scalelab report DI
 --law auto fits every candidate law and picks one by the held-out-largest backtest
 (scalelab.fitting.select). The fit is scalelab.fitting.fit_runs.fit_runs; this module parses
 arguments and prints.
+
+Imports sit in the functions that use them: building this parser is part of every `scalelab` command's
+start-up, which must not load the fitting stack, polars or torch.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import math
 import pathlib
 
 from scalelab.errors import UsageError
-from scalelab.store import objects
 
 
 def add_parser(sub) -> None:
@@ -220,6 +222,7 @@ def _fit(args: argparse.Namespace):
     from scalelab.fitting.fit_runs import fit_runs
     from scalelab.fitting.io import read_runs
     from scalelab.fitting.laws import CURVE_LAWS
+    from scalelab.store import objects
 
     if (args.candidates or args.evidence or args.stack_point) and args.law != "auto":
         raise UsageError("--candidates, --evidence, --stack-point: options of --law auto; add --law auto")

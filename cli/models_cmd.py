@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import json
 
-from scalelab.models.accounting import model_summary
-from scalelab.models.presets import get_preset, list_presets
-from scalelab.models.shapes import shape_for_params
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser("models", help="list model presets with parameter and FLOP counts")
@@ -38,6 +34,11 @@ def _fmt(x: float, billion: str = "G") -> str:
 
 
 def run(args) -> int:
+    # start-up time: the model package imports torch (~1 s); `scalelab --help` builds this parser
+    from scalelab.models.accounting import model_summary
+    from scalelab.models.presets import get_preset, list_presets
+    from scalelab.models.shapes import shape_for_params
+
     if args.target_params is not None:
         vocab = args.vocab_size or 320
         rows = [("target", model_summary(shape_for_params(args.target_params, vocab), args.seq_len))]

@@ -35,7 +35,6 @@ import sys
 from pathlib import Path
 
 from scalelab.errors import UsageError
-from scalelab.store import files, objects
 
 
 def add_parser(sub) -> None:
@@ -237,6 +236,7 @@ def _faults(items: list[str]) -> dict[str, int]:
 
 
 def run_launch(args) -> int:
+    from scalelab.store import files, objects
     from scalelab.sweeps.rounds import LaunchOptions, check_rounds, run_rounds
     from scalelab.sweeps.spec import load_sweep
 
@@ -293,6 +293,7 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
     runs (pending) before the job's driver starts. On object storage the copy is an object of the
     sweep (`<out>/driver/<spec>`), which the job's driver reads from the bucket."""
     from scalelab import store
+    from scalelab.store import files, objects
     from scalelab.store.atomic import atomic_write_bytes
     from scalelab.sweeps.execute import check_object_store, check_runnable, save_execution
     from scalelab.sweeps.ray_cluster import check_dashboard_address, check_pass_env, submit_driver
@@ -410,6 +411,7 @@ def run_next(args) -> int:
 
 
 def _next_study(args) -> int:
+    from scalelab.store import objects
     from scalelab.sweeps.study_propose import format_study_proposal, propose_study_round
 
     if objects.is_url(args.sweep_dir):
