@@ -16,11 +16,16 @@ import json
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("models", help="list model presets with parameter and FLOP counts")
+    p = sub.add_parser("models", help="list model presets with parameter and FLOP counts", description=__doc__)
     p.add_argument("names", nargs="*", help="presets to show (default: all)")
     p.add_argument("--seq-len", type=int, default=None, help="FLOPs at this length (default: max_seq_len)")
-    p.add_argument("--vocab-size", type=int, default=None, help="replace the presets' vocabulary size")
-    p.add_argument("--target-params", type=float, default=None, help="show the shape rule's config instead")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="replace the presets' vocabulary size (--target-params: default 320)",
+    )
+    p.add_argument("--target-params", type=float, default=None, help="show the shape rule's config for this N instead")
     p.add_argument("--json", action="store_true", help="print one JSON object per model")
     p.set_defaults(func=run)
 

@@ -36,12 +36,15 @@ from pathlib import Path
 
 from scalelab.errors import UsageError
 
+SWEEP_DIR_HELP = "a sweep directory (the --out of `sweep launch`)"
+STUDIES_DOC = "docs/studies.md"  # where studies are described, named by the errors of the study commands
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "sweep",
         help="plan, launch, resume and inspect sweeps; propose the next round",
-        description=__doc__.splitlines()[0],
+        description=__doc__,
     )
     s = p.add_subparsers(dest="sweep_command", metavar="SUBCOMMAND")
     s.required = True
@@ -62,20 +65,29 @@ def add_parser(sub) -> None:
 
 def _add_plan(s) -> None:
     q = s.add_parser("plan", help="expand and validate a spec; print runs and cost (nothing starts)")
-    q.add_argument("spec")
+    q.add_argument("spec", help="a sweep spec (YAML; examples/sweeps/)")
     q.add_argument("--no-measure", action="store_true", help="skip the throughput measurement (no time estimates)")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the runs and totals as JSON")
     q.set_defaults(func=run_plan)
 
 
 def _add_launch(s) -> None:
     q = s.add_parser("launch", help="run a spec on Ray into a sweep directory (finished runs are skipped)")
-    q.add_argument("spec")
-    q.add_argument("--out", required=True, help="sweep directory; its parent is the store root shared by sweeps")
+    q.add_argument("spec", help="a sweep spec (YAML; examples/sweeps/)")
+    q.add_argument(
+        "--out",
+        required=True,
+        help="the sweep directory (local, shared POSIX or s3://); its parent is the store root shared by sweeps",
+    )
     _ray_args(q)
     q.add_argument("--rounds", type=int, default=1, help="alternate launch and `sweep next` this many times")
     q.add_argument("--target-flops", type=float, default=None, help="C* for --rounds > 1 (default: the spec's fit)")
-    q.add_argument("--budget-flops", type=float, default=None, help="FLOPs per proposed round (--rounds > 1)")
+    q.add_argument(
+        "--budget-flops",
+        type=float,
+        default=None,
+        help="FLOPs per proposed round (--rounds > 1; default: what `sweep next` proposes)",
+    )
     q.add_argument("--force", action="store_true", help="launch the ladder even when the LR-transfer gate fails")
     q.add_argument(
         "--inject-fault",
@@ -95,31 +107,51 @@ def _add_launch(s) -> None:
 
 def _add_resume(s) -> None:
     q = s.add_parser("resume", help="finish a sweep whose driver died: done runs stay done, partial ones resume")
-    q.add_argument("sweep_dir")
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
     _ray_args(q)
     q.set_defaults(func=run_resume)
 
 
 def _add_status(s) -> None:
     q = s.add_parser("status", help="runs by state with progress, losses and failures")
-    q.add_argument("sweep_dir")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
+    q.add_argument("--json", action="store_true", help="print the status as JSON")
     q.set_defaults(func=run_status)
 
 
 def _add_export(s) -> None:
     q = s.add_parser("export", help="write the run table for the fitter (done runs)")
-    q.add_argument("sweep_dir")
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
     q.add_argument("--csv", required=True, metavar="PATH", help="output file (.csv, or .parquet)")
     q.add_argument("--all", action="store_true", help="include runs that are not done")
     q.set_defaults(func=run_export)
 
 
 def _add_next(s) -> None:
-    q = s.add_parser("next", help="fit the store and write the next round's spec (rounds/round_K.yaml)")
-    q.add_argument("sweep_dir")
-    q.add_argument("--target-flops", type=float, default=None, help="C*: where the loss prediction should be tight")
-    q.add_argument("--budget-flops", type=float, default=None, help="FLOPs the next round may spend")
+    q = s.add_parser(
+        "next",
+        help="fit the store and write the next round's spec (rounds/round_K.yaml)",
+        description="Fit the sweep's done runs (its spec's fit: section), score the ledger's earlier predictions, "
+        "check the identification gates and propose the next round: the compute-optimal run at the next budget "
+        "when every gate passes, else the runs that would pass the failed gates. Written into the sweep: "
+        "rounds/round_K.yaml (the round's spec: `sweep launch` it into the same directory), fits/round_K.json "
+        f"(the fit) and the ledger's predictions. A study (a spec with study: arms, {STUDIES_DOC}): each arm "
+        "fitted, the round that narrows the multiplier m(C) at the target, or the decisive pair.",
+    )
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
+    q.add_argument(
+        "--target-flops",
+        type=float,
+        default=None,
+        help="C*: where the loss prediction should be tight (default: the spec's fit.target_flops; one of the two "
+        "is needed)",
+    )
+    q.add_argument(
+        "--budget-flops",
+        type=float,
+        default=None,
+        help="FLOPs the next round may spend (default: 2x the next budget, which is --step x the largest done)",
+    )
     q.add_argument("--step", type=float, default=3.0, help="next budget = step x the largest budget done")
     q.add_argument("--replicates", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
     q.add_argument(
@@ -130,22 +162,29 @@ def _add_next(s) -> None:
     q.add_argument(
         "--seeds", type=int, default=1, help="train the compute-optimal run with this many seeds (each one scored)"
     )
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the proposal as JSON")
     q.set_defaults(func=run_next)
 
 
 def _add_study(s) -> None:
-    q = s.add_parser("study", help="a study: each arm's fit, m(C), the gap at the target, ledger, decision accuracy")
-    q.add_argument("sweep_dir")
+    q = s.add_parser(
+        "study",
+        help="a study: each arm's fit, m(C), the gap at the target, ledger, decision accuracy",
+        description="A study is a sweep whose spec has study: arms (config overrides crossed with one IsoFLOP "
+        f"design; {STUDIES_DOC}). Print each arm's fit, the compute multiplier m(C) of each arm over the "
+        "baseline with its interval at every budget and at the target, the predicted loss gap there, the "
+        "ledger of predicted against measured gaps, and the decision accuracy of smaller budgets.",
+    )
+    q.add_argument("sweep_dir", help="a study's sweep directory (the --out of `sweep launch STUDY_SPEC`)")
     q.add_argument("--replicates", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
     q.add_argument("--no-decisions", action="store_true", help="skip decision accuracy (its refits take a while)")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the fit, ledger and decisions as JSON")
     q.set_defaults(func=run_study)
 
 
 def _add_eval(s) -> None:
     q = s.add_parser("eval", help="evaluate every checkpoint of the finished runs on tasks, as Ray tasks")
-    q.add_argument("sweep_dir")
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
     q.add_argument("--tasks", nargs="*", default=[], help="bundled:NAME[@N] | olmes:TASK/VARIANT | PATH.jsonl")
     q.add_argument("--limit", type=int, default=None, help="examples per task (default: all)")
     q.add_argument("--val", action="store_true", help="also recompute held-out loss/bpb")
@@ -158,14 +197,14 @@ def _add_eval(s) -> None:
 
 def _add_ledger(s) -> None:
     q = s.add_parser("ledger", help="every fit the loop made and its predictions against the measured runs")
-    q.add_argument("sweep_dir")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
+    q.add_argument("--json", action="store_true", help="print the ledger as JSON")
     q.set_defaults(func=run_ledger)
 
 
 def _add_wandb(s) -> None:
     q = s.add_parser("wandb", help="log a sweep's runs and rounds to W&B (those not logged while they ran)")
-    q.add_argument("sweep_dir")
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
     q.add_argument(
         "--mode",
         choices=("offline", "online"),
@@ -392,7 +431,9 @@ def run_next(args) -> int:
     if is_study(args.sweep_dir):
         return _next_study(args)
     if args.decide:
-        raise UsageError(f"--decide: {args.sweep_dir} is not a study (its sweep.yaml has no study: section)")
+        raise UsageError(
+            f"--decide: {args.sweep_dir} is not a study (its sweep.yaml has no study: section; {STUDIES_DOC})"
+        )
     proposal = propose_next(
         args.sweep_dir,
         target_flops=args.target_flops,
@@ -433,10 +474,19 @@ def _next_study(args) -> int:
 
 
 def run_study(args) -> int:
+    from scalelab import store
     from scalelab.analysis.decision_accuracy import decision_accuracy, format_decisions
     from scalelab.store.ledger import format_studies, read_ledger, score
     from scalelab.sweeps.study_fit import fit_study, format_study
+    from scalelab.sweeps.study_propose import is_study
 
+    if not store.is_sweep_dir(args.sweep_dir):
+        raise UsageError(f"{args.sweep_dir} is not a sweep directory (no sweep.yaml)")
+    if not is_study(args.sweep_dir):
+        raise UsageError(
+            f"{args.sweep_dir} is not a study: its sweep.yaml has no study: section (arms over one design); "
+            f"{STUDIES_DOC} describes them and their spec"
+        )
     score(args.sweep_dir)
     sf = fit_study(args.sweep_dir, replicates=args.replicates)
     studies = read_ledger(args.sweep_dir)["studies"]
