@@ -22,6 +22,8 @@ from scalelab.analysis.plots import readable_log_axis, short_number  # noqa: E40
 
 PART_LABELS = {
     "bootstrap": "fit: bootstrap",
+    "weights": "fit: stacked weights",
+    "forms": "fit: forms disagree",
     "noise": "fit: run noise",
     "extrapolation": "fit: extrapolation",
     "holdout": "fit: hold-out miss",
@@ -59,8 +61,14 @@ def plot_plan_frontier(plan: dict[str, Any]):
     ax.set_xlabel("training FLOPs C (6ND)")
     ax.set_ylabel("loss")
     ax.set_title("The frontier and the planned run")
-    ax.legend(fontsize=7, loc="upper right")
+    fig.legend(fontsize=7, loc="outside lower center", ncol=2)  # below the axes: the band widens into any corner
     return fig
+
+
+def frontier_caption(plan: dict[str, Any]) -> str:
+    """The caption of plot_plan_frontier, naming only what it draws."""
+    runs = " the fitted runs," if plan.get("points") else ""
+    return f"The compute frontier L*(C) with its interval,{runs} the largest fitted budget and the planned run"
 
 
 def plot_loss_parts(plan: dict[str, Any]):
