@@ -46,7 +46,7 @@ def plot_plan_frontier(plan: dict[str, Any]):
     ax.plot(f["flops"], f["loss"], color="C0", lw=1.4, label=f"{plan['law']} frontier L*(C)")
     pts = plan.get("points")
     if pts:
-        ax.scatter(pts["budgets"], pts["loss"], s=12, color="0.45", zorder=3, label="the sweep's runs")
+        ax.scatter(pts["budgets"], pts["loss"], s=12, color="0.45", zorder=3, label="the fitted runs")
     ax.axvline(plan["fit_max_flops"], color="0.5", ls=":", lw=1)
     ax.annotate("largest fitted budget", (plan["fit_max_flops"], 0.02), xycoords=("data", "axes fraction"),
                 rotation=90, fontsize=7, color="0.4", ha="right", va="bottom")  # fmt: skip
