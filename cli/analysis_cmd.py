@@ -110,7 +110,13 @@ def add_parser(sub) -> None:
         "own sections (docs/studies.md).\n\nexample:\n  scalelab report results/iso -o results/iso/report.html",
     )
     p.add_argument("store", help="a sweep directory (or a store root; s3:// is read from a local copy)")
-    p.add_argument("-o", "--out", required=True, help="the .html file to write (mode 0644 less the umask, as the PNGs)")
+    p.add_argument(
+        "-o",
+        "--out",
+        required=True,
+        metavar="REPORT.html",
+        help="the file to write (mode 0666 less the umask: 0644 under the usual 022, as any file you write)",
+    )
     p.add_argument("--law", default=None, help="the fit's law (default: the spec's fit.law, else chinchilla)")
     p.add_argument("--bootstrap", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
     p.add_argument("--compare-by", help="a tag whose values to compare within the store (default: no comparison)")
