@@ -231,8 +231,8 @@ def _print_fit(proposal: dict[str, Any], log) -> None:
     fit, iv = proposal["fit"], proposal["intervals"]
     p = fit["params"]
     log(
-        f"  fit: {law_heading(fit)} on {fit['n_points']} runs, {fit['replicates']} bootstrap replicates "
-        "(95% percentile intervals)"
+        f"  fit of {fit['n_points']} runs ({fit['replicates']} bootstrap replicates, 95% percentile intervals), "
+        f"law {law_heading(fit)}:"
     )
     for name in ("alpha", "beta", "E", "A", "B"):
         log(f"    {name:5s} = {p[name]:.4g}  [{iv[name][0]:.4g}, {iv[name][1]:.4g}]")
