@@ -21,17 +21,19 @@ from scipy import stats
 
 from scalelab.analysis.plan_plots import (
     PART_LABELS,
+    frontier_caption,
     plot_loss_parts,
     plot_plan_frontier,
     plot_plan_sensitivity,
     plot_what_if,
 )
-from scalelab.analysis.report_html import CSS, html_table, img
+from scalelab.analysis.report_html import CSS, html_table, img, write_page
 from scalelab.planning.plan_text import duration, pct, si
-from scalelab.store.atomic import atomic_write_bytes
 
 PART_MEANING = {
     "bootstrap": "the fit's parameters, resampling its runs",
+    "weights": "the stacked law's weights, resampling its forward backtests",
+    "forms": "how far the stacked law's forms disagree at this point",
     "noise": "a new run's own noise (seeds, data order)",
     "extrapolation": "the law's out-of-sample error per decade (backtests) at this distance",
     "holdout": "what the fit's hold-out missed by (too close to scale per decade)",
@@ -156,11 +158,11 @@ def plan_section(p: dict[str, Any]) -> str:
          f"{cost['band']['n']} cases of {cost['band']['source']}; {cost['band']['within_15']} within 15%"],
     ]  # fmt: skip
     out.append("<h3>Cost</h3>")
-    out.append(html_table(["", ""], cost_rows, left=2))
+    out.append(html_table([], cost_rows, left=2))
     if p.get("what_if"):
         out.append(_what_if_html(p["what_if"], p["cluster"]["num_gpus"]))
     figs = [
-        img(plot_plan_frontier(p), "The compute frontier L*(C) with its interval, the sweep's runs and the plan"),
+        img(plot_plan_frontier(p), frontier_caption(p)),
         img(plot_loss_parts(p), "The loss interval, part by part"),
         img(plot_plan_sensitivity(p), "Loss cost of each departure from the plan"),
     ]
@@ -181,5 +183,4 @@ def write_plan_page(plan: dict[str, Any], out: str | Path) -> Path:
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>scalelab plan: '
         f"{plan['flops']:.3g} FLOPs</title><style>{CSS}</style></head><body>{body}</body></html>\n"
     )
-    atomic_write_bytes(out, text.encode("utf-8"))
-    return out
+    return write_page(out, text)

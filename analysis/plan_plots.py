@@ -22,6 +22,8 @@ from scalelab.analysis.plots import readable_log_axis, short_number  # noqa: E40
 
 PART_LABELS = {
     "bootstrap": "fit: bootstrap",
+    "weights": "fit: stacked weights",
+    "forms": "fit: forms disagree",
     "noise": "fit: run noise",
     "extrapolation": "fit: extrapolation",
     "holdout": "fit: hold-out miss",
@@ -44,7 +46,7 @@ def plot_plan_frontier(plan: dict[str, Any]):
     ax.plot(f["flops"], f["loss"], color="C0", lw=1.4, label=f"{plan['law']} frontier L*(C)")
     pts = plan.get("points")
     if pts:
-        ax.scatter(pts["budgets"], pts["loss"], s=12, color="0.45", zorder=3, label="the sweep's runs")
+        ax.scatter(pts["budgets"], pts["loss"], s=12, color="0.45", zorder=3, label="the fitted runs")
     ax.axvline(plan["fit_max_flops"], color="0.5", ls=":", lw=1)
     ax.annotate("largest fitted budget", (plan["fit_max_flops"], 0.02), xycoords=("data", "axes fraction"),
                 rotation=90, fontsize=7, color="0.4", ha="right", va="bottom")  # fmt: skip
@@ -59,8 +61,14 @@ def plot_plan_frontier(plan: dict[str, Any]):
     ax.set_xlabel("training FLOPs C (6ND)")
     ax.set_ylabel("loss")
     ax.set_title("The frontier and the planned run")
-    ax.legend(fontsize=7, loc="upper right")
+    fig.legend(fontsize=7, loc="outside lower center", ncol=2)  # below the axes: the band widens into any corner
     return fig
+
+
+def frontier_caption(plan: dict[str, Any]) -> str:
+    """The caption of plot_plan_frontier, naming only what it draws."""
+    runs = " the fitted runs," if plan.get("points") else ""
+    return f"The compute frontier L*(C) with its interval,{runs} the largest fitted budget and the planned run"
 
 
 def plot_loss_parts(plan: dict[str, Any]):

@@ -151,11 +151,19 @@ def _frontier(fit, params: dict[str, float], flops: np.ndarray) -> np.ndarray:
     return np.array([frontier_loss(law, params, float(c)) for c in flops])
 
 
-def plot_frontier(runs: pl.DataFrame, fit, *, extend: float = 30.0, ax=None, level: float = LEVEL):
-    """The compute frontier L*(C) of the fit with its band, the runs, and the backtest's held-out runs."""
+def plot_frontier(
+    runs: pl.DataFrame, fit, *, extend: float = 30.0, ax=None, level: float = LEVEL, loss_col: str = "loss"
+):
+    """The compute frontier L*(C) of the fit with its band, the fitted runs, the backtest's held-out runs,
+    and the done runs of `runs` the fit does not hold (finished after it: a round's proposed run)."""
     fig, ax = _axes(ax)
-    cs = np.geomspace(fit.flops.min() / 2, fit.flops.max() * extend, 60)
-    ax.scatter(fit.flops, fit.loss, s=12, color="0.55", label="runs")
+    later = runs_after_fit(runs, fit, loss_col)
+    top = max([fit.flops.max(), *later["flops"].to_list()])
+    cs = np.geomspace(fit.flops.min() / 2, max(fit.flops.max() * extend, top * 2), 60)
+    ax.scatter(fit.flops, fit.loss, s=12, color="0.55", label="fitted runs")
+    if later.height:
+        ax.scatter(later["flops"], later[loss_col], s=90, marker="*", color="C1", edgecolor="k", lw=0.5, zorder=5,
+                   label="measured after the fit (not in it)")  # fmt: skip
     ax.plot(cs, _frontier(fit, fit.params, cs), color="C0", label=f"{fit.law} frontier L*(C)")
     if len(fit.draws):
         draws = np.array([_frontier(fit, p, cs) for p in fit.draw_dicts()])
@@ -188,6 +196,15 @@ def plot_frontier(runs: pl.DataFrame, fit, *, extend: float = 30.0, ax=None, lev
     ax.set_title("Compute frontier")
     ax.legend(fontsize=7)
     return fig
+
+
+def runs_after_fit(runs: pl.DataFrame, fit, loss_col: str = "loss") -> pl.DataFrame:
+    """The runs with a loss that the fit does not hold (by run id): finished after it was made."""
+    if "run_id" not in runs.columns or loss_col not in runs.columns or not fit.run_id:
+        return runs.clear().select([c for c in ("flops", loss_col) if c in runs.columns])
+    fitted = set(fit.run_id)
+    later = runs.filter(~pl.col("run_id").is_in(list(fitted)) & pl.col(loss_col).is_not_null())
+    return later.select(pl.col("flops").cast(pl.Float64), pl.col(loss_col).cast(pl.Float64))
 
 
 def _optimum(fit, params: dict[str, float], flops: float) -> tuple[float, float]:
@@ -261,23 +278,45 @@ def plot_backtest(fit, ax=None):
 
 
 def plot_sensitivity(runs: pl.DataFrame, param: str = "lr", *, loss_col: str = "loss", ax=None):
-    """Final loss vs a hyperparameter (lr, global_batch_tokens, ...) per model size."""
+    """Final loss vs a hyperparameter (lr, global_batch_tokens, ...) among runs of the same size N and
+    tokens D: a line where such a group tried several values, a point where it tried one (a point is no
+    sensitivity: a recipe that sets the value per size gives one per group, and the title says so)."""
     fig, ax = _axes(ax)
     if param not in runs.columns:
         ax.text(0.5, 0.5, f"no '{param}' column", ha="center", transform=ax.transAxes)
         return fig
     df = runs.filter(pl.col(param).is_not_null() & pl.col(loss_col).is_not_null())
+    keys = ["params", "tokens"] if "tokens" in df.columns else ["params"]
+    groups = df.group_by(keys).agg(pl.col(param).n_unique().alias("values")).sort(keys)
     sizes = sorted(set(df["params"].to_list()))
-    for color, n in zip(_cmap(len(sizes)), sizes):
-        sub = df.filter(pl.col("params") == n).group_by(param).agg(pl.col(loss_col).mean()).sort(param)
-        ax.plot(sub[param], sub[loss_col], marker="o", color=color, label=f"N={n:.3g}")
+    colors = dict(zip(sizes, _cmap(len(sizes))))
+    swept = 0
+    for g in groups.iter_rows(named=True):
+        sub = df.filter(*(pl.col(k) == g[k] for k in keys)).group_by(param).agg(pl.col(loss_col).mean()).sort(param)
+        swept += g["values"] > 1
+        style = dict(marker="o", ls="-" if g["values"] > 1 else "none", color=colors[g["params"]])
+        ax.plot(sub[param], sub[loss_col], **style)
+    for n in sizes:
+        ax.plot([], [], marker="o", ls="none", color=colors[n], label=f"N={n:.3g}")
     ax.set_xscale("log")
     readable_log_axis(ax, "x", plain=True)
     ax.set_xlabel(param)
     ax.set_ylabel(f"final {loss_col} (mean over seeds)")
-    ax.set_title(f"Sensitivity to {param} per size")
+    if swept:
+        ax.set_title(f"Sensitivity to {param}: lines join runs of one size and token count")
+    else:
+        ax.set_title(f"One {param} per size and token count: points, no sensitivity to read", fontsize=10)
     ax.legend(fontsize=7)
     return fig
+
+
+def sensitivity_swept(runs: pl.DataFrame, param: str) -> bool:
+    """Whether some runs of one size and token count tried two or more values of `param`."""
+    if param not in runs.columns:
+        return False
+    keys = ["params", "tokens"] if "tokens" in runs.columns else ["params"]
+    counts = runs.filter(pl.col(param).is_not_null()).group_by(keys).agg(pl.col(param).n_unique().alias("k"))
+    return bool(counts.height and counts["k"].max() > 1)
 
 
 def plot_comparison(cmp, ax=None):
@@ -367,6 +406,17 @@ def save(fig, path) -> None:
 
 
 def plot_demo(sweep_dir, proposal: dict, measured: float | None, png) -> None:
+    """The demo's figure (demo_figure) written to `png` whole (a temporary name, then renamed)."""
+    fig = demo_figure(sweep_dir, proposal, measured)
+    png = Path(png)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    tmp = png.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(png)
+    plt.close(fig)
+
+
+def demo_figure(sweep_dir, proposal: dict, measured: float | None):
     """The demo's figure: IsoFLOP curves with the fitted law along each budget, the proposed run's
     prediction and interval against its measured loss, and the frontier N*(C) with the best runs."""
     law, params = get_law(proposal["law"]), proposal["params"]
@@ -397,20 +447,18 @@ def plot_demo(sweep_dir, proposal: dict, measured: float | None, png) -> None:
     if measured is not None:
         ax1.scatter([p["params"]], [measured], marker="*", s=140, color="crimson", zorder=5, label="proposed: measured")
     ax1.set(xscale="log", xlabel="parameters N", ylabel="final val loss (nats/token)", title="IsoFLOP curves")
+    readable_log_axis(ax1, "x")
     ax1.legend(fontsize=7)
     cs = np.geomspace(min(best_c) / 2, c_next * 3, 50)
     ax2.plot(cs, [optimum(params, c)[0] for c in cs], color="black", lw=1, label="fit: N*(C)")
     ax2.scatter(best_c, best_n, color=colors[: len(best_c)], label="best run per budget")
     ax2.scatter([c_next], [p["params"]], marker="*", s=140, color="crimson", label="proposed run")
     ax2.set(xscale="log", yscale="log", xlabel="FLOPs C (6ND)", ylabel="N", title="compute-optimal frontier")
+    readable_log_axis(ax2, "x", sci=True)
+    readable_log_axis(ax2, "y")
     ax2.legend(fontsize=7)
     fig.tight_layout()
-    png = Path(png)
-    png.parent.mkdir(parents=True, exist_ok=True)
-    tmp = png.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    tmp.replace(png)
-    plt.close(fig)
+    return fig
 
 
 def plot_coordcheck(check) -> plt.Figure:

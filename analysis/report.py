@@ -35,7 +35,7 @@ from scalelab.analysis.compare import _fmt_iv, compare_sweeps, split_by_tag
 from scalelab.analysis.lawfit import store_fit_from_record
 from scalelab.analysis.noise import noise_table, recommendations
 from scalelab.analysis.plan_page import plan_section
-from scalelab.analysis.report_html import CSS, html_table, img
+from scalelab.analysis.report_html import CSS, html_table, img, write_page
 from scalelab.analysis.report_loop import fit_section, gates_section, ledger_section, loop_fit, proposal_section
 from scalelab.analysis.report_study import study_sections
 from scalelab.analysis.store_reader import load_evals, load_metrics, load_store_runs
@@ -43,7 +43,6 @@ from scalelab.errors import UsageError
 from scalelab.fitting.approaches import group_budgets
 from scalelab.planning.plan_files import read_plans
 from scalelab.store import objects
-from scalelab.store.atomic import atomic_write_bytes
 from scalelab.sweeps.study_propose import is_study
 
 
@@ -62,7 +61,7 @@ def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: str | Path) -> s
         ["model sizes N (total params)", ", ".join(f"{n:.3g}" for n in sizes)],
         ["compute budgets C", ", ".join(f"{c:.3g}" for c in budgets)],
         ["tokens D", f"{runs['tokens'].min():.3g} .. {runs['tokens'].max():.3g}"],
-        ["seeds", ", ".join(map(str, seeds)) or "n/a"],
+        ["seeds (train.seed)", f"{len(seeds)}: {', '.join(map(str, seeds))}" if seeds else "n/a"],
         ["FLOP convention", "C = 6·N·D with N = total parameters (flops_exact kept in the store)"],
         ["loss", "final validation loss (nats/token), else final train loss"],
     ]
@@ -155,7 +154,7 @@ def _fit_figures(fit_runs: pl.DataFrame, fit, runs: pl.DataFrame) -> list[str]:
     hyperparameter the runs vary."""
     figs = [
         img(plots.plot_isoflop(fit_runs, fit), "IsoFLOP curves with fitted parabolas and minima"),
-        img(plots.plot_frontier(fit_runs, fit), "Compute frontier, interval band and backtest points"),
+        img(plots.plot_frontier(fit_runs, fit), _frontier_caption(fit_runs, fit)),
         img(plots.plot_allocation(fit), "Compute-optimal N*(C) and D*(C) with intervals", width=860),
         img(plots.plot_residuals(fit), "Residuals of the fit"),
         img(plots.plot_backtest(fit), "Backtest: predicted vs actual", width=440),
@@ -167,8 +166,20 @@ def _fit_figures(fit_runs: pl.DataFrame, fit, runs: pl.DataFrame) -> list[str]:
         pass
     for hp in ("lr", "global_batch_tokens"):
         if hp in runs.columns and runs[hp].n_unique() > 1:
-            figs.append(img(plots.plot_sensitivity(runs, hp), f"Sensitivity to {hp} per size"))
+            caption = (
+                f"Sensitivity to {hp}: loss against {hp} among runs of one size and token count"
+                if plots.sensitivity_swept(runs, hp)
+                else f"{hp}: one value per size and token count (set by the recipe): points, not a sensitivity"
+            )
+            figs.append(img(plots.plot_sensitivity(runs, hp), caption))
     return figs
+
+
+def _frontier_caption(runs: pl.DataFrame, fit) -> str:
+    later = plots.runs_after_fit(runs, fit).height
+    after = f", and the {later} run(s) measured after the fit" if later else ""
+    head = f"Compute frontier L*(C) of the {fit.law} fit with its band, the fitted runs"
+    return f"{head}, the backtest's held-out runs{after}"
 
 
 def _comparisons(store: Path, runs: pl.DataFrame, groups: dict, compare_with: list[str], **kw) -> list:
@@ -271,7 +282,4 @@ def _study_report(store: Path, shown, runs_all: pl.DataFrame, runs: pl.DataFrame
 
 
 def write_report(store: str | Path, out: str | Path, **kwargs) -> Path:
-    text = build_report(store, **kwargs)
-    out = Path(out)
-    atomic_write_bytes(out, text.encode("utf-8"))
-    return out
+    return write_page(out, build_report(store, **kwargs))

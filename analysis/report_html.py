@@ -9,6 +9,10 @@ import base64
 import html
 import io
 import math
+import os
+from pathlib import Path
+
+from scalelab.store.atomic import atomic_write_bytes
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1180px;color:#222}
@@ -40,7 +44,8 @@ def img(fig, caption: str, width: int = 560) -> str:
 
 
 def html_table(header: list[str], rows: list[list], left: int = 1, left_cols: tuple[int, ...] = ()) -> str:
-    """A table; the first `left` columns and those in `left_cols` are left-aligned (text), the rest right."""
+    """A table; the first `left` columns and those in `left_cols` are left-aligned (text), the rest right.
+    An empty `header`: no header row (a table of labelled rows, each label its row's first cell)."""
 
     def cls(i: int) -> str:
         return "l" if i < left or i in left_cols else ""
@@ -50,7 +55,18 @@ def html_table(header: list[str], rows: list[list], left: int = 1, left_cols: tu
     for r in rows:
         tds = "".join(f'<td class="{cls(i)}">{html.escape(fmt(v))}</td>' for i, v in enumerate(r))
         body.append(f"<tr>{tds}</tr>")
-    return f"<table><tr>{th}</tr>{''.join(body)}</table>"
+    return f"<table>{f'<tr>{th}</tr>' if header else ''}{''.join(body)}</table>"
+
+
+def write_page(out: str | Path, text: str) -> Path:
+    """Write an HTML page whole (atomic), readable as the figures beside it are: mode 0666 less the
+    umask (0644 under the usual 022), where the temporary file's 0600 would otherwise stay."""
+    out = Path(out)
+    atomic_write_bytes(out, text.encode("utf-8"))
+    mask = os.umask(0)
+    os.umask(mask)
+    out.chmod(0o666 & ~mask)
+    return out
 
 
 def fmt(v) -> str:

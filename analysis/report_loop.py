@@ -18,6 +18,7 @@ import polars as pl
 from scalelab.analysis.plots import _frontier, _optimum
 from scalelab.analysis.report_html import html_table
 from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.fit_terms import law_formula, law_heading, meaning, stacked_note
 from scalelab.fitting.intervals import percentile_interval
 from scalelab.store.ledger import coverage, read_ledger, score
 from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_options, fit_store, store_fit_spec
@@ -44,11 +45,11 @@ def loop_fit(
             break
         used = set(record.get("run_ids", []))
         later = [r for r in runs["run_id"].to_list() if r not in used]
-        note = f"the fit of {path.stem} (what `sweep next` proposed from), {len(used)} runs"
+        note = f"the fit `sweep next` made in {path.stem.replace('_', ' ')} and proposed from"
         if later:
             note += (
-                f"; {len(later)} run(s) finished after it and are not in it (the round's own proposals among "
-                "them): `scalelab sweep next` refits with them"
+                f". {len(later)} run(s) finished after it and are not in it (the round's own proposals among "
+                "them); `scalelab sweep next` refits with them"
             )
         return record, note, options
     fit, _ = fit_store(store, options, runs=runs, min_runs=MIN_LOOP_RUNS)
@@ -56,24 +57,30 @@ def loop_fit(
 
 
 def fit_section(fit, note: str, record: dict, level: float = 0.95) -> str:
+    """The fit: which law made its numbers, its parameters (each with what it is), every backtest, the warnings."""
     law = fit.law_object()
     rows = []
     intervals = record.get("intervals") or {}
     for name in law.param_names:
         lo, hi = (intervals.get(name) or [math.nan, math.nan])[:2]
-        rows.append([name, fit.params[name], float(lo), float(hi)])
+        rows.append([name, fit.params[name], float(lo), float(hi), meaning(law.name, name)])
     if record.get("a") is not None and "a" in intervals:
-        rows.append(["a = beta/(alpha+beta)", record["a"], *intervals["a"]])
+        rows.append(["a", record["a"], *intervals["a"], meaning(law.name, "a")])
+    spread = (
+        f"{len(fit.draws)} bootstrap refits over runs give the {100 * level:.0f}% percentile intervals."
+        if len(fit.draws)
+        else f"{100 * level:.0f}% delta-method intervals (no bootstrap replicates)."
+    )
     out = [
-        f"<h2>Fit: {html.escape(fit.law)}</h2>",
-        f'<p class="muted">{len(fit.loss)} runs ({html.escape(note)}); Huber on log loss (scalelab.fitting); '
-        + (
-            f"{len(fit.draws)} bootstrap refits over runs give the {100 * level:.0f}% percentile intervals.</p>"
-            if len(fit.draws)
-            else f"{100 * level:.0f}% delta-method intervals (no bootstrap replicates).</p>"
-        ),
-        html_table(["parameter", "estimate", "lower", "upper"], rows),
+        f"<h2>Fit: {html.escape(law_heading(record))}</h2>",
+        f'<p class="muted">Fitted on {len(fit.loss)} runs: {html.escape(note)}. Huber loss on log loss '
+        f"(scalelab.fitting); {spread}</p>",
     ]
+    if stacked_note(record):
+        out.append(f'<p class="muted">{html.escape(stacked_note(record))}</p>')
+    if law_formula(law.name):
+        out.append(f'<p class="muted">{html.escape(law.name)}: {html.escape(law_formula(law.name))}</p>')
+    out.append(html_table(["parameter", "estimate", "lower", "upper", "what it is"], rows, left_cols=(4,)))
     if law.name == "chinchilla":
         a, b = fit.params["alpha"], fit.params["beta"]
         out.append(f'<p class="muted">compute-optimal N* ∝ C^{b / (a + b):.3f}, D* ∝ C^{a / (a + b):.3f}</p>')
@@ -84,30 +91,46 @@ def fit_section(fit, note: str, record: dict, level: float = 0.95) -> str:
             f"(RMS over {ext['n_runs']} backtest runs that extrapolate); prediction intervals add it, scaled to "
             "their distance, to the bootstrap spread and the run noise</p>"
         )
+    out += backtest_section(record.get("backtest") or {})
     bt = fit.backtest
-    if bt:
-        out.append("<h2>Backtest</h2>")
-        out.append(
-            html_table(
-                ["protocol", "MARE", "bias", "train runs", "test runs", "extrapolation (decades)"],
-                [
-                    [
-                        bt["protocol"],
-                        f"{100 * bt['mare']:.2f}%",
-                        f"{100 * bt['bias']:+.2f}%",
-                        bt["n_train"],
-                        bt["n_test"],
-                        bt["extrapolation_decades"],
-                    ]
-                ],
-            )
-        )
     warns = list(fit.warnings) + (bt.get("warnings", []) if bt else [])
     out.append("<h2>Warnings</h2>")
     out.extend(f'<div class="warn">{html.escape(w)}</div>' for w in warns)
     if not warns:
         out.append('<div class="ok">none</div>')
     return "\n".join(out)
+
+
+BACKTEST_MEANING = {
+    "holdout": "fit the smaller budgets, predict the largest",
+    "leave_one_budget_out": "fit all budgets but one, predict it; once per budget",
+}
+
+
+def backtest_section(backtests: dict) -> list[str]:
+    """Every backtest protocol of the fit (the holdout and leave-one-budget-out rows `sweep next` and the
+    demo print), a skipped one with its reason."""
+    if not backtests:
+        return []
+    rows = []
+    for protocol, bt in backtests.items():
+        what = BACKTEST_MEANING.get(protocol, "")
+        if "mare" not in bt:
+            rows.append([protocol, "skipped", "", "", "", "", bt.get("skipped", what)])
+            continue
+        rows.append(
+            [
+                protocol,
+                f"{100 * bt['mare']:.2f}%",
+                f"{100 * bt['bias']:+.2f}%",
+                bt["n_train"],
+                bt["n_test"],
+                bt["extrapolation_decades"],
+                what,
+            ]
+        )
+    head = ["protocol", "MARE", "bias", "train runs", "test runs", "extrapolation (decades)", "what it is"]
+    return ["<h2>Backtest</h2>", html_table(head, rows, left_cols=(6,))]
 
 
 def proposal_section(store: Path, fit, level: float = 0.95) -> str:

@@ -58,12 +58,12 @@ def add_parser(sub) -> None:
     p.add_argument("--task", required=True, help="task name as in evals.parquet, e.g. bundled/stdlib_nextline")
     p.add_argument("--params", type=float, required=True, help="model parameters N")
     p.add_argument("--tokens", type=float, required=True, help="training tokens D")
-    p.add_argument("--law", default="chinchilla")
+    p.add_argument("--law", default="chinchilla", help="step one's law of task bpb in (N, D)")
     p.add_argument("--acc-metric", default="acc", help="acc or acc_norm")
-    p.add_argument("--last-n", type=int, default=3)
+    p.add_argument("--last-n", type=int, default=3, help="checkpoints averaged per run")
     p.add_argument("--bootstrap", type=int, default=200, help="bootstrap refits for the intervals")
     p.add_argument("--unweighted", action="store_true", help="do not weight runs by their noise")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_predict_task)
 
     p = sub.add_parser(
@@ -76,15 +76,21 @@ def add_parser(sub) -> None:
     p.add_argument("--by", help="tag whose values split one store into the sides (first value = A)")
     p.add_argument("--law", default="chinchilla", help="chinchilla (default), kaplan, power_law (frontier runs)")
     p.add_argument("--target-flops", type=float, default=None, help="target budget (default 10x the largest)")
-    p.add_argument("--bootstrap", type=int, default=200)
-    p.add_argument("--level", type=float, default=0.95)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--bootstrap", type=int, default=200, help="bootstrap refits per side for the intervals")
+    p.add_argument("--level", type=float, default=0.95, help="interval level")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run_compare)
 
-    p = sub.add_parser("plot", help="one figure of a store", description="Draw one figure of a sweep store.")
-    p.add_argument("store")
-    p.add_argument("--kind", required=True, choices=PLOT_KINDS)
+    p = sub.add_parser(
+        "plot",
+        help="one figure of a store",
+        description="Draw one figure of a sweep store (the report's figures, one at a time): curves (loss curves), "
+        "isoflop, frontier (L*(C) with its band), allocation (N*, D*), residuals, backtest, sensitivity (loss "
+        "against a hyperparameter), noise (evaluation SNR), comparison (two stores or two tag values).",
+    )
+    p.add_argument("store", help="a sweep directory (or a store root)")
+    p.add_argument("--kind", required=True, choices=PLOT_KINDS, help="which figure")
     p.add_argument("-o", "--out", required=True, help="output image (.png, .pdf, .svg)")
     p.add_argument("--law", default=None, help="the fitted kinds' law (default: the spec's fit.law, else chinchilla)")
     p.add_argument("--bootstrap", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
@@ -97,15 +103,31 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "report",
         help="self-contained HTML report of a store",
-        description="Write one HTML file (plots embedded, no network needed).",
+        description="Write one HTML file (plots embedded as PNGs, CSS inline: it opens offline): the sweep's "
+        "summary, the law fit (the one `sweep next` made, named by its law) with intervals, backtests, "
+        "warnings, gates, the proposed round, the ledger of predictions against measured runs, evaluation "
+        "noise, comparisons, the runs planned by `plan-run` under DIR/plans/, and the plots. A study gets its "
+        "own sections (docs/studies.md).\n\nexample:\n  scalelab report results/iso -o results/iso/report.html",
     )
-    p.add_argument("store")
-    p.add_argument("-o", "--out", required=True, help="output .html")
+    p.add_argument("store", help="a sweep directory (or a store root; s3:// is read from a local copy)")
+    p.add_argument(
+        "-o",
+        "--out",
+        required=True,
+        metavar="REPORT.html",
+        help="the file to write (mode 0666 less the umask: 0644 under the usual 022, as any file you write)",
+    )
     p.add_argument("--law", default=None, help="the fit's law (default: the spec's fit.law, else chinchilla)")
     p.add_argument("--bootstrap", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
-    p.add_argument("--compare-by", help="tag to compare within the store")
-    p.add_argument("--compare-with", action="append", default=[], help="another store to compare against")
-    p.add_argument("--target-flops", type=float, default=None)
+    p.add_argument("--compare-by", help="a tag whose values to compare within the store (default: no comparison)")
+    p.add_argument("--compare-with", action="append", default=[], help="another store to compare against (repeatable)")
+    p.add_argument(
+        "--target-flops",
+        type=float,
+        default=None,
+        help="the comparisons' target budget C, where their multiplier is extrapolated (default: 10x the "
+        "largest budget)",
+    )
     p.set_defaults(func=run_report)
 
 

@@ -23,9 +23,7 @@ from pathlib import Path
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "coordcheck", help="coordinate check of sp / mup / completep", description=__doc__.splitlines()[0]
-    )
+    p = sub.add_parser("coordcheck", help="coordinate check of sp / mup / completep", description=__doc__)
     p.add_argument("config", help="run config YAML (model, data, optim.lr)")
     p.add_argument("--widths", default="64,128,256,512", help="comma-separated d_model values (default 64,128,256,512)")
     p.add_argument("--depths", default="", help="comma-separated num_layers values (default: the config's)")

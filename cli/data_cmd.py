@@ -18,7 +18,7 @@ from scalelab.errors import UsageError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("data", help="tokenizers and token shards", description=__doc__.splitlines()[0])
+    p = sub.add_parser("data", help="tokenizers and token shards", description=__doc__)
     dsub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
 
     t = dsub.add_parser("tokenizer", help="train a byte-level BPE tokenizer.json")

@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "demo",
         help="IsoFLOP sweep -> fit -> proposed run -> predicted vs measured (CPU, <10 min)",
-        description=__doc__.splitlines()[0],
+        description=__doc__,
     )
     p.add_argument("--out", default="results/demo", help="store root for the demo sweep (default results/demo)")
     p.add_argument("--quick", action="store_true", help="a smaller demo (~2 minutes) for smoke tests")

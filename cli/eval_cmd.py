@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "eval",
         help="evaluate checkpoints on MC tasks and held-out loss/bpb",
-        description=__doc__.splitlines()[0],
+        description=__doc__,
     )
     p.add_argument("path", help="a run dir (all its checkpoints) or one checkpoints/step_N dir")
     p.add_argument(

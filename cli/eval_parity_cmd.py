@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "eval-parity",
         help="measure how evaluation setups (dtype, batch, padding, layout) shift a checkpoint's scores",
-        description=__doc__.splitlines()[0],
+        description=__doc__,
     )
     p.add_argument("path", help="a run dir (its newest checkpoint) or one checkpoints/step_N dir")
     p.add_argument("--tasks", nargs="+", default=["bundled:stdlib_nextline"], help="task specs, as for eval")

@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "export",
         help="write a checkpoint as a Hugging Face folder (safetensors, config, tokenizer)",
-        description=__doc__.splitlines()[0],
+        description=__doc__,
     )
     p.add_argument("path", help="a checkpoints/step_N dir, or a run dir (its newest checkpoint)")
     p.add_argument("--hf", required=True, metavar="OUT", help="output folder (new or empty)")

@@ -19,6 +19,9 @@ says otherwise - so `scalelab fit DIR`, `sweep next DIR` and `scalelab report DI
 --law auto fits every candidate law and picks one by the held-out-largest backtest
 (scalelab.fitting.select). The fit is scalelab.fitting.fit_runs.fit_runs; this module parses
 arguments and prints.
+
+Imports sit in the functions that use them: building this parser is part of every `scalelab` command's
+start-up, which must not load the fitting stack, polars or torch.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ import math
 import pathlib
 
 from scalelab.errors import UsageError
-from scalelab.store import objects
 
 
 def add_parser(sub) -> None:
@@ -38,10 +40,29 @@ def add_parser(sub) -> None:
     _add_allocate(sub)
 
 
+FIT_DESCRIPTION = """\
+Fit a scaling law to a run table or a sweep store; print the law, its parameters with intervals
+(each named with what it is), the backtests and warnings. Nothing is written unless --out.
+
+DATA is a CSV or Parquet table with columns params, tokens, loss (optional flops, run_id, group,
+weight; other names with --params-col etc.; tokens may be derived as flops / (6 params)); a table
+of logged steps (run_id, step, lr, params, loss) for the curve laws; or a sweep directory / store
+root: its done runs, fitted with the options of its spec's `fit:` section unless an option here
+says otherwise, so that `scalelab fit DIR`, `sweep next DIR` and `scalelab report DIR` agree.
+
+examples:
+  scalelab fit runs.csv --law chinchilla --bootstrap 200 --out fit.json
+  scalelab fit results/iso                 # a sweep store: the fit `sweep next` makes of it
+  scalelab fit results/iso --law auto      # the stacked law (Chinchilla and Kaplan by forward backtests)
+"""
+
+
 def _add_fit(sub) -> None:
     """The `fit` subcommand's arguments. One piece: one add_argument per flag, in help order."""
-    p = sub.add_parser("fit", help="fit a scaling law to a run table (CSV/Parquet) or a sweep store")
-    p.add_argument("data", help="CSV or Parquet file, one row per run/checkpoint; or a sweep directory")
+    p = sub.add_parser(
+        "fit", help="fit a scaling law to a run table (CSV/Parquet) or a sweep store", description=FIT_DESCRIPTION
+    )
+    p.add_argument("data", help="CSV or Parquet file, one row per run/checkpoint; or a sweep directory / store root")
     p.add_argument(
         "--law",
         default=None,
@@ -101,9 +122,15 @@ def _add_fit(sub) -> None:
         metavar="B",
         help="bootstrap resamples (0: delta method; default 0, a sweep store: its spec's fit.bootstrap)",
     )
-    p.add_argument("--holdout-frac", type=float, default=None, metavar="F", help="backtest hold-out fraction")
+    p.add_argument(
+        "--holdout-frac",
+        type=float,
+        default=None,
+        metavar="F",
+        help="hold out the top F of runs by FLOPs in the backtest (default: the whole largest budget)",
+    )
     p.add_argument("--no-backtest", action="store_true", help="skip the backtests (on by default)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap, the drawn starts and the backtests")
     p.add_argument(
         "--starts",
         type=int,
@@ -112,40 +139,72 @@ def _add_fit(sub) -> None:
         help="K evenly spaced starts of the law's start grid (default: all; a sweep store: 200 drawn at random)",
     )
     p.add_argument("--level", type=float, default=0.95, help="interval level (default 0.95)")
-    p.add_argument("--objective", choices=("huber", "squared"), default="huber")
+    p.add_argument("--objective", choices=("huber", "squared"), default="huber", help="loss on the log-loss residuals")
     p.add_argument("--delta", type=float, default=1e-3, help="Huber threshold on log-loss residuals")
     for role in ("params", "tokens", "flops", "run-id", "group", "unique-tokens", "weight"):
-        p.add_argument(f"--{role}-col", default=role.replace("-", "_"), metavar="NAME")
+        col = role.replace("-", "_")
+        p.add_argument(f"--{role}-col", default=col, metavar="NAME", help=f"the table's {col} column")
     p.add_argument(
         "--loss-col", default=None, metavar="NAME", help="the loss column (default loss; a sweep store: fit.loss)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--out", type=pathlib.Path, default=None, help="save the fit (with samples) here")
+    p.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=None,
+        metavar="FIT.json",
+        help="save the fit with its parameter samples (what predict, allocate and plan-run read); default: "
+        "nothing is written",
+    )
     p.set_defaults(func=run_fit)
 
 
 def _add_predict(sub) -> None:
-    q = sub.add_parser("predict", help="predict loss from a saved fit")
+    q = sub.add_parser(
+        "predict",
+        help="predict loss from a saved fit",
+        description="Predict the loss at (N, D) from a saved fit, with the interval of the law's parameters (CI) "
+        "and of a new run (PI: plus the run-to-run noise); with --flops, the compute-optimal N*, D* and loss "
+        "at each budget instead.\n\nexamples:\n  scalelab predict fit.json --params 7e9 --tokens 1.4e12\n"
+        "  scalelab predict fit.json --flops 1e23 1e24",
+    )
     q.add_argument("fit", type=pathlib.Path, help="FIT.json written by `scalelab fit --out`")
-    q.add_argument("--params", type=float, nargs="+", default=None, metavar="N")
-    q.add_argument("--tokens", type=float, nargs="+", default=None, metavar="D")
-    q.add_argument("--unique-tokens", type=float, nargs="+", default=None, metavar="U")
-    q.add_argument("--flops", type=float, nargs="+", default=None, metavar="C")
-    q.add_argument("--level", type=float, default=None)
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--params", type=float, nargs="+", default=None, metavar="N", help="model sizes N (parameters)")
+    q.add_argument(
+        "--tokens", type=float, nargs="+", default=None, metavar="D", help="training tokens D, one per --params"
+    )
+    q.add_argument(
+        "--unique-tokens",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="U",
+        help="unique tokens (data-constrained laws only; repeated epochs beyond them)",
+    )
+    q.add_argument(
+        "--flops", type=float, nargs="+", default=None, metavar="C", help="FLOP budgets: the compute-optimal allocation"
+    )
+    q.add_argument("--level", type=float, default=None, help="interval level (default: the fit's, usually 0.95)")
+    q.add_argument("--json", action="store_true", help="print one JSON object")
     q.set_defaults(func=run_predict)
 
 
 def _add_allocate(sub) -> None:
-    a = sub.add_parser("allocate", help="compute-optimal N*, D* at FLOP budgets from a saved fit")
+    a = sub.add_parser(
+        "allocate",
+        help="compute-optimal N*, D* at FLOP budgets from a saved fit",
+        description="The compute-optimal model size N*, tokens D* and loss L* at FLOP budgets (or the size for "
+        "which a data budget is optimal), each with its interval from the saved fit's parameter samples.\n\n"
+        "example:\n  scalelab allocate fit.json --flops 1e23 1e24",
+    )
     a.add_argument("fit", type=pathlib.Path, help="FIT.json written by `scalelab fit --out`")
     what = a.add_mutually_exclusive_group(required=True)
     what.add_argument("--flops", type=float, nargs="+", metavar="C", help="FLOP budget(s)")
     what.add_argument(
         "--tokens", type=float, nargs="+", metavar="D", help="data budget(s): the size for which D is optimal"
     )
-    a.add_argument("--level", type=float, default=None)
-    a.add_argument("--json", action="store_true")
+    a.add_argument("--level", type=float, default=None, help="interval level (default: the fit's, usually 0.95)")
+    a.add_argument("--json", action="store_true", help="print one JSON object")
     a.set_defaults(func=run_allocate)
 
 
@@ -220,6 +279,7 @@ def _fit(args: argparse.Namespace):
     from scalelab.fitting.fit_runs import fit_runs
     from scalelab.fitting.io import read_runs
     from scalelab.fitting.laws import CURVE_LAWS
+    from scalelab.store import objects
 
     if (args.candidates or args.evidence or args.stack_point) and args.law != "auto":
         raise UsageError("--candidates, --evidence, --stack-point: options of --law auto; add --law auto")
@@ -259,14 +319,7 @@ def run_fit(args: argparse.Namespace) -> int:
         shown = {k: v for k, v in report.items() if k != "samples"}
         print(json.dumps(_clean(shown)))
         return 0
-    lvl = int(round(100 * report["level"]))
-    print(
-        f"law {report['law']}  approach {report['approach']}  points {report['n_points']}  "
-        f"objective {_fmt(report['objective'])}  ({report['code_version']})"
-    )
-    print(f"{'parameter':<28}{'value':>12}   {lvl}% interval ({report['interval_method']})")
-    for name, val in {**report["params"], **report["derived"]}.items():
-        print(f"{name:<28}{_fmt(val):>12}   {_iv(report['intervals'].get(name))}")
+    _print_parameters(report)
     for member, fit in report.get("members", {}).items():  # curve laws and the average
         params = ", ".join(f"{k}={_fmt(v)}" for k, v in fit["params"].items())
         extra = f"  decay {fit['decay']}" if "decay" in fit and member == "lr_annealing" else ""
@@ -293,6 +346,27 @@ def run_fit(args: argparse.Namespace) -> int:
     if args.out is not None:
         print(f"saved {args.out}")
     return 0
+
+
+def _print_parameters(report: dict) -> None:
+    """The law that made the numbers, its formula, and each parameter with its interval and what it is."""
+    from scalelab.fitting.fit_terms import law_formula, law_heading, meaning, stacked_note
+
+    lvl = int(round(100 * report["level"]))
+    print(
+        f"law {law_heading(report)}  approach {report['approach']}  points {report['n_points']}  "
+        f"objective {_fmt(report['objective'])}  ({report['code_version']})"
+    )
+    if stacked_note(report):
+        print(stacked_note(report))
+    if law_formula(report["law"]):
+        print(f"{report['law']}: {law_formula(report['law'])}")
+    interval = f"{lvl}% interval ({report['interval_method']})"
+    width = max(len(interval), 24) + 3
+    print(f"{'parameter':<16}{'value':>12}   {interval:<{width}}what it is")
+    for name, val in {**report["params"], **report["derived"]}.items():
+        shown = _iv(report["intervals"].get(name))
+        print(f"{name:<16}{_fmt(val):>12}   {shown:<{width}}{meaning(report['law'], name)}")
 
 
 def _print_stacked(st: dict) -> None:
@@ -335,12 +409,12 @@ def _check_level(level):
 
 
 def run_predict(args: argparse.Namespace) -> int:
-    from scalelab.fitting.from_report import predict_from_fit
-
-    _check_level(args.level)
-    fit = _load(args.fit)
+    _check_level(args.level)  # bad input exits before the fitting stack (torch) loads
     if args.flops is None and (args.params is None or args.tokens is None):
         raise UsageError("pass --params N --tokens D, or --flops C")
+    fit = _load(args.fit)
+    from scalelab.fitting.from_report import predict_from_fit
+
     out = predict_from_fit(
         fit,
         params=args.params,
@@ -382,10 +456,11 @@ def _print_allocations(out: dict) -> None:
 
 
 def run_allocate(args: argparse.Namespace) -> int:
+    _check_level(args.level)  # bad input exits before the fitting stack (torch) loads
+    fit = _load(args.fit)
     from scalelab.fitting.from_report import allocate_from_fit
 
-    _check_level(args.level)
-    out = allocate_from_fit(_load(args.fit), flops=args.flops, tokens=args.tokens, level=args.level)
+    out = allocate_from_fit(fit, flops=args.flops, tokens=args.tokens, level=args.level)
     if args.json:
         print(json.dumps(_clean(out)))
     else:

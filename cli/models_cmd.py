@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import json
 
-from scalelab.models.accounting import model_summary
-from scalelab.models.presets import get_preset, list_presets
-from scalelab.models.shapes import shape_for_params
-
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("models", help="list model presets with parameter and FLOP counts")
+    p = sub.add_parser("models", help="list model presets with parameter and FLOP counts", description=__doc__)
     p.add_argument("names", nargs="*", help="presets to show (default: all)")
     p.add_argument("--seq-len", type=int, default=None, help="FLOPs at this length (default: max_seq_len)")
-    p.add_argument("--vocab-size", type=int, default=None, help="replace the presets' vocabulary size")
-    p.add_argument("--target-params", type=float, default=None, help="show the shape rule's config instead")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="replace the presets' vocabulary size (--target-params: default 320)",
+    )
+    p.add_argument("--target-params", type=float, default=None, help="show the shape rule's config for this N instead")
     p.add_argument("--json", action="store_true", help="print one JSON object per model")
     p.set_defaults(func=run)
 
@@ -38,6 +39,11 @@ def _fmt(x: float, billion: str = "G") -> str:
 
 
 def run(args) -> int:
+    # start-up time: the model package imports torch (~1 s); `scalelab --help` builds this parser
+    from scalelab.models.accounting import model_summary
+    from scalelab.models.presets import get_preset, list_presets
+    from scalelab.models.shapes import shape_for_params
+
     if args.target_params is not None:
         vocab = args.vocab_size or 320
         rows = [("target", model_summary(shape_for_params(args.target_params, vocab), args.seq_len))]

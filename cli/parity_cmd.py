@@ -18,9 +18,7 @@ MODELS = ("auto", "debug", "moe-debug")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "parity", help="check that parallel layouts match the single-device run", description=__doc__.splitlines()[0]
-    )
+    p = sub.add_parser("parity", help="check that parallel layouts match the single-device run", description=__doc__)
     p.add_argument(
         "--layouts",
         default=DEFAULT_LAYOUTS,
@@ -38,7 +36,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--lr", type=float, default=0.0, help="learning rate (default: 1e-4 adamw, 0.1 sgd)")
     p.add_argument("--layers", type=int, default=4, help="layers of the debug model (default 4)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the model's init and the data")
     p.add_argument(
         "--dtype",
         default="fp32",

@@ -66,13 +66,15 @@ def load_model(spec: str):
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("plan-layout", help="rank parallel layouts by estimated step time under a memory limit")
+    p = sub.add_parser(
+        "plan-layout", help="rank parallel layouts by estimated step time under a memory limit", description=__doc__
+    )
     p.add_argument("--model", required=True, help="preset name or YAML/JSON model config")
     p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
     p.add_argument("--gpu-memory", default="80GiB", help="memory per GPU (e.g. 80GiB)")
     p.add_argument("--seq-len", type=int, required=True, help="tokens per sequence")
     p.add_argument("--global-batch-tokens", required=True, help="tokens per optimizer step (4M = 4*2**20)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (tp stays inside one)")
     p.add_argument(
         "--gpu",
         default=None,

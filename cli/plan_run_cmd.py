@@ -1,14 +1,15 @@
 """`scalelab plan-run`: plan the big run from a sweep's fit (or a saved fit) on a cluster.
 
     scalelab plan-run results/iso --flops 2e14 --gpu cpu --hp-sweep examples/plan/demo_hp_sweep.csv
-    scalelab plan-run fit.json --flops 3e23 --gpu H100-SXM --gpus 2048 --vocab-size 50304 --seq-len 2048 \
+    scalelab plan-run fit.json --flops 3e23 --gpu H100-SXM --gpus 2048 --vocab-size 50304 --seq-len 2048 \\
         --hp-table gpt3_recipe.csv --html plan.html
     scalelab plan-run fit.json --gpus 2048 --gpu H100-SXM --days 30 ...     # the budget 30 days afford
 
 FIT_OR_SWEEP is a sweep directory (its latest `sweep next` fit, its base config and recipe) or a
 FIT.json of `scalelab fit DATA --out FIT.json` (then --vocab-size and --seq-len say what the model
 reads; --base CONFIG.yaml gives the rest of the run config). --gpu cpu is this machine, calibrated on
-the sweep's own runs. The plan (scalelab.planning.plan) goes to --out: plan.json, run.yaml (the
+the sweep's own runs. The plan (scalelab.planning.plan) goes to --out (default: a sweep's
+DIR/plans/plan-C<budget>/, a fit file's ./plan-C<budget>/): plan.json, run.yaml (the
 resolved run config: `scalelab run run.yaml --out DIR` trains it) and sweep.yaml (a one-point spec:
 `scalelab sweep launch sweep.yaml --out SWEEP` trains it into a store); --html writes the planning
 page (also a section of `scalelab report` for plans under a sweep's plans/). Bad input exits 2
@@ -25,29 +26,41 @@ from scalelab.errors import UsageError
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "plan-run", help="plan the big run: size, tokens, LR, batch, layout, time, each with its interval"
+        "plan-run",
+        help="plan the big run: size, tokens, LR, batch, layout, time, each with its interval",
+        description=__doc__,
     )
-    p.add_argument("fit", help="a sweep directory (its latest fit) or a FIT.json from `scalelab fit --out`")
+    p.add_argument(
+        "fit", metavar="FIT_OR_SWEEP", help="a sweep directory (its latest fit) or a FIT.json from `scalelab fit --out`"
+    )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--flops", type=float, help="the FLOP budget C (6ND)")
     what.add_argument("--days", type=float, help="instead: the wall time; C is what the cluster does in it")
     p.add_argument("--gpu", default="cpu", help="GPU type of the planner's table (H100-SXM, A100-80GB) or cpu "
                    "(this machine, calibrated on the sweep's runs; the default)")  # fmt: skip
     p.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
-    p.add_argument("--gpus-per-node", type=int, default=None)
+    p.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (default: the GPU type's, 8)")
     p.add_argument("--gpu-memory", default=None, help="memory per GPU, e.g. 80GiB (default: the GPU type's)")
-    p.add_argument("--intra-node-gbps", type=float, default=None, help="GB/s per GPU inside a node")
-    p.add_argument("--inter-node-gbps", type=float, default=None, help="GB/s per GPU across nodes")
+    p.add_argument("--intra-node-gbps", type=float, default=None, help="GB/s per GPU inside a node (default: the GPU "
+                   "type's)")  # fmt: skip
+    p.add_argument("--inter-node-gbps", type=float, default=None, help="GB/s per GPU across nodes (default: the GPU "
+                   "type's)")  # fmt: skip
     p.add_argument("--hp-sweep", default=None, metavar="TABLE", help="an HP sweep (params, lr, loss[, batch_tokens]): "
-                   "the LR's interval and what being off costs")  # fmt: skip
+                   "the LR's interval and what being off costs (default: none: costs unknown)")  # fmt: skip
     p.add_argument("--hp-table", default=None, metavar="TABLE", help="a family's recipe (params, lr, batch_tokens per "
-                   "model): LR and batch as power laws of N (fit files)")  # fmt: skip
-    p.add_argument("--vocab-size", type=int, default=None, help="fit files: the model's vocabulary")
-    p.add_argument("--seq-len", type=int, default=None, help="fit files: tokens per sequence")
-    p.add_argument("--base", default=None, help="fit files: a run config whose other sections the plan keeps")
-    p.add_argument("--scale", default=None, help="GPU counts of the what-ifs, e.g. 512,1024,4096 (none: skip)")
-    p.add_argument("--out", type=Path, default=None, help="directory for plan.json, run.yaml, sweep.yaml")
-    p.add_argument("--html", type=Path, default=None, help="write the planning page here")
+                   "model): LR and batch as power laws of N (fit files; default: DeepSeek LLM's published laws, no "
+                   "interval)")  # fmt: skip
+    p.add_argument("--vocab-size", type=int, default=None, help="fit files (required there): the model's vocabulary")
+    p.add_argument("--seq-len", type=int, default=None, help="fit files (required there): tokens per sequence")
+    p.add_argument("--base", default=None, metavar="CONFIG.yaml", help="fit files: a run config whose other "
+                   "sections (data, tokenizer, ...) the plan keeps (default: the run config's defaults)")  # fmt: skip
+    p.add_argument("--scale", default=None, help="GPU counts of the what-ifs, e.g. 512,1024,4096; none: skip them "
+                   "(default on GPU types: powers of two from GPUS/16 to 8192, GPUS and 10240)")  # fmt: skip
+    p.add_argument("--out", type=Path, default=None, help="directory for plan.json, run.yaml, sweep.yaml (default: "
+                   "a sweep's DIR/plans/plan-C<budget>/, which `scalelab report DIR` shows; for a FIT.json "
+                   "./plan-C<budget>/)")  # fmt: skip
+    p.add_argument("--html", type=Path, default=None, metavar="PAGE.html", help="also write the planning page "
+                   "here (default: none)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     p.set_defaults(func=run)
 
@@ -111,18 +124,19 @@ def _out_dir(args, fit_path: Path, flops: float) -> Path:
 
 
 def run(args) -> int:
-    from scalelab.planning.hparams import read_hp_sweep, read_hp_table
-    from scalelab.planning.loss_model import load_loss_model
-    from scalelab.planning.plan import HPChoice, plan_for_days, plan_run
-    from scalelab.planning.plan_files import write_plan
-    from scalelab.planning.plan_text import format_plan
-
     fit_path = Path(args.fit)
     if args.flops is not None and not args.flops > 0:
         raise UsageError(f"--flops {args.flops} must be a positive number")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} is a file; give a directory")
     sizes = _scale(args.scale)
+    # start-up time: the planner and the fitting stack (torch, scipy) load once the arguments are good
+    from scalelab.planning.hparams import read_hp_sweep, read_hp_table
+    from scalelab.planning.loss_model import load_loss_model
+    from scalelab.planning.plan import HPChoice, plan_for_days, plan_run
+    from scalelab.planning.plan_files import write_plan
+    from scalelab.planning.plan_text import format_plan
+
     model = load_loss_model(fit_path)
     design = _design(args, fit_path)
     cluster = _cluster(args, fit_path)

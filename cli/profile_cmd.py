@@ -25,9 +25,7 @@ from scalelab.errors import UsageError
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "profile", help="profile a few training steps of any layout", description=__doc__.splitlines()[0]
-    )
+    p = sub.add_parser("profile", help="profile a few training steps of any layout", description=__doc__)
     p.add_argument("config", help="run config YAML, or a run directory holding a profile to report again")
     p.add_argument("--layout", default=None, help="layout name, e.g. single, dp2, fsdp2, tp2sp, pp2, fsdp2xtp2sp")
     p.add_argument("--steps", type=int, default=3, help="steps to profile (default 3)")

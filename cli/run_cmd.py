@@ -16,7 +16,7 @@ from scalelab.errors import UsageError
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("run", help="train one run from a YAML config", description=__doc__.splitlines()[0])
+    p = sub.add_parser("run", help="train one run from a YAML config", description=__doc__)
     p.add_argument("config", help="run config YAML (or a config.json saved by an earlier run)")
     p.add_argument("--out", required=True, help="run directory for records and checkpoints")
     p.add_argument(

@@ -43,14 +43,16 @@ import sys
 from pathlib import Path
 
 from scalelab.errors import UsageError
-from scalelab.store import files, objects
+
+SWEEP_DIR_HELP = "a sweep directory (the --out of `sweep launch`)"
+STUDIES_DOC = "docs/studies.md"  # where studies are described, named by the errors of the study commands
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "sweep",
         help="plan, launch, resume and inspect sweeps; propose the next round",
-        description=__doc__.splitlines()[0],
+        description=__doc__,
     )
     s = p.add_subparsers(dest="sweep_command", metavar="SUBCOMMAND")
     s.required = True
@@ -72,7 +74,7 @@ def add_parser(sub) -> None:
 
 def _add_plan(s) -> None:
     q = s.add_parser("plan", help="expand and validate a spec; print runs and cost (nothing starts)")
-    q.add_argument("spec")
+    q.add_argument("spec", help="a sweep spec (YAML; examples/sweeps/)")
     q.add_argument("--no-measure", action="store_true", help="skip the throughput measurement (no time estimates)")
     q.add_argument(
         "--reference",
@@ -86,18 +88,27 @@ def _add_plan(s) -> None:
     q.add_argument(
         "--noise", type=float, default=None, help="run-to-run log-sd for --replication (default: fit.noise_floor)"
     )
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the runs and totals as JSON")
     q.set_defaults(func=run_plan)
 
 
 def _add_launch(s) -> None:
     q = s.add_parser("launch", help="run a spec on Ray into a sweep directory (finished runs are skipped)")
-    q.add_argument("spec")
-    q.add_argument("--out", required=True, help="sweep directory; its parent is the store root shared by sweeps")
+    q.add_argument("spec", help="a sweep spec (YAML; examples/sweeps/)")
+    q.add_argument(
+        "--out",
+        required=True,
+        help="the sweep directory (local, shared POSIX or s3://); its parent is the store root shared by sweeps",
+    )
     _ray_args(q)
     q.add_argument("--rounds", type=int, default=1, help="alternate launch and `sweep next` this many times")
     q.add_argument("--target-flops", type=float, default=None, help="C* for --rounds > 1 (default: the spec's fit)")
-    q.add_argument("--budget-flops", type=float, default=None, help="FLOPs per proposed round (--rounds > 1)")
+    q.add_argument(
+        "--budget-flops",
+        type=float,
+        default=None,
+        help="FLOPs per proposed round (--rounds > 1; default: what `sweep next` proposes)",
+    )
     q.add_argument(
         "--force", action="store_true", help="launch even when the LR-transfer gate or the recipe gate refuses"
     )
@@ -125,31 +136,51 @@ def _add_launch(s) -> None:
 
 def _add_resume(s) -> None:
     q = s.add_parser("resume", help="finish a sweep whose driver died: done runs stay done, partial ones resume")
-    q.add_argument("sweep_dir")
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
     _ray_args(q)
     q.set_defaults(func=run_resume)
 
 
 def _add_status(s) -> None:
     q = s.add_parser("status", help="runs by state with progress, losses and failures")
-    q.add_argument("sweep_dir")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
+    q.add_argument("--json", action="store_true", help="print the status as JSON")
     q.set_defaults(func=run_status)
 
 
 def _add_export(s) -> None:
     q = s.add_parser("export", help="write the run table for the fitter (done runs)")
-    q.add_argument("sweep_dir")
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
     q.add_argument("--csv", required=True, metavar="PATH", help="output file (.csv, or .parquet)")
     q.add_argument("--all", action="store_true", help="include runs that are not done")
     q.set_defaults(func=run_export)
 
 
 def _add_next(s) -> None:
-    q = s.add_parser("next", help="fit the store and write the next round's spec (rounds/round_K.yaml)")
-    q.add_argument("sweep_dir")
-    q.add_argument("--target-flops", type=float, default=None, help="C*: where the loss prediction should be tight")
-    q.add_argument("--budget-flops", type=float, default=None, help="FLOPs the next round may spend")
+    q = s.add_parser(
+        "next",
+        help="fit the store and write the next round's spec (rounds/round_K.yaml)",
+        description="Fit the sweep's done runs (its spec's fit: section), score the ledger's earlier predictions, "
+        "check the identification gates and propose the next round: the compute-optimal run at the next budget "
+        "when every gate passes, else the runs that would pass the failed gates. Written into the sweep: "
+        "rounds/round_K.yaml (the round's spec: `sweep launch` it into the same directory), fits/round_K.json "
+        f"(the fit) and the ledger's predictions. A study (a spec with study: arms, {STUDIES_DOC}): each arm "
+        "fitted, the round that narrows the multiplier m(C) at the target, or the decisive pair.",
+    )
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
+    q.add_argument(
+        "--target-flops",
+        type=float,
+        default=None,
+        help="C*: where the loss prediction should be tight (default: the spec's fit.target_flops; one of the two "
+        "is needed)",
+    )
+    q.add_argument(
+        "--budget-flops",
+        type=float,
+        default=None,
+        help="FLOPs the next round may spend (default: 2x the next budget, which is --step x the largest done)",
+    )
     q.add_argument("--step", type=float, default=3.0, help="next budget = step x the largest budget done")
     q.add_argument("--replicates", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
     q.add_argument(
@@ -175,17 +206,24 @@ def _add_next(s) -> None:
     q.add_argument("--holdout-sizes", type=int, default=1, help="runs per multiple, spread around N* (--holdout)")
     q.add_argument("--holdout-spread", type=float, default=1.5, help="largest over smallest size per multiple")
     _estimator_arg(q)
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the proposal as JSON")
     q.set_defaults(func=run_next)
 
 
 def _add_study(s) -> None:
-    q = s.add_parser("study", help="a study: each arm's fit, m(C), the gap at the target, ledger, decision accuracy")
-    q.add_argument("sweep_dir")
+    q = s.add_parser(
+        "study",
+        help="a study: each arm's fit, m(C), the gap at the target, ledger, decision accuracy",
+        description="A study is a sweep whose spec has study: arms (config overrides crossed with one IsoFLOP "
+        f"design; {STUDIES_DOC}). Print each arm's fit, the compute multiplier m(C) of each arm over the "
+        "baseline with its interval at every budget and at the target, the predicted loss gap there, the "
+        "ledger of predicted against measured gaps, and the decision accuracy of smaller budgets.",
+    )
+    q.add_argument("sweep_dir", help="a study's sweep directory (the --out of `sweep launch STUDY_SPEC`)")
     q.add_argument("--replicates", type=int, default=None, help="bootstrap replicates (default: the spec's fit)")
     q.add_argument("--no-decisions", action="store_true", help="skip decision accuracy (its refits take a while)")
     _estimator_arg(q)
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the fit, ledger and decisions as JSON")
     q.set_defaults(func=run_study)
 
 
@@ -201,7 +239,7 @@ def _estimator_arg(q) -> None:
 
 def _add_eval(s) -> None:
     q = s.add_parser("eval", help="evaluate every checkpoint of the finished runs on tasks, as Ray tasks")
-    q.add_argument("sweep_dir")
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
     q.add_argument("--tasks", nargs="*", default=[], help="bundled:NAME[@N] | olmes:TASK/VARIANT | PATH.jsonl")
     q.add_argument("--limit", type=int, default=None, help="examples per task (default: all)")
     q.add_argument("--val", action="store_true", help="also recompute held-out loss/bpb")
@@ -214,8 +252,8 @@ def _add_eval(s) -> None:
 
 def _add_ledger(s) -> None:
     q = s.add_parser("ledger", help="every fit the loop made and its predictions against the measured runs")
-    q.add_argument("sweep_dir")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
+    q.add_argument("--json", action="store_true", help="print the ledger as JSON")
     q.set_defaults(func=run_ledger)
 
 
@@ -226,13 +264,13 @@ def _add_audit(s) -> None:
     q.add_argument("sweep_dir", help="the store of a spec with the audit: generator (trained by `sweep launch`)")
     q.add_argument("--design", default=None, metavar="SPEC", help="also the cost of each run of this spec's design")
     q.add_argument("--replicates", type=int, default=400, help="bootstrap replicates of every interval")
-    q.add_argument("--json", action="store_true")
+    q.add_argument("--json", action="store_true", help="print the audit's tables as JSON")
     q.set_defaults(func=run_audit)
 
 
 def _add_wandb(s) -> None:
     q = s.add_parser("wandb", help="log a sweep's runs and rounds to W&B (those not logged while they ran)")
-    q.add_argument("sweep_dir")
+    q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
     q.add_argument(
         "--mode",
         choices=("offline", "online"),
@@ -333,6 +371,7 @@ def _faults(items: list[str]) -> dict[str, int]:
 
 
 def run_launch(args) -> int:
+    from scalelab.store import files, objects
     from scalelab.sweeps.rounds import LaunchOptions, check_rounds, run_rounds
     from scalelab.sweeps.spec import load_sweep
 
@@ -407,6 +446,7 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
     runs (pending) before the job's driver starts. On object storage the copy is an object of the
     sweep (`<out>/driver/<spec>`), which the job's driver reads from the bucket."""
     from scalelab import store
+    from scalelab.store import files, objects
     from scalelab.store.atomic import atomic_write_bytes
     from scalelab.sweeps.execute import check_object_store, check_runnable, save_execution
     from scalelab.sweeps.ray_cluster import check_dashboard_address, check_pass_env, submit_driver
@@ -506,7 +546,9 @@ def run_next(args) -> int:
     if is_study(args.sweep_dir):
         return _next_study(args)
     if args.decide:
-        raise UsageError(f"--decide: {args.sweep_dir} is not a study (its sweep.yaml has no study: section)")
+        raise UsageError(
+            f"--decide: {args.sweep_dir} is not a study (its sweep.yaml has no study: section; {STUDIES_DOC})"
+        )
     holdout = None
     if args.holdout:
         from scalelab.sweeps.propose import Holdout
@@ -516,9 +558,10 @@ def run_next(args) -> int:
         except ValueError:
             raise UsageError(f"--holdout {args.holdout!r}: multiples of the largest budget, e.g. 3,10,30") from None
         holdout = Holdout(multiples=multiples, sizes=args.holdout_sizes, spread=args.holdout_spread)
-    for flag, given in (("--decide", args.decide), ("--estimator", args.estimator)):
-        if given:
-            raise UsageError(f"{flag}: {args.sweep_dir} is not a study (its sweep.yaml has no study: section)")
+    if args.estimator:
+        raise UsageError(
+            f"--estimator: {args.sweep_dir} is not a study (its sweep.yaml has no study: section; {STUDIES_DOC})"
+        )
     proposal = propose_next(
         args.sweep_dir,
         target_flops=args.target_flops,
@@ -538,6 +581,7 @@ def run_next(args) -> int:
 
 
 def _next_study(args) -> int:
+    from scalelab.store import objects
     from scalelab.sweeps.study_propose import format_study_proposal, propose_study_round
 
     if objects.is_url(args.sweep_dir):
@@ -559,12 +603,21 @@ def _next_study(args) -> int:
 
 
 def run_study(args) -> int:
+    from scalelab import store
     from scalelab.analysis.decision_accuracy import decision_accuracy, format_decisions
     from scalelab.store.ledger import format_studies, read_ledger, score
     from scalelab.sweeps.propose import readable
     from scalelab.sweeps.study_fit import fit_study
+    from scalelab.sweeps.study_propose import is_study
     from scalelab.sweeps.study_text import format_study
 
+    if not store.is_sweep_dir(args.sweep_dir):
+        raise UsageError(f"{args.sweep_dir} is not a sweep directory (no sweep.yaml)")
+    if not is_study(args.sweep_dir):
+        raise UsageError(
+            f"{args.sweep_dir} is not a study: its sweep.yaml has no study: section (arms over one design); "
+            f"{STUDIES_DOC} describes them and their spec"
+        )
     score(args.sweep_dir)  # on object storage too: the ledger is one object, updated by conditional puts
     local = readable(args.sweep_dir)  # an s3:// study is read through one local copy, made after scoring
     sf = fit_study(local, replicates=args.replicates, estimator=args.estimator)

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +46,7 @@ import polars as pl
 from scipy.optimize import least_squares
 
 from scalelab.errors import ConfigError
-from scalelab.models.accounting import flops_per_token
+from scalelab.models.accounting import FlopsPerToken, flops_per_token
 from scalelab.models.config import ModelConfig
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.dims import ParallelDims, stages_per_rank
@@ -52,6 +54,8 @@ from scalelab.parallel.layouts import layout_name
 from scalelab.parallel.planner_constants import GIB, CostConstants, Hardware
 from scalelab.parallel.planner_memory import (
     activation_bytes,
+    config_from_key,
+    config_key,
     layer_param_count,
     local_shape,
     param_shapes,
@@ -92,15 +96,23 @@ class Plan:
         return row
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@lru_cache(maxsize=1024)
+def _divisors(n: int) -> tuple[int, ...]:
+    return tuple(d for d in range(1, n + 1) if n % d == 0)
 
 
 def candidate_layouts(
     cfg, num_gpus: int, seq_len: int, global_batch_sequences: int, hw: Hardware
 ) -> list[tuple[ParallelConfig, int]]:
     """Every (layout, sequences per micro-batch) the shape rules allow (see the module docstring)."""
-    out = []
+    return [(lay, mbs) for lay, mbs in _shaped_layouts(cfg, num_gpus, seq_len, global_batch_sequences, hw)
+            if _buildable(lay, cfg)]  # fmt: skip
+
+
+def _shaped_layouts(
+    cfg, num_gpus: int, seq_len: int, global_batch_sequences: int, hw: Hardware
+) -> Iterator[tuple[ParallelConfig, int]]:
+    """candidate_layouts before the check that `parallelize` builds them, in the same order."""
     tp_ok = [
         t
         for t in _divisors(num_gpus)
@@ -140,9 +152,7 @@ def candidate_layouts(
                                     pp_microbatches=local // mbs if pp > 1 else 0,
                                     sequence_parallel=True,
                                 )
-                                if _buildable(lay, cfg):
-                                    out.append((lay, mbs))
-    return out
+                                yield lay, mbs
 
 
 def _buildable(lay: ParallelConfig, cfg) -> bool:
@@ -177,6 +187,41 @@ def grad_compression_fraction(cfg, lay: ParallelConfig) -> float:
         r = min(n, m, rank)
         sent += r * (n + m) if len(local) > 1 and n * m >= 2 * r * (n + m) else numel
     return sent / total if total else 1.0
+
+
+def _flops_per_token(cfg, seq_len: int) -> FlopsPerToken:
+    return _flops_per_token_of(*config_key(cfg), seq_len)
+
+
+@lru_cache(maxsize=64)
+def _flops_per_token_of(cls, values: tuple, seq_len: int) -> FlopsPerToken:
+    return flops_per_token(config_from_key(cls, values), seq_len)
+
+
+def _compute(
+    fpt: FlopsPerToken,
+    lay: ParallelConfig,
+    tokens_step: int,
+    num_micro: int,
+    hw: Hardware,
+    consts: CostConstants,
+    virtual_stages: int | None = None,
+) -> tuple[float, float, float, float, int]:
+    """(model FLOPs, hardware FLOPs, compute seconds, bubble seconds, model chunks per rank) of one
+    step. compute + bubble is a lower bound of the step (communication only adds), which
+    best_layout relies on: the same expressions, so the same floats, as estimate's."""
+    model_flops = fpt.exact_causal * tokens_step
+    hw_flops = model_flops
+    if lay.activation_checkpoint == "full":
+        hw_flops += fpt.matmul / 3 * tokens_step  # one more forward of every matmul
+    elif lay.activation_checkpoint == "selective":
+        hw_flops *= 1.02
+    compute = hw_flops / lay.world_size / (hw.peak_flops * consts.mfu)
+    # 1F1B/GPipe idle (pp-1) micro-batch slots per step; interleaved schedules (v chunks per rank)
+    # shrink each slot v-fold (Narayanan et al. 2021, §2.2.2)
+    v = virtual_stages or stages_per_rank(lay.pp_schedule)
+    bubble = compute * (lay.pp - 1) / (num_micro * v) if lay.pp > 1 else 0.0
+    return model_flops, hw_flops, compute, bubble, v
 
 
 def estimate(
@@ -218,18 +263,8 @@ def estimate(
     }
     memory["total"] = sum(memory.values())
     # --- compute
-    fpt = flops_per_token(cfg, seq_len)
-    model_flops = fpt.exact_causal * tokens_step
-    hw_flops = model_flops
-    if lay.activation_checkpoint == "full":
-        hw_flops += fpt.matmul / 3 * tokens_step  # one more forward of every matmul
-    elif lay.activation_checkpoint == "selective":
-        hw_flops *= 1.02
-    compute = hw_flops / lay.world_size / (hw.peak_flops * consts.mfu)
-    # 1F1B/GPipe idle (pp-1) micro-batch slots per step; interleaved schedules (v chunks per rank)
-    # shrink each slot v-fold (Narayanan et al. 2021, §2.2.2)
-    v = virtual_stages or stages_per_rank(lay.pp_schedule)
-    bubble = compute * (lay.pp - 1) / (num_micro * v) if lay.pp > 1 else 0.0
+    fpt = _flops_per_token(cfg, seq_len)
+    model_flops, hw_flops, compute, bubble, v = _compute(fpt, lay, tokens_step, num_micro, hw, consts, virtual_stages)
     # --- communication: alpha-beta collectives, minus what overlaps compute (scalelab.parallel.planner_time)
     comm = step_communication(
         cfg,
@@ -272,11 +307,7 @@ def plan_layouts(
     include_unfit: bool = False,
 ) -> list[Plan]:
     """All candidate layouts, fastest first (those that fit memory; then the rest if asked)."""
-    hw = hw or Hardware()
-    consts = consts or CostConstants()
-    if global_batch_tokens % seq_len:
-        raise ValueError(f"global_batch_tokens={global_batch_tokens} is not a multiple of seq_len={seq_len}")
-    sequences = global_batch_tokens // seq_len
+    hw, consts, sequences = _search_inputs(hw, consts, seq_len, global_batch_tokens)
     plans = [
         estimate(
             cfg, lay, micro_batch_sequences=mbs, seq_len=seq_len, global_batch_sequences=sequences, hw=hw, consts=consts
@@ -287,6 +318,51 @@ def plan_layouts(
     if not include_unfit:
         return fit
     return fit + sorted((p for p in plans if not p.fits), key=lambda p: p.memory["total"])
+
+
+def best_layout(
+    cfg,
+    *,
+    num_gpus: int,
+    seq_len: int,
+    global_batch_tokens: int,
+    hw: Hardware | None = None,
+    consts: CostConstants | None = None,
+) -> Plan | None:
+    """plan_layouts(...)[0], the fastest layout that fits (None when none does), without estimating
+    every candidate: a step is at least its compute plus its pipeline bubble (communication only
+    adds), so candidates are estimated in the order of that bound until it exceeds the fastest
+    fitting step found. Ties go to the earlier candidate, as plan_layouts' stable sort has them."""
+    hw, consts, sequences = _search_inputs(hw, consts, seq_len, global_batch_tokens)
+    candidates = list(_shaped_layouts(cfg, num_gpus, seq_len, sequences, hw))  # buildable: checked when reached
+    fpt = _flops_per_token(cfg, seq_len)
+    tokens_step = sequences * seq_len
+    bounds = []
+    for i, (lay, mbs) in enumerate(candidates):
+        num_micro = sequences // lay.dp_size // mbs
+        _, _, compute, bubble, _ = _compute(fpt, lay, tokens_step, num_micro, hw, consts)
+        bounds.append((compute + bubble, i))
+    best, best_i = None, -1
+    for bound, i in sorted(bounds):
+        if best is not None and bound > best.step_time_s:
+            break
+        lay, mbs = candidates[i]
+        if not _buildable(lay, cfg):
+            continue
+        p = estimate(cfg, lay, micro_batch_sequences=mbs, seq_len=seq_len, global_batch_sequences=sequences, hw=hw,
+                     consts=consts)  # fmt: skip
+        if p.fits and (best is None or (p.step_time_s, i) < (best.step_time_s, best_i)):
+            best, best_i = p, i
+    return best
+
+
+def _search_inputs(
+    hw: Hardware | None, consts: CostConstants | None, seq_len: int, global_batch_tokens: int
+) -> tuple[Hardware, CostConstants, int]:
+    """(hardware, constants, sequences per step) of a search, the defaults filled in."""
+    if global_batch_tokens % seq_len:
+        raise ValueError(f"global_batch_tokens={global_batch_tokens} is not a multiple of seq_len={seq_len}")
+    return hw or Hardware(), consts or CostConstants(), global_batch_tokens // seq_len
 
 
 # --- calibration ---------------------------------------------------------------------------------------

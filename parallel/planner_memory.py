@@ -37,15 +37,17 @@ outputs + the block input. Pipeline: a rank holds its stages' layers for the mic
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+import operator
+from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.dims import stages_per_rank
-from scalelab.parallel.pipeline_parallel import layer_costs, split_layers, stage_ids_for_rank
+from scalelab.parallel.pipeline_split import layer_costs, split_layers, stage_ids_for_rank
 
 _COLWISE = (
     "attention.wq",
@@ -77,12 +79,28 @@ class StateBytes:
 # --- parameters -------------------------------------------------------------------------------------
 def param_shapes(cfg) -> dict[str, tuple[int, ...]]:
     """Every parameter of the single-device model (dense or MoE) with its full shape."""
-    return dict(_param_shapes(type(cfg), tuple(sorted(asdict(cfg).items()))))
+    return dict(_param_shapes(*config_key(cfg)))
+
+
+def config_key(cfg) -> tuple[type, tuple]:
+    """(class, field values): a model config as a hashable key, so that what depends only on the model
+    is computed once per model, not once per candidate layout of the planner's search."""
+    return type(cfg), _field_getter(type(cfg))(cfg)
+
+
+@lru_cache(maxsize=8)
+def _field_getter(cls):
+    return operator.attrgetter(*(f.name for f in fields(cls)))
+
+
+def config_from_key(cls, values: tuple):
+    """The model config of config_key's (class, values)."""
+    return cls(**{f.name: v for f, v in zip(fields(cls), values)})
 
 
 @lru_cache(maxsize=32)
 def _param_shapes(cls, items: tuple) -> tuple:
-    cfg = cls(**dict(items))
+    cfg = config_from_key(cls, items)
     d, v, hd = cfg.d_model, cfg.vocab_size, cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (v, d)}
     for i in range(cfg.num_layers):
@@ -123,6 +141,17 @@ def _param_shapes(cls, items: tuple) -> tuple:
     if not cfg.tied_embeddings:
         shapes["output.weight"] = (v, d)
     return tuple(shapes.items())
+
+
+@lru_cache(maxsize=32)
+def _shape_groups(cls, items: tuple) -> tuple[tuple, tuple, tuple]:
+    """((name, shape) of block 0's parameters, of the embedding's, of the rest outside the blocks).
+    Every block has the same parameters: the planner counts block 0's once and multiplies."""
+    shapes = _param_shapes(cls, items)
+    layer = tuple((n, s) for n, s in shapes if n.startswith("layers.0."))
+    first = tuple((n, s) for n, s in shapes if n.startswith("tok_embeddings."))
+    last = tuple((n, s) for n, s in shapes if not n.startswith(("layers.", "tok_embeddings.")))
+    return layer, first, last
 
 
 def _chunk_len(n: int, parts: int, index: int) -> int:
@@ -179,12 +208,17 @@ def _stages_of_pp_rank(cfg, lay: ParallelConfig, pp_rank: int, seq_len: int) -> 
     return stages, stage_ids_for_rank(pp_rank, lay.pp, lay.pp_schedule), num_stages
 
 
-def _layers_of_pp_rank(cfg, lay: ParallelConfig, pp_rank: int, seq_len: int) -> tuple[int, bool, bool]:
-    """(blocks held, holds the embedding, holds the final norm/output) of pipeline rank `pp_rank`."""
-    if lay.pp == 1:
-        return cfg.num_layers, True, True
-    stages, mine, num_stages = _stages_of_pp_rank(cfg, lay, pp_rank, seq_len)
-    return sum(len(stages[s]) for s in mine), 0 in mine, num_stages - 1 in mine
+@lru_cache(maxsize=1024)
+def _pp_ranks_layers(cls, items: tuple, pp: int, schedule: str, seq_len: int) -> tuple[tuple[int, bool, bool], ...]:
+    """(blocks held, holds the embedding, holds the final norm/output) of every pipeline rank: they depend
+    on the model, pp, the schedule and seq_len only."""
+    cfg = config_from_key(cls, items)
+    lay = ParallelConfig(pp=pp, pp_schedule=schedule)
+    out = []
+    for rank in range(pp):
+        stages, mine, num_stages = _stages_of_pp_rank(cfg, lay, rank, seq_len)
+        out.append((sum(len(stages[s]) for s in mine), 0 in mine, num_stages - 1 in mine))
+    return tuple(out)
 
 
 def params_of_pp_rank(cfg, lay: ParallelConfig, pp_rank: int, seq_len: int) -> list[str]:
@@ -212,56 +246,74 @@ def _split(costs: tuple, num_stages: int, first: float, last: float) -> list[lis
     return split_layers(list(costs), num_stages, first, last)
 
 
+class _Shards(NamedTuple):
+    """The axes that shard a parameter (all that local_shape reads of a layout)."""
+
+    tp: int
+    dp_shard: int
+    cp: int
+    ep: int
+
+
 def state_bytes(
     cfg, lay: ParallelConfig, *, seq_len: int, optimizer: str = "adamw", pp_rank: int | None = None
 ) -> StateBytes:
     """Exact fp32 parameter, gradient and optimizer bytes on the fullest rank (or on `pp_rank`)."""
-    shapes = param_shapes(cfg)
-    ranks = range(lay.pp) if pp_rank is None else [pp_rank]
-    # Every block has the same parameters: count layer 0's once and reuse it (exact, and fast
-    # enough to run for thousands of candidate layouts of an 80-layer model).
-    per_layer = {n.split(".", 2)[2]: local_numel(n, s, lay) for n, s in shapes.items() if n.startswith("layers.0.")}
-    layer_numel, layer_tensors = sum(per_layer.values()), len(per_layer)
-    first = {n: local_numel(n, shapes[n], lay) for n in shapes if n.startswith("tok_embeddings.")}
-    last = {n: local_numel(n, shapes[n], lay) for n in shapes if not n.startswith(("layers.", "tok_embeddings."))}
+    if optimizer not in ("adamw", "sgd"):
+        raise ValueError(f"unknown optimizer {optimizer!r}; use adamw or sgd")
+    shards = _Shards(tp=lay.tp, dp_shard=lay.dp_shard, cp=lay.cp, ep=lay.ep)
+    param, optim, tensors = _state_bytes(*config_key(cfg), shards, lay.pp, lay.pp_schedule, seq_len, optimizer, pp_rank)
+    return StateBytes(param_bytes=param, grad_bytes=param, optim_bytes=optim, num_param_tensors=tensors)
+
+
+@lru_cache(maxsize=4096)
+def _state_bytes(
+    cls, items: tuple, shards: _Shards, pp: int, schedule: str, seq_len: int, optimizer: str, pp_rank: int | None
+) -> tuple[int, int, int]:
+    """(parameter bytes, optimizer bytes, parameter tensors) of state_bytes: one computation per model
+    and sharding, which the planner's candidates share across micro-batch sizes and checkpointing."""
+    layer_shapes, first_shapes, last_shapes = _shape_groups(cls, items)
+    # Every block has the same parameters: count layer 0's once and reuse it (exact).
+    layer_numel, layer_tensors = sum(local_numel(n, s, shards) for n, s in layer_shapes), len(layer_shapes)
+    first = [local_numel(n, s, shards) for n, s in first_shapes]
+    last = [local_numel(n, s, shards) for n, s in last_shapes]
+    per_rank = (
+        _pp_ranks_layers(cls, items, pp, schedule, seq_len)
+        if pp > 1
+        else ((config_from_key(cls, items).num_layers, True, True),)
+    )
     best = None
-    for r in ranks:
-        num_layers, has_first, has_last = _layers_of_pp_rank(cfg, lay, r, seq_len)
-        numel = num_layers * layer_numel + has_first * sum(first.values()) + has_last * sum(last.values())
+    for r in range(pp) if pp_rank is None else [pp_rank]:
+        num_layers, has_first, has_last = per_rank[r if pp > 1 else 0]
+        numel = num_layers * layer_numel + has_first * sum(first) + has_last * sum(last)
         count = num_layers * layer_tensors + has_first * len(first) + has_last * len(last)
-        names = range(count)
         param = 4 * numel
-        if optimizer == "adamw":
-            optim = 2 * param + 4 * len(names)
-        elif optimizer == "sgd":
-            optim = 0
-        else:
-            raise ValueError(f"unknown optimizer {optimizer!r}; use adamw or sgd")
-        rep = StateBytes(param_bytes=param, grad_bytes=param, optim_bytes=optim, num_param_tensors=len(names))
-        if best is None or rep.total_bytes > best.total_bytes:
-            best = rep
+        optim = 2 * param + 4 * count if optimizer == "adamw" else 0
+        if best is None or 2 * param + optim > 2 * best[0] + best[1]:  # StateBytes.total_bytes
+            best = (param, optim, count)
     return best
 
 
 def layer_param_split(cfg, lay: ParallelConfig) -> tuple[int, int]:
     """(dense, expert) parameters of one block on this rank after TP/EP, before FSDP sharding."""
-    shapes = param_shapes(cfg)
-    unsharded = ParallelConfig(tp=lay.tp, ep=lay.ep)
+    return _layer_param_split(*config_key(cfg), lay.tp, lay.ep)
+
+
+@lru_cache(maxsize=1024)
+def _layer_param_split(cls, items: tuple, tp: int, ep: int) -> tuple[int, int]:
+    unsharded = ParallelConfig(tp=tp, ep=ep)
     dense = expert = 0
-    for n, s in shapes.items():
-        if n.startswith("layers.0."):
-            if ".experts." in n:
-                expert += local_numel(n, s, unsharded)
-            else:
-                dense += local_numel(n, s, unsharded)
+    for n, s in _shape_groups(cls, items)[0]:
+        if ".experts." in n:
+            expert += local_numel(n, s, unsharded)
+        else:
+            dense += local_numel(n, s, unsharded)
     return dense, expert
 
 
 def layer_param_count(cfg, lay: ParallelConfig) -> int:
     """Parameters of one block on this rank before FSDP sharding (what FSDP gathers per block)."""
-    shapes = param_shapes(cfg)
-    unsharded = ParallelConfig(tp=lay.tp, ep=lay.ep)
-    return sum(local_numel(n, s, unsharded) for n, s in shapes.items() if n.startswith("layers.0."))
+    return sum(layer_param_split(cfg, lay))
 
 
 # --- activations -------------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ from scalelab.sweeps.design_context import SHAPE_KEYS, DesignContext
 from scalelab.sweeps.recipe import Recipe
 from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
 from scalelab.sweeps.spec import expand_sweep, read_spec
-from scalelab.sweeps.transfer import evaluate_gate, plan_transfer, transfer_dir
 from scalelab.train.config import merge_defaults
 
 
@@ -120,6 +119,9 @@ def transfer_gate(design: Design):
     the sweep has no `transfer:` section or its check's runs are not in the store."""
     if design.raw is None or design.path is None or not (design.raw.get("transfer") or {}).get("check"):
         return None
+    # start-up time: the transfer check loads fitting.hyperparams (statsmodels, ~1 s); only µP sweeps need it
+    from scalelab.sweeps.transfer import evaluate_gate, plan_transfer, transfer_dir
+
     check = plan_transfer(design.raw, expand_sweep(design.raw, default_name=design.name))
     where = transfer_dir(design.path)
     if check is None or not where.is_dir():

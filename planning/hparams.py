@@ -39,7 +39,6 @@ import numpy as np
 import polars as pl
 
 from scalelab.errors import UsageError
-from scalelab.fitting.hyperparams import best_lr, fit_hyperparam_law
 from scalelab.sweeps.recipe import Recipe, peak_lr
 
 DEEPSEEK_LR = (0.3118, -0.1250)  # lr = 0.3118 C^-0.125 (DeepSeek LLM 2024, Bi et al., section 3.1)
@@ -140,6 +139,9 @@ def _parabola(h: np.ndarray, loss: np.ndarray) -> float | None:
 
 def read_hp_sweep(path: str | Path) -> HPSweep:
     """An HP sweep table (CSV or Parquet: params, lr, loss, optional batch_tokens); see the module docstring."""
+    # start-up time: fitting.hyperparams loads statsmodels (~1 s), which a plan without HP tables never needs
+    from scalelab.fitting.hyperparams import best_lr
+
     df = _read(path, ("params", "lr", "loss"), "--hp-sweep")
     if "batch_tokens" not in df.columns:
         df = df.with_columns(batch_tokens=pl.lit(0.0))
@@ -299,6 +301,8 @@ def read_hp_table(path: str | Path) -> pl.DataFrame:
 
 def table_hparams(table: pl.DataFrame, *, params: float, source: str, sweep: HPSweep | None) -> HyperParams:
     """LR and batch from a family's recipe table as power laws of N (module docstring)."""
+    from scalelab.fitting.hyperparams import fit_hyperparam_law  # start-up time: as read_hp_sweep
+
     n = table["params"].to_numpy().astype(float)
     out = {}
     for name in ("lr", "batch_tokens"):

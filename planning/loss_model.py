@@ -185,6 +185,11 @@ class StackedLossModel:
     def warnings(self) -> list[str]:
         return self.incumbent.warnings
 
+    @property
+    def points(self) -> dict[str, list[float]] | None:
+        """The fitted runs (the same runs every form of the stack was fitted on)."""
+        return self.incumbent.points
+
     def point(self, n: float, d: float) -> float:
         return float(self.stacked.predict(n, d))
 

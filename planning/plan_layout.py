@@ -15,7 +15,7 @@ from typing import Any
 from scalelab.errors import UsageError
 from scalelab.models.config import ModelConfig
 from scalelab.parallel.config import ParallelConfig
-from scalelab.parallel.planner import Plan, estimate, plan_layouts
+from scalelab.parallel.planner import Plan, best_layout, estimate, plan_layouts
 from scalelab.planning.cluster import Cluster
 from scalelab.planning.design import Design
 from scalelab.planning.whatif import shares
@@ -53,9 +53,8 @@ def _layout(cfg: ModelConfig, cluster: Cluster, *, seq_len: int, batch_tokens: i
         mbs = config["train"].get("micro_batch_sequences") or seqs
         return estimate(cfg, ParallelConfig(), micro_batch_sequences=mbs, seq_len=seq_len, global_batch_sequences=seqs,
                         hw=cluster.hw, consts=cluster.consts)  # fmt: skip
-    plans = plan_layouts(cfg, num_gpus=cluster.num_gpus, seq_len=seq_len, global_batch_tokens=batch_tokens,
-                         hw=cluster.hw, consts=cluster.consts)  # fmt: skip
-    return plans[0] if plans else None
+    return best_layout(cfg, num_gpus=cluster.num_gpus, seq_len=seq_len, global_batch_tokens=batch_tokens,
+                       hw=cluster.hw, consts=cluster.consts)  # fmt: skip
 
 
 def _cannot_hold(cfg: ModelConfig, cluster: Cluster, seq_len: int, batch_tokens: int, params: int) -> UsageError:

@@ -74,8 +74,8 @@ def format_plan(p: dict[str, Any]) -> str:
     lines += [f"  fit warning: {w}" for w in p["fit_warnings"]]
     lines += [
         f"compute-optimal at C ({lvl}% intervals): N* = {si(opt['n'])} {iv(opt['n_interval'])}, "
-        f"D* = {si(opt['d'])} {iv(opt['d_interval'])}, L*(C) = {opt['loss']['point']:.4f} "
-        f"[{opt['loss']['lo']:.4f}, {opt['loss']['hi']:.4f}]",
+        f"D* = {si(opt['d'])} {iv(opt['d_interval'])}; L*(C) = {opt['loss']['point']:.4f} (the law's loss at "
+        "N*, D*; the planned run's loss and its interval are below)",
         "the model: the shape rule's nearest shapes, each at D = C / 6N (law loss; cost over L*(C))",
         f"  {'':2}{'layers':>6} {'d_model':>7} {'params':>14} {'tokens':>16} {'loss':>8} {'cost':>8}",
     ]
@@ -90,8 +90,8 @@ def format_plan(p: dict[str, Any]) -> str:
         f"the run {run['run_id']}: {run['num_layers']} layers x {run['d_model']} ({run['num_heads']} heads, d_ff "
         f"{run['d_ff']}), N = {run['params']:,} ({run['params_nonembed']:,} without embeddings), D = "
         f"{run['tokens']:,} tokens = {steps:,} steps of {run['tokens_per_step']:,}, C = 6ND = {run['flops_6n']:.4g}",
-        f"predicted loss {loss['point']:.4f}  {lvl}% interval [{loss['lo']:.4f}, {loss['hi']:.4f}]  "
-        f"({pct(loss['hi'] / loss['point'] - 1)} / {pct(loss['lo'] / loss['point'] - 1)})",
+        f"predicted loss of this run {loss['point']:.4f}  {lvl}% prediction interval [{loss['lo']:.4f}, "
+        f"{loss['hi']:.4f}]  ({pct(loss['hi'] / loss['point'] - 1)} / {pct(loss['lo'] / loss['point'] - 1)})",
         f"  log-sd parts: {parts_text(loss['parts'])}",
         "  shifts of the point: " + ", ".join(f"{k} {pct(math.expm1(v))}" for k, v in p["shifts"].items()),
         "hyperparameters (value, where the best may lie, what training at that edge costs)",

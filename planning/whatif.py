@@ -4,7 +4,7 @@
                              sizes=[256, 512, 1024, 2048, 4096, 8192, 10240])
     what_if.rows, what_if.knee, what_if.ceiling, what_if.assumptions
 
-Each size gets the planner's fastest layout that fits memory (scalelab.parallel.planner.plan_layouts)
+Each size gets the planner's fastest layout that fits memory (scalelab.parallel.planner.best_layout)
 for the planned model and global batch: its step time, MFU, the share of the step spent in exposed
 communication and in the pipeline bubble, the wall time for the planned steps and the GPU-hours.
 Between two neighbouring sizes the marginal scaling exponent is e = log(speedup) / log(GPU ratio):
@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 from scalelab.models.config import ModelConfig
-from scalelab.parallel.planner import Plan, plan_layouts
+from scalelab.parallel.planner import Plan, best_layout
 from scalelab.planning.cluster import Cluster
 
 KNEE_EXPONENT = 0.5
@@ -111,9 +111,9 @@ def scale_what_ifs(
 ) -> WhatIf:
     rows = []
     for g in sorted(set(sizes)):
-        plans = plan_layouts(cfg, num_gpus=g, seq_len=seq_len, global_batch_tokens=batch_tokens, hw=cluster.hw,
-                             consts=cluster.consts)  # fmt: skip
-        rows.append(row_for(plans[0] if plans else None, g, steps, cluster.step_overhead_s))
+        best = best_layout(cfg, num_gpus=g, seq_len=seq_len, global_batch_tokens=batch_tokens, hw=cluster.hw,
+                           consts=cluster.consts)  # fmt: skip
+        rows.append(row_for(best, g, steps, cluster.step_overhead_s))
     knee, ceiling, exponents = knee_and_ceiling(rows)
     return WhatIf(rows=rows, knee=knee, ceiling=ceiling, exponents=exponents)
 

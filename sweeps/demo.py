@@ -34,6 +34,7 @@ import yaml
 
 from scalelab import store
 from scalelab.fitting.ensemble import format_parts, format_stacked
+from scalelab.fitting.fit_terms import law_heading
 from scalelab.store import ledger
 from scalelab.sweeps.proposal import Proposal
 from scalelab.sweeps.proposal_text import format_gates
@@ -208,16 +209,21 @@ def _predicted_vs_measured(sweep_dir: Path, proposal: dict[str, Any], t0: float,
 
 
 def _print_design(sweep, log) -> None:
+    """Per budget, each run's size, tokens per step and steps, as its resolved config (what is stored
+    in its config.json and trained) has them: the recipe's batch grows with a run's tokens, so the
+    runs of one budget differ."""
     by_budget: dict[float, list] = {}
     for r in sweep.runs:
         by_budget.setdefault(r.labels["flops_budget"], []).append(r)
     for c, runs in by_budget.items():
-        cfg = runs[0].config
+        batches = [r.config["train"]["global_batch_tokens"] for r in runs]
         log(
             f"  C={c:.3g}: sizes "
             + ", ".join(f"{r.params / 1e3:.0f}k" for r in runs)
-            + f"; {cfg['train']['global_batch_tokens']} tokens/step; steps "
-            + ", ".join(str(r.num_tokens // r.config["train"]["global_batch_tokens"]) for r in runs)
+            + "; tokens/step "
+            + ", ".join(str(b) for b in batches)
+            + "; steps "
+            + ", ".join(str(r.num_tokens // b) for r, b in zip(runs, batches))
         )
 
 
@@ -225,8 +231,8 @@ def _print_fit(proposal: dict[str, Any], log) -> None:
     fit, iv = proposal["fit"], proposal["intervals"]
     p = fit["params"]
     log(
-        f"  fit: {fit['law']} on {fit['n_points']} runs, {fit['replicates']} bootstrap replicates "
-        "(95% percentile intervals)"
+        f"  fit of {fit['n_points']} runs ({fit['replicates']} bootstrap replicates, 95% percentile intervals), "
+        f"law {law_heading(fit)}:"
     )
     for name in ("alpha", "beta", "E", "A", "B"):
         log(f"    {name:5s} = {p[name]:.4g}  [{iv[name][0]:.4g}, {iv[name][1]:.4g}]")

@@ -55,7 +55,7 @@ from scalelab.fitting.predictive import interval_from_parts, replicate_sd, t_ove
 from scalelab.store import files, objects
 from scalelab.sweeps.run_curves import SOURCES, resolve_source, run_curve, store_curves
 from scalelab.train.config import build_run_config
-from scalelab.train.loop import StopRun
+from scalelab.train.stop_run import StopRun
 
 STATUS = "stopped_early"
 

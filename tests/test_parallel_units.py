@@ -16,7 +16,7 @@ from scalelab.parallel.dims import ParallelDims
 from scalelab.parallel.layouts import layout_name, parse_layout
 from scalelab.parallel.memory import expected_memory, measured_memory
 from scalelab.parallel.parity import debug_model
-from scalelab.parallel.pipeline_parallel import split_layers, stage_ids_for_rank
+from scalelab.parallel.pipeline_split import split_layers, stage_ids_for_rank
 from scalelab.parallel.planner_memory import local_shape, param_shapes
 
 

@@ -51,6 +51,7 @@ from scalelab.train.profiling import StepProfiler, region
 from scalelab.train.run_summary import run_summary_fields
 from scalelab.train.runtime import Runtime, make_runtime
 from scalelab.train.schedule import schedule_for
+from scalelab.train.stop_run import StopRun
 from scalelab.train.watchdog import HangPolicy, StepWatchdog
 
 Callback = Callable[[str, dict[str, Any]], None]
@@ -62,15 +63,6 @@ _STEP_DELAY_ENV = "SCALELAB_TEST_STEP_DELAY_S"
 
 class Diverged(RuntimeError):
     pass
-
-
-class StopRun(Exception):
-    """Raised by a callback to end the run where it is, recorded as `status` with `record`'s fields
-    (e.g. sweeps/early_stop.py at a "checkpoint" event: records flushed, the checkpoint on disk)."""
-
-    def __init__(self, status: str, record: dict[str, Any]):
-        super().__init__(status)
-        self.status, self.record = status, record
 
 
 def _build_data(cfg: RunConfig, dp_rank: int = 0, dp_size: int = 1):
