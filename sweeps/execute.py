@@ -126,6 +126,11 @@ def _hold_callback():
     return cb
 
 
+def sweep_worker(config: dict[str, Any]) -> None:
+    """A Ray Train worker of a sweep's multi-process run: ray_train_fn with the sweep's test hold."""
+    ray_train_fn(config, callbacks=[cb for cb in (_hold_callback(),) if cb])
+
+
 @dataclass(kw_only=True, slots=True)
 class TrialArgs:
     """What one Tune trial needs to train one run. It travels in Tune's param space as a plain
@@ -256,13 +261,16 @@ def _train_multiworker(
     from ray.train import RunConfig as TrainRunConfig
     from ray.train.torch import TorchTrainer
 
+    from scalelab.sweeps.ray_train_group import LoopbackTorchConfig  # imports Ray Train
+
     gpus = float(tc.gpus_per_worker)
     world = cfg.parallel.world_size
     policy = _hang_policy(tc)
     # Ray Train's own state: beside the run, or local to the trial for a run on object storage
     trainer_state = tempfile.mkdtemp(prefix="scalelab-train-") if lease else str(Path(run_dir) / ".ray_train")
     trainer = TorchTrainer(
-        ray_train_fn,
+        sweep_worker,
+        torch_config=LoopbackTorchConfig(),  # on a cluster of this machine, the group listens on 127.0.0.1
         train_loop_config={
             "config": tc.config,
             "run_dir": str(run_dir),
