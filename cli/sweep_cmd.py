@@ -298,7 +298,7 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
     from scalelab.sweeps.ray_cluster import check_dashboard_address, check_pass_env, submit_driver
 
     check_dashboard_address(args.address)
-    check_pass_env(args.address, args.pass_env)  # before anything is written
+    check_pass_env(args.address, args.pass_env, detach=True)  # before anything is written
     out = out if objects.is_url(out) else out.resolve()
     text = Path(args.spec).read_text()
     if pre_record:

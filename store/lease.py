@@ -60,6 +60,9 @@ from scalelab.store.checkpoint_files import MANIFEST, STEP_DIR, list_checkpoints
 LEASE_TTL_S = 30.0  # a dead holder's run is taken over this long after its last renewal
 LEASES = ".leases"
 NOT_SYNCED = ("status.json", ".lock", ".status.lock")  # status.json goes last, on its own; locks are local
+# Folders of a run uploaded once, when its trial ends: the offline W&B logs (<run>/wandb, written by
+# wandb.init(dir=<run>)), which would otherwise go with the node-local copy. Never pulled back.
+FINAL_FOLDERS = ("wandb",)
 CLOCK_SLACK_S = 1.0  # the store's clock reads whole seconds (Date, LastModified)
 
 
@@ -244,6 +247,17 @@ class RunMirror:
         with self.lock:
             self._push(checkpoints)
 
+    def push_folders(self) -> None:
+        """Upload the files of FINAL_FOLDERS, fenced like the records (a file already sent is not
+        sent again; symbolic links, which wandb makes beside its logs, are left out)."""
+        with self.lock:
+            for folder in FINAL_FOLDERS:
+                for dirpath, _, names in sorted(os.walk(self.local / folder)):  # links to folders not followed
+                    for name in sorted(names):
+                        path = Path(dirpath, name)
+                        if not path.is_symlink() and path.is_file():
+                            self._put(path.relative_to(self.local).as_posix(), _read(path))
+
     def _push(self, checkpoints: bool) -> None:
         # Snapshots first, uploads in reverse: status.json read before the records it summarises,
         # checkpoints listed before the records that cover them are read.
@@ -385,6 +399,7 @@ def remote_run(
             try:
                 if pulled and not lease.lost.is_set():  # a copy pulled only in part is never pushed
                     final_push(mirror, lease)
+                    mirror.push_folders()
             finally:
                 if top is not None:
                     if Path.cwd().is_relative_to(top):  # the trial chdir'd into the copy; Ray reuses its actor

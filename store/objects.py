@@ -41,8 +41,9 @@ from typing import Any
 from scalelab.errors import UsageError
 
 SCHEMES = ("s3",)
-# Prefixes a reader never needs (checkpoints are large; Tune state and leases are the writer's).
-VIEW_SKIP = ("checkpoints/", ".tune/", ".leases/", ".claims/", ".ray_train/")
+# Prefixes a reader never needs (checkpoints are large; Tune state and leases are the writer's; offline
+# W&B logs are for `wandb sync`).
+VIEW_SKIP = ("checkpoints/", ".tune/", ".leases/", ".claims/", ".ray_train/", "wandb/")
 LINKS = "links"  # <sweep>/links/<run_id>.json: the run lives in another sweep of the root (store.claims)
 PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
 

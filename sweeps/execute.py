@@ -71,6 +71,7 @@ from scalelab.store.run_lock import remove_stale_temp_files, run_lease, run_lock
 from scalelab.store.sweep_dir import update_resolved
 from scalelab.sweeps import early_stop, ray_reaper, wandb_fit, wandb_runs
 from scalelab.sweeps.ray_cluster import check_pass_env, local_ray_on_loopback, start_ray
+from scalelab.sweeps.ray_secrets import receive_secrets
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
 from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.elastic import min_world_size
@@ -127,7 +128,9 @@ def _hold_callback():
 
 
 def sweep_worker(config: dict[str, Any]) -> None:
-    """A Ray Train worker of a sweep's multi-process run: ray_train_fn with the sweep's test hold."""
+    """A Ray Train worker of a sweep's multi-process run: ray_train_fn with the sweep's test hold,
+    after the credentials named with --pass-env (scalelab.sweeps.ray_secrets)."""
+    receive_secrets()
     ray_train_fn(config, callbacks=[cb for cb in (_hold_callback(),) if cb])
 
 
@@ -159,6 +162,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
     import ray
     from ray import tune
 
+    receive_secrets()  # --pass-env credentials on a joined cluster, before the store is touched
     tc = TrialArgs.of(trial_config)
     sweep_dir, run_id = store.location(tc.sweep_dir), tc.run_id
     with _run_home(sweep_dir, tc) as (run_dir, lease):
@@ -387,24 +391,24 @@ def _tune_wave(
     from ray import tune
 
     limit = max_concurrent or execution.max_concurrent or None
-    tuner = tune.Tuner(
-        tune.with_resources(sweep_trial, _trial_resources),
-        param_space={"trial": tune.grid_search(trial_configs)},
-        tune_config=tune.TuneConfig(
-            max_concurrent_trials=limit,
-            reuse_actors=True,
-            trial_name_creator=lambda t: t.config["trial"]["run_id"],
-            trial_dirname_creator=lambda t: t.config["trial"]["run_id"],
-        ),
-        run_config=tune.RunConfig(
-            name=f"wave{wave}-{time.strftime('%Y%m%d-%H%M%S')}",
-            storage_path=str(_tune_dir(sweep_dir)),
-            failure_config=tune.FailureConfig(max_failures=execution.max_failures),
-            verbose=0,
-            callbacks=[_progress_callback(log, sweep_dir)],
-        ),
-    )
-    tuner.fit()
+    with _tune_dir(sweep_dir) as tune_dir:
+        tune.Tuner(
+            tune.with_resources(sweep_trial, _trial_resources),
+            param_space={"trial": tune.grid_search(trial_configs)},
+            tune_config=tune.TuneConfig(
+                max_concurrent_trials=limit,
+                reuse_actors=True,
+                trial_name_creator=lambda t: t.config["trial"]["run_id"],
+                trial_dirname_creator=lambda t: t.config["trial"]["run_id"],
+            ),
+            run_config=tune.RunConfig(
+                name=f"wave{wave}-{time.strftime('%Y%m%d-%H%M%S')}",
+                storage_path=str(tune_dir),
+                failure_config=tune.FailureConfig(max_failures=execution.max_failures),
+                verbose=0,
+                callbacks=[_progress_callback(log, sweep_dir)],
+            ),
+        ).fit()
 
 
 def _log_states(states: dict[str, str], t0: float, log: Log) -> None:
@@ -479,12 +483,15 @@ def execute(
     return {"states": states, "trained": trained, "skipped": skipped, "wall_s": time.time() - t0}
 
 
-def _tune_dir(sweep_dir: str | Path) -> Path:
-    """Ray Tune's own state (the store is the sweep's state): beside the sweep, or local to the
-    driver for a sweep on object storage."""
-    if objects.is_url(sweep_dir):
-        return Path(tempfile.mkdtemp(prefix="scalelab-tune-"))
-    return Path(sweep_dir) / ".tune"
+@contextlib.contextmanager
+def _tune_dir(sweep_dir: str | Path) -> Iterator[Path]:
+    """Ray Tune's own state (the store is the sweep's state): beside the sweep, or for a sweep on
+    object storage a temporary directory of the driver, removed when the wave ends."""
+    if not objects.is_url(sweep_dir):
+        yield Path(sweep_dir) / ".tune"
+        return
+    with tempfile.TemporaryDirectory(prefix="scalelab-tune-") as tmp:
+        yield Path(tmp)
 
 
 def check_object_store(url: str, spec_text: str, runs: list[dict[str, Any]]) -> None:

@@ -66,5 +66,6 @@ def rank_copy(store_cfg: dict[str, Any]) -> Iterator[tuple[Path, RankMirror]]:
                 syncer.join()
                 if not view.lost.is_set():
                     final_push(mirror, view, checkpoints=False)  # status.json last, as the run ended
+                    mirror.push_folders()  # rank 0's offline W&B logs
         finally:
             shutil.rmtree(top, ignore_errors=True)
