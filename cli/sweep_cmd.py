@@ -30,6 +30,8 @@ round's plots; `sweep wandb` logs a store that trained without W&B.
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -91,6 +93,7 @@ def _add_launch(s) -> None:
         help="submit the driver as a Ray Job (--address http://HEAD:8265, the dashboard) and return; "
         "--out must be a path every node sees, or s3://",
     )
+    q.add_argument("--spec-sha256", default=None, help=argparse.SUPPRESS)  # a detached driver's check of its spec copy
     q.set_defaults(func=run_launch)
 
 
@@ -98,6 +101,7 @@ def _add_resume(s) -> None:
     q = s.add_parser("resume", help="finish a sweep whose driver died: done runs stay done, partial ones resume")
     q.add_argument("sweep_dir")
     _ray_args(q)
+    _spec_arg(q)
     q.set_defaults(func=run_resume)
 
 
@@ -154,6 +158,7 @@ def _add_eval(s) -> None:
     q.add_argument("--batch-sequences", type=int, default=16, help="sequences per forward pass")
     q.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
     q.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    _spec_arg(q)
     q.set_defaults(func=run_eval)
 
 
@@ -175,6 +180,25 @@ def _add_wandb(s) -> None:
     )
     q.add_argument("--force", action="store_true", help="log runs and rounds again that already have W&B records")
     q.set_defaults(func=run_wandb)
+
+
+def _spec_arg(q) -> None:
+    q.add_argument(
+        "--spec",
+        default=None,
+        help="the spec you launched: the local paths it names (data, tokenizer, init_from) are the only "
+        "ones the store's records may make workers read",
+    )
+
+
+def _given(spec: str | None) -> frozenset[str]:
+    """The local paths the launcher's own spec names (scalelab.train.local_paths): none without one."""
+    if spec is None:
+        return frozenset()
+    from scalelab.sweeps.spec import load_sweep
+    from scalelab.train.local_paths import given_paths
+
+    return given_paths(r.config for r in load_sweep(spec).runs)
 
 
 def _ray_args(q) -> None:
@@ -240,6 +264,7 @@ def run_launch(args) -> int:
     from scalelab.sweeps.rounds import LaunchOptions, check_rounds, run_rounds
     from scalelab.sweeps.spec import load_sweep
 
+    _check_spec_copy(args.spec, args.spec_sha256)
     sweep = load_sweep(args.spec)  # every run validated before Ray starts
     out = args.out if objects.is_url(args.out) else Path(args.out)
     check, target = check_rounds(sweep, out, rounds=args.rounds, target_flops=args.target_flops)
@@ -313,6 +338,7 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
     spec_copy = files.join(out, "driver", Path(args.spec).name)
     atomic_write_bytes(spec_copy, text.encode())
     argv = ["sweep", "launch", str(spec_copy), "--out", str(out), "--address", "auto", "--rounds", str(args.rounds)]
+    argv += ["--spec-sha256", hashlib.sha256(text.encode()).hexdigest()]  # the copy is the store's: checked
     for flag, value in (
         ("--max-concurrent", args.max_concurrent),
         ("--target-flops", args.target_flops),
@@ -329,6 +355,13 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
     return 0
 
 
+def _check_spec_copy(spec: str, sha256: str | None) -> None:
+    """A detached driver's spec is a copy in the store, which others may write: it must be the one
+    its launcher submitted (the digest came in the job's command line)."""
+    if sha256 is not None and hashlib.sha256((files.read_text(spec) or "").encode()).hexdigest() != sha256:
+        raise UsageError(f"{spec}: not the spec that was submitted (its sha256 differs); launch it again")
+
+
 def run_resume(args) -> int:
     from scalelab import store
     from scalelab.sweeps.execute import resume
@@ -339,6 +372,7 @@ def run_resume(args) -> int:
         max_concurrent=args.max_concurrent,
         num_cpus=args.num_cpus,
         pass_env=args.pass_env,
+        given=_given(args.spec),
     )
     return 0 if all(s in store.TERMINAL for s in result["states"].values()) else 1  # stopped early: finished
 
@@ -370,6 +404,7 @@ def run_eval(args) -> int:
         batch_sequences=args.batch_sequences,
         address=args.address,
         num_cpus=args.num_cpus,
+        given=_given(args.spec),
         log=lambda line: print(line, file=sys.stderr),
     )
     return 1 if result["failed"] else 0

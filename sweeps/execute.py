@@ -63,7 +63,7 @@ from scalelab import store
 from scalelab.config_tree import from_dict
 from scalelab.errors import UsageError
 from scalelab.parallel.config import ParallelConfig
-from scalelab.store import ledger, objects
+from scalelab.store import files, ledger, objects
 from scalelab.store.checkpoint_files import STEP_DIR, list_checkpoints, pull_checkpoint
 from scalelab.store.lease import Lease
 from scalelab.store.paths import check_run_id
@@ -77,6 +77,7 @@ from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.elastic import min_world_size
 from scalelab.train.identity import current_run_id, same_run
 from scalelab.train.launch import ray_train_fn
+from scalelab.train.local_paths import check_local_paths, given_paths, local_paths
 from scalelab.train.loggers import WandbRun
 from scalelab.train.loop import train_run
 from scalelab.train.train_clock import TrainClock
@@ -428,10 +429,14 @@ def execute(
     num_cpus: int | None = None,
     fault_steps: dict[str, int] | None = None,
     pass_env: list[str] | tuple[str, ...] = (),
+    given: frozenset[str] = frozenset(),
     log: Log = print,
 ) -> dict[str, Any]:
     """Train every unfinished run of `runs` (entries of sweep.resolved.json) into the sweep's store.
 
+    given: the local paths the launcher's own spec names (scalelab.train.local_paths); a run naming
+    another one is refused (UsageError) before anything starts, and a run stored in the root under
+    another id is matched only when it names none but these.
     Returns {"states": {run_id: state}, "trained": [...], "skipped": [...], "wall_s": ...}.
     """
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
@@ -440,9 +445,15 @@ def execute(
     import ray
 
     sweep_dir = store.location(sweep_dir)
+    check_given_paths(runs, given, sweep_dir)
     t0 = time.time()
     by_id = {r["run_id"]: r for r in runs}
-    states = store.attach_runs(sweep_dir, list(by_id), current_id=current_run_id)
+
+    def current_id(stored: dict[str, Any], run_id: str) -> str | None:  # a stored run's id today (store.claims)
+        named = {str(value) for key, value in local_paths(stored)}
+        return current_run_id(stored, run_id) if named <= given else None
+
+    states = store.attach_runs(sweep_dir, list(by_id), current_id=current_id)
     wandb_runs.prepare(sweep_dir, runs, log)  # an online sweep that cannot reach W&B: one line, runs log offline
     skipped = [i for i, s in states.items() if s in store.TERMINAL]
     if skipped:
@@ -483,6 +494,13 @@ def execute(
     return {"states": states, "trained": trained, "skipped": skipped, "wall_s": time.time() - t0}
 
 
+def check_given_paths(runs: list[dict[str, Any]], given: frozenset[str], sweep_dir: str | Path) -> None:
+    """Every local path the runs name is one the launcher's spec gave, or a branch point in the store
+    (scalelab.train.local_paths); UsageError naming the first other one."""
+    for r in runs:
+        check_local_paths(r["config"], given, f"{files.join(sweep_dir, 'sweep.resolved.json')}: run {r['run_id']}")
+
+
 @contextlib.contextmanager
 def _tune_dir(sweep_dir: str | Path) -> Iterator[Path]:
     """Ray Tune's own state (the store is the sweep's state): beside the sweep, or for a sweep on
@@ -511,11 +529,17 @@ def launch(
     num_cpus: int | None = None,
     fault_steps: dict[str, int] | None = None,
     pass_env: list[str] | tuple[str, ...] = (),
+    given: frozenset[str] | None = None,
     log: Log = print,
 ) -> dict[str, Any]:
-    """Record the sweep in the store (sweep.yaml, sweep.resolved.json) and train what is unfinished."""
+    """Record the sweep in the store (sweep.yaml, sweep.resolved.json) and train what is unfinished.
+
+    given: the local paths the launcher's own spec names (default: those of `sweep`, the launcher's
+    spec; a round proposed from the store's records passes the launcher's, scalelab.sweeps.rounds)."""
     check_pass_env(address, pass_env)
     entries = [r.to_dict() for r in sweep.runs]
+    given = given_paths(r["config"] for r in entries) if given is None else given
+    check_given_paths(entries, given, sweep_dir)
     check_runnable(entries)
     if objects.is_url(sweep_dir):
         check_object_store(sweep_dir, spec_text, entries)
@@ -530,6 +554,7 @@ def launch(
         num_cpus=num_cpus,
         fault_steps=fault_steps,
         pass_env=pass_env,
+        given=given,
         log=log,
     )
 
@@ -541,9 +566,13 @@ def resume(
     max_concurrent: int | None = None,
     num_cpus: int | None = None,
     pass_env: list[str] | tuple[str, ...] = (),
+    given: frozenset[str] = frozenset(),
     log: Log = print,
 ) -> dict[str, Any]:
-    """Finish a sweep from its store alone (after the driver died): done runs stay done."""
+    """Finish a sweep from its store alone (after the driver died): done runs stay done.
+
+    given: the local paths of the launcher's own spec (`sweep resume --spec`); the store's records
+    name no other (check_given_paths), before anything is built from them."""
     check_pass_env(address, pass_env)
     if objects.is_url(sweep_dir):
         objects.check(sweep_dir, "sweep_dir")
@@ -555,6 +584,7 @@ def resume(
     if not resolved.get("runs"):
         raise UsageError(f"{sweep_dir}/sweep.resolved.json lists no runs; launch the spec again")
     execution = from_dict(ExecutionConfig, resolved.get("execution") or {})
+    check_given_paths(resolved["runs"], given, sweep_dir)
     check_runnable(resolved["runs"])
     return execute(
         sweep_dir,
@@ -564,6 +594,7 @@ def resume(
         max_concurrent=max_concurrent,
         num_cpus=num_cpus,
         pass_env=pass_env,
+        given=given,
         log=log,
     )
 
