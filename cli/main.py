@@ -13,7 +13,7 @@ import argparse
 import importlib
 import sys
 
-from scalelab.errors import UsageError
+from scalelab.errors import UsageError, printable
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UsageError as e:
-        print(f"scalelab {args.command}: error: {e}", file=sys.stderr)
+        print(printable(f"scalelab {args.command}: error: {e}"), file=sys.stderr)  # values from records
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -334,7 +334,7 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
         store.init_sweep(out, text, Path(args.spec).stem, entries, sweep.name)
         save_execution(out, sweep.execution)
     elif objects.is_url(out):
-        objects.check(out, "--out")
+        objects.check_sweep(out, "--out")
     spec_copy = files.join(out, "driver", Path(args.spec).name)
     atomic_write_bytes(spec_copy, text.encode())
     argv = ["sweep", "launch", str(spec_copy), "--out", str(out), "--address", "auto", "--rounds", str(args.rounds)]

@@ -158,6 +158,15 @@ def check(url: str, key: str = "--out") -> Location:
     return loc
 
 
+def check_sweep(url: str, key: str = "--out") -> Location:
+    """check(), and a sweep's address has a prefix of its own: its parent is the store root, so
+    `s3://BUCKET` alone would make the bucket's root a sweep of no root."""
+    loc = parse(url, key)
+    if not loc.key:
+        raise UsageError(f"{key} {url}: a sweep needs a prefix below the bucket; write s3://{loc.bucket}/ROOT/SWEEP")
+    return check(url, key)
+
+
 def is_precondition_failure(e: BaseException) -> bool:
     """A conditional write lost (412 PreconditionFailed, or 409 when two raced on real S3)."""
     resp = getattr(e, "response", None) or {}

@@ -515,7 +515,7 @@ def _tune_dir(sweep_dir: str | Path) -> Iterator[Path]:
 def check_object_store(url: str, spec_text: str, runs: list[dict[str, Any]]) -> None:
     """An s3:// store checked before the first object is written (UsageError): every layout, cooldown
     branches, early stopping and rounds run there, so only the address, the bucket and credentials."""
-    objects.check(url, "--out")
+    objects.check_sweep(url, "--out")
 
 
 def launch(
@@ -575,7 +575,7 @@ def resume(
     name no other (check_given_paths), before anything is built from them."""
     check_pass_env(address, pass_env)
     if objects.is_url(sweep_dir):
-        objects.check(sweep_dir, "sweep_dir")
+        objects.check_sweep(sweep_dir, "sweep_dir")
     else:
         sweep_dir = Path(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):

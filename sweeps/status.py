@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab import store
-from scalelab.errors import UsageError
+from scalelab.errors import UsageError, printable
 from scalelab.store import objects
 from scalelab.sweeps.ray_cluster import DRIVER_FILE
 
@@ -128,7 +128,7 @@ def format_status(info: dict[str, Any]) -> str:
         lines.append("* trained in another sweep of the store root (linked, not retrained)")
     if any(r["status"] == "running" and (r["age_s"] or 0) > 120 for r in info["runs"]):
         lines.append("? no update for 2+ minutes: its driver may have died; `scalelab sweep resume` continues it")
-    return "\n".join(lines)
+    return printable("\n".join(lines))  # names and errors come from the store's records
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

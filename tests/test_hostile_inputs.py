@@ -214,3 +214,27 @@ def test_an_override_index_that_is_not_an_ascii_number_is_one_line(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "data.sources.²" in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_escape_sequences_from_a_spec_or_a_store_never_reach_the_terminal_raw(tmp_path, capsys):
+    """A spec name holding ESC is refused (one line, shown escaped); a name planted in a store's
+    records is printed escaped by `sweep status` (issue 51)."""
+    from scalelab import store
+    from scalelab.cli.main import main
+    from scalelab.sweeps.spec import expand_sweep
+
+    evil = "x\x1b]0;pwned\x07\x1b[2J\r"
+    spec = {"name": evil, "base": RUN, "grid": {"optim.lr": [1e-3]}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    assert main(["sweep", "plan", str(tmp_path / "s.yaml"), "--no-measure"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "control characters" in err and "\\x1b" in err, err
+    assert "\x1b" not in err and "\r" not in err and "\x07" not in err
+    sd = tmp_path / "root" / "s"
+    spec["name"] = "s"
+    store.init_sweep(sd, yaml.safe_dump(spec), "s", [r.to_dict() for r in expand_sweep(spec).runs], "s")
+    resolved = json.loads((sd / "sweep.resolved.json").read_text())
+    (sd / "sweep.resolved.json").write_text(json.dumps(dict(resolved, name=evil)))
+    assert main(["sweep", "status", str(sd)]) == 0
+    out = capsys.readouterr().out
+    assert "x\\x1b]0;pwned\\x07\\x1b[2J\\r" in out and "\x1b" not in out and "\r" not in out, out

@@ -71,6 +71,8 @@ def test_bad_store_urls_exit_2_before_anything_is_written(s3, tmp_path, capsys, 
         "ftp://host/x": "unknown scheme 'ftp://'",
         "s3:///x": "no bucket",
         "s3://no-such-bucket/x": "bucket 'no-such-bucket' does not exist",
+        f"s3://{BUCKET}": "a sweep needs a prefix below the bucket",  # it wrote the bucket's root first (issue 51)
+        f"s3://{BUCKET}/": "a sweep needs a prefix below the bucket",
     }
     for url, why in cases.items():
         assert main(["sweep", "launch", str(spec), "--out", url]) == 2
