@@ -183,3 +183,24 @@ def test_resume_reads_the_spec_it_is_given_not_a_missing_one(planted, capsys):
     sd, _ = planted
     assert main(["sweep", "resume", str(sd), "--spec", str(Path(sd) / "missing.yaml")]) == 2
     assert "missing.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", [".claims", "runs"])
+def test_a_planted_link_cannot_send_a_trial_outside_the_store_root(tmp_path, where):
+    """A `.claims/<id>` (or a sweep's `runs/<id>`) symlink to any directory would make the trial train
+    there and its clean-up delete that directory's `.*.tmp` files: refused with one line instead."""
+    from scalelab.store.run_lock import remove_stale_temp_files, run_lock
+
+    victim = tmp_path / "home"
+    victim.mkdir()
+    (victim / ".bashrc.tmp").write_text("keep me")
+    spec = {"name": "s", "base": BASE, "grid": {"optim.lr": [1e-3]}}
+    sd = tmp_path / "root" / "s"
+    store.init_sweep(sd, yaml.safe_dump(spec), "s", [r.to_dict() for r in expand_sweep(spec).runs], "s")
+    link = tmp_path / "root" / ".claims" / "0123456789ab" if where == ".claims" else sd / "runs" / "0123456789ab"
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(victim)
+    with pytest.raises(UsageError, match="not a run of this store root; remove the link"):
+        with run_lock(sd, "0123456789ab", wait_s=0) as run_dir:  # what a sweep trial does first
+            remove_stale_temp_files(run_dir)
+    assert (victim / ".bashrc.tmp").read_text() == "keep me" and sorted(victim.iterdir()) == [victim / ".bashrc.tmp"]
