@@ -22,6 +22,7 @@ import polars as pl
 import pytest
 
 from scalelab.cli.main import main
+from scalelab.errors import UsageError
 from scalelab.store import records
 from scalelab.store.atomic import atomic_write_parquet
 from scalelab.store.checkpoint_files import list_checkpoints
@@ -116,6 +117,27 @@ def test_cli_resume_takes_the_run_lock_a_trial_holds(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "another process" in err, err
     assert pl.read_parquet(run / "metrics.parquet")["step"].to_list() == before  # untouched
     assert main(["run", str(run / "config.json"), "--out", str(run), "--resume"]) == 0  # lock free: it runs
+
+
+def test_two_runs_into_one_new_out_train_it_once(tmp_path, capsys):
+    """Two `scalelab run` into one new --out: the one that made the directory holds its lock from
+    the start, so the other is refused (issue 51: both trained); a refusal of a new --out leaves
+    nothing behind."""
+    import yaml
+
+    from scalelab.cli.run_cmd import _run_lock
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(RUN))
+    out = tmp_path / "new"
+    with _run_lock(out):  # the first, past its checks, before its first write
+        assert main(["run", str(cfg), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "another process is training" in err, err
+        assert [p.name for p in out.iterdir()] == [".lock"]  # nothing of the second's
+    with pytest.raises(UsageError), _run_lock(tmp_path / "third"):
+        raise UsageError("a check after the lock refuses the run")
+    assert not (tmp_path / "third").exists()
 
 
 def test_the_watchdogs_hang_record_never_overwrites_the_final_status(tmp_path, monkeypatch):
