@@ -219,7 +219,7 @@ class RunMirror:
         for rel, meta in sorted(listing.items()):
             parts = rel.split("/")
             if len(parts) == 1:
-                if not records:
+                if not records or objects.too_large(objects.join(self.url, rel), meta["size"]):
                     continue
                 self._fetch(rel, self.local / rel, meta)
                 self.sent[rel] = _sha(self.local / rel)
