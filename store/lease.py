@@ -384,6 +384,7 @@ def remote_run(
     with held_lease(sweep_url, run_id, wait_s, ttl_s) as lease:
         syncer, top, pulled = None, None, False
         try:
+            remove_dead_copies(f"scalelab-run-{run_id}-")
             top = Path(tempfile.mkdtemp(prefix=f"scalelab-run-{run_id}-"))
             mirror = RunMirror(run_url or objects.join(sweep_url, "runs", run_id), top / run_id, lease=lease)
             mirror.pull()
@@ -407,6 +408,14 @@ def remote_run(
                     shutil.rmtree(top, ignore_errors=True)
     if lease.lost.is_set():
         raise LeaseLost(f"{lease.url}: taken over or lapsed while this trial trained; its uploads stopped")
+
+
+def remove_dead_copies(prefix: str) -> None:
+    """Node-local copies of this run left in the temp dir by an attempt killed before its clean-up
+    (SIGKILL, a lost node that came back): the caller holds the run's lease, so none is live."""
+    for old in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def final_push(mirror: RunMirror, lease, attempts: int = 4, *, checkpoints: bool = True) -> None:

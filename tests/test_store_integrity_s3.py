@@ -151,6 +151,19 @@ def test_odd_keys_and_huge_objects_are_one_line_or_left_out(s3, capsys, monkeypa
         objects.read_bytes(_url("big", "runs", "r1", "huge.bin"))
 
 
+def test_a_killed_attempts_node_local_copy_goes_with_the_next_attempt(s3):
+    """Issue 51: a copy an attempt left in the temp dir (killed before its clean-up) is removed by the
+    next attempt of that run on the node, which holds the lease; the next one's own copy goes at its end."""
+    import tempfile
+
+    dead = Path(tempfile.mkdtemp(prefix="scalelab-run-rk1-"))
+    (dead / "rk1" / "metrics.parquet").parent.mkdir()
+    (dead / "rk1" / "metrics.parquet").write_bytes(b"x")
+    with remote_run(_url("kill", "s"), "rk1", wait_s=5, ttl_s=10) as run_dir:
+        assert not dead.exists() and run_dir.is_dir()
+    assert not run_dir.exists() and not list(Path(tempfile.gettempdir()).glob("scalelab-run-rk1-*"))
+
+
 def test_run_ids_read_from_records_are_refused_before_they_name_a_path(tmp_path, capsys, monkeypatch):
     from scalelab.sweeps import execute
 
