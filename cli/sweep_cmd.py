@@ -514,11 +514,10 @@ def run_wandb(args) -> int:
 
 def run_ledger(args) -> int:
     from scalelab import store
-    from scalelab.store.ledger import format_ledger, read_ledger, score
+    from scalelab.store.ledger import format_ledger, scored
 
     if not store.is_sweep_dir(args.sweep_dir):
         raise UsageError(f"{args.sweep_dir} is not a sweep directory (no sweep.yaml)")
-    score(args.sweep_dir)
-    book = read_ledger(args.sweep_dir)
+    book = scored(args.sweep_dir)  # measured losses filled in here; the store is not written
     print(json.dumps(book, indent=2) if args.json else format_ledger(book))
     return 0

@@ -140,6 +140,24 @@ def test_two_runs_into_one_new_out_train_it_once(tmp_path, capsys):
     assert not (tmp_path / "third").exists()
 
 
+@pytest.mark.parametrize("code, words", [(28, "No space left on device; free some space"), (30, "read-only")])
+def test_a_store_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch, code, words):
+    """Issue 51: a full disk or a read-only store was a traceback; it is one line naming the file."""
+    import yaml
+
+    from scalelab.store import sweep_dir
+
+    def fails(path, data):
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(sweep_dir, "atomic_write_bytes", fails)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "s", "base": RUN, "grid": {"optim.lr": [1e-3]}}))
+    assert main(["sweep", "launch", str(spec), "--out", str(tmp_path / "root" / "s")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "sweep.yaml: " in err and words in err, err
+
+
 def test_the_watchdogs_hang_record_never_overwrites_the_final_status(tmp_path, monkeypatch):
     exits = []
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
