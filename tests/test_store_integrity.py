@@ -105,6 +105,15 @@ def test_zero_length_records_are_recovered_from(tmp_path, capsys):
     assert after["step"].to_list() == [5, 6]  # the steps redone; the lost rows are not invented
     assert after["loss"].to_list() == reference["loss"].to_list()[4:]  # bit for bit
     assert (run / "metrics.parquet.corrupt").exists()  # the unreadable file is kept aside
+    # and the loss is recorded, not silent (issue 51): in status.json and by `sweep status`
+    assert read_status(run)["records_lost"] == [{"file": "metrics.parquet", "before_step": 4, "attempt": 1}]
+    from scalelab.sweeps.status import format_status
+
+    info = {"name": "s", "sweep": "s", "counts": {"done": 1}, "runs": [dict(
+        run_id="r1", status="done", step=6, num_steps=6, params=1, tokens=1, final_train_loss=1.0, final_val_loss=1.0,
+        trial_failures=0, design="", error=None, linked=False, age_s=0, records_lost=read_status(run)["records_lost"],
+    )]}  # fmt: skip
+    assert "r1: its metrics.parquet rows before step 4 are lost" in format_status(info)
 
 
 def test_cli_resume_takes_the_run_lock_a_trial_holds(tmp_path, capsys):
