@@ -77,7 +77,7 @@ from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.elastic import min_world_size
 from scalelab.train.identity import current_run_id, same_run
 from scalelab.train.launch import ray_train_fn
-from scalelab.train.local_paths import check_local_paths, given_paths, local_paths
+from scalelab.train.local_paths import check_local_paths, given_paths, in_store, local_paths
 from scalelab.train.loggers import WandbRun
 from scalelab.train.loop import train_run
 from scalelab.train.train_clock import TrainClock
@@ -450,7 +450,7 @@ def execute(
     by_id = {r["run_id"]: r for r in runs}
 
     def current_id(stored: dict[str, Any], run_id: str) -> str | None:  # a stored run's id today (store.claims)
-        named = {str(value) for key, value in local_paths(stored)}
+        named = {str(value) for key, value in local_paths(stored) if not in_store(key, value)}
         return current_run_id(stored, run_id) if named <= given else None
 
     states = store.attach_runs(sweep_dir, list(by_id), current_id=current_id)

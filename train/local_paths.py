@@ -82,6 +82,6 @@ def check_local_paths(tree: dict[str, Any], given: frozenset[str], where: str) -
         if not in_store(key, value) and (not isinstance(value, str) or value not in given):
             raise UsageError(
                 f"{where}: {key}={value!r} is a local path that only the store's records name; a store may not "
-                "choose files for workers to read (docs/store.md, Trust). If it is yours, give the spec that "
-                "names it (--spec SPEC)"
+                "choose files for workers to read (docs/store.md, Trust). If it is yours, name it in the spec "
+                "you launch, or give that spec (sweep resume/eval DIR --spec SPEC)"
             )
