@@ -85,9 +85,9 @@ def check_pass_env(address: str | None, pass_env: list[str] | tuple[str, ...], *
 
 def check_no_secret_for_a_job(pass_env: list[str] | tuple[str, ...]) -> None:
     """A Ray Job's runtime env is written to the cluster's logs and shown on its dashboard: no credential in it."""
-    if secrets := [n for n in pass_env if is_secret(n)]:
+    if named := [n for n in pass_env if is_secret(n)]:
         raise UsageError(
-            f"--pass-env {', '.join(secrets)} with --detach: a Ray Job's environment is written to the cluster's "
+            f"--pass-env {', '.join(named)} with --detach: a Ray Job's environment is written to the cluster's "
             "logs and dashboard; set it in the environment the nodes' `ray start` ran in (or use an instance "
             "role), or launch without --detach"
         )

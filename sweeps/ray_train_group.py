@@ -15,7 +15,6 @@ Train's own setup runs unchanged.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,6 +29,7 @@ from ray.train._internal.worker_group import WorkerGroup as V1WorkerGroup
 from ray.train.torch.config import TorchConfig, _set_torch_distributed_env_vars, _TorchBackend
 
 from scalelab.parallel.backend import collectives_on_loopback, serve_store_on_loopback
+from scalelab.sweeps.ray_cluster import is_loopback_host
 
 _served: list[dist.TCPStore] = []  # rank 0's store, held for as long as its worker process lives
 
@@ -52,17 +52,10 @@ def _join(rank: int, world_size: int, port: int, backend: str, timeout_s: float)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
 
 
-def on_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
-
-
 class _LoopbackTorchBackend(_TorchBackend):
     def on_start(self, worker_group, backend_config: TorchConfig) -> None:
         address, _ = worker_group.execute_single(0, get_address_and_port)
-        if not on_loopback(address):
+        if not is_loopback_host(address):
             super().on_start(worker_group, backend_config)
             return
         backend = backend_config.backend
