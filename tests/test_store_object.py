@@ -214,7 +214,7 @@ def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, ray_local, 
     spec.write_text(yaml.safe_dump(SWEEP))
     out = f"s3://{BUCKET}/sweeps/objstore"
     canaries = {"AWS_ACCESS_KEY_ID": "AKIACANARY51JOINED", "AWS_SECRET_ACCESS_KEY": "canary51-joined-secret-key"}
-    env = dict(os.environ, **s3, **canaries)
+    env = dict(os.environ, **s3) | canaries
     from scalelab.sweeps.spec import expand_sweep
 
     runs = [r.to_dict() for r in expand_sweep(SWEEP).runs]
