@@ -20,7 +20,7 @@ from scalelab.analysis.report_html import html_table
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.fit_terms import law_formula, law_heading, meaning, stacked_note
 from scalelab.fitting.intervals import percentile_interval
-from scalelab.store.ledger import coverage, read_ledger, score
+from scalelab.store.ledger import coverage, scored
 from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_options, fit_store, store_fit_spec
 
 
@@ -212,8 +212,7 @@ def gates_section(record: dict) -> str:
 def ledger_section(store: Path) -> str:
     if not (store / "ledger.json").exists():
         return ""
-    score(store)
-    book = read_ledger(store)
+    book = scored(store)  # a report reads the store, never writes it
     out = ["<h2>Ledger: predictions against measured runs</h2>"]
     rows = []
     for f in book["fits"]:

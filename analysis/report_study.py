@@ -90,8 +90,7 @@ def _gaps_table(c, pct: str) -> str:
 
 
 def _ledger_table(store: Path) -> str:
-    ledger.score(store)
-    entries = ledger.read_ledger(store)["studies"]
+    entries = ledger.scored(store)["studies"]  # a report reads the store, never writes it
     if not entries:
         return '<p class="muted">No study prediction in the ledger yet (<code>scalelab sweep next</code>).</p>'
     rows = []

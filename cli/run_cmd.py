@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import secrets
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,18 +74,24 @@ def run(args) -> int:
                 f"--resume: the config differs from {out}/config.json beyond parallel/logging (at {e.path}); "
                 "resume with that file (a new layout may be given with --set parallel.*)"
             ) from None
-    with _run_lock(out):
+    with _run_lock(out, resume=args.resume):
         return _train(cfg, out, args)
 
 
 @contextlib.contextmanager
-def _run_lock(out: Path) -> Iterator[None]:
-    """The run's lock (the one a sweep trial holds, scalelab.store.run_lock), for an existing --out;
-    a new run has nothing to lock yet, and nothing is written before its config is checked."""
+def _run_lock(out: Path, resume: bool = False) -> Iterator[None]:
+    """The run's lock (the one a sweep trial holds, scalelab.store.run_lock), held while it trains.
+
+    A new --out is made as a directory that already holds its lock (made under a temporary name,
+    locked, renamed into place: of two `scalelab run` into one new --out, one makes it and the other
+    finds it locked); the run is checked again under the lock (another process may have trained it
+    between the checks and the lock). A new directory left holding only its lock is removed when
+    a later check refuses the run, so bad input writes nothing."""
     from scalelab.store.run_lock import fcntl_lock
 
     with contextlib.ExitStack() as stack:
-        if out.is_dir():
+        created = not out.is_dir() and _make_locked(out, stack)
+        if not created:
             try:
                 stack.enter_context(fcntl_lock(out, wait_s=0))
             except RuntimeError:
@@ -90,7 +99,30 @@ def _run_lock(out: Path) -> Iterator[None]:
                     f"--out {out}: another process is training this run (it holds {out / '.lock'}); "
                     "wait for it to end, or stop it"
                 ) from None
-        yield
+            if not resume and ((out / "status.json").exists() or (out / "config.json").exists()):
+                raise UsageError(f"--out {out}: another process trained a run there meanwhile; choose another --out")
+        try:
+            yield
+        except UsageError:
+            if created and [p.name for p in out.iterdir()] == [".lock"]:
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+
+
+def _make_locked(out: Path, stack: contextlib.ExitStack) -> bool:
+    """Make `out` with its lock held (see _run_lock); False when another process made it first."""
+    from scalelab.store.run_lock import fcntl_lock
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp.mkdir()  # the mode a new run directory gets (umask), as before
+    stack.enter_context(fcntl_lock(tmp, wait_s=0))  # the lock goes with the directory's inode
+    try:
+        os.rename(tmp, out)  # fails when out exists and holds anything (another run's .lock)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    return True
 
 
 def _train(cfg, out: Path, args) -> int:

@@ -38,6 +38,8 @@ round's plots; `sweep wandb` logs a store that trained without W&B.
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -131,6 +133,7 @@ def _add_launch(s) -> None:
         help="submit the driver as a Ray Job (--address http://HEAD:8265, the dashboard) and return; "
         "--out must be a path every node sees, or s3://",
     )
+    q.add_argument("--spec-sha256", default=None, help=argparse.SUPPRESS)  # a detached driver's check of its spec copy
     q.set_defaults(func=run_launch)
 
 
@@ -138,6 +141,7 @@ def _add_resume(s) -> None:
     q = s.add_parser("resume", help="finish a sweep whose driver died: done runs stay done, partial ones resume")
     q.add_argument("sweep_dir", help=SWEEP_DIR_HELP)
     _ray_args(q)
+    _spec_arg(q)
     q.set_defaults(func=run_resume)
 
 
@@ -247,6 +251,7 @@ def _add_eval(s) -> None:
     q.add_argument("--batch-sequences", type=int, default=16, help="sequences per forward pass")
     q.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
     q.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
+    _spec_arg(q)
     q.set_defaults(func=run_eval)
 
 
@@ -279,6 +284,25 @@ def _add_wandb(s) -> None:
     )
     q.add_argument("--force", action="store_true", help="log runs and rounds again that already have W&B records")
     q.set_defaults(func=run_wandb)
+
+
+def _spec_arg(q) -> None:
+    q.add_argument(
+        "--spec",
+        default=None,
+        help="the spec you launched: the local paths it names (data, tokenizer, init_from) are the only "
+        "ones the store's records may make workers read",
+    )
+
+
+def _given(spec: str | None) -> frozenset[str]:
+    """The local paths the launcher's own spec names (scalelab.train.local_paths): none without one."""
+    if spec is None:
+        return frozenset()
+    from scalelab.sweeps.spec import load_sweep
+    from scalelab.train.local_paths import given_paths
+
+    return given_paths(r.config for r in load_sweep(spec).runs)
 
 
 def _ray_args(q) -> None:
@@ -375,6 +399,7 @@ def run_launch(args) -> int:
     from scalelab.sweeps.rounds import LaunchOptions, check_rounds, run_rounds
     from scalelab.sweeps.spec import load_sweep
 
+    _check_spec_copy(args.spec, args.spec_sha256)
     sweep = load_sweep(args.spec)  # every run validated before Ray starts
     out = args.out if objects.is_url(args.out) else Path(args.out)
     check, target = check_rounds(sweep, out, rounds=args.rounds, target_flops=args.target_flops)
@@ -452,7 +477,7 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
     from scalelab.sweeps.ray_cluster import check_dashboard_address, check_pass_env, submit_driver
 
     check_dashboard_address(args.address)
-    check_pass_env(args.address, args.pass_env)  # before anything is written
+    check_pass_env(args.address, args.pass_env, detach=True)  # before anything is written
     out = out if objects.is_url(out) else out.resolve()
     text = Path(args.spec).read_text()
     if pre_record:
@@ -463,10 +488,11 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
         store.init_sweep(out, text, Path(args.spec).stem, entries, sweep.name)
         save_execution(out, sweep.execution)
     elif objects.is_url(out):
-        objects.check(out, "--out")
+        objects.check_sweep(out, "--out")
     spec_copy = files.join(out, "driver", Path(args.spec).name)
     atomic_write_bytes(spec_copy, text.encode())
     argv = ["sweep", "launch", str(spec_copy), "--out", str(out), "--address", "auto", "--rounds", str(args.rounds)]
+    argv += ["--spec-sha256", hashlib.sha256(text.encode()).hexdigest()]  # the copy is the store's: checked
     for flag, value in (
         ("--max-concurrent", args.max_concurrent),
         ("--target-flops", args.target_flops),
@@ -484,6 +510,13 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
     return 0
 
 
+def _check_spec_copy(spec: str, sha256: str | None) -> None:
+    """A detached driver's spec is a copy in the store, which others may write: it must be the one
+    its launcher submitted (the digest came in the job's command line)."""
+    if sha256 is not None and hashlib.sha256((files.read_text(spec) or "").encode()).hexdigest() != sha256:
+        raise UsageError(f"{spec}: not the spec that was submitted (its sha256 differs); launch it again")
+
+
 def run_resume(args) -> int:
     from scalelab import store
     from scalelab.sweeps.execute import resume
@@ -494,6 +527,7 @@ def run_resume(args) -> int:
         max_concurrent=args.max_concurrent,
         num_cpus=args.num_cpus,
         pass_env=args.pass_env,
+        given=_given(args.spec),
     )
     return 0 if all(s in store.TERMINAL for s in result["states"].values()) else 1  # stopped early: finished
 
@@ -525,6 +559,7 @@ def run_eval(args) -> int:
         batch_sequences=args.batch_sequences,
         address=args.address,
         num_cpus=args.num_cpus,
+        given=_given(args.spec),
         log=lambda line: print(line, file=sys.stderr),
     )
     return 1 if result["failed"] else 0
@@ -693,11 +728,10 @@ def run_audit(args) -> int:
 
 def run_ledger(args) -> int:
     from scalelab import store
-    from scalelab.store.ledger import format_ledger, read_ledger, score
+    from scalelab.store.ledger import format_ledger, scored
 
     if not store.is_sweep_dir(args.sweep_dir):
         raise UsageError(f"{args.sweep_dir} is not a sweep directory (no sweep.yaml)")
-    score(args.sweep_dir)
-    book = read_ledger(args.sweep_dir)
+    book = scored(args.sweep_dir)  # measured losses filled in here; the store is not written
     print(json.dumps(book, indent=2) if args.json else format_ledger(book))
     return 0

@@ -2,6 +2,7 @@
 one place that works around what gloo gets wrong, and shared collective ops.
 
     spawn(fn, world_size, args)   # run fn(*args) on N fresh processes joined in one process group
+    serve_store_on_loopback()     # a rendezvous store listening on 127.0.0.1 only (TCPStore binds every interface)
     spawn(..., timeout_s=180)     # and end it, stacks dumped, if it has not finished by then
     init_distributed("auto")      # from torchrun-style env: RANK, WORLD_SIZE, MASTER_ADDR/PORT
     backend_for("auto", device)   # nccl on CUDA, gloo on CPU
@@ -98,9 +99,12 @@ class SumOverGroup(torch.autograd.Function):
         return grad, None
 
 
-@contextlib.contextmanager
-def loopback_store(timeout_s: float = 600.0) -> Iterator[int]:
-    """Serve a TCPStore from this process on 127.0.0.1 while the block runs; yields its port."""
+def serve_store_on_loopback(timeout_s: float = 600.0) -> tuple[dist.TCPStore, int]:
+    """A TCPStore server listening on 127.0.0.1 only, and its port.
+
+    torch's TCPStore server binds every interface (`:::PORT`, dual-stack) whatever host it is given;
+    handed a socket already bound to loopback (`master_listen_fd`), it serves on that one instead.
+    The store lives as long as the returned object."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.bind(("127.0.0.1", 0))
@@ -118,6 +122,13 @@ def loopback_store(timeout_s: float = 600.0) -> Iterator[int]:
         sock.close()
         raise
     sock.detach()  # the store owns (and closes) the listening socket now
+    return store, port
+
+
+@contextlib.contextmanager
+def loopback_store(timeout_s: float = 600.0) -> Iterator[int]:
+    """Serve a TCPStore from this process on 127.0.0.1 while the block runs; yields its port."""
+    store, port = serve_store_on_loopback(timeout_s)
     try:
         yield port
     finally:
@@ -128,6 +139,15 @@ def loopback_interface() -> str | None:
     """This machine's loopback interface name ("lo" on Linux, "lo0" on macOS), if there is one."""
     names = [name for _, name in socket.if_nameindex()]
     return next((n for n in names if n in ("lo", "lo0")), None)
+
+
+def collectives_on_loopback() -> None:
+    """gloo's and NCCL's own sockets on the loopback interface, for a group whose ranks are all on
+    this machine (a user's GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME wins). Read when a group is made."""
+    lo = loopback_interface()
+    if lo:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
 
 
 def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: tuple, env: dict, stacks: str) -> None:
@@ -149,10 +169,7 @@ def _entry(local_rank: int, fn, world_size: int, port: int, backend: str, args: 
     # forkserver's child writes its stderr wherever the server's went, not to the caller's).
     stack_file = open(Path(stacks, f"rank{local_rank}.txt"), "w")  # noqa: SIM115 - open until the rank ends
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    lo = loopback_interface()
-    if lo:  # gloo's and NCCL's own sockets on loopback too (a user's setting wins)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", lo)
+    collectives_on_loopback()
     use_cuda = torch.cuda.is_available() and backend != "gloo"
     if not use_cuda:
         torch.set_num_threads(1)

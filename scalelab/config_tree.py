@@ -209,35 +209,61 @@ def yaml_error_text(e: yaml.YAMLError) -> str:
     return f"{where}{problem}" + (f" ({context})" if context else "")
 
 
-MAX_YAML_VALUES = 1_000_000  # values a YAML document may expand to through its aliases
+# Limits on a YAML document (a run config, a sweep spec: specs can come from a bucket), each checked
+# before the next stage costs more: its bytes before parsing, its nesting while its events stream
+# (libyaml's composer recurses per level), what its aliases expand to before Python objects are
+# built. A run config or a spec is a few KB and nests fewer than 10 levels; docs/store.md has the
+# figures (bench/yaml_limits.py).
+MAX_YAML_BYTES = 1 << 20  # 1 MiB: ~10,000 runs listed one per line
+MAX_YAML_DEPTH = 64  # nested mappings and lists
+MAX_YAML_VALUES = 1_000_000  # values the document may expand to through its aliases
+MAX_YAML_EXPANDED_BYTES = 16 << 20  # scalar text it may expand to (a 20 KB string referenced 111k times: 2.2 GB)
+
+# libyaml when PyYAML was built with it (parsing ~4x faster); the pure-Python loader otherwise.
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def safe_yaml(stream: Any, where: str) -> Any:
-    """yaml.safe_load, refusing a document whose aliases expand it beyond MAX_YAML_VALUES values (an
-    "alias bomb": a few hundred bytes that expand to billions) or that refers to itself.
+    """yaml.safe_load within the limits above: a document over MAX_YAML_BYTES, nested deeper than
+    MAX_YAML_DEPTH, whose aliases expand it beyond MAX_YAML_VALUES values or MAX_YAML_EXPANDED_BYTES
+    of text (an "alias bomb": a few KB that expand to gigabytes), or that refers to itself, is refused.
 
-    The node graph is composed first (aliases stay shared, so it is as small as the text) and its
-    expanded size counted with each node's size computed once; only then are Python objects built.
+    The events are streamed first (no recursion: the depth is counted as they come); then the node
+    graph is composed (aliases stay shared, so it is as small as the text) and its expanded size
+    counted with each node's size computed once; only then are Python objects built.
 
     Raises:
         ConfigError: naming `where`.
         yaml.YAMLError: the text is not YAML.
     """
-    loader = yaml.SafeLoader(stream)
+    text = stream.read(MAX_YAML_BYTES + 1) if hasattr(stream, "read") else stream
+    if len(text) > MAX_YAML_BYTES or (isinstance(text, str) and len(text.encode()) > MAX_YAML_BYTES):
+        raise ConfigError(
+            where, f"larger than {MAX_YAML_BYTES:,} bytes, the limit for a config or spec", "trim it or split it"
+        )
+    if isinstance(text, bytes):
+        text = text.decode()
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                raise ConfigError(where, f"nested more than {MAX_YAML_DEPTH} levels deep", "write a flatter document")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
         if node is None:
             return None
-        try:
-            _expanded_size(node, {}, set(), where)
-        except RecursionError:
-            raise ConfigError(where, "nested too deeply", "write a flatter document") from None
+        _expanded_size(node, {}, set(), where)
         return loader.construct_document(node)
     finally:
         loader.dispose()
 
 
-def _expanded_size(node: yaml.Node, sizes: dict[int, int], active: set[int], where: str) -> int:
+def _expanded_size(node: yaml.Node, sizes: dict[int, tuple[int, int]], active: set[int], where: str) -> tuple[int, int]:
+    """(values, scalar bytes) of `node` with every alias expanded; ConfigError past the limits."""
     if id(node) in sizes:
         return sizes[id(node)]
     if id(node) in active:
@@ -249,24 +275,26 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], active: set[int], whe
         children = [part for pair in node.value for part in pair]
     else:
         children = []
-    total = 1
+    values, size = 1, len(node.value) if isinstance(node, yaml.ScalarNode) else 0
     for child in children:
-        total += _expanded_size(child, sizes, active, where)
-        if total > MAX_YAML_VALUES:
+        child_values, child_size = _expanded_size(child, sizes, active, where)
+        values, size = values + child_values, size + child_size
+        if values > MAX_YAML_VALUES or size > MAX_YAML_EXPANDED_BYTES:
+            what = f"{MAX_YAML_VALUES:,} values" if values > MAX_YAML_VALUES else f"{MAX_YAML_EXPANDED_BYTES:,} bytes"
             raise ConfigError(
                 where,
-                f"its YAML aliases expand it to more than {MAX_YAML_VALUES:,} values (an alias bomb?)",
+                f"its YAML aliases expand it to more than {what} (an alias bomb?)",
                 "write the values out, or use fewer alias references",
             )
     active.discard(id(node))
-    sizes[id(node)] = total
-    return total
+    sizes[id(node)] = (values, size)
+    return values, size
 
 
 def load_yaml(path: str) -> dict[str, Any]:
     """Read a YAML mapping; missing file or bad YAML -> ConfigError naming the file (and line, column)."""
     try:
-        with open(path) as f:
+        with open(path, "rb") as f:
             data = safe_yaml(f, str(path))
     except FileNotFoundError:
         raise ConfigError(str(path), "config file not found", "check the path") from None

@@ -19,3 +19,10 @@ class ConfigError(UsageError):
         self.key = key
         msg = f"{key}: {problem}" + (f"; {fix}" if fix else "")
         super().__init__(msg)
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters (ESC, CR, BEL, bidirectional overrides; not newline or tab)
+    written as escapes: a name read from a spec or a store cannot move the cursor, recolour or
+    retitle the terminal it is printed to."""
+    return "".join(c if c in "\n\t" or c.isprintable() else repr(c)[1:-1] for c in text)

@@ -26,6 +26,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from scalelab.errors import UsageError
 from scalelab.store import objects
 from scalelab.store.paths import is_sweep_dir, run_path, runs_dir
 from scalelab.store.records import TERMINAL, run_state
@@ -99,6 +100,23 @@ def attach_runs(sweep_dir: str | Path, run_ids: list[str], *, current_id: Curren
 CLAIMS = ".claims"  # <root>/.claims/<run_id> -> the one physical directory of that run in the root
 
 
+def _run_of_root(target: Path, root: Path, run_id: str) -> bool:
+    """Whether `target` (resolved) is run_id's directory in a sweep of the store root `root`: what a
+    claim or a runs/<id> link may point at, and nothing else (a planted link elsewhere would send a
+    trial, and its clean-up of temporary files, into any directory)."""
+    sweep = target.parent.parent
+    return target.name == run_id and target.parent.name == "runs" and sweep.parent == root and is_sweep_dir(sweep)
+
+
+def _checked_link(link: Path, root: Path, run_id: str) -> Path:
+    """The resolved target of a claim or runs/<id> link, or UsageError naming a link that leads
+    outside the store root's runs."""
+    target = (link.parent / os.readlink(link)).resolve()
+    if target.exists() and not _run_of_root(target, root.resolve(), run_id):
+        raise UsageError(f"{link}: links to {target}, not a run of this store root; remove the link")
+    return target
+
+
 def claim_run(sweep_dir: str | Path, run_id: str) -> Path:
     """This sweep's directory for run_id, made the store root's one copy of that run; returns runs/<id>.
 
@@ -112,6 +130,7 @@ def claim_run(sweep_dir: str | Path, run_id: str) -> Path:
     sweep_dir = Path(sweep_dir).absolute()
     here = run_path(sweep_dir, run_id)
     if here.is_symlink():
+        _checked_link(here, sweep_dir.parent, run_id)
         return here
     claims = sweep_dir.parent / CLAIMS
     claims.mkdir(exist_ok=True)
@@ -123,7 +142,7 @@ def claim_run(sweep_dir: str | Path, run_id: str) -> Path:
             return here
         except FileExistsError:
             pass
-        owner = (claims / os.readlink(claim)).resolve() if claim.is_symlink() else None
+        owner = _checked_link(claim, sweep_dir.parent, run_id) if claim.is_symlink() else None
         if owner == here.resolve():
             return here
         if owner is not None and owner.is_dir():
@@ -145,7 +164,7 @@ def claimed_elsewhere(sweep_dir: str | Path, run_id: str) -> Path | None:
     claim = sweep_dir.parent / CLAIMS / run_id
     if not claim.is_symlink():
         return None
-    owner = (claim.parent / os.readlink(claim)).resolve()
+    owner = _checked_link(claim, sweep_dir.parent, run_id)
     if owner.is_dir() and owner != run_path(sweep_dir, run_id).resolve():
         return owner
     return None

@@ -60,6 +60,9 @@ from scalelab.store.checkpoint_files import MANIFEST, STEP_DIR, list_checkpoints
 LEASE_TTL_S = 30.0  # a dead holder's run is taken over this long after its last renewal
 LEASES = ".leases"
 NOT_SYNCED = ("status.json", ".lock", ".status.lock")  # status.json goes last, on its own; locks are local
+# Folders of a run uploaded once, when its trial ends: the offline W&B logs (<run>/wandb, written by
+# wandb.init(dir=<run>)), which would otherwise go with the node-local copy. Never pulled back.
+FINAL_FOLDERS = ("wandb",)
 CLOCK_SLACK_S = 1.0  # the store's clock reads whole seconds (Date, LastModified)
 
 
@@ -216,7 +219,7 @@ class RunMirror:
         for rel, meta in sorted(listing.items()):
             parts = rel.split("/")
             if len(parts) == 1:
-                if not records:
+                if not records or objects.too_large(objects.join(self.url, rel), meta["size"]):
                     continue
                 self._fetch(rel, self.local / rel, meta)
                 self.sent[rel] = _sha(self.local / rel)
@@ -243,6 +246,17 @@ class RunMirror:
         (scalelab.store.rank_copy); only superseded ones are pruned here."""
         with self.lock:
             self._push(checkpoints)
+
+    def push_folders(self) -> None:
+        """Upload the files of FINAL_FOLDERS, fenced like the records (a file already sent is not
+        sent again; symbolic links, which wandb makes beside its logs, are left out)."""
+        with self.lock:
+            for folder in FINAL_FOLDERS:
+                for dirpath, _, names in sorted(os.walk(self.local / folder)):  # links to folders not followed
+                    for name in sorted(names):
+                        path = Path(dirpath, name)
+                        if not path.is_symlink() and path.is_file():
+                            self._put(path.relative_to(self.local).as_posix(), _read(path))
 
     def _push(self, checkpoints: bool) -> None:
         # Snapshots first, uploads in reverse: status.json read before the records it summarises,
@@ -370,6 +384,7 @@ def remote_run(
     with held_lease(sweep_url, run_id, wait_s, ttl_s) as lease:
         syncer, top, pulled = None, None, False
         try:
+            remove_dead_copies(f"scalelab-run-{run_id}-")
             top = Path(tempfile.mkdtemp(prefix=f"scalelab-run-{run_id}-"))
             mirror = RunMirror(run_url or objects.join(sweep_url, "runs", run_id), top / run_id, lease=lease)
             mirror.pull()
@@ -385,6 +400,7 @@ def remote_run(
             try:
                 if pulled and not lease.lost.is_set():  # a copy pulled only in part is never pushed
                     final_push(mirror, lease)
+                    mirror.push_folders()
             finally:
                 if top is not None:
                     if Path.cwd().is_relative_to(top):  # the trial chdir'd into the copy; Ray reuses its actor
@@ -392,6 +408,14 @@ def remote_run(
                     shutil.rmtree(top, ignore_errors=True)
     if lease.lost.is_set():
         raise LeaseLost(f"{lease.url}: taken over or lapsed while this trial trained; its uploads stopped")
+
+
+def remove_dead_copies(prefix: str) -> None:
+    """Node-local copies of this run left in the temp dir by an attempt killed before its clean-up
+    (SIGKILL, a lost node that came back): the caller holds the run's lease, so none is live."""
+    for old in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def final_push(mirror: RunMirror, lease, attempts: int = 4, *, checkpoints: bool = True) -> None:

@@ -50,7 +50,7 @@ from scipy import stats
 
 from scalelab.store import objects
 from scalelab.store.atomic import atomic_write_json, update_json
-from scalelab.store.claims import run_location
+from scalelab.store.claims import CLAIMS, claimed_elsewhere, find_finished_elsewhere, run_location
 from scalelab.store.paths import check_run_id
 from scalelab.store.records import read_status
 
@@ -108,6 +108,17 @@ def _status(sweep_dir: str | Path, run_id: str) -> dict[str, Any] | None:
     return read_status(run_location(sweep_dir, check_run_id(run_id, f"{sweep_dir}: run id")))
 
 
+def _started(sweep_dir: str | Path, run_id: str) -> bool:
+    """Whether run_id has started anywhere in the store root: in this sweep, claimed by another sweep,
+    or finished in one that has not linked it here yet (it will be linked at launch, and its loss is
+    then no prediction)."""
+    if _status(sweep_dir, run_id) is not None:
+        return True
+    if objects.is_url(sweep_dir):
+        return objects.exists(objects.join(objects.parent(sweep_dir), CLAIMS, f"{run_id}.json"))
+    return claimed_elsewhere(sweep_dir, run_id) is not None or find_finished_elsewhere(sweep_dir, run_id) is not None
+
+
 @contextlib.contextmanager
 def locked(sweep_dir: str | Path) -> Iterator[None]:
     """Hold the sweep's ledger lock (an exclusive fcntl lock; released when the holder dies)."""
@@ -150,7 +161,7 @@ def record_round(sweep_dir: str | Path, fit: dict[str, Any], predictions: list[d
             entry = dict(p, measured=None, rel_error=None, covered=None)
             if p["run_id"] in used:
                 entry["flag"] = "run used by the fit"
-            elif _status(sweep_dir, p["run_id"]) is not None:
+            elif _started(sweep_dir, p["run_id"]):
                 entry["flag"] = "run already started"
             ledger["predictions"].append(entry)
         _score(sweep_dir, ledger, None)
@@ -169,7 +180,7 @@ def record_study(sweep_dir: str | Path, studies: list[dict[str, Any]], predictio
             if (p["round"], p["run_id"]) in known:
                 continue
             entry = dict(p, measured=None, rel_error=None, covered=None)
-            if _status(sweep_dir, p["run_id"]) is not None:
+            if _started(sweep_dir, p["run_id"]):
                 entry["flag"] = "run already started"
             ledger["predictions"].append(entry)
         known_studies = {(e["round"], e["arm"]) for e in ledger["studies"]}
@@ -190,6 +201,14 @@ def _measured(sweep_dir: str | Path, run_id: str, loss_column: str) -> float | N
         return None
     measured = status.get(loss_column)
     return float(measured) if measured is not None and math.isfinite(float(measured)) else None
+
+
+def scored(sweep_dir: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """The ledger with every finished run's measurement filled in, read only (`sweep ledger` on a
+    store it cannot or should not write; score() records them)."""
+    book = read_ledger(sweep_dir)
+    _score(sweep_dir if objects.is_url(sweep_dir) else Path(sweep_dir), book, None)
+    return book
 
 
 def score(sweep_dir: str | Path, loss_column: str | None = None) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ import email.utils
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,10 +42,15 @@ from typing import Any
 from scalelab.errors import UsageError
 
 SCHEMES = ("s3",)
-# Prefixes a reader never needs (checkpoints are large; Tune state and leases are the writer's).
-VIEW_SKIP = ("checkpoints/", ".tune/", ".leases/", ".claims/", ".ray_train/")
+# Prefixes a reader never needs (checkpoints are large; Tune state and leases are the writer's; offline
+# W&B logs are for `wandb sync`).
+VIEW_SKIP = ("checkpoints/", ".tune/", ".leases/", ".claims/", ".ray_train/", "wandb/")
 LINKS = "links"  # <sweep>/links/<run_id>.json: the run lives in another sweep of the root (store.claims)
 PRECONDITION_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+# The largest record a reader or a trial downloads (metrics.parquet of a run of millions of steps is
+# tens of MB): a larger object under a sweep is not one of ours, and nobody should fetch it whole.
+MAX_RECORD_BYTES = 256 << 20
+NAME_MAX = 255  # bytes in one path segment: what local file systems store
 
 _clients: dict[str, Any] = {}
 _checked: set[str] = set()
@@ -121,6 +127,8 @@ def confined(rel: str, where: str) -> str:
             f"{where}: {rel!r} is not a plain relative path (an absolute path, an empty, '.' or '..' segment); "
             "remove or rename that object"
         )
+    if any(len(p.encode()) > NAME_MAX for p in parts):
+        raise UsageError(f"{where}: a name longer than {NAME_MAX} bytes, which no local file can have; remove it")
     return rel
 
 
@@ -155,6 +163,15 @@ def check(url: str, key: str = "--out") -> Location:
         raise UsageError(f"{key} {url}: cannot reach {endpoint} ({e}); check AWS_ENDPOINT_URL") from None
     _checked.add(loc.bucket)
     return loc
+
+
+def check_sweep(url: str, key: str = "--out") -> Location:
+    """check(), and a sweep's address has a prefix of its own: its parent is the store root, so
+    `s3://BUCKET` alone would make the bucket's root a sweep of no root."""
+    loc = parse(url, key)
+    if not loc.key:
+        raise UsageError(f"{key} {url}: a sweep needs a prefix below the bucket; write s3://{loc.bucket}/ROOT/SWEEP")
+    return check(url, key)
 
 
 def is_precondition_failure(e: BaseException) -> bool:
@@ -254,6 +271,9 @@ def read_object(url: str, *, fast: bool = False) -> Stored | None:
         if is_not_found(e):
             return None
         raise
+    if r.get("ContentLength", 0) > MAX_RECORD_BYTES:
+        r["Body"].close()
+        raise UsageError(f"{url}: {r['ContentLength']:,} bytes, larger than any record; remove or replace it")
     date = (r.get("ResponseMetadata") or {}).get("HTTPHeaders", {}).get("date")
     age = None
     if date and r.get("LastModified") is not None:
@@ -306,13 +326,27 @@ def list_objects(url: str) -> dict[str, dict[str, Any]]:
     out = {}
     for page in _client().get_paginator("list_objects_v2").paginate(Bucket=loc.bucket, Prefix=prefix):
         for o in page.get("Contents", []):
+            if o["Key"].endswith("/") and o["Size"] == 0:  # a "folder" a console made: no object of ours
+                continue
             rel = confined(o["Key"][len(prefix) :], f"s3://{loc.bucket}/{o['Key']}")
             out[rel] = {
                 "size": o["Size"],
                 "mtime": o["LastModified"].timestamp(),
                 "etag": o["ETag"],
             }
+    for rel in out:  # a file and a folder of one name: no local copy can hold both
+        parts = rel.split("/")
+        if clash := next((f for k in range(1, len(parts)) if (f := "/".join(parts[:k])) in out), None):
+            raise UsageError(f"s3://{loc.bucket}/{prefix}{clash}: an object and a folder of that name; remove one")
     return out
+
+
+def too_large(url: str, size: int) -> bool:
+    """Whether an object of `size` bytes is larger than any record (then: one warning, not fetched)."""
+    if size <= MAX_RECORD_BYTES:
+        return False
+    print(f"warning: {url} ({size:,} bytes) is larger than any record; not downloaded", file=sys.stderr, flush=True)
+    return True
 
 
 def download(url: str, path: Path, mtime: float | None = None) -> None:
@@ -331,7 +365,7 @@ def pull(url: str, local: Path, *, skip: tuple[str, ...] = ()) -> int:
     outside `local` is refused whole."""
     n = 0
     for rel, meta in sorted(list_objects(url).items()):
-        if any(rel.startswith(s) or f"/{s}" in f"/{rel}" for s in skip):
+        if any(rel.startswith(s) or f"/{s}" in f"/{rel}" for s in skip) or too_large(join(url, rel), meta["size"]):
             continue
         download(join(url, rel), inside(local, rel), meta["mtime"])
         n += 1

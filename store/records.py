@@ -140,10 +140,11 @@ class RecordWriter:
         self.metrics: list[dict] = []
         self.evals: list[dict] = []
         self.router: list[dict] = []
+        self.lost: list[str] = []  # records unreadable at the resume: their rows before it are gone
         if resume_step is not None:
-            self.metrics = rows_through(self.run_dir / "metrics.parquet", resume_step)
-            self.evals = rows_through(self.run_dir / "evals.parquet", resume_step)
-            self.router = rows_through(self.run_dir / "router.parquet", resume_step)
+            self.metrics = rows_through(self.run_dir / "metrics.parquet", resume_step, self.lost)
+            self.evals = rows_through(self.run_dir / "evals.parquet", resume_step, self.lost)
+            self.router = rows_through(self.run_dir / "router.parquet", resume_step, self.lost)
 
     def log_metrics(self, row: dict) -> None:
         self.metrics.append({k: row.get(k) for k in METRICS_SCHEMA})
@@ -160,17 +161,20 @@ class RecordWriter:
             atomic_write_parquet(self.run_dir / "router.parquet", pl.DataFrame(self.router, schema=ROUTER_SCHEMA))
 
 
-def rows_through(path: Path, max_step: int) -> list[dict]:
+def rows_through(path: Path, max_step: int, lost: list[str] | None = None) -> list[dict]:
     """The rows of a records file with step <= max_step (none if the file does not exist).
 
     A file that cannot be read (empty or cut by a power loss) is kept aside as <name>.corrupt and
-    counts as no rows: the resumed run records from its checkpoint on, and says so."""
+    counts as no rows: the resumed run records from its checkpoint on, and says so (on stderr, and
+    its name appended to `lost`, which the loop records in status.json as `records_lost`)."""
     if not path.exists():
         return []
     try:
         df = pl.read_parquet(path)
     except Exception:  # noqa: BLE001 - polars raises several kinds for an empty or cut file
         _keep_aside(path)
+        if lost is not None:
+            lost.append(path.name)
         return []
     return df.filter(pl.col("step") <= max_step).to_dicts()
 

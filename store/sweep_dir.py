@@ -70,7 +70,7 @@ def _init_object_sweep(url: str, spec_text: str, spec_name: str, runs: list[dict
     sweep.yaml and a round's spec are created with `If-None-Match: *`, and sweep.resolved.json is
     extended by conditional puts (scalelab.store.atomic.update_json), so two drivers extending one
     sweep never drop each other's runs."""
-    objects.check(url, "--out")
+    objects.check_sweep(url, "--out")
     spec = objects.read_bytes(objects.join(url, "sweep.yaml"))
     if spec is None and [k for k in objects.list_objects(url) if not k.startswith(DRIVER_PREFIX)]:
         raise UsageError(f"--out {url} holds objects but no sweep.yaml; choose an empty or new prefix")

@@ -33,6 +33,7 @@ from scalelab.sweeps.ray_cluster import ray_session
 from scalelab.train.checkpoint_verify import MANIFEST, METADATA, TRAIN_STATE
 from scalelab.train.eval_checkpoint import evaluate_checkpoint, merge_eval_rows
 from scalelab.train.eval_tasks import MCTask, load_tasks
+from scalelab.train.local_paths import check_local_paths
 
 INDEX = "evals_index.json"
 VAL_KEY = "val"  # the index entry for held-out loss/bpb (recomputed only with with_val)
@@ -130,12 +131,17 @@ def evaluate_sweep(
     batch_sequences: int = 16,
     address: str | None = None,
     num_cpus: int | None = None,
+    given: frozenset[str] = frozenset(),
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Score every finished run's checkpoints on `specs`; returns counts and the evaluated checkpoints.
 
+    given: the local paths of the launcher's own spec (`--spec`): a run's config.json, a record of
+    the store, may name no other (its tokenizer, its data for --val; scalelab.train.local_paths).
+
     Raises:
-        UsageError: not a sweep directory, or no task / an unknown task (before Ray starts).
+        UsageError: not a sweep directory, no task / an unknown task, a run naming a local path
+            not given (before Ray starts).
     """
     sweep_dir = Path(sweep_dir).resolve()
     if not store.is_sweep_dir(sweep_dir):
@@ -145,6 +151,8 @@ def evaluate_sweep(
     tasks = load_tasks(specs, limit)
     t0 = time.time()
     jobs, skipped, already = plan_jobs(sweep_dir, specs, tasks, with_val=with_val, final_only=final_only)
+    for run_dir in sorted({j.run_dir for j in jobs}):
+        check_local_paths(json.loads((run_dir / "config.json").read_text()), given, str(run_dir / "config.json"))
     if skipped:
         log(
             f"{len(skipped)} run(s) not finished, not evaluated: " + ", ".join(f"{r} ({s})" for r, s in skipped.items())

@@ -63,7 +63,7 @@ from scalelab import store
 from scalelab.config_tree import from_dict
 from scalelab.errors import UsageError
 from scalelab.parallel.config import ParallelConfig
-from scalelab.store import ledger, objects
+from scalelab.store import files, ledger, objects
 from scalelab.store.checkpoint_files import STEP_DIR, list_checkpoints, pull_checkpoint
 from scalelab.store.lease import Lease
 from scalelab.store.paths import check_run_id
@@ -71,11 +71,13 @@ from scalelab.store.run_lock import remove_stale_temp_files, run_lease, run_lock
 from scalelab.store.sweep_dir import update_resolved
 from scalelab.sweeps import early_stop, ray_reaper, wandb_fit, wandb_runs
 from scalelab.sweeps.ray_cluster import check_pass_env, local_ray_on_loopback, start_ray
+from scalelab.sweeps.ray_secrets import receive_secrets
 from scalelab.sweeps.spec import ExecutionConfig, Sweep
 from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.elastic import min_world_size
 from scalelab.train.identity import current_run_id, same_run
 from scalelab.train.launch import ray_train_fn
+from scalelab.train.local_paths import check_local_paths, given_paths, in_store, local_paths
 from scalelab.train.loggers import WandbRun
 from scalelab.train.loop import train_run
 from scalelab.train.train_clock import TrainClock
@@ -126,6 +128,13 @@ def _hold_callback():
     return cb
 
 
+def sweep_worker(config: dict[str, Any]) -> None:
+    """A Ray Train worker of a sweep's multi-process run: ray_train_fn with the sweep's test hold,
+    after the credentials named with --pass-env (scalelab.sweeps.ray_secrets)."""
+    receive_secrets()
+    ray_train_fn(config, callbacks=[cb for cb in (_hold_callback(),) if cb])
+
+
 @dataclass(kw_only=True, slots=True)
 class TrialArgs:
     """What one Tune trial needs to train one run. It travels in Tune's param space as a plain
@@ -154,6 +163,7 @@ def sweep_trial(trial_config: dict[str, Any]) -> None:
     import ray
     from ray import tune
 
+    receive_secrets()  # --pass-env credentials on a joined cluster, before the store is touched
     tc = TrialArgs.of(trial_config)
     sweep_dir, run_id = store.location(tc.sweep_dir), tc.run_id
     with _run_home(sweep_dir, tc) as (run_dir, lease):
@@ -256,13 +266,16 @@ def _train_multiworker(
     from ray.train import RunConfig as TrainRunConfig
     from ray.train.torch import TorchTrainer
 
+    from scalelab.sweeps.ray_train_group import LoopbackTorchConfig  # imports Ray Train
+
     gpus = float(tc.gpus_per_worker)
     world = cfg.parallel.world_size
     policy = _hang_policy(tc)
     # Ray Train's own state: beside the run, or local to the trial for a run on object storage
     trainer_state = tempfile.mkdtemp(prefix="scalelab-train-") if lease else str(Path(run_dir) / ".ray_train")
     trainer = TorchTrainer(
-        ray_train_fn,
+        sweep_worker,
+        torch_config=LoopbackTorchConfig(),  # on a cluster of this machine, the group listens on 127.0.0.1
         train_loop_config={
             "config": tc.config,
             "run_dir": str(run_dir),
@@ -379,24 +392,24 @@ def _tune_wave(
     from ray import tune
 
     limit = max_concurrent or execution.max_concurrent or None
-    tuner = tune.Tuner(
-        tune.with_resources(sweep_trial, _trial_resources),
-        param_space={"trial": tune.grid_search(trial_configs)},
-        tune_config=tune.TuneConfig(
-            max_concurrent_trials=limit,
-            reuse_actors=True,
-            trial_name_creator=lambda t: t.config["trial"]["run_id"],
-            trial_dirname_creator=lambda t: t.config["trial"]["run_id"],
-        ),
-        run_config=tune.RunConfig(
-            name=f"wave{wave}-{time.strftime('%Y%m%d-%H%M%S')}",
-            storage_path=str(_tune_dir(sweep_dir)),
-            failure_config=tune.FailureConfig(max_failures=execution.max_failures),
-            verbose=0,
-            callbacks=[_progress_callback(log, sweep_dir)],
-        ),
-    )
-    tuner.fit()
+    with _tune_dir(sweep_dir) as tune_dir:
+        tune.Tuner(
+            tune.with_resources(sweep_trial, _trial_resources),
+            param_space={"trial": tune.grid_search(trial_configs)},
+            tune_config=tune.TuneConfig(
+                max_concurrent_trials=limit,
+                reuse_actors=True,
+                trial_name_creator=lambda t: t.config["trial"]["run_id"],
+                trial_dirname_creator=lambda t: t.config["trial"]["run_id"],
+            ),
+            run_config=tune.RunConfig(
+                name=f"wave{wave}-{time.strftime('%Y%m%d-%H%M%S')}",
+                storage_path=str(tune_dir),
+                failure_config=tune.FailureConfig(max_failures=execution.max_failures),
+                verbose=0,
+                callbacks=[_progress_callback(log, sweep_dir)],
+            ),
+        ).fit()
 
 
 def _log_states(states: dict[str, str], t0: float, log: Log) -> None:
@@ -416,10 +429,14 @@ def execute(
     num_cpus: int | None = None,
     fault_steps: dict[str, int] | None = None,
     pass_env: list[str] | tuple[str, ...] = (),
+    given: frozenset[str] = frozenset(),
     log: Log = print,
 ) -> dict[str, Any]:
     """Train every unfinished run of `runs` (entries of sweep.resolved.json) into the sweep's store.
 
+    given: the local paths the launcher's own spec names (scalelab.train.local_paths); a run naming
+    another one is refused (UsageError) before anything starts, and a run stored in the root under
+    another id is matched only when it names none but these.
     Returns {"states": {run_id: state}, "trained": [...], "skipped": [...], "wall_s": ...}.
     """
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # our own progress lines instead of Tune's tables
@@ -428,9 +445,15 @@ def execute(
     import ray
 
     sweep_dir = store.location(sweep_dir)
+    check_given_paths(runs, given, sweep_dir)
     t0 = time.time()
     by_id = {r["run_id"]: r for r in runs}
-    states = store.attach_runs(sweep_dir, list(by_id), current_id=current_run_id)
+
+    def current_id(stored: dict[str, Any], run_id: str) -> str | None:  # a stored run's id today (store.claims)
+        named = {str(value) for key, value in local_paths(stored) if not in_store(key, value)}
+        return current_run_id(stored, run_id) if named <= given else None
+
+    states = store.attach_runs(sweep_dir, list(by_id), current_id=current_id)
     wandb_runs.prepare(sweep_dir, runs, log)  # an online sweep that cannot reach W&B: one line, runs log offline
     skipped = [i for i, s in states.items() if s in store.TERMINAL]
     if skipped:
@@ -471,18 +494,28 @@ def execute(
     return {"states": states, "trained": trained, "skipped": skipped, "wall_s": time.time() - t0}
 
 
-def _tune_dir(sweep_dir: str | Path) -> Path:
-    """Ray Tune's own state (the store is the sweep's state): beside the sweep, or local to the
-    driver for a sweep on object storage."""
-    if objects.is_url(sweep_dir):
-        return Path(tempfile.mkdtemp(prefix="scalelab-tune-"))
-    return Path(sweep_dir) / ".tune"
+def check_given_paths(runs: list[dict[str, Any]], given: frozenset[str], sweep_dir: str | Path) -> None:
+    """Every local path the runs name is one the launcher's spec gave, or a branch point in the store
+    (scalelab.train.local_paths); UsageError naming the first other one."""
+    for r in runs:
+        check_local_paths(r["config"], given, f"{files.join(sweep_dir, 'sweep.resolved.json')}: run {r['run_id']}")
+
+
+@contextlib.contextmanager
+def _tune_dir(sweep_dir: str | Path) -> Iterator[Path]:
+    """Ray Tune's own state (the store is the sweep's state): beside the sweep, or for a sweep on
+    object storage a temporary directory of the driver, removed when the wave ends."""
+    if not objects.is_url(sweep_dir):
+        yield Path(sweep_dir) / ".tune"
+        return
+    with tempfile.TemporaryDirectory(prefix="scalelab-tune-") as tmp:
+        yield Path(tmp)
 
 
 def check_object_store(url: str, spec_text: str, runs: list[dict[str, Any]]) -> None:
     """An s3:// store checked before the first object is written (UsageError): every layout, cooldown
     branches, early stopping and rounds run there, so only the address, the bucket and credentials."""
-    objects.check(url, "--out")
+    objects.check_sweep(url, "--out")
 
 
 def launch(
@@ -496,11 +529,17 @@ def launch(
     num_cpus: int | None = None,
     fault_steps: dict[str, int] | None = None,
     pass_env: list[str] | tuple[str, ...] = (),
+    given: frozenset[str] | None = None,
     log: Log = print,
 ) -> dict[str, Any]:
-    """Record the sweep in the store (sweep.yaml, sweep.resolved.json) and train what is unfinished."""
+    """Record the sweep in the store (sweep.yaml, sweep.resolved.json) and train what is unfinished.
+
+    given: the local paths the launcher's own spec names (default: those of `sweep`, the launcher's
+    spec; a round proposed from the store's records passes the launcher's, scalelab.sweeps.rounds)."""
     check_pass_env(address, pass_env)
     entries = [r.to_dict() for r in sweep.runs]
+    given = given_paths(r["config"] for r in entries) if given is None else given
+    check_given_paths(entries, given, sweep_dir)
     check_runnable(entries)
     if objects.is_url(sweep_dir):
         check_object_store(sweep_dir, spec_text, entries)
@@ -515,6 +554,7 @@ def launch(
         num_cpus=num_cpus,
         fault_steps=fault_steps,
         pass_env=pass_env,
+        given=given,
         log=log,
     )
 
@@ -526,12 +566,16 @@ def resume(
     max_concurrent: int | None = None,
     num_cpus: int | None = None,
     pass_env: list[str] | tuple[str, ...] = (),
+    given: frozenset[str] = frozenset(),
     log: Log = print,
 ) -> dict[str, Any]:
-    """Finish a sweep from its store alone (after the driver died): done runs stay done."""
+    """Finish a sweep from its store alone (after the driver died): done runs stay done.
+
+    given: the local paths of the launcher's own spec (`sweep resume --spec`); the store's records
+    name no other (check_given_paths), before anything is built from them."""
     check_pass_env(address, pass_env)
     if objects.is_url(sweep_dir):
-        objects.check(sweep_dir, "sweep_dir")
+        objects.check_sweep(sweep_dir, "sweep_dir")
     else:
         sweep_dir = Path(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
@@ -540,6 +584,7 @@ def resume(
     if not resolved.get("runs"):
         raise UsageError(f"{sweep_dir}/sweep.resolved.json lists no runs; launch the spec again")
     execution = from_dict(ExecutionConfig, resolved.get("execution") or {})
+    check_given_paths(resolved["runs"], given, sweep_dir)
     check_runnable(resolved["runs"])
     return execute(
         sweep_dir,
@@ -549,6 +594,7 @@ def resume(
         max_concurrent=max_concurrent,
         num_cpus=num_cpus,
         pass_env=pass_env,
+        given=given,
         log=log,
     )
 

@@ -8,15 +8,17 @@
 A private cluster listens on 127.0.0.1 only and gets a reaper process that kills its Ray processes
 if the driver dies (scalelab.sweeps.ray_reaper); its token authentication follows RAY_AUTH_MODE
 (off unless set: `RAY_AUTH_MODE=token` on a shared machine, see the README). Joining a cluster
-hands the workers the environment variables runs read, credentials only when named with
-`--pass-env` and never in clear text to another machine. `sweep launch --detach` submits the
-driver itself as a Ray Job (through the cluster's dashboard), so the sweep outlives the client
-that launched it.
+hands the workers the environment variables runs read; a credential never travels in a runtime
+env (Ray's logs record those), but in the nodes' own environment, or named with `--pass-env`
+through the driver's holder actor, never in clear text to another machine (scalelab.sweeps.ray_secrets).
+`sweep launch --detach` submits the driver itself as a Ray Job (through the cluster's dashboard),
+so the sweep outlives the client that launched it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import secrets
@@ -24,6 +26,7 @@ import shlex
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +35,7 @@ from scalelab.errors import UsageError
 from scalelab.store import files
 from scalelab.store.atomic import atomic_write_json
 from scalelab.sweeps import ray_reaper
+from scalelab.sweeps.ray_secrets import no_tune_credentials, share_secrets
 
 # AWS_: where an s3:// store is (AWS_ENDPOINT_URL, AWS_DEFAULT_REGION); its keys are credentials
 _FORWARDED_ENV = ("SCALELAB_", "WANDB_", "HF_", "TRITON_", "RAY_TRAIN_", "AWS_")
@@ -39,11 +43,8 @@ _JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray in the driver proc
 DRIVER_FILE = "driver.json"  # <sweep>/driver.json: the Ray Job running a detached sweep's driver
 
 
-# Variables that hold credentials: forwarded only when named in the allow-list (--pass-env).
+# Variables that hold credentials: never in a runtime env; handed over only when named (--pass-env).
 _SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_HUB_TOKEN")
-# The credentials Ray Tune itself copies from the driver's environment into every trial actor's
-# runtime env (ray.tune.execution.class_cache.ENV_VARS_TO_PROPAGATE), whatever the job's env says.
-_TUNE_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN")
 _SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 
 
@@ -54,49 +55,70 @@ def is_secret(name: str) -> bool:
 def forwarded_env(allow: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
     """The variables runs read (SCALELAB_CACHE, WANDB_MODE, HF_HOME, Ray Train settings, an s3://
     store's AWS_ENDPOINT_URL and region), which the processes of an existing cluster (other nodes
-    included) do not inherit from this shell.
-
-    Credentials (WANDB_API_KEY, HF_TOKEN, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, any *TOKEN*,
-    *KEY*, *SECRET*, *PASSWORD*) travel only when
-    named in `allow` (`--pass-env NAME`); a name in `allow` is forwarded whatever its prefix."""
+    included) do not inherit from this shell: a runtime env's, so never a credential
+    (WANDB_API_KEY, HF_TOKEN, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, any *TOKEN*, *KEY*,
+    *SECRET*, *PASSWORD*: named_secrets). A name in `allow` (`--pass-env NAME`) is forwarded
+    whatever its prefix."""
     env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_ENV) and not is_secret(k)}
     for name in allow:
         if name not in os.environ:
             raise UsageError(f"--pass-env {name}: not set in this environment; export it or drop the flag")
-        env[name] = os.environ[name]
+        if not is_secret(name):
+            env[name] = os.environ[name]
     return env
 
 
-def tune_credentials(allow: list[str] | tuple[str, ...] | None) -> None:
-    """Which of the driver's AWS keys Ray Tune may copy into its trial actors: those named in
-    `allow` on a joined cluster (--pass-env; they also travel in the job's env), all of them for a
-    private cluster of this machine (None: Tune's own default). Tune's list is a process global, so
-    every start_ray sets it for the cluster it connects to."""
-    from ray.tune.execution import class_cache
-
-    for name in _TUNE_CREDENTIALS:
-        if allow is None or name in allow:
-            class_cache.ENV_VARS_TO_PROPAGATE.add(name)
-        else:
-            class_cache.ENV_VARS_TO_PROPAGATE.discard(name)
+def named_secrets(allow: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """The credentials named with --pass-env and their values (handed over by share_secrets)."""
+    return {name: os.environ[name] for name in allow if is_secret(name) and name in os.environ}
 
 
-def check_pass_env(address: str | None, pass_env: list[str] | tuple[str, ...]) -> None:
-    """The credentials named with --pass-env are set and would not travel in clear text to
-    `address` (RAY_ADDRESS when None); UsageError otherwise, before anything is written."""
+def check_pass_env(address: str | None, pass_env: list[str] | tuple[str, ...], *, detach: bool = False) -> None:
+    """The credentials named with --pass-env are set, would not travel in clear text to `address`
+    (RAY_ADDRESS when None), and are not asked of a detached driver (whose Ray Job's runtime env
+    is logged); UsageError otherwise, before anything is written."""
     forwarded_env(pass_env)
+    if detach:
+        check_no_secret_for_a_job(pass_env)
     check_secret_transport(address or os.environ.get("RAY_ADDRESS") or "", pass_env)
+
+
+def check_no_secret_for_a_job(pass_env: list[str] | tuple[str, ...]) -> None:
+    """A Ray Job's runtime env is written to the cluster's logs and shown on its dashboard: no credential in it."""
+    if named := [n for n in pass_env if is_secret(n)]:
+        raise UsageError(
+            f"--pass-env {', '.join(named)} with --detach: a Ray Job's environment is written to the cluster's "
+            "logs and dashboard; set it in the environment the nodes' `ray start` ran in (or use an instance "
+            "role), or launch without --detach"
+        )
+
+
+def is_loopback_host(host: str) -> bool:
+    """An IP literal of the loopback range (127.0.0.0/8, ::1), or `localhost`; no name that merely
+    starts with 127. (`127.0.0.1.nip.io`, `127.evil.example` resolve wherever their owner says)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def check_secret_transport(address: str, allow: list[str] | tuple[str, ...]) -> None:
     """Secrets never travel in clear text to another machine: refused (UsageError) for an http:// or
-    plain Ray (GCS, ray://) address that is not loopback, unless Ray's TLS is on (RAY_USE_TLS=1)."""
+    plain Ray (GCS, ray://) address that is not loopback, unless Ray's TLS is on (RAY_USE_TLS=1).
+    Loopback is an IP literal (or localhost) with no user part: `http://127.0.0.1@10.0.0.5:8265`
+    goes to 10.0.0.5."""
     secrets = [n for n in allow if is_secret(n)]
     if not secrets or not address:
         return
-    scheme, _, rest = address.partition("://") if "://" in address else ("", "", address)
-    host = rest.split("/")[0].rsplit(":", 1)[0].strip("[]") if rest else ""
-    loopback = host in ("localhost", "::1") or host.startswith("127.")
+    scheme = address.partition("://")[0].lower() if "://" in address else ""
+    try:
+        parts = urllib.parse.urlsplit(address if scheme else f"//{address}")
+        host, user = parts.hostname or "", parts.username
+    except ValueError:  # an unparseable address (a bad port, a bracket): treated as remote
+        host, user = "", None
+    loopback = user is None and "@" not in address and is_loopback_host(host)
     encrypted = scheme == "https" or (scheme in ("", "ray") and os.environ.get("RAY_USE_TLS") in ("1", "true"))
     if not (loopback or encrypted or address in ("auto", "local")):
         raise UsageError(
@@ -127,7 +149,8 @@ def start_ray(
 
     Without `address`, RAY_ADDRESS names the cluster as it does for Ray's own tools ("local" or
     unset: a private cluster of this process, whatever other cluster runs on the machine).
-    pass_env: credentials to forward to the cluster's workers (forwarded_env, check_secret_transport)."""
+    pass_env: variables to hand the cluster's workers (forwarded_env; credentials: share_secrets,
+    check_secret_transport)."""
     import ray
 
     kw: dict[str, Any] = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
@@ -138,10 +161,11 @@ def start_ray(
         # A detached driver (a Ray Job) already runs in the runtime env its submitter forwarded,
         # which Ray refuses to merge with a second one naming the same variables.
         env = {} if _JOB_CONFIG_ENV in os.environ else forwarded_env(pass_env)
-        tune_credentials(tuple(pass_env))
+        no_tune_credentials()
         ray.init(address=address, runtime_env={"env_vars": env} if env else None, **kw)
+        share_secrets(named_secrets(pass_env))
         return None
-    tune_credentials(None)
+    no_tune_credentials()  # the cluster's processes inherit this environment, credentials included
     # A private cluster that listens on loopback only (local_ray_on_loopback, called before ray
     # was imported): token authentication is off unless RAY_AUTH_MODE says otherwise.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -210,10 +234,11 @@ def submit_driver(
 
     The job's driver runs on the head node and keeps going when this client disconnects; the sweep
     directory (which every node and the client see) gets driver.json naming the job. Returns the job id.
-    pass_env: credentials the job's runtime env may carry (never over http:// to another machine).
+    pass_env: variables the job's runtime env carries beside forwarded_env's; no credential
+    (check_no_secret_for_a_job: the job's credentials come from the nodes' environment).
     """
     check_dashboard_address(address)
-    check_secret_transport(address, pass_env)
+    check_no_secret_for_a_job(pass_env)
     from ray.job_submission import JobSubmissionClient
 
     env = forwarded_env(pass_env)

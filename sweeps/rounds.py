@@ -37,6 +37,7 @@ signature (scalelab.analysis.synthetic.synthetic_trainer) through this same loop
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ from scalelab.sweeps.transfer import (
     transfer_dir,
 )
 from scalelab.sweeps.wandb_fit import Images
+from scalelab.train.local_paths import given_paths
 
 Log = Callable[[str], None]
 
@@ -76,6 +78,9 @@ class LaunchOptions:
     fault_steps: dict[str, int] = field(default_factory=dict)  # testing: run id -> step it raises once at
     pass_env: list[str] = field(default_factory=list)  # credentials forwarded to a joined cluster (--pass-env)
     trainer: Callable[..., dict] | None = None  # launch's stand-in (module docstring); None: execute.launch
+    # the local paths the launcher's own spec names: rounds proposed from the store's records may
+    # name no other (scalelab.train.local_paths); None: those of the sweep run_rounds is given
+    given: frozenset[str] | None = None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -128,6 +133,8 @@ def run_rounds(
             fit.target_flops); a study's rounds on object storage. All before anything runs.
     """
     options = options or LaunchOptions()
+    if options.given is None:
+        options = dataclasses.replace(options, given=given_paths(r.config for r in sweep.runs))
     check, target = check_rounds(sweep, sweep_dir, rounds=rounds, target_flops=target_flops)
     out = sweep_dir if objects.is_url(sweep_dir) else Path(sweep_dir)
     result = RoundsResult()
@@ -199,6 +206,7 @@ def _launch(sweep: Sweep, out, spec_text: str, spec_name: str, options: LaunchOp
         num_cpus=options.num_cpus,
         fault_steps=options.fault_steps if faults else None,
         pass_env=options.pass_env,
+        given=options.given,
         log=log,
     )
 

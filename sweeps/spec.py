@@ -55,7 +55,7 @@ import numpy as np
 import yaml
 
 from scalelab.config_tree import from_dict, load_yaml, safe_yaml, set_in_dict, to_dict
-from scalelab.errors import ConfigError
+from scalelab.errors import ConfigError, printable
 from scalelab.models.accounting import num_params
 from scalelab.models.config import ModelConfig
 from scalelab.store import files, objects
@@ -274,6 +274,8 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     if gen == "isoflop":
         check_isoflop_tolerance(raw[gen], runs)
     name = str(raw.get("name") or default_name)
+    if printable(name) != name:
+        raise ConfigError("name", f"{printable(name)!r} holds control characters", "use letters, digits and -_.")
     return Sweep(
         name=name, raw=raw, generator=gen, runs=runs, execution=execution, fit=fit, warnings=warnings, study=study
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab import store
-from scalelab.errors import UsageError
+from scalelab.errors import UsageError, printable
 from scalelab.store import objects
 from scalelab.sweeps.ray_cluster import DRIVER_FILE
 
@@ -64,6 +64,7 @@ def sweep_status(sweep_dir: str | Path) -> dict[str, Any]:
                 age_s=(now - max(mtimes)) if mtimes else None,
                 linked=run_dir.is_symlink(),
                 design=_design(r),
+                records_lost=_records_lost(run_dir),
             )
         )
     counts: dict[str, int] = {}
@@ -78,6 +79,16 @@ def sweep_status(sweep_dir: str | Path) -> dict[str, Any]:
         "driver": read_json(sweep_dir / DRIVER_FILE),  # a detached driver's Ray Job, if any
         "runs": sorted(runs, key=lambda r: (ORDER.index(r["status"]) if r["status"] in ORDER else 9, r["flops"] or 0)),
     }
+
+
+def _records_lost(run_dir: Path) -> list[dict[str, Any]]:
+    """status.json's `records_lost` (records a resume found unreadable), the well-formed entries."""
+    try:
+        lost = (store.read_status(run_dir) or {}).get("records_lost") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    keys = {"file", "before_step", "attempt"}
+    return [e for e in lost if isinstance(e, dict) and keys <= set(e)] if isinstance(lost, list) else []
 
 
 def _design(r: dict[str, Any]) -> str:
@@ -124,11 +135,17 @@ def format_status(info: dict[str, Any]) -> str:
     errors = [r for r in info["runs"] if r["error"] and r["status"] != "done"]
     for r in errors:
         lines.append(f"  {r['run_id']}: {r['error']}")
+    for r in info["runs"]:
+        for lost in r.get("records_lost") or []:
+            lines.append(
+                f"  {r['run_id']}: its {lost['file']} rows before step {lost['before_step']} are lost (unreadable "
+                f"when attempt {lost['attempt']} resumed; kept as {lost['file']}.corrupt)"
+            )
     if any(r["linked"] for r in info["runs"]):
         lines.append("* trained in another sweep of the store root (linked, not retrained)")
     if any(r["status"] == "running" and (r["age_s"] or 0) > 120 for r in info["runs"]):
         lines.append("? no update for 2+ minutes: its driver may have died; `scalelab sweep resume` continues it")
-    return "\n".join(lines)
+    return printable("\n".join(lines))  # names and errors come from the store's records
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

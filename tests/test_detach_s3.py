@@ -2,10 +2,11 @@
 
 The client submits the driver as a Ray Job and exits; the sweep finishes without it, and a process
 elsewhere (another working directory, only the store's URL) reads its status and resumes it. The Ray
-cluster (`ray.cluster_utils.Cluster` with its dashboard) is started with no AWS variable in its
-environment, so the job can reach moto's S3 server (tests/s3_local.py) only through what the client
-forwarded: AWS_ENDPOINT_URL and the region by default, the keys named with --pass-env. The spec copy
-the job's driver launches is an object of the sweep (`<out>/driver/<spec>`).
+cluster (`ray.cluster_utils.Cluster` with its dashboard) is started with the AWS keys in its
+environment (the nodes' own credentials: a Ray Job's runtime env, which Ray logs, carries none) and
+no other AWS variable, so the job reaches moto's S3 server (tests/s3_local.py) only through what the
+client forwarded: AWS_ENDPOINT_URL and the region. The spec copy the job's driver launches is an
+object of the sweep (`<out>/driver/<spec>`).
 """
 
 import json
@@ -22,7 +23,7 @@ from scalelab.store import objects
 
 pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
-from s3_local import free_port, serve  # noqa: E402
+from s3_local import AWS_ENV, free_port, serve  # noqa: E402
 
 BUCKET = "scalelab-detach"
 SPEC = {
@@ -41,16 +42,19 @@ WAIT_S = 600
 
 
 @pytest.fixture(scope="module")
-def cluster_without_aws():
-    """A local Ray cluster with a dashboard, its processes started with no AWS_* variable: its
-    dashboard's URL (for jobs) and its GCS address (for drivers)."""
+def cluster_with_keys_only():
+    """A local Ray cluster with a dashboard, its processes started with the AWS keys and no other
+    AWS_* variable: its dashboard's URL (for jobs) and its GCS address (for drivers)."""
     from ray.cluster_utils import Cluster
 
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("AWS_")}
+    os.environ.update({k: v for k, v in AWS_ENV.items() if k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
     try:
         ports = {"dashboard_port": free_port(), "dashboard_agent_listen_port": free_port()}
         c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": True} | ports)
     finally:
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            os.environ.pop(k, None)
         os.environ.update(saved)
     try:
         yield "http://" + c.head_node.address_info["webui_url"], c.address
@@ -58,17 +62,16 @@ def cluster_without_aws():
         c.shutdown()
 
 
-def test_detached_driver_runs_a_sweep_into_the_bucket(cluster_without_aws, tmp_path):
+def test_detached_driver_runs_a_sweep_into_the_bucket(cluster_with_keys_only, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    dashboard, address = cluster_without_aws
+    dashboard, address = cluster_with_keys_only
     spec = tmp_path / "det.yaml"
     spec.write_text(yaml.safe_dump(SPEC))
     with serve(BUCKET) as env:
         out = f"s3://{BUCKET}/root/det"
         cmd = [sys.executable, "-m", "scalelab.cli", "sweep", "launch", str(spec), "--out", out,
-               "--address", dashboard, "--detach", "--pass-env", "AWS_ACCESS_KEY_ID",
-               "--pass-env", "AWS_SECRET_ACCESS_KEY"]  # fmt: skip
+               "--address", dashboard, "--detach"]  # fmt: skip
         launched = subprocess.run(cmd, env=dict(os.environ, **env), capture_output=True, text=True, timeout=WAIT_S)
         assert launched.returncode == 0, launched.stderr[-3000:]
         job_id = json.loads(objects.read_bytes(f"{out}/driver.json"))["job_id"]

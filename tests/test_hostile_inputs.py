@@ -80,6 +80,65 @@ def test_a_yaml_alias_bomb_is_refused_within_1_gib(tmp_path):
     assert r.returncode == 2 and "alias" in r.stderr and 0 < peak < GIB, r.stderr[-2000:]
 
 
+def _string_bomb(refs_per_level: int, string_bytes: int = 20_000) -> str:
+    """A YAML of a few KB whose aliases name one long string refs_per_level**2 times (issue 51: 20 KB
+    and 333**2 = 111k references expand to 2.2 GB of text while counting only ~111k values)."""
+    refs = ", ".join(["*s"] * refs_per_level)
+    return (
+        f"s: &s {'x' * string_bytes}\nb: &b [{refs}]\n"
+        f"c: [{', '.join(['*b'] * refs_per_level)}]\nmodel: {{preset: debug}}\n"
+    )
+
+
+def test_an_alias_bomb_of_long_strings_is_refused_by_its_expanded_bytes(tmp_path):
+    """The 20 KB document that made `json.loads(json.dumps(data))` in the run config builder die
+    with a MemoryError at 2.2-2.8 GiB: refused with one line, exit 2, well under 1 GiB."""
+    bomb = tmp_path / "strings.yaml"
+    bomb.write_text(_string_bomb(333))
+    assert len(bomb.read_bytes()) < 25_000
+    r, peak = _cli(["run", str(bomb), "--out", "o"], tmp_path)
+    err = r.stderr.strip()
+    assert r.returncode == 2 and len(err.splitlines()) == 1 and "alias" in err and "bytes" in err, err[-2000:]
+    assert 0 < peak < GIB, f"peak RSS {peak / GIB:.2f} GiB"
+    assert not (tmp_path / "o").exists()
+
+
+_LIMITS_CHECK = """
+import io, sys
+from scalelab.config_tree import load_yaml, safe_yaml
+from scalelab.errors import ConfigError
+for load in (lambda: load_yaml(sys.argv[1]), lambda: safe_yaml(io.StringIO(open(sys.argv[1]).read()), "s3://b/x.yaml")):
+    try:
+        load()
+        print("accepted")
+    except ConfigError as e:
+        print(e)
+"""
+
+
+@pytest.mark.parametrize(
+    "name, text, words",
+    [
+        ("bomb", _string_bomb(30) + "grid: {optim.lr: [0.001]}\n", "alias"),  # 18 MB of text
+        ("deep", "grid: {optim.lr: [0.001]}\ntags: " + "[" * 50_000 + "]" * 50_000 + "\n", "nested more than 64"),
+        ("big", "grid: {optim.lr: [0.001]}\ntags:\n" + "".join(f"  k{i}: v{i}\n" for i in range(130_000)), "bytes"),
+    ],
+    ids=["alias-bomb", "deep", "big"],
+)
+def test_a_document_past_the_yaml_limits_is_one_config_error(tmp_path, name, text, words):
+    """Bytes, nesting depth and alias-expanded size, for a file (a run config, a spec) and for text (a
+    round's spec read from a bucket): a ConfigError naming it, never a RecursionError or MemoryError.
+    In a process of its own (config_tree alone, no torch): libyaml's composer recurses in C, and
+    50,000 levels crash the process that parses them unchecked."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    r = subprocess.run([sys.executable, "-P", "-c", _LIMITS_CHECK, str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from_file, from_text = r.stdout.splitlines()
+    assert from_file.startswith(f"{path}: ") and words in from_file, from_file
+    assert from_text.startswith("s3://b/x.yaml: ") and words in from_text, from_text
+
+
 def test_anchors_within_reason_still_work(tmp_path):
     from scalelab.config_tree import load_yaml
 
@@ -155,3 +214,27 @@ def test_an_override_index_that_is_not_an_ascii_number_is_one_line(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "data.sources.²" in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_escape_sequences_from_a_spec_or_a_store_never_reach_the_terminal_raw(tmp_path, capsys):
+    """A spec name holding ESC is refused (one line, shown escaped); a name planted in a store's
+    records is printed escaped by `sweep status` (issue 51)."""
+    from scalelab import store
+    from scalelab.cli.main import main
+    from scalelab.sweeps.spec import expand_sweep
+
+    evil = "x\x1b]0;pwned\x07\x1b[2J\r"
+    spec = {"name": evil, "base": RUN, "grid": {"optim.lr": [1e-3]}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
+    assert main(["sweep", "plan", str(tmp_path / "s.yaml"), "--no-measure"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "control characters" in err and "\\x1b" in err, err
+    assert "\x1b" not in err and "\r" not in err and "\x07" not in err
+    sd = tmp_path / "root" / "s"
+    spec["name"] = "s"
+    store.init_sweep(sd, yaml.safe_dump(spec), "s", [r.to_dict() for r in expand_sweep(spec).runs], "s")
+    resolved = json.loads((sd / "sweep.resolved.json").read_text())
+    (sd / "sweep.resolved.json").write_text(json.dumps(dict(resolved, name=evil)))
+    assert main(["sweep", "status", str(sd)]) == 0
+    out = capsys.readouterr().out
+    assert "x\\x1b]0;pwned\\x07\\x1b[2J\\r" in out and "\x1b" not in out and "\r" not in out, out

@@ -54,6 +54,44 @@ def test_a_prediction_for_a_run_that_already_ran_or_that_the_fit_used_is_flagged
     assert ledger.coverage(predictions)["n_scored"] == 0
 
 
+def test_a_prediction_for_a_run_done_in_a_sibling_sweep_is_flagged_not_scored(tmp_path):
+    """Issue 51: a run finished in another sweep of the store root, not linked here yet (the launch
+    links it), is no prediction: flagged, never scored as covered."""
+    root = tmp_path / "root"
+    for name in ("a", "b"):
+        (root / name / "runs").mkdir(parents=True)
+        (root / name / "sweep.yaml").write_text(f"name: {name}\n")
+    _done(root / "a", "finished0001", 2.0)
+    ledger.record_round(root / "b", _fit(1, []), [_prediction("finished0001")])
+    _done(root / "b", "finished0001", 2.0)  # the launch linked it; its loss is now readable here
+    ledger.score(root / "b")
+    (p,) = ledger.read_ledger(root / "b")["predictions"]
+    assert p.get("flag") == "run already started" and p["measured"] is None and p["covered"] is None
+
+
+def test_sweep_ledger_reads_without_writing(tmp_path, monkeypatch, capsys):
+    """Issue 51: `sweep ledger` rewrote ledger.json (and made its lock) to print it: on a read-only
+    store a traceback. It scores in memory and writes nothing."""
+    from scalelab.cli.main import main
+
+    sweep = tmp_path / "s"
+    (sweep / "runs").mkdir(parents=True)
+    (sweep / "sweep.yaml").write_text("name: s\n")
+    ledger.record_round(sweep, _fit(1, []), [_prediction("pending00001")])
+    _done(sweep, "pending00001", 2.0)
+    before = {p.name: p.read_bytes() for p in sweep.iterdir() if p.is_file()}
+
+    def read_only(*a, **k):
+        raise OSError(30, "Read-only file system", str(a[0]))
+
+    monkeypatch.setattr(ledger, "atomic_write_json", read_only)
+    monkeypatch.setattr(ledger.os, "open", read_only)
+    assert main(["sweep", "ledger", str(sweep), "--json"]) == 0
+    (p,) = json.loads(capsys.readouterr().out)["predictions"]
+    assert p["measured"] == 2.0 and p["covered"] is True
+    assert {p.name: p.read_bytes() for p in sweep.iterdir() if p.is_file()} == before
+
+
 def test_a_scoring_pass_never_drops_a_fit_recorded_meanwhile(tmp_path, monkeypatch):
     sweep = tmp_path / "s"
     (sweep / "runs").mkdir(parents=True)

@@ -1,5 +1,6 @@
-"""Servers bind to loopback: a local multi-process job (rendezvous store, gloo) and a local sweep (Ray);
-a SIGKILLed sweep driver leaves no Ray process behind (the same held sweep as the loopback check).
+"""Servers bind to loopback: a local multi-process job (rendezvous store, gloo) and a local sweep (Ray,
+and its multi-process run's Ray Train group: rank 0's store, gloo); a SIGKILLed sweep driver leaves
+no Ray process behind (the same held sweep as the loopback check).
 
 The listening sockets are read from /proc while the job or the sweep is up (tests/netcheck.py). The
 sweep's one run is held at step 4 while a hold file exists (SCALELAB_TEST_HOLD), so the test looks
@@ -84,6 +85,7 @@ SPEC = {
         "eval": {"interval_steps": 0, "val_batch_sequences": 8},
         "checkpoint": {"interval_steps": 2},
         "logging": {"wandb": "disabled", "progress": "off"},
+        "parallel": {"dp_shard": 2},  # a Ray Train worker group of two (issue 51: rank 0's store was on :::PORT)
     },
     "grid": {"optim.lr": [1e-3]},
 }
@@ -98,7 +100,7 @@ def _held_local_sweep(tmp_path: Path) -> tuple[subprocess.Popen, Path, Path]:
     out = tmp_path / "root" / "lo"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # what a user's shell has
     env["SCALELAB_TEST_HOLD"] = f"4:{hold}"
-    cmd = [sys.executable, "-m", "scalelab.cli", "sweep", "launch", str(spec), "--out", str(out), "--num-cpus", "1"]
+    cmd = [sys.executable, "-m", "scalelab.cli", "sweep", "launch", str(spec), "--out", str(out), "--num-cpus", "2"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         started = lambda: list(out.glob("runs/*/checkpoints/step_2")) or proc.poll() is not None
@@ -120,10 +122,11 @@ def _alive(pid: int) -> bool:
 @pytest.mark.timeout(2 * STATE_WAIT_S + 300)
 def test_local_sweep_listens_only_on_loopback_and_its_ray_ends_with_a_driver_sigkill(tmp_path):
     """One held local sweep serves both checks (starting its cluster is most of the time): while its
-    run trains, every listening socket of the driver's process tree (the GCS, the raylet, the agents,
-    the workers, the driver) is on loopback; then the driver is SIGKILLed and every process of its
-    cluster ends within 30 s. That such a sweep also finishes with exit 0 is asserted by the CLI
-    sweeps on their own local Ray in test_wandb.py and test_store_object.py."""
+    run trains (two Ray Train workers), every listening socket of the driver's process tree (the GCS,
+    the raylet, the agents, the workers and their process group, the driver) is on loopback; then
+    the driver is SIGKILLed and every process of its cluster ends within 30 s. That such a sweep
+    also finishes with exit 0 is asserted by the CLI sweeps on their own local Ray in test_wandb.py
+    and test_store_object.py."""
     proc, hold, _ = _held_local_sweep(tmp_path)
 
     def cluster():
@@ -146,5 +149,7 @@ def test_local_sweep_listens_only_on_loopback_and_its_ray_ends_with_a_driver_sig
     left = {p: (names.get(p) or b"")[:120] for p in tree if _alive(p)}
     hold.unlink()
     assert len({pid for _, _, pid in sockets}) >= 3, sockets  # the GCS, the raylet, workers, the driver
+    ranks = {p for p, n in names.items() if b"RayTrainWorker" in n}
+    assert len(ranks) == 2 and len({pid for _, _, pid in sockets} & ranks) == 2, (names, sockets)  # gloo, the store
     assert {ip for ip, _, _ in sockets} <= set(LOOPBACK), sockets
     assert not left, f"still running {time.time() - t0:.0f} s after the driver's SIGKILL: {left}"

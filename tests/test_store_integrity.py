@@ -22,6 +22,7 @@ import polars as pl
 import pytest
 
 from scalelab.cli.main import main
+from scalelab.errors import UsageError
 from scalelab.store import records
 from scalelab.store.atomic import atomic_write_parquet
 from scalelab.store.checkpoint_files import list_checkpoints
@@ -104,6 +105,15 @@ def test_zero_length_records_are_recovered_from(tmp_path, capsys):
     assert after["step"].to_list() == [5, 6]  # the steps redone; the lost rows are not invented
     assert after["loss"].to_list() == reference["loss"].to_list()[4:]  # bit for bit
     assert (run / "metrics.parquet.corrupt").exists()  # the unreadable file is kept aside
+    # and the loss is recorded, not silent (issue 51): in status.json and by `sweep status`
+    assert read_status(run)["records_lost"] == [{"file": "metrics.parquet", "before_step": 4, "attempt": 1}]
+    from scalelab.sweeps.status import format_status
+
+    info = {"name": "s", "sweep": "s", "counts": {"done": 1}, "runs": [dict(
+        run_id="r1", status="done", step=6, num_steps=6, params=1, tokens=1, final_train_loss=1.0, final_val_loss=1.0,
+        trial_failures=0, design="", error=None, linked=False, age_s=0, records_lost=read_status(run)["records_lost"],
+    )]}  # fmt: skip
+    assert "r1: its metrics.parquet rows before step 4 are lost" in format_status(info)
 
 
 def test_cli_resume_takes_the_run_lock_a_trial_holds(tmp_path, capsys):
@@ -116,6 +126,45 @@ def test_cli_resume_takes_the_run_lock_a_trial_holds(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "another process" in err, err
     assert pl.read_parquet(run / "metrics.parquet")["step"].to_list() == before  # untouched
     assert main(["run", str(run / "config.json"), "--out", str(run), "--resume"]) == 0  # lock free: it runs
+
+
+def test_two_runs_into_one_new_out_train_it_once(tmp_path, capsys):
+    """Two `scalelab run` into one new --out: the one that made the directory holds its lock from
+    the start, so the other is refused (issue 51: both trained); a refusal of a new --out leaves
+    nothing behind."""
+    import yaml
+
+    from scalelab.cli.run_cmd import _run_lock
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(RUN))
+    out = tmp_path / "new"
+    with _run_lock(out):  # the first, past its checks, before its first write
+        assert main(["run", str(cfg), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "another process is training" in err, err
+        assert [p.name for p in out.iterdir()] == [".lock"]  # nothing of the second's
+    with pytest.raises(UsageError), _run_lock(tmp_path / "third"):
+        raise UsageError("a check after the lock refuses the run")
+    assert not (tmp_path / "third").exists()
+
+
+@pytest.mark.parametrize("code, words", [(28, "No space left on device; free some space"), (30, "read-only")])
+def test_a_store_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch, code, words):
+    """Issue 51: a full disk or a read-only store was a traceback; it is one line naming the file."""
+    import yaml
+
+    from scalelab.store import sweep_dir
+
+    def fails(path, data):
+        raise OSError(code, os.strerror(code), str(path))
+
+    monkeypatch.setattr(sweep_dir, "atomic_write_bytes", fails)
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"name": "s", "base": RUN, "grid": {"optim.lr": [1e-3]}}))
+    assert main(["sweep", "launch", str(spec), "--out", str(tmp_path / "root" / "s")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "sweep.yaml: " in err and words in err, err
 
 
 def test_the_watchdogs_hang_record_never_overwrites_the_final_status(tmp_path, monkeypatch):

@@ -117,6 +117,53 @@ def test_crafted_keys_are_refused_and_nothing_lands_outside_the_view(s3, tmp_pat
     assert not (tmp_path / "mirror" / "r1" / "checkpoints" / "step_5").exists()
 
 
+def _odd_sweep(prefix: str, *keys: tuple[str, bytes]) -> None:
+    _put(f"{prefix}/sweep.yaml", b"name: odd\n")
+    _put(f"{prefix}/runs/r1/status.json", json.dumps({"status": "done"}).encode())
+    for key, data in keys:
+        _put(f"{prefix}/{key}", data)
+
+
+def test_odd_keys_and_huge_objects_are_one_line_or_left_out(s3, capsys, monkeypatch):
+    """Issue 51: zero-byte "folder" objects (an S3 console's) are ignored; a name over 255 bytes, or an
+    object beside a folder of its name, is one line (they crashed readers with a traceback); an object
+    larger than any record is left out of a reader's copy with a warning (readers fetched every object
+    whole) and refused when read as a record."""
+    _odd_sweep("odd0", ("runs/", b""), ("runs/r1/", b""))
+    assert main(["sweep", "status", _url("odd0")]) == 0, capsys.readouterr().err
+    for prefix, key, words in [
+        ("odd1", f"runs/r1/{'x' * 256}", "longer than 255 bytes"),
+        ("odd2", "runs/r1/status.json/inner", "an object and a folder of that name"),
+    ]:
+        _odd_sweep(prefix, (key, b"x"))
+        capsys.readouterr()
+        assert main(["sweep", "status", _url(prefix)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err, err
+    monkeypatch.setattr(objects, "MAX_RECORD_BYTES", 4096)
+    _odd_sweep("big", ("runs/r1/huge.bin", b"x" * 5000))
+    fetched, real = [], objects.download
+    monkeypatch.setattr(objects, "download", lambda u, path, mtime=None: fetched.append(u) or real(u, path, mtime))
+    capsys.readouterr()
+    assert main(["sweep", "status", _url("big")]) == 0
+    assert not [u for u in fetched if u.endswith("huge.bin")] and "huge.bin (5,000 bytes)" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="larger than any record"):
+        objects.read_bytes(_url("big", "runs", "r1", "huge.bin"))
+
+
+def test_a_killed_attempts_node_local_copy_goes_with_the_next_attempt(s3):
+    """Issue 51: a copy an attempt left in the temp dir (killed before its clean-up) is removed by the
+    next attempt of that run on the node, which holds the lease; the next one's own copy goes at its end."""
+    import tempfile
+
+    dead = Path(tempfile.mkdtemp(prefix="scalelab-run-rk1-"))
+    (dead / "rk1" / "metrics.parquet").parent.mkdir()
+    (dead / "rk1" / "metrics.parquet").write_bytes(b"x")
+    with remote_run(_url("kill", "s"), "rk1", wait_s=5, ttl_s=10) as run_dir:
+        assert not dead.exists() and run_dir.is_dir()
+    assert not run_dir.exists() and not list(Path(tempfile.gettempdir()).glob("scalelab-run-rk1-*"))
+
+
 def test_run_ids_read_from_records_are_refused_before_they_name_a_path(tmp_path, capsys, monkeypatch):
     from scalelab.sweeps import execute
 

@@ -71,6 +71,8 @@ def test_bad_store_urls_exit_2_before_anything_is_written(s3, tmp_path, capsys, 
         "ftp://host/x": "unknown scheme 'ftp://'",
         "s3:///x": "no bucket",
         "s3://no-such-bucket/x": "bucket 'no-such-bucket' does not exist",
+        f"s3://{BUCKET}": "a sweep needs a prefix below the bucket",  # it wrote the bucket's root first (issue 51)
+        f"s3://{BUCKET}/": "a sweep needs a prefix below the bucket",
     }
     for url, why in cases.items():
         assert main(["sweep", "launch", str(spec), "--out", url]) == 2
@@ -202,15 +204,17 @@ def _cli(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
 def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, ray_local, tmp_path, capsys):
     """The must-show: a sweep whose store is the bucket, read back by status, fit and report.
 
-    The launch is a `scalelab` process of its own that joins the session's Ray (`--address`), whose
-    processes were started without this server's AWS environment: the driver forwards the endpoint
-    and the region, and the keys as a user names them (--pass-env: without it no trial gets them,
-    Ray Tune's own copying of the driver's AWS keys included, and the sweep cannot reach the bucket).
-    The commands that read the bucket after it run here, through the same CLI entry point."""
+    The launch is a `scalelab` process of its own that joins the session's Ray (`--address`): the
+    driver forwards the endpoint and the region in the job's runtime env, and the keys as a user
+    names them (--pass-env), through the driver's holder actor, never a runtime env: no file of the
+    session's Ray (its logs, runtime_env_agent.log included) holds them afterwards (issue 51; the
+    keys here are canaries, which moto accepts). The commands that read the bucket after it run
+    here, through the same CLI entry point."""
     spec = tmp_path / "objstore.yaml"
     spec.write_text(yaml.safe_dump(SWEEP))
     out = f"s3://{BUCKET}/sweeps/objstore"
-    env = dict(os.environ, **s3)
+    canaries = {"AWS_ACCESS_KEY_ID": "AKIACANARY51JOINED", "AWS_SECRET_ACCESS_KEY": "canary51-joined-secret-key"}
+    env = dict(os.environ, **s3) | canaries
     from scalelab.sweeps.spec import expand_sweep
 
     runs = [r.to_dict() for r in expand_sweep(SWEEP).runs]
@@ -246,6 +250,13 @@ def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, ray_local, 
         ["sweep", "launch", str(spec), "--out", out, "--address", ray_local, *keys, "--inject-fault", f"{crash_id}:12"]
     )
     assert "states: done=6" in launch
+    import ray
+
+    session = Path(ray._private.worker._global_node.get_session_dir_path())
+    logs = [p for p in session.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert any(p.name == "runtime_env_agent.log" for p in logs)  # the joined job's runtime env was set up
+    leaked = [str(p) for p in logs if any(v.encode() in p.read_bytes() for v in canaries.values())]
+    assert not leaked, leaked
     status = step_here(["sweep", "status", out])
     fit = step_here(["fit", out, "--law", "power_law_no_e", "--no-backtest"])
     report = tmp_path / "report.html"

@@ -82,13 +82,14 @@ def launch_local(cfg: RunConfig, out_dir: str | Path, resume: bool = False) -> i
     return 1
 
 
-def ray_train_fn(config: dict[str, Any]) -> None:
+def ray_train_fn(config: dict[str, Any], callbacks: list | None = None) -> None:
     """Entry point for a Ray Train `TorchTrainer` worker.
 
     config: {"config": RunConfig dict, "run_dir", "resume", "hang": HangPolicy fields or None,
     "wandb": a WandbRun or None, "object_store": None, or the run's address on object storage and
     the trial's lease (scalelab.train.rank_copy): each rank then trains in a copy on its own node}.
-    Ray has already created the process group; the worker group's size picks the layout (the
+    callbacks: train_run's (rank 0 calls them). The process group exists already (Ray Train's, or
+    a sweep's own on loopback); the worker group's size picks the layout (the
     configured one, or a smaller dp when an elastic trainer got fewer workers); the same `train_run`
     as everywhere else runs, and rank 0 writes the records.
     """
@@ -121,6 +122,7 @@ def ray_train_fn(config: dict[str, Any]) -> None:
             hang=hang,
             wandb=config.get("wandb"),  # a sweep's WandbRun (scalelab.train.loggers); rank 0 uses it
             publish=publish,
+            callbacks=callbacks,
         )
 
 

@@ -255,7 +255,7 @@ def _train(
     # the configured layout's micro-batch: an elastic attempt with a smaller dp accumulates more of them
     micro = micro_sequences(cfg.parallel, cfg.global_batch_sequences, cfg.train.micro_batch_sequences)
     if runtime.is_rank0:
-        _record_attempt(cfg, run_dir, start, par, layout, micro, static)
+        _record_attempt(cfg, run_dir, start, par, layout, micro, static, lost=writer.lost if writer else [])
     s = _open_session(cfg, run_dir, runtime, par, optimizer, data, writer, callbacks, wandb, start, micro, static)
     s.publish = publish
     bar = open_progress(cfg, runtime, start.step)
@@ -308,8 +308,11 @@ def _train(
     return dict(summary, status="done")
 
 
-def _record_attempt(cfg, run_dir: Path, start, par, layout: WorkerLayout, micro: int, static: dict) -> None:
-    """Rank 0: status.json says `running`, with this attempt's loaded checkpoint and layout appended."""
+def _record_attempt(
+    cfg, run_dir: Path, start, par, layout: WorkerLayout, micro: int, static: dict, lost: list[str]
+) -> None:
+    """Rank 0: status.json says `running`, with this attempt's loaded checkpoint and layout appended,
+    and the records it found unreadable (`records_lost`: their rows before its step are gone)."""
     prev = read_status(run_dir) or {}
     attempt = int(prev.get("attempts", 0)) + 1
     # One entry per attempt: the step of the checkpoint that attempt loaded (None: it started
@@ -342,8 +345,14 @@ def _record_attempt(cfg, run_dir: Path, start, par, layout: WorkerLayout, micro:
         layouts=layouts,
         skipped_checkpoints=[f"{name}: {why}" for name, why in start.skipped],
         attempts=attempt,
+        **({"records_lost": lost_records} if (lost_records := _lost(prev, lost, start.step, attempt)) else {}),
         **static,
     )
+
+
+def _lost(prev: dict, lost: list[str], step: int, attempt: int) -> list[dict]:
+    """status.json's `records_lost`, with this attempt's unreadable records appended."""
+    return (prev.get("records_lost") or []) + [dict(file=f, before_step=step, attempt=attempt) for f in lost]
 
 
 def _open_session(

@@ -25,7 +25,7 @@ from typing import Any
 import torch.distributed as dist
 
 from scalelab.store import objects
-from scalelab.store.lease import every, final_push
+from scalelab.store.lease import every, final_push, remove_dead_copies
 from scalelab.store.rank_copy import LeaseView, RankMirror
 
 
@@ -47,6 +47,7 @@ def rank_copy(store_cfg: dict[str, Any]) -> Iterator[tuple[Path, RankMirror]]:
     run_id = objects.name(store_cfg["run_url"])
     view = LeaseView(store_cfg["lease_url"], store_cfg["holder"], store_cfg["generation"], store_cfg["ttl_s"])
     view.confirm()  # the trial's lease still: otherwise this rank writes nothing and stops here
+    remove_dead_copies(f"scalelab-rank{_rank()}-{run_id}-")  # the group's last attempt ended before this one
     top = Path(tempfile.mkdtemp(prefix=f"scalelab-rank{_rank()}-{run_id}-"))
     mirror = RankMirror(store_cfg["run_url"], top / run_id, lease=view)
     stop, syncer = threading.Event(), None
@@ -66,5 +67,6 @@ def rank_copy(store_cfg: dict[str, Any]) -> Iterator[tuple[Path, RankMirror]]:
                 syncer.join()
                 if not view.lost.is_set():
                     final_push(mirror, view, checkpoints=False)  # status.json last, as the run ended
+                    mirror.push_folders()  # rank 0's offline W&B logs
         finally:
             shutil.rmtree(top, ignore_errors=True)
