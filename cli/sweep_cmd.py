@@ -38,7 +38,6 @@ round's plots; `sweep wandb` logs a store that trained without W&B.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -133,7 +132,12 @@ def _add_launch(s) -> None:
         help="submit the driver as a Ray Job (--address http://HEAD:8265, the dashboard) and return; "
         "--out must be a path every node sees, or s3://",
     )
-    q.add_argument("--spec-sha256", default=None, help=argparse.SUPPRESS)  # a detached driver's check of its spec copy
+    q.add_argument(
+        "--spec-sha256",
+        default=None,
+        help="set by `sweep launch --detach` for its driver: the sha256 of the submitted spec, which the driver's "
+        "copy in the store must match (default: no check)",
+    )
     q.set_defaults(func=run_launch)
 
 
@@ -513,6 +517,8 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
 def _check_spec_copy(spec: str, sha256: str | None) -> None:
     """A detached driver's spec is a copy in the store, which others may write: it must be the one
     its launcher submitted (the digest came in the job's command line)."""
+    from scalelab.store import files
+
     if sha256 is not None and hashlib.sha256((files.read_text(spec) or "").encode()).hexdigest() != sha256:
         raise UsageError(f"{spec}: not the spec that was submitted (its sha256 differs); launch it again")
 
