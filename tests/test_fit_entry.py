@@ -120,7 +120,7 @@ def test_fit_next_and_report_give_one_fit_of_one_store(tmp_path, capsys):
     assert main(["sweep", "next", str(sd), "--target-flops", "1e13", "--budget-flops", "9e12", "--json"]) == 0
     by_next = json.loads(capsys.readouterr().out)
     saved, note, _ = loop_fit(sd, runs, "all done runs")  # after it: the report shows the round's own fit
-    assert "round_1" in note
+    assert "round 1" in note  # the round whose saved fit (fits/round_1.json) the report shows
     assert by_next["replicates"] == by_report["replicates"] == 6 and by_fit["interval_method"].endswith("(B=6)")
     for name in ("E", "A", "B", "alpha", "beta"):
         values = {by_fit["params"][name], by_report["params"][name], by_next["params"][name], saved["params"][name]}

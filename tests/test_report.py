@@ -21,7 +21,7 @@ from chromium_check import render_and_check
 
 from scalelab.analysis.synthetic import SyntheticLaw, isoflop_design, launch_synthetic, write_synthetic_sweep
 from scalelab.cli.main import main
-from scalelab.store.ledger import read_ledger
+from scalelab.store.ledger import scored
 from scalelab.sweeps.propose import propose_next
 
 
@@ -193,7 +193,7 @@ def test_report_numbers_are_the_ledgers_and_the_fits(loop_report):
     assert set(backtests) == {"holdout", "leave_one_budget_out"}  # every protocol, as the demo prints
     for protocol, bt in record["backtest"].items():
         assert backtests[protocol][:2] == [f"{100 * bt['mare']:.2f}%", f"{100 * bt['bias']:+.2f}%"]
-    book = read_ledger(sd)
+    book = scored(sd)  # the report scores the ledger in memory (a report never writes the store)
     fits_table, preds_table = tables["Ledger: predictions against measured runs"]
     assert [r[0] for r in fits_table[1:]] == [str(f["round"]) for f in book["fits"]]
     rows = {r[1]: r for r in preds_table[1:]}
