@@ -3,10 +3,11 @@
 Two protocols over a RunTable (its `flops` are the runs' FLOP budgets):
 
 - `holdout_backtest`: hold out the largest-compute runs - by default every run in the largest FLOP
-  budget (runs within 5% of each other's FLOPs share a budget), or the top `holdout_frac` of runs
-  by FLOPs - fit on the rest, predict the held-out losses.
-- `leave_one_budget_out`: for each FLOP budget in turn (smallest first), fit on all other budgets
-  and predict it.
+  budget (runs within 5% of each other's FLOPs share a budget; or the group, when `labels` give the
+  table's compute groups: scalelab.fitting.compute_groups), or the top `holdout_frac` of runs by
+  FLOPs - fit on the rest, predict the held-out losses.
+- `leave_one_budget_out`: for each FLOP budget (or group) in turn (smallest first), fit on all other
+  budgets and predict it.
 
 Scores, per held-out run i:  rel_i = (pred_i - obs_i) / obs_i.
     MARE = mean |rel_i|,   bias = mean rel_i   (positive bias = the law over-predicts loss).
@@ -112,13 +113,17 @@ def relative_errors(predicted: np.ndarray, observed: np.ndarray) -> tuple[np.nda
     return rel, float(np.mean(np.abs(rel))), float(np.mean(rel))
 
 
-def holdout_mask(flops: np.ndarray, holdout_frac: float | None = None) -> np.ndarray:
+def holdout_mask(flops: np.ndarray, holdout_frac: float | None = None, labels: np.ndarray | None = None) -> np.ndarray:
     """Boolean mask of the held-out (largest-compute) runs.
 
-    holdout_frac None: the whole largest FLOP budget. Otherwise the ceil(frac * n) runs with the
-    largest FLOPs (ties at the cut are held out together, so a budget is never split).
+    holdout_frac None: the whole largest FLOP budget (the group of the run of largest compute, when
+    `labels` are given). Otherwise the ceil(frac * n) runs with the largest FLOPs (ties at the cut
+    are held out together, so a budget is never split).
     """
     flops = np.asarray(flops, dtype=float)
+    if holdout_frac is None and labels is not None:
+        labels = np.asarray(labels)
+        return labels == labels[int(np.argmax(flops))]
     if holdout_frac is None:
         labels = group_budgets(flops, rel_tol=BUDGET_REL_TOL)
         return labels == labels.max()
@@ -164,6 +169,7 @@ def holdout_backtest(
     holdout_frac: float | None = None,
     min_train: int = 2,
     min_budgets: int = 1,
+    labels: np.ndarray | None = None,
 ) -> BacktestResult:
     """Fit on the runs below the held-out compute and score the predictions of the held-out runs.
 
@@ -172,12 +178,13 @@ def holdout_backtest(
         fitter: train table -> predictor (test table -> predicted losses).
         holdout_frac: None for "the largest budget", else the fraction of runs held out by FLOPs.
         min_train, min_budgets: the training runs and FLOP budgets a fit needs (module docstring).
+        labels: per run, its compute group: the largest group is held out (default: FLOP budgets).
     Returns:
         BacktestResult with protocol "holdout".
     Raises:
         UsageError: too few training runs or budgets left.
     """
-    mask = holdout_mask(table.flops, holdout_frac)
+    mask = holdout_mask(table.flops, holdout_frac, labels)
     train, test = table.subset(~mask), table.subset(mask)
     why = _too_few(train, min_train, min_budgets)
     if why is not None:
@@ -190,15 +197,17 @@ def holdout_backtest(
 
 
 def leave_one_budget_out(
-    table: RunTable, fitter: Fitter, *, min_train: int = 2, min_budgets: int = 1
+    table: RunTable, fitter: Fitter, *, min_train: int = 2, min_budgets: int = 1, labels: np.ndarray | None = None
 ) -> BacktestResult:
     """Each FLOP budget in turn (smallest first) is held out; the others fit the law that predicts it.
 
-    Budgets are the `group` column when the table has one, else FLOPs within 5%. Budgets whose
-    complement is too small (min_train runs in min_budgets budgets), or whose fit fails, are skipped
-    (listed in warnings). The runs come out fold by fold.
+    Budgets are `labels` when given (the table's compute groups), else the `group` column when the
+    table has one, else FLOPs within 5%. Budgets whose complement is too small (min_train runs in
+    min_budgets budgets), or whose fit fails, are skipped (listed in warnings). The runs come out
+    fold by fold.
     """
-    labels = table.group if table.group is not None else group_budgets(table.flops)
+    if labels is None:
+        labels = table.group if table.group is not None else group_budgets(table.flops)
     parts: list[tuple[RunTable, np.ndarray, list[float]]] = []
     per_budget: dict[str, dict[str, float]] = {}
     warnings: list[str] = []
@@ -218,7 +227,7 @@ def leave_one_budget_out(
         smallest_train = min(smallest_train, len(train))
         parts.append((test, pred, [float(train.flops.min()), float(train.flops.max())]))
         _, mare, bias = relative_errors(pred, test.loss)
-        key = f"{float(np.exp(np.mean(np.log(test.flops)))):.4g}" if table.group is None else str(lab)
+        key = str(lab) if table.group is not None else f"{float(np.exp(np.mean(np.log(test.flops)))):.4g}"
         per_budget[key] = {"mare": mare, "bias": bias, "n_test": int(test_mask.sum())}
     if not parts:
         raise UsageError("leave-one-budget-out: no budget could be predicted (too few budgets or runs)")

@@ -76,6 +76,7 @@ def format_plan(p: dict[str, Any]) -> str:
         f"compute-optimal at C ({lvl}% intervals): N* = {si(opt['n'])} {iv(opt['n_interval'])}, "
         f"D* = {si(opt['d'])} {iv(opt['d_interval'])}, L*(C) = {opt['loss']['point']:.4f} "
         f"[{opt['loss']['lo']:.4f}, {opt['loss']['hi']:.4f}]",
+        *([f"  {opt['beside']}"] if opt.get("beside") else []),
         "the model: the shape rule's nearest shapes, each at D = C / 6N (law loss; cost over L*(C))",
         f"  {'':2}{'layers':>6} {'d_model':>7} {'params':>14} {'tokens':>16} {'loss':>8} {'cost':>8}",
     ]
