@@ -21,7 +21,8 @@ A parametric law (approach 3), in this order from one generator seeded with `opt
 3. Backtests (scalelab.fitting.backtest) over the table's compute groups (scalelab.fitting.compute_groups:
    a group column, the models of loss curves, FLOP budgets, or FLOP bins when the budgets are more
    than MAX_GROUPS): hold out the largest group; leave each group out in turn when there are 3 or
-   more; every fold refitted from the full fit and BACKTEST_STARTS grid rows. Their extrapolating
+   more; every fold refitted from the full fit and BACKTEST_STARTS grid rows, a protocol's folds in
+   one batch (scalelab.fitting.backtest.BatchedLawFitter). Their extrapolating
    folds give the law's out-of-sample error per decade (scalelab.fitting.predictive).
 4. A law of N and D: the compute frontier L*(C), N*(C) over the same groups (scalelab.fitting.frontier),
    which compute-optimal predictions come from, and the law's degeneracy findings against it
@@ -40,7 +41,7 @@ import numpy as np
 import torch
 
 from scalelab.errors import UsageError
-from scalelab.fitting.backtest import holdout_backtest, law_fitter, leave_one_budget_out
+from scalelab.fitting.backtest import BatchedLawFitter, holdout_backtest, leave_one_budget_out
 from scalelab.fitting.bootstrap import refit_bootstrap
 from scalelab.fitting.compute_groups import MAX_GROUPS, ComputeGroups, compute_groups
 from scalelab.fitting.curves import RunCurve
@@ -240,7 +241,7 @@ def fit_law_runs(table: RunTable, law_name: str, options: FitOptions) -> Scaling
         warm = law.to_fit(fit.params)[None, :]
         k = min(BACKTEST_STARTS, len(pool))
         starts = lambda: np.vstack([warm, pool[rng.choice(len(pool), k, replace=False)]])  # noqa: E731
-        fitter = law_fitter(law, starts, **fit_kwargs)
+        fitter = BatchedLawFitter(law, starts, **fit_kwargs)
         out.backtest = run_backtests(table, groups, fitter, options, law.n_params + 1, warnings)
         out.extrapolation = extrapolation_error(bt for bt in out.backtest.values() if "runs" in bt)
     if has_optimum(law.name):

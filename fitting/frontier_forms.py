@@ -32,8 +32,8 @@ from scalelab.errors import UsageError
 
 FLOOR_MARGIN = 0.03  # E within 3% of the lowest measured loss: the data's floor, not a fitted one
 GAMMA_BOUNDS = (1e-4, 3.0)
-GAMMA_STARTS = (0.03, 0.1, 0.3, 0.8)
-FLOOR_STARTS = (0.0, 0.5, 0.9)  # E as a fraction of the lowest point
+GAMMA_STARTS = (0.05, 0.2, 0.6)
+FLOOR_STARTS = (0.0, 0.8)  # E as a fraction of the lowest point
 
 
 @dataclass(frozen=True, kw_only=True)
