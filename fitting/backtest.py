@@ -119,15 +119,19 @@ class BatchedLawFitter:
         self.law, self.starts, self.fit_kwargs = law, starts, fit_kwargs
         self.queue: list[dict[str, float] | None] = []
 
-    def prepare(self, table: RunTable, masks: list[np.ndarray]) -> None:
+    def fit_all(self, table: RunTable, masks: list[np.ndarray]) -> list[dict[str, float] | None]:
+        """The law refitted on each mask's runs, in one batch (None where it cannot be)."""
         if not masks:
-            return
+            return []
         keep = np.stack(masks)
         inputs = {k: v for k, v in table.law_inputs().items() if k in self.law.inputs}
         weights = np.broadcast_to(np.ones(len(table)) if table.weight is None else table.weight, keep.shape)
         starts = np.stack([self.starts() if callable(self.starts) else self.starts for _ in masks])
         losses = np.broadcast_to(table.loss, keep.shape)
-        self.queue = refit_replicates(self.law, inputs, losses, keep, np.array(weights), starts, **self.fit_kwargs)
+        return refit_replicates(self.law, inputs, losses, keep, np.array(weights), starts, **self.fit_kwargs)
+
+    def prepare(self, table: RunTable, masks: list[np.ndarray]) -> None:
+        self.queue = self.fit_all(table, masks)
 
     def __call__(self, train: RunTable) -> Predictor:
         params = self.queue.pop(0)

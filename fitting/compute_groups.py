@@ -8,9 +8,9 @@
 A table's own columns decide (the first that applies):
 
 1. a `group` column: its labels, as given;
-2. loss curves (checkpoints of a few models: each size seen at several token counts, and few runs
-   sharing a FLOP budget): one group per model, each scored on its last 30% of tokens (its earlier
-   checkpoints sit inside the smaller models' compute);
+2. loss curves (checkpoints of a few models: each size seen at MIN_CHECKPOINTS or more token counts
+   on average): one group per model, each scored on its last 30% of tokens (its earlier checkpoints
+   sit inside the smaller models' compute);
 3. FLOP budgets: runs within 5% of each other's FLOPs share one (scalelab.fitting.approaches.group_budgets);
 4. more budgets than MAX_GROUPS (FLOPs read off a figure, or a design of scattered budgets): the
    budgets merged into MAX_GROUPS FLOP bins, split at the widest gaps in log C, so that backtests and
@@ -42,14 +42,16 @@ class ComputeGroups:
         return int(np.unique(self.labels).size)
 
 
-def is_curve_table(params: np.ndarray, tokens: np.ndarray, flops: np.ndarray) -> bool:
-    """Checkpoints of a few models: sizes repeat at three or more token counts on average, and most
-    runs have a FLOP budget of their own (an IsoFLOP design's runs share a handful)."""
+MIN_CHECKPOINTS = 8  # token counts per size, on average, that make a table loss curves
+
+
+def is_curve_table(params: np.ndarray, tokens: np.ndarray) -> bool:
+    """Checkpoints of a few models: each size seen at MIN_CHECKPOINTS or more token counts on average
+    (an IsoFLOP design that reuses its sizes sees each at one token count per budget, a handful)."""
     sizes = np.unique(params)
     if sizes.size > params.size / 3:
         return False
-    counts = [np.unique(tokens[params == n]).size for n in sizes]
-    return float(np.mean(counts)) >= 3 and np.unique(group_budgets(flops)).size > params.size / 2
+    return float(np.mean([np.unique(tokens[params == n]).size for n in sizes])) >= MIN_CHECKPOINTS
 
 
 def merge_at_gaps(flops: np.ndarray, budgets: np.ndarray, num_bins: int) -> np.ndarray:
@@ -70,7 +72,7 @@ def compute_groups(table: RunTable, max_groups: int = MAX_GROUPS) -> ComputeGrou
     if table.group is not None:
         n = np.unique(table.group).size
         return ComputeGroups(labels=np.asarray(table.group), kind="group column", note=f"{n} groups (the group column)")
-    if is_curve_table(table.params, table.tokens, table.flops):
+    if is_curve_table(table.params, table.tokens):
         last = np.array(
             [
                 t >= (1.0 - SCORED_TAIL) * table.tokens[table.params == n].max()

@@ -11,11 +11,20 @@ proposals all read L*(C), N*(C) through here, from a live fit (scalelab.fitting.
 saved one (scalelab.fitting.from_report, scalelab.planning.loss_model). Without a frontier (fewer
 than three measured minima) the surface answers, and says so (`source`).
 
-A run at (N, D) near the optimum takes the frontier's L*(C) times the surface's excess there, its
-own loss over its optimum along the same compute, L_s(N, D) / L_s*(C) >= 1: the frontier fixes the
-level, which the surface extrapolates badly, and the surface the small cost of being off the optimum
-(a shape's rounding, a size between two shapes), which it measures well. The interval is the
-frontier's. A degenerate surface (scalelab.fitting.degeneracy) predicts every run this way.
+The surface is also the frontier's third candidate (scalelab.fitting.frontier_calibration), weighted
+as its forward folds earn it: at C, L_s at the frontier's N*(C) (its own optimum where the frontier
+has no N* line). A run at (N, D) takes the frontier's forms times the surface's excess there, its
+loss over that reference along the same compute, x = L_s(N, D) / L_s(N*, C / 6N*), and the surface
+candidate at (N, D) itself: the frontier fixes the level, which the surface extrapolates badly, and
+the surface the cost of being elsewhere than N* along the IsoFLOP line (a shape's rounding, a size
+between two shapes), which it measures well. The interval is the frontier's.
+
+An envelope of loss curves (a few models, each along its own fixed schedule) is the best the family's
+sizes achieved, not an optimum, and the curves pin the surface's dependence on D within each model:
+there a run at (N, D) is the surface's own prediction, its interval's scale the frontier's with the
+surface's distance from the frontier's point as its spread, calibrated on the surface's own forward
+errors on the envelope (FrontierFit.run_interval). A degenerate surface is no candidate
+(scalelab.fitting.degeneracy): it predicts every run at the frontier's level (x = 1 for an envelope).
 """
 
 from __future__ import annotations
@@ -92,6 +101,25 @@ def _from_frontier(pred: FrontierPrediction, point: float) -> PredictionInterval
     return out
 
 
+def _reference_size(frontier: FrontierFit, surface: Surface, flops: float) -> float:
+    """Where the frontier reads the surface at C: its own N*(C) line, else the surface's optimum."""
+    n_opt = frontier.n_opt(flops)[0]
+    return n_opt if n_opt is not None else surface.optimum(flops)[0]
+
+
+def _surface_at(frontier: FrontierFit, surface: Surface):
+    """The surface as the frontier's third candidate (C -> its loss at the reference size), or None
+    for a degenerate surface."""
+    if not surface.holds:
+        return None
+
+    def at(c: float) -> float:
+        n_ref = _reference_size(frontier, surface, c)
+        return surface.point(n_ref, c / (6.0 * n_ref))
+
+    return at
+
+
 def compute_optimal(frontier: FrontierFit | None, surface: Surface, flops: float) -> ComputeOptimal:
     """L*(C), N*(C), D*(C) at `flops` (module docstring)."""
     n_s, _, l_s = surface.optimum(flops)
@@ -103,7 +131,7 @@ def compute_optimal(frontier: FrontierFit | None, surface: Surface, flops: float
             flops=flops, source="surface", loss=loss, n_opt=n_s, d_opt=flops / (6.0 * n_s), n_interval=None,
             forms={}, surface_loss=l_s, surface_n=n_s, surface_interval=s_iv, disagree=False,
         )  # fmt: skip
-    pred = frontier.predict(flops)
+    pred = frontier.predict(flops, _surface_at(frontier, surface))
     n_opt = pred.n_opt if pred.n_opt is not None else n_s
     loss = _from_frontier(pred, pred.point)
     disagree = not loss.lo <= l_s <= loss.hi or (s_iv is not None and not s_iv[0] <= loss.point <= s_iv[1])
@@ -116,6 +144,14 @@ def compute_optimal(frontier: FrontierFit | None, surface: Surface, flops: float
 
 def anchored_interval(frontier: FrontierFit, surface: Surface, n: float, d: float, flops: float) -> PredictionInterval:
     """A run at (N, D) of budget `flops`: the frontier's L*(C) times the surface's excess (module docstring)."""
-    excess = max(surface.point(n, d) / surface.optimum(flops)[2], 1.0)
-    pred = frontier.predict(flops)
+    at_n_d = surface.point(n, d)
+    if frontier.kind == "envelope":
+        if not surface.holds:
+            pred = frontier.predict(flops)
+            return _from_frontier(pred, pred.point)
+        return _from_frontier(frontier.run_interval(flops, at_n_d, _surface_at(frontier, surface)), at_n_d)
+    n_ref = _reference_size(frontier, surface, flops)
+    excess = at_n_d / surface.point(n_ref, flops / (6.0 * n_ref))
+    # the surface candidate at (N, D), scaled back by the excess the forms are multiplied by
+    pred = frontier.predict(flops, (lambda _c: at_n_d / excess) if surface.holds else None)
     return _from_frontier(pred, pred.point * excess)

@@ -238,14 +238,12 @@ def fit_law_runs(table: RunTable, law_name: str, options: FitOptions) -> Scaling
     groups = compute_groups(table)
     out.groups = groups.note
     if options.backtest:
-        warm = law.to_fit(fit.params)[None, :]
-        k = min(BACKTEST_STARTS, len(pool))
-        starts = lambda: np.vstack([warm, pool[rng.choice(len(pool), k, replace=False)]])  # noqa: E731
-        fitter = BatchedLawFitter(law, starts, **fit_kwargs)
+        fitter = BatchedLawFitter(law, starts_of(law, fit, pool, rng), **fit_kwargs)
         out.backtest = run_backtests(table, groups, fitter, options, law.n_params + 1, warnings)
         out.extrapolation = extrapolation_error(bt for bt in out.backtest.values() if "runs" in bt)
     if has_optimum(law.name):
-        _frontier_and_findings(out, law, groups, fit, warnings)
+        folds = BatchedLawFitter(law, starts_of(law, fit, pool, rng), **fit_kwargs)
+        _frontier_and_findings(out, law, groups, fit, warnings, _surface_folds(law, table, folds))
     if options.gates and has_optimum(law.name):
         out.target_flops = float(options.target_flops or 3.0 * table.flops.max())
         out.gates = check_gates(
@@ -264,12 +262,39 @@ def fit_law_runs(table: RunTable, law_name: str, options: FitOptions) -> Scaling
     return out
 
 
-def _frontier_and_findings(out: ScalingFit, law: Law, groups: ComputeGroups, fit, warnings: list[str]) -> None:
+def starts_of(law: Law, fit, pool: np.ndarray, rng: np.random.Generator):
+    """A refit's starts (a backtest fold, a frontier fold): the full fit's optimum and BACKTEST_STARTS
+    rows of the start pool, drawn from the fit's one generator when called."""
+    warm = law.to_fit(fit.params)[None, :]
+    k = min(BACKTEST_STARTS, len(pool))
+    return lambda: np.vstack([warm, pool[rng.choice(len(pool), k, replace=False)]])
+
+
+def _surface_folds(law: Law, table: RunTable, fitter: BatchedLawFitter):
+    """The frontier's forward folds' surfaces: the law refitted on the runs up to each compute cutoff,
+    in one batch; (N, D) -> loss per cutoff, None where the runs cannot fit it."""
+
+    def folds(cutoffs: list[float]):
+        masks = [table.flops <= c * (1.0 + 1e-9) for c in cutoffs]
+        usable = [m for m in masks if m.sum() > law.n_params]
+        fitted = iter(fitter.fit_all(table, usable))
+        out = []
+        for m in masks:
+            params = next(fitted) if m.sum() > law.n_params else None
+            out.append(None if params is None else (lambda n, d, p=params: law.predict(p, params=n, tokens=d)))
+        return out
+
+    return folds
+
+
+def _frontier_and_findings(out: ScalingFit, law: Law, groups: ComputeGroups, fit, warnings: list[str], folds) -> None:
     """The frontier of the runs (when they measure one) and the law's degeneracy findings: each said in
     the warnings, once."""
     t = out.table
     try:
-        out.frontier = fit_frontier(t.params, t.tokens, t.loss, t.flops, groups, level=out.options.level)
+        out.frontier = fit_frontier(
+            t.params, t.tokens, t.loss, t.flops, groups, level=out.options.level, surface_folds=folds
+        )
         warnings.extend(out.frontier.warnings)
     except UsageError as e:
         warnings.append(f"no frontier fit: {e}")

@@ -17,8 +17,11 @@ By the table's groups (scalelab.fitting.compute_groups):
   point of the frontier: the mean log loss of its best size.
 - Loss curves (checkpoints of a few models): the envelope over models (Approach 1). Every model's
   curve is interpolated linearly in (log C, log L) within its own range; at each of ENVELOPE_BINS
-  compute bins across the table's range (at least 0.1 decades apart) the lowest live curve is the
-  frontier there, and its model N*. N* is "bracketed" when a larger and a smaller live model lost.
+  compute bins across the table's range (at least 0.1 decades apart) where two or more curves are
+  live, the lowest is the frontier there, and its model N*. Where one curve alone is live the point
+  measures that model's token scaling, not a choice between sizes, and is not a frontier point (a
+  family whose sizes train to one token count overlaps little in compute: its envelope is short).
+  N* is "bracketed" when a larger and a smaller live model lost.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ MIN_ENVELOPE_DECADES = 0.1  # ... at least this far apart
 @dataclass(frozen=True, slots=True)
 class FrontierPoint:
     flops: float  # the group's reference compute (its runs' geometric mean; an envelope bin's centre)
+    flops_max: float  # its largest run's compute (a forward fold up to this point fits the runs up to it)
     loss: float  # L* there
     n_opt: float  # N* there (the best size of a point; the winning model of the envelope)
     n_interval: tuple[float, float] | None  # a located minimum's interval on N* (delta method)
@@ -75,9 +79,9 @@ def _points_of_small_groups(params, loss, flops, labels, keys) -> list[FrontierP
         means = [float(np.mean(np.log(loss[idx][params[idx] == n]))) for n in sizes]
         best = int(np.argmin(means))
         ref = float(np.exp(np.mean(np.log(flops[idx]))))
-        out.append(
-            FrontierPoint(ref, float(np.exp(means[best])), float(sizes[best]), None, False, False, True, idx.size)
-        )
+        top = float(flops[idx].max())
+        out.append(FrontierPoint(ref, top, float(np.exp(means[best])), float(sizes[best]), None, False, False, True,
+                                 idx.size))  # fmt: skip
     return out
 
 
@@ -98,22 +102,26 @@ def _slice_points(params, tokens, loss, flops, labels, keys, level) -> tuple[lis
         identified, warnings = False, []
     if identified:
         method = f"IsoFLOP shape fit (exponents {shape.alpha:.3f}, {shape.beta:.3f} shared by {len(keys)} slices)"
+        tops = [float(flops[labels == k].max()) for k in np.unique(labels[mask])]  # shape_minima's order
         out = []
-        for p in found:
+        for p, top in zip(found, tops):
             if p.x_star is None:
-                out.append(FrontierPoint(p.flops, p.loss_star, float("nan"), None, False, False, False, p.num_runs))
+                out.append(
+                    FrontierPoint(p.flops, top, p.loss_star, float("nan"), None, False, False, False, p.num_runs)
+                )
                 continue
             inside = p.x_range[0] < p.x_star < p.x_range[1]
             iv = None if p.x_interval is None else (float(np.exp(p.x_interval[0])), float(np.exp(p.x_interval[1])))
             n_opt = float(np.exp(p.x_star))
-            out.append(FrontierPoint(p.flops, p.loss_star, n_opt, iv, True, inside, inside, p.num_runs))
+            out.append(FrontierPoint(p.flops, top, p.loss_star, n_opt, iv, True, inside, inside, p.num_runs))
         return out, method, warnings
     out = []
     for k in keys:
         idx = np.flatnonzero(labels == k)
         m = budget_minimum(params[idx], loss[idx], flops[idx], level=level)
         ok = m is not None and m.used
-        out.append(FrontierPoint(m.flops, m.loss_opt, m.n_opt, m.n_opt_interval, ok, ok, ok, idx.size))
+        top = float(flops[idx].max())
+        out.append(FrontierPoint(m.flops, top, m.loss_opt, m.n_opt, m.n_opt_interval, ok, ok, ok, idx.size))
     return out, "parabolas in ln N per slice (the shared shape is not identified by these slices)", []
 
 
@@ -134,7 +142,7 @@ def envelope(params, tokens, loss, flops) -> list[FrontierPoint]:
     out = []
     for g in np.linspace(lo, hi, num):
         live = [c for c in curves if c[1][0] <= g <= c[1][-1]]
-        if not live:
+        if len(live) < 2:
             continue
         values = np.array([np.interp(g, c[1], c[2]) for c in live])
         best = int(np.argmin(values))
@@ -142,7 +150,15 @@ def envelope(params, tokens, loss, flops) -> list[FrontierPoint]:
         bracketed = min(sizes) < live[best][0] < max(sizes)
         out.append(
             FrontierPoint(
-                float(10**g), float(np.exp(values[best])), live[best][0], None, False, bracketed, True, len(live)
+                float(10**g),
+                float(10**g),
+                float(np.exp(values[best])),
+                live[best][0],
+                None,
+                False,
+                bracketed,
+                True,
+                len(live),
             )
         )
     return out

@@ -205,11 +205,15 @@ class ScalingFit:
         return anchored_interval(self.frontier, self.surface(), n, d, flops)
 
     def predict_interval(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
-        """Point prediction at (N, D) and its interval: bootstrap + run noise + extrapolation error
-        (law "auto": the stacked law's, with the weights' spread as a fourth part). A degenerate law
-        with a frontier predicts at the frontier's level instead (optimal_run_interval)."""
+        """Point prediction at (N, D) and its interval: the surface's (surface_interval), or, for a
+        degenerate law with a frontier, at the frontier's level (optimal_run_interval)."""
         if self.frontier is not None and not self.surface_holds:
             return anchored_interval(self.frontier, self.surface(), n, d, flops if flops is not None else 6.0 * n * d)
+        return self.surface_interval(n, d, flops)
+
+    def surface_interval(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
+        """The law's own prediction at (N, D) and its interval: bootstrap + run noise + extrapolation
+        error (law "auto": the stacked law's, with the weights' spread as a fourth part)."""
         if self.stacked is not None:
             return self.stacked.predict_interval(n, d, flops)
         reps = np.array([float(self.predict(n, d, p)) for p in self.draws])

@@ -147,7 +147,7 @@ class Stack:
         )
 
 
-def _simplex_lsq(r: np.ndarray, omega: np.ndarray) -> np.ndarray:
+def simplex_least_squares(r: np.ndarray, omega: np.ndarray) -> np.ndarray:
     """argmin_w sum_g omega_g (r_g . w)^2 with w >= 0, sum w = 1 (r: (G, K))."""
     k = r.shape[1]
     if k == 1:
@@ -262,13 +262,13 @@ def _rule(ev: _Evidence, inc: int, rule: StackRule) -> tuple[np.ndarray, bool, b
         mean, se = _bias(ev.r[:, inc], ev.omega, ev.noise_se)
         if not abs(mean) > rule.z_adopt * se:
             return keep, False, True
-        return _simplex_lsq(ev.r, ev.omega), True, True
+        return simplex_least_squares(ev.r, ev.omega), True, True
     slopes = _slopes(ev)
     if slopes is None:
         return keep, False, False
     if not abs(slopes[0][inc]) > rule.z_adopt * slopes[1][inc]:
         return keep, False, True
-    return _simplex_lsq(slopes[0][None, :], np.ones(1)), True, True
+    return simplex_least_squares(slopes[0][None, :], np.ones(1)), True, True
 
 
 def stack_weights(
