@@ -191,7 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="table", help="--table: its family name")
     ap.add_argument("--origins", default=",".join(map(str, ORIGINS)))
     ap.add_argument("--json", type=pathlib.Path, default=None, help="write the rows and the summary here")
+    ap.add_argument("--epoch-table", type=pathlib.Path, default=None,
+                    help="write Epoch's 240 runs (params, tokens, flops, loss) here and stop")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.epoch_table is not None:
+        fit_public.load_epoch(args.epoch_csv).select("params", "tokens", "flops", "loss").write_csv(args.epoch_table)
+        return 0
     origins = [float(x) for x in args.origins.split(",")]
     if args.table is not None:
         frames = {args.name: pl.read_csv(args.table)}
