@@ -174,7 +174,8 @@ def form_weights(pairs: list[Pair], leave_out: int | None = None) -> tuple[dict[
         per_fold.append([w[have.index(k)] if k in have else np.nan for k in names])
     if not per_fold:
         return dict(PRIOR_WEIGHTS), 0
-    med = np.nan_to_num(np.nanmedian(np.array(per_fold), axis=0))
+    table = np.array(per_fold)
+    med = np.array([np.median(col[np.isfinite(col)]) if np.isfinite(col).any() else 0.0 for col in table.T])
     med = med / med.sum() if med.sum() > 0 else np.array(list(PRIOR_WEIGHTS.values()))
     n = len(per_fold)
     prior = np.array(list(PRIOR_WEIGHTS.values()))
