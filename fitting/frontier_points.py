@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from scalelab.errors import UsageError
-from scalelab.fitting.approaches import budget_minimum
+from scalelab.fitting.approaches import budget_minimum, curves_by_size
 from scalelab.fitting.compute_groups import ComputeGroups
 from scalelab.fitting.isoflop_shape import shape_minima
 
@@ -128,13 +128,7 @@ def _slice_points(params, tokens, loss, flops, labels, keys, level) -> tuple[lis
 def envelope(params, tokens, loss, flops) -> list[FrontierPoint]:
     """The lower envelope of the models' loss curves in compute (module docstring)."""
     del tokens  # the envelope is read along compute; D follows from N
-    curves = []
-    for size in np.unique(params):
-        idx = np.flatnonzero(params == size)
-        if idx.size < 2:
-            continue
-        order = idx[np.argsort(flops[idx])]
-        curves.append((float(size), np.log10(flops[order]), np.log(loss[order])))
+    curves = [(size, np.log10(flops[order]), np.log(loss[order])) for size, order in curves_by_size(params, flops)]
     if not curves:
         return []
     lo, hi = min(c[1][0] for c in curves), max(c[1][-1] for c in curves)
