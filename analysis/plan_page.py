@@ -37,6 +37,8 @@ PART_MEANING = {
     "noise": "a new run's own noise (seeds, data order)",
     "extrapolation": "the law's out-of-sample error per decade (backtests) at this distance",
     "holdout": "what the fit's hold-out missed by (too close to scale per decade)",
+    "frontier fit": "the frontier L*(C)'s forms at C (delta method), scaled by its forward folds' calibration",
+    "frontier noise": "the budgets' minima's scatter about the frontier, scaled as above",
     "lr": "training at the edge of the LR's interval (curvature of loss in log LR)",
     "batch": "training at the edge of the batch's interval (curvature of loss in log batch)",
 }

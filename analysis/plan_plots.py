@@ -27,6 +27,8 @@ PART_LABELS = {
     "noise": "fit: run noise",
     "extrapolation": "fit: extrapolation",
     "holdout": "fit: hold-out miss",
+    "frontier fit": "frontier: its fit",
+    "frontier noise": "frontier: minima's noise",
     "lr": "HP: LR at its edge",
     "batch": "HP: batch at its edge",
 }

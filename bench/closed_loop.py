@@ -18,6 +18,8 @@ scored runs exist: `fit.law: auto`, the stacked law of scalelab.fitting.ensemble
 
     python bench/closed_loop.py --out results/bench/closed_loop      # ~1-2 h on 2 idle cores
     python bench/closed_loop.py --out results/bench/closed_loop --resume   # a stopped store: its latest round, then on
+    python bench/closed_loop.py --out DIR --seed S --first-round   # round 0 alone (a recorded store's first round
+                                                                 # again, for bench/score_store.py --far)
 
 Prints the fits per round (weights, the interval of L*(T) at T = 30x), the ledger (each run as
 predicted by the round that proposed it) and the matrix of every round's prediction of every
@@ -80,6 +82,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1, help="training seed of round 0 (the 2nd seed of a scored run: +1)")
     ap.add_argument("--num-cpus", type=int, default=None)
     ap.add_argument("--report-only", action="store_true", help="print the tables of a finished store")
+    ap.add_argument("--first-round", action="store_true", help="train round 0 alone and stop")
     ap.add_argument(
         "--resume", action="store_true", help="continue a stopped store: launch its latest round, then the distances"
     )
@@ -91,6 +94,10 @@ def main() -> None:
     spec["base"]["train"]["seed"] = args.seed
     largest = max(spec["isoflop"]["budgets"])
     target = MULTIPLES[-1] * largest
+    if args.first_round:
+        launch(expand_sweep(spec), sweep_dir, spec_text=yaml.safe_dump(spec, sort_keys=False), spec_name="loop",
+               num_cpus=args.num_cpus)  # fmt: skip
+        return
     if not args.report_only:
         _run(spec, sweep_dir, largest, target, args.num_cpus, args.resume)
     ledger.score(sweep_dir)

@@ -139,6 +139,33 @@ def load_pile_t5() -> pl.DataFrame:
     ).sort("params", "tokens")
 
 
+# RedPajama-INCITE (Together, 2023), digitised curves as the Hitchhiker's release has them: tokens in
+# billions and loss, no header; the two models under the names the release gives them (2.4B, 6.7B).
+REDPAJAMA_SIZES = {"2.4B": 2.4e9, "6.7B": 6.7e9}
+
+
+def load_redpajama() -> pl.DataFrame:
+    frames = []
+    for name, n in REDPAJAMA_SIZES.items():
+        a = np.loadtxt(DATA / f"redpajama_{name}.csv", delimiter=",")
+        frames.append(pl.DataFrame({"model": [name] * len(a), "params": np.full(len(a), n), "tokens": a[:, 0] * 1e9,
+                                    "loss": a[:, 1]}))  # fmt: skip
+    return pl.concat(frames).sort("params", "tokens")
+
+
+EPOCH_DROPPED = 5  # Besiroglu et al. 2024 leave out the five runs of highest loss (their notebook's rule)
+
+
+def load_epoch(path) -> pl.DataFrame:
+    """Epoch AI's extraction of Chinchilla's runs (Besiroglu et al. 2024; not in this repository: see
+    docs/frontier.md for how to get it): columns 'Model Size', 'Training FLOP', 'loss'; D = C / 6N;
+    the EPOCH_DROPPED highest losses left out, as their analysis does (240 runs remain)."""
+    df = pl.read_csv(path).select(params="Model Size", flops="Training FLOP", loss="loss").drop_nulls()
+    cut = df["loss"].sort(descending=True)[EPOCH_DROPPED - 1]
+    df = df.filter(pl.col("loss") < cut).with_columns(tokens=pl.col("flops") / (6 * pl.col("params")))
+    return df.with_columns(model=pl.lit("chinchilla")).select("model", "params", "tokens", "flops", "loss")
+
+
 FAMILIES = {"OPT": load_opt, "GPT-3": load_gpt3, "LM-1 (Alabdulmohsin)": load_revisiting_lm}
 # Scored only after the method was fixed, never used to choose or tune it (bench/fit_public_auto.py --held-out).
 HELD_OUT_FAMILIES = {"Pile-T5": load_pile_t5}

@@ -337,6 +337,7 @@ def run_fit(args: argparse.Namespace) -> int:
         from scalelab.sweeps.proposal_text import format_gates
 
         print(format_gates(report["gates"]))
+    _print_frontier(fit)
     if "stacked" in report:
         _print_stacked(report["stacked"])
     elif "selection" in report:
@@ -367,6 +368,26 @@ def _print_parameters(report: dict) -> None:
     for name, val in {**report["params"], **report["derived"]}.items():
         shown = _iv(report["intervals"].get(name))
         print(f"{name:<16}{_fmt(val):>12}   {shown:<{width}}{meaning(report['law'], name)}")
+
+
+def _print_frontier(fit) -> None:
+    """How the runs were grouped, the law's degeneracy findings (one line each) and the frontier with
+    its compute-optimal prediction at 10x the largest budget beside the surface's."""
+    from scalelab.fitting.degeneracy import DEGENERATE
+    from scalelab.fitting.frontier import format_frontier
+
+    if fit.groups:
+        print(f"groups: {fit.groups}")
+    for f in fit.degeneracy:
+        if f.name in DEGENERATE:
+            print(f"degenerate law: {f.line}")
+    if fit.frontier is None:
+        return
+    print("\n".join(format_frontier(fit.frontier)))
+    print("  " + fit.compute_optimal(10.0 * float(fit.budgets.max())).line())
+    if not fit.surface_holds:
+        print("  the law is degenerate: compute-optimal predictions come from the frontier, and (N, D) predictions "
+              "take its level (scalelab predict)")  # fmt: skip
 
 
 def _print_stacked(st: dict) -> None:
@@ -437,14 +458,17 @@ def run_predict(args: argparse.Namespace) -> int:
         for i, loss in enumerate(out["loss"]):
             row = f"{_fmt(loss):>10}   {_iv(ivs[i]):<22}{_iv(pis[i])}"
             print("".join(f"{_fmt(out[k][i]):>14}" for k in keys) + row)
-        if out["loss_interval"] is None:
+        if out.get("note"):
+            print(out["note"])
+        elif out["loss_interval"] is None:
             print("no intervals: the saved fit holds no parameter samples (refit with --out FIT.json)")
     return 0
 
 
 def _print_allocations(out: dict) -> None:
     lvl = int(round(100 * out["level"]))
-    print(f"compute-optimal allocation ({out['law']}, approach {out['approach']}; {lvl}% intervals)")
+    source = out["allocations"][0].get("source", "surface") if out["allocations"] else "surface"
+    print(f"compute-optimal allocation ({out['law']}, approach {out['approach']}, from the {source}; {lvl}% intervals)")
     for r in out["allocations"]:
         print(
             f"C={_fmt(r['flops'])}: N*={_fmt(r['n_opt'])} {_iv(r['n_opt_interval'])}  "
@@ -453,6 +477,8 @@ def _print_allocations(out: dict) -> None:
             + (f"  L*={_fmt(r['loss_opt'])} {_iv(r['loss_opt_interval'])}" if "loss_opt" in r else "")
             + ("  (optimum at the search bound)" if r["at_bound"] else "")
         )
+        if "line" in r:
+            print(f"  {r['line']}")
 
 
 def run_allocate(args: argparse.Namespace) -> int:

@@ -346,6 +346,17 @@ def _shape_minima(params, loss, flops, labels, level, min_sizes) -> tuple[list[B
     return minima, warnings
 
 
+def curves_by_size(params: np.ndarray, flops: np.ndarray) -> list[tuple[float, np.ndarray]]:
+    """A table's loss curves: (size, the indices of its points in order of compute) for every size
+    with two or more points."""
+    out = []
+    for size in np.unique(params):
+        idx = np.flatnonzero(params == size)
+        if idx.size >= 2:
+            out.append((float(size), idx[np.argsort(flops[idx])]))
+    return out
+
+
 def approach1(
     *,
     params: np.ndarray,
@@ -374,13 +385,10 @@ def approach1(
         UsageError: fewer than 2 sizes with curves, or fewer than 2 interior envelope budgets.
     """
     params, tokens, loss, flops = _check_arrays(params, tokens, loss, flops)
-    curves = []
-    for size in np.unique(params):
-        idx = np.flatnonzero(params == size)
-        if idx.size < 2:
-            continue
-        order = idx[np.argsort(flops[idx])]
-        curves.append((float(size), np.log(flops[order]), np.log(loss[order]), np.log(tokens[order])))
+    curves = [
+        (size, np.log(flops[order]), np.log(loss[order]), np.log(tokens[order]))
+        for size, order in curves_by_size(params, flops)
+    ]
     if len(curves) < 2:
         raise UsageError("Approach 1 needs training curves: at least 2 model sizes with >= 2 checkpoints each")
     lo = min(c[1][0] for c in curves)

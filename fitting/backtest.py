@@ -3,10 +3,11 @@
 Two protocols over a RunTable (its `flops` are the runs' FLOP budgets):
 
 - `holdout_backtest`: hold out the largest-compute runs - by default every run in the largest FLOP
-  budget (runs within 5% of each other's FLOPs share a budget), or the top `holdout_frac` of runs
-  by FLOPs - fit on the rest, predict the held-out losses.
-- `leave_one_budget_out`: for each FLOP budget in turn (smallest first), fit on all other budgets
-  and predict it.
+  budget (runs within 5% of each other's FLOPs share a budget; or the group, when `labels` give the
+  table's compute groups: scalelab.fitting.compute_groups), or the top `holdout_frac` of runs by
+  FLOPs - fit on the rest, predict the held-out losses.
+- `leave_one_budget_out`: for each FLOP budget (or group) in turn (smallest first), fit on all other
+  budgets and predict it.
 
 Scores, per held-out run i:  rel_i = (pred_i - obs_i) / obs_i.
     MARE = mean |rel_i|,   bias = mean rel_i   (positive bias = the law over-predicts loss).
@@ -16,7 +17,11 @@ law's out-of-sample error per decade (scalelab.fitting.predictive.extrapolation_
 A fold is fitted only with at least `min_train` training runs in at least `min_budgets` budgets
 (a law of N and D fitted to one budget is not identified). The fitter is injected:
 `fitter(train: RunTable) -> predict(test: RunTable) -> losses`, called once per fold in the order
-above, so the same protocol scores any law or approach (`law_fitter` builds it for a law).
+above, so the same protocol scores any law or approach (`law_fitter` builds it for a law). A fitter
+with a `prepare(table, train_masks)` method is shown every fold's training runs first, in the order
+it will then be called: `BatchedLawFitter` refits all of them in one batched L-BFGS (a batched
+iteration costs about the same for one fold's starts as for twelve folds', so twelve sequential
+refits took twelve times as long; scalelab.fitting.bootstrap.refit_replicates).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import numpy as np
 
 from scalelab.errors import UsageError
 from scalelab.fitting.approaches import BUDGET_REL_TOL, group_budgets
-from scalelab.fitting.bootstrap import refit_law
+from scalelab.fitting.bootstrap import refit_law, refit_replicates
 from scalelab.fitting.io import RunTable
 from scalelab.fitting.laws import Law
 
@@ -104,6 +109,38 @@ def law_fitter(law: Law, starts, **fit_kwargs) -> Fitter:
     return fitter
 
 
+class BatchedLawFitter:
+    """A backtest fitter whose folds are refitted together (module docstring): `prepare` refits every
+    fold's training runs from `starts()` (called once per fold, in order) in one batch; each call then
+    returns the next fold's predictor (a fold refit_replicates cannot fit raises UsageError, as
+    fit_law would)."""
+
+    def __init__(self, law: Law, starts, **fit_kwargs) -> None:
+        self.law, self.starts, self.fit_kwargs = law, starts, fit_kwargs
+        self.queue: list[dict[str, float] | None] = []
+
+    def fit_all(self, table: RunTable, masks: list[np.ndarray]) -> list[dict[str, float] | None]:
+        """The law refitted on each mask's runs, in one batch (None where it cannot be)."""
+        if not masks:
+            return []
+        keep = np.stack(masks)
+        inputs = {k: v for k, v in table.law_inputs().items() if k in self.law.inputs}
+        weights = np.broadcast_to(np.ones(len(table)) if table.weight is None else table.weight, keep.shape)
+        starts = np.stack([self.starts() if callable(self.starts) else self.starts for _ in masks])
+        losses = np.broadcast_to(table.loss, keep.shape)
+        return refit_replicates(self.law, inputs, losses, keep, np.array(weights), starts, **self.fit_kwargs)
+
+    def prepare(self, table: RunTable, masks: list[np.ndarray]) -> None:
+        self.queue = self.fit_all(table, masks)
+
+    def __call__(self, train: RunTable) -> Predictor:
+        params = self.queue.pop(0)
+        if params is None:
+            raise UsageError(f"{self.law.name}: the fold's runs cannot be fitted")
+        law = self.law
+        return lambda test: np.asarray(law.predict(params, **{k: test.law_inputs()[k] for k in law.inputs}))
+
+
 def relative_errors(predicted: np.ndarray, observed: np.ndarray) -> tuple[np.ndarray, float, float]:
     """(per-run relative error, MARE, signed bias) with rel = (pred - obs) / obs."""
     predicted = np.asarray(predicted, dtype=float)
@@ -112,13 +149,17 @@ def relative_errors(predicted: np.ndarray, observed: np.ndarray) -> tuple[np.nda
     return rel, float(np.mean(np.abs(rel))), float(np.mean(rel))
 
 
-def holdout_mask(flops: np.ndarray, holdout_frac: float | None = None) -> np.ndarray:
+def holdout_mask(flops: np.ndarray, holdout_frac: float | None = None, labels: np.ndarray | None = None) -> np.ndarray:
     """Boolean mask of the held-out (largest-compute) runs.
 
-    holdout_frac None: the whole largest FLOP budget. Otherwise the ceil(frac * n) runs with the
-    largest FLOPs (ties at the cut are held out together, so a budget is never split).
+    holdout_frac None: the whole largest FLOP budget (the group of the run of largest compute, when
+    `labels` are given). Otherwise the ceil(frac * n) runs with the largest FLOPs (ties at the cut
+    are held out together, so a budget is never split).
     """
     flops = np.asarray(flops, dtype=float)
+    if holdout_frac is None and labels is not None:
+        labels = np.asarray(labels)
+        return labels == labels[int(np.argmax(flops))]
     if holdout_frac is None:
         labels = group_budgets(flops, rel_tol=BUDGET_REL_TOL)
         return labels == labels.max()
@@ -164,6 +205,7 @@ def holdout_backtest(
     holdout_frac: float | None = None,
     min_train: int = 2,
     min_budgets: int = 1,
+    labels: np.ndarray | None = None,
 ) -> BacktestResult:
     """Fit on the runs below the held-out compute and score the predictions of the held-out runs.
 
@@ -172,16 +214,19 @@ def holdout_backtest(
         fitter: train table -> predictor (test table -> predicted losses).
         holdout_frac: None for "the largest budget", else the fraction of runs held out by FLOPs.
         min_train, min_budgets: the training runs and FLOP budgets a fit needs (module docstring).
+        labels: per run, its compute group: the largest group is held out (default: FLOP budgets).
     Returns:
         BacktestResult with protocol "holdout".
     Raises:
         UsageError: too few training runs or budgets left.
     """
-    mask = holdout_mask(table.flops, holdout_frac)
+    mask = holdout_mask(table.flops, holdout_frac, labels)
     train, test = table.subset(~mask), table.subset(mask)
     why = _too_few(train, min_train, min_budgets)
     if why is not None:
         raise UsageError(f"backtest: below the held-out compute, {why}")
+    if hasattr(fitter, "prepare"):
+        fitter.prepare(table, [~mask])
     predictor = fitter(train)
     lo, hi = float(train.flops.min()), float(train.flops.max())
     result = _score("holdout", test, predictor(test), [[lo, hi]] * len(test), len(train), [])
@@ -190,26 +235,33 @@ def holdout_backtest(
 
 
 def leave_one_budget_out(
-    table: RunTable, fitter: Fitter, *, min_train: int = 2, min_budgets: int = 1
+    table: RunTable, fitter: Fitter, *, min_train: int = 2, min_budgets: int = 1, labels: np.ndarray | None = None
 ) -> BacktestResult:
     """Each FLOP budget in turn (smallest first) is held out; the others fit the law that predicts it.
 
-    Budgets are the `group` column when the table has one, else FLOPs within 5%. Budgets whose
-    complement is too small (min_train runs in min_budgets budgets), or whose fit fails, are skipped
-    (listed in warnings). The runs come out fold by fold.
+    Budgets are `labels` when given (the table's compute groups), else the `group` column when the
+    table has one, else FLOPs within 5%. Budgets whose complement is too small (min_train runs in
+    min_budgets budgets), or whose fit fails, are skipped (listed in warnings). The runs come out
+    fold by fold.
     """
-    labels = table.group if table.group is not None else group_budgets(table.flops)
+    if labels is None:
+        labels = table.group if table.group is not None else group_budgets(table.flops)
     parts: list[tuple[RunTable, np.ndarray, list[float]]] = []
     per_budget: dict[str, dict[str, float]] = {}
     warnings: list[str] = []
     smallest_train = len(table)
+    folds = []
     for lab in np.unique(labels):
-        test_mask = labels == lab
-        train, test = table.subset(~test_mask), table.subset(test_mask)
-        why = _too_few(train, min_train, min_budgets)
+        why = _too_few(table.subset(labels != lab), min_train, min_budgets)
         if why is not None:
             warnings.append(f"budget {lab}: {why}, skipped")
-            continue
+        else:
+            folds.append(lab)
+    if hasattr(fitter, "prepare"):
+        fitter.prepare(table, [labels != lab for lab in folds])
+    for lab in folds:
+        test_mask = labels == lab
+        train, test = table.subset(~test_mask), table.subset(test_mask)
         try:
             pred = np.asarray(fitter(train)(test), dtype=float)
         except UsageError as e:  # e.g. a fit without enough distinct sizes: report, don't abort
@@ -218,7 +270,7 @@ def leave_one_budget_out(
         smallest_train = min(smallest_train, len(train))
         parts.append((test, pred, [float(train.flops.min()), float(train.flops.max())]))
         _, mare, bias = relative_errors(pred, test.loss)
-        key = f"{float(np.exp(np.mean(np.log(test.flops)))):.4g}" if table.group is None else str(lab)
+        key = str(lab) if table.group is not None else f"{float(np.exp(np.mean(np.log(test.flops)))):.4g}"
         per_budget[key] = {"mare": mare, "bias": bias, "n_test": int(test_mask.sum())}
     if not parts:
         raise UsageError("leave-one-budget-out: no budget could be predicted (too few budgets or runs)")

@@ -18,11 +18,16 @@ A parametric law (approach 3), in this order from one generator seeded with `opt
    intervals (scalelab.fitting.intervals.percentile_interval) for every parameter and derived
    quantity. With no replicates: delta-method intervals, and normal draws from their covariance
    (a generator of their own) so that a saved fit can still give intervals.
-3. Backtests (scalelab.fitting.backtest): hold out the largest budget; leave each budget out in
-   turn when there are 3 to MAX_LOBO_BUDGETS; every fold refitted from the full fit and
-   BACKTEST_STARTS grid rows. Their extrapolating folds give the law's out-of-sample error per
-   decade (scalelab.fitting.predictive).
-4. Gates (scalelab.fitting.gates), when asked, at options.target_flops (default 3x the largest budget).
+3. Backtests (scalelab.fitting.backtest) over the table's compute groups (scalelab.fitting.compute_groups:
+   a group column, the models of loss curves, FLOP budgets, or FLOP bins when the budgets are more
+   than MAX_GROUPS): hold out the largest group; leave each group out in turn when there are 3 or
+   more; every fold refitted from the full fit and BACKTEST_STARTS grid rows, a protocol's folds in
+   one batch (scalelab.fitting.backtest.BatchedLawFitter). Their extrapolating
+   folds give the law's out-of-sample error per decade (scalelab.fitting.predictive).
+4. A law of N and D: the compute frontier L*(C), N*(C) over the same groups (scalelab.fitting.frontier),
+   which compute-optimal predictions come from, and the law's degeneracy findings against it
+   (scalelab.fitting.degeneracy).
+5. Gates (scalelab.fitting.gates), when asked, at options.target_flops (default 3x the largest budget).
 
 Approaches 1 and 2, and the curve laws or their average chosen by law "auto", are fitted by
 scalelab.fitting.fit_approaches.
@@ -36,14 +41,16 @@ import numpy as np
 import torch
 
 from scalelab.errors import UsageError
-from scalelab.fitting.approaches import group_budgets
-from scalelab.fitting.backtest import holdout_backtest, law_fitter, leave_one_budget_out
+from scalelab.fitting.backtest import BatchedLawFitter, holdout_backtest, leave_one_budget_out
 from scalelab.fitting.bootstrap import refit_bootstrap
+from scalelab.fitting.compute_groups import MAX_GROUPS, ComputeGroups, compute_groups
 from scalelab.fitting.curves import RunCurve
+from scalelab.fitting.degeneracy import diagnose
 from scalelab.fitting.ensemble import DEFAULT_CANDIDATES, fit_stacked, parse_candidate
 from scalelab.fitting.fit import fit_law, subsample_starts
 from scalelab.fitting.fit_approaches import fit_approach, fit_curve_choice
 from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.frontier import fit_frontier
 from scalelab.fitting.gates import check_gates
 from scalelab.fitting.intervals import delta_method_intervals, percentile_interval
 from scalelab.fitting.io import RunTable
@@ -54,7 +61,6 @@ from scalelab.fitting.select import select_law
 from scalelab.fitting.stacking import StackRule
 
 BACKTEST_STARTS = 16  # grid rows added to the full fit's optimum in each backtest refit
-MAX_LOBO_BUDGETS = 12  # leave-one-budget-out refits once per budget; above this it is skipped
 DELTA_SAMPLES = 1000  # normal draws from the delta-method covariance, saved for predict/allocate
 DERIVED_FNS = {  # quantities derived from a Chinchilla-form law's parameters
     "n_opt_exponent": lambda p: p["beta"] / (p["alpha"] + p["beta"]),
@@ -126,21 +132,6 @@ def fit_law_choice(table: RunTable, options: FitOptions, curves: list[RunCurve] 
     return fit
 
 
-def forward_groups(table: RunTable) -> tuple[np.ndarray, np.ndarray | None]:
-    """(group per run, scored mask) ordering a table's forward folds by compute.
-
-    The table's `group` column when it has one; a table of checkpoints (sizes repeated down the
-    rows) groups by model size and scores each model on its last 30% of tokens (its checkpoints
-    before that sit inside the smaller models' compute); otherwise the FLOP budgets."""
-    if table.group is not None:
-        return np.asarray(table.group), None
-    sizes, counts = np.unique(table.params, return_counts=True)
-    if sizes.size < len(table) / 2:
-        last = np.array([t >= 0.7 * table.tokens[table.params == n].max() for n, t in zip(table.params, table.tokens)])
-        return table.params, last
-    return group_budgets(table.flops), None
-
-
 def fit_stacked_runs(table: RunTable, options: FitOptions) -> ScalingFit:
     """Law "auto": the incumbent (the first candidate) fitted as one law - its intervals, backtests,
     gates and compute-optimal allocation - and every candidate stacked by forward backtests for the
@@ -152,14 +143,14 @@ def fit_stacked_runs(table: RunTable, options: FitOptions) -> ScalingFit:
     for name in names:
         parse_candidate(name)
     fit = fit_law_runs(table, incumbent, options)
-    groups, scored = forward_groups(table)
+    groups = compute_groups(table)
     fit.stacked = fit_stacked(
         params=table.params,
         tokens=table.tokens,
         loss=table.loss,
         flops=table.flops,
-        groups=groups,
-        scored=scored,
+        groups=groups.labels,
+        scored=groups.scored,
         weights=table.weight,
         candidates=names,
         noise=fit.residual_scale,
@@ -244,12 +235,15 @@ def fit_law_runs(table: RunTable, law_name: str, options: FitOptions) -> Scaling
     else:
         out.intervals, out.samples = _delta_intervals(law, data, fit, derived_fns, options, warnings)
         out.interval_method = "delta method"
+    groups = compute_groups(table)
+    out.groups = groups.note
     if options.backtest:
-        warm = law.to_fit(fit.params)[None, :]
-        k = min(BACKTEST_STARTS, len(pool))
-        starts = lambda: np.vstack([warm, pool[rng.choice(len(pool), k, replace=False)]])  # noqa: E731
-        out.backtest = run_backtests(table, law_fitter(law, starts, **fit_kwargs), options, law.n_params + 1, warnings)
+        fitter = BatchedLawFitter(law, starts_of(law, fit, pool, rng), **fit_kwargs)
+        out.backtest = run_backtests(table, groups, fitter, options, law.n_params + 1, warnings)
         out.extrapolation = extrapolation_error(bt for bt in out.backtest.values() if "runs" in bt)
+    if has_optimum(law.name):
+        folds = BatchedLawFitter(law, starts_of(law, fit, pool, rng), **fit_kwargs)
+        _frontier_and_findings(out, law, groups, fit, warnings, _surface_folds(law, table, folds))
     if options.gates and has_optimum(law.name):
         out.target_flops = float(options.target_flops or 3.0 * table.flops.max())
         out.gates = check_gates(
@@ -263,8 +257,56 @@ def fit_law_runs(table: RunTable, law_name: str, options: FitOptions) -> Scaling
             loss=table.loss,
             flops=table.flops,
             target_flops=out.target_flops,
+            findings=out.degeneracy,
         )
     return out
+
+
+def starts_of(law: Law, fit, pool: np.ndarray, rng: np.random.Generator):
+    """A refit's starts (a backtest fold, a frontier fold): the full fit's optimum and BACKTEST_STARTS
+    rows of the start pool, drawn from the fit's one generator when called."""
+    warm = law.to_fit(fit.params)[None, :]
+    k = min(BACKTEST_STARTS, len(pool))
+    return lambda: np.vstack([warm, pool[rng.choice(len(pool), k, replace=False)]])
+
+
+def _surface_folds(law: Law, table: RunTable, fitter: BatchedLawFitter):
+    """The frontier's forward folds' surfaces: the law refitted on the runs up to each compute cutoff,
+    in one batch; (N, D) -> loss per cutoff, None where the runs cannot fit it."""
+
+    def folds(cutoffs: list[float]):
+        masks = [table.flops <= c * (1.0 + 1e-9) for c in cutoffs]
+        usable = [m for m in masks if m.sum() > law.n_params]
+        fitted = iter(fitter.fit_all(table, usable))
+        out = []
+        for m in masks:
+            params = next(fitted) if m.sum() > law.n_params else None
+            out.append(None if params is None else (lambda n, d, p=params: law.predict(p, params=n, tokens=d)))
+        return out
+
+    return folds
+
+
+def _frontier_and_findings(out: ScalingFit, law: Law, groups: ComputeGroups, fit, warnings: list[str], folds) -> None:
+    """The frontier of the runs (when they measure one) and the law's degeneracy findings: each said in
+    the warnings, once."""
+    t = out.table
+    try:
+        out.frontier = fit_frontier(
+            t.params, t.tokens, t.loss, t.flops, groups, level=out.options.level, surface_folds=folds
+        )
+        warnings.extend(out.frontier.warnings)
+    except UsageError as e:
+        warnings.append(f"no frontier fit: {e}")
+    out.degeneracy = diagnose(
+        law,
+        out.params,
+        fit.theta,
+        loss=t.loss,
+        fit_warnings=fit.warnings,
+        frontier=out.frontier,
+        optimum=optimum_fn(law),
+    )
 
 
 def _delta_intervals(law, data, fit, derived_fns, options: FitOptions, warnings: list[str]):
@@ -288,29 +330,29 @@ def _delta_intervals(law, data, fit, derived_fns, options: FitOptions, warnings:
     return intervals, samples
 
 
-def run_backtests(table: RunTable, fitter, options: FitOptions, min_train: int, warnings: list[str]) -> dict:
-    """Hold-out-the-largest (or options.holdout_frac) and, with 3 to MAX_LOBO_BUDGETS budgets,
-    leave-one-budget-out; each fold needs `min_train` runs in 2+ budgets. A protocol that cannot run
+def run_backtests(
+    table: RunTable, groups: ComputeGroups, fitter, options: FitOptions, min_train: int, warnings: list[str]
+) -> dict:
+    """Hold-out-the-largest group (or options.holdout_frac) and, with 3 to MAX_GROUPS groups,
+    leave-one-group-out; each fold needs `min_train` runs in 2+ budgets. A protocol that cannot run
     is {"skipped": why}, with a warning."""
     out: dict = {}
     try:
         out["holdout"] = holdout_backtest(
-            table, fitter, holdout_frac=options.holdout_frac, min_train=min_train, min_budgets=2
+            table, fitter, holdout_frac=options.holdout_frac, min_train=min_train, min_budgets=2, labels=groups.labels
         ).to_dict()
     except UsageError as e:
         out["holdout"] = {"skipped": str(e)}
         warnings.append(f"holdout backtest skipped: {e}")
-    num_budgets = len(np.unique(table.group if table.group is not None else group_budgets(table.flops)))
-    if 3 <= num_budgets <= MAX_LOBO_BUDGETS:
+    if 3 <= groups.num_groups <= MAX_GROUPS:
         try:
             out["leave_one_budget_out"] = leave_one_budget_out(
-                table, fitter, min_train=min_train, min_budgets=2
+                table, fitter, min_train=min_train, min_budgets=2, labels=groups.labels
             ).to_dict()
         except UsageError as e:
             warnings.append(f"leave-one-budget-out skipped: {e}")
-    elif num_budgets > MAX_LOBO_BUDGETS:
+    elif groups.num_groups > MAX_GROUPS:
         warnings.append(
-            f"leave-one-budget-out skipped: {num_budgets} FLOP budgets (> {MAX_LOBO_BUDGETS} refits); "
-            "give a 'group' column to define fewer budgets"
+            f"leave-one-group-out skipped: {groups.num_groups} groups in the group column (> {MAX_GROUPS} refits)"
         )
     return out

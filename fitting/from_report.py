@@ -6,6 +6,9 @@
 
 The report is what `scalelab fit --out` saves (scalelab.fitting.scaling_fit.ScalingFit.to_report,
 FIT.json); its `samples` (bootstrap or delta-method parameter draws) give the percentile intervals.
+A law of N and D saved with its compute frontier answers compute-optimal questions (--flops, the
+allocations) from the frontier, the surface's answer beside it (scalelab.fitting.compute_optimal);
+a degenerate surface (its saved `degeneracy` findings) predicts (N, D) at the frontier's level.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ import numpy as np
 
 from scalelab.errors import UsageError
 from scalelab.fitting import allocate as alloc
+from scalelab.fitting.compute_optimal import Surface, anchored_interval, compute_optimal
+from scalelab.fitting.degeneracy import degenerate
 from scalelab.fitting.ensemble import StackedFit
 from scalelab.fitting.fit_options import LEVEL
+from scalelab.fitting.frontier import FrontierFit
 from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.laws import CURVE_LAWS, get_law
-from scalelab.fitting.predictive import interval_from_parts
+from scalelab.fitting.predictive import PredictionInterval, interval_from_parts
 
 
 def sample_rows(samples: dict[str, list[float]]) -> list[dict[str, float]]:
@@ -33,6 +39,41 @@ def _samples_of(fit: dict) -> list[dict[str, float]]:
 
 def _pairs(lo, hi) -> list[list[float]]:
     return [[float(a), float(b)] for a, b in zip(np.atleast_1d(lo), np.atleast_1d(hi))]
+
+
+def frontier_of(fit: dict, level: float | None = None) -> FrontierFit | None:
+    """The saved compute frontier of a report (at `level`), or None."""
+    if not isinstance(fit.get("frontier"), dict):
+        return None
+    fr = FrontierFit.from_dict(fit["frontier"])
+    if level is not None:
+        fr.level = level
+    return fr
+
+
+def surface_of(fit: dict, level: float) -> Surface:
+    """A saved law of N and D as the frontier reads it (the stacked law's, when it has one): its point,
+    its own optimum and its L*(C) interval over the saved samples."""
+    holds = not degenerate(fit.get("degeneracy") or [])
+    if fit.get("stacked"):
+        sf = StackedFit.from_dict({**fit["stacked"], "level": level})
+        return Surface(point=lambda n, d: float(sf.predict(n, d)), optimum=sf.optimum, interval=sf.optimum_interval,
+                       holds=holds)  # fmt: skip
+    law = get_law(fit["law"])
+    optimum = alloc.optimum_for_law(law)
+    rows = _samples_of(fit)
+
+    def interval(c: float) -> PredictionInterval:
+        a = alloc.allocate(optimum, fit["params"], c, samples=rows, level=level)
+        lo, hi = a.loss_opt_interval if a.loss_opt_interval is not None else (a.loss_opt, a.loss_opt)
+        return PredictionInterval(point=a.loss_opt, lo=float(lo), hi=float(hi), level=level, parts={})
+
+    return Surface(
+        point=lambda n, d: float(law.predict(fit["params"], params=np.asarray(n), tokens=np.asarray(d))),
+        optimum=lambda c: optimum(fit["params"], c)[:3],
+        interval=interval,
+        holds=holds,
+    )
 
 
 def predict_from_fit(
@@ -63,6 +104,13 @@ def predict_from_fit(
             f"a {fit['law']} fit predicts runs from their LR schedules, not from (N, D): use "
             "scalelab.fitting.curves.CurveFit.predict_final on a RunCurve"
         )
+    frontier = frontier_of(fit, level)
+    if frontier is not None and params is None and tokens is None and flops is not None:
+        return allocate_from_fit(fit, flops=flops, level=level)
+    if frontier is not None and params is not None and tokens is not None:
+        surface = surface_of(fit, level)
+        if not surface.holds:
+            return _predict_anchored(frontier, surface, params, tokens, level)
     if fit.get("stacked"):
         return _predict_stacked(fit, params=params, tokens=tokens, flops=flops, level=level)
     law = get_law(fit["law"])
@@ -126,6 +174,56 @@ def _predict_stacked(fit: dict, *, params, tokens, flops, level: float) -> dict:
     return out
 
 
+def _predict_anchored(frontier: FrontierFit, surface: Surface, params, tokens, level: float) -> dict:
+    """A degenerate law's (N, D) predictions at the frontier's level (scalelab.fitting.compute_optimal)."""
+    try:
+        n, d = np.broadcast_arrays(_positive(params, "--params"), _positive(tokens, "--tokens"))
+    except ValueError:
+        raise UsageError("--params/--tokens take one value each or equally many values") from None
+    pis = [anchored_interval(frontier, surface, float(a), float(b), 6.0 * float(a) * float(b)) for a, b in zip(n, d)]
+    return {
+        "params": n.tolist(),
+        "tokens": d.tolist(),
+        "loss": [p.point for p in pis],
+        "loss_interval": None,
+        "loss_prediction_interval": [[p.lo, p.hi] for p in pis],
+        "level": level,
+        "note": "the law is degenerate: its losses take the compute frontier's level",
+    }
+
+
+def _frontier_allocations(fit: dict, frontier: FrontierFit, budgets, level: float) -> list[dict]:
+    """Allocation rows (allocate's keys) from the frontier, each with the surface's answer beside it."""
+    surface = surface_of(fit, level)
+    rows = []
+    for c in budgets:
+        co = compute_optimal(frontier, surface, float(c))
+        n_iv = co.n_interval
+        rows.append(
+            {
+                "flops": float(c),
+                "n_opt": co.n_opt,
+                "n_opt_interval": None if n_iv is None else list(n_iv),
+                "d_opt": co.d_opt,
+                "d_opt_interval": None if n_iv is None else [float(c) / (6 * n_iv[1]), float(c) / (6 * n_iv[0])],
+                "loss_opt": co.loss.point,
+                "loss_opt_interval": [co.loss.lo, co.loss.hi],
+                "tokens_per_param": co.d_opt / co.n_opt,
+                "tokens_per_param_interval": None
+                if n_iv is None
+                else [float(c) / (6 * n_iv[1] ** 2), float(c) / (6 * n_iv[0] ** 2)],
+                "level": level,
+                "at_bound": False,
+                "source": co.source,
+                "forms": co.forms,
+                "surface": co.to_dict()["surface"],
+                "disagree": co.disagree,
+                "line": co.line(),
+            }
+        )
+    return rows
+
+
 def _optimum_of_fit(fit: dict):
     """(optimum function, point params, samples) for a report of any approach."""
     samples = _samples_of(fit)
@@ -138,6 +236,20 @@ def _optimum_of_fit(fit: dict):
 
     p = fit["params"]
     return optimum, {"n_coef": p["n_coef"], "n_exponent": p["n_exponent"]}, samples
+
+
+def _budgets_of(fit: dict, frontier: FrontierFit, flops, tokens, level: float) -> list[float]:
+    """The FLOP budgets asked for: --flops as given, or for each --tokens D the budget whose
+    compute-optimal D* (the frontier's) is D."""
+    if tokens is None:
+        return [float(c) for c in _positive(flops, "--flops")]
+    surface = surface_of(fit, level)
+
+    def optimum(_params, c: float):
+        co = compute_optimal(frontier, surface, c)
+        return co.n_opt, co.d_opt, co.loss.point
+
+    return [alloc.size_for_data_budget(optimum, {}, float(d))[1] for d in _positive(tokens, "--tokens")]
 
 
 def _positive(values, flag: str) -> np.ndarray:
@@ -159,6 +271,11 @@ def allocate_from_fit(fit: dict, *, flops=None, tokens=None, level: float | None
     level = fit.get("level", LEVEL) if level is None else level
     if (flops is None) == (tokens is None):
         raise UsageError("pass either --flops C or --tokens D")
+    frontier = frontier_of(fit, level) if fit["approach"] == 3 else None
+    if frontier is not None:
+        budgets = _budgets_of(fit, frontier, flops, tokens, level)
+        rows = _frontier_allocations(fit, frontier, budgets, level)
+        return {"allocations": rows, "level": level, "law": fit["law"], "approach": 3}
     optimum, params, samples = _optimum_of_fit(fit)
     if tokens is not None:
         budgets = []

@@ -15,6 +15,9 @@ gates (what a reviewer checks first; docs/architecture.md, "Method"):
   approaches_agree  at every bracketed budget, Approach 3's N*(C) lies inside Approach 2's interval
                     for the parabola vertex (delta method); the two approaches disagreeing is a
                     signal (Hoffmann et al. 2022), not noise.
+  law_holds         the law is not degenerate (scalelab.fitting.degeneracy): E off the data's floor,
+                    and its optimum along the measured slices on their located minima. A law that
+                    fits its runs with a floor they never approach extrapolates badly.
 
 Pure: arrays and fit objects in, `GateReport` out. `GateReport.failed` names the gates that failed
 and `brackets` says, per budget, which edge holds the best run, so the proposer can ask for the runs
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from scalelab.fitting.approaches import budget_minimum, group_budgets
+from scalelab.fitting.degeneracy import Finding
 from scalelab.fitting.diagnostics import DISAGREE_REL_OBJECTIVE, bound_warnings
 from scalelab.fitting.laws import Law
 
@@ -245,6 +249,18 @@ def approaches_gate(brackets: Sequence[BudgetBracket], params: dict[str, float],
     )
 
 
+def law_holds_gate(findings: Sequence[Finding]) -> Gate:
+    """Fails on the degeneracy findings no other gate judges (the floor, the slices' minima)."""
+    bad = [f for f in findings if f.name in ("floor", "minima")]
+    return Gate(
+        name="law_holds",
+        passed=not bad,
+        value="; ".join(f.line for f in bad) or "E off the data's floor; the optimum follows the measured minima",
+        threshold="E not within 3% of the lowest loss; the law's L*(C) on the slices' located minima",
+        detail={"findings": [f.to_dict() for f in bad]},
+    )
+
+
 def check_gates(
     law: Law,
     params: dict[str, float],
@@ -259,13 +275,16 @@ def check_gates(
     target_flops: float,
     budget_labels: np.ndarray | None = None,
     plausible=PLAUSIBLE_EXPONENTS,
+    findings: Sequence[Finding] = (),
 ) -> GateReport:
-    """Every gate for one fit (module docstring). n, loss, flops: the fitted runs (flops = their budgets)."""
+    """Every gate for one fit (module docstring). n, loss, flops: the fitted runs (flops = their budgets);
+    findings: the law's degeneracy findings (scalelab.fitting.degeneracy)."""
     brackets = budget_brackets(n, loss, flops, budget_labels)
     gates = [
         bracketing_gate(brackets),
         exponents_gate(law, params, theta, plausible),
         starts_gate(law, alt_thetas, alt_objectives, optimum, target_flops),
         approaches_gate(brackets, params, optimum),
+        law_holds_gate(findings),
     ]
     return GateReport(gates=gates, brackets=brackets)

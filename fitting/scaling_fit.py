@@ -3,7 +3,9 @@
     fit = fit_runs(table, FitOptions(bootstrap=64, starts=200, gates=True))
     fit.params, fit.intervals["alpha"], fit.backtest["holdout"]["mare"], fit.gates.passed
     fit.predict_interval(n, d)        # PredictionInterval: point, lo, hi, parts
-    fit.optimum(flops)                # (N*, D*, L*) of the point fit
+    fit.optimum(flops)                # (N*, D*, L*) of the point fit (the surface's)
+    fit.compute_optimal(flops)        # ComputeOptimal: L*, N*, D* from the frontier, the surface beside
+    fit.optimal_run_interval(n, d, flops)   # a compute-optimal run's prediction (the frontier's level)
     fit.to_report()                   # what `scalelab fit --json` prints (and --out saves)
     fit.to_record()                   # what fits/round_K.json and the ledger keep (a law of N and D)
 
@@ -11,7 +13,10 @@ Every fit has its law (or approach), parameters, intervals (parameters and deriv
 [nan, nan] where there is none), backtests and warnings. A parametric law (approach 3) also keeps
 the fit itself, its bootstrap replicates and their plan, the backtests' out-of-sample error per
 decade and, when asked, the identification gates: what the closed loop predicts, gates and
-proposes from.
+proposes from. A law of N and D also keeps the compute frontier its runs measure
+(scalelab.fitting.frontier), which compute-optimal predictions come from
+(scalelab.fitting.compute_optimal), and its degeneracy findings (scalelab.fitting.degeneracy): a
+degenerate surface predicts every run at the frontier's level, and says so in its warnings.
 """
 
 from __future__ import annotations
@@ -29,9 +34,12 @@ import scalelab
 from scalelab.errors import UsageError
 from scalelab.fitting.allocate import optimum_for_law
 from scalelab.fitting.bootstrap import Replicate, refit_with_runs
+from scalelab.fitting.compute_optimal import ComputeOptimal, Surface, anchored_interval, compute_optimal
+from scalelab.fitting.degeneracy import Finding, degenerate
 from scalelab.fitting.ensemble import StackedFit
 from scalelab.fitting.fit import FitResult
 from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.frontier import FrontierFit
 from scalelab.fitting.gates import GateReport
 from scalelab.fitting.io import RunTable
 from scalelab.fitting.laws import Law, get_law
@@ -102,6 +110,9 @@ class ScalingFit:
     gates: GateReport | None = None
     target_flops: float | None = None  # where the gates were checked
     stacked: StackedFit | None = None  # law "auto": the forms stacked by forward evidence; it predicts losses
+    groups: str = ""  # how the runs were grouped by compute (scalelab.fitting.compute_groups)
+    frontier: FrontierFit | None = None  # the measured compute frontier (a law of N and D)
+    degeneracy: list[Finding] = field(default_factory=list)  # the law's degeneracy findings
 
     # --- the runs --------------------------------------------------------------------------------
 
@@ -168,9 +179,41 @@ class ScalingFit:
     def _extrapolation(self) -> ExtrapolationError:
         return self.extrapolation or ExtrapolationError(per_decade=None, n_runs=0, n_folds=0, max_decades=0.0)
 
+    @property
+    def surface_holds(self) -> bool:
+        """The law is not degenerate (scalelab.fitting.degeneracy)."""
+        return not degenerate(self.degeneracy)
+
+    def surface(self) -> Surface:
+        """The law as the frontier reads it: its point, its own optimum and L*(C) interval."""
+        if self.stacked is not None:
+            st = self.stacked
+            return Surface(point=lambda n, d: float(st.predict(n, d)), optimum=st.optimum,
+                           interval=st.optimum_interval, holds=self.surface_holds)  # fmt: skip
+        return Surface(point=lambda n, d: float(self.predict(n, d)), optimum=self.optimum,
+                       interval=self.optimum_interval, holds=self.surface_holds)  # fmt: skip
+
+    def compute_optimal(self, flops: float) -> ComputeOptimal:
+        """L*(C), N*(C), D*(C) from the frontier, the surface's beside it (scalelab.fitting.compute_optimal)."""
+        return compute_optimal(self.frontier, self.surface(), flops)
+
+    def optimal_run_interval(self, n: float, d: float, flops: float) -> PredictionInterval:
+        """A compute-optimal run of budget `flops` at (N, D): the frontier's L*(C) times the surface's
+        excess there, with the frontier's interval; the surface's prediction without a frontier."""
+        if self.frontier is None:
+            return self.predict_interval(n, d, flops)
+        return anchored_interval(self.frontier, self.surface(), n, d, flops)
+
     def predict_interval(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
-        """Point prediction at (N, D) and its interval: bootstrap + run noise + extrapolation error
-        (law "auto": the stacked law's, with the weights' spread as a fourth part)."""
+        """Point prediction at (N, D) and its interval: the surface's (surface_interval), or, for a
+        degenerate law with a frontier, at the frontier's level (optimal_run_interval)."""
+        if self.frontier is not None and not self.surface_holds:
+            return anchored_interval(self.frontier, self.surface(), n, d, flops if flops is not None else 6.0 * n * d)
+        return self.surface_interval(n, d, flops)
+
+    def surface_interval(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
+        """The law's own prediction at (N, D) and its interval: bootstrap + run noise + extrapolation
+        error (law "auto": the stacked law's, with the weights' spread as a fourth part)."""
         if self.stacked is not None:
             return self.stacked.predict_interval(n, d, flops)
         reps = np.array([float(self.predict(n, d, p)) for p in self.draws])
@@ -260,7 +303,15 @@ class ScalingFit:
             },
             "method": METHOD,
             **({"stacked": self.stacked.to_dict()} if self.stacked is not None else {}),
+            **self._frontier_fields(),
         }
+
+    def _frontier_fields(self) -> dict[str, Any]:
+        """The frontier, the grouping and the degeneracy findings, as a report and a record keep them."""
+        out: dict[str, Any] = {"groups": self.groups, "degeneracy": [f.to_dict() for f in self.degeneracy]}
+        if self.frontier is not None:
+            out["frontier"] = self.frontier.to_dict()
+        return out
 
     def to_report(self, *, keep_samples: bool = False) -> dict[str, Any]:
         """The object `scalelab fit --json` prints: law, approach, params, objective, n_points,
@@ -289,6 +340,8 @@ class ScalingFit:
         if self.stacked is not None:
             report["stacked"] = self.stacked.to_dict()
             report["stacked"]["residual_scale"] = finite_or_none(self.residual_scale)
+        if self.fit is not None:
+            report.update(self._frontier_fields())
         report["level"] = self.level
         t = self.table
         report["inputs"] = {"flops": t.flops_source, "tokens": t.tokens_source, "n_rows": len(t)}

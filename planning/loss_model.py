@@ -33,6 +33,11 @@ A stacked fit (law "auto": forms weighted by forward backtests, scalelab.fitting
 either form is read as the loop reads it (ScalingFit with `stacked`): losses and their intervals
 are the stacked law's (bootstrap, weights, noise, extrapolation), and the compute-optimal N*, D*
 are the incumbent law's, the point `sweep next` proposes, with the stacked law's loss there.
+
+A fit saved with its compute frontier (scalelab.fitting.frontier) plans from it, as `sweep next`
+proposes its compute-optimal runs (scalelab.fitting.compute_optimal): N*(C), D*(C) and L*(C) are
+the frontier's, the surface's L*(C) beside them; a planned run's loss is the frontier's L*(C) times
+the surface's excess at its (N, D) over the surface's own optimum, with the frontier's interval.
 """
 
 from __future__ import annotations
@@ -47,7 +52,10 @@ import numpy as np
 
 from scalelab.errors import UsageError
 from scalelab.fitting.allocate import allocate, optimum_for_law
+from scalelab.fitting.compute_optimal import Surface, anchored_interval, compute_optimal
+from scalelab.fitting.degeneracy import degenerate
 from scalelab.fitting.ensemble import StackedFit
+from scalelab.fitting.frontier import FrontierFit
 from scalelab.fitting.laws import Law, get_law
 from scalelab.fitting.predictive import (
     ExtrapolationError,
@@ -72,6 +80,7 @@ class Optimum:
     loss: PredictionInterval
     n_interval: tuple[float, float] | None
     d_interval: tuple[float, float] | None
+    beside: str = ""  # the frontier's L*(C) beside the surface's, when the plan reads a frontier
 
 
 class LossModel(Protocol):
@@ -201,10 +210,79 @@ class StackedLossModel:
         return replace(own, loss=self.stacked.predict_interval(own.n, own.d, flops))
 
 
-def _with_stack(model: DrawsLossModel, data: dict) -> DrawsLossModel | StackedLossModel:
-    if not isinstance(data.get("stacked"), dict):
-        return model
-    return StackedLossModel(incumbent=model, stacked=StackedFit.from_dict(data["stacked"]))
+@dataclass(kw_only=True)
+class FrontierLossModel:
+    """A fit with its compute frontier: the frontier's optimum, runs at its level (module docstring)."""
+
+    inner: DrawsLossModel | StackedLossModel  # the surface
+    frontier: FrontierFit
+    degenerate: bool = False
+
+    @property
+    def law(self) -> str:
+        return f"{self.inner.law}; N*, D*, L*(C) from the compute frontier"
+
+    @property
+    def level(self) -> float:
+        return self.inner.level
+
+    @property
+    def max_flops(self) -> float:
+        return self.inner.max_flops
+
+    @property
+    def min_flops(self) -> float:
+        return getattr(self.inner, "min_flops", self.inner.max_flops)
+
+    @property
+    def source(self) -> str:
+        return self.inner.source
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.inner.warnings
+
+    @property
+    def points(self):
+        return getattr(self.inner, "points", None)
+
+    def _surface(self) -> Surface:
+        inner = self.inner
+
+        def own(c: float) -> PredictionInterval:
+            return inner.optimum(c).loss
+
+        if isinstance(inner, StackedLossModel):
+            st = inner.stacked
+            return Surface(point=lambda n, d: float(st.predict(n, d)), optimum=st.optimum, interval=own,
+                           holds=not self.degenerate)  # fmt: skip
+        opt = optimum_for_law(inner.law_obj)
+        return Surface(point=inner.point, optimum=lambda c: opt(inner.params, c)[:3], interval=own,
+                       holds=not self.degenerate)  # fmt: skip
+
+    def point(self, n: float, d: float) -> float:
+        return self.predict(n, d).point
+
+    def predict(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
+        return anchored_interval(self.frontier, self._surface(), n, d, flops if flops is not None else 6.0 * n * d)
+
+    def optimum(self, flops: float) -> Optimum:
+        co = compute_optimal(self.frontier, self._surface(), flops)
+        n_iv = co.n_interval
+        d_iv = None if n_iv is None else (flops / (6.0 * n_iv[1]), flops / (6.0 * n_iv[0]))
+        return Optimum(flops=flops, n=co.n_opt, d=co.d_opt, loss=co.loss, n_interval=n_iv, d_interval=d_iv,
+                       beside=co.line())  # fmt: skip
+
+
+def _with_stack(model: DrawsLossModel, data: dict) -> DrawsLossModel | StackedLossModel | FrontierLossModel:
+    out: DrawsLossModel | StackedLossModel = model
+    if isinstance(data.get("stacked"), dict):
+        out = StackedLossModel(incumbent=model, stacked=StackedFit.from_dict(data["stacked"]))
+    if not isinstance(data.get("frontier"), dict):
+        return out
+    frontier = FrontierFit.from_dict(data["frontier"])
+    frontier.level = out.level
+    return FrontierLossModel(inner=out, frontier=frontier, degenerate=degenerate(data.get("degeneracy") or []))
 
 
 def _plannable(law_name: str, where: str) -> Law:
@@ -311,7 +389,7 @@ def latest_round_fit(sweep_dir: Path) -> Path | None:
     return rounds[-1] if rounds else None
 
 
-def load_loss_model(path: str | Path) -> DrawsLossModel | StackedLossModel:
+def load_loss_model(path: str | Path) -> DrawsLossModel | StackedLossModel | FrontierLossModel:
     """The fit of a sweep directory (its latest round) or of a saved fit report (module docstring)."""
     path = Path(path)
     if path.is_dir():

@@ -318,6 +318,7 @@ def _optimum_dict(opt) -> dict[str, Any]:
         "d": opt.d,
         "d_interval": list(opt.d_interval) if opt.d_interval else None,
         "loss": _pi_dict(opt.loss),
+        "beside": getattr(opt, "beside", ""),
     }
 
 

@@ -74,8 +74,9 @@ def format_plan(p: dict[str, Any]) -> str:
     lines += [f"  fit warning: {w}" for w in p["fit_warnings"]]
     lines += [
         f"compute-optimal at C ({lvl}% intervals): N* = {si(opt['n'])} {iv(opt['n_interval'])}, "
-        f"D* = {si(opt['d'])} {iv(opt['d_interval'])}; L*(C) = {opt['loss']['point']:.4f} (the law's loss at "
-        "N*, D*; the planned run's loss and its interval are below)",
+        f"D* = {si(opt['d'])} {iv(opt['d_interval'])}, L*(C) = {opt['loss']['point']:.4f} "
+        f"[{opt['loss']['lo']:.4f}, {opt['loss']['hi']:.4f}] (the planned run's loss and its interval are below)",
+        *([f"  {opt['beside']}"] if opt.get("beside") else []),
         "the model: the shape rule's nearest shapes, each at D = C / 6N (law loss; cost over L*(C))",
         f"  {'':2}{'layers':>6} {'d_model':>7} {'params':>14} {'tokens':>16} {'loss':>8} {'cost':>8}",
     ]

@@ -18,7 +18,8 @@ What it does, in order:
    (scalelab.fitting.gates): minima bracketed, exponents plausible and off their bounds, starts
    agree, Approach 2 and Approach 3 agree.
 3a. Gates pass: the compute-optimal run at C_next = min(step x the largest budget, C*) (N* from the
-   fit, shaped by the shape rule, D = C_next / 6N), plus, within --budget-flops, the runs that most
+   fit's compute frontier where it measures one, else from the law: scalelab.fitting.compute_optimal;
+   shaped by the shape rule, D = C_next / 6N), plus, within --budget-flops, the runs that most
    narrow the interval of L*(C*) (each candidate scored by refitting the bootstrap replicates with
    it added at its predicted loss times a residual drawn from the fit's own).
    A holdout round (`holdout=Holdout(...)`, `sweep next --holdout 3,10,30`) holds runs at several
@@ -30,8 +31,11 @@ What it does, in order:
    are not identified (`new_budget`); sizes at Approach 2's and Approach 3's N* where they disagree
    (`densify`).
 4. Every proposed run is resolved once, exactly as it will be launched (the spec's recipe applied,
-   its run id hashed), and predicted with its interval (bootstrap + run noise + the backtests'
-   out-of-sample error at its extrapolation distance, scalelab.fitting.predictive). The fit,
+   its run id hashed), and predicted with its interval: a compute-optimal run at the frontier's
+   L*(C) times the law's excess at its (N, D), with the frontier's calibrated interval
+   (ScalingFit.optimal_run_interval); any other run by the law (bootstrap + run noise + the backtests'
+   out-of-sample error at its extrapolation distance, scalelab.fitting.predictive; a degenerate law
+   at the frontier's level). The fit,
    gates and predictions go to fits/round_K.json and to the ledger, before anything runs; the
    round's spec to rounds/round_K.yaml, which expands to the same runs.
    The round's number K is taken before the fit, and fits/round_K.json is created only if no other
@@ -130,6 +134,9 @@ def fit_sweep(
     if lf.selection is not None:
         warnings += [f"law selection: {lf.selection['rule']}"]
     warnings += [f"fit: {w}" for w in lf.fit.warnings]
+    warnings += [f"degenerate law: {f.line}" for f in lf.degeneracy if f.name != "starts"]
+    if lf.frontier is not None:
+        warnings += list(lf.frontier.warnings)
     return lf, raw, fit_spec, warnings
 
 
@@ -185,7 +192,7 @@ def propose_round(
         cands = holdout.candidates(lf, ctx, largest, count=_count(lf))
         c_next = max(c.budget for c in cands)
     elif lf.gates.passed:
-        cands = [Candidate.at(ctx, lf.optimum(c_next)[0], c_next, "compute_optimal", count=_count(lf))]
+        cands = [Candidate.at(ctx, lf.compute_optimal(c_next).n_opt, c_next, "compute_optimal", count=_count(lf))]
     else:
         log(f"gates failed: {', '.join(lf.gates.failed)}; proposing the runs that would pass them")
         cands = remedies(lf, ctx, c_next)
@@ -199,8 +206,9 @@ def propose_round(
     firsts = [r for r in runs if "seed_replicate" not in r.run.labels]  # one per candidate, in order
     for i, gain in gains.items():
         firsts[i].width_reduction = gain
-    loss_at_target = lf.optimum_interval(target)
-    n_t, d_t, _ = lf.optimum(target)
+    at_target = lf.compute_optimal(target)
+    loss_at_target, n_t, d_t = at_target.loss, at_target.n_opt, at_target.d_opt
+    log(f"compute-optimal at C*={target:.3g}: {at_target.line()}")
     proposal = Proposal(
         round=k,
         fit=dict(
@@ -296,7 +304,7 @@ def remedies(lf: ScalingFit, ctx: DesignContext, c_next: float) -> list[Candidat
         targets = [center * SPAN**o for o in np.linspace(-1, 1, NUM_SIZES)]
         cands += _at_budget(ctx, lf, c_next, targets, "new_budget")
     if all_bracketed and "approaches_agree" in failed:
-        disagree = set(lf.gates.gates[-1].detail.get("disagree", []))
+        disagree = set(next(g for g in lf.gates.gates if g.name == "approaches_agree").detail.get("disagree", []))
         for b in brackets:
             if b.flops in disagree:
                 targets = [b.vertex, lf.optimum(b.flops)[0]]
@@ -416,13 +424,12 @@ def _predicted(lf: ScalingFit, run, fit_spec: FitSpec) -> ProposedRun:
     flops = run.flops_6n if fit_spec.flops == "6n" else run.flops_exact
     budget = float(run.labels.get("flops_budget", flops))
     n_fit = run.params if fit_spec.params == "total" else run.params_nonembed
-    return ProposedRun(
-        kind=run.labels["proposal"],
-        run=run,
-        budget=budget,
-        flops=float(flops),
-        prediction=lf.predict_interval(n_fit, run.num_tokens, flops=budget),
-    )
+    kind = run.labels["proposal"]
+    if kind == "compute_optimal":
+        prediction = lf.optimal_run_interval(n_fit, run.num_tokens, budget)
+    else:
+        prediction = lf.predict_interval(n_fit, run.num_tokens, flops=budget)
+    return ProposedRun(kind=kind, run=run, budget=budget, flops=float(flops), prediction=prediction)
 
 
 def readable(sweep_dir: str | Path) -> Path:

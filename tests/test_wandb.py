@@ -216,7 +216,8 @@ def test_sweep_wandb_logs_a_finished_store_and_its_rounds(offline, tmp_path, cap
     alpha = next(r for r in rows if r[0] == "alpha")
     assert alpha[1] == pytest.approx(p["params"]["alpha"]) and alpha[2] <= alpha[1] <= alpha[3]
     assert [r[:2] for r in fit.table("fit/gates")[1]] == [
-        ["bracketed", "pass"], ["exponents", "pass"], ["starts_agree", "pass"], ["approaches_agree", "pass"]
+        ["bracketed", "pass"], ["exponents", "pass"], ["starts_agree", "pass"], ["approaches_agree", "pass"],
+        ["law_holds", "pass"],
     ]  # fmt: skip
     assert fit.table("proposals")[1][0][1] == p["proposals"][0]["run_id"]
     (row,) = fit.table("ledger")[1]

@@ -1,0 +1,57 @@
+"""The frontier's experiments on tiny inputs (fast): bench/frontier_public.py scores a table by the
+registered protocol, bench/score_store.py scores a store's first round against its far runs."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
+from scalelab.fitting.allocate import chinchilla_optimum
+from scalelab.fitting.simulate import CHINCHILLA_EPOCH, simulate
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def _run(script: str, *args: str) -> str:
+    res = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True, text=True, timeout=600, check=False, env=os.environ | {"WANDB_MODE": "disabled"},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
+def test_the_public_benchmark_scores_a_table_by_distance(tmp_path):
+    data = simulate("chinchilla", CHINCHILLA_EPOCH, design="isoflop", budgets=np.logspace(18, 20.5, 6),
+                    points_per_budget=5, isoflop_width=0.5, noise_sigma=0.005, seed=0)  # fmt: skip
+    table = tmp_path / "tiny.csv"
+    pl.DataFrame(data).write_csv(table)
+    out = _run("frontier_public.py", "--table", str(table), "--name", "tiny", "--origins", "0.6", "--json",
+               str(tmp_path / "out.json"))  # fmt: skip
+    assert out.splitlines()[0].startswith("family      targets  default MARE  approach 3 MARE")
+    assert "tiny" in out and "pooled by distance" in out and (tmp_path / "out.json").exists()
+
+
+def test_a_stores_first_round_is_scored_against_its_far_runs(tmp_path):
+    law = SyntheticLaw()
+    spec = {
+        "name": "sim",
+        "base": {"data": {"seq_len": 64}, "train": {"global_batch_tokens": 512}},
+        "isoflop": {"budgets": [3e11, 1e12, 3e12], "num_sizes": 5, "center": {"tokens_per_param": 5}, "span": 3},
+        "fit": {"bootstrap": 4},
+    }
+    sd = tmp_path / "loop"
+    launch_synthetic(spec, sd, law, noise_std=0.003)
+    far = tmp_path / "far.csv"
+    rows = []
+    for mult in (10, 30):
+        n, d, loss = chinchilla_optimum(law.params_dict(), mult * 3e12)
+        rows.append({"seed": 0, "params": n, "tokens": d, "loss": loss, "distance": mult})
+    pl.DataFrame(rows).write_csv(far)
+    out = _run("score_store.py", str(sd), "--far", str(far), "--seed", "0")
+    assert out.startswith("first round: 15 runs, chinchilla")
+    assert "--far seed 0" in out and " 30x  1 run(s)" in out and "goal |error| <= 4%, width <= 20%" in out
