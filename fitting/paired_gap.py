@@ -138,6 +138,14 @@ def measurement_scatter(line: GapLine, measurement: Measurement, noise: PureErro
     return math.sqrt(pattern / max(measurement.sizes, 1) + resid**2 / max(measurement.pairs, 1))
 
 
+def line_noise(line: GapLine) -> PureError:
+    """sigma and tau from the line's residuals, for a design with no pure error (one pair per budget and
+    size): a drift the line misses is in them, so the interval errs wide."""
+    sigma = line.residual_sd if math.isfinite(line.residual_sd) else line.scatter_sd
+    tau = math.sqrt(max(line.scatter_sd**2 - sigma**2, 0.0)) if math.isfinite(line.scatter_sd) else 0.0
+    return PureError(sigma=sigma, tau=tau, dof=0)
+
+
 @dataclass(kw_only=True)
 class PairedGap:
     """The paired gap model's prediction at the target (module docstring)."""
@@ -212,6 +220,8 @@ def paired_gap(
     noise, term = None, None
     if method == "noise_corrected":
         noise = pure_error(points)
+        if not math.isfinite(noise.sigma):  # one pair per budget and size: the line's residuals, drift and all
+            noise = line_noise(line)
         term = noise_corrected_drift(points, drift=choice.drift, noise=noise)
         drift = term.sd_at(target_log_budget - line.x_ref) if decades > 0 else 0.0
     else:

@@ -111,3 +111,11 @@ def test_an_unknown_method_is_refused():
             measurement=Measurement(),
             method="pooled",
         )
+
+
+def test_a_design_without_pure_error_falls_back_on_the_line_residuals():
+    x = np.array([11.3, 11.8, 12.3])
+    pts = GapPoints(log_budget=x, size=[0, 0, 0], group=["a", "b", "c"], log_ratio=[0.031, 0.028, 0.032])
+    est = paired_gap(pts, target_log_budget=TARGET, counts=np.ones((4, 3)), measurement=Measurement(sizes=3, pairs=6))
+    assert pure_error(pts).dof == 0 and est.noise.dof == 0 and est.noise.sigma > 0
+    assert math.isfinite(est.at_target.lo) and est.at_target.lo < 0.03 < est.at_target.hi
