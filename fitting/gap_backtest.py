@@ -18,7 +18,9 @@ fold's training range, the miss is the budget's mean observed gap minus the mean
 as scalelab.fitting.predictive measures a single law's error, so a model that misses more the farther
 it reaches is charged for it at the target. The runs of one fold share its fit, so k rests on as
 many independent estimates as there are folds (scalelab.fitting.predictive.t_over_z scales it).
-The held-out budget's own scatter is in its miss, so k errs wide at short range.
+The held-out budget's own scatter is in its miss, so k errs wide at short range: the paired gap model's
+default drift part takes it out over the same folds (scalelab.fitting.gap_drift); the joint law's
+view and the first version of the paired one use k as it is.
 """
 
 from __future__ import annotations

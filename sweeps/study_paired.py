@@ -16,9 +16,11 @@ design points shared by both arms and both views (scalelab.fitting.design_bootst
    loss (its own error a fourth part). This is the study's default verdict.
 2. the joint law (scalelab.fitting.shared_exponents): per-arm E, A, B with shared exponents, fitted
    to both arms' runs; its gap at the same points and between the frontiers, with the bootstrap's
-   spread, the same measurement scatter and a drift term backtested the same way on the joint law's
-   own gap (each fold a refit on its budgets). A second opinion: a law's form constrains how the gap
-   may move with scale, which the gap model does not assume.
+   spread, the same measurement scatter and a drift term backtested on the joint law's own gap (each
+   fold a refit on its budgets; k_gap times Student's t, scalelab.fitting.gap_backtest: the first
+   version's method, the noise not taken out, since a refitted law is not linear in the pairs). A
+   second opinion: a law's form constrains how the gap may move with scale, which the gap model does
+   not assume.
 
 The baseline's own loop fit (`fits[0]`) gives the predicted loss the log ratio is converted at, and
 the frontier's L*_A.
@@ -200,7 +202,7 @@ def _joint_view(out: PairedComparison, inp: JointInputs, resample, loss_a: float
     scale = loss_a * math.exp(out.estimate.at_target.point)  # log-ratio sds to loss units
     shared = {
         "drift": scale * drift_sd(backtest, out.estimate.decades, inp.level),
-        "scatter": scale * measurement_scatter(out.estimate.line, out.measurement),
+        "scatter": scale * measurement_scatter(out.estimate.line, out.measurement, out.estimate.noise),
     }
     z = z_of(inp.level)
     views = []

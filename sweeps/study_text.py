@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import math
 
+from scalelab.fitting.gap_drift import SE_WEIGHT
+
 # what each part of a gap's interval is, per estimator (sds in loss units)
 PARTS = {
     "paired": {
         "bootstrap": "the gap model's spread over the design-point bootstrap shared by both arms",
-        "drift": "the gap model's out-of-sample drift per decade (its own backtests) times the decades to the target",
-        "scatter": "the decisive measurement's own spread (the size pattern over its sizes, scatter over its pairs)",
+        "drift": "the gap model's out-of-sample drift per decade (its own backtests, the budget means' noise taken "
+        "out) times the target's distance from the design's centroid",
+        "scatter": "the decisive measurement's own spread (the size pattern over its sizes, pure error over its pairs)",
         "baseline": "the baseline's predicted loss the log ratio is converted at",
     },
     "joint": {
@@ -107,21 +110,37 @@ def _arm_lines(sf, pct: str) -> list[str]:
     return lines
 
 
+def _drift_text(e) -> str:
+    """The drift part's basis: noise-corrected (scalelab.fitting.gap_drift) or the first version's k_gap."""
+    t = e.drift_term
+    if t is not None:
+        if not math.isfinite(t.k2):
+            return "drift unmeasured"
+        return (
+            f"drift {t.per_decade:.4f} per decade (noise-corrected k^2 {t.k2:.3g} + {SE_WEIGHT} se {t.se:.3g}, "
+            f"{len(t.misses)} fold miss(es); pure error {e.noise.sigma:.4f}, size pattern {e.noise.tau:.4f})"
+        )
+    k = e.backtest.error
+    return "backtested drift k_gap = " + (
+        f"{k.per_decade:.4f} per decade over {k.n_folds} fold(s) (x Student's t)"
+        if k.per_decade is not None
+        else "unmeasured"
+    )
+
+
 def _paired_lines(c) -> list[str]:
     """The paired views: the gap model, its choice and backtest; the frontier gap; the joint law's."""
     p = c.paired
     if p is None:
         return []
     e = p.estimate
-    k = e.backtest.error
     lines = [
         f"  paired gap model ({p.n_pairs} matched pairs, {p.replicates} design-point replicates): {e.model} gap, "
         f"ln(L_{c.arm}/L_{c.baseline}) = {e.line.intercept:+.4f} at log10 C = {e.line.x_ref:.2f}"
         + (f", drift {e.line.slope:+.4f} per decade" if e.line.drift else "")
         + f"; scatter per point {e.line.scatter_sd:.4f} (residual {e.line.residual_sd:.4f})",
         f"    rule: leave-one-budget-out mean squared miss, constant {e.choice.cv_constant:.3g} vs drift "
-        f"{e.choice.cv_drift:.3g}; backtested drift k_gap = "
-        + (f"{k.per_decade:.4f} per decade over {k.n_folds} fold(s)" if k.per_decade is not None else "unmeasured"),
+        f"{e.choice.cv_drift:.3g}; " + _drift_text(e),
         f"    at the target, ln ratio {e.at_target.point:+.4f} [{e.at_target.lo:+.4f}, {e.at_target.hi:+.4f}]",
     ]
     if c.estimator != "paired":
