@@ -65,6 +65,7 @@ from scalelab.fitting.predictive import (
     interval_from_parts,
     prediction_interval,
 )
+from scalelab.store.paths import SweepLayout
 
 PLANNABLE_LAWS = ("chinchilla", "kaplan")  # laws of (params, tokens) with a compute-optimal allocation
 MIN_DECADES = 0.3  # a fit report's held-out run this far beyond its training runs measures a drift per decade
@@ -385,7 +386,7 @@ def _from_report(report: dict, where: str) -> DrawsLossModel:
 
 
 def latest_round_fit(sweep_dir: Path) -> Path | None:
-    rounds = sorted(sweep_dir.glob("fits/round_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    rounds = SweepLayout(sweep_dir).round_fits()
     return rounds[-1] if rounds else None
 
 
