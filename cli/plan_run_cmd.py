@@ -22,7 +22,6 @@ import json
 from pathlib import Path
 
 from scalelab.errors import UsageError
-from scalelab.store.paths import SweepLayout
 
 
 def add_parser(sub) -> None:
@@ -120,6 +119,8 @@ def _design(args, fit_path: Path):
 def _out_dir(args, fit_path: Path, flops: float) -> Path:
     if args.out is not None:
         return args.out
+    from scalelab.store.paths import SweepLayout  # start-up time: the store package loads polars
+
     name = f"plan-C{flops:.3g}".replace("+", "")
     return SweepLayout(fit_path).plan(name) if fit_path.is_dir() else Path(name)
 
