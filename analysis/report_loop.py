@@ -21,6 +21,7 @@ from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.fit_terms import law_formula, law_heading, meaning, stacked_note
 from scalelab.fitting.intervals import percentile_interval
 from scalelab.store.ledger import coverage, scored
+from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_options, fit_store, store_fit_spec
 
 
@@ -37,7 +38,7 @@ def loop_fit(
     """(loop-fit record, note, options): the latest `sweep next` round's own fit, or the same fit of
     `runs` (scalelab.sweeps.store_fit: the options `sweep next` fits with, unless `law` / `n_boot`)."""
     options = fit_options(store_fit_spec(store), law=law, bootstrap=n_boot, seed=seed)
-    rounds = sorted(store.glob("fits/round_*.json"), key=lambda p: int(p.stem.split("_")[1])) if store.is_dir() else []
+    rounds = SweepLayout(store).round_fits() if store.is_dir() else []
     for path in rounds[-1:] if latest_round else []:
         saved = json.loads(path.read_text())
         record = saved.get("fit")
@@ -135,7 +136,7 @@ def backtest_section(backtests: dict) -> list[str]:
 
 def proposal_section(store: Path, fit, level: float = 0.95) -> str:
     out = ["<h2>Proposed next round</h2>"]
-    fits = sorted(store.glob("fits/*.json")) if store.is_dir() else []
+    fits = sorted(SweepLayout(store).fits.glob("*.json")) if store.is_dir() else []
     for path in fits[-1:]:
         try:
             saved = json.loads(path.read_text())
@@ -210,7 +211,7 @@ def gates_section(record: dict) -> str:
 
 
 def ledger_section(store: Path) -> str:
-    if not (store / "ledger.json").exists():
+    if not SweepLayout(store).ledger.exists():
         return ""
     book = scored(store)  # a report reads the store, never writes it
     out = ["<h2>Ledger: predictions against measured runs</h2>"]

@@ -22,7 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from scalelab.errors import UsageError
-from scalelab.store import load_runs
+from scalelab.store import load_runs, runs_dir
 
 _DESIGN_TAGS = ("flops_budget", "tokens_per_param", "generator", "spec", "round", "proposal", "sample")
 
@@ -52,9 +52,9 @@ def _keys(config: dict) -> dict[str, str]:
 def _run_dirs(path: Path) -> dict[str, Path]:
     """run_id -> run directory for a sweep dir or a store root holding sweep dirs."""
     out: dict[str, Path] = {}
-    sweeps = [path] if (path / "runs").is_dir() else sorted(p for p in path.iterdir() if (p / "runs").is_dir())
+    sweeps = [path] if runs_dir(path).is_dir() else sorted(p for p in path.iterdir() if runs_dir(p).is_dir())
     for sweep in sweeps:
-        for run in sorted((sweep / "runs").iterdir()):
+        for run in sorted(runs_dir(sweep).iterdir()):
             if run.is_dir() and not run.name.startswith("."):
                 out.setdefault(run.name, run)
     return out

@@ -235,7 +235,7 @@ def write_synthetic_sweep(
     """
     sweep_dir = Path(sweep_dir)
     tags = {str(k): str(v) for k, v in (tags or {}).items()}
-    atomic_write_bytes(sweep_dir / "sweep.yaml", f"# synthetic sweep from {law}\n".encode())
+    atomic_write_bytes(store.SweepLayout(sweep_dir).spec, f"# synthetic sweep from {law}\n".encode())
     run_ids = []
     for point in design:
         for seed in seeds:
@@ -251,7 +251,7 @@ def write_synthetic_sweep(
             metrics, train_loss = _train_metrics(law, n, steps, tps, cfg.optim.lr, offset, rng)
             eval_steps = np.unique(np.linspace(steps / num_evals, steps, num=num_evals).round().astype(int))
             rows = [row for step in eval_steps for row in _eval_rows(law, n, int(step * tps), int(step), offset, rng)]
-            run_dir = sweep_dir / "runs" / run_id
+            run_dir = run_path(sweep_dir, run_id)
             run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_json(run_dir / "config.json", cfg_dict)
             metrics.write_parquet(run_dir / "metrics.parquet")

@@ -65,7 +65,7 @@ def _launch_round(proposal, sweep_dir: Path, num_cpus) -> None:
 
 def _round_fits(sweep_dir: Path) -> dict[int, dict]:
     """Round -> the fit that round proposed from (fits/round_K.json's `fit`)."""
-    files = sorted((sweep_dir / "fits").glob("round_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    files = store.SweepLayout(sweep_dir).round_fits()
     return {int(p.stem.split("_")[1]): json.loads(p.read_text())["fit"] for p in files}
 
 

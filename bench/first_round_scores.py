@@ -41,7 +41,7 @@ def store_scores(sweep_dir: str | Path) -> dict:
     """One store's errors per distance (%), coverage, widths, and its costs."""
     sweep_dir = Path(sweep_dir)
     ledger.score(sweep_dir)
-    spec = load_yaml(str(sweep_dir / "sweep.yaml"))
+    spec = load_yaml(str(store.SweepLayout(sweep_dir).spec))
     largest = max(float(b) for b in spec["isoflop"]["budgets"])
     far = [p for p in ledger.read_ledger(sweep_dir)["predictions"] if p.get("kind") == "holdout"]
     cpu = {

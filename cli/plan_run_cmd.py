@@ -119,8 +119,10 @@ def _design(args, fit_path: Path):
 def _out_dir(args, fit_path: Path, flops: float) -> Path:
     if args.out is not None:
         return args.out
+    from scalelab.store.paths import SweepLayout  # start-up time: the store package loads polars
+
     name = f"plan-C{flops:.3g}".replace("+", "")
-    return fit_path / "plans" / name if fit_path.is_dir() else Path(name)
+    return SweepLayout(fit_path).plan(name) if fit_path.is_dir() else Path(name)
 
 
 def run(args) -> int:
@@ -161,6 +163,7 @@ def run(args) -> int:
         return 0
     print(format_plan(data))
     print("files: " + ", ".join(str(p) for p in written))
-    print(f"train it: scalelab run {out / 'run.yaml'} --out RUN_DIR   (or: scalelab sweep launch {out / 'sweep.yaml'} "
+    run_yaml, spec_yaml = written[1:3]  # write_plan's paths: plan.json, run.yaml, sweep.yaml
+    print(f"train it: scalelab run {run_yaml} --out RUN_DIR   (or: scalelab sweep launch {spec_yaml} "
           "--out SWEEP_DIR)")  # fmt: skip
     return 0

@@ -14,6 +14,10 @@ compute-optimal token count (invert D*(C) = D) - the loss-optimal model per FLOP
 that data. For laws with a unique-token input (data-constrained), bind the unique tokens inside
 `loss_fn` and use `compute_optimal` at the FLOP budget instead.
 
+Which laws can allocate has one answer here: `can_allocate(law)` (a law of N and D alone), used by
+the fit entry (its gates and frontier), `optimum_for_law`, and, through LOOP_LAWS, the subset the
+closed loop fits and plan-run plans from.
+
     alloc = chinchilla_allocation(params, flops=1e23, samples=boot_samples)
     alloc.n_opt, alloc.n_opt_interval, alloc.tokens_per_param
 """
@@ -28,6 +32,22 @@ from scipy import optimize
 
 from scalelab.errors import UsageError
 from scalelab.fitting.intervals import percentile_interval
+from scalelab.fitting.laws import CURVE_LAWS, Law, get_law
+
+# The laws the closed loop fits (a spec's fit.law, the stacked candidates) and plan-run plans from:
+# each can_allocate; farseer can too, but its gamma is not identified on a 1-1.5 decade design
+# (docs/extrapolation.md), so it is not one of them.
+LOOP_LAWS = ("chinchilla", "kaplan")
+
+
+def can_allocate(law: str | Law) -> bool:
+    """A law of N and D alone, so with a compute-optimal allocation N*(C) (curve laws and the
+    selection's "average" have none)."""
+    name = law if isinstance(law, str) else law.name
+    if name in CURVE_LAWS or name == "average":
+        return False
+    return set(get_law(law).inputs) == {"params", "tokens"}
+
 
 LossFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (N, D) -> loss
 
@@ -97,7 +117,7 @@ def optimum_for_law(law) -> Callable[[dict[str, float], float], tuple]:
     the closed form for Chinchilla, else the numeric optimum in ln N."""
     if law.name == "chinchilla":
         return chinchilla_optimum
-    if set(law.inputs) != {"params", "tokens"}:
+    if not can_allocate(law):
         raise UsageError(
             f"law {law.name} has inputs {list(law.inputs)}; compute-optimal allocation needs a law of "
             "params and tokens (chinchilla or kaplan)"

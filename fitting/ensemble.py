@@ -41,7 +41,7 @@ from scipy import optimize, stats
 
 from scalelab.errors import UsageError
 from scalelab.fitting import diagnostics
-from scalelab.fitting.allocate import optimum_for_law
+from scalelab.fitting.allocate import can_allocate, optimum_for_law
 from scalelab.fitting.bootstrap import refit_replicates
 from scalelab.fitting.fit import FitResult, fit_law
 from scalelab.fitting.forward import forward_backtest
@@ -74,7 +74,7 @@ def parse_candidate(name: str) -> tuple[str, str]:
     if weighting not in WEIGHTINGS:
         raise UsageError(f"candidate {name!r}: unknown run weighting {weighting!r}; use one of {WEIGHTINGS}")
     law_obj = get_law(law)
-    if set(law_obj.inputs) != {"params", "tokens"}:
+    if not can_allocate(law_obj):
         raise UsageError(f"candidate {name!r}: a stacked law combines laws of (N, D); {law} reads {law_obj.inputs}")
     return law, weighting
 

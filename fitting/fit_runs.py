@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from scalelab.errors import UsageError
+from scalelab.fitting.allocate import can_allocate
 from scalelab.fitting.backtest import BatchedLawFitter, holdout_backtest, leave_one_budget_out
 from scalelab.fitting.bootstrap import refit_bootstrap
 from scalelab.fitting.compute_groups import MAX_GROUPS, ComputeGroups, compute_groups
@@ -120,8 +121,8 @@ def fit_law_choice(table: RunTable, options: FitOptions, curves: list[RunCurve] 
     sel = select_law(table, curves, holdout_frac=options.holdout_frac, refit=False, **kwargs)
     chosen, selection = sel.chosen, sel.to_dict()
     if options.require_optimum:
-        if not has_optimum(chosen):
-            singles = [c.name for c in sel.ranking() if has_optimum(c.name)]
+        if not can_allocate(chosen):
+            singles = [c.name for c in sel.ranking() if can_allocate(c.name)]
             chosen = singles[0] if singles else "chinchilla"
             selection["rule"] = f"{selection['rule']}; {sel.chosen} has no closed optimum, so the loop fits {chosen}"
         selection["loop_law"] = chosen
@@ -168,13 +169,6 @@ def fit_stacked_runs(table: RunTable, options: FitOptions) -> ScalingFit:
         "chosen": "stacked" if st.adopted else incumbent,
     }
     return fit
-
-
-def has_optimum(law_name: str) -> bool:
-    """A law of N and D alone, so with a compute-optimal allocation N*(C) (scalelab.fitting.allocate)."""
-    if law_name in CURVE_LAWS or law_name == "average":
-        return False
-    return set(get_law(law_name).inputs) == {"params", "tokens"}
 
 
 def law_data(law: Law, table: RunTable) -> dict[str, np.ndarray]:
@@ -241,10 +235,10 @@ def fit_law_runs(table: RunTable, law_name: str, options: FitOptions) -> Scaling
         fitter = BatchedLawFitter(law, starts_of(law, fit, pool, rng), **fit_kwargs)
         out.backtest = run_backtests(table, groups, fitter, options, law.n_params + 1, warnings)
         out.extrapolation = extrapolation_error(bt for bt in out.backtest.values() if "runs" in bt)
-    if has_optimum(law.name):
+    if can_allocate(law.name):
         folds = BatchedLawFitter(law, starts_of(law, fit, pool, rng), **fit_kwargs)
         _frontier_and_findings(out, law, groups, fit, warnings, _surface_folds(law, table, folds))
-    if options.gates and has_optimum(law.name):
+    if options.gates and can_allocate(law.name):
         out.target_flops = float(options.target_flops or 3.0 * table.flops.max())
         out.gates = check_gates(
             law,

@@ -141,7 +141,7 @@ def predict_from_fit(
                 out["loss_prediction_interval"] = _pairs(*percentile_interval(vals * noise, level))
         out["level"] = level
         return out
-    if "flops" in given and set(law.inputs) == {"params", "tokens"}:
+    if "flops" in given and alloc.can_allocate(law):
         return allocate_from_fit(fit, flops=given["flops"], level=level)
     raise UsageError(f"law {law.name} needs {' and '.join('--' + k for k in law.inputs)} (or --flops C)")
 

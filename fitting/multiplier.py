@@ -38,7 +38,7 @@ def frontier_loss(law: Law, params: dict[str, float], flops: float) -> float:
         return float(law.predict(params, flops=np.asarray(flops)))
     if law.name == "chinchilla":
         return alloc.chinchilla_optimum(params, flops)[2]
-    if set(law.inputs) != {"params", "tokens"}:
+    if not alloc.can_allocate(law):
         raise UsageError(f"law {law.name} has inputs {law.inputs}; comparison needs a law of (N, D) or of C")
     return alloc.numeric_optimum(lambda n, d: law.predict(params, params=n, tokens=d), flops)[2]
 

@@ -83,7 +83,7 @@ class Design:
 def sweep_design(sweep_dir: str | Path) -> Design:
     """The design of a sweep directory (its sweep.yaml: base config and recipe)."""
     sweep_dir = Path(sweep_dir)
-    path = sweep_dir / "sweep.yaml"
+    path = store.SweepLayout(sweep_dir).spec
     if not path.is_file():
         raise UsageError(f"{sweep_dir} has no sweep.yaml; give a sweep directory (or a FIT.json with --vocab-size)")
     raw = read_spec(path)

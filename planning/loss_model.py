@@ -51,7 +51,7 @@ from typing import Protocol
 import numpy as np
 
 from scalelab.errors import UsageError
-from scalelab.fitting.allocate import allocate, optimum_for_law
+from scalelab.fitting.allocate import LOOP_LAWS, allocate, optimum_for_law
 from scalelab.fitting.compute_optimal import Surface, anchored_interval, compute_optimal
 from scalelab.fitting.degeneracy import degenerate
 from scalelab.fitting.ensemble import StackedFit
@@ -65,8 +65,8 @@ from scalelab.fitting.predictive import (
     interval_from_parts,
     prediction_interval,
 )
+from scalelab.store.paths import SweepLayout
 
-PLANNABLE_LAWS = ("chinchilla", "kaplan")  # laws of (params, tokens) with a compute-optimal allocation
 MIN_DECADES = 0.3  # a fit report's held-out run this far beyond its training runs measures a drift per decade
 
 
@@ -286,10 +286,10 @@ def _with_stack(model: DrawsLossModel, data: dict) -> DrawsLossModel | StackedLo
 
 
 def _plannable(law_name: str, where: str) -> Law:
-    if law_name not in PLANNABLE_LAWS:
+    if law_name not in LOOP_LAWS:
         raise UsageError(
             f"{where}: the fit's law is {law_name!r}; plan-run needs a law of N and D with a compute-optimal "
-            f"allocation ({' or '.join(PLANNABLE_LAWS)}): refit with --law chinchilla"
+            f"allocation ({' or '.join(LOOP_LAWS)}): refit with --law chinchilla"
         )
     return get_law(law_name)
 
@@ -385,7 +385,7 @@ def _from_report(report: dict, where: str) -> DrawsLossModel:
 
 
 def latest_round_fit(sweep_dir: Path) -> Path | None:
-    rounds = sorted(sweep_dir.glob("fits/round_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    rounds = SweepLayout(sweep_dir).round_fits()
     return rounds[-1] if rounds else None
 
 

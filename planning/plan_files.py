@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.store.atomic import atomic_write_bytes
+from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.spec import dump_spec
 
 PLAN_FILE = "plan.json"
@@ -43,7 +44,7 @@ def write_plan(plan: dict[str, Any], out: str | Path) -> list[Path]:
 def read_plans(sweep_dir: str | Path) -> list[dict[str, Any]]:
     """Every plan saved under a sweep's plans/ (oldest first); unreadable files are skipped."""
     found = []
-    for path in sorted(Path(sweep_dir).glob(f"plans/*/{PLAN_FILE}"), key=lambda p: p.stat().st_mtime):
+    for path in sorted(Path(SweepLayout(sweep_dir).plans).glob(f"*/{PLAN_FILE}"), key=lambda p: p.stat().st_mtime):
         try:
             found.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):

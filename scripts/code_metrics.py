@@ -1,5 +1,6 @@
 """Code-shape figures of the repository: lines, imports inside functions, import circles, long files and
-functions, and how many fit entries, evaluation paths and rounds loops the code has.
+functions, how many fit entries, evaluation paths, saved-fit readers and rounds loops the code has, and
+who owns the store's paths and the fit's options.
 
     python scripts/code_metrics.py [ROOT]        # ROOT defaults to the repository this script sits in
 
@@ -27,7 +28,11 @@ tests/, bench/ and scripts/ are listed in the line counts but not in the import 
     rounds loops (the loops that launch runs, fit and propose the next round). The first two are
     recognised by a short list of the names known to have played the role (ROLES in
     scripts/code_roles.py: listed, checked to exist, their callers shown, a wrapper of another
-    listed one not counted), rounds loops by their shape; scripts/code_roles.py says how.
+    listed one not counted), rounds loops by their shape; scripts/code_roles.py says how. Saved-fit
+    readers (the functions that read a saved fit's JSON back) are a third listed role;
+  - who owns what (scripts/code_owners.py): store paths built outside store/ (each listed), the fit
+    options types, bench files with `sys.path` tricks or private-name imports, and the package
+    modules only benches and tests use.
 
 The reading of sources (folders, module names, imports) is scripts/code_tree.py.
 """
@@ -39,6 +44,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from code_owners import print_owners
 from code_roles import ROLES, function_index, long_functions, role_report, rounds_loops, where
 from code_tree import (
     OTHER_FOLDERS,
@@ -217,6 +223,7 @@ def main(root: Path) -> None:
     print_circles(graph, folders)
     print_long_files(root, folders)
     print_functions(root, folders)
+    print_owners(root, folders)
 
 
 if __name__ == "__main__":

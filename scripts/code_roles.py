@@ -8,11 +8,12 @@
 A function's length runs from its `def` line to its last line (decorators not counted); a nested
 function counts inside its parent and on its own.
 
-Roles. Fit entries (take a table of runs, return a fitted law with its intervals) and evaluation
-paths (score a model on the validation sources and the tasks into evaluation rows) are recognised
-by name: ROLES lists every function known to have played the role, old names and new. The report
-says which of them exist in the checkout, who calls each (functions of the package and bench/, and
-how many test files), and counts an existing one only when it does not reach another listed one
+Roles. Fit entries (take a table of runs, return a fitted law with its intervals), evaluation
+paths (score a model on the validation sources and the tasks into evaluation rows) and saved-fit
+readers (a saved fit's JSON back into what predicts or plans) are recognised by name: ROLES lists
+every function known to have played the role, old names and new. The report says which of them
+exist in the checkout, who calls each (functions of the package and bench/, and how many test
+files), and counts an existing one only when it does not reach another listed one
 through the functions it references, transitively (a wrapper that loads a store and calls the one
 fit entry is a caller, not a second entry). A function that plays the role under a name not in the
 list is not seen: list it when you add one. Rounds loops are recognised by their shape instead: a
@@ -61,6 +62,23 @@ ROLES = (
             "train.eval_checkpoint.evaluate_checkpoint",
             "train.eval_parallel.evaluate_checkpoint_parallel",
             "train.eval_model.evaluate",
+        ),
+    ),
+    Role(
+        "saved-fit readers",
+        "read a saved fit (`scalelab fit --out` FIT.json, a round's fits/round_K.json) back into what "
+        "predicts or plans (what `predict`, `allocate`, `plan-run`, the report, the generators and benches call)",
+        (
+            "fitting.saved_fit.load_saved_fit",
+            "cli.fit_cmd._load",
+            "fitting.from_report.predict_from_fit",
+            "fitting.from_report.allocate_from_fit",
+            "planning.loss_model.load_loss_model",
+            "analysis.lawfit.store_fit_from_record",
+            "analysis.report_loop.loop_fit",
+            "sweeps.isoflop_grid.read_frontier",
+            "sweeps.proposal.read_round",
+            "bench.closed_loop._round_fits",
         ),
     ),
 )

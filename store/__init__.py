@@ -17,7 +17,7 @@ The modules, bottom up (this package imports only scalelab.errors, never train/ 
     atomic         whole-file writes (temporary name + rename; one object on object storage),
                    and read-modify-writes that lose no update (conditional puts on object storage)
     files          a sweep's own files (specs, rounds, fits) read alike from either kind of store
-    paths          a sweep's address, its runs, sweep.resolved.json's name
+    paths          every path of a sweep (SweepLayout), its address, its runs
     records        a run's status.json and Parquet records, its state
     checkpoint_files   complete checkpoint directories, their upload and download
     sweep_dir      a sweep's spec and sweep.resolved.json
@@ -44,7 +44,7 @@ from scalelab.store.claims import (
     run_location,
 )
 from scalelab.store.events import append_event, read_events
-from scalelab.store.paths import RESOLVED, is_sweep_dir, location, run_path, runs_dir
+from scalelab.store.paths import RESOLVED, SweepLayout, is_sweep_dir, location, run_path, runs_dir
 from scalelab.store.records import STATUSES, TERMINAL, last_step, read_status, run_state, write_status
 from scalelab.store.runs_table import export_table, load_runs
 from scalelab.store.sweep_dir import init_sweep, read_resolved, write_resolved
@@ -53,6 +53,7 @@ __all__ = [
     "RESOLVED",
     "STATUSES",
     "TERMINAL",
+    "SweepLayout",
     "append_event",
     "attach_runs",
     "claim_run",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.store import objects
+from scalelab.store.paths import SweepLayout
 
 
 def append_event(sweep_dir: str | Path, event: str, run_id: str, **fields: Any) -> None:
@@ -25,7 +26,7 @@ def append_event(sweep_dir: str | Path, event: str, run_id: str, **fields: Any) 
         event_name = f"{time.time():.6f}-{uuid.uuid4().hex[:8]}.json"  # sorts by time
         objects.write_bytes(objects.join(sweep_dir, "events", event_name), line.encode())
         return
-    fd = os.open(Path(sweep_dir) / "events.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(SweepLayout(Path(sweep_dir)).events, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (line + "\n").encode())
     finally:
@@ -36,7 +37,7 @@ def read_events(sweep_dir: str | Path) -> list[dict[str, Any]]:
     """The events of a sweep, oldest first (events.jsonl, or one object each from object storage)."""
     if objects.is_url(sweep_dir):
         sweep_dir = objects.local_view(sweep_dir)
-    path = Path(sweep_dir) / "events.jsonl"
+    path = Path(SweepLayout(Path(sweep_dir)).events)
     lines = path.read_text().splitlines() if path.exists() else []
     one_each = Path(sweep_dir) / "events"
     lines += [p.read_text() for p in sorted(one_each.glob("*.json"))] if one_each.is_dir() else []

@@ -51,14 +51,12 @@ from scipy import stats
 from scalelab.store import objects
 from scalelab.store.atomic import atomic_write_json, update_json
 from scalelab.store.claims import CLAIMS, claimed_elsewhere, find_finished_elsewhere, run_location
-from scalelab.store.paths import check_run_id
+from scalelab.store.paths import SweepLayout, check_run_id
 from scalelab.store.records import read_status
-
-LEDGER = "ledger.json"
 
 
 def ledger_path(sweep_dir: str | Path) -> str | Path:
-    return objects.join(sweep_dir, LEDGER) if objects.is_url(sweep_dir) else Path(sweep_dir) / LEDGER
+    return SweepLayout(sweep_dir).ledger
 
 
 def _empty() -> dict[str, list[dict[str, Any]]]:

@@ -20,7 +20,7 @@ from typing import Any
 from scalelab.errors import UsageError
 from scalelab.store import objects
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json, replace_if, update_json
-from scalelab.store.paths import RESOLVED, check_run_id, is_sweep_dir, runs_dir
+from scalelab.store.paths import RESOLVED, SPEC, check_run_id, is_sweep_dir, runs_dir
 
 DRIVER_PREFIX = "driver/"  # a detached driver's spec copy (`sweep launch --detach`), written before the sweep
 
@@ -40,10 +40,10 @@ def init_sweep(sweep_dir: str | Path, spec_text: str, spec_name: str, runs: list
         raise UsageError(f"--out {sweep_dir} exists and is not a sweep directory; choose an empty or new one")
     runs_dir(sweep_dir).mkdir(parents=True, exist_ok=True)
     if not is_sweep_dir(sweep_dir):
-        atomic_write_bytes(sweep_dir / "sweep.yaml", spec_text.encode())
-        rel = "sweep.yaml"
-    elif (sweep_dir / "sweep.yaml").read_text() == spec_text:
-        rel = "sweep.yaml"
+        atomic_write_bytes(sweep_dir / SPEC, spec_text.encode())
+        rel = SPEC
+    elif (sweep_dir / SPEC).read_text() == spec_text:
+        rel = SPEC
     else:
         rel = f"rounds/{spec_name}.yaml"
         existing = sweep_dir / rel
@@ -71,10 +71,10 @@ def _init_object_sweep(url: str, spec_text: str, spec_name: str, runs: list[dict
     extended by conditional puts (scalelab.store.atomic.update_json), so two drivers extending one
     sweep never drop each other's runs."""
     objects.check_sweep(url, "--out")
-    spec = objects.read_bytes(objects.join(url, "sweep.yaml"))
+    spec = objects.read_bytes(objects.join(url, SPEC))
     if spec is None and [k for k in objects.list_objects(url) if not k.startswith(DRIVER_PREFIX)]:
         raise UsageError(f"--out {url} holds objects but no sweep.yaml; choose an empty or new prefix")
-    rel = "sweep.yaml" if spec is None or spec.decode() == spec_text else f"rounds/{spec_name}.yaml"
+    rel = SPEC if spec is None or spec.decode() == spec_text else f"rounds/{spec_name}.yaml"
     target = objects.join(url, rel)
     if not replace_if(target, spec_text.encode(), None) and objects.read_bytes(target).decode() != spec_text:
         raise UsageError(f"{target} holds a different spec of the same name; rename the spec file")

@@ -124,7 +124,8 @@ def settings_for(sweep_dir: str | Path, run_id: str) -> EarlyStopConfig | None:
     """The early_stop section of the spec that generated `run_id` (sweep.yaml or a round's spec)."""
     resolved = store.read_resolved(sweep_dir)
     entry = next((r for r in resolved.get("runs", []) if r.get("run_id") == run_id), None)
-    spec = files.join(sweep_dir, (entry or {}).get("spec") or "sweep.yaml")
+    layout = store.SweepLayout(sweep_dir)
+    spec = layout.file(entry["spec"]) if (entry or {}).get("spec") else layout.spec
     text = files.read_text(spec)
     if text is None:
         return None

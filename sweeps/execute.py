@@ -63,7 +63,7 @@ from scalelab import store
 from scalelab.config_tree import from_dict
 from scalelab.errors import UsageError
 from scalelab.parallel.config import ParallelConfig
-from scalelab.store import files, ledger, objects
+from scalelab.store import ledger, objects
 from scalelab.store.checkpoint_files import STEP_DIR, list_checkpoints, pull_checkpoint
 from scalelab.store.lease import Lease
 from scalelab.store.paths import check_run_id
@@ -498,7 +498,7 @@ def check_given_paths(runs: list[dict[str, Any]], given: frozenset[str], sweep_d
     """Every local path the runs name is one the launcher's spec gave, or a branch point in the store
     (scalelab.train.local_paths); UsageError naming the first other one."""
     for r in runs:
-        check_local_paths(r["config"], given, f"{files.join(sweep_dir, 'sweep.resolved.json')}: run {r['run_id']}")
+        check_local_paths(r["config"], given, f"{store.SweepLayout(sweep_dir).resolved}: run {r['run_id']}")
 
 
 @contextlib.contextmanager

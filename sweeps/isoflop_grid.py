@@ -20,6 +20,7 @@ from scalelab.fitting.allocate import optimum_for_law
 from scalelab.fitting.laws import get_law
 from scalelab.models.accounting import flops_per_token
 from scalelab.models.config import ModelConfig
+from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.design_context import DesignContext, Point
 from scalelab.sweeps.recipe_audit import AUDIT_FILE
 from scalelab.sweeps.runspec import RunSpec
@@ -76,7 +77,7 @@ def read_frontier(source: Any, key: str) -> dict[str, Any]:
     `scalelab sweep audit`) or a fit JSON file; ConfigError naming `key` otherwise."""
     path = Path(str(source)).expanduser()
     if path.is_dir():
-        fits = sorted(path.glob("fits/round_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+        fits = SweepLayout(path).round_fits()
         if not fits and not (path / AUDIT_FILE).is_file():
             raise ConfigError(
                 key,

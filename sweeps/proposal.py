@@ -21,6 +21,7 @@ from scalelab.errors import UsageError
 from scalelab.fitting.gates import GateReport
 from scalelab.fitting.predictive import PredictionInterval
 from scalelab.store import files
+from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.runspec import RunSpec
 from scalelab.sweeps.spec import Sweep, load_sweep
 
@@ -174,7 +175,8 @@ def round_spec(raw: dict[str, Any], runs: list[RunSpec], k: int, runs_labels: li
 
 def read_round(sweep_dir: str | Path, k: int) -> Proposal:
     """Round k of a sweep as saved (fits/round_K.json), its runs resolved from rounds/round_K.yaml."""
-    fit_path, spec_path = round_paths(sweep_dir, k)
+    layout = SweepLayout(sweep_dir)
+    fit_path, spec_path = layout.round_fit(k), layout.round_spec(k)
     text = files.read_text(fit_path)
     if text is None:
         raise UsageError(f"{fit_path}: no such round; `scalelab sweep ledger` lists the sweep's rounds")
@@ -224,22 +226,14 @@ def read_round(sweep_dir: str | Path, k: int) -> Proposal:
     )
 
 
-def round_paths(sweep_dir: str | Path, k: int) -> tuple[str | Path, str | Path]:
-    """(fits/round_K.json, rounds/round_K.yaml) of a sweep: Paths, or URLs on object storage."""
-    return files.join(sweep_dir, "fits", f"round_{k}.json"), files.join(sweep_dir, "rounds", f"round_{k}.yaml")
-
-
-def _numbers(sweep_dir: str | Path, folder: str, suffix: str) -> set[int]:
-    names = files.names(files.join(sweep_dir, folder), "round_", suffix)
-    return {int(n[len("round_") : -len(suffix)]) for n in names if n[len("round_") : -len(suffix)].isdigit()}
-
-
 def latest_round(sweep_dir: str | Path) -> int:
     """The number of the sweep's latest complete round, its fit and its spec both saved (0: none).
     A fit without its spec is a round whose proposer died before it was launchable."""
-    return max(_numbers(sweep_dir, "fits", ".json") & _numbers(sweep_dir, "rounds", ".yaml"), default=0)
+    layout = SweepLayout(sweep_dir)
+    return max(layout.round_numbers("fits") & layout.round_numbers("rounds"), default=0)
 
 
 def next_round(sweep_dir: str | Path) -> int:
     """The number a new round takes: one past every round begun (a fit or a spec saved)."""
-    return 1 + max(_numbers(sweep_dir, "fits", ".json") | _numbers(sweep_dir, "rounds", ".yaml"), default=0)
+    layout = SweepLayout(sweep_dir)
+    return 1 + max(layout.round_numbers("fits") | layout.round_numbers("rounds"), default=0)

@@ -63,10 +63,10 @@ from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.scaling_fit import ScalingFit, code_version
 from scalelab.models.accounting import num_params, num_params_nonembedding
 from scalelab.models.config import ModelConfig
-from scalelab.store import files, ledger, objects
+from scalelab.store import ledger, objects
 from scalelab.store.atomic import atomic_write_bytes, replace_if
 from scalelab.sweeps.design_context import DesignContext
-from scalelab.sweeps.proposal import Proposal, ProposedRun, next_round, round_paths, round_spec
+from scalelab.sweeps.proposal import Proposal, ProposedRun, next_round, round_spec
 from scalelab.sweeps.spec import ExecutionConfig, FitSpec, Sweep, dump_spec, expand_sweep, read_spec
 from scalelab.sweeps.store_fit import FIT_STARTS, MIN_LOOP_RUNS, fit_options, fit_store
 
@@ -125,7 +125,7 @@ def fit_sweep(
     sweep_dir = readable(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
         raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
-    raw = read_spec(sweep_dir / "sweep.yaml")
+    raw = read_spec(store.SweepLayout(sweep_dir).spec)
     fit_spec = from_dict(FitSpec, raw.get("fit") or {})
     options = fit_options(
         fit_spec, bootstrap=replicates, seed=seed, starts=fit_starts, target_flops=target_flops or None
@@ -175,7 +175,7 @@ def propose_round(
     # Round k is taken before the fit (the store's rounds as they are now); its fit file is then
     # created only if no other driver created it meanwhile (_write_round).
     k = next_round(sweep_dir)
-    raw_probe = read_spec(files.join(sweep_dir, "sweep.yaml")) if store.is_sweep_dir(sweep_dir) else {}
+    raw_probe = read_spec(store.SweepLayout(sweep_dir).spec) if store.is_sweep_dir(sweep_dir) else {}
     target = target_flops or from_dict(FitSpec, raw_probe.get("fit") or {}).target_flops
     if not target:
         raise UsageError("sweep next needs --target-flops C* (or fit.target_flops in the spec)")
@@ -230,8 +230,8 @@ def propose_round(
         d_opt_at_target=d_t,
         loss_column=fit_spec.loss,
         flops_convention=fit_spec.flops,
-        spec_path=round_paths(sweep_dir, k)[1],
-        fit_path=round_paths(sweep_dir, k)[0],
+        spec_path=store.SweepLayout(sweep_dir).round_spec(k),
+        fit_path=store.SweepLayout(sweep_dir).round_fit(k),
         warnings=warnings,
         candidates_scored=candidates_scored,
     )

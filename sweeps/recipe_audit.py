@@ -210,7 +210,7 @@ def audit_store(sweep_dir: str | Path, *, n_boot: int = 400, seed: int = 0) -> A
     sweep_dir = Path(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
         raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
-    raw = load_yaml(str(sweep_dir / "sweep.yaml"))
+    raw = load_yaml(str(store.SweepLayout(sweep_dir).spec))
     if "audit" not in raw or "recipe" not in raw:
         raise UsageError(f"{sweep_dir}: its spec has no audit: section (and recipe:); it is not a recipe audit")
     recipe = parse_recipe(raw["recipe"])

@@ -56,6 +56,7 @@ import yaml
 
 from scalelab.config_tree import from_dict, load_yaml, safe_yaml, set_in_dict, to_dict
 from scalelab.errors import ConfigError, printable
+from scalelab.fitting.allocate import LOOP_LAWS
 from scalelab.models.accounting import num_params
 from scalelab.models.config import ModelConfig
 from scalelab.store import files, objects
@@ -75,7 +76,6 @@ from scalelab.train.config import build_run_config, merge_defaults
 from scalelab.train.data.config import SourceConfig
 
 RECIPE_OPTIM = ("optim.lr", "optim.weight_decay", "optim.beta2")  # a point that sets one keeps it
-LOOP_LAWS = ("chinchilla", "kaplan")  # laws of (N, D) with a compute-optimal allocation; fit.law may also be auto
 GENERATORS = ("grid", "isoflop", "ladder", "random", "points", "audit")
 TOP_KEYS = (
     "name",

@@ -42,7 +42,7 @@ def store_fit_spec(path: str | Path) -> FitSpec:
     path = Path(path)
     if not store.is_sweep_dir(path):
         return FitSpec()
-    return from_dict(FitSpec, read_spec(path / "sweep.yaml").get("fit") or {}, prefix="fit")
+    return from_dict(FitSpec, read_spec(store.SweepLayout(path).spec).get("fit") or {}, prefix="fit")
 
 
 def fit_options(spec: FitSpec, **overrides) -> FitOptions:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.store import ledger, objects
+from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.wandb_runs import SweepWandb, guarded, reachable_mode, sweep_wandb
 from scalelab.train.loggers import start_wandb
 
@@ -51,7 +52,7 @@ def logged(directory: Path, wandb_id: str) -> bool:
 def round_records(sweep_dir: Path) -> list[dict[str, Any]]:
     """Every fits/round_K.json of the sweep, by round (a study's rounds, one fit per arm, are not
     fit runs: their arms' runs carry the `arm:` tag)."""
-    paths = sorted((sweep_dir / "fits").glob("round_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    paths = SweepLayout(sweep_dir).round_fits()
     out = []
     for path in paths:
         try:

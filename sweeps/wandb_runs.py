@@ -94,7 +94,7 @@ class SweepWandb:
 
 
 def _spec(sweep_dir: Path) -> dict[str, Any]:
-    path = sweep_dir / "sweep.yaml"
+    path = store.SweepLayout(sweep_dir).spec
     return load_yaml(str(path)) if path.exists() else {}
 
 

@@ -15,6 +15,7 @@ PYPROJECT = """
 "scalelab.fitting" = "fitting"
 "scalelab.sweeps" = "sweeps"
 "scalelab.cli" = "cli"
+"scalelab.store" = "store"
 """
 LONG_BODY = "\n".join(f"    x{i} = {i}" for i in range(101))
 FILES = {
@@ -56,12 +57,33 @@ FILES = {
             from scalelab.sweeps.rounds import run_rounds  # CLI start-up: not counted
             return run_rounds(".", 2)
         """,
-    # a second fit stack in the benches' clothing: a rounds loop of its own
+    # a second fit stack in the benches' clothing: a rounds loop of its own, a sys.path trick, a
+    # private name of another bench, and the one user of a package module
     "bench/loop.py": """
+        import sys
+
+        from scalelab.fitting import simulate
         from scalelab.sweeps.rounds import launch, propose_round
 
+        sys.path.insert(0, ".")
+        from other_bench import _private  # noqa: E402
+
         while True:
-            launch(propose_round("."))
+            launch(propose_round(simulate.__name__))
+        """,
+    "fitting/simulate.py": '"""only the bench uses it"""\n',
+    # the store names its own paths; a sweep module that joins them by hand twice
+    "store/__init__.py": '"""store"""\n',
+    "store/paths.py": 'def spec(d):\n    return d / "sweep.yaml"\n',
+    "sweeps/store_read.py": 'def spec(d):\n    return d / "sweep.yaml", d.glob("fits/round_*.json")\n',
+    "fitting/fit_options.py": "class FitOptions:\n    law = 'chinchilla'\n",
+    # two saved-fit readers, one a wrapper of the other
+    "fitting/from_report.py": """
+        def allocate_from_fit(fit):
+            return fit["params"]
+
+        def predict_from_fit(fit):
+            return allocate_from_fit(fit)
         """,
 }
 
@@ -93,3 +115,12 @@ def test_figures_of_a_made_up_checkout(checkout, capsys):
     assert "evaluation paths: 0\n" in out
     assert "sweeps.rounds.run_rounds" in out and "bench.loop.<module>" in out
     assert "rounds loops: 1 in the package folders, 1 in bench/" in out
+    assert "SweepLayout names them): 2 in the package folders, 0 in bench/" in out, out
+    assert "sweeps/store_read.py:2" in out and "'fits/round_*.json'" in out and "store/paths.py:2" not in out
+    assert "fit options types: 1 (and the CLI's arguments)" in out and "fitting.fit_options.FitOptions" in out
+    assert "bench files with sys.path tricks or private-name imports: 1" in out
+    assert "sys.path.insert (line 7)" in out and "from other_bench import _private" in out
+    assert "bench-only modules in the package (no product code imports them; bench/ or tests/ do): 1" in out
+    assert "fitting.simulate" in out and "1 bench file(s), 0 test file(s)" in out
+    assert "fitting.from_report.predict_from_fit" in out and "calls fitting.from_report.allocate_from_fit" in out
+    assert "saved-fit readers: 1\n" in out

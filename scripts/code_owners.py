@@ -1,0 +1,169 @@
+"""Figures of who owns what, for `scripts/code_metrics.py`: store paths built outside store/, the fit
+options types, the bench files' shortcuts, and the package modules only benches and tests use.
+
+    print_owners(root, folders)       # after code_metrics' other figures
+
+Standard library `ast` only, like the rest of scripts/code_metrics.py. What each figure counts:
+  - store paths built outside store/: a string literal naming a sweep store's file or folder
+    (STORE_NAMES, or a `round_...` / `fits/...` pattern) used to build a path: an operand of `/`, or an
+    argument of join, joinpath, glob or rglob; in the package folders other than store/, and in
+    bench/. store/paths.py's SweepLayout names every such path, so each hit is listed (file:line);
+  - fit options types: the classes named in FIT_OPTIONS_TYPES that exist (a spec's `fit:` section, the
+    fit's options); the CLI's arguments are a third shape, not a class;
+  - bench files that reach into other benches or the package's privates: a `sys.path.insert` /
+    `sys.path.append` call, or an import of a name starting with `_`;
+  - bench-only modules: package modules that no product code reaches through its imports (from
+    cli/'s modules, each package's `__init__.py`, the modules started by name, e.g.
+    `-m scalelab.sweeps.ray_reaper`, and those docs/ or README.md name as `scalelab.x.y`, the
+    documented API) but that bench/ or tests/ import (or another bench-only module does).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from code_tree import import_records, module_name, package_files, resolve, short
+
+STORE_FOLDER = "store"
+STORE_NAMES = ("sweep.yaml", "sweep.resolved.json", "ledger.json", "events.jsonl", "runs", "fits", "rounds", "plans")
+STORE_PATTERN = re.compile(r"(round_.*|(fits|rounds|plans|runs)/.*)")
+PATH_CALLS = ("join", "joinpath", "glob", "rglob")
+STARTED = re.compile(r'"-m",\s*"(scalelab(?:\.\w+)+)"|-m (scalelab(?:\.\w+)+)')  # python -m scalelab.x
+CLI_PACKAGE = "scalelab.cli."  # the commands: the product's surface
+FIT_OPTIONS_TYPES = ("sweeps.spec.FitSpec", "fitting.fit_options.FitOptions")
+
+
+def _literal(node: ast.AST) -> str | None:
+    """A string constant's text; an f-string's constant parts with `{}` for each value."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return None
+
+
+def _store_name(node: ast.AST) -> str | None:
+    text = _literal(node)
+    if text is not None and (text in STORE_NAMES or STORE_PATTERN.fullmatch(text)):
+        return text
+    return None
+
+
+def store_path_sites(path: Path) -> list[tuple[int, str]]:
+    """(line, literal) for each store name used to build a path in `path` (module docstring)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        operands: list[ast.AST] = []
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            operands = [node.left, node.right]
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            operands = list(node.args) if name in PATH_CALLS else []
+        found += [(o.lineno, text) for o in operands if (text := _store_name(o)) is not None]
+    return sorted(set(found))
+
+
+def print_store_paths(root: Path, folders: tuple[str, ...]) -> None:
+    sites = []
+    for folder in [f for f in folders if f != STORE_FOLDER] + ["bench"]:
+        for path in sorted((root / folder).rglob("*.py")):
+            sites += [(path.relative_to(root), line, text) for line, text in store_path_sites(path)]
+    in_bench = sum(rel.parts[0] == "bench" for rel, _, _ in sites)
+    print(f"\nstore paths built outside {STORE_FOLDER}/ (a store file's name joined by hand; store/paths.py "
+          f"SweepLayout names them): {len(sites) - in_bench} in the package folders, {in_bench} in bench/")  # fmt: skip
+    for rel, line, text in sites:
+        print(f"  {f'{rel}:{line}':<40} {text!r}")
+
+
+def print_fit_options(root: Path, folders: tuple[str, ...]) -> None:
+    files = package_files(root, folders)
+    present = []
+    for dotted in FIT_OPTIONS_TYPES:
+        mod, _, cls = f"scalelab.{dotted}".rpartition(".")
+        path = files.get(mod)
+        tree = ast.parse(path.read_text()) if path else None
+        if tree and any(isinstance(n, ast.ClassDef) and n.name == cls for n in tree.body):
+            present.append(f"  {dotted:<52} {path.relative_to(root)}")
+    print(f"\nfit options types: {len(present)} (and the CLI's arguments)")
+    print("\n".join(present) or "  none")
+
+
+def bench_shortcuts(path: Path) -> list[str]:
+    """What a bench file does that an experiment on the public API would not (module docstring)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        func = node.func if isinstance(node, ast.Call) else None
+        if isinstance(func, ast.Attribute) and func.attr in ("insert", "append"):
+            owner = func.value
+            if isinstance(owner, ast.Attribute) and owner.attr == "path" and getattr(owner.value, "id", "") == "sys":
+                out.append(f"sys.path.{func.attr} (line {node.lineno})")
+        if isinstance(node, ast.ImportFrom):
+            private = [a.name for a in node.names if a.name.startswith("_")]
+            if private:
+                out.append(f"from {node.module} import {', '.join(private)} (line {node.lineno})")
+    return out
+
+
+def print_bench_shortcuts(root: Path) -> None:
+    rows = [(p.relative_to(root), bench_shortcuts(p)) for p in sorted((root / "bench").rglob("*.py"))]
+    rows = [(rel, found) for rel, found in rows if found]
+    print(f"\nbench files with sys.path tricks or private-name imports: {len(rows)}")
+    for rel, found in rows:
+        print(f"  {str(rel):<40} {'; '.join(found)}")
+
+
+def bench_only_modules(root: Path, folders: tuple[str, ...]) -> list[tuple[str, list[str]]]:
+    """(module, the bench/tests modules importing it) for each bench-only module (module docstring)."""
+    files = package_files(root, folders)
+    modules = set(files)
+    graph = {mod: {r.target for r in import_records(mod, path, modules) if r.ours} for mod, path in files.items()}
+    named = set()  # started by name (`-m scalelab.x`), or documented as the public API
+    for path in files.values():
+        named |= {a or b for a, b in STARTED.findall(path.read_text())}
+    for path in [*sorted((root / "docs").glob("*.md")), root / "README.md"]:
+        named |= set(re.findall(r"scalelab(?:\.\w+)+", path.read_text() if path.is_file() else ""))
+    roots = {m for m, p in files.items() if p.name == "__init__.py" or m.startswith(CLI_PACKAGE)}
+    roots |= {m for m in (resolve(n, modules) for n in named) if m}  # scalelab.x.y.Name: its module
+    seen, todo = set(roots), list(roots)
+    while todo:
+        for t in graph.get(todo.pop(), ()):
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    users: dict[str, list[str]] = defaultdict(list)  # bench/tests modules, or the bench-only module importing it
+    for folder in ("bench", "tests"):
+        for path in sorted((root / folder).rglob("*.py")):
+            mod = module_name(root, path, folders)
+            for r in import_records(mod, path, modules):
+                if r.ours and r.target not in seen and mod not in users[r.target]:
+                    users[r.target].append(mod)
+    todo = list(users)
+    while todo:  # what a bench-only module imports and the product does not is bench-only too
+        mod = todo.pop()
+        for t in graph[mod] - seen:
+            if not users[t]:
+                todo.append(t)
+            if mod not in users[t]:
+                users[t].append(mod)
+    return sorted((m, users[m]) for m in modules - seen if users[m])
+
+
+def print_bench_only(root: Path, folders: tuple[str, ...]) -> None:
+    found = bench_only_modules(root, folders)
+    print(f"\nbench-only modules in the package (no product code imports them; bench/ or tests/ do): {len(found)}")
+    for mod, users in found:
+        by = [u for u in users if u.startswith("scalelab.")]
+        benches = [u for u in users if u.startswith("bench.")]
+        via = f", and {', '.join(short(u) for u in by)}" if by else ""
+        tests = len(users) - len(benches) - len(by)
+        print(f"  {short(mod):<40} {len(benches)} bench file(s), {tests} test file(s){via}")
+
+
+def print_owners(root: Path, folders: tuple[str, ...]) -> None:
+    print_store_paths(root, folders)
+    print_fit_options(root, folders)
+    print_bench_shortcuts(root)
+    print_bench_only(root, folders)
