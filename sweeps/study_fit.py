@@ -54,6 +54,7 @@ from scalelab.fitting.multiplier import interval, log_slope, multiplier, paired_
 from scalelab.fitting.paired_gap import Measurement
 from scalelab.fitting.predictive import PredictionInterval
 from scalelab.fitting.scaling_fit import ScalingFit
+from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.propose import readable
 from scalelab.sweeps.spec import FitSpec, read_spec
 from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_options, fit_store
@@ -199,7 +200,7 @@ def read_study(sweep_dir: str | Path) -> tuple[dict[str, Any], StudySpec]:
     sweep_dir = Path(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
         raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
-    raw = read_spec(sweep_dir / "sweep.yaml")
+    raw = read_spec(SweepLayout(sweep_dir).spec)
     if raw.get("study") is None:
         raise UsageError(f"{sweep_dir} is not a study (its sweep.yaml has no study: section)")
     gen = next(g for g in GENERATORS if g in raw)

@@ -53,6 +53,7 @@ from scalelab.fitting.multiplier import interval, multiplier
 from scalelab.fitting.scaling_fit import code_version
 from scalelab.store import files, ledger
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
+from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.design_context import DesignContext
 from scalelab.sweeps.proposal import ProposedRun, latest_round, round_spec
 from scalelab.sweeps.propose import Candidate, next_round, remedies
@@ -110,7 +111,7 @@ class StudyProposal:
 
 def is_study(sweep_dir: str | Path) -> bool:
     """The sweep's spec has a `study:` section."""
-    path = files.join(sweep_dir, "sweep.yaml")
+    path = SweepLayout(sweep_dir).spec
     return files.exists(path) and read_spec(path).get("study") is not None
 
 
@@ -136,7 +137,7 @@ def propose_study_round(
             raise UsageError(f"--seeds must be >= 1, got {seeds}")
         sf.study = dataclasses.replace(sf.study, decisive_seeds=seeds)
     study = sf.study
-    raw = read_spec(sweep_dir / "sweep.yaml")
+    raw = read_spec(SweepLayout(sweep_dir).spec)
     execution = from_dict(ExecutionConfig, raw.get("execution") or {})
     ctxs = {
         arm: DesignContext.from_base(
@@ -182,8 +183,8 @@ def propose_study_round(
         runs=runs,
         entries=_entries(sf, by_arm, k) if kind == "decisive" else [],
         budget_flops=budget,
-        spec_path=sweep_dir / "rounds" / f"round_{k}.yaml",
-        fit_path=sweep_dir / "fits" / f"round_{k}.json",
+        spec_path=SweepLayout(sweep_dir).round_spec(k),
+        fit_path=SweepLayout(sweep_dir).round_fit(k),
         warnings=warnings,
         width_reductions={sweep.runs[i].run_id: g for i, g in gains.items() if i < len(sweep.runs)},
     )
@@ -386,8 +387,9 @@ def open_study_round(sweep_dir: str | Path) -> OpenRound | None:
     k = latest_round(sweep_dir)
     if not k:
         return None
-    record = json.loads(files.read_text(files.join(sweep_dir, "fits", f"round_{k}.json")) or "{}")
-    spec_path = Path(sweep_dir) / "rounds" / f"round_{k}.yaml"
+    layout = SweepLayout(sweep_dir)
+    record = json.loads(files.read_text(layout.round_fit(k)) or "{}")
+    spec_path = Path(layout.round_spec(k))
     if not record.get("study") or not spec_path.exists():
         return None
     sweep = load_sweep(spec_path)
