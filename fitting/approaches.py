@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import statsmodels.api as sm
+from scipy import stats
 
 from scalelab.errors import UsageError
 from scalelab.fitting.isoflop_shape import shape_minima
@@ -142,10 +142,10 @@ def fit_power_law(flops: np.ndarray, values: np.ndarray, *, level: float = 0.95)
     y = np.log(np.asarray(values, dtype=float))
     if x.size < 2 or np.unique(x).size < 2:
         raise UsageError(f"a power law in compute needs at least 2 distinct FLOP budgets, got {x.size}")
-    res = sm.OLS(y, sm.add_constant(x)).fit()
+    res = _ols(y, np.column_stack([np.ones_like(x), x]))
     intercept, slope = (float(v) for v in res.params)
     if x.size > 2:
-        ci = np.asarray(res.conf_int(alpha=1.0 - level))
+        ci = res.conf_int(1.0 - level)
         icpt_ci, slope_ci = (float(ci[0, 0]), float(ci[0, 1])), (float(ci[1, 0]), float(ci[1, 1]))
     else:  # a line through 2 points has no residual degrees of freedom: no interval exists
         icpt_ci, slope_ci = (float("nan"),) * 2, (float("nan"),) * 2
@@ -156,7 +156,7 @@ def fit_power_law(flops: np.ndarray, values: np.ndarray, *, level: float = 0.95)
         exponent_interval=slope_ci,
         level=level,
         n_points=int(x.size),
-        cov=np.asarray(res.cov_params(), dtype=float) if x.size > 2 else None,
+        cov=res.cov_params() if x.size > 2 else None,
         rss=float(res.ssr),
     )
 
@@ -201,19 +201,17 @@ def budget_minimum(
     p2 <= 0); boundary when the vertex falls outside [min ln N, max ln N]. The vertex interval is
     the delta method on the parabola's covariance (t quantile). None with fewer than 3 distinct sizes.
     """
-    from scipy import stats
-
     params, loss, flops = (np.asarray(a, dtype=float) for a in (params, loss, flops))
     x = np.log(params)
     if np.unique(x).size < 3:
         return None
     budget = float(np.exp(np.mean(np.log(flops))))
     design = np.column_stack([np.ones_like(x), x, x * x])
-    res = sm.OLS(loss, design).fit()
+    res = _ols(loss, design)
     p0, p1, p2 = (float(v) for v in res.params)
     dof = x.size - 3
     if dof > 0:
-        cov = np.asarray(res.cov_params())
+        cov = res.cov_params()
         se2 = float(np.sqrt(max(cov[2, 2], 0.0)))
         flat = not (p2 > 0 and (se2 == 0 or p2 / se2 >= curvature_z))
     else:
@@ -440,3 +438,31 @@ def _finish(approach: int, minima: list[BudgetMinimum], warnings: list[str], lev
     if len(used) < 4:
         warnings.append(f"Approach {approach}: exponents rest on only {len(used)} budgets")
     return ApproachResult(approach=approach, n_opt=n_law, d_opt=d_law, minima=minima, warnings=warnings)
+
+
+@dataclass
+class _OLS:
+    """Ordinary least squares as statsmodels' OLS computes it (the pseudo-inverse of the design; the
+    covariance s^2 (X'X)^-1 with s^2 = RSS / (n - p); t intervals). Here because importing statsmodels
+    costs about a second, which every `plan-run` paid through the frontier."""
+
+    params: np.ndarray
+    ssr: float
+    normalized_cov: np.ndarray
+    df_resid: int
+
+    def cov_params(self) -> np.ndarray:
+        return self.normalized_cov * (self.ssr / self.df_resid)
+
+    def conf_int(self, alpha: float) -> np.ndarray:
+        se = np.sqrt(np.diag(self.cov_params()))
+        q = stats.t.ppf(1.0 - alpha / 2.0, self.df_resid)
+        return np.column_stack([self.params - q * se, self.params + q * se])
+
+
+def _ols(y: np.ndarray, design: np.ndarray) -> _OLS:
+    pinv = np.linalg.pinv(design)
+    params = pinv @ y
+    resid = y - design @ params
+    dof = design.shape[0] - design.shape[1]
+    return _OLS(params=params, ssr=float(resid @ resid), normalized_cov=pinv @ pinv.T, df_resid=dof)
