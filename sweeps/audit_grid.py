@@ -122,16 +122,21 @@ def _section_cells(section: Any, key: str, values_key: str) -> tuple[list[tuple[
     return _cells(section.get("cells"), f"{key}.cells"), _numbers(section, values_key, key)
 
 
+def _required_cell(ctx: DesignContext, shape: dict, size: float, tpp: float, key: str, *, per_target: bool = False):
+    """_cell of a cell the spec names, which must be trainable: a cell too short is the spec's error."""
+    cell = _cell(ctx, shape, size, tpp, key, per_target=per_target)
+    if cell is None:
+        raise ConfigError(key, "too short for recipe.min_steps", "pick a longer cell")
+    return cell
+
+
 def _weight_decay_points(section: Any, ctx: DesignContext, key: str) -> list[Point]:
     if section is None:
         return []
     cells, timescales = _section_cells(section, key, "timescales")
     out = []
     for i, (size, tpp) in enumerate(cells):
-        cell = _cell(ctx, ctx.shape(size, f"{key}.cells[{i}]"), size, tpp, f"{key}.cells[{i}]")
-        if cell is None:
-            raise ConfigError(f"{key}.cells[{i}]", "too short for recipe.min_steps", "pick a longer cell")
-        over, _, plan = cell
+        over, _, plan = _required_cell(ctx, ctx.shape(size, f"{key}.cells[{i}]"), size, tpp, f"{key}.cells[{i}]")
         for t in timescales:
             wd = float(f"{decay_for_timescale(t, plan.lr, plan.num_steps):.4g}")
             out.append(
@@ -151,10 +156,7 @@ def _beta2_points(section: Any, ctx: DesignContext, key: str) -> list[Point]:
         raise ConfigError(f"{key}.values", f"{values} must be in (0, 1)", "e.g. [0.95, 0.99, 0.999]")
     out = []
     for i, (size, tpp) in enumerate(cells):
-        cell = _cell(ctx, ctx.shape(size, f"{key}.cells[{i}]"), size, tpp, f"{key}.cells[{i}]")
-        if cell is None:
-            raise ConfigError(f"{key}.cells[{i}]", "too short for recipe.min_steps", "pick a longer cell")
-        over, _, plan = cell
+        over, _, plan = _required_cell(ctx, ctx.shape(size, f"{key}.cells[{i}]"), size, tpp, f"{key}.cells[{i}]")
         out += [(over | {"optim.lr": plan.lr, "optim.beta2": v}, _labels("beta2", size, tpp, beta2=v)) for v in values]
     return out
 
@@ -170,9 +172,7 @@ def _shape_points(section: Any, ctx: DesignContext, key: str) -> list[Point]:
         for depth in sorted({int(v) for v in layers}):
             shape = shape_at_depth(ctx, size, depth, f"{key}.layers")
             # one token count for every depth: only N moves with the shape (the analysis corrects for it)
-            cell = _cell(ctx, shape, size, tpp, f"{key}.cells[{i}]", per_target=True)
-            if cell is None:
-                raise ConfigError(f"{key}.cells[{i}]", "too short for recipe.min_steps", "pick a longer cell")
+            cell = _required_cell(ctx, shape, size, tpp, f"{key}.cells[{i}]", per_target=True)
             out.append((cell[0], _labels("shape", size, tpp, layers=depth)))
     return out
 
