@@ -172,3 +172,12 @@ def test_bad_gate_sections_name_the_key(section, key):
 def test_an_audit_without_a_recipe_is_refused():
     with pytest.raises(ConfigError, match="add a recipe"):
         expand_sweep({"base": demo_spec()["base"], "audit": AUDIT})
+
+
+@pytest.mark.parametrize("section", ["weight_decay", "beta2", "shape"])
+def test_a_named_cell_too_short_to_train_is_refused_with_its_key(section):
+    # 0.05 tokens per parameter is far under recipe.min_steps at the demo's batch (the first cell trains)
+    size = 5e4 if section == "shape" else 2e4  # a size every audited depth reaches within 30%
+    audit = {**AUDIT, section: {**AUDIT[section], "cells": [[size, 30], [size, 0.05]]}}
+    with pytest.raises(ConfigError, match=rf"audit\.{section}\.cells\[1\].*too short for recipe\.min_steps"):
+        expand_sweep(_spec({"audit": audit}))
