@@ -136,8 +136,8 @@ def backtest_section(backtests: dict) -> list[str]:
 
 def proposal_section(store: Path, fit, level: float = 0.95) -> str:
     out = ["<h2>Proposed next round</h2>"]
-    fits = sorted(SweepLayout(store).fits.glob("*.json")) if store.is_dir() else []
-    for path in fits[-1:]:
+    rounds = SweepLayout(store).round_fits() if store.is_dir() else []
+    for path in rounds[-1:]:  # the latest round by its number (round_10 after round_9)
         try:
             saved = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
