@@ -9,8 +9,9 @@
     fit.round         # a round file's other fields (proposals, gates, target): None for the others
 
 Every reader of a saved fit (`predict`, `allocate`, `plan-run`, the report, the IsoFLOP generator's
-`center: {fit: ...}`, `sweep next`'s round, the studies) goes through `load_saved_fit`, so what a
-saved fit holds and how a bad one is refused is said once, here.
+`center: {fit: ...}`, `sweep next`'s round, the W&B fit runs) goes through `load_saved_fit`, so
+what a saved fit holds and how a bad one is refused is said once, here. (A study fits its arms
+again each round, scalelab.sweeps.study_fit: it reads no saved fit.)
 
 Forms it reads (each file written by the one code that writes it; old files keep loading):
   - "report": `scalelab fit --out FIT.json` (scalelab.fitting.scaling_fit.ScalingFit.to_report with
@@ -20,8 +21,10 @@ Forms it reads (each file written by the one code that writes it; old files keep
     law, params, `draws` [{name: value}], `points`, extrapolation error);
   - "record": a fit record alone (ScalingFit.to_record, or a law with its params such as a recipe
     audit's frontier): an Approach 3 law of (N, D).
-The two files stay two forms on purpose: a round file is a round (what was proposed and why) that
-holds a fit, while FIT.json is the fit `scalelab fit --json` prints; both hold the same fit fields.
+A study's round file (fits/round_K.json of a spec with `study:` arms) holds one fit per arm and
+their comparison, not one law: it is refused with a line that says so. The two files stay two
+forms on purpose: a round file is a round (what was proposed and why) that holds a fit, while
+FIT.json is the fit `scalelab fit --json` prints; both hold the same fit fields.
 
 A file that is not one of these (not JSON, not an object, a key missing or of the wrong type) is
 refused with one line naming the file and the key (UsageError: exit code 2). Nothing is
@@ -142,6 +145,11 @@ def _parse(data: Any, where: str) -> SavedFit:
         raise UsageError(f"{where}: not a saved fit: a JSON object with law and params ({WHAT})")
     round_ = None
     record, prefix = data, ""
+    if data.get("study"):
+        raise UsageError(
+            f"{where}: a study's round (one fit per arm, scalelab.sweeps.study_fit), not one law's saved fit; "
+            "`scalelab sweep study` reads it"
+        )
     if "fit" in data:
         if not isinstance(data["fit"], Mapping):
             raise _bad(where, "fit", "is not an object (a round file holds its fit record there)")

@@ -86,6 +86,7 @@ ROLES = (
             "sweeps.isoflop_grid.read_frontier",
             "sweeps.proposal.read_round",
             "bench.closed_loop._round_fits",
+            "sweeps.wandb_fit.round_records",  # the rounds a W&B fit run logs
         ),
         shape=SAVED_FIT_KEYS,
     ),

@@ -61,6 +61,7 @@ BAD = [
     ('{"fit": [1], "proposals": []}', "'fit'"),
     ('{"fit": {"law": "chinchilla"}, "proposals": []}', "'fit.params'"),
     ('{"law": "chinchilla", "params": {"E": 1.0}, "frontier": 3}', "'frontier'"),
+    ('{"study": true, "fit": {"arms": {}}, "proposals": []}', "a study's round"),
 ]
 
 
