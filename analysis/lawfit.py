@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scalelab.fitting.laws import get_law
+from scalelab.fitting.saved_fit import SavedFit, load_saved_fit
 
 
 @dataclass(kw_only=True, slots=True)
@@ -43,22 +44,23 @@ class StoreFit:
         return [dict(zip(names, row)) for row in self.draws]
 
 
-def store_fit_from_record(record: dict) -> StoreFit:
+def store_fit_from_record(record: dict | SavedFit) -> StoreFit:
     """The StoreFit the plots draw, from a store fit's record (scalelab.fitting.scaling_fit.ScalingFit.to_record:
     what `sweep next` saves in fits/round_K.json), so the report shows exactly the round's fit."""
-    law = get_law(record["law"])
-    pts = record["points"]
-    draws = np.array([[d[name] for name in law.param_names] for d in record.get("draws", [])], dtype=float)
-    holdout = record.get("backtest", {}).get("holdout")
+    fit = load_saved_fit(record, name="the store's fit record")
+    law = get_law(fit.law)
+    pts = fit.record["points"]
+    draws = np.array([[d[name] for name in law.param_names] for d in fit.draws], dtype=float)
+    holdout = fit.backtest.get("holdout")
     return StoreFit(
         law=law.name,
-        params=dict(record["params"]),
+        params=dict(fit.params),
         draws=draws.reshape(-1, law.n_params),
         n=np.array(pts["params"], dtype=float),
         d=np.array(pts["tokens"], dtype=float),
         loss=np.array(pts["loss"], dtype=float),
         flops=np.array(pts["budgets"], dtype=float),
-        run_id=list(record.get("run_ids", [])),
+        run_id=list(fit.run_ids),
         backtest=holdout if holdout and "runs" in holdout else None,
-        warnings=list(record.get("warnings", [])),
+        warnings=list(fit.warnings),
     )

@@ -8,7 +8,6 @@ store's done runs.
 from __future__ import annotations
 
 import html
-import json
 import math
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from scalelab.analysis.report_html import html_table
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.fit_terms import law_formula, law_heading, meaning, stacked_note
 from scalelab.fitting.intervals import percentile_interval
+from scalelab.fitting.saved_fit import load_saved_fit
 from scalelab.store.ledger import coverage, scored
 from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_options, fit_store, store_fit_spec
@@ -40,11 +40,11 @@ def loop_fit(
     options = fit_options(store_fit_spec(store), law=law, bootstrap=n_boot, seed=seed)
     rounds = SweepLayout(store).round_fits() if store.is_dir() else []
     for path in rounds[-1:] if latest_round else []:
-        saved = json.loads(path.read_text())
-        record = saved.get("fit")
-        if not record or "points" not in record:
+        saved = load_saved_fit(path)
+        if saved.form != "round" or saved.points is None:
             break
-        used = set(record.get("run_ids", []))
+        record = saved.record
+        used = set(saved.run_ids)
         later = [r for r in runs["run_id"].to_list() if r not in used]
         note = f"the fit `sweep next` made in {path.stem.replace('_', ' ')} and proposed from"
         if later:
@@ -136,13 +136,9 @@ def backtest_section(backtests: dict) -> list[str]:
 
 def proposal_section(store: Path, fit, level: float = 0.95) -> str:
     out = ["<h2>Proposed next round</h2>"]
-    fits = sorted(SweepLayout(store).fits.glob("*.json")) if store.is_dir() else []
-    for path in fits[-1:]:
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        props = saved.get("proposals") or []
+    rounds = SweepLayout(store).round_fits() if store.is_dir() else []
+    for path in rounds[-1:]:  # the latest round by its number (round_10 after round_9)
+        props = (load_saved_fit(path).round or {}).get("proposals") or []
         if props:
             out.append(
                 f'<p class="muted">from {html.escape(str(path.relative_to(store)))} '

@@ -29,7 +29,6 @@ scored run, with coverage and widths per distance.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ from scalelab import store  # noqa: E402
 from scalelab.fitting.allocate import optimum_for_law  # noqa: E402
 from scalelab.fitting.ensemble import StackedFit  # noqa: E402
 from scalelab.fitting.laws import get_law  # noqa: E402
+from scalelab.fitting.saved_fit import load_saved_fit  # noqa: E402
 from scalelab.store import ledger  # noqa: E402
 from scalelab.sweeps.demo import demo_spec  # noqa: E402
 from scalelab.sweeps.execute import launch  # noqa: E402
@@ -66,7 +66,7 @@ def _launch_round(proposal, sweep_dir: Path, num_cpus) -> None:
 def _round_fits(sweep_dir: Path) -> dict[int, dict]:
     """Round -> the fit that round proposed from (fits/round_K.json's `fit`)."""
     files = store.SweepLayout(sweep_dir).round_fits()
-    return {int(p.stem.split("_")[1]): json.loads(p.read_text())["fit"] for p in files}
+    return {int(p.stem.split("_")[1]): load_saved_fit(p).record for p in files}
 
 
 def _predict(fit: dict, n: float, d: float, flops: float):

@@ -32,6 +32,7 @@ import math
 import pathlib
 
 from scalelab.errors import UsageError
+from scalelab.fitting.saved_fit import load_saved_fit
 
 
 def add_parser(sub) -> None:
@@ -168,7 +169,9 @@ def _add_predict(sub) -> None:
         "at each budget instead.\n\nexamples:\n  scalelab predict fit.json --params 7e9 --tokens 1.4e12\n"
         "  scalelab predict fit.json --flops 1e23 1e24",
     )
-    q.add_argument("fit", type=pathlib.Path, help="FIT.json written by `scalelab fit --out`")
+    q.add_argument(
+        "fit", type=pathlib.Path, help="FIT.json written by `scalelab fit --out` (or a sweep's fits/round_K.json)"
+    )
     q.add_argument("--params", type=float, nargs="+", default=None, metavar="N", help="model sizes N (parameters)")
     q.add_argument(
         "--tokens", type=float, nargs="+", default=None, metavar="D", help="training tokens D, one per --params"
@@ -197,7 +200,9 @@ def _add_allocate(sub) -> None:
         "which a data budget is optimal), each with its interval from the saved fit's parameter samples.\n\n"
         "example:\n  scalelab allocate fit.json --flops 1e23 1e24",
     )
-    a.add_argument("fit", type=pathlib.Path, help="FIT.json written by `scalelab fit --out`")
+    a.add_argument(
+        "fit", type=pathlib.Path, help="FIT.json written by `scalelab fit --out` (or a sweep's fits/round_K.json)"
+    )
     what = a.add_mutually_exclusive_group(required=True)
     what.add_argument("--flops", type=float, nargs="+", metavar="C", help="FLOP budget(s)")
     what.add_argument(
@@ -412,18 +417,6 @@ def _print_selection(sel: dict) -> None:
             print(departure_line(d))
 
 
-def _load(path: pathlib.Path) -> dict:
-    if not path.exists():
-        raise UsageError(f"{path} does not exist; write one with `scalelab fit DATA --out {path}`")
-    try:
-        fit = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path} is not JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(fit, dict) or not {"law", "approach", "params"} <= set(fit):
-        raise UsageError(f"{path} is not a saved fit (needs law, approach, params)")
-    return fit
-
-
 def _check_level(level):
     if level is not None and not 0.0 < level < 1.0:
         raise UsageError(f"--level must be in (0, 1), got {level}")
@@ -433,7 +426,7 @@ def run_predict(args: argparse.Namespace) -> int:
     _check_level(args.level)  # bad input exits before the fitting stack (torch) loads
     if args.flops is None and (args.params is None or args.tokens is None):
         raise UsageError("pass --params N --tokens D, or --flops C")
-    fit = _load(args.fit)
+    fit = load_saved_fit(args.fit)
     from scalelab.fitting.from_report import predict_from_fit
 
     out = predict_from_fit(
@@ -483,7 +476,7 @@ def _print_allocations(out: dict) -> None:
 
 def run_allocate(args: argparse.Namespace) -> int:
     _check_level(args.level)  # bad input exits before the fitting stack (torch) loads
-    fit = _load(args.fit)
+    fit = load_saved_fit(args.fit)
     from scalelab.fitting.from_report import allocate_from_fit
 
     out = allocate_from_fit(fit, flops=args.flops, tokens=args.tokens, level=args.level)

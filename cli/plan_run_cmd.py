@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 
 from scalelab.errors import UsageError
+from scalelab.fitting.saved_fit import load_saved_fit
 
 
 def add_parser(sub) -> None:
@@ -132,6 +133,8 @@ def run(args) -> int:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out {args.out} is a file; give a directory")
     sizes = _scale(args.scale)
+    # a saved fit file is read (and a bad one refused) before the planner and torch load
+    fit = load_saved_fit(fit_path) if fit_path.is_file() else fit_path
     # start-up time: the planner and the fitting stack (torch, scipy) load once the arguments are good
     from scalelab.planning.hparams import read_hp_sweep, read_hp_table
     from scalelab.planning.loss_model import load_loss_model
@@ -139,7 +142,7 @@ def run(args) -> int:
     from scalelab.planning.plan_files import write_plan
     from scalelab.planning.plan_text import format_plan
 
-    model = load_loss_model(fit_path)
+    model = load_loss_model(fit)
     design = _design(args, fit_path)
     cluster = _cluster(args, fit_path)
     hp = HPChoice(

@@ -4,8 +4,9 @@
     predict_from_fit(report, params=1e9, tokens=2e10)       # needs the saved samples for intervals
     allocate_from_fit(report, flops=1e23)
 
-The report is what `scalelab fit --out` saves (scalelab.fitting.scaling_fit.ScalingFit.to_report,
-FIT.json); its `samples` (bootstrap or delta-method parameter draws) give the percentile intervals.
+The fit is a saved one, read by scalelab.fitting.saved_fit.load_saved_fit (what `scalelab fit --out`
+saves, FIT.json, or a sweep's fits/round_K.json; a report or record in memory is read the same way);
+its parameter draws (bootstrap or delta-method samples) give the percentile intervals.
 A law of N and D saved with its compute frontier answers compute-optimal questions (--flops, the
 allocations) from the frontier, the surface's answer beside it (scalelab.fitting.compute_optimal);
 a degenerate surface (its saved `degeneracy` findings) predicts (N, D) at the frontier's level.
@@ -20,64 +21,53 @@ from scalelab.fitting import allocate as alloc
 from scalelab.fitting.compute_optimal import Surface, anchored_interval, compute_optimal
 from scalelab.fitting.degeneracy import degenerate
 from scalelab.fitting.ensemble import StackedFit
-from scalelab.fitting.fit_options import LEVEL
 from scalelab.fitting.frontier import FrontierFit
 from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.laws import CURVE_LAWS, get_law
 from scalelab.fitting.predictive import PredictionInterval, interval_from_parts
-
-
-def sample_rows(samples: dict[str, list[float]]) -> list[dict[str, float]]:
-    names = list(samples)
-    return [dict(zip(names, vals)) for vals in zip(*(samples[n] for n in names))]
-
-
-def _samples_of(fit: dict) -> list[dict[str, float]]:
-    s = fit.get("samples") or {}
-    return sample_rows(s) if s else []
+from scalelab.fitting.saved_fit import SavedFit, load_saved_fit
 
 
 def _pairs(lo, hi) -> list[list[float]]:
     return [[float(a), float(b)] for a, b in zip(np.atleast_1d(lo), np.atleast_1d(hi))]
 
 
-def frontier_of(fit: dict, level: float | None = None) -> FrontierFit | None:
-    """The saved compute frontier of a report (at `level`), or None."""
-    if not isinstance(fit.get("frontier"), dict):
+def frontier_of(fit: SavedFit, level: float | None = None) -> FrontierFit | None:
+    """The saved compute frontier of a fit (at `level`), or None."""
+    if fit.frontier is None:
         return None
-    fr = FrontierFit.from_dict(fit["frontier"])
+    fr = FrontierFit.from_dict(fit.frontier)
     if level is not None:
         fr.level = level
     return fr
 
 
-def surface_of(fit: dict, level: float) -> Surface:
+def surface_of(fit: SavedFit, level: float) -> Surface:
     """A saved law of N and D as the frontier reads it (the stacked law's, when it has one): its point,
     its own optimum and its L*(C) interval over the saved samples."""
-    holds = not degenerate(fit.get("degeneracy") or [])
-    if fit.get("stacked"):
-        sf = StackedFit.from_dict({**fit["stacked"], "level": level})
+    holds = not degenerate(fit.degeneracy)
+    if fit.stacked:
+        sf = StackedFit.from_dict({**fit.stacked, "level": level})
         return Surface(point=lambda n, d: float(sf.predict(n, d)), optimum=sf.optimum, interval=sf.optimum_interval,
                        holds=holds)  # fmt: skip
-    law = get_law(fit["law"])
+    law = get_law(fit.law)
     optimum = alloc.optimum_for_law(law)
-    rows = _samples_of(fit)
 
     def interval(c: float) -> PredictionInterval:
-        a = alloc.allocate(optimum, fit["params"], c, samples=rows, level=level)
+        a = alloc.allocate(optimum, fit.params, c, samples=fit.draws, level=level)
         lo, hi = a.loss_opt_interval if a.loss_opt_interval is not None else (a.loss_opt, a.loss_opt)
         return PredictionInterval(point=a.loss_opt, lo=float(lo), hi=float(hi), level=level, parts={})
 
     return Surface(
-        point=lambda n, d: float(law.predict(fit["params"], params=np.asarray(n), tokens=np.asarray(d))),
-        optimum=lambda c: optimum(fit["params"], c)[:3],
+        point=lambda n, d: float(law.predict(fit.params, params=np.asarray(n), tokens=np.asarray(d))),
+        optimum=lambda c: optimum(fit.params, c)[:3],
         interval=interval,
         holds=holds,
     )
 
 
 def predict_from_fit(
-    fit: dict,
+    fit: SavedFit | dict,
     *,
     params=None,
     tokens=None,
@@ -85,7 +75,7 @@ def predict_from_fit(
     unique_tokens=None,
     level: float | None = None,
 ) -> dict:
-    """Point predictions (with percentile intervals over the saved samples) from a report dict.
+    """Point predictions (with percentile intervals over the saved draws) from a saved fit (or its JSON).
 
     Approach 3: the loss at (params, tokens) - or, given only flops, the compute-optimal loss and
     allocation at that budget (laws of flops alone predict directly). Approaches 1/2: only
@@ -94,14 +84,15 @@ def predict_from_fit(
         dict of lists: inputs, "loss" (Approach 3), "loss_interval" [[lo, hi], ...] (parameter
         uncertainty) and "loss_prediction_interval" (plus run-to-run noise), None without samples.
     """
-    level = fit.get("level", LEVEL) if level is None else level
-    if fit["approach"] != 3:
+    fit = load_saved_fit(fit)
+    level = fit.level if level is None else level
+    if fit.approach != 3:
         if flops is None:
-            raise UsageError(f"an Approach {fit['approach']} fit predicts allocations only: pass --flops")
+            raise UsageError(f"an Approach {fit.approach} fit predicts allocations only: pass --flops")
         return allocate_from_fit(fit, flops=flops, level=level)
-    if fit["law"] in (*CURVE_LAWS, "average"):
+    if fit.law in (*CURVE_LAWS, "average"):
         raise UsageError(
-            f"a {fit['law']} fit predicts runs from their LR schedules, not from (N, D): use "
+            f"a {fit.law} fit predicts runs from their LR schedules, not from (N, D): use "
             "scalelab.fitting.curves.CurveFit.predict_final on a RunCurve"
         )
     frontier = frontier_of(fit, level)
@@ -111,9 +102,9 @@ def predict_from_fit(
         surface = surface_of(fit, level)
         if not surface.holds:
             return _predict_anchored(frontier, surface, params, tokens, level)
-    if fit.get("stacked"):
+    if fit.stacked:
         return _predict_stacked(fit, params=params, tokens=tokens, flops=flops, level=level)
-    law = get_law(fit["law"])
+    law = get_law(fit.law)
     given = {"params": params, "tokens": tokens, "flops": flops, "unique_tokens": unique_tokens}
     given = {k: np.atleast_1d(np.asarray(v, dtype=float)) for k, v in given.items() if v is not None}
     for k, v in given.items():
@@ -125,17 +116,17 @@ def predict_from_fit(
         except ValueError:
             raise UsageError("--params/--tokens take one value each or equally many values") from None
         x = dict(zip(law.inputs, (np.array(a) for a in arrays)))
-        point = law.predict(fit["params"], **x)
+        point = law.predict(fit.params, **x)
         out = {k: v.tolist() for k, v in x.items()}
         out["loss"] = np.atleast_1d(point).tolist()
-        rows = _samples_of(fit)
+        rows = fit.draws
         out["loss_interval"] = out["loss_prediction_interval"] = None
         if rows:
             # Confidence interval: parameter uncertainty only (the law's mean loss). Prediction
             # interval: each draw also times exp(sigma z), sigma the fit's residual scale (a new run).
             vals = np.array([law.predict(r, **x) for r in rows])
             out["loss_interval"] = _pairs(*percentile_interval(vals, level))
-            sigma = fit.get("residual_scale")
+            sigma = fit.residual_scale
             if sigma:
                 noise = np.exp(sigma * np.random.default_rng(0).standard_normal(vals.shape))
                 out["loss_prediction_interval"] = _pairs(*percentile_interval(vals * noise, level))
@@ -146,11 +137,11 @@ def predict_from_fit(
     raise UsageError(f"law {law.name} needs {' and '.join('--' + k for k in law.inputs)} (or --flops C)")
 
 
-def _predict_stacked(fit: dict, *, params, tokens, flops, level: float) -> dict:
+def _predict_stacked(fit: SavedFit, *, params, tokens, flops, level: float) -> dict:
     """Law "auto": the stacked law's loss at (N, D), or at the incumbent's compute-optimal (N*, D*)
     given only --flops. loss_interval: the law's own uncertainty (bootstrap and weights);
     loss_prediction_interval: a new run's (plus its noise and the drift out of sample)."""
-    sf = StackedFit.from_dict({**fit["stacked"], "level": level})
+    sf = StackedFit.from_dict({**fit.stacked, "level": level})
     if params is None and tokens is None and flops is not None:
         alloc_out = allocate_from_fit(fit, flops=flops, level=level)
         n = np.array([a["n_opt"] for a in alloc_out["allocations"]])
@@ -192,7 +183,7 @@ def _predict_anchored(frontier: FrontierFit, surface: Surface, params, tokens, l
     }
 
 
-def _frontier_allocations(fit: dict, frontier: FrontierFit, budgets, level: float) -> list[dict]:
+def _frontier_allocations(fit: SavedFit, frontier: FrontierFit, budgets, level: float) -> list[dict]:
     """Allocation rows (allocate's keys) from the frontier, each with the surface's answer beside it."""
     surface = surface_of(fit, level)
     rows = []
@@ -224,21 +215,21 @@ def _frontier_allocations(fit: dict, frontier: FrontierFit, budgets, level: floa
     return rows
 
 
-def _optimum_of_fit(fit: dict):
-    """(optimum function, point params, samples) for a report of any approach."""
-    samples = _samples_of(fit)
-    if fit["approach"] == 3:
-        return alloc.optimum_for_law(get_law(fit["law"])), fit["params"], samples
+def _optimum_of_fit(fit: SavedFit):
+    """(optimum function, point params, samples) for a fit of any approach."""
+    samples = fit.draws
+    if fit.approach == 3:
+        return alloc.optimum_for_law(get_law(fit.law)), fit.params, samples
 
     def optimum(q, c):  # Approaches 1/2: N* = n_coef C^n_exponent, D* = C / (6 N*)
         n_opt = q["n_coef"] * c ** q["n_exponent"]
         return n_opt, c / (6.0 * n_opt), float("nan")
 
-    p = fit["params"]
+    p = fit.params
     return optimum, {"n_coef": p["n_coef"], "n_exponent": p["n_exponent"]}, samples
 
 
-def _budgets_of(fit: dict, frontier: FrontierFit, flops, tokens, level: float) -> list[float]:
+def _budgets_of(fit: SavedFit, frontier: FrontierFit, flops, tokens, level: float) -> list[float]:
     """The FLOP budgets asked for: --flops as given, or for each --tokens D the budget whose
     compute-optimal D* (the frontier's) is D."""
     if tokens is None:
@@ -259,23 +250,25 @@ def _positive(values, flag: str) -> np.ndarray:
     return arr
 
 
-def allocate_from_fit(fit: dict, *, flops=None, tokens=None, level: float | None = None) -> dict:
+def allocate_from_fit(fit: SavedFit | dict, *, flops=None, tokens=None, level: float | None = None) -> dict:
     """Compute-optimal N*, D*, tokens/param (and L* for Approach 3) with percentile intervals.
 
     Args:
-        fit: a report (ScalingFit.to_report / FIT.json; intervals need its "samples").
+        fit: a saved fit (scalelab.fitting.saved_fit) or its JSON (ScalingFit.to_report / FIT.json,
+            a round's record); intervals need its parameter draws.
         flops: FLOP budget(s) C: the allocation at each.
         tokens: data budget(s) D instead: the size for which D tokens is compute-optimal (solve
             D*(C) = D, then N*(C)) - the loss-optimal model per FLOP that uses exactly that data.
     """
-    level = fit.get("level", LEVEL) if level is None else level
+    fit = load_saved_fit(fit)
+    level = fit.level if level is None else level
     if (flops is None) == (tokens is None):
         raise UsageError("pass either --flops C or --tokens D")
-    frontier = frontier_of(fit, level) if fit["approach"] == 3 else None
+    frontier = frontier_of(fit, level) if fit.approach == 3 else None
     if frontier is not None:
         budgets = _budgets_of(fit, frontier, flops, tokens, level)
         rows = _frontier_allocations(fit, frontier, budgets, level)
-        return {"allocations": rows, "level": level, "law": fit["law"], "approach": 3}
+        return {"allocations": rows, "level": level, "law": fit.law, "approach": 3}
     optimum, params, samples = _optimum_of_fit(fit)
     if tokens is not None:
         budgets = []
@@ -284,8 +277,8 @@ def allocate_from_fit(fit: dict, *, flops=None, tokens=None, level: float | None
     else:
         budgets = _positive(flops, "--flops")
     rows = [alloc.allocate(optimum, params, float(c), samples=samples, level=level).to_dict() for c in budgets]
-    if fit["approach"] != 3:
+    if fit.approach != 3:
         for r in rows:  # approaches 1/2 do not model the loss
             r.pop("loss_opt", None)
             r.pop("loss_opt_interval", None)
-    return {"allocations": rows, "level": level, "law": fit["law"], "approach": fit["approach"]}
+    return {"allocations": rows, "level": level, "law": fit.law, "approach": fit.approach}

@@ -6,7 +6,8 @@
     model.point(n, d)          # the point alone (sensitivities, rounding costs)
     model.optimum(flops)       # Optimum: N*, D* with intervals, L*(C) with its interval
 
-A plan never reads a fit's fields itself: every reading of a saved fit is in this module, so a new kind
+A plan never reads a fit's fields itself: the saved fit is read by scalelab.fitting.saved_fit
+(load_saved_fit) and turned into a loss model only in this module, so a new kind
 of fit (an average of several laws with weights, whose interval has form/weight parts) is one more
 class with these three methods. Each interval's `parts` are the fit's own (for the laws here:
 bootstrap, run noise and the backtests' out-of-sample error at the target's distance in decades,
@@ -42,7 +43,6 @@ the surface's excess at its (N, D) over the surface's own optimum, with the fron
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -65,6 +65,7 @@ from scalelab.fitting.predictive import (
     interval_from_parts,
     prediction_interval,
 )
+from scalelab.fitting.saved_fit import SavedFit, load_saved_fit
 from scalelab.store.paths import SweepLayout
 
 MIN_DECADES = 0.3  # a fit report's held-out run this far beyond its training runs measures a drift per decade
@@ -274,15 +275,15 @@ class FrontierLossModel:
                        beside=co.line())  # fmt: skip
 
 
-def _with_stack(model: DrawsLossModel, data: dict) -> DrawsLossModel | StackedLossModel | FrontierLossModel:
+def _with_stack(model: DrawsLossModel, fit: SavedFit) -> DrawsLossModel | StackedLossModel | FrontierLossModel:
     out: DrawsLossModel | StackedLossModel = model
-    if isinstance(data.get("stacked"), dict):
-        out = StackedLossModel(incumbent=model, stacked=StackedFit.from_dict(data["stacked"]))
-    if not isinstance(data.get("frontier"), dict):
+    if fit.stacked is not None:
+        out = StackedLossModel(incumbent=model, stacked=StackedFit.from_dict(fit.stacked))
+    if fit.frontier is None:
         return out
-    frontier = FrontierFit.from_dict(data["frontier"])
+    frontier = FrontierFit.from_dict(fit.frontier)
     frontier.level = out.level
-    return FrontierLossModel(inner=out, frontier=frontier, degenerate=degenerate(data.get("degeneracy") or []))
+    return FrontierLossModel(inner=out, frontier=frontier, degenerate=degenerate(fit.degeneracy))
 
 
 def _plannable(law_name: str, where: str) -> Law:
@@ -294,23 +295,24 @@ def _plannable(law_name: str, where: str) -> Law:
     return get_law(law_name)
 
 
-def _from_round(record: dict, where: str) -> DrawsLossModel:
+def _from_round(fit: SavedFit) -> DrawsLossModel:
     """The closed loop's fit (fits/round_K.json "fit": scalelab.fitting.scaling_fit.ScalingFit.to_record)."""
-    law = _plannable(str(record.get("law")), where)
-    budgets = np.asarray(record["points"]["budgets"], dtype=float)
+    law = _plannable(fit.law, fit.source)
+    points = fit.record["points"]
+    budgets = np.asarray(points["budgets"], dtype=float)
     return DrawsLossModel(
         law_obj=law,
-        params={k: float(v) for k, v in record["params"].items()},
-        draws=[{k: float(v) for k, v in d.items()} for d in record.get("draws") or []],
-        residual_scale=float(record.get("residual_scale") or 0.0),
-        extrapolation=ExtrapolationError(**record["extrapolation"]),
+        params={k: float(v) for k, v in fit.params.items()},
+        draws=[{k: float(v) for k, v in d.items()} for d in fit.draws],
+        residual_scale=float(fit.residual_scale or 0.0),
+        extrapolation=ExtrapolationError(**fit.record["extrapolation"]),
         max_flops=float(budgets.max()),
         min_flops=float(budgets.min()),
-        level=float(record.get("level", 0.95)),
-        source=where,
+        level=float(fit.level),
+        source=fit.source,
         n_runs=int(budgets.size),
-        warnings=list(record.get("warnings") or []),
-        points={k: [float(x) for x in record["points"][k]] for k in ("params", "tokens", "loss", "budgets")},
+        warnings=list(fit.warnings),
+        points={k: [float(x) for x in points[k]] for k in ("params", "tokens", "loss", "budgets")},
     )
 
 
@@ -338,45 +340,44 @@ def _report_extrapolation(backtest: dict) -> tuple[ExtrapolationError, float | N
     return none, top, floor
 
 
-def _from_report(report: dict, where: str) -> DrawsLossModel:
+def _from_report(fit: SavedFit) -> DrawsLossModel:
     """A `scalelab fit --out` report (scalelab.fitting.scaling_fit.ScalingFit.to_report with its samples)."""
-    if report.get("approach") != 3:
+    where = fit.source
+    if fit.approach != 3:
         raise UsageError(
-            f"{where}: an Approach {report.get('approach')} fit gives N*(C) only, no loss of N and D; "
+            f"{where}: an Approach {fit.approach} fit gives N*(C) only, no loss of N and D; "
             "plan-run needs a law of N and D: refit with --approach 3 --law chinchilla"
         )
-    law = _plannable(str(report.get("law")), where)
-    samples = report.get("samples") or {}
-    if not samples:
+    law = _plannable(fit.law, where)
+    if not fit.draws:
         raise UsageError(
             f"{where}: the fit holds no parameter samples; save it with `scalelab fit DATA --out FIT.json`"
         )
-    names = list(samples)
-    draws = [dict(zip(names, map(float, vals))) for vals in zip(*(samples[n] for n in names))]
-    extrap, top, floor = _report_extrapolation(report.get("backtest") or {})
+    draws = [{k: float(v) for k, v in d.items()} for d in fit.draws]
+    extrap, top, floor = _report_extrapolation(fit.backtest)
     if top is None:
         raise UsageError(
             f"{where}: the fit has no backtest with its folds' training ranges (its largest budget and out-of-sample "
             "error are unknown); refit with `scalelab fit` without --no-backtest"
         )
-    warnings = list(report.get("warnings") or [])
+    warnings = list(fit.warnings)
     if floor:
         warnings.append(
             f"no backtest run lies {MIN_DECADES} decades or more beyond its fold's training runs: the error per decade "
             f"of extrapolation is unmeasured, so intervals carry no extrapolation part; the held-out runs' RMS miss "
             f"({100 * floor:.2f}%) enters as the part 'holdout'"
         )
-    n = int(report.get("n_points") or 0)
-    sigma = float(report.get("residual_scale") or 0.0)  # the fit's: corrected for its parameters
+    n = int(fit.record.get("n_points") or 0)
+    sigma = float(fit.residual_scale or 0.0)  # the fit's: corrected for its parameters
     return DrawsLossModel(
         law_obj=law,
-        params={k: float(v) for k, v in report["params"].items()},
+        params={k: float(v) for k, v in fit.params.items()},
         draws=draws,
         residual_scale=sigma,
         extrapolation=extrap,
         max_flops=float(top),
         min_flops=float(top),
-        level=float(report.get("level", 0.95)),
+        level=float(fit.level),
         source=where,
         n_runs=n,
         warnings=warnings,
@@ -389,9 +390,12 @@ def latest_round_fit(sweep_dir: Path) -> Path | None:
     return rounds[-1] if rounds else None
 
 
-def load_loss_model(path: str | Path) -> DrawsLossModel | StackedLossModel | FrontierLossModel:
-    """The fit of a sweep directory (its latest round) or of a saved fit report (module docstring)."""
-    path = Path(path)
+def load_loss_model(source: str | Path | SavedFit) -> DrawsLossModel | StackedLossModel | FrontierLossModel:
+    """The fit of a sweep directory (its latest round), of a saved fit file (module docstring) or
+    one already loaded (scalelab.fitting.saved_fit)."""
+    if isinstance(source, SavedFit):
+        return _loss_model(source)
+    path = Path(source)
     if path.is_dir():
         found = latest_round_fit(path)
         if found is None:
@@ -401,19 +405,14 @@ def load_loss_model(path: str | Path) -> DrawsLossModel | StackedLossModel | Fro
         path = found
     if not path.is_file():
         raise UsageError(f"{path} does not exist; give a sweep directory or a FIT.json from `scalelab fit --out`")
+    return _loss_model(load_saved_fit(path))
+
+
+def _loss_model(fit: SavedFit) -> DrawsLossModel | StackedLossModel | FrontierLossModel:
+    """A report's model or a round's (or a fit record's), with its stacked law and frontier when saved."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"{path}: not a readable fit ({e})") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: not a fit (a JSON object with law and params)")
-    try:
-        if isinstance(data.get("fit"), dict) and "points" in data["fit"]:
-            return _with_stack(_from_round(data["fit"], str(path)), data["fit"])
-        if "approach" in data and "params" in data:
-            return _with_stack(_from_report(data, str(path)), data)
+        return _with_stack(_from_report(fit) if fit.form == "report" else _from_round(fit), fit)
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, UsageError):
             raise
-        raise UsageError(f"{path}: a fit with a missing or malformed field ({e})") from None
-    raise UsageError(f"{path}: neither a sweep round's fit nor a `scalelab fit --out` report (no law and params)")
+        raise UsageError(f"{fit.source}: a fit with a missing or malformed field ({e})") from None

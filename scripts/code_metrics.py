@@ -29,7 +29,9 @@ tests/, bench/ and scripts/ are listed in the line counts but not in the import 
     recognised by a short list of the names known to have played the role (ROLES in
     scripts/code_roles.py: listed, checked to exist, their callers shown, a wrapper of another
     listed one not counted), rounds loops by their shape; scripts/code_roles.py says how. Saved-fit
-    readers (the functions that read a saved fit's JSON back) are a third listed role;
+    readers (the functions that read a saved fit's JSON back) are a third listed role, also found by
+    their shape (a function that parses JSON and reads a round file's "fit" or a fit's "law" and
+    "params");
   - who owns what (scripts/code_owners.py): store paths built outside store/ (each listed), the fit
     options types, bench files with `sys.path` tricks or private-name imports, and the package
     modules only benches and tests use.

@@ -16,7 +16,9 @@ exist in the checkout, who calls each (functions of the package and bench/, and 
 files), and counts an existing one only when it does not reach another listed one
 through the functions it references, transitively (a wrapper that loads a store and calls the one
 fit entry is a caller, not a second entry). A function that plays the role under a name not in the
-list is not seen: list it when you add one. Rounds loops are recognised by their shape instead: a
+list is not seen: list it when you add one; saved-fit readers are also found by their shape (a
+function that parses JSON and reads the key "fit", a round file's fit, or both "law" and "params"),
+listed or not. Rounds loops are recognised by their shape instead: a
 `for`/`while` loop whose body calls a function named *propose* and one named *launch*, *execute* or
 *resume* (package folders and bench/; tests are not searched).
 """
@@ -37,7 +39,12 @@ class Role:
     name: str
     what: str
     known: tuple[str, ...]  # module.function, without the leading "scalelab."
+    shape: tuple[str, ...] = ()  # keys ("a+b": both) whose reading after a JSON parse marks a function
 
+
+# A function that parses JSON (json.load/json.loads) and reads the key "fit" (a round file's fit) or
+# both "law" and "params" (a fit's own keys) reads a saved fit by hand, listed or not.
+SAVED_FIT_KEYS = ("fit", "law+params")
 
 ROLES = (
     Role(
@@ -79,7 +86,9 @@ ROLES = (
             "sweeps.isoflop_grid.read_frontier",
             "sweeps.proposal.read_round",
             "bench.closed_loop._round_fits",
+            "sweeps.wandb_fit.round_records",  # the rounds a W&B fit run logs
         ),
+        shape=SAVED_FIT_KEYS,
     ),
 )
 ROUNDS_PROPOSE = ("propose",)  # a callee whose name contains one of these proposes the next round
@@ -187,12 +196,51 @@ def where(root: Path, f: Function) -> str:
     return f"{f.path.relative_to(root)}:{f.line}"
 
 
+def _body_nodes(node: ast.AST):
+    """The nodes of a function's own body, not looking into nested functions, lambdas or classes."""
+    todo = list(ast.iter_child_nodes(node))
+    while todo:
+        n = todo.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        yield n
+        todo.extend(ast.iter_child_nodes(n))
+
+
+def _json_keys(node: ast.AST) -> set[str] | None:
+    """The string keys a function reads (x["k"], x.get("k")) when it parses JSON, else None."""
+    parses, keys = False, set()
+    for n in _body_nodes(node):
+        if isinstance(n, ast.Call) and _dotted(n.func) in ("json.load", "json.loads"):
+            parses = True
+        if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str):
+            keys.add(n.slice.value)
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get" and n.args:
+            if isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str):
+                keys.add(n.args[0].value)
+    return keys if parses else None
+
+
+def _by_shape(index: dict[str, Function], role: Role, known: list[str]) -> list[str]:
+    """Functions (tests excluded) not in the role's list that parse JSON and read its keys (Role.shape)."""
+    found = []
+    for f in index.values():
+        if not role.shape or f.name in known or f.name.startswith("tests."):
+            continue
+        keys = _json_keys(f.node)
+        if keys is not None and any(set(s.split("+")) <= keys for s in role.shape):
+            found.append(f.name)
+    return found
+
+
 def role_report(root: Path, index: dict[str, Function], role: Role) -> tuple[list[str], int]:
-    """(lines of text, how many of the role's listed functions are entries) for `role`."""
+    """(lines of text, how many of the role's functions are entries) for `role`: its listed functions
+    and the unlisted ones of its shape (Role.shape)."""
     known = [short(k) for k in role.known]
-    present = {k for k in known if k in index}
+    shaped = _by_shape(index, role, known)
+    present = {k for k in known if k in index} | set(shaped)
     lines, entries = [], 0
-    for k in known:
+    for k in known + shaped:
         if k not in present:
             lines.append(f"  {k:<52} not in this checkout")
             continue
@@ -201,7 +249,9 @@ def role_report(root: Path, index: dict[str, Function], role: Role) -> tuple[lis
         entries += via is None
         callers = sorted(c.name for c in index.values() if k in c.refs and not c.name.startswith("tests."))
         tests = {c.path for c in index.values() if k in c.refs and c.name.startswith("tests.")}
-        lines.append(f"  {k:<52} {where(root, f)}  {f.lines} lines; " + (f"calls {via}" if via else "an entry"))
+        how = f"calls {via}" if via else "an entry"
+        how += " (not listed: found by its shape)" if k in shaped else ""
+        lines.append(f"  {k:<52} {where(root, f)}  {f.lines} lines; {how}")
         lines.append(f"      called by {', '.join(callers) or 'nothing'}; named in {len(tests)} test file(s)")
     return lines, entries
 

@@ -8,7 +8,6 @@ run's FLOPs may fall from its budget after that rounding.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,12 @@ import numpy as np
 from scalelab.errors import ConfigError, UsageError
 from scalelab.fitting.allocate import optimum_for_law
 from scalelab.fitting.laws import get_law
+from scalelab.fitting.saved_fit import load_saved_fit
 from scalelab.models.accounting import flops_per_token
 from scalelab.models.config import ModelConfig
 from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.design_context import DesignContext, Point
-from scalelab.sweeps.recipe_audit import AUDIT_FILE
+from scalelab.sweeps.recipe_audit import AUDIT_FILE, load_audit
 from scalelab.sweeps.runspec import RunSpec
 from scalelab.sweeps.spec_checks import as_list, check_keys, number
 
@@ -88,14 +88,14 @@ def read_frontier(source: Any, key: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(key, f"{source!r} is neither a sweep directory nor a fit file", "give a sweep directory")
     try:
-        fit = json.loads(path.read_text())
         if path.name == AUDIT_FILE:
-            fit = fit.get("frontier") or {}
-        fit = fit.get("fit", fit)
-        optimum_for_law(get_law(fit["law"]))
-        return {"law": str(fit["law"]), "params": {k: float(v) for k, v in fit["params"].items()}, "source": str(path)}
+            fit = load_saved_fit(load_audit(path).frontier or {}, name=f"{path} frontier")
+        else:
+            fit = load_saved_fit(path)
+        optimum_for_law(get_law(fit.law))
     except (ValueError, KeyError, TypeError, AttributeError, UsageError) as e:
-        raise ConfigError(key, f"{path}: not a fit with law and params ({e})", "give a sweep directory") from None
+        raise ConfigError(key, f"not a fit of (N, D) to allocate with: {e}", "give a sweep directory") from None
+    return {"law": fit.law, "params": {k: float(v) for k, v in fit.params.items()}, "source": str(path)}
 
 
 def _fit_centers(source: Any, budgets: list[float], key: str) -> list[float]:

@@ -12,7 +12,6 @@ The files keep their format: fits/round_K.json is `to_dict()`, rounds/round_K.ya
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from scalelab.errors import UsageError
 from scalelab.fitting.gates import GateReport
 from scalelab.fitting.predictive import PredictionInterval
+from scalelab.fitting.saved_fit import SavedFit, load_saved_fit
 from scalelab.store import files
 from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.runspec import RunSpec
@@ -180,8 +180,23 @@ def read_round(sweep_dir: str | Path, k: int) -> Proposal:
     text = files.read_text(fit_path)
     if text is None:
         raise UsageError(f"{fit_path}: no such round; `scalelab sweep ledger` lists the sweep's rounds")
-    saved = json.loads(text)
+    fit = load_saved_fit(fit_path, text=text)
+    if fit.round is None:
+        raise UsageError(f"{fit_path}: not a round's fit file (no key 'fit'); `scalelab sweep next` writes them")
     sweep = load_sweep(spec_path)
+    try:
+        return _proposal(fit, sweep, fit_path, spec_path)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        if isinstance(e, UsageError):
+            raise
+        raise UsageError(
+            f"{fit_path}: a missing or malformed key {e} (or a proposed run that {spec_path} lacks)"
+        ) from None
+
+
+def _proposal(fit: SavedFit, sweep: Sweep, fit_path: str | Path, spec_path: str | Path) -> Proposal:
+    """The Proposal a saved round holds, its runs those of the round's resolved spec."""
+    saved = fit.round
     by_id = {r.run_id: r for r in sweep.runs}
     level = saved["level"]
     runs = [
@@ -204,7 +219,7 @@ def read_round(sweep_dir: str | Path, k: int) -> Proposal:
     lo, hi = saved["loss_at_target_interval"]
     return Proposal(
         round=saved["round"],
-        fit=saved["fit"],
+        fit=fit.record,
         gates=GateReport.from_dict(saved["gates"]),
         runs=runs,
         target_flops=saved["target_flops"],

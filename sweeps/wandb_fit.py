@@ -25,13 +25,14 @@ Offline runs live in <sweep>/wandb/. A round that already has a W&B folder is no
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scalelab.errors import UsageError
+from scalelab.fitting.saved_fit import load_saved_fit
 from scalelab.store import ledger, objects
 from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.wandb_runs import SweepWandb, guarded, reachable_mode, sweep_wandb
@@ -52,15 +53,14 @@ def logged(directory: Path, wandb_id: str) -> bool:
 def round_records(sweep_dir: Path) -> list[dict[str, Any]]:
     """Every fits/round_K.json of the sweep, by round (a study's rounds, one fit per arm, are not
     fit runs: their arms' runs carry the `arm:` tag)."""
-    paths = SweepLayout(sweep_dir).round_fits()
     out = []
-    for path in paths:
+    for path in SweepLayout(sweep_dir).round_fits():
         try:
-            record = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            fit = load_saved_fit(path)
+        except UsageError:  # unreadable, or a study's round (a fit per arm): no fit run to log
             continue
-        if not record.get("study"):
-            out.append(record)
+        if fit.round is not None:
+            out.append(fit.round)
     return out
 
 

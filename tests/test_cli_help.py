@@ -73,13 +73,17 @@ def test_building_the_parser_loads_no_heavy_package():
 
 
 def test_bad_input_to_the_saved_fit_commands_exits_before_torch_loads(tmp_path):
-    missing = tmp_path / "missing.json"
+    missing, bad = tmp_path / "missing.json", tmp_path / "bad.json"
+    bad.write_text('{"law": "chinchilla", "approach": 3}')  # no params: refused by the saved-fit loader
     code = (
         "from scalelab.cli.main import main\n"
         f"codes = [main(['predict', {str(missing)!r}, '--params', '1e9', '--tokens', '2e10']),\n"
         f"         main(['allocate', {str(missing)!r}, '--flops', '1e21']),\n"
-        f"         main(['plan-run', {str(missing)!r}, '--flops', '-1'])]\n"
-        "assert codes == [2, 2, 2], codes"
+        f"         main(['plan-run', {str(missing)!r}, '--flops', '-1']),\n"
+        f"         main(['predict', {str(bad)!r}, '--params', '1e9', '--tokens', '2e10']),\n"
+        f"         main(['allocate', {str(bad)!r}, '--flops', '1e21']),\n"
+        f"         main(['plan-run', {str(bad)!r}, '--flops', '1e21'])]\n"
+        "assert codes == [2] * 6, codes"
     )
     assert "torch" not in _loaded_after(code)
 

@@ -85,6 +85,13 @@ FILES = {
         def predict_from_fit(fit):
             return allocate_from_fit(fit)
         """,
+    # a third, not listed: it parses a round file and takes its fit by hand
+    "sweeps/round_read.py": """
+        import json
+
+        def latest_fit(path):
+            return json.loads(path.read_text())["fit"]
+        """,
 }
 
 
@@ -123,4 +130,5 @@ def test_figures_of_a_made_up_checkout(checkout, capsys):
     assert "bench-only modules in the package (no product code imports them; bench/ or tests/ do): 1" in out
     assert "fitting.simulate" in out and "1 bench file(s), 0 test file(s)" in out
     assert "fitting.from_report.predict_from_fit" in out and "calls fitting.from_report.allocate_from_fit" in out
-    assert "saved-fit readers: 1\n" in out
+    assert "sweeps.round_read.latest_fit" in out and "an entry (not listed: found by its shape)" in out
+    assert "saved-fit readers: 2\n" in out

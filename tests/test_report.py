@@ -19,6 +19,7 @@ import polars as pl
 import pytest
 from chromium_check import render_and_check
 
+from scalelab.analysis.report_loop import proposal_section
 from scalelab.analysis.synthetic import SyntheticLaw, isoflop_design, launch_synthetic, write_synthetic_sweep
 from scalelab.cli.main import main
 from scalelab.store.ledger import scored
@@ -279,3 +280,14 @@ def test_demo_figure_size_axis_labels_do_not_collide(loop_report):
     fig.canvas.draw()
     for ax in fig.axes:
         _assert_labels_apart(ax)
+
+
+def test_the_proposed_round_is_the_latest_by_number(tmp_path):
+    """fits/round_10.json is the latest round after round_9 (a sort by file name put round_9 last)."""
+    (tmp_path / "fits").mkdir()
+    for k in (1, 9, 10):
+        proposal = {"kind": f"kind-of-round-{k}", "params": 1, "tokens": 2, "flops": 12.0, "predicted_loss": 3.0}
+        saved = {"round": k, "fit": {"law": "chinchilla", "params": {"E": 1.7}}, "proposals": [proposal]}
+        (tmp_path / "fits" / f"round_{k}.json").write_text(json.dumps(saved))
+    html = proposal_section(tmp_path, fit=None)
+    assert "fits/round_10.json" in html and "kind-of-round-10" in html, html
