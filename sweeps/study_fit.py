@@ -46,9 +46,8 @@ import numpy as np
 import polars as pl
 
 from scalelab import store
-from scalelab.config_tree import from_dict
 from scalelab.errors import UsageError
-from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.fit_options import FitOptions, fit_options
 from scalelab.fitting.gap import GapInterval, gap_interval, paired_extrapolation
 from scalelab.fitting.multiplier import interval, log_slope, multiplier, paired_multipliers
 from scalelab.fitting.paired_gap import Measurement
@@ -56,8 +55,8 @@ from scalelab.fitting.predictive import PredictionInterval
 from scalelab.fitting.scaling_fit import ScalingFit
 from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.propose import readable
-from scalelab.sweeps.spec import FitSpec, read_spec
-from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_options, fit_store
+from scalelab.sweeps.spec import read_spec
+from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_store
 from scalelab.sweeps.study_decisive import decisive_points, planned_runs
 from scalelab.sweeps.study_paired import PairedComparison, compare_paired
 from scalelab.sweeps.study_spec import ARM_LABEL, ESTIMATORS, StudySpec, parse_study
@@ -205,7 +204,7 @@ def read_study(sweep_dir: str | Path) -> tuple[dict[str, Any], StudySpec]:
         raise UsageError(f"{sweep_dir} is not a study (its sweep.yaml has no study: section)")
     gen = next(g for g in GENERATORS if g in raw)
     budgets = [float(b) for b in (raw.get("isoflop") or {}).get("budgets", [])] if gen == "isoflop" else []
-    return raw, parse_study(raw["study"], raw, gen, budgets)
+    return raw, parse_study(raw["study"], raw, gen, budgets, fit_options(raw.get("fit") or {}).target_flops)
 
 
 def arm_runs(runs: pl.DataFrame, arm: str, max_budget: float | None = None) -> pl.DataFrame:
@@ -271,9 +270,8 @@ def fit_study(
     estimator = estimator or study.estimator
     if estimator not in ESTIMATORS:
         raise UsageError(f"--estimator {estimator!r}: use one of {list(ESTIMATORS)}")
-    fit_spec = from_dict(FitSpec, raw.get("fit") or {}, prefix="fit")
     runs = store.load_runs(sweep_dir) if runs is None else runs
-    options = fit_options(fit_spec, bootstrap=replicates, seed=seed, target_flops=study.target_flops)
+    options = fit_options(raw.get("fit") or {}, bootstrap=replicates, seed=seed, target_flops=study.target_flops)
     arms: dict[str, ArmFit] = {}
     for name in study.names:
         sub = arm_runs(runs, name, max_budget)
