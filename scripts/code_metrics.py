@@ -31,8 +31,9 @@ tests/, bench/ and scripts/ are listed in the line counts but not in the import 
     listed one not counted), rounds loops by their shape; scripts/code_roles.py says how. Saved-fit
     readers (the functions that read a saved fit's JSON back) are a third listed role;
   - who owns what (scripts/code_owners.py): store paths built outside store/ (each listed), the fit
-    options types, bench files with `sys.path` tricks or private-name imports, and the package
-    modules only benches and tests use.
+    options types, the comparison implementations (and the modules writing a verdict), bench files
+    with `sys.path` tricks or private-name imports, and the package modules only benches and tests
+    use.
 
 The reading of sources (folders, module names, imports) is scripts/code_tree.py.
 """

@@ -1,5 +1,6 @@
 """Figures of who owns what, for `scripts/code_metrics.py`: store paths built outside store/, the fit
-options types, the bench files' shortcuts, and the package modules only benches and tests use.
+options types, the comparison implementations, the bench files' shortcuts, and the package modules
+only benches and tests use.
 
     print_owners(root, folders)       # after code_metrics' other figures
 
@@ -14,6 +15,12 @@ Standard library `ast` only, like the rest of scripts/code_metrics.py. What each
     counts; a fit's result (a `law`, its parameters, its target) does not, nor a per-run curve-law
     config (early stopping's, W&B live prediction's: `law`, `n_boot`), another fit's options. The
     CLI's arguments are a shape that is not a class;
+  - comparison implementations: package modules that answer "is B better than A" themselves: they
+    define a comparison result (a class with a `multiplier_at_target` field) or compute the compute
+    multiplier's interval over paired draws (a call of `paired_multipliers`, or one function that
+    calls both `multiplier` and `interval`: the same computed by hand); fitting/multiplier.py, the
+    arithmetic they share, is not one. The modules that write a verdict (a function named
+    `*verdict*`) are counted beside them;
   - bench files that reach into other benches or the package's privates: a `sys.path.insert` /
     `sys.path.append` call, or an import of a name starting with `_`;
   - bench-only modules: package modules that no product code reaches through its imports (from
@@ -111,6 +118,45 @@ def print_fit_options(root: Path, folders: tuple[str, ...]) -> None:
     print("\n".join(f"  {dotted:<52} {path.relative_to(root)}" for dotted, path in found) or "  none")
 
 
+def _called(node: ast.AST) -> set[str]:
+    names = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            f = n.func
+            names.add(f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", ""))
+    return names
+
+
+def comparison_sites(path: Path) -> tuple[list[str], bool]:
+    """(what makes `path` a comparison implementation, each with its line; whether it writes a verdict)."""
+    found, verdict = [], False
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ClassDef) and "multiplier_at_target" in _class_fields(node):
+            found.append(f"result class {node.name} (line {node.lineno})")
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            verdict |= "verdict" in node.name
+            calls = {c for c in _called(node) if c in ("paired_multipliers", "multiplier", "interval")}
+            if "paired_multipliers" in calls or {"multiplier", "interval"} <= calls:
+                found.append(f"m's paired interval in {node.name} (line {node.lineno})")
+    return found, verdict
+
+
+def print_comparisons(root: Path, folders: tuple[str, ...]) -> None:
+    rows, writers = [], []
+    for mod, path in package_files(root, folders).items():
+        found, verdict = comparison_sites(path)
+        if mod.endswith(".fitting.multiplier"):
+            continue  # the multiplier's arithmetic itself
+        if found:
+            rows.append((path.relative_to(root), found))
+        if verdict:
+            writers.append(str(path.relative_to(root)))
+    print(f"\ncomparison implementations (is B better than A, built in the module): {len(rows)}; "
+          f"modules writing a verdict: {len(writers)} ({', '.join(sorted(writers)) or 'none'})")  # fmt: skip
+    for rel, found in sorted(rows):
+        print(f"  {str(rel):<40} {'; '.join(found)}")
+
+
 def bench_shortcuts(path: Path) -> list[str]:
     """What a bench file does that an experiment on the public API would not (module docstring)."""
     out = []
@@ -185,5 +231,6 @@ def print_bench_only(root: Path, folders: tuple[str, ...]) -> None:
 def print_owners(root: Path, folders: tuple[str, ...]) -> None:
     print_store_paths(root, folders)
     print_fit_options(root, folders)
+    print_comparisons(root, folders)
     print_bench_shortcuts(root)
     print_bench_only(root, folders)
