@@ -21,82 +21,24 @@ then +inf for that draw, which the percentile interval handles (upper end inf).
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 
 from scalelab.errors import UsageError
 from scalelab.fitting.approaches import group_budgets
+from scalelab.fitting.comparison import Comparison, SideFit, compare_laws_at, verdict
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.fit_runs import fit_runs
 from scalelab.fitting.io import read_runs
 from scalelab.fitting.laws import get_law
-from scalelab.fitting.multiplier import (  # noqa: F401  (frontier_loss, flops_to_reach: this module's API)
+from scalelab.fitting.multiplier import (  # noqa: F401  (frontier_loss, flops_to_reach, multiplier: this module's API)
     flops_to_reach,
     frontier_loss,
-    interval,
-    log_slope,
     multiplier,
-    paired_multipliers,
 )
 
 LEVEL = 0.95
-
-
-@dataclass(kw_only=True, slots=True)
-class SideFit:
-    name: str
-    law: str
-    params: dict[str, float]
-    draws: np.ndarray  # (n_boot, P) natural params
-    n_runs: int
-    flops_range: tuple[float, float]
-    warnings: list[str] = field(default_factory=list)
-
-
-@dataclass(kw_only=True, slots=True)
-class Comparison:
-    a: SideFit
-    b: SideFit
-    budgets: list[float]
-    multipliers: list[float]  # point estimate per budget
-    intervals: list[tuple[float, float]]
-    target_flops: float
-    multiplier_at_target: float
-    target_interval: tuple[float, float]
-    slope: float  # d ln m / d ln C over the observed range
-    slope_interval: tuple[float, float]
-    level: float
-    verdict: str
-    draws_at_target: np.ndarray  # per bootstrap pair, for plots
-
-    def to_dict(self) -> dict:
-        side = lambda s: {
-            "name": s.name,
-            "law": s.law,
-            "params": s.params,
-            "n_runs": s.n_runs,  # noqa: E731
-            "flops_range": list(s.flops_range),
-            "warnings": s.warnings,
-        }
-        return {
-            "a": side(self.a),
-            "b": side(self.b),
-            "level": self.level,
-            "budgets": [
-                {"flops": c, "multiplier": m, "interval": list(iv)}
-                for c, m, iv in zip(self.budgets, self.multipliers, self.intervals)
-            ],
-            "target": {
-                "flops": self.target_flops,
-                "multiplier": self.multiplier_at_target,
-                "interval": list(self.target_interval),
-            },
-            "slope": {"value": self.slope, "interval": list(self.slope_interval)},
-            "verdict": self.verdict,
-        }
 
 
 def _side_table(runs: pl.DataFrame, law, loss_col: str) -> pl.DataFrame:
@@ -144,54 +86,33 @@ def fit_side(
 def compare_fits(
     a: SideFit, b: SideFit, *, budgets=None, target_flops: float | None = None, level: float = LEVEL
 ) -> Comparison:
-    """The multiplier of B over A at each budget and at the target, with intervals and the slope."""
-    law_a, law_b = get_law(a.law), get_law(b.law)
+    """The multiplier of B over A at each budget and at the target, with intervals and the slope,
+    over the budgets both sides' runs share (scalelab.fitting.comparison), and its verdict."""
     lo = max(a.flops_range[0], b.flops_range[0])
     hi = min(a.flops_range[1], b.flops_range[1])
     if not hi > lo:
         lo, hi = min(a.flops_range[0], b.flops_range[0]), max(a.flops_range[1], b.flops_range[1])
     if budgets is None:
         budgets = np.geomspace(lo, hi, 6)
-    budgets = np.asarray(sorted(float(x) for x in budgets))
-    target = float(target_flops) if target_flops else float(hi * 10.0)
-    m_point = np.array([multiplier(law_a, a.params, law_b, b.params, c) for c in budgets])
-    m_target = multiplier(law_a, a.params, law_b, b.params, target)
-    slope_grid = np.geomspace(lo, hi, 5)
-    slope = log_slope(slope_grid, np.array([multiplier(law_a, a.params, law_b, b.params, c) for c in slope_grid]))
-    k = min(len(a.draws), len(b.draws))
-    paired = paired_multipliers(
+    law_a, law_b = get_law(a.law), get_law(b.law)
+    cmp = compare_laws_at(
+        a.name,
         law_a,
-        [dict(zip(law_a.param_names, row)) for row in a.draws[:k]],
+        a.params,
+        [dict(zip(law_a.param_names, row)) for row in a.draws],
+        b.name,
         law_b,
-        [dict(zip(law_b.param_names, row)) for row in b.draws[:k]],
-        budgets=budgets,
-        target=target,
-        slope_grid=slope_grid,
-    )
-    at_target = paired.at_target
-    intervals = (
-        [interval(paired.per_budget[:, j], level) for j in range(budgets.size)]
-        if k
-        else [(math.nan, math.nan)] * budgets.size
-    )
-    t_iv = interval(at_target, level) if k else (math.nan, math.nan)
-    s_iv = interval(paired.slopes, level) if k else (math.nan, math.nan)
-    verdict = _verdict(a.name, b.name, target, m_target, t_iv, slope, s_iv, level, hi)
-    return Comparison(
-        a=a,
-        b=b,
-        budgets=budgets.tolist(),
-        multipliers=m_point.tolist(),
-        intervals=intervals,
-        target_flops=target,
-        multiplier_at_target=float(m_target),
-        target_interval=t_iv,
-        slope=slope,
-        slope_interval=s_iv,
+        b.params,
+        [dict(zip(law_b.param_names, row)) for row in b.draws],
+        budgets=np.asarray(sorted(float(x) for x in budgets)),
+        target=float(target_flops) if target_flops else float(hi * 10.0),
+        slope_grid=np.geomspace(lo, hi, 5),
+        largest=hi,
         level=level,
-        verdict=verdict,
-        draws_at_target=at_target,
+        sides=(a, b),
     )
+    cmp.verdict = verdict(cmp)
+    return cmp
 
 
 def compare_sweeps(
@@ -215,43 +136,6 @@ def compare_sweeps(
 
 def _fmt_iv(iv: tuple[float, float]) -> str:
     return f"[{iv[0]:.3g}, {iv[1]:.3g}]"
-
-
-def _verdict(a: str, b: str, target: float, m: float, iv, slope: float, s_iv, level: float, hi: float) -> str:
-    pct = f"{100 * level:.0f}%"
-    extrap = target / hi
-    where = f"at C = {target:.3g} FLOPs ({extrap:.3g}x the largest shared budget)"
-    if math.isnan(iv[0]):
-        head = f"{b} vs {a} {where}: multiplier {m:.3g} (no bootstrap, no interval: cannot decide)"
-    elif iv[0] > 1:
-        head = (
-            f"The data support '{b} is better' {where}: {a} needs {m:.3g}x the compute to reach {b}'s loss "
-            f"({pct} interval {_fmt_iv(iv)}, above 1)."
-        )
-    elif iv[1] < 1:
-        head = (
-            f"The data support '{a} is better' {where}: {a} needs only {m:.3g}x {b}'s compute "
-            f"({pct} interval {_fmt_iv(iv)}, below 1)."
-        )
-    else:
-        head = (
-            f"The data do NOT support '{b} is better' {where}: multiplier {m:.3g}, {pct} interval "
-            f"{_fmt_iv(iv)} contains 1."
-        )
-    if math.isnan(s_iv[0]):
-        trend = ""
-    elif s_iv[0] > 0 or s_iv[1] < 0:
-        trend = (
-            f" The multiplier changes with scale: d ln m / d ln C = {slope:.3f} ({pct} interval "
-            f"{_fmt_iv(s_iv)} excludes 0), so the advantage {'grows' if slope > 0 else 'shrinks'} with compute."
-        )
-    else:
-        trend = (
-            f" No evidence that the multiplier changes with scale: slope {slope:.3f}, {pct} interval "
-            f"{_fmt_iv(s_iv)} contains 0."
-        )
-    caveat = " Intervals cover fit uncertainty only (bootstrap over runs), not a change of law beyond the data."
-    return head + trend + (caveat if extrap > 1.5 else "")
 
 
 def split_by_tag(runs: pl.DataFrame, tag: str) -> dict[str, pl.DataFrame]:

@@ -39,10 +39,9 @@ import polars as pl
 from scipy import stats
 
 from scalelab import store
-from scalelab.config_tree import from_dict
 from scalelab.errors import UsageError
+from scalelab.fitting.fit_options import fit_options
 from scalelab.sweeps.propose import readable
-from scalelab.sweeps.spec import FitSpec
 from scalelab.sweeps.study_fit import arm_runs, fit_study, read_study
 from scalelab.sweeps.study_pairs import match_arms
 
@@ -177,8 +176,9 @@ def decision_accuracy(sweep_dir: str | Path, *, runs: pl.DataFrame | None = None
     sweep_dir = readable(sweep_dir)
     raw, study = read_study(sweep_dir)
     runs = _seed_col(store.load_runs(sweep_dir) if runs is None else runs)
-    column = _loss_col(runs, (raw.get("fit") or {}).get("loss", "final_val_loss"))
-    replicates = from_dict(FitSpec, raw.get("fit") or {}, prefix="fit").bootstrap  # the paired bootstrap's
+    fit = fit_options(raw.get("fit") or {})
+    column = _loss_col(runs, fit.loss)
+    replicates = fit.bootstrap  # the paired bootstrap's
     target = study.target_flops
     design = sorted({float(b) for b in runs["flops_budget"].drop_nulls().to_list() if float(b) < 0.95 * target})
     table = DecisionTable(study=sweep_dir.name, budgets=design, target_flops=target, cells={})

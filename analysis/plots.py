@@ -11,7 +11,7 @@ reports and notebooks alike:
     fig = plot_ledger(read_ledger(sweep_dir))
 
 `runs` is `scalelab.analysis.store_reader.load_store_runs(...)`, `fit` a `lawfit.StoreFit`, `cmp` a
-`compare.Comparison`. Intervals are percentile bands over the fit's bootstrap draws.
+`scalelab.fitting.comparison.Comparison`. Intervals are percentile bands over the fit's bootstrap draws.
 """
 
 from __future__ import annotations

@@ -207,7 +207,7 @@ def build_report(
     seed: int = 0,
 ) -> str:
     """The report's HTML text (see module docstring). `law`, `n_boot`: the fit's, when not the spec's
-    (scalelab.sweeps.store_fit.fit_options)."""
+    (scalelab.fitting.fit_options.fit_options)."""
     shown = store  # an s3:// store is read from a local copy of its records
     store = objects.local_view(store, "STORE") if objects.is_url(store) else Path(store)
     runs_all = load_store_runs(store, done_only=False)

@@ -21,9 +21,10 @@ import polars as pl
 from scalelab.analysis.decision_accuracy import METHOD_TEXT, METHODS, decision_accuracy
 from scalelab.analysis.report_html import html_table, img
 from scalelab.analysis.study_plots import plot_study_frontiers, plot_study_multiplier
+from scalelab.fitting.comparison import ESTIMATOR_TEXT, PARTS
 from scalelab.store import ledger
 from scalelab.sweeps.study_fit import fit_study
-from scalelab.sweeps.study_text import ESTIMATOR_TEXT, PARTS, parts_text
+from scalelab.sweeps.study_text import parts_text
 
 
 def _iv(iv) -> str:

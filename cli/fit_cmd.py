@@ -250,8 +250,9 @@ def _iv(iv) -> str:
 
 
 def _options(args: argparse.Namespace, store: pathlib.Path | None):
-    """FitOptions from the arguments; for a sweep store, the spec's where an argument is not given."""
-    from scalelab.fitting.fit_options import FitOptions
+    """FitOptions from the arguments; for a sweep store, the spec's where an argument is not given
+    (scalelab.fitting.fit_options.fit_options: one builder, one set of checks, errors naming the flag)."""
+    from scalelab.fitting.fit_options import fit_options
 
     given = dict(
         law=args.law,
@@ -272,11 +273,12 @@ def _options(args: argparse.Namespace, store: pathlib.Path | None):
         backtest=not args.no_backtest,
         holdout_frac=args.holdout_frac,
     )
+    flags = {k: "--" + k.replace("_", "-") for k in given} | {"loss": "--loss-col", "backtest": "--no-backtest"}
     if store is None:
-        return FitOptions(**{k: v for k, v in given.items() if v is not None})
-    from scalelab.sweeps.store_fit import fit_options, store_fit_spec
+        return fit_options(None, flags=flags, **given)
+    from scalelab.sweeps.store_fit import store_fit_spec
 
-    return fit_options(store_fit_spec(store), **given)
+    return fit_options(store_fit_spec(store), flags=flags, **given)
 
 
 def _fit(args: argparse.Namespace):
@@ -286,8 +288,6 @@ def _fit(args: argparse.Namespace):
     from scalelab.fitting.laws import CURVE_LAWS
     from scalelab.store import objects
 
-    if (args.candidates or args.evidence or args.stack_point) and args.law != "auto":
-        raise UsageError("--candidates, --evidence, --stack-point: options of --law auto; add --law auto")
     wants_curves = args.law == "select" or args.law in CURVE_LAWS
     path = objects.local_view(args.data, "DATA") if objects.is_url(args.data) else pathlib.Path(args.data)
     if path.is_dir():

@@ -111,19 +111,26 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-def from_dict(cls: type[T], data: dict[str, Any] | None, prefix: str = "") -> T:
-    """Build dataclass `cls` from a dict, rejecting unknown keys and wrong types (key paths in errors)."""
-    data = dict(data or {})
+def typed_values(cls: type, data: dict[str, Any] | None, prefix: str = "", known=None) -> dict[str, Any]:
+    """`data`'s values checked and converted to the types of dataclass `cls`'s fields (key paths in
+    errors); a key that is not a field, or not in `known` when given, is refused with a suggestion."""
     hints = _field_types(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = [f.name for f in dataclasses.fields(cls) if f.init] if known is None else list(known)
     kwargs = {}
-    for key, value in data.items():
+    for key, value in dict(data or {}).items():
         path = f"{prefix}.{key}" if prefix else str(key)
         if key not in fields:
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            close = difflib.get_close_matches(str(key), fields, n=1)
             hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(sorted(fields))}"
             raise ConfigError(path, "unknown key", hint)
         kwargs[key] = _coerce(value, hints[key], path)
+    return kwargs
+
+
+def from_dict(cls: type[T], data: dict[str, Any] | None, prefix: str = "") -> T:
+    """Build dataclass `cls` from a dict, rejecting unknown keys and wrong types (key paths in errors)."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = typed_values(cls, data, prefix)
     missing = [
         n
         for n, f in fields.items()

@@ -16,7 +16,7 @@ class ConfigError(UsageError):
     """A config key holds a bad value."""
 
     def __init__(self, key: str, problem: str, fix: str | None = None):
-        self.key = key
+        self.key, self.problem, self.fix = key, problem, fix  # kept: a caller may name the key its own way
         msg = f"{key}: {problem}" + (f"; {fix}" if fix else "")
         super().__init__(msg)
 

@@ -33,8 +33,9 @@ tests/, bench/ and scripts/ are listed in the line counts but not in the import 
     their shape (a function that parses JSON and reads a round file's "fit" or a fit's "law" and
     "params");
   - who owns what (scripts/code_owners.py): store paths built outside store/ (each listed), the fit
-    options types, bench files with `sys.path` tricks or private-name imports, and the package
-    modules only benches and tests use.
+    options types, the comparison implementations (and the modules writing a verdict), bench files
+    with `sys.path` tricks or private-name imports, and the package modules only benches and tests
+    use.
 
 The reading of sources (folders, module names, imports) is scripts/code_tree.py.
 """

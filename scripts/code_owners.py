@@ -1,5 +1,6 @@
 """Figures of who owns what, for `scripts/code_metrics.py`: store paths built outside store/, the fit
-options types, the bench files' shortcuts, and the package modules only benches and tests use.
+options types, the comparison implementations, the bench files' shortcuts, and the package modules
+only benches and tests use.
 
     print_owners(root, folders)       # after code_metrics' other figures
 
@@ -8,8 +9,18 @@ Standard library `ast` only, like the rest of scripts/code_metrics.py. What each
     (STORE_NAMES, or a `round_...` / `fits/...` pattern) used to build a path: an operand of `/`, or an
     argument of join, joinpath, glob or rglob; in the package folders other than store/, and in
     bench/. store/paths.py's SweepLayout names every such path, so each hit is listed (file:line);
-  - fit options types: the classes named in FIT_OPTIONS_TYPES that exist (a spec's `fit:` section, the
-    fit's options); the CLI's arguments are a third shape, not a class;
+  - fit options types: the classes in the package folders that declare which law to fit (a `law`
+    field) with the knobs of how a run table is fitted (FIT_KNOBS: bootstrap, starts, candidates,
+    noise_floor), whatever they are named: a spec's `fit:` section kept as a class of its own
+    counts; a fit's result (a `law`, its parameters, its target) does not, nor a per-run curve-law
+    config (early stopping's, W&B live prediction's: `law`, `n_boot`), another fit's options. The
+    CLI's arguments are a shape that is not a class;
+  - comparison implementations: package modules that answer "is B better than A" themselves: they
+    define a comparison result (a class with a `multiplier_at_target` field) or compute the compute
+    multiplier's interval over paired draws (a call of `paired_multipliers`, or one function that
+    calls both `multiplier` and `interval`: the same computed by hand); fitting/multiplier.py, the
+    arithmetic they share, is not one. The modules that write a verdict (a function named
+    `*verdict*`) are counted beside them;
   - bench files that reach into other benches or the package's privates: a `sys.path.insert` /
     `sys.path.append` call, or an import of a name starting with `_`;
   - bench-only modules: package modules that no product code reaches through its imports (from
@@ -33,7 +44,7 @@ STORE_PATTERN = re.compile(r"(round_.*|(fits|rounds|plans|runs)/.*)")
 PATH_CALLS = ("join", "joinpath", "glob", "rglob")
 STARTED = re.compile(r'"-m",\s*"(scalelab(?:\.\w+)+)"|-m (scalelab(?:\.\w+)+)')  # python -m scalelab.x
 CLI_PACKAGE = "scalelab.cli."  # the commands: the product's surface
-FIT_OPTIONS_TYPES = ("sweeps.spec.FitSpec", "fitting.fit_options.FitOptions")
+FIT_KNOBS = ("bootstrap", "starts", "candidates", "noise_floor")
 
 
 def _literal(node: ast.AST) -> str | None:
@@ -78,17 +89,72 @@ def print_store_paths(root: Path, folders: tuple[str, ...]) -> None:
         print(f"  {f'{rel}:{line}':<40} {text!r}")
 
 
+def _class_fields(node: ast.ClassDef) -> set[str]:
+    """The names a class body assigns (a dataclass's fields, plain class attributes)."""
+    out = set()
+    for b in node.body:
+        if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name):
+            out.add(b.target.id)
+        elif isinstance(b, ast.Assign):
+            out |= {t.id for t in b.targets if isinstance(t, ast.Name)}
+    return out
+
+
+def fit_options_types(root: Path, folders: tuple[str, ...]) -> list[tuple[str, Path]]:
+    """(module.Class, file) for each fit options type (module docstring)."""
+    found = []
+    for mod, path in package_files(root, folders).items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                fields = _class_fields(node)
+                if "law" in fields and fields & set(FIT_KNOBS):
+                    found.append((f"{short(mod)}.{node.name}", path))
+    return sorted(found)
+
+
 def print_fit_options(root: Path, folders: tuple[str, ...]) -> None:
-    files = package_files(root, folders)
-    present = []
-    for dotted in FIT_OPTIONS_TYPES:
-        mod, _, cls = f"scalelab.{dotted}".rpartition(".")
-        path = files.get(mod)
-        tree = ast.parse(path.read_text()) if path else None
-        if tree and any(isinstance(n, ast.ClassDef) and n.name == cls for n in tree.body):
-            present.append(f"  {dotted:<52} {path.relative_to(root)}")
-    print(f"\nfit options types: {len(present)} (and the CLI's arguments)")
-    print("\n".join(present) or "  none")
+    found = fit_options_types(root, folders)
+    print(f"\nfit options types: {len(found)} (and the CLI's arguments)")
+    print("\n".join(f"  {dotted:<52} {path.relative_to(root)}" for dotted, path in found) or "  none")
+
+
+def _called(node: ast.AST) -> set[str]:
+    names = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            f = n.func
+            names.add(f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", ""))
+    return names
+
+
+def comparison_sites(path: Path) -> tuple[list[str], bool]:
+    """(what makes `path` a comparison implementation, each with its line; whether it writes a verdict)."""
+    found, verdict = [], False
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ClassDef) and "multiplier_at_target" in _class_fields(node):
+            found.append(f"result class {node.name} (line {node.lineno})")
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            verdict |= "verdict" in node.name
+            calls = {c for c in _called(node) if c in ("paired_multipliers", "multiplier", "interval")}
+            if "paired_multipliers" in calls or {"multiplier", "interval"} <= calls:
+                found.append(f"m's paired interval in {node.name} (line {node.lineno})")
+    return found, verdict
+
+
+def print_comparisons(root: Path, folders: tuple[str, ...]) -> None:
+    rows, writers = [], []
+    for mod, path in package_files(root, folders).items():
+        found, verdict = comparison_sites(path)
+        if mod.endswith(".fitting.multiplier"):
+            continue  # the multiplier's arithmetic itself
+        if found:
+            rows.append((path.relative_to(root), found))
+        if verdict:
+            writers.append(str(path.relative_to(root)))
+    print(f"\ncomparison implementations (is B better than A, built in the module): {len(rows)}; "
+          f"modules writing a verdict: {len(writers)} ({', '.join(sorted(writers)) or 'none'})")  # fmt: skip
+    for rel, found in sorted(rows):
+        print(f"  {str(rel):<40} {'; '.join(found)}")
 
 
 def bench_shortcuts(path: Path) -> list[str]:
@@ -165,5 +231,6 @@ def print_bench_only(root: Path, folders: tuple[str, ...]) -> None:
 def print_owners(root: Path, folders: tuple[str, ...]) -> None:
     print_store_paths(root, folders)
     print_fit_options(root, folders)
+    print_comparisons(root, folders)
     print_bench_shortcuts(root)
     print_bench_only(root, folders)

@@ -59,6 +59,7 @@ import numpy as np
 from scalelab import store
 from scalelab.config_tree import from_dict
 from scalelab.errors import ConfigError, UsageError
+from scalelab.fitting.fit_options import FitOptions, fit_options
 from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.scaling_fit import ScalingFit, code_version
 from scalelab.models.accounting import num_params, num_params_nonembedding
@@ -67,8 +68,8 @@ from scalelab.store import ledger, objects
 from scalelab.store.atomic import atomic_write_bytes, replace_if
 from scalelab.sweeps.design_context import DesignContext
 from scalelab.sweeps.proposal import Proposal, ProposedRun, next_round, round_spec
-from scalelab.sweeps.spec import ExecutionConfig, FitSpec, Sweep, dump_spec, expand_sweep, read_spec
-from scalelab.sweeps.store_fit import FIT_STARTS, MIN_LOOP_RUNS, fit_options, fit_store
+from scalelab.sweeps.spec import ExecutionConfig, Sweep, dump_spec, expand_sweep, read_spec
+from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_store, store_fit_spec
 
 NUM_SIZES = 5  # sizes of a new IsoFLOP slice
 SPAN = 3.0  # a new slice spans N*/SPAN .. SPAN N*
@@ -113,22 +114,30 @@ class Candidate:
         return {**{f"model.{k}": v for k, v in self.shape.items()}, "train.num_tokens": self.num_tokens}
 
 
+NEXT_FLAGS = {"bootstrap": "--replicates", "target_flops": "--target-flops"}  # `sweep next` spells them so
+
+
 def fit_sweep(
     sweep_dir: str | Path,
     *,
     target_flops: float | None = None,
     replicates: int | None = None,
     seed: int = 0,
-    fit_starts: int | None = FIT_STARTS,
-) -> tuple[ScalingFit, dict[str, Any], FitSpec, list[str]]:
-    """The loop's fit of a sweep's done runs: (ScalingFit, raw spec, fit spec, warnings)."""
+    fit_starts: int | None = None,
+) -> tuple[ScalingFit, dict[str, Any], FitOptions, list[str]]:
+    """The loop's fit of a sweep's done runs: (ScalingFit, raw spec, its options, warnings); the
+    options are the spec's `fit:` section with these arguments over it (None: the spec's)."""
     sweep_dir = readable(sweep_dir)
     if not store.is_sweep_dir(sweep_dir):
         raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
     raw = read_spec(store.SweepLayout(sweep_dir).spec)
-    fit_spec = from_dict(FitSpec, raw.get("fit") or {})
     options = fit_options(
-        fit_spec, bootstrap=replicates, seed=seed, starts=fit_starts, target_flops=target_flops or None
+        raw.get("fit") or {},
+        flags=NEXT_FLAGS,
+        bootstrap=replicates,
+        seed=seed,
+        starts=fit_starts,
+        target_flops=target_flops or None,
     )
     lf, warnings = fit_store(sweep_dir, options, min_runs=MIN_LOOP_RUNS)
     if lf.selection is not None:
@@ -137,7 +146,7 @@ def fit_sweep(
     warnings += [f"degenerate law: {f.line}" for f in lf.degeneracy if f.name != "starts"]
     if lf.frontier is not None:
         warnings += list(lf.frontier.warnings)
-    return lf, raw, fit_spec, warnings
+    return lf, raw, options, warnings
 
 
 def propose_next(sweep_dir: str | Path, **kwargs: Any) -> dict[str, Any]:
@@ -155,7 +164,7 @@ def propose_round(
     max_runs: int = 4,
     seeds: int = 1,
     seed: int = 0,
-    fit_starts: int | None = FIT_STARTS,
+    fit_starts: int | None = None,
     holdout: Holdout | None = None,
     log=print,
 ) -> Proposal:
@@ -171,15 +180,15 @@ def propose_round(
     sweep_dir = sweep_dir if objects.is_url(sweep_dir) else Path(sweep_dir)
     if objects.is_url(sweep_dir):
         objects.check(sweep_dir, "sweep_dir")
+    asked = dict(bootstrap=replicates, seed=seed, starts=fit_starts, target_flops=target_flops)
+    target = fit_options(store_fit_spec(sweep_dir), flags=NEXT_FLAGS, **asked).target_flops  # before any write
+    if not target:
+        raise UsageError("sweep next needs --target-flops C* (or fit.target_flops in the spec)")
     ledger.score(sweep_dir)
     # Round k is taken before the fit (the store's rounds as they are now); its fit file is then
     # created only if no other driver created it meanwhile (_write_round).
     k = next_round(sweep_dir)
-    raw_probe = read_spec(store.SweepLayout(sweep_dir).spec) if store.is_sweep_dir(sweep_dir) else {}
-    target = target_flops or from_dict(FitSpec, raw_probe.get("fit") or {}).target_flops
-    if not target:
-        raise UsageError("sweep next needs --target-flops C* (or fit.target_flops in the spec)")
-    lf, raw, fit_spec, warnings = fit_sweep(
+    lf, raw, options, warnings = fit_sweep(
         sweep_dir, target_flops=target, replicates=replicates, seed=seed, fit_starts=fit_starts
     )
     log(f"fitted {lf.law} to {lf.loss.size} runs ({len(lf.draws)} bootstrap replicates)")
@@ -202,7 +211,7 @@ def propose_round(
         extra, gains, candidates_scored = _narrowing(lf, ctx, cands[0], target, budget, max_runs, log, seeds=seeds)
         cands += extra
     sweep = _resolve(raw, cands, k, seeds=seeds)
-    runs = [_predicted(lf, r, fit_spec) for r in sweep.runs]
+    runs = [_predicted(lf, r, options) for r in sweep.runs]
     firsts = [r for r in runs if "seed_replicate" not in r.run.labels]  # one per candidate, in order
     for i, gain in gains.items():
         firsts[i].width_reduction = gain
@@ -215,7 +224,7 @@ def propose_round(
             lf.to_record(),
             round=k,
             code_version=code_version(),
-            options={"law": fit_spec.law, "loss": fit_spec.loss, "flops": fit_spec.flops, "replicates": len(lf.draws)},
+            options={"law": options.law, "loss": options.loss, "flops": options.flops, "replicates": len(lf.draws)},
             law=lf.law,
             selection=lf.selection,
         ),
@@ -228,8 +237,8 @@ def propose_round(
         loss_at_target=loss_at_target,
         n_opt_at_target=n_t,
         d_opt_at_target=d_t,
-        loss_column=fit_spec.loss,
-        flops_convention=fit_spec.flops,
+        loss_column=options.loss,
+        flops_convention=options.flops,
         spec_path=store.SweepLayout(sweep_dir).round_spec(k),
         fit_path=store.SweepLayout(sweep_dir).round_fit(k),
         warnings=warnings,
@@ -402,7 +411,7 @@ def _resolve(raw: dict[str, Any], cands: list[Candidate], k: int, seeds: int = 1
     spec = round_spec(raw, [], k, [])
     if not cands:  # no buildable run: an empty round
         execution = from_dict(ExecutionConfig, raw.get("execution") or {})
-        fit = from_dict(FitSpec, raw.get("fit") or {})
+        fit = fit_options(raw.get("fit") or {})
         return Sweep(name=spec["name"], raw=spec, generator="points", runs=[], execution=execution, fit=fit)
     base_seed = int(((raw.get("base") or {}).get("train") or {}).get("seed", 0))
     points = []
@@ -420,10 +429,10 @@ def _count(lf: ScalingFit) -> str:
     return "nonembedding" if lf.options.params == "nonembed" else "total"
 
 
-def _predicted(lf: ScalingFit, run, fit_spec: FitSpec) -> ProposedRun:
-    flops = run.flops_6n if fit_spec.flops == "6n" else run.flops_exact
+def _predicted(lf: ScalingFit, run, options: FitOptions) -> ProposedRun:
+    flops = run.flops_6n if options.flops == "6n" else run.flops_exact
     budget = float(run.labels.get("flops_budget", flops))
-    n_fit = run.params if fit_spec.params == "total" else run.params_nonembed
+    n_fit = run.params if options.params == "total" else run.params_nonembed
     kind = run.labels["proposal"]
     if kind == "compute_optimal":
         prediction = lf.optimal_run_interval(n_fit, run.num_tokens, budget)

@@ -43,6 +43,7 @@ from scalelab import store
 from scalelab.config_tree import from_dict, load_yaml
 from scalelab.errors import UsageError
 from scalelab.fitting.fit import fit_law
+from scalelab.fitting.fit_options import fit_options
 from scalelab.fitting.lr_law import CellOptimum, OptimumLaw, cell_optima, fit_optimum_law
 from scalelab.store.atomic import atomic_write_bytes
 from scalelab.sweeps.recipe import Recipe, parse_recipe, peak_lr, timescale_of
@@ -214,7 +215,7 @@ def audit_store(sweep_dir: str | Path, *, n_boot: int = 400, seed: int = 0) -> A
     if "audit" not in raw or "recipe" not in raw:
         raise UsageError(f"{sweep_dir}: its spec has no audit: section (and recipe:); it is not a recipe audit")
     recipe = parse_recipe(raw["recipe"])
-    loss = str((raw.get("fit") or {}).get("loss", "final_val_loss"))
+    loss = fit_options(raw.get("fit") or {}).loss
     runs = _runs(sweep_dir, loss)
     optim = from_dict(OptimConfig, ((raw.get("base") or {}).get("optim")) or {}, prefix="base.optim")
     lr = runs.filter(pl.col("audit") == "lr")

@@ -56,7 +56,7 @@ import yaml
 
 from scalelab.config_tree import from_dict, load_yaml, safe_yaml, set_in_dict, to_dict
 from scalelab.errors import ConfigError, printable
-from scalelab.fitting.allocate import LOOP_LAWS
+from scalelab.fitting.fit_options import FitOptions, fit_options
 from scalelab.models.accounting import num_params
 from scalelab.models.config import ModelConfig
 from scalelab.store import files, objects
@@ -111,28 +111,13 @@ class ExecutionConfig:
 
 
 @dataclass(kw_only=True, slots=True)
-class FitSpec:
-    law: str = "chinchilla"  # chinchilla | kaplan | auto (the stacked law: candidates weighted by forward backtests)
-    candidates: list[str] = field(default_factory=list)  # law auto: the stacked forms, incumbent first
-    # (empty: chinchilla, kaplan; a form may carry an estimator, e.g. chinchilla@flops: runs weighted by compute)
-    evidence: str = "growth"  # law auto: growth | level, what moves weight off the incumbent (docs/extrapolation.md)
-    stack_point: str = "bagged"  # law auto: bagged | rule, the weights that predict (docs/extrapolation.md)
-    loss: str = "final_val_loss"  # load_runs column used as the loss
-    flops: str = "6n"  # 6n | exact: which FLOP count the fit and the proposals use
-    params: str = "total"  # total | nonembed: which parameter count the law is fitted on
-    target_flops: float = 0.0  # C* of `sweep next` when not given on the command line
-    bootstrap: int = 64  # bootstrap replicates for intervals
-    noise_floor: float = 0.0  # run-to-run log-sd from a seed study: the least noise a prediction carries
-
-
-@dataclass(kw_only=True, slots=True)
 class Sweep:
     name: str
     raw: dict[str, Any]  # the spec as read
     generator: str
     runs: list[RunSpec]
     execution: ExecutionConfig
-    fit: FitSpec
+    fit: FitOptions  # the `fit:` section (scalelab.fitting.fit_options.fit_options)
     warnings: list[str] = field(default_factory=list)
     study: StudySpec | None = None  # a study's arms, baseline and target (scalelab.sweeps.study_spec)
 
@@ -186,34 +171,6 @@ def _execution(section: Any) -> ExecutionConfig:
     return execution
 
 
-def _check_fit(fit: FitSpec) -> None:
-    """The `fit:` section's values: a law the loop fits, known conventions, stackable candidates."""
-    if fit.law not in (*LOOP_LAWS, "auto"):
-        raise ConfigError(
-            "fit.law", f"{fit.law!r} is not a law of (N, D) the loop can fit", f"use {', '.join(LOOP_LAWS)} or auto"
-        )
-    if fit.flops not in ("6n", "exact"):
-        raise ConfigError("fit.flops", f"{fit.flops!r} unknown", "use 6n or exact")
-    if fit.params not in ("total", "nonembed"):
-        raise ConfigError("fit.params", f"{fit.params!r} unknown", "use total or nonembed")
-    if fit.evidence not in ("growth", "level"):
-        raise ConfigError("fit.evidence", f"{fit.evidence!r} unknown", "use growth or level")
-    if fit.stack_point not in ("bagged", "rule"):
-        raise ConfigError("fit.stack_point", f"{fit.stack_point!r} unknown", "use bagged or rule")
-    if fit.candidates and fit.law != "auto":
-        raise ConfigError("fit.candidates", f"set with fit.law {fit.law!r}", "candidates are stacked by law auto")
-    for i, name in enumerate(fit.candidates):
-        law, _, weighting = str(name).partition("@")
-        if law not in LOOP_LAWS or weighting not in ("", "equal", "flops") or (i == 0 and weighting == "flops"):
-            raise ConfigError(
-                f"fit.candidates[{i}]",
-                f"{name!r} is not a stackable form",
-                f"use {' or '.join(LOOP_LAWS)}, optionally with @flops (not on the first, the incumbent)",
-            )
-    if not 0.0 <= fit.noise_floor < 0.5:
-        raise ConfigError("fit.noise_floor", f"{fit.noise_floor!r} must be in [0, 0.5)", "a log-sd, e.g. 0.01")
-
-
 def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     """Validate a spec mapping and expand it into resolved runs.
 
@@ -231,15 +188,14 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     if not isinstance(base, dict):
         raise ConfigError("base", f"expected a run-config mapping, got {base!r}", "see examples/sweeps/")
     execution = _execution(raw.get("execution"))
-    fit = _dataclass_from(FitSpec, raw.get("fit"), "fit")
+    fit = fit_options(raw.get("fit") or {})
     parse_early_stop(raw.get("early_stop"))  # checked here; the trials read it back from the spec
     parse_wandb_section(raw.get("wandb"))  # the same
     parse_gate(raw.get("recipe_gate"))  # the section; its audit is read by `sweep plan` and `launch`
-    _check_fit(fit)
     gen = gens[0]
     study = None
     if raw.get("study") is not None:
-        study = parse_study(raw["study"], raw, gen, _budgets(raw, gen))
+        study = parse_study(raw["study"], raw, gen, _budgets(raw, gen), fit.target_flops)
     arms = study.arms if study is not None else {None: {}}
     warnings: list[str] = []
     runs: list[RunSpec] = []

@@ -1,12 +1,13 @@
 """The fit of a sweep store: its runs table and its spec's `fit:` options, through the one fit entry.
 
     options = fit_options(store_fit_spec("results/iso"))      # the spec's fit: section, as FitOptions
+                                                              # (scalelab.fitting.fit_options)
     fit, warnings = fit_store("results/iso", options)         # a ScalingFit (scalelab.fitting.fit_runs)
 
 `scalelab fit DIR`, `sweep next DIR` and `scalelab report DIR` all fit a store this way: the same
 runs (the store's runs table, scalelab.store.load_runs, filtered by `fit_frame`) with the
-same options (`fit_options`, from the spec's `fit:` section unless a command-line option says
-otherwise), so they agree on every parameter and interval.
+same options (scalelab.fitting.fit_options.fit_options, from the spec's `fit:` section unless a
+command-line option says otherwise), so they agree on every parameter and interval.
 
 The runs a fit uses: done runs with a value in the options' loss column, at their FLOP budget (the
 IsoFLOP label, else their FLOPs by the options' convention, 6ND or exact). With `stopped: include`
@@ -17,60 +18,32 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
 from scalelab import store
-from scalelab.config_tree import from_dict
 from scalelab.errors import UsageError
 from scalelab.fitting.curves import RunCurve
 from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.fit_options import fit_options as fit_options  # the one builder, beside the store's section
 from scalelab.fitting.fit_runs import fit_runs
 from scalelab.fitting.io import RunTable, read_runs
 from scalelab.fitting.scaling_fit import ScalingFit
 from scalelab.sweeps.early_stop import STATUS as STOPPED
 from scalelab.sweeps.early_stop import stopped_run_weight
 from scalelab.sweeps.run_curves import run_dir_of
-from scalelab.sweeps.spec import FitSpec, read_spec
+from scalelab.sweeps.spec import read_spec
 
-FIT_STARTS = None  # a store's fit starts from the law's whole init grid (a drawn subset can miss the optimum)
 MIN_LOOP_RUNS = 6  # runs the closed loop (and the report's gates) need before it fits
 
 
-def store_fit_spec(path: str | Path) -> FitSpec:
-    """The `fit:` section of a sweep directory's spec; the defaults for a store root or a bare store."""
-    path = Path(path)
+def store_fit_spec(path: str | Path) -> dict[str, Any]:
+    """The `fit:` section of a sweep directory's spec ({} for a store root or a bare store): what
+    fit_options builds a store's options from (`fit_options(store_fit_spec(path), law=...)`)."""
     if not store.is_sweep_dir(path):
-        return FitSpec()
-    return from_dict(FitSpec, read_spec(store.SweepLayout(path).spec).get("fit") or {}, prefix="fit")
-
-
-def fit_options(spec: FitSpec, **overrides) -> FitOptions:
-    """The options a store is fitted with: its spec's `fit:` section, the whole start grid, seed 0, the
-    gates; `overrides` that are not None win (command-line options). The loop proposes from N*(C),
-    so a spec's law is one of N and D (or `auto`, whose incumbent allocates); a law given on the
-    command line is fitted as asked."""
-    base = dict(
-        law=spec.law,
-        candidates=tuple(spec.candidates) or None,
-        evidence=spec.evidence,
-        stack_point=spec.stack_point,
-        require_optimum=True,
-        loss=spec.loss,
-        flops=spec.flops,
-        params=spec.params,
-        bootstrap=spec.bootstrap,
-        noise_floor=spec.noise_floor,
-        starts=FIT_STARTS,
-        draw_starts=True,
-        seed=0,
-        gates=True,
-        target_flops=spec.target_flops or None,
-    )
-    given = {k: v for k, v in overrides.items() if v is not None}
-    if "law" in given:
-        base.update(candidates=None, require_optimum=False)
-    return FitOptions(**{**base, **given})
+        return {}
+    return read_spec(store.SweepLayout(path).spec).get("fit") or {}
 
 
 def fit_frame(runs: pl.DataFrame, options: FitOptions, *, store_path: str | Path | None = None) -> pl.DataFrame:

@@ -26,10 +26,12 @@ sizes around N* and the same seeds at the target; the runs as resolved once a ro
   the verdict rests on the one asked for (the paired one needs MIN_PAIRS matched design points, else
   the separate one, with a warning);
 - the compute multiplier m(C) = C_A(L*_B(C)) / C at every budget of the design and at the target,
-  and its slope d ln m / d ln C, with percentile intervals over the arms' paired replicates
-  (scalelab.fitting.multiplier, the same arithmetic as `scalelab compare`);
-- a verdict (scalelab.sweeps.study_text): the predicted winner when the gap's interval excludes 0,
-  else "cannot tell" (naming the side it leans to), with what m and its slope say.
+  and its slope d ln m / d ln C, with percentile intervals over the arms' paired replicates;
+- a verdict: the predicted winner when the gap's interval excludes 0, else "cannot tell" (naming
+  the side it leans to), with what m and its slope say.
+
+Each comparison is a scalelab.fitting.comparison.Comparison, the one result and verdict writer that
+`scalelab compare` uses too (m(C), its slope and their intervals computed there, once).
 
 `max_budget` fits each arm on the runs of budgets up to it only: the prediction a study would have
 made from less compute (scalelab.analysis.decision_accuracy).
@@ -46,22 +48,19 @@ import numpy as np
 import polars as pl
 
 from scalelab import store
-from scalelab.config_tree import from_dict
 from scalelab.errors import UsageError
-from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.comparison import Comparison, compare_laws_at, verdict
+from scalelab.fitting.fit_options import FitOptions, fit_options
 from scalelab.fitting.gap import GapInterval, gap_interval, paired_extrapolation
-from scalelab.fitting.multiplier import interval, log_slope, multiplier, paired_multipliers
 from scalelab.fitting.paired_gap import Measurement
-from scalelab.fitting.predictive import PredictionInterval
 from scalelab.fitting.scaling_fit import ScalingFit
 from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.propose import readable
-from scalelab.sweeps.spec import FitSpec, read_spec
-from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_options, fit_store
+from scalelab.sweeps.spec import read_spec
+from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_store
 from scalelab.sweeps.study_decisive import decisive_points, planned_runs
-from scalelab.sweeps.study_paired import PairedComparison, compare_paired
+from scalelab.sweeps.study_paired import compare_paired
 from scalelab.sweeps.study_spec import ARM_LABEL, ESTIMATORS, StudySpec, parse_study
-from scalelab.sweeps.study_text import PARTS, verdict
 
 GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
 DESIGN_ORDER = ("flops_budget", "size_index", "target_params", "seed", "params", "run_id")
@@ -83,82 +82,17 @@ class ArmFit:
 
 
 @dataclass(kw_only=True)
-class ArmComparison:
-    """Arm `arm` (B) against the baseline (A)."""
-
-    baseline: str
-    arm: str
-    level: float
-    budgets: list[float]
-    multipliers: list[float]  # m(C) of B over A at each budget
-    intervals: list[tuple[float, float]]
-    target_flops: float
-    multiplier_at_target: float
-    target_interval: tuple[float, float]
-    slope: float  # d ln m / d ln C over the design's budgets
-    slope_interval: tuple[float, float]
-    runs: dict[str, list[tuple[float, float]]]  # arm -> (N, D) of its runs in the decisive measurement
-    losses: dict[str, list[PredictionInterval]]  # arm -> each run's predicted loss (its own fit)
-    gap: GapInterval  # L_B - L_A at the decisive measurement: the verdict's estimator
-    separate_gap: GapInterval  # the same by each arm's own law (scalelab.fitting.gap)
-    estimator: str = "paired"  # the estimator `gap` comes from
-    paired: PairedComparison | None = None
-    verdict: str = ""
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def winner(self) -> str:
-        """The arm predicted to reach the lower loss at the target (decided or not)."""
-        return self.arm if self.gap.point < 0 else self.baseline
-
-    @property
-    def decided(self) -> bool:
-        return self.gap.decided
-
-    def mean_loss(self, arm: str) -> float:
-        return float(np.mean([p.point for p in self.losses[arm]]))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "baseline": self.baseline,
-            "arm": self.arm,
-            "level": self.level,
-            "estimator": self.estimator,
-            "budgets": [
-                {"flops": c, "multiplier": m, "interval": list(iv)}
-                for c, m, iv in zip(self.budgets, self.multipliers, self.intervals)
-            ],
-            "target": {
-                "flops": self.target_flops,
-                "multiplier": self.multiplier_at_target,
-                "interval": list(self.target_interval),
-            },
-            "slope": {"value": self.slope, "interval": list(self.slope_interval)},
-            "runs": {a: [{"params": n, "tokens": d} for n, d in pts] for a, pts in self.runs.items()},
-            "losses": {a: [p.to_dict() for p in ps] for a, ps in self.losses.items()},
-            "gap": self.gap.to_dict(),
-            "gap_parts": PARTS[self.estimator],  # what each part of the verdict's interval is
-            "separate_gap": self.separate_gap.to_dict(),
-            "paired": None if self.paired is None else self.paired.to_dict(),
-            "winner": self.winner,
-            "decided": self.decided,
-            "verdict": self.verdict,
-            "notes": self.notes,
-        }
-
-
-@dataclass(kw_only=True)
 class StudyFit:
     sweep_dir: Path
     study: StudySpec
     options: FitOptions
     arms: dict[str, ArmFit]
-    comparisons: list[ArmComparison]
+    comparisons: list[Comparison]  # each arm against the baseline (scalelab.fitting.comparison)
     estimator: str = "paired"
     warnings: list[str] = field(default_factory=list)
     setting: PairedSetting | None = None  # how the comparisons were made (to make them again at other runs)
 
-    def comparison(self, arm: str) -> ArmComparison:
+    def comparison(self, arm: str) -> Comparison:
         for c in self.comparisons:
             if c.arm == arm:
                 return c
@@ -205,7 +139,7 @@ def read_study(sweep_dir: str | Path) -> tuple[dict[str, Any], StudySpec]:
         raise UsageError(f"{sweep_dir} is not a study (its sweep.yaml has no study: section)")
     gen = next(g for g in GENERATORS if g in raw)
     budgets = [float(b) for b in (raw.get("isoflop") or {}).get("budgets", [])] if gen == "isoflop" else []
-    return raw, parse_study(raw["study"], raw, gen, budgets)
+    return raw, parse_study(raw["study"], raw, gen, budgets, fit_options(raw.get("fit") or {}).target_flops)
 
 
 def arm_runs(runs: pl.DataFrame, arm: str, max_budget: float | None = None) -> pl.DataFrame:
@@ -271,9 +205,8 @@ def fit_study(
     estimator = estimator or study.estimator
     if estimator not in ESTIMATORS:
         raise UsageError(f"--estimator {estimator!r}: use one of {list(ESTIMATORS)}")
-    fit_spec = from_dict(FitSpec, raw.get("fit") or {}, prefix="fit")
     runs = store.load_runs(sweep_dir) if runs is None else runs
-    options = fit_options(fit_spec, bootstrap=replicates, seed=seed, target_flops=study.target_flops)
+    options = fit_options(raw.get("fit") or {}, bootstrap=replicates, seed=seed, target_flops=study.target_flops)
     arms: dict[str, ArmFit] = {}
     for name in study.names:
         sub = arm_runs(runs, name, max_budget)
@@ -342,30 +275,9 @@ def separate_gap(a: ArmFit, b: ArmFit, target: float, at: dict[str, list[tuple[f
     )
 
 
-def _multipliers(fa: ScalingFit, fb: ScalingFit, budgets: list[float], target: float) -> dict[str, Any]:
-    """m(C) at the budgets and the target, its slope, and their paired-replicate intervals."""
-    slope_grid = np.geomspace(min(budgets), max(budgets), 5) if len(budgets) > 1 else np.array(budgets)
-    law_a, law_b = fa.law_object, fb.law_object
-    m = lambda c: multiplier(law_a, fa.params, law_b, fb.params, c)  # noqa: E731
-    paired = paired_multipliers(law_a, fa.draws, law_b, fb.draws, budgets=budgets, target=target, slope_grid=slope_grid)
-    k = paired.at_target.size
-    nan2 = (math.nan, math.nan)
-    return dict(
-        budgets=budgets,
-        multipliers=[m(c) for c in budgets],
-        intervals=[interval(paired.per_budget[:, j], fa.level) for j in range(len(budgets))]
-        if k
-        else [nan2] * len(budgets),
-        multiplier_at_target=float(m(target)),
-        target_interval=interval(paired.at_target, fa.level) if k else nan2,
-        slope=log_slope(slope_grid, np.array([m(c) for c in slope_grid])),
-        slope_interval=interval(paired.slopes, fa.level) if k else nan2,
-    )
-
-
 def compare_arms(
     a: ArmFit, b: ArmFit, target: float, *, at: dict[str, list[tuple[float, float]]], setting: PairedSetting
-) -> ArmComparison:
+) -> Comparison:
     """Arm B against the baseline A (module docstring): the gap at the decisive measurement by both
     estimators, m(C) with intervals, the verdict."""
     fa, fb = a.fit, b.fit
@@ -395,11 +307,21 @@ def compare_arms(
     use_paired = setting.estimator == "paired" and paired is not None
     if setting.estimator == "paired" and paired is None:
         notes.append("the verdict rests on the separate estimator")
-    cmp = ArmComparison(
-        baseline=a.name,
-        arm=b.name,
+    slope_grid = np.geomspace(min(budgets), max(budgets), 5) if len(budgets) > 1 else np.array(budgets)
+    cmp = compare_laws_at(
+        a.name,
+        fa.law_object,
+        fa.params,
+        fa.draws,
+        b.name,
+        fb.law_object,
+        fb.params,
+        fb.draws,
+        budgets=budgets,
+        target=target,
+        slope_grid=slope_grid,
+        largest=max(budgets),
         level=fa.level,
-        target_flops=float(target),
         runs=points,
         losses=losses,
         gap=paired.matched if use_paired else separate,
@@ -407,7 +329,6 @@ def compare_arms(
         estimator="paired" if use_paired else "separate",
         paired=paired,
         notes=notes,
-        **_multipliers(fa, fb, budgets, target),
     )
-    cmp.verdict = verdict(cmp, largest=max(budgets))
+    cmp.verdict = verdict(cmp)
     return cmp

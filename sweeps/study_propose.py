@@ -49,7 +49,7 @@ from typing import Any
 from scalelab import store
 from scalelab.config_tree import from_dict
 from scalelab.errors import ConfigError, UsageError
-from scalelab.fitting.multiplier import interval, multiplier
+from scalelab.fitting.comparison import target_interval
 from scalelab.fitting.scaling_fit import code_version
 from scalelab.store import files, ledger
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
@@ -207,13 +207,7 @@ def _m_width(sf: StudyFit, draws: dict[str, list[dict[str, float]]], arm: str) -
     """Width of the percentile interval of m(target) of `arm` over the baseline, from these draws."""
     base = sf.study.baseline
     law_a, law_b = sf.arms[base].fit.law_object, sf.arms[arm].fit.law_object
-    vals = []
-    for pa, pb in zip(draws[base], draws[arm]):
-        try:
-            vals.append(multiplier(law_a, pa, law_b, pb, sf.study.target_flops))
-        except (UsageError, ValueError):
-            continue
-    lo, hi = interval(vals, sf.options.level)
+    lo, hi = target_interval(law_a, draws[base], law_b, draws[arm], sf.study.target_flops, sf.options.level)
     return hi - lo if math.isfinite(hi - lo) else math.inf
 
 

@@ -121,7 +121,9 @@ def _collides(key: str, design: tuple[str, ...]) -> str | None:
     return None
 
 
-def parse_study(section: Any, raw: dict[str, Any], generator: str, budgets: list[float]) -> StudySpec:
+def parse_study(
+    section: Any, raw: dict[str, Any], generator: str, budgets: list[float], fit_target: float | None = None
+) -> StudySpec:
     """The study section, checked against the spec it sits in (module docstring).
 
     Args:
@@ -130,6 +132,7 @@ def parse_study(section: Any, raw: dict[str, Any], generator: str, budgets: list
             default target).
         generator: the spec's generator.
         budgets: the design's FLOP budgets (empty when the generator has none).
+        fit_target: the spec's fit.target_flops (its checked `fit:` section), the default target.
     Raises:
         ConfigError: naming `study.<key>` and the fix.
     """
@@ -172,7 +175,7 @@ def parse_study(section: Any, raw: dict[str, Any], generator: str, budgets: list
     baseline = section.get("baseline", next(iter(arms)))
     if baseline not in arms:
         raise ConfigError("study.baseline", f"{baseline!r} is not an arm", f"use one of {list(arms)}")
-    target = _target(section.get("target_flops"), (raw.get("fit") or {}).get("target_flops"), budgets)
+    target = _target(section.get("target_flops"), fit_target, budgets)
     estimator = section.get("estimator", "paired")
     if estimator not in ESTIMATORS:
         raise ConfigError("study.estimator", f"{estimator!r} is not an estimator", f"use one of {list(ESTIMATORS)}")
@@ -188,13 +191,13 @@ def parse_study(section: Any, raw: dict[str, Any], generator: str, budgets: list
     )
 
 
-def _target(given: Any, fit_target: Any, budgets: list[float]) -> float:
+def _target(given: Any, fit_target: float | None, budgets: list[float]) -> float:
     """study.target_flops, else fit.target_flops, else 10x the largest budget; beyond the largest."""
     largest = max(budgets) if budgets else None
     if given is not None:
         target = number(given, "study.target_flops")
     elif fit_target:
-        target = number(fit_target, "fit.target_flops")
+        target = fit_target
     elif largest is not None:
         target = DEFAULT_TARGET_FACTOR * largest
     else:

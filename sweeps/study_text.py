@@ -1,44 +1,20 @@
-"""A study's fit and comparisons in words: the verdict and what `sweep study` prints.
+"""A study's fit and comparisons in words: what `sweep study` prints.
 
     print(format_study(fit_study("results/studies/study-arch")))
-    verdict(cmp, largest=2e12)          # one comparison's answer, naming its estimator and interval parts
 
 Every gap is printed with the estimator it comes from and its interval's parts (sds in loss units,
-added in quadrature), named by PARTS below, so a reader can see which one decides the width.
-Duck-typed on scalelab.sweeps.study_fit's StudyFit and ArmComparison (that module imports this one).
+added in quadrature), named by PARTS, so a reader can see which one decides the width.
+Each comparison's verdict is written by scalelab.fitting.comparison.verdict (the one writer, shared
+with `scalelab compare`); PARTS and ESTIMATOR_TEXT are kept there too. Duck-typed on
+scalelab.sweeps.study_fit's StudyFit.
 """
 
 from __future__ import annotations
 
 import math
 
+from scalelab.fitting.comparison import ESTIMATOR_TEXT, PARTS
 from scalelab.fitting.gap_drift import SE_WEIGHT
-
-# what each part of a gap's interval is, per estimator (sds in loss units)
-PARTS = {
-    "paired": {
-        "bootstrap": "the gap model's spread over the design-point bootstrap shared by both arms",
-        "drift": "the gap model's out-of-sample drift per decade (its own backtests, the budget means' noise taken "
-        "out) times the target's distance from the design's centroid",
-        "scatter": "the decisive measurement's own spread (the size pattern over its sizes, pure error over its pairs)",
-        "baseline": "the baseline's predicted loss the log ratio is converted at",
-    },
-    "joint": {
-        "bootstrap": "the shared-exponent law's spread over the same design-point bootstrap",
-        "drift": "that law's gap backtested the same way, times the decades to the target",
-        "scatter": "the decisive measurement's own spread",
-    },
-    "separate": {
-        "bootstrap": "the spread of the arms' own laws over their bootstrap replicates, paired by index",
-        "noise": "the measured runs' noise over the measurement's pairs",
-        "extrapolation": "the arms' laws' paired backtests per decade times the decades to the target",
-    },
-}
-ESTIMATOR_TEXT = {
-    "paired": "paired gap model",
-    "joint": "shared-exponent law",
-    "separate": "each arm's own law",
-}
 
 
 def _iv(iv) -> str:
@@ -61,43 +37,6 @@ def parts_text(gap) -> str:
 def gap_line(label: str, gap) -> str:
     name = ESTIMATOR_TEXT.get(gap.estimator, gap.estimator)
     return f"{label}: {gap.point:+.4f} [{gap.lo:+.4f}, {gap.hi:+.4f}] ({name}; sds {parts_text(gap)})"
-
-
-def verdict(cmp, *, largest: float) -> str:
-    """The study's answer for one arm, in words (scalelab.sweeps.study_fit)."""
-    pct = f"{100 * cmp.level:.0f}%"
-    a, b, g = cmp.baseline, cmp.arm, cmp.gap
-    where = f"at C = {cmp.target_flops:.3g} FLOPs ({cmp.target_flops / largest:.3g}x the largest budget)"
-    rel = abs(g.point) / cmp.mean_loss(a)
-    loser = a if cmp.winner == b else b
-    by = f"by the {ESTIMATOR_TEXT[cmp.estimator]}"
-    if cmp.paired is not None and cmp.estimator == "paired":
-        by += f" ({cmp.paired.estimate.model} gap in log C, {cmp.paired.n_pairs} matched pairs)"
-    if g.decided:
-        head = (
-            f"{cmp.winner} wins {where}: predicted loss {abs(g.point):.4f} below {loser}'s ({rel:.2%}) {by}; "
-            f"{pct} interval of L_{b} - L_{a} [{g.lo:+.4f}, {g.hi:+.4f}] excludes 0."
-        )
-    else:
-        head = (
-            f"The data cannot tell {a} and {b} apart {where}: predicted L_{b} - L_{a} = {g.point:+.4f} {by}, "
-            f"{pct} interval [{g.lo:+.4f}, {g.hi:+.4f}] contains 0 (leaning {cmp.winner})."
-        )
-    m, iv = cmp.multiplier_at_target, cmp.target_interval
-    mult = f" Multiplier of {b} over {a} at the target: {m:.3g} {pct} {_iv(iv)}"
-    if not math.isnan(iv[0]) and (iv[0] > 1 or iv[1] < 1):
-        mult += " (excludes 1"
-        mult += "; the frontiers differ, but the runs at the target may not show it)." if not g.decided else ")."
-    else:
-        mult += " (contains 1)."
-    s, s_iv = cmp.slope, cmp.slope_interval
-    if math.isnan(s_iv[0]):
-        trend = ""
-    elif s_iv[0] > 0 or s_iv[1] < 0:
-        trend = f" It changes with scale: d ln m / d ln C = {s:.3f} {_iv(s_iv)} excludes 0."
-    else:
-        trend = f" No evidence that it changes with scale: slope {s:.3f} {_iv(s_iv)} contains 0."
-    return head + mult + trend
 
 
 def _arm_lines(sf, pct: str) -> list[str]:

@@ -76,7 +76,21 @@ FILES = {
     "store/__init__.py": '"""store"""\n',
     "store/paths.py": 'def spec(d):\n    return d / "sweep.yaml"\n',
     "sweeps/store_read.py": 'def spec(d):\n    return d / "sweep.yaml", d.glob("fits/round_*.json")\n',
-    "fitting/fit_options.py": "class FitOptions:\n    law = 'chinchilla'\n",
+    # the fit's options, a second shape of them under another name, and a fit's result (not options)
+    "fitting/fit_options.py": "class FitOptions:\n    law = 'chinchilla'\n    bootstrap = 0\n",
+    "sweeps/spec_fit.py": "class FitSection:\n    law: str = 'chinchilla'\n    candidates: list = []\n",
+    "fitting/result.py": "class Result:\n    law: str = 'chinchilla'\n    target_flops: float = 0.0\n",
+    # "is B better than A" built twice: a result class with its verdict, and a study's interval of m
+    # by hand; the multiplier's arithmetic itself is not a comparison
+    "fitting/compare_two.py": """
+        class Cmp:
+            multiplier_at_target: float = 1.0
+
+        def write_verdict(cmp):
+            return "B" if cmp.multiplier_at_target > 1 else "A"
+        """,
+    "sweeps/study_pick.py": "def width(a, b):\n    return interval([multiplier(a, b)], 0.95)\n",
+    "fitting/multiplier.py": "def paired_multipliers(a, b):\n    return interval([multiplier(a, b)], 0.95)\n",
     # two saved-fit readers, one a wrapper of the other
     "fitting/from_report.py": """
         def allocate_from_fit(fit):
@@ -124,7 +138,11 @@ def test_figures_of_a_made_up_checkout(checkout, capsys):
     assert "rounds loops: 1 in the package folders, 1 in bench/" in out
     assert "SweepLayout names them): 2 in the package folders, 0 in bench/" in out, out
     assert "sweeps/store_read.py:2" in out and "'fits/round_*.json'" in out and "store/paths.py:2" not in out
-    assert "fit options types: 1 (and the CLI's arguments)" in out and "fitting.fit_options.FitOptions" in out
+    assert "fit options types: 2 (and the CLI's arguments)" in out and "fitting.fit_options.FitOptions" in out
+    assert "sweeps.spec_fit.FitSection" in out and "fitting.result.Result" not in out
+    assert "comparison implementations (is B better than A, built in the module): 2; modules writing a " in out
+    assert "verdict: 1 (fitting/compare_two.py)" in out and "fitting/multiplier.py" not in out
+    assert "result class Cmp (line 2)" in out and "m's paired interval in width (line 1)" in out
     assert "bench files with sys.path tricks or private-name imports: 1" in out
     assert "sys.path.insert (line 7)" in out and "from other_bench import _private" in out
     assert "bench-only modules in the package (no product code imports them; bench/ or tests/ do): 1" in out
