@@ -133,13 +133,19 @@ def _prediction(fit: dict, pred: dict) -> list[str]:
     return lines
 
 
+def _refuse(message: str) -> None:
+    """Bad input: one line naming what and the fix, exit 2, before anything is written."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def build(demo_dir: Path, out: Path, command: str) -> str:
     sweep = demo_dir / SWEEP
     if not store.is_sweep_dir(sweep):
-        sys.exit(f"error: {sweep} is not a demo store (no sweep there); pass the --out of `scalelab demo`")
+        _refuse(f"demo_dir {demo_dir}: no demo store there ({sweep} is no sweep); pass the --out of `scalelab demo`")
     ledger = read_ledger(sweep)
     if not ledger["fits"] or not ledger["predictions"]:
-        sys.exit(f"error: {sweep}/ledger.json has no fit or no prediction; let `scalelab demo` finish first")
+        _refuse(f"demo_dir {demo_dir}: its ledger has no fit or no prediction; let `scalelab demo` finish first")
     fit, pred = ledger["fits"][-1], ledger["predictions"][-1]
     lines = _header(command, fit) + _runs(sweep) + _fit(fit) + _prediction(fit, pred)
     figure = sweep / FIGURE
