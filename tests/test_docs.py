@@ -8,7 +8,9 @@ import subprocess
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # docs/NAME.md not inside another path (a torchtitan page is cited as "torchtitan docs/...md @ <commit>")
-_CITED = re.compile(r"(?<![\w./-])docs/([\w.-]+\.md)(?!`?\s*@\s*[0-9a-f]{7,})")
+_CITED = re.compile(r"(?<![\w./-])docs/((?:results/)?[\w.-]+\.md)(?!`?\s*@\s*[0-9a-f]{7,})")
+# a Markdown link's target: [text](target)
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
 # design documents that lived beside the repository, never in it
 _OUTSIDE = re.compile(r"ARCHITECTURE\.md|STYLE\.md|SCALING-METHOD\.md|\.\./shared|/work/shared")
 _TABLE = re.compile(r"^\| (\w+) \| (.+) \|$")
@@ -35,6 +37,17 @@ def test_cited_pages_are_found_and_external_ones_are_not():
     assert cited_pages('TITAN = "torchtitan docs/performance.md @ 4d88a8a4"') == set()
     assert cited_pages("torchtitan `docs/performance.md` @ 4d88a8a44fe4") == set()
     assert cited_pages("bench/docs/x.md, https://a.io/docs/y.md") == set()
+    assert cited_pages("docs/results/demo.md") == {"results/demo.md"}
+
+
+def test_every_relative_link_in_the_docs_leads_to_a_file():
+    broken = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for target in _LINK.findall(path.read_text()):
+            target = target.split("#")[0]
+            if target and not re.match(r"[a-z]+:", target) and not (path.parent / target).exists():
+                broken.append(f"{path.relative_to(ROOT)} -> {target}")
+    assert not broken, f"links to nothing: {broken}"
 
 
 def test_every_docs_page_a_file_cites_exists():
