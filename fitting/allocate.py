@@ -31,13 +31,9 @@ import numpy as np
 from scipy import optimize
 
 from scalelab.errors import UsageError
+from scalelab.fitting.fit_options import LOOP_LAWS  # noqa: F401  (re-exported: the laws that can allocate)
 from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.laws import CURVE_LAWS, Law, get_law
-
-# The laws the closed loop fits (a spec's fit.law, the stacked candidates) and plan-run plans from:
-# each can_allocate; farseer can too, but its gamma is not identified on a 1-1.5 decade design
-# (docs/extrapolation.md), so it is not one of them.
-LOOP_LAWS = ("chinchilla", "kaplan")
 
 
 def can_allocate(law: str | Law) -> bool:
