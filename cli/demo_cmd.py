@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
         description=__doc__,
     )
     p.add_argument("--out", default="results/demo", help="store root for the demo sweep (default results/demo)")
-    p.add_argument("--quick", action="store_true", help="a smaller demo (~2 minutes) for smoke tests")
+    p.add_argument("--quick", action="store_true", help="a quarter of the compute (budgets 1e11-4e11)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray (default: all)")
     p.add_argument("--address", default=None, help="run on an existing Ray cluster instead")
     p.add_argument(

@@ -31,3 +31,12 @@ def test_a_stacked_fit_is_named_as_such_and_g_is_explained():
     assert heading.startswith("auto: the stacked law (chinchilla 0.85, kaplan 0.15)") and "of chinchilla" in heading
     assert law_heading({"law": "kaplan"}) == "kaplan"
     assert "G (C/6)^a" in meaning("chinchilla", "G") and meaning("chinchilla", "E")
+
+
+def test_the_quick_demo_expands_to_a_quarter_of_the_compute():
+    """`scalelab demo --quick`: its grid builds (at 1/10 of the budgets it asked for sizes under the
+    smallest model the shape rule makes, and exited 2), 4 sizes per budget, about a quarter of the FLOPs."""
+    full, quick = expand_sweep(demo_spec()), expand_sweep(demo_spec(quick=True))
+    assert len(quick.runs) == len(full.runs) == 12
+    ratio = sum(r.flops_6n for r in quick.runs) / sum(r.flops_6n for r in full.runs)
+    assert 0.2 < ratio < 0.3, ratio
