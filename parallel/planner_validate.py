@@ -8,7 +8,7 @@
 Measured = distinct storages passed to autograd's saved-tensor hooks during one forward (parameters
 and buffers excluded; DTensors by their local shard), i.e. what stays alive until backward. Under
 full activation checkpointing that is each block's input (the recompute peak is reported separately
-by the planner and not compared here). `bench/planner_activation.py` prints the table.
+by the planner and not compared here). `experiments/planner_activation.py` prints the table.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench/studies.py (the choice-study experiment) on simulated runs: one study through the package's
+"""experiments/studies.py (the choice-study experiment) on simulated runs: one study through the package's
 closed loop to its matched decisive measurement, scored; and its registry matches the registration
 in docs/studies.md. The real studies train for hours (the command is in docs/studies.md)."""
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "bench" / "studies.py"
+SCRIPT = ROOT / "experiments" / "studies.py"
 
 
 def test_one_simulated_study_runs_the_protocol_to_its_scored_decisive_measurement(tmp_path):

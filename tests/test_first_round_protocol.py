@@ -1,6 +1,6 @@
 """Smoke tests of the registered first-round experiment's scripts (docs/first-round.md), without
-training: bench/recipe_audit.py's grid and its report on a synthetic audit store, and
-bench/first_round_store.py -> bench/first_round_scores.py on a store whose runs are finished from a
+training: experiments/recipe_audit.py's grid and its report on a synthetic audit store, and
+experiments/first_round_store.py -> experiments/first_round_scores.py on a store whose runs are finished from a
 known law (scalelab.analysis.synthetic) where the scripts would train them on Ray."""
 
 import importlib.util
@@ -19,7 +19,7 @@ from scalelab.sweeps.recipe import timescale_of
 from scalelab.sweeps.recipe_gate import check_sweep
 from scalelab.sweeps.spec import expand_sweep
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parent.parent / "experiments"
 
 
 def _script(name: str):
@@ -40,7 +40,7 @@ def _loss(config: dict, n: int, d: int) -> float:
 
 @pytest.fixture(scope="module")
 def audit_dir(tmp_path_factory):
-    """bench/recipe_audit.py's smoke grid, finished from the truth above, then its report."""
+    """experiments/recipe_audit.py's smoke grid, finished from the truth above, then its report."""
     audit = _script("recipe_audit")
     out = tmp_path_factory.mktemp("audit") / "audit"
     spec = audit.audit_spec(smoke=True)

@@ -1,5 +1,5 @@
-"""The frontier's experiments on tiny inputs (fast): bench/frontier_public.py scores a table by the
-registered protocol, bench/score_store.py scores a store's first round against its far runs."""
+"""The frontier's experiments on tiny inputs (fast): experiments/frontier_public.py scores a table by the
+registered protocol, experiments/score_store.py scores a store's first round against its far runs."""
 
 import os
 import subprocess
@@ -13,7 +13,7 @@ from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.fitting.allocate import chinchilla_optimum
 from scalelab.fitting.simulate import CHINCHILLA_EPOCH, simulate
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parent.parent / "experiments"
 
 
 def _run(script: str, *args: str) -> str:

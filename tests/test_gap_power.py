@@ -1,4 +1,4 @@
-"""bench/gap_power.py (the paired gap's coverage, width and power on simulated studies) on a tiny
+"""experiments/gap_power.py (the paired gap's coverage, width and power on simulated studies) on a tiny
 configuration: both methods measured on the same studies, the four figures per method, bad input refused."""
 
 import json
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "gap_power.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "gap_power.py"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

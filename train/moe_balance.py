@@ -3,7 +3,7 @@
     off, on = aux_balance_run(0.0), aux_balance_run(0.1)
     off["imbalance_last10"] > on["imbalance_last10"]       # the aux loss keeps the experts balanced
 
-`bench/moe_aux_loss.py` prints the table over aux weights and capacity factors; the MoE tests use it.
+`experiments/moe_aux_loss.py` prints the table over aux weights and capacity factors; the MoE tests use it.
 """
 
 from __future__ import annotations
