@@ -31,28 +31,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import polars as pl
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from extrapolation_variants import scored_runs  # noqa: E402 - the bench folder's own
-
-from scalelab import store  # noqa: E402
-from scalelab.fitting.allocate import optimum_for_law  # noqa: E402
-from scalelab.fitting.ensemble import StackedFit  # noqa: E402
-from scalelab.fitting.laws import get_law  # noqa: E402
-from scalelab.store import ledger  # noqa: E402
-from scalelab.sweeps.demo import demo_spec  # noqa: E402
-from scalelab.sweeps.execute import launch  # noqa: E402
-from scalelab.sweeps.proposal import latest_round, read_round  # noqa: E402
-from scalelab.sweeps.proposal_text import format_gates  # noqa: E402
-from scalelab.sweeps.propose import propose_round  # noqa: E402
-from scalelab.sweeps.rounds import LaunchOptions, run_rounds  # noqa: E402
-from scalelab.sweeps.spec import expand_sweep  # noqa: E402
+from scalelab import store
+from scalelab.fitting.allocate import optimum_for_law
+from scalelab.fitting.ensemble import StackedFit
+from scalelab.fitting.laws import get_law
+from scalelab.store import ledger
+from scalelab.sweeps.demo import demo_spec
+from scalelab.sweeps.execute import launch
+from scalelab.sweeps.far_runs import far_runs
+from scalelab.sweeps.proposal import latest_round, read_round
+from scalelab.sweeps.proposal_text import format_gates
+from scalelab.sweeps.propose import propose_round
+from scalelab.sweeps.rounds import LaunchOptions, run_rounds
+from scalelab.sweeps.spec import expand_sweep
 
 MAX_ROUNDS = 4  # rounds that may fix failed gates before the 3x round
 MULTIPLES = (3.0, 10.0, 30.0)  # of the first round's largest budget
@@ -64,13 +61,13 @@ def _launch_round(proposal, sweep_dir: Path, num_cpus) -> None:
            num_cpus=num_cpus)  # fmt: skip
 
 
-def _round_fits(sweep_dir: Path) -> dict[int, dict]:
+def round_fits(sweep_dir: Path) -> dict[int, dict]:
     """Round -> the fit that round proposed from (fits/round_K.json's `fit`)."""
     files = store.SweepLayout(sweep_dir).round_fits()
     return {int(p.stem.split("_")[1]): json.loads(p.read_text())["fit"] for p in files}
 
 
-def _predict(fit: dict, n: float, d: float, flops: float):
+def predict(fit: dict, n: float, d: float, flops: float):
     """A saved round fit's prediction interval at (N, D): the stacked law's when it has one."""
     if fit.get("stacked"):
         return StackedFit.from_dict(fit["stacked"]).predict_interval(n, d, flops)
@@ -164,10 +161,10 @@ def _print_rounds(sweep_dir: Path, target: float) -> None:
         f"{'round':>5} {'runs':>4} {'weights (chinchilla, kaplan)':>30} {'drift/dec':>9} {'L*(T)':>8} "
         f"{'interval':>20} {'width':>7}"
     )
-    for k, fit in _round_fits(sweep_dir).items():
+    for k, fit in round_fits(sweep_dir).items():
         st = fit["stacked"]
         n_t, d_t = _optimum(fit, target)  # L*(T): the prediction at the incumbent's N*(T), as the loop makes it
-        pi = _predict(fit, n_t, d_t, target)
+        pi = predict(fit, n_t, d_t, target)
         w = ", ".join(f"{v:.2f}" for v in st["weights"].values())
         drift = st["stack"].get("drift_per_decade")
         print(
@@ -182,10 +179,10 @@ def _optimum(fit: dict, flops: float) -> tuple[float, float]:
 
 
 def _print_matrix(sweep_dir: Path, largest: float) -> None:
-    """Every round's prediction of every scored run (scored_runs; the ledger holds the proposer's)."""
-    fits = _round_fits(sweep_dir)
+    """Every round's prediction of every scored run (far_runs; the ledger holds the proposer's)."""
+    fits = round_fits(sweep_dir)
     runs = store.load_runs(sweep_dir)
-    scored = list(scored_runs(runs, largest).iter_rows(named=True))
+    scored = list(far_runs(runs, largest).iter_rows(named=True))
     print("\nevery round's fit against every scored run (error = predicted/measured - 1):")
     print(f"{'run':>13} {'x':>4} {'seed':>4} {'measured':>8}  " + "  ".join(f"{'round ' + str(k):>27}" for k in fits))
     by_distance: dict[tuple[int, float], list[tuple[float, bool, float]]] = {}
@@ -199,7 +196,7 @@ def _print_matrix(sweep_dir: Path, largest: float) -> None:
             if max(fit["points"]["budgets"]) >= r["flops_budget"] * 0.99:
                 cells.append(f"{'-':>27}")
                 continue
-            pi = _predict(fit, r["params"], r["tokens"], r["flops_budget"])
+            pi = predict(fit, r["params"], r["tokens"], r["flops_budget"])
             err = pi.point / r["final_val_loss"] - 1
             inside = pi.lo <= r["final_val_loss"] <= pi.hi
             width = (pi.hi - pi.lo) / pi.point

@@ -27,8 +27,8 @@ import sys
 import time
 
 import yaml
-from curve_sweeps import ISO, prefix_table, run_sweep
 
+from experiments.curve_sweeps import ISO, prefix_table, run_sweep
 from scalelab import store
 from scalelab.fitting.hyperparams import best_lr
 from scalelab.models.shapes import base_shape

@@ -30,7 +30,6 @@ Prints the fit (weights, gates, L*(6e13)), one row per scored run and the summar
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -38,15 +37,13 @@ import numpy as np
 import polars as pl
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from closed_loop import _predict, _round_fits  # noqa: E402 - the bench folder's own
-from extrapolation_variants import scored_runs  # noqa: E402
-
-from scalelab import store  # noqa: E402
-from scalelab.sweeps.demo import demo_spec  # noqa: E402
-from scalelab.sweeps.execute import launch  # noqa: E402
-from scalelab.sweeps.propose import fit_sweep  # noqa: E402
-from scalelab.sweeps.spec import expand_sweep  # noqa: E402
+from experiments.closed_loop import predict, round_fits
+from scalelab import store
+from scalelab.sweeps.demo import demo_spec
+from scalelab.sweeps.execute import launch
+from scalelab.sweeps.far_runs import far_runs
+from scalelab.sweeps.propose import fit_sweep
+from scalelab.sweeps.spec import expand_sweep
 
 EXTRA_BUDGET = 6.3e12
 TARGET = 6e13
@@ -84,7 +81,7 @@ def main() -> None:
     fit = lf.to_record()
     weights = ", ".join(f"{k} {v:.2f}" for k, v in fit["stacked"]["weights"].items())
     n_t, d_t, _ = lf.optimum(TARGET)
-    pi_t = _predict(fit, n_t, d_t, TARGET)
+    pi_t = predict(fit, n_t, d_t, TARGET)
     print(f"fit: {lf.loss.size} runs, weights {weights}; gates {'pass' if lf.gates.passed else lf.gates.failed}")
     width_t = (pi_t.hi - pi_t.lo) / pi_t.point
     print(f"L*({TARGET:.0e}) = {pi_t.point:.4f} [{pi_t.lo:.4f}, {pi_t.hi:.4f}] ({width_t:.1%} wide)")
@@ -92,8 +89,8 @@ def main() -> None:
         print("  " + w)
 
     largest = float(base["flops_budget"].max())
-    scored = scored_runs(loop_runs, largest).filter(pl.col("flops_budget") > 1.01 * EXTRA_BUDGET)
-    fits = _round_fits(loop_dir)
+    scored = far_runs(loop_runs, largest).filter(pl.col("flops_budget") > 1.01 * EXTRA_BUDGET)
+    fits = round_fits(loop_dir)
     first = fits[min(fits)]
     print(f"\n{'run':>13} {'N':>9} {'D':>7} {'C':>7} {'measured':>8}  {'up4':>26}  {'first round':>26}  {'ladder':>26}")
     by_budget: dict[float, dict[str, list]] = {}
@@ -102,7 +99,7 @@ def main() -> None:
         ladder = max(k for k, f in fits.items() if max(f["points"]["budgets"]) < 0.99 * r["flops_budget"])
         cells = []
         for name, f in (("up4", fit), ("first round", first), ("ladder", fits[ladder])):
-            pi = _predict(f, r["params"], r["tokens"], r["flops_budget"])
+            pi = predict(f, r["params"], r["tokens"], r["flops_budget"])
             err, width = pi.point / r["final_val_loss"] - 1, (pi.hi - pi.lo) / pi.point
             inside = pi.lo <= r["final_val_loss"] <= pi.hi
             by_budget.setdefault(r["flops_budget"], {}).setdefault(name, []).append((abs(err), inside, width))

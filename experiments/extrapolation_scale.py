@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -41,13 +40,11 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fit_public_auto import stacked_fits  # noqa: E402 - the bench folder's own
-from interval_calibration import first_round_runs  # noqa: E402
-from stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw, target_runs  # noqa: E402
-
-from scalelab.fitting.ensemble import StackedFit, fit_stacked  # noqa: E402
-from scalelab.sweeps.store_fit import fit_options, fit_store, store_fit_spec  # noqa: E402
+from experiments.fit_public_auto import stacked_fits
+from experiments.interval_calibration import first_round_runs
+from experiments.stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw, target_runs
+from scalelab.fitting.ensemble import StackedFit, fit_stacked
+from scalelab.sweeps.store_fit import fit_options, fit_store, store_fit_spec
 
 KINDS = ("chinchilla", "curved", "farseer", "receding")
 CALIBRATION_KINDS = ("chinchilla", "curved")

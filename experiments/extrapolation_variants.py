@@ -35,6 +35,7 @@ from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.fit_runs import fit_runs
 from scalelab.fitting.io import read_runs
 from scalelab.store import load_runs
+from scalelab.sweeps.far_runs import far_runs
 
 ACCOUNTING = ("total", "nonembed", "exact")
 LAWS = {
@@ -46,15 +47,6 @@ LAWS = {
     "auto-level": dict(law="auto", evidence="level"),
     "auto@flops": dict(law="auto", candidates=("chinchilla", "kaplan", "chinchilla@flops")),
 }
-
-
-def scored_runs(runs: pl.DataFrame, largest: float) -> pl.DataFrame:
-    """The finished runs a closed-loop store scores (experiments/closed_loop.py's protocol): the
-    compute-optimal runs, and a gate-fixing round's IsoFLOP slice past the first design's budgets."""
-    beyond = (pl.col("proposal") == "compute_optimal") | (
-        (pl.col("proposal") == "new_budget") & (pl.col("flops_budget") > 1.01 * largest)
-    )
-    return runs.filter((pl.col("status") == "done") & beyond)
 
 
 def _n(frame: pl.DataFrame, accounting: str) -> np.ndarray:
@@ -87,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = runs.with_columns(round=pl.col("round").fill_null(0) if "round" in runs.columns else pl.lit(0))
     base = runs.filter(pl.col("round") == 0)
     largest = float(base["flops_budget"].max())
-    scored = scored_runs(runs, largest).sort("flops_budget", "params")
+    scored = far_runs(runs, largest).sort("flops_budget", "params")
     points = [
         dict(
             label=f"{r['flops_budget'] / largest:.0f}x "

@@ -27,14 +27,13 @@ from collections.abc import Iterator
 import numpy as np
 import polars as pl
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from fit_public import FAMILIES, HELD_OUT_FAMILIES  # noqa: E402 - the bench folder's own loaders
-
-from scalelab.cli.main import main as cli  # noqa: E402
-from scalelab.fitting.ensemble import StackedFit  # noqa: E402
+from experiments.fit_public import FAMILIES, HELD_OUT_FAMILIES
+from scalelab.cli.main import main as cli
+from scalelab.fitting.ensemble import StackedFit
 
 
-def _cli(*argv: str) -> str:
+def run_cli(*argv: str) -> str:
+    """`scalelab ARGV` as a user runs it, in this process: its standard output (SystemExit on a nonzero exit)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         rc = cli(list(argv))
@@ -62,7 +61,7 @@ def stacked_fits() -> Iterator[tuple[str, StackedFit, pl.DataFrame]]:
             table = pathlib.Path(tmp) / f"{name.split()[0]}.csv"
             train.write_csv(table)
             out = table.with_suffix(".json")
-            _cli("fit", str(table), "--law", "auto", "--out", str(out))
+            run_cli("fit", str(table), "--law", "auto", "--out", str(out))
             yield name, StackedFit.from_dict(json.loads(out.read_text())["stacked"]), test
 
 
@@ -75,9 +74,11 @@ def score(name: str, df: pl.DataFrame, work: pathlib.Path) -> dict:
     for law in ("chinchilla", "auto"):
         fit_path = work / f"{table.stem}_{law}.json"
         t0 = time.perf_counter()
-        text = _cli("fit", str(table), "--law", law, "--out", str(fit_path))
+        text = run_cli("fit", str(table), "--law", law, "--out", str(fit_path))
         row[f"{law}_seconds"] = round(time.perf_counter() - t0, 1)
-        pred = json.loads(_cli("predict", str(fit_path), "--params", *map(str, n), "--tokens", *map(str, d), "--json"))
+        pred = json.loads(
+            run_cli("predict", str(fit_path), "--params", *map(str, n), "--tokens", *map(str, d), "--json")
+        )
         p = np.asarray(pred["loss"], dtype=float)
         row[law] = {"are": float(np.mean(np.abs(p - obs) / obs)), "bias": float(np.mean((p - obs) / obs))}
         pis = pred.get("loss_prediction_interval")

@@ -31,9 +31,9 @@ import pathlib
 import sys
 
 import numpy as np
-from fit_public import FAMILIES, SCHEDULES, family_curves
 from scipy import stats
 
+from experiments.fit_public import FAMILIES, SCHEDULES, family_curves
 from scalelab.fitting.curves import RunCurve, fit_curves
 
 GRID = {"sigma_run": (0.0, 0.005, 0.02), "drop_first": (0.1, 0.3), "delta": (1e-3, 1e-2)}

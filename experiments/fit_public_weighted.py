@@ -19,9 +19,8 @@ import tempfile
 import numpy as np
 import polars as pl
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from fit_public import FAMILIES, HELD_OUT_FAMILIES  # noqa: E402 - the bench folder's own loaders
-from fit_public_auto import _cli, split  # noqa: E402
+from experiments.fit_public import FAMILIES, HELD_OUT_FAMILIES
+from experiments.fit_public_auto import run_cli, split
 
 
 def held_out_error(train: pl.DataFrame, test: pl.DataFrame, work: pathlib.Path, weighted: bool) -> float:
@@ -30,7 +29,7 @@ def held_out_error(train: pl.DataFrame, test: pl.DataFrame, work: pathlib.Path, 
         flops = pl.col("params") * pl.col("tokens")
         train = train.with_columns(weight=flops / flops.max())
     train.write_csv(table)
-    _cli(
+    run_cli(
         "fit",
         str(table),
         "--law",
@@ -42,7 +41,7 @@ def held_out_error(train: pl.DataFrame, test: pl.DataFrame, work: pathlib.Path, 
     )
     n, d, obs = (np.asarray(test[c].to_numpy(), dtype=float) for c in ("params", "tokens", "loss"))
     pred = np.asarray(
-        json.loads(_cli("predict", str(fit), "--params", *map(str, n), "--tokens", *map(str, d), "--json"))["loss"]
+        json.loads(run_cli("predict", str(fit), "--params", *map(str, n), "--tokens", *map(str, d), "--json"))["loss"]
     )
     return float(np.mean(np.abs(pred - obs) / obs))
 

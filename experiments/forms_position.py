@@ -29,20 +29,16 @@ at Chinchilla's compute-optimal (N, D) at 3x, 10x and 30x the largest budget).
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from interval_calibration import in_first_round  # noqa: E402 - the bench folder's own
-from stacked_coverage import MULTIPLES, draw  # noqa: E402
-
-from scalelab.fitting.allocate import chinchilla_optimum  # noqa: E402
-from scalelab.fitting.fit import fit_law  # noqa: E402
-from scalelab.fitting.laws import get_law  # noqa: E402
-from scalelab.store.runs_table import load_runs  # noqa: E402
+from experiments.interval_calibration import in_first_round
+from experiments.stacked_coverage import MULTIPLES, draw
+from scalelab.fitting.allocate import chinchilla_optimum
+from scalelab.fitting.fit import fit_law
+from scalelab.fitting.laws import get_law
+from scalelab.store.runs_table import load_runs
 
 FORMS = ("chinchilla", "kaplan")
 KINDS = ("chinchilla", "curved", "farseer", "receding")

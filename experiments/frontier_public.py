@@ -35,13 +35,11 @@ import time
 import numpy as np
 import polars as pl
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import fit_public  # noqa: E402 - the bench folder's own loaders
-
-from scalelab.fitting.compute_groups import is_curve_table  # noqa: E402
-from scalelab.fitting.fit_options import FitOptions  # noqa: E402
-from scalelab.fitting.fit_runs import fit_runs  # noqa: E402
-from scalelab.fitting.io import read_runs  # noqa: E402
+from experiments import fit_public
+from scalelab.fitting.compute_groups import is_curve_table
+from scalelab.fitting.fit_options import FitOptions
+from scalelab.fitting.fit_runs import fit_runs
+from scalelab.fitting.io import read_runs
 
 ORIGINS = (0.4, 0.5, 0.6, 0.7, 0.8)  # fractions of the family's span in log10 C
 BIN_DECADES = 0.1  # target bins in log10 C: each bin's lowest-loss run

@@ -29,19 +29,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw, target_runs  # noqa: E402 - the bench folder's own
-
-from scalelab.fitting.ensemble import fit_stacked  # noqa: E402
-from scalelab.fitting.predictive import interval_from_parts  # noqa: E402
-from scalelab.store.runs_table import load_runs  # noqa: E402
-from scalelab.sweeps.store_fit import fit_options, fit_store, store_fit_spec  # noqa: E402
+from experiments.stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw, target_runs
+from scalelab.fitting.ensemble import fit_stacked
+from scalelab.fitting.predictive import interval_from_parts
+from scalelab.store.runs_table import load_runs
+from scalelab.sweeps.store_fit import fit_options, fit_store, store_fit_spec
 
 
 def _sd(parts: dict) -> float:

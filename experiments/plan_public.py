@@ -32,10 +32,8 @@ import sys
 import numpy as np
 import polars as pl
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import fit_public  # noqa: E402  (bench/ is not a package)
-
-from scalelab.fitting.from_report import predict_from_fit  # noqa: E402
+from experiments import fit_public
+from scalelab.fitting.from_report import predict_from_fit
 
 WARMUP_TOKENS = 375e6  # GPT-3 (Brown et al. 2020, App. B): every size warms up over 375M tokens
 

@@ -8,7 +8,7 @@ The cold-store goals of issue 47 are about what a first round predicts far out: 
 1. the first round: the store's round-0 runs (its IsoFLOP design), fitted as the loop fits them
    (scalelab.sweeps.store_fit: the spec's `fit:` options, the whole start grid, seed 0);
 2. the scored runs: every later compute-optimal run and a gate-fixing slice past the first design
-   (experiments/extrapolation_variants.scored_runs), and any `--far` rows of the store's seed
+   (scalelab.sweeps.far_runs), and any `--far` rows of the store's seed
    (experiments/data/closed_loop_far_runs.csv's columns: seed, params, tokens, loss, distance);
 3. each predicted as the loop predicts a compute-optimal run of that budget
    (ScalingFit.optimal_run_interval: the compute frontier's level, its calibrated 95% interval),
@@ -29,11 +29,9 @@ import sys
 import numpy as np
 import polars as pl
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from extrapolation_variants import scored_runs  # noqa: E402 - the bench folder's own
-
-from scalelab.store import load_runs  # noqa: E402
-from scalelab.sweeps.store_fit import fit_options, fit_store, store_fit_spec  # noqa: E402
+from scalelab.store import load_runs
+from scalelab.sweeps.far_runs import far_runs
+from scalelab.sweeps.store_fit import fit_options, fit_store, store_fit_spec
 
 GOALS = {3: (0.015, None), 10: (None, 0.15), 30: (0.04, 0.20)}  # distance: (|error| at most, width at most)
 
@@ -46,7 +44,7 @@ def far_points(path: pathlib.Path, far: pathlib.Path | None, seed: int | None) -
     points = [
         {"params": r["params"], "tokens": r["tokens"], "loss": r["final_val_loss"], "budget": r["flops_budget"],
          "source": f"round {r['round']} {r['proposal']}"}
-        for r in scored_runs(runs, largest).iter_rows(named=True)
+        for r in far_runs(runs, largest).iter_rows(named=True)
     ]  # fmt: skip
     if far is not None:
         rows = pl.read_csv(far)

@@ -31,19 +31,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fit_public_auto import stacked_fits  # noqa: E402 - the bench folder's own
-from stacked_coverage import DESIGNS, NOISE, draw  # noqa: E402
-
-from scalelab.fitting.ensemble import StackedFit, fit_stacked  # noqa: E402
-from scalelab.fitting.stacking import StackRule, stack_weights  # noqa: E402
+from experiments.fit_public_auto import stacked_fits
+from experiments.stacked_coverage import DESIGNS, NOISE, draw
+from scalelab.fitting.ensemble import StackedFit, fit_stacked
+from scalelab.fitting.stacking import StackRule, stack_weights
 
 KINDS = ("chinchilla", "curved", "farseer", "receding")
 TARGETS = (10, 30)  # multiples of the round-0 design's largest budget

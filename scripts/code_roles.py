@@ -78,7 +78,7 @@ ROLES = (
             "analysis.report_loop.loop_fit",
             "sweeps.isoflop_grid.read_frontier",
             "sweeps.proposal.read_round",
-            "bench.closed_loop._round_fits",
+            "experiments.closed_loop.round_fits",
         ),
     ),
 )
