@@ -47,18 +47,12 @@ from scalelab.sweeps.execute import launch
 from scalelab.sweeps.far_runs import far_runs
 from scalelab.sweeps.proposal import latest_round, read_round
 from scalelab.sweeps.proposal_text import format_gates
-from scalelab.sweeps.propose import propose_round
 from scalelab.sweeps.rounds import LaunchOptions, run_rounds
 from scalelab.sweeps.spec import expand_sweep
 
 MAX_ROUNDS = 4  # rounds that may fix failed gates before the 3x round
 MULTIPLES = (3.0, 10.0, 30.0)  # of the first round's largest budget
 SEEDS = 2  # training seeds of each scored compute-optimal run
-
-
-def _launch_round(proposal, sweep_dir: Path, num_cpus) -> None:
-    launch(proposal.sweep, sweep_dir, spec_text=proposal.spec_path.read_text(), spec_name=proposal.spec_path.stem,
-           num_cpus=num_cpus)  # fmt: skip
 
 
 def round_fits(sweep_dir: Path) -> dict[int, dict]:
@@ -74,7 +68,9 @@ def predict(fit: dict, n: float, d: float, flops: float):
     raise SystemExit("a round fit without a stacked law: this bench scores fit.law auto")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None, trainer=None) -> None:
+    """The protocol (module docstring); `trainer` stands in for Ray's launcher (LaunchOptions.trainer:
+    a test's simulator, scalelab.analysis.synthetic.synthetic_trainer)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/bench/closed_loop", help="store root; the sweep is <out>/loop")
     ap.add_argument("--seed", type=int, default=1, help="training seed of round 0 (the 2nd seed of a scored run: +1)")
@@ -84,7 +80,7 @@ def main() -> None:
     ap.add_argument(
         "--resume", action="store_true", help="continue a stopped store: launch its latest round, then the distances"
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     t0 = time.time()
     sweep_dir = Path(args.out) / "loop"
     spec = demo_spec()
@@ -97,7 +93,7 @@ def main() -> None:
                num_cpus=args.num_cpus)  # fmt: skip
         return
     if not args.report_only:
-        _run(spec, sweep_dir, largest, target, args.num_cpus, args.resume)
+        _run(spec, sweep_dir, largest, target, LaunchOptions(num_cpus=args.num_cpus, trainer=trainer), args.resume)
     ledger.score(sweep_dir)
     print(f"\nclosed loop: {time.time() - t0:.0f} s; target T = {target:.3g} FLOPs")
     _print_rounds(sweep_dir, target)
@@ -106,54 +102,55 @@ def main() -> None:
     _print_matrix(sweep_dir, largest)
 
 
-def _run(spec: dict, sweep_dir: Path, largest: float, target: float, num_cpus, resume: bool) -> None:
+def _run(spec: dict, sweep_dir: Path, largest: float, target: float, options: LaunchOptions, resume: bool) -> None:
     def announce(k, p) -> None:
-        print(f"round {k}: {len(p.fit['run_ids'])} runs fitted; " + format_gates(p.gates.to_dict()).splitlines()[0])
+        print(f"round {p.round}: {len(p.fit['run_ids'])} runs fitted; " + format_gates(p.gates.to_dict()).splitlines()[0])
 
+    sweep, text = expand_sweep(spec), yaml.safe_dump(spec, sort_keys=False)
     if resume:  # the latest round as it was proposed (its predictions are in the ledger), then the distances
         p = read_round(sweep_dir, latest_round(sweep_dir))
-        _launch_round(p, sweep_dir, num_cpus)
+        (options.trainer or launch)(p.sweep, sweep_dir, spec_text=p.spec_path.read_text(),
+                                    spec_name=p.spec_path.stem, num_cpus=options.num_cpus)  # fmt: skip
         runs = store.load_runs(sweep_dir).filter(pl.col("status") == "done")
-        _distances(sweep_dir, largest, target, num_cpus, float(runs["flops_budget"].max()), announce)
-        return
-    result = run_rounds(
-        expand_sweep(spec),
-        sweep_dir,
-        spec_text=yaml.safe_dump(spec, sort_keys=False),
-        spec_name="loop",
-        rounds=1 + MAX_ROUNDS,
-        target_flops=target,
-        step=3.0,
-        until_passed=True,
-        options=LaunchOptions(num_cpus=num_cpus),
-        before_launch=announce,
-        seeds=SEEDS,
-    )
-    if not result.proposals or not result.proposals[-1].passed:
-        raise SystemExit(f"the gates did not pass in {MAX_ROUNDS} rounds: {result.stopped}")
-    _distances(sweep_dir, largest, target, num_cpus, result.proposals[-1].next_budget, announce)
+        done_budget = float(runs["flops_budget"].max())
+    else:
+        result = run_rounds(sweep, sweep_dir, spec_text=text, spec_name="loop", rounds=1 + MAX_ROUNDS,
+                            target_flops=target, step=3.0, until_passed=True, options=options,
+                            before_launch=announce, seeds=SEEDS)  # fmt: skip
+        if not result.proposals or not result.proposals[-1].passed:
+            raise SystemExit(f"the gates did not pass in {MAX_ROUNDS} rounds: {result.stopped}")
+        done_budget = result.proposals[-1].next_budget
+    # The rounds at 10x and 30x, continuing the store: Distances sets each round's budget and step.
+    run_rounds(sweep, sweep_dir, spec_text=text, spec_name="loop", rounds=1 + len(MULTIPLES) * MAX_ROUNDS,
+               target_flops=target, seeds=SEEDS, options=options, before_launch=announce,
+               next_round=Distances(largest, done_budget), launch_design=False)  # fmt: skip
 
 
-def _distances(sweep_dir: Path, largest: float, target: float, num_cpus, done_budget: float, announce) -> None:
-    """The rounds at 10x and 30x the first round's largest budget. A round proposed from a fit whose
-    gates fail holds the runs that would pass them (as in run_rounds): it is launched and the
-    distance proposed again; runs it trains at or past the distance are that distance's."""
-    for mult in MULTIPLES[1:]:
-        for _ in range(MAX_ROUNDS):
-            if done_budget >= 0.99 * mult * largest:  # a gate-fixing round already trained runs at this distance
-                break
-            step = mult * largest / done_budget
-            p = propose_round(
-                sweep_dir, target_flops=target, budget_flops=SEEDS * mult * largest, step=step, seeds=SEEDS
-            )
-            announce(p.round, p)
-            _launch_round(p, sweep_dir, num_cpus)  # a failed fit's round holds the runs that would pass the gates
-            if p.passed:  # its compute-optimal run is the distance's
-                done_budget = p.next_budget
-                break
-            done_budget = max(done_budget, max(r.budget for r in p.runs))
-        else:
-            raise SystemExit(f"the gates did not pass in {MAX_ROUNDS} rounds before {mult:g}x")
+class Distances:
+    """The rounds at 10x and 30x the first round's largest budget, as run_rounds' `next_round`. A
+    round proposed from a fit whose gates fail holds the runs that would pass them (as in run_rounds):
+    it is launched and the distance proposed again, its step from the largest budget trained so far;
+    runs it trains at or past the distance are that distance's. MAX_ROUNDS tries per distance."""
+
+    def __init__(self, largest: float, done_budget: float):
+        self.largest, self.done_budget = largest, done_budget
+        self.distance, self.tries = 1, 0  # MULTIPLES[1] (10x) first; the 3x round is run_rounds' first call
+
+    def __call__(self, i: int, last) -> dict | None:
+        if last is not None:  # the round launched before this one
+            if last.passed:  # its compute-optimal run is the distance's
+                self.done_budget, self.distance, self.tries = last.next_budget, self.distance + 1, 0
+            else:
+                self.done_budget = max(self.done_budget, max(r.budget for r in last.runs))
+                self.tries += 1
+        while self.distance < len(MULTIPLES):
+            mult = MULTIPLES[self.distance]
+            if self.tries >= MAX_ROUNDS:
+                raise SystemExit(f"the gates did not pass in {MAX_ROUNDS} rounds before {mult:g}x")
+            if self.done_budget < 0.99 * mult * self.largest:
+                return {"budget_flops": SEEDS * mult * self.largest, "step": mult * self.largest / self.done_budget}
+            self.distance, self.tries = self.distance + 1, 0  # a gate-fixing round already trained runs here
+        return None
 
 
 def _print_rounds(sweep_dir: Path, target: float) -> None:

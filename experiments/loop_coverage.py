@@ -26,12 +26,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import yaml
 from scipy import optimize
 
-from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
+from scalelab.analysis.synthetic import SyntheticLaw, synthetic_trainer
 from scalelab.fitting.allocate import chinchilla_optimum
 from scalelab.store import ledger
-from scalelab.sweeps.propose import propose_next
+from scalelab.sweeps.rounds import LaunchOptions, run_rounds
+from scalelab.sweeps.spec import expand_sweep
+
+GATE_ROUNDS = 3  # rounds at 3x that may fix failed gates
 
 
 def _law(rng: np.random.Generator, misspecify: float) -> SyntheticLaw:
@@ -63,6 +67,30 @@ def _budget_for(truth: dict, n_opt: float) -> float:
     return math.exp(optimize.brentq(lambda lc: math.log(chinchilla_optimum(truth, math.exp(lc))[0] / n_opt), 0, 80))
 
 
+class _Phases:
+    """The trial's rounds, as run_rounds' `next_round` and `before_launch`: rounds at 3x the largest
+    budget (bracketing while a gate fails, at most GATE_ROUNDS), then, once a fit passes, one round
+    at the 30x target with a 10x step, trained only when its own fit passes."""
+
+    def __init__(self, gate_budget: float, target: float):
+        self.gate_budget, self.target = gate_budget, target
+        self.tries, self.final = 0, False
+
+    def __call__(self, i: int, last) -> dict | None:
+        if last is None:
+            return {"budget_flops": self.gate_budget}
+        if self.final:  # the final round was launched
+            return None
+        if last.passed:
+            self.final = True
+            return {"budget_flops": self.target, "step": 10.0}
+        self.tries += 1
+        return {"budget_flops": self.gate_budget} if self.tries < GATE_ROUNDS else None
+
+    def launches(self, i: int, proposal) -> bool:
+        return proposal.passed or not self.final
+
+
 def trial(i: int, root: Path, misspecify: float) -> list[dict]:
     rng = np.random.default_rng(1000 + i)
     law = _law(rng, misspecify)
@@ -82,19 +110,12 @@ def trial(i: int, root: Path, misspecify: float) -> list[dict]:
         "fit": {"bootstrap": 16},
     }
     sd = root / f"t{i}"
-    kw = dict(noise_std=noise, noise_seed=i)
-    launch_synthetic(spec, sd, law, **kw)
-    quiet = lambda m: None  # noqa: E731
     target = 30 * budgets[-1]
-    for _ in range(3):
-        p = propose_next(sd, target_flops=target, budget_flops=3 * budgets[-1], log=quiet)
-        launch_synthetic(p["spec_path"], sd, law, **kw)
-        if p["gates"]["passed"]:
-            break
-    if p["gates"]["passed"]:
-        final = propose_next(sd, target_flops=target, budget_flops=target, step=10.0, log=quiet)
-        if final["gates"]["passed"]:
-            launch_synthetic(final["spec_path"], sd, law, **kw)
+    plan = _Phases(gate_budget=3 * budgets[-1], target=target)
+    run_rounds(expand_sweep(spec), sd, spec_text=yaml.safe_dump(spec, sort_keys=False), spec_name=spec["name"],
+               rounds=1 + GATE_ROUNDS + 1, target_flops=target, next_round=plan, before_launch=plan.launches,
+               options=LaunchOptions(trainer=synthetic_trainer(law, noise_std=noise, noise_seed=i)),
+               log=lambda m: None)  # fmt: skip
     ledger.score(sd)
     preds = [q for q in ledger.read_ledger(sd)["predictions"] if q["kind"] == "compute_optimal"]
     for q in preds:
@@ -102,11 +123,11 @@ def trial(i: int, root: Path, misspecify: float) -> list[dict]:
     return preds
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=24)
     ap.add_argument("--misspecify", type=float, default=0.0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     t0 = time.time()
     rows = []
     with tempfile.TemporaryDirectory() as d:
