@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None, trainer=None) -> None:
 
 def _run(spec: dict, sweep_dir: Path, largest: float, target: float, options: LaunchOptions, resume: bool) -> None:
     def announce(k, p) -> None:
-        print(f"round {p.round}: {len(p.fit['run_ids'])} runs fitted; " + format_gates(p.gates.to_dict()).splitlines()[0])
+        gates = format_gates(p.gates.to_dict()).splitlines()[0]
+        print(f"round {p.round}: {len(p.fit['run_ids'])} runs fitted; {gates}")
 
     sweep, text = expand_sweep(spec), yaml.safe_dump(spec, sort_keys=False)
     if resume:  # the latest round as it was proposed (its predictions are in the ledger), then the distances

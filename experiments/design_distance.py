@@ -57,12 +57,12 @@ def up4_spec(seed: int) -> dict:
     return spec
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", required=True, help="a experiments/closed_loop.py store root (its sweep is <root>/loop)")
     ap.add_argument("--seed", type=int, required=True, help="that store's round-0 training seed")
     ap.add_argument("--num-cpus", type=int, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     t0 = time.time()
     root = Path(args.root)
     loop_dir, up4_dir = root / "loop", root / "up4"

@@ -33,13 +33,13 @@ def curve_e(curves, boot: int, rng: np.random.Generator) -> tuple[float, list[fl
     return full, draws, failed
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("store")
     ap.add_argument("--max-flops", type=float, default=2e12)
     ap.add_argument("--boot", type=int, default=24)
     ap.add_argument("--loss", default="final_val_loss")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     runs, curves = store_curves(args.store, loss_col=args.loss)
     flops = dict(zip(runs["run_id"].to_list(), (6 * runs["params"] * runs["tokens"]).to_list()))
     first = [c for c in curves if flops[c.run_id] <= args.max_flops * 1.05]

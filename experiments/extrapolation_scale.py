@@ -176,7 +176,7 @@ def score_public(variant: str, scale: float) -> None:
         )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=24, help="trials per truth in each split")
     ap.add_argument("--bootstrap", type=int, default=8)
@@ -189,7 +189,7 @@ def main() -> None:
     ap.add_argument("--public", action="store_true", help="score the public families")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default=None, help="score this variant at its calibrated c")
     ap.add_argument("--more", type=int, default=0, help="then fit and score this many more trials per truth")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.src:
         data = json.loads(Path(args.src).read_text())
     else:

@@ -33,7 +33,7 @@ from scalelab.fitting.simulate import CHINCHILLA_EPOCH, simulate
 TARGETS = ("alpha", "beta", "a_opt")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", type=int, default=200)
     ap.add_argument("--n-boot", type=int, default=400)
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--level", type=float, default=0.95)
     ap.add_argument("--seed", type=int, default=1000)
     ap.add_argument("--out", default=None, help="write the JSON summary here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     law = get_law("chinchilla")
     truth = dict(CHINCHILLA_EPOCH)

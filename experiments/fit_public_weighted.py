@@ -46,7 +46,7 @@ def held_out_error(train: pl.DataFrame, test: pl.DataFrame, work: pathlib.Path, 
     return float(np.mean(np.abs(pred - obs) / obs))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     print(f"{'family':<24} {'equal':>8} {'by FLOPs':>9} {'change':>7}")
     with tempfile.TemporaryDirectory() as tmp:
         for name, load in {**FAMILIES, **HELD_OUT_FAMILIES}.items():

@@ -140,7 +140,7 @@ def summary(label: str, found: list[tuple[float, list]], rules: dict[int, list[t
             print(f"    rule p_hat = {a:+.2f} {b:+.2f} x ratio: score {np.mean(per_store):.2f} over {len(per_store)}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("stores", nargs="*")
     ap.add_argument("--max-flops", type=float, default=2e12, help="the first round's largest budget")
@@ -148,7 +148,7 @@ def main() -> None:
     ap.add_argument("--far", default=None, help="CSV of far runs measured elsewhere (seed, params, tokens, loss)")
     ap.add_argument("--rule", action="append", default=[], metavar="DISTANCE:A,B",
                     help="p_hat = A + B * RMS ratio at a distance (3, 10 or 30); repeatable")  # fmt: skip
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rules: dict[int, list[tuple[float, float]]] = {}
     for text in args.rule:
         dist, _, coef = text.partition(":")

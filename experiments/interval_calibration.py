@@ -108,7 +108,7 @@ def score_store(path: str, max_flops: float, scored: list[tuple[float, float, fl
         )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=16)
     ap.add_argument("--kinds", default="chinchilla,farseer")
@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("--store", default=None)
     ap.add_argument("--max-flops", type=float, default=2e12)
     ap.add_argument("--score", nargs="*", default=[], help="PARAMS,TOKENS,LOSS of a run the fit has not seen")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.store:
         score_store(args.store, args.max_flops, [tuple(float(v) for v in s.split(",")) for s in args.score])
         return

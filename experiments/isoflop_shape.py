@@ -99,11 +99,11 @@ def noisy(truth: dict, trials: int, rng: np.random.Generator) -> None:
         )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=150)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     for name, truth in TRUTHS.items():
         print(f"{name}: noise-free, exponent error / N*(1e24) error")

@@ -52,11 +52,11 @@ def spec() -> dict:
             "execution": base["execution"], "fit": base["fit"]}  # fmt: skip
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/bench/lr_sweep", help="sweep directory (store root = its parent)")
     ap.add_argument("--num-cpus", type=int, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     import yaml
 
     t0 = time.time()

@@ -165,12 +165,12 @@ def table(df: pl.DataFrame) -> tuple[str, dict[str, float]]:
     return "\n".join(lines), worst
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/bench/lr_transfer", help="sweep directory (store root = its parent)")
     ap.add_argument("--num-cpus", type=int, default=3)
     ap.add_argument("--report", action="store_true", help="print the table of the runs in --out; train nothing")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     t0 = time.time()
     raw = spec()
     if not args.report:

@@ -17,11 +17,11 @@ import time
 import torch
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--no-spawn", action="store_true", help="skip the tp/cp rows (2 processes)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     from scalelab.parallel.planner_validate import format_rows, local_rows, spawned_rows
 

@@ -76,11 +76,11 @@ def gloo_alpha_beta(world: int = 2) -> tuple[float, float, list[float]]:
     return float(alpha), float(1 / inv_bw), times
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--gloo", action="store_true", help="fit gloo's alpha-beta between two processes instead")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.gloo:
         alpha, bw, times = gloo_alpha_beta()
         print("fp32 all-reduce between 2 gloo processes (median seconds):")

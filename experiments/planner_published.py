@@ -22,11 +22,11 @@ from scalelab.parallel.planner_published import (
 )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-search", action="store_true", help="skip the planner's own best-layout search")
     ap.add_argument("--no-what-if", action="store_true", help="skip the 10k-GPU what-if table")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     results = evaluate_published(search_best=not args.no_search)
     print("## Published vs predicted\n")
     print(format_published(results))

@@ -35,10 +35,10 @@ def _line(p) -> str:
     )
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--top", type=int, default=5)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     from scalelab.models.presets import get_preset
     from scalelab.parallel.layouts import parse_layout
     from scalelab.parallel.planner import CostConstants, Hardware, estimate, plan_layouts

@@ -40,12 +40,12 @@ def spec(seeds: int) -> dict:
             "seeds": seeds, "execution": base["execution"], "fit": base["fit"]}  # fmt: skip
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/bench/seed_noise")
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--num-cpus", type=int, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     raw = spec(args.seeds)
     launch(expand_sweep(raw), args.out, spec_text=yaml.safe_dump(raw, sort_keys=False), spec_name="seed_noise",
            num_cpus=args.num_cpus)  # fmt: skip

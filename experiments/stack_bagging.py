@@ -127,14 +127,14 @@ def public() -> None:
         print(f"  {name:<22} adopted {fit.stack.adopted!s:<5} bagged weights {bag}: " + "; ".join(cells))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=24, help="trials per truth")
     ap.add_argument("--first-seed", type=int, default=100)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--public", action="store_true")
     ap.add_argument("--bootstrap", type=int, default=0, help="replicates of the refit; > 0 also scores its interval")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.public:
         public()
     if args.trials:

@@ -129,14 +129,14 @@ def trial(
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=16)
     ap.add_argument("--kinds", default="chinchilla,curved,farseer,receding")
     ap.add_argument("--bootstrap", type=int, default=8, help="run-resampling replicates per fit")
     ap.add_argument("--design", choices=sorted(DESIGNS), default="demo", help="the first round's budgets and sizes")
     ap.add_argument("--targets", default=None, help="absolute target budgets, comma-separated (default: 3, 10, 30x)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     targets = tuple(float(t) for t in args.targets.split(",")) if args.targets else None
     budgets, sizes = DESIGNS[args.design]
     cost = sizes * sum(budgets)

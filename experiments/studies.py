@@ -239,7 +239,7 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
             )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--study", required=True, help=f"'all' or a comma list of {', '.join(STUDIES)}")
     ap.add_argument("--out", default="results/studies", help="the store root the studies share")
@@ -248,7 +248,7 @@ def main() -> None:
     ap.add_argument("--score-only", action="store_true", help="score what the store holds; train nothing")
     ap.add_argument("--simulate", action="store_true", help="simulated runs from known laws (no training)")
     ap.add_argument("--smoke", action="store_true", help="4 bootstrap replicates instead of 64 (a quick check)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     names = list(STUDIES) if args.study == "all" else args.study.split(",")
     unknown = [n for n in names if n not in STUDIES]
     if unknown:

@@ -50,11 +50,11 @@ SPEC = {
 }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/bench/transfer_gate", help="store root")
     ap.add_argument("--num-cpus", type=int, default=2)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
     codes = {}
