@@ -8,6 +8,10 @@ Per method: the loss of every step (the dp mean), the bytes this rank handed to 
 reductions (reduce-scatter inputs + all-reduce tensors, counted by
 `compression.count_collective_bytes` around forward+backward; all-gathers reported apart), and the
 largest |Δloss| and final |Δparameter| against the first method (the uncompressed reference).
+
+It lives in experiments/ (it was scalelab.parallel.compression_check) because no product code calls it:
+it is bench/grad_compression.py's measurement, which tests/test_grad_compression.py also checks;
+experiments is a package the bench, the tests and the gloo ranks it spawns import without path tricks.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from scalelab.parallel.compression import count_collective_bytes
 from scalelab.parallel.dims import ParallelDims
 from scalelab.parallel.layouts import parse_layout
 from scalelab.parallel.parallelize import parallelize
-from scalelab.parallel.parity import _BASE, ParitySpec, _batches, _full, _optimizer
+from scalelab.parallel.parity import PARITY_BASE, ParitySpec, full_tensor, parity_batches, parity_optimizer
 
 
 def _worker(layout: str, methods: list[str], spec: ParitySpec, powersgd_rank: int, out_dir: str) -> None:
@@ -33,17 +37,19 @@ def _worker(layout: str, methods: list[str], spec: ParitySpec, powersgd_rank: in
     mesh = None
     results = {}
     for method in methods:
-        pcfg = dataclasses.replace(parse_layout(layout, _BASE), grad_compression=method, powersgd_rank=powersgd_rank)
+        pcfg = dataclasses.replace(
+            parse_layout(layout, PARITY_BASE), grad_compression=method, powersgd_rank=powersgd_rank
+        )
         dims = ParallelDims.from_config(pcfg, world_size=dist.get_world_size())
         mesh = dims.build_mesh("cpu") if mesh is None else mesh  # one set of process groups for all methods
         dims.mesh = mesh
         par = parallelize(
             build_model(spec.model, device="cpu", seed=spec.seed), dims, pcfg, seq_len=spec.seq_len, z_loss=0.0
         )
-        opt = _optimizer(par.model, spec)
+        opt = parity_optimizer(par.model, spec)
         local = spec.global_batch_sequences // par.dp_size
         losses, reduce_bytes, gather_bytes = [], [], []
-        for batch in _batches(spec):
+        for batch in parity_batches(spec):
             mine = batch[par.dp_rank * local : (par.dp_rank + 1) * local]
             with count_collective_bytes() as counted:
                 ce = par.step.forward_backward(mine[:, :-1], mine[:, 1:], 1.0)
@@ -55,7 +61,7 @@ def _worker(layout: str, methods: list[str], spec: ParitySpec, powersgd_rank: in
             value = ce.detach().float().reshape(()).clone()
             dist.all_reduce(value)
             losses.append(float(value) / dist.get_world_size())
-        params = {k: _full(v) for k, v in par.model.state_dict().items()}
+        params = {k: full_tensor(v) for k, v in par.model.state_dict().items()}
         results[method] = dict(losses=losses, reduce_bytes=reduce_bytes, gather_bytes=gather_bytes, params=params)
     if rank == 0:
         torch.save(results, Path(out_dir) / "results.pt")
@@ -68,7 +74,7 @@ def compression_trial(
     """Train `spec`'s debug model under `layout` once per compression method (the first is the
     reference); one row per method (see the module docstring)."""
     spec = spec or ParitySpec()
-    world = parse_layout(layout, _BASE).world_size
+    world = parse_layout(layout, PARITY_BASE).world_size
     with tempfile.TemporaryDirectory() as tmp:
         spawn(_worker, world, (layout, methods, spec, powersgd_rank, tmp), backend="gloo")
         results = torch.load(Path(tmp) / "results.pt", weights_only=True)

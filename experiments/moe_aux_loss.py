@@ -3,7 +3,7 @@
 Trains the MoE debug model (8 experts, top-2, no shared expert) on random tokens with AdamW for
 `--steps` steps at several aux-loss weights, dropless and with capacity factor 1.0, and reports the
 imbalance (max/mean routed copies per expert, mean over layers) at the first step and over the last
-10 steps, the aux loss and the fraction of dropped copies. See scalelab.train.moe_balance.
+10 steps, the aux loss and the fraction of dropped copies. See experiments.moe_balance.
 
     python experiments/moe_aux_loss.py [--steps 80]
 """
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=80)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    from scalelab.train.moe_balance import aux_balance_run
+    from experiments.moe_balance import aux_balance_run
 
     head = f"{'aux weight':>10} {'capacity':>8} {'imb. step 1':>11} {'imb. last 10':>12}"
     print(f"{head} {'aux last 10':>11} {'dropped':>8}")

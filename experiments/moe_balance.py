@@ -4,6 +4,9 @@
     off["imbalance_last10"] > on["imbalance_last10"]       # the aux loss keeps the experts balanced
 
 `experiments/moe_aux_loss.py` prints the table over aux weights and capacity factors; the MoE tests use it.
+It lives in experiments/ (it was scalelab.train.moe_balance) because no product code trains this way:
+it is the experiment's measurement, which tests/test_moe.py also checks, and experiments is a package
+both import without path tricks.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Sizes (debug, tiny-1m, tiny-3m, an MoE debug model) × seq_len × micro-batch × activation
 checkpointing, a pipeline first stage, and, in one 2-process gloo group, tp2, tp2+SP (with and
 without AC), cp2 all-gather and cp2 ring. Measured with torch.autograd.graph.saved_tensors_hooks
-(distinct storages, parameters and buffers excluded); see scalelab.parallel.planner_validate.
+(distinct storages, parameters and buffers excluded); see experiments.planner_validate.
 
     python experiments/planner_activation.py [--json OUT.json] [--no-spawn]
 """
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-spawn", action="store_true", help="skip the tp/cp rows (2 processes)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    from scalelab.parallel.planner_validate import format_rows, local_rows, spawned_rows
+    from experiments.planner_validate import format_rows, local_rows, spawned_rows
 
     t0 = time.perf_counter()
     rows = local_rows()

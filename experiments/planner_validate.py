@@ -9,6 +9,10 @@ Measured = distinct storages passed to autograd's saved-tensor hooks during one 
 and buffers excluded; DTensors by their local shard), i.e. what stays alive until backward. Under
 full activation checkpointing that is each block's input (the recompute peak is reported separately
 by the planner and not compared here). `experiments/planner_activation.py` prints the table.
+
+It lives in experiments/ (it was scalelab.parallel.planner_validate) because no product code calls it:
+it is experiments/planner_activation.py's measurement, which tests/test_planner.py also checks, and
+experiments is a package both (and the gloo ranks it spawns) import without path tricks.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import pytest
 from experiments import (
     fit_calibration,
     frontier_synthetic,
+    interval_calibration,
     isoflop_shape,
     moe_aux_loss,
     plan_public,
@@ -47,6 +48,12 @@ def test_stacked_coverage_scores_every_distance(capsys):
     stacked_coverage.main(["--trials", "1", "--bootstrap", "2", "--kinds", "chinchilla"])
     out = capsys.readouterr().out
     assert [line.split()[1] for line in out.splitlines() if line.startswith("chinchilla")] == ["3x", "10x", "30x"]
+
+
+def test_interval_calibration_scores_both_intervals(capsys):
+    interval_calibration.main(["--trials", "1", "--bootstrap", "2", "--kinds", "chinchilla"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("chinchilla")]
+    assert [r[1] for r in rows] == ["3x", "10x", "30x"] and all(len(r) == 7 for r in rows)
 
 
 def test_fit_calibration_reports_coverage(tmp_path, capsys):
