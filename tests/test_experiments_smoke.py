@@ -11,9 +11,11 @@ import pytest
 
 from experiments import (
     fit_calibration,
+    forms_position,
     frontier_synthetic,
     interval_calibration,
     isoflop_shape,
+    loop_coverage,
     moe_aux_loss,
     plan_public,
     planner_published,
@@ -54,6 +56,19 @@ def test_interval_calibration_scores_both_intervals(capsys):
     interval_calibration.main(["--trials", "1", "--bootstrap", "2", "--kinds", "chinchilla"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("chinchilla")]
     assert [r[1] for r in rows] == ["3x", "10x", "30x"] and all(len(r) == 7 for r in rows)
+
+
+def test_loop_coverage_runs_one_trial_through_run_rounds(capsys):
+    """One synthetic trial: the 3x gate rounds, then the 30x round, driven by run_rounds' hooks."""
+    loop_coverage.main(["--trials", "1"])
+    out = capsys.readouterr().out
+    assert "(3x) predicted" in out and "(30x) predicted" in out and "3x: coverage 1/1" in out
+
+
+def test_forms_position_places_far_runs_between_the_forms(capsys):
+    forms_position.main(["--synthetic", "1"])
+    out = capsys.readouterr().out
+    assert "30.0x  chinchilla" in out and "receding 30x: 1 runs" in out
 
 
 def test_fit_calibration_reports_coverage(tmp_path, capsys):
