@@ -10,6 +10,7 @@ import json
 import pytest
 
 from experiments import (
+    extrapolation_variants,
     fit_calibration,
     forms_position,
     frontier_synthetic,
@@ -22,6 +23,8 @@ from experiments import (
     planner_sanity,
     stacked_coverage,
 )
+from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
+from scalelab.fitting.allocate import chinchilla_optimum
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -69,6 +72,23 @@ def test_forms_position_places_far_runs_between_the_forms(capsys):
     forms_position.main(["--synthetic", "1"])
     out = capsys.readouterr().out
     assert "30.0x  chinchilla" in out and "receding 30x: 1 runs" in out
+
+
+def test_extrapolation_variants_scores_a_synthetic_store(tmp_path, capsys):
+    """A first round finished from a known law, and a point at 10x its largest budget (--extra)."""
+    law = SyntheticLaw()
+    spec = {
+        "name": "sim",
+        "base": {"data": {"seq_len": 64}, "train": {"global_batch_tokens": 512}},
+        "isoflop": {"budgets": [3e11, 1e12, 3e12], "num_sizes": 5, "center": {"tokens_per_param": 5}, "span": 3},
+    }
+    launch_synthetic(spec, tmp_path / "loop", law, noise_std=0.003)
+    n, d, loss = chinchilla_optimum(law.params_dict(), 3e13)
+    extra = f"{n},{d},{loss},3e13,{n},{n}"
+    argv = ["--laws", "chinchilla", "--accounting", "total", "--bootstrap", "2", "--extra", extra]
+    assert extrapolation_variants.main([str(tmp_path / "loop"), *argv]) == 0
+    out = capsys.readouterr().out
+    assert "scored runs: 10x extra" in out and "total      chinchilla  round 0" in out
 
 
 def test_fit_calibration_reports_coverage(tmp_path, capsys):
