@@ -106,8 +106,8 @@ def print_lines(root: Path, folders: tuple[str, ...]) -> None:
         paths = list((root / folder).rglob("*.py"))
         n = sum(len(p.read_text().splitlines()) for p in paths)
         total += n
-        print(f"  {folder + '/':<11}{len(paths):>4} files {n:>7} lines")
-    print(f"  {'total':<11}{'':>10} {total:>7} lines")
+        print(f"  {folder + '/':<13}{len(paths):>4} files {n:>7} lines")
+    print(f"  {'total':<13}{'':>10} {total:>7} lines")
 
 
 def print_imports(root: Path, folders: tuple[str, ...]) -> dict[str, set[str]]:
