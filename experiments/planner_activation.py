@@ -16,17 +16,19 @@ import time
 
 import torch
 
+from experiments.planner_validate import format_rows, local_rows, spawned_rows
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--no-spawn", action="store_true", help="skip the tp/cp rows (2 processes)")
+    ap.add_argument("--quick", action="store_true", help="two sizes of the single-process rows (the smoke test)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    from experiments.planner_validate import format_rows, local_rows, spawned_rows
 
     t0 = time.perf_counter()
-    rows = local_rows()
+    rows = local_rows(quick=args.quick)
     if not args.no_spawn:
         rows += spawned_rows()
     print(format_rows(rows))

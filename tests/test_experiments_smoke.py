@@ -19,6 +19,7 @@ from experiments import (
     loop_coverage,
     moe_aux_loss,
     plan_public,
+    planner_activation,
     planner_published,
     planner_sanity,
     stacked_coverage,
@@ -35,6 +36,12 @@ def test_planner_checks_rank_the_published_layouts(capsys):
     assert "published layout ranks" in out and "planner's best is" in out
     planner_published.main(["--no-search"])
     assert "MoE 0.70T / 33B active" in capsys.readouterr().out
+
+
+def test_planner_activation_compares_the_formula_with_saved_bytes(tmp_path, capsys):
+    assert planner_activation.main(["--quick", "--no-spawn", "--json", str(tmp_path / "rows.json")]) == 0
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert rows and all(abs(r["rel_error"]) <= 0.10 for r in rows) and "wall time" in capsys.readouterr().out
 
 
 def test_isoflop_shape_measures_both_shapes(capsys):
