@@ -5,7 +5,7 @@
 
 The debug model (238k parameters, 4 layers) trains with AdamW (lr 1e-3) from the same init and
 batches under each `parallel.grad_compression`; bytes are what this rank hands to the gradient
-reductions in one compressed step (scalelab.parallel.compression_check). Figures in
+reductions in one compressed step (experiments.compression_check). Figures in
 docs/planner-at-scale.md ("Gradient compression").
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from scalelab.parallel.compression_check import compression_trial, format_rows
+from experiments.compression_check import compression_trial, format_rows
 from scalelab.parallel.parity import ParitySpec
 
 

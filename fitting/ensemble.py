@@ -24,7 +24,7 @@ The prediction interval adds in log space (as scalelab.fitting.predictive does f
                  forward fold (scalelab.fitting.stacking, step 4; t: Student's t for as many folds).
                  k is measured half a decade out, where a fold's miss is mostly noise, then multiplied
                  by the target's distance; c = EXTRAPOLATION_SCALE is the smallest scale that kept
-                 95% coverage on synthetic truths (bench/extrapolation_scale.py, docs/extrapolation.md).
+                 95% coverage on synthetic truths (experiments/extrapolation_scale.py, docs/extrapolation.md).
 The optimum is the combined law's minimum along the IsoFLOP line (a 1-D minimisation in log N);
 every candidate form has an optimum, so the combination does too.
 """
@@ -63,7 +63,7 @@ BOOT_EXTRA_STARTS = 8
 MIN_FORWARD_DECADES = 0.25
 LEVEL = 0.95
 # c of the extrapolation part (module docstring): calibrated with the forms part on synthetic truths
-# (bench/extrapolation_scale.py: pooled coverage >= 95% at 3x, 10x and 30x, each >= 92%)
+# (experiments/extrapolation_scale.py: pooled coverage >= 95% at 3x, 10x and 30x, each >= 92%)
 EXTRAPOLATION_SCALE = 0.20
 
 

@@ -33,7 +33,7 @@ Student's t plays for an estimated variance, without t's blow-up on 1-2 degrees 
 share is known, so the folds only carry the drift. A constant gap with no sign of
 drift then pays only that share of a standard error (about the sd of a slope the design cannot rule
 out); a gap that drifts pays its drift. The weight is a calibration on simulated studies
-(bench/gap_power.py, its first 10 trials per truth and noise level); the coverage docs/studies.md
+(experiments/gap_power.py, its first 10 trials per truth and noise level); the coverage docs/studies.md
 reports is measured on other draws.
 
 What it covers less well than the first version: curvature, which a drifting line's two folds

@@ -7,7 +7,7 @@ Two steps, both pure:
    FLOP budget) to one optimum per budget: the vertex of a parabola of loss in log h when it is
    located inside the swept range, else the best measured value (flagged). The vertex is
    `best_lr(values, loss)`, which also gives a bootstrap interval for one size's best LR (several
-   seeds per value allowed): what bench/lr_transfer.py and the transfer gate (sweeps/transfer.py) use.
+   seeds per value allowed): what experiments/lr_transfer.py and the transfer gate (sweeps/transfer.py) use.
 2. `fit_hyperparam_law(flops, h_opt, robust=...)` fits the line with statsmodels OLS, or RLM with
    Huber's T norm when outlying budgets should not drag the slope. Intervals on slope/intercept
    and on predictions come from the model's covariance.

@@ -467,7 +467,7 @@ class LRAnnealingSized(LRAnnealing):
     "Predictable Scale: Part II") lets its coefficient and exponent vary with N. This is the
     one-parameter case of that: a power of N on B (gamma = 0 is lr_annealing). On the CPU IsoFLOP
     sweeps (one peak LR for every size) the larger models gain less per token than the smaller
-    ones, which a common B cannot express (bench/curve_sweeps.py). Fitted in log space (g = gamma).
+    ones, which a common B cannot express (experiments/curve_sweeps.py). Fitted in log space (g = gamma).
     """
 
     name: str = "lr_annealing_sized"

@@ -34,11 +34,11 @@ times |L_A (e^g - 1)|). Between the arms' frontiers the model gives the same rat
 on C only moves both arms' iso-FLOP curves alike, so their minima sit at the same N): the frontier
 gap is L*_A (e^g - 1).
 
-`method="backtest_t"` is the first version, kept to measure the change against (bench/gap_power.py):
+`method="backtest_t"` is the first version, kept to measure the change against (experiments/gap_power.py):
 drift = k_gap (scalelab.fitting.gap_backtest: RMS of miss / decades beyond each fold's training range,
 the noise in every miss) times the distance beyond the largest budget and Student's t over z for the
 2-3 folds; scatter from the line's residuals (a drift the constant gap missed counted again there).
-On bench/gap_power.py's simulated studies (docs/studies.md 2.2) it was 1.2x as wide (median) and
+On experiments/gap_power.py's simulated studies (docs/studies.md 2.2) it was 1.2x as wide (median) and
 decided 56% of the gaps above twice the per-point scatter, against the default's 69%.
 """
 

@@ -51,7 +51,7 @@ from scalelab.fitting.laws import CURVE_LAWS, get_law
 
 TABLE_LAWS = ("chinchilla", "kaplan", "data_constrained")
 # lr_annealing_sized is fitted on request (candidates=...), not by default: on the public families
-# (bench/fit_public.py) it extrapolates worse than lr_annealing (OPT 3.45% vs 1.61%, GPT-3 0.50% vs
+# (experiments/fit_public.py) it extrapolates worse than lr_annealing (OPT 3.45% vs 1.61%, GPT-3 0.50% vs
 # 0.30%), the nested backtest would not pick it, and its start grid is 11 times larger
 CANDIDATES = (*TABLE_LAWS, "lr_annealing", "lr_area", "average")
 TIE_MARE = 1e-6

@@ -16,6 +16,11 @@ Designs (inputs are log-spaced):
 shrink with the number of runs (simulate, fit, repeat)?
 
     data = simulate("chinchilla", CHINCHILLA_EPOCH, design="isoflop", budgets=np.logspace(18, 21, 5))
+
+It stays in the package, not in experiments/, though no command calls it: it is the public way to test
+a law or a design against a known truth (docs/architecture.md, "How to add a law", step 4), which the
+fitting tests, the experiments (fit_calibration, frontier_synthetic) and bench/fit_speed.py all use,
+and a package module is what each of them can import without path tricks.
 """
 
 from __future__ import annotations

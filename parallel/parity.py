@@ -58,7 +58,7 @@ PARITY_LAYOUTS: dict[int, tuple[str, ...]] = {
 }
 
 _ACCUM = re.compile(r"^single(-accum(\d+))?$")
-_BASE = ParallelConfig(mixed_precision="fp32", backend="gloo")  # what a layout name leaves unset
+PARITY_BASE = ParallelConfig(mixed_precision="fp32", backend="gloo")  # what a layout name leaves unset
 
 
 def debug_model(num_layers: int = 4) -> ModelConfig:
@@ -112,7 +112,7 @@ def check_layouts(layouts: list[str], spec: ParitySpec) -> dict[str, ParallelCon
                 raise UsageError(f"layout {name!r}: {m.group(2)} does not divide the batch of {batch} sequences")
             out[name] = ParallelConfig()
             continue
-        pcfg = parse_layout(name, _BASE)
+        pcfg = parse_layout(name, PARITY_BASE)
         if spec.moe and (pcfg.pp > 1 or pcfg.cp > 1):
             raise UsageError(f"layout {name!r}: the MoE parity reference covers dp, fsdp, ep and tp (not pp or cp)")
         try:
@@ -131,7 +131,7 @@ def check_layouts(layouts: list[str], spec: ParitySpec) -> dict[str, ParallelCon
 
 
 # --- the training steps, shared by the reference and the layouts ------------------------------------
-def _batches(spec: ParitySpec) -> list[torch.Tensor]:
+def parity_batches(spec: ParitySpec) -> list[torch.Tensor]:
     """Token batches [global_batch, seq_len + 1] per step, drawn from the first 32 ids only.
 
     A skewed unigram distribution is learnable in a few steps (the loss falls from ~ln V toward
@@ -145,7 +145,7 @@ def _batches(spec: ParitySpec) -> list[torch.Tensor]:
     ]
 
 
-def _optimizer(model, spec: ParitySpec):
+def parity_optimizer(model, spec: ParitySpec):
     """SGD, or AdamW with the training recipe's defaults (betas 0.9/0.95, weight decay 0.1 on the
     matrices, none on norms and the embedding) so that decoupled decay is checked under sharding."""
     if spec.optimizer == "sgd":
@@ -166,7 +166,8 @@ def _name(param_name: str) -> str:
     return param_name.replace("._checkpoint_wrapped_module", "")
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A parameter, gradient or state tensor gathered whole (a DTensor's full tensor), fp32, on CPU."""
     return (t.full_tensor() if isinstance(t, DTensor) else t).detach().float().cpu().clone()
 
 
@@ -190,10 +191,10 @@ def reference_run(spec: ParitySpec, accumulation: int = 1) -> dict:
     model = build_model(spec.model, device="cpu", seed=spec.seed)
     if spec.moe:
         model.set_moe_loss_scale(1.0 / accumulation)
-    opt = _optimizer(model, spec)
+    opt = parity_optimizer(model, spec)
     initial = {k: v.detach().float().clone() for k, v in model.state_dict().items()}
     out: dict = {"losses": [], "grads": {}, "grad_norms": [], "tokens_per_expert": [], "aux_loss": []}
-    for step, batch in enumerate(_batches(spec)):
+    for step, batch in enumerate(parity_batches(spec)):
         ce, counts, aux = 0.0, 0.0, 0.0
         for chunk in batch.split(len(batch) // accumulation):
             with _autocast(spec):
@@ -204,7 +205,7 @@ def reference_run(spec: ParitySpec, accumulation: int = 1) -> dict:
                 c, a = _router(model)
                 counts, aux = counts + c, aux + a / accumulation
         if step == 0:
-            out["grads"] = {n: _full(p.grad) for n, p in model.named_parameters()}
+            out["grads"] = {n: full_tensor(p.grad) for n, p in model.named_parameters()}
         if spec.grad_clip:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)  # the pre-clip norm
         else:
@@ -255,10 +256,10 @@ def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path)
     model = par.model
     if spec.moe:
         model.set_moe_loss_scale(1.0 / spec.accumulation)
-    opt = _optimizer(model, spec)
+    opt = parity_optimizer(model, spec)
     local = spec.global_batch_sequences // par.dp_size
     out: dict = {"losses": [], "grads": {}, "grad_norms": [], "tokens_per_expert": [], "aux_loss": [], "memory": None}
-    for step, batch in enumerate(_batches(spec)):
+    for step, batch in enumerate(parity_batches(spec)):
         mine = batch[par.dp_rank * local : (par.dp_rank + 1) * local]  # the sampler's contiguous dp chunk
         ce, counts, aux = torch.zeros(()), 0.0, 0.0
         for chunk in mine.split(local // spec.accumulation):  # as the loop's micro-batches
@@ -268,7 +269,7 @@ def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path)
                 c, a = _router(model)
                 counts, aux = counts + c, aux + a / spec.accumulation
         if step == 0:  # before clipping; a collective per sharded gradient
-            out["grads"] = {_name(n): _full(p.grad) for n, p in model.named_parameters() if p.grad is not None}
+            out["grads"] = {_name(n): full_tensor(p.grad) for n, p in model.named_parameters() if p.grad is not None}
         out["grad_norms"].append(par.step.clip_grad_norm(model, spec.grad_clip))  # pre-clip global norm
         opt.step()
         if step == spec.steps - 1:
@@ -284,7 +285,7 @@ def _run_layout(key: str, pcfg: ParallelConfig, spec: ParitySpec, out_dir: Path)
             out["aux_loss"].append(packed[:, -1] / world)
     out["seconds"] = time.perf_counter() - t0
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    out["params"] = {k: _full(v) for k, v in sd.items()}
+    out["params"] = {k: full_tensor(v) for k, v in sd.items()}
     if not spec.moe:
         expected = expected_memory(spec.model, pcfg, dims.coords(), optimizer=spec.optimizer, seq_len=spec.seq_len)
         out["expected_memory"] = expected.as_dict()

@@ -1,4 +1,4 @@
-"""The step-time model against published cluster results (bench/planner_published.py prints the tables).
+"""The step-time model against published cluster results (experiments/planner_published.py prints the tables).
 
     rows = evaluate_published()            # one PublishedResult per published row
     print(format_published(rows))

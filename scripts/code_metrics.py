@@ -8,7 +8,7 @@ Reads the sources with the standard library's `ast` only (nothing is imported or
 measures any checkout, e.g. `git worktree add /tmp/main main && python scripts/code_metrics.py /tmp/main`.
 
 What it counts (package folders only: the folders `pyproject.toml` maps into `scalelab.<folder>`;
-tests/, bench/ and scripts/ are listed in the line counts but not in the import figures):
+tests/, experiments/, bench/ and scripts/ are listed in the line counts but not in the import figures):
   - lines: physical lines of the .py files under each folder;
   - imports between our own modules (`scalelab.*`, relative imports resolved), and how many of them
     sit inside a function body (an import inside a function hides a dependency from the reader);
@@ -33,9 +33,9 @@ tests/, bench/ and scripts/ are listed in the line counts but not in the import 
     their shape (a function that parses JSON and reads a round file's "fit" or a fit's "law" and
     "params");
   - who owns what (scripts/code_owners.py): store paths built outside store/ (each listed), the fit
-    options types, the comparison implementations (and the modules writing a verdict), bench files
-    with `sys.path` tricks or private-name imports, and the package modules only benches and tests
-    use.
+    options types, the comparison implementations (and the modules writing a verdict), experiment and
+    bench files with `sys.path` tricks or private-name imports, the package modules only experiments,
+    benches and tests use, and the experiments without a smoke test.
 
 The reading of sources (folders, module names, imports) is scripts/code_tree.py.
 """
@@ -47,7 +47,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from code_owners import print_owners
+from code_owners import SCRIPT_FOLDERS, print_owners
 from code_roles import ROLES, function_index, long_functions, role_report, rounds_loops, where
 from code_tree import (
     OTHER_FOLDERS,
@@ -109,8 +109,8 @@ def print_lines(root: Path, folders: tuple[str, ...]) -> None:
         paths = list((root / folder).rglob("*.py"))
         n = sum(len(p.read_text().splitlines()) for p in paths)
         total += n
-        print(f"  {folder + '/':<11}{len(paths):>4} files {n:>7} lines")
-    print(f"  {'total':<11}{'':>10} {total:>7} lines")
+        print(f"  {folder + '/':<13}{len(paths):>4} files {n:>7} lines")
+    print(f"  {'total':<13}{'':>10} {total:>7} lines")
 
 
 def print_imports(root: Path, folders: tuple[str, ...]) -> dict[str, set[str]]:
@@ -214,8 +214,8 @@ def print_functions(root: Path, folders: tuple[str, ...]) -> None:
     print("launches runs (calls *launch*, *execute* or *resume*)")
     for f in loops:
         print(f"  {f.name:<52} {where(root, f)}")
-    in_bench = sum(f.name.startswith("bench.") for f in loops)
-    print(f"  rounds loops: {len(loops) - in_bench} in the package folders, {in_bench} in bench/")
+    outside = sum(f.name.split(".")[0] in SCRIPT_FOLDERS for f in loops)
+    print(f"  rounds loops: {len(loops) - outside} in the package folders, {outside} in experiments/ and bench/")
 
 
 def main(root: Path) -> None:

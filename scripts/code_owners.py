@@ -1,6 +1,6 @@
 """Figures of who owns what, for `scripts/code_metrics.py`: store paths built outside store/, the fit
-options types, the comparison implementations, the bench files' shortcuts, and the package modules
-only benches and tests use.
+options types, the comparison implementations, the experiments' and benches' shortcuts, the
+package modules only they and tests use, and the experiments without a smoke test.
 
     print_owners(root, folders)       # after code_metrics' other figures
 
@@ -8,7 +8,7 @@ Standard library `ast` only, like the rest of scripts/code_metrics.py. What each
   - store paths built outside store/: a string literal naming a sweep store's file or folder
     (STORE_NAMES, or a `round_...` / `fits/...` pattern) used to build a path: an operand of `/`, or an
     argument of join, joinpath, glob or rglob; in the package folders other than store/, and in
-    bench/. store/paths.py's SweepLayout names every such path, so each hit is listed (file:line);
+    experiments/ and bench/. store/paths.py's SweepLayout names every such path, so each hit is listed (file:line);
   - fit options types: the classes in the package folders that declare which law to fit (a `law`
     field) with the knobs of how a run table is fitted (FIT_KNOBS: bootstrap, starts, candidates,
     noise_floor), whatever they are named: a spec's `fit:` section kept as a class of its own
@@ -21,12 +21,14 @@ Standard library `ast` only, like the rest of scripts/code_metrics.py. What each
     calls both `multiplier` and `interval`: the same computed by hand); fitting/multiplier.py, the
     arithmetic they share, is not one. The modules that write a verdict (a function named
     `*verdict*`) are counted beside them;
-  - bench files that reach into other benches or the package's privates: a `sys.path.insert` /
+  - experiment and bench files that reach into each other or the package's privates: a `sys.path.insert` /
     `sys.path.append` call, or an import of a name starting with `_`;
   - bench-only modules: package modules that no product code reaches through its imports (from
     cli/'s modules, each package's `__init__.py`, the modules started by name, e.g.
     `-m scalelab.sweeps.ray_reaper`, and those docs/ or README.md name as `scalelab.x.y`, the
-    documented API) but that bench/ or tests/ import (or another bench-only module does).
+    documented API) but that experiments/, bench/ or tests/ import (or another bench-only module does);
+  - experiments with a smoke test: the modules of experiments/ that a test module imports
+    (`import experiments.NAME`, `from experiments.NAME import ...`, `from experiments import NAME`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ PATH_CALLS = ("join", "joinpath", "glob", "rglob")
 STARTED = re.compile(r'"-m",\s*"(scalelab(?:\.\w+)+)"|-m (scalelab(?:\.\w+)+)')  # python -m scalelab.x
 CLI_PACKAGE = "scalelab.cli."  # the commands: the product's surface
 FIT_KNOBS = ("bootstrap", "starts", "candidates", "noise_floor")
+SCRIPT_FOLDERS = ("experiments", "bench")  # code on the package's public API, outside the package
 
 
 def _literal(node: ast.AST) -> str | None:
@@ -79,12 +82,13 @@ def store_path_sites(path: Path) -> list[tuple[int, str]]:
 
 def print_store_paths(root: Path, folders: tuple[str, ...]) -> None:
     sites = []
-    for folder in [f for f in folders if f != STORE_FOLDER] + ["bench"]:
+    for folder in [f for f in folders if f != STORE_FOLDER] + list(SCRIPT_FOLDERS):
         for path in sorted((root / folder).rglob("*.py")):
             sites += [(path.relative_to(root), line, text) for line, text in store_path_sites(path)]
-    in_bench = sum(rel.parts[0] == "bench" for rel, _, _ in sites)
+    outside = sum(rel.parts[0] in SCRIPT_FOLDERS for rel, _, _ in sites)
     print(f"\nstore paths built outside {STORE_FOLDER}/ (a store file's name joined by hand; store/paths.py "
-          f"SweepLayout names them): {len(sites) - in_bench} in the package folders, {in_bench} in bench/")  # fmt: skip
+          f"SweepLayout names them): {len(sites) - outside} in the package folders, {outside} in experiments/ "
+          "and bench/")  # fmt: skip
     for rel, line, text in sites:
         print(f"  {f'{rel}:{line}':<40} {text!r}")
 
@@ -174,15 +178,16 @@ def bench_shortcuts(path: Path) -> list[str]:
 
 
 def print_bench_shortcuts(root: Path) -> None:
-    rows = [(p.relative_to(root), bench_shortcuts(p)) for p in sorted((root / "bench").rglob("*.py"))]
+    paths = [p for folder in SCRIPT_FOLDERS for p in sorted((root / folder).rglob("*.py"))]
+    rows = [(p.relative_to(root), bench_shortcuts(p)) for p in paths]
     rows = [(rel, found) for rel, found in rows if found]
-    print(f"\nbench files with sys.path tricks or private-name imports: {len(rows)}")
+    print(f"\nexperiment and bench files with sys.path tricks or private-name imports: {len(rows)}")
     for rel, found in rows:
         print(f"  {str(rel):<40} {'; '.join(found)}")
 
 
 def bench_only_modules(root: Path, folders: tuple[str, ...]) -> list[tuple[str, list[str]]]:
-    """(module, the bench/tests modules importing it) for each bench-only module (module docstring)."""
+    """(module, the experiments/bench/tests modules importing it) for each bench-only module (module docstring)."""
     files = package_files(root, folders)
     modules = set(files)
     graph = {mod: {r.target for r in import_records(mod, path, modules) if r.ours} for mod, path in files.items()}
@@ -199,8 +204,8 @@ def bench_only_modules(root: Path, folders: tuple[str, ...]) -> list[tuple[str, 
             if t not in seen:
                 seen.add(t)
                 todo.append(t)
-    users: dict[str, list[str]] = defaultdict(list)  # bench/tests modules, or the bench-only module importing it
-    for folder in ("bench", "tests"):
+    users: dict[str, list[str]] = defaultdict(list)  # experiments/bench/tests modules, or a bench-only module
+    for folder in (*SCRIPT_FOLDERS, "tests"):
         for path in sorted((root / folder).rglob("*.py")):
             mod = module_name(root, path, folders)
             for r in import_records(mod, path, modules):
@@ -219,13 +224,40 @@ def bench_only_modules(root: Path, folders: tuple[str, ...]) -> list[tuple[str, 
 
 def print_bench_only(root: Path, folders: tuple[str, ...]) -> None:
     found = bench_only_modules(root, folders)
-    print(f"\nbench-only modules in the package (no product code imports them; bench/ or tests/ do): {len(found)}")
+    print(f"\nbench-only modules in the package (no product code imports them; experiments/, bench/ or tests/ do): "
+          f"{len(found)}")  # fmt: skip
     for mod, users in found:
         by = [u for u in users if u.startswith("scalelab.")]
-        benches = [u for u in users if u.startswith("bench.")]
+        scripts = [u for u in users if u.split(".")[0] in SCRIPT_FOLDERS]
         via = f", and {', '.join(short(u) for u in by)}" if by else ""
-        tests = len(users) - len(benches) - len(by)
-        print(f"  {short(mod):<40} {len(benches)} bench file(s), {tests} test file(s){via}")
+        tests = len(users) - len(scripts) - len(by)
+        print(f"  {short(mod):<40} {len(scripts)} experiment/bench file(s), {tests} test file(s){via}")
+
+
+def smoke_tested(root: Path) -> dict[str, list[str]]:
+    """experiments.NAME -> the test modules importing it, for every module of experiments/ (module docstring)."""
+    found: dict[str, list[str]] = {
+        f"experiments.{p.stem}": [] for p in sorted((root / "experiments").glob("*.py")) if p.stem != "__init__"
+    }
+    for path in sorted((root / "tests").rglob("*.py")):
+        named = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                named |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                named |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        for mod in found:
+            if mod in named:
+                found[mod].append(path.stem)
+    return found
+
+
+def print_smoke_tests(root: Path) -> None:
+    found = smoke_tested(root)
+    missing = [m for m, tests in found.items() if not tests]
+    print(f"\nexperiments with a smoke test (a test module imports them): {len(found) - len(missing)} of {len(found)}")
+    for mod in missing:
+        print(f"  {mod:<40} no test imports it")
 
 
 def print_owners(root: Path, folders: tuple[str, ...]) -> None:
@@ -234,3 +266,4 @@ def print_owners(root: Path, folders: tuple[str, ...]) -> None:
     print_comparisons(root, folders)
     print_bench_shortcuts(root)
     print_bench_only(root, folders)
+    print_smoke_tests(root)

@@ -85,7 +85,7 @@ ROLES = (
             "analysis.report_loop.loop_fit",
             "sweeps.isoflop_grid.read_frontier",
             "sweeps.proposal.read_round",
-            "bench.closed_loop._round_fits",
+            "experiments.closed_loop.round_fits",
             "sweeps.wandb_fit.round_records",  # the rounds a W&B fit run logs
         ),
         shape=SAVED_FIT_KEYS,

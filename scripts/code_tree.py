@@ -27,7 +27,7 @@ DEFAULT_PACKAGE_FOLDERS = (
     "analysis",
     "cli",
 )
-OTHER_FOLDERS = ("tests", "bench", "scripts")
+OTHER_FOLDERS = ("tests", "experiments", "bench", "scripts")
 
 
 def package_folders(root: Path) -> tuple[str, ...]:
@@ -36,7 +36,7 @@ def package_folders(root: Path) -> tuple[str, ...]:
         mapping = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     except (OSError, KeyError, tomllib.TOMLDecodeError):
         return DEFAULT_PACKAGE_FOLDERS
-    return tuple(dict.fromkeys(d.split("/")[0] for d in mapping.values() if d))
+    return tuple(dict.fromkeys(d.split("/")[0] for k, d in mapping.items() if d and k.split(".")[0] == "scalelab"))
 
 
 def module_name(root: Path, path: Path, folders: tuple[str, ...]) -> str:

@@ -43,7 +43,7 @@ from scalelab.sweeps.spec import expand_sweep
 
 MAX_ROUNDS = 3  # fits (and remedial rounds) before the demo gives up on identification
 
-# The small-scale recipe of the demo (scalelab.sweeps.recipe); constants from bench/lr_sweep.py.
+# The small-scale recipe of the demo (scalelab.sweeps.recipe); constants from experiments/lr_sweep.py.
 DEMO_RECIPE: dict[str, Any] = {
     "min_steps": 250,
     "shape": {"min_layers": 2, "width_per_layer": 16, "min_width": 16},

@@ -27,6 +27,15 @@
    with `decide` every round is a remedy (an arm's gates fail) or the matched decisive measurement,
    which `until_passed` stops after; `reopen` relaunches its latest round when a run of it is not done.
 
+A protocol that sets each round's budget itself (the closed-loop experiments: a round at 10x, then at
+30x, the step from what the store has trained) passes `next_round(i, last)`: before round i is
+proposed it returns that round's `budget_flops` and `step` (a mapping; a key left out keeps the
+call's own), or None to stop; `last` is the round launched before it (None before the first).
+`launch_design=False` continues a store grown earlier: the sweep's runs are in it already, so no
+gate runs and nothing of the design is launched; the rounds start from the store's records. A
+`before_launch` hook that returns False leaves its round unlaunched and stops the loop there (a
+protocol that trains a round only when its fit passed).
+
 Each round's fit, gates, proposals and ledger go to W&B as a fit run when W&B is on
 (scalelab.sweeps.wandb_fit.log_rounds; `fit_images` draws its plots). Hooks let a caller print
 between the steps: `before_fit(i)` before round i is fitted and proposed, `before_launch(i,
@@ -123,10 +132,15 @@ def run_rounds(
     options: LaunchOptions | None = None,
     log: Log = print,
     before_fit: Callable[[int], None] | None = None,
-    before_launch: Callable[[int, Proposal], None] | None = None,
+    before_launch: Callable[[int, Proposal], bool | None] | None = None,
     fit_images: Images | None = None,
+    next_round: Callable[[int, Proposal | None], dict | None] | None = None,
+    launch_design: bool = True,
 ) -> RoundsResult:
     """Launch `sweep` into `sweep_dir` and run up to `rounds - 1` closed-loop rounds (module docstring).
+
+    One piece: the gates, the design's launch and the rounds, in the module docstring's order, each
+    step a call; split, the loop's stopping rules would be read in two places.
 
     Raises:
         UsageError: rounds < 1; rounds > 1 without a target (target_flops or the spec's
@@ -138,34 +152,41 @@ def run_rounds(
     check, target = check_rounds(sweep, sweep_dir, rounds=rounds, target_flops=target_flops)
     out = sweep_dir if objects.is_url(sweep_dir) else Path(sweep_dir)
     result = RoundsResult()
+    if not launch_design:
+        check = None
     if check is not None:
         result.transfer = _transfer_gate(check, out, spec_name, options, force_transfer, log)
         if result.transfer.refused:
             result.stopped = "the LR-transfer gate refused the ladder"
             return result
         sweep = ladder_with_lr(check, result.transfer.gate.base_lr)
-    if not _recipe_gate(result, sweep, "the design", force_recipe, log):
-        return result
-    launched = _launch(sweep, out, spec_text, spec_name, options, log, faults=True)
-    result.states = launched["states"]
+    if launch_design:
+        if not _recipe_gate(result, sweep, "the design", force_recipe, log):
+            return result
+        launched = _launch(sweep, out, spec_text, spec_name, options, log, faults=True)
+        result.states = launched["states"]
     for i in range(1, rounds):
         if any(s not in store.TERMINAL for s in result.states.values()):
             result.stopped = "a run did not finish"
             break
+        asked = {} if next_round is None else next_round(i, result.proposals[-1] if result.proposals else None)
+        if asked is None:
+            break
+        budget, step_i = asked.get("budget_flops", budget_flops), asked.get("step", step)
         if before_fit is not None:
             before_fit(i)
         if is_study(out):  # a study's round: narrowing runs, remedies, or the decisive measurement
             proposal = (open_study_round(out) if reopen else None) or propose_study_round(
-                out, budget_flops=budget_flops, step=step, decide=decide, log=log
+                out, budget_flops=budget, step=step_i, decide=decide, log=log
             )
         else:
             proposal = (_open_round(out) if reopen else None) or propose_round(
-                out, target_flops=target, budget_flops=budget_flops, step=step, seeds=seeds, log=log
+                out, target_flops=target, budget_flops=budget, step=step_i, seeds=seeds, log=log
             )
         for wandb_id in wandb_fit.log_rounds(out, images=fit_images, log=log):  # when W&B is on
             log(f"W&B: fit run {wandb_id} (fit, gates, proposals, ledger, plots)")
-        if before_launch is not None:
-            before_launch(i, proposal)
+        if before_launch is not None and before_launch(i, proposal) is False:
+            break
         if not _recipe_gate(result, proposal.sweep, f"round {proposal.round}", force_recipe, log, raw=sweep.raw):
             break
         spec_text = files.read_text(proposal.spec_path)

@@ -19,7 +19,7 @@ the spec's base config and recipe, into the sibling sweep directory `<out>-trans
 runs of the store: deduplicated, resumable, listed by `sweep status`). Per size the best LR is
 the vertex of a parabola of the final loss (the spec's `fit.loss`) in log LR around the grid's
 minimum, with a bootstrap interval (scalelab.fitting.hyperparams.best_lr, the estimator
-bench/lr_transfer.py uses too); the drift of a size is the distance in grid steps (fractional)
+experiments/lr_transfer.py uses too); the drift of a size is the distance in grid steps (fractional)
 between its best LR and the base size's. When any drift exceeds the tolerance, or a size's
 minimum is not bracketed (its best grid LR on the grid's edge, or no interior vertex: then the
 drift is not measured), launch refuses with exit 2 and the table, unless `--force`. Otherwise the

@@ -1,28 +1,19 @@
-"""bench/studies.py (the choice-study experiment) on simulated runs: one study through the package's
+"""experiments/studies.py (the choice-study experiment) on simulated runs: one study through the package's
 closed loop to its matched decisive measurement, scored; and its registry matches the registration
 in docs/studies.md. The real studies train for hours (the command is in docs/studies.md)."""
 
+import inspect
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
+from experiments import studies
+
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "bench" / "studies.py"
 
 
 def test_one_simulated_study_runs_the_protocol_to_its_scored_decisive_measurement(tmp_path):
-    res = subprocess.run(
-        [sys.executable, str(SCRIPT), "--study", "arch", "--simulate", "--smoke", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=os.environ | {"WANDB_MODE": "disabled", "RAY_AUTH_MODE": "disabled"},
-        check=False,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
+    studies.main(["--study", "arch", "--simulate", "--smoke", "--out", str(tmp_path)])
     summary = json.loads((tmp_path / "summary.json").read_text())
     (row,) = summary["studies"]
     assert row["scored"] and row["n_pairs"] == 6 and summary["simulated"]
@@ -41,6 +32,6 @@ def test_one_simulated_study_runs_the_protocol_to_its_scored_decisive_measuremen
 
 def test_every_study_of_the_experiment_is_registered_in_the_docs():
     text = (ROOT / "docs" / "studies.md").read_text()
-    registry = re.search(r"^STUDIES: .*?^}", SCRIPT.read_text(), re.S | re.M).group(0)
+    registry = re.search(r"^STUDIES: .*?^}", inspect.getsource(studies), re.S | re.M).group(0)
     for name in re.findall(r'^    "(\w+)": \{$', registry, re.M):
         assert f"| {name} |" in text, name  # a row of the registration table

@@ -72,6 +72,13 @@ FILES = {
             launch(propose_round(simulate.__name__))
         """,
     "fitting/simulate.py": '"""only the bench uses it"""\n',
+    # an experiment that imports another's private name and one of the package's only-for-tests
+    # modules; a second experiment, smoke-tested
+    "experiments/__init__.py": '"""experiments"""\n',
+    "experiments/probe.py": "from experiments.tested import _helper\nfrom scalelab.fitting import identify\n",
+    "experiments/tested.py": "def _helper():\n    return 1\n",
+    "fitting/identify.py": '"""only an experiment and a test use it"""\n',
+    "tests/test_tested.py": "from experiments import tested\nfrom scalelab.fitting import identify\n",
     # the store names its own paths; a sweep module that joins them by hand twice
     "store/__init__.py": '"""store"""\n',
     "store/paths.py": 'def spec(d):\n    return d / "sweep.yaml"\n',
@@ -135,18 +142,22 @@ def test_figures_of_a_made_up_checkout(checkout, capsys):
     assert "fit entries: 1\n" in out and "fitting.pipeline.fit_table" in out and "not in this checkout" in out
     assert "evaluation paths: 0\n" in out
     assert "sweeps.rounds.run_rounds" in out and "bench.loop.<module>" in out
-    assert "rounds loops: 1 in the package folders, 1 in bench/" in out
-    assert "SweepLayout names them): 2 in the package folders, 0 in bench/" in out, out
+    assert "rounds loops: 1 in the package folders, 1 in experiments/ and bench/" in out
+    assert "SweepLayout names them): 2 in the package folders, 0 in experiments/ and bench/" in out, out
     assert "sweeps/store_read.py:2" in out and "'fits/round_*.json'" in out and "store/paths.py:2" not in out
     assert "fit options types: 2 (and the CLI's arguments)" in out and "fitting.fit_options.FitOptions" in out
     assert "sweeps.spec_fit.FitSection" in out and "fitting.result.Result" not in out
     assert "comparison implementations (is B better than A, built in the module): 2; modules writing a " in out
     assert "verdict: 1 (fitting/compare_two.py)" in out and "fitting/multiplier.py" not in out
     assert "result class Cmp (line 2)" in out and "m's paired interval in width (line 1)" in out
-    assert "bench files with sys.path tricks or private-name imports: 1" in out
+    assert "experiment and bench files with sys.path tricks or private-name imports: 2" in out
     assert "sys.path.insert (line 7)" in out and "from other_bench import _private" in out
-    assert "bench-only modules in the package (no product code imports them; bench/ or tests/ do): 1" in out
-    assert "fitting.simulate" in out and "1 bench file(s), 0 test file(s)" in out
+    assert "experiments/probe.py" in out and "from experiments.tested import _helper (line 1)" in out
+    assert "(no product code imports them; experiments/, bench/ or tests/ do): 2" in out
+    assert "fitting.simulate" in out and "1 experiment/bench file(s), 0 test file(s)" in out
+    assert "fitting.identify" in out and "1 experiment/bench file(s), 1 test file(s)" in out
+    assert "experiments with a smoke test (a test module imports them): 1 of 2" in out
+    assert "experiments.probe                        no test imports it" in out and "experiments.tested  " not in out
     assert "fitting.from_report.predict_from_fit" in out and "calls fitting.from_report.allocate_from_fit" in out
     assert "sweeps.round_read.latest_fit" in out and "an entry (not listed: found by its shape)" in out
     assert "saved-fit readers: 2\n" in out

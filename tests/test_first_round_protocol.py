@@ -1,32 +1,22 @@
 """Smoke tests of the registered first-round experiment's scripts (docs/first-round.md), without
-training: bench/recipe_audit.py's grid and its report on a synthetic audit store, and
-bench/first_round_store.py -> bench/first_round_scores.py on a store whose runs are finished from a
+training: experiments/recipe_audit.py's grid and its report on a synthetic audit store, and
+experiments/first_round_store.py -> experiments/first_round_scores.py on a store whose runs are finished from a
 known law (scalelab.analysis.synthetic) where the scripts would train them on Ray."""
 
-import importlib.util
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import yaml
 
+from experiments import first_round_scores, first_round_store, recipe_audit
 from scalelab import store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.store.atomic import atomic_write_json
 from scalelab.sweeps.recipe import timescale_of
 from scalelab.sweeps.recipe_gate import check_sweep
 from scalelab.sweeps.spec import expand_sweep
-
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _loss(config: dict, n: int, d: int) -> float:
@@ -40,8 +30,8 @@ def _loss(config: dict, n: int, d: int) -> float:
 
 @pytest.fixture(scope="module")
 def audit_dir(tmp_path_factory):
-    """bench/recipe_audit.py's smoke grid, finished from the truth above, then its report."""
-    audit = _script("recipe_audit")
+    """experiments/recipe_audit.py's smoke grid, finished from the truth above, then its report."""
+    audit = recipe_audit
     out = tmp_path_factory.mktemp("audit") / "audit"
     spec = audit.audit_spec(smoke=True)
     sweep = expand_sweep(spec)
@@ -60,7 +50,7 @@ def audit_dir(tmp_path_factory):
 
 def test_the_audit_grid_and_its_report(audit_dir, capsys):
     capsys.readouterr()
-    _script("recipe_audit").main(["--dry-run"])
+    recipe_audit.main(["--dry-run"])
     assert "recipe audit: 103 runs {'lr': 78, 'weight_decay': 12, 'beta2': 4, 'shape': 9}" in capsys.readouterr().out
     for name in ("audit.json", "audit.txt", "recipe.yaml"):
         assert (audit_dir / name).is_file()
@@ -72,7 +62,7 @@ def test_the_audit_grid_and_its_report(audit_dir, capsys):
 
 
 def test_one_store_then_its_scores(audit_dir, tmp_path, monkeypatch, capsys):
-    script = _script("first_round_store")
+    script = first_round_store
     law = SyntheticLaw()
     spec, sweep = script.first_round_spec(audit_dir, seed=1000, num_sizes=6, span=2.0, seeds_per_point=1)
     assert len(sweep.runs) == 18 and len({r.config["train"]["seed"] for r in sweep.runs}) == 18
@@ -96,7 +86,7 @@ def test_one_store_then_its_scores(audit_dir, tmp_path, monkeypatch, capsys):
     script.main(args)  # resumed: the holdout round is launched as proposed, never proposed again
     loop = tmp_path / "s1000" / "loop"
     assert sorted(p.name for p in (loop / "rounds").glob("round_*.yaml")) == ["round_1.yaml"]
-    scores = _script("first_round_scores")
+    scores = first_round_scores
     capsys.readouterr()
     scores.main([str(loop), "--json", str(tmp_path / "scores.json")])
     out = capsys.readouterr().out

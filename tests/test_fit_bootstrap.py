@@ -1,5 +1,5 @@
 """Bootstrap, delta-method and prediction intervals; the simulator's planning helper; and the smoke
-version of the calibration study (the full 200-dataset one is bench/fit_calibration.py)."""
+version of the calibration study (the full 200-dataset one is experiments/fit_calibration.py)."""
 
 import numpy as np
 import pytest
@@ -83,7 +83,7 @@ def test_huber_variance_factor_limits():
 
 
 def test_bootstrap_coverage_smoke():
-    """Smoke version of the calibration (bench/fit_calibration.py runs 200 datasets): over 12 small
+    """Smoke version of the calibration (experiments/fit_calibration.py runs 200 datasets): over 12 small
     synthetic sweeps the 95% bootstrap intervals for alpha and beta cover the truth in most cases."""
     hits = []
     for seed in range(12):

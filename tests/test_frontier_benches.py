@@ -1,42 +1,32 @@
-"""The frontier's experiments on tiny inputs (fast): bench/frontier_public.py scores a table by the
-registered protocol, bench/score_store.py scores a store's first round against its far runs."""
-
-import os
-import subprocess
-import sys
-from pathlib import Path
+"""The frontier's experiments on tiny inputs (fast): experiments/frontier_public.py scores a table by the
+registered protocol, experiments/score_store.py scores a store's first round against its far runs."""
 
 import numpy as np
 import polars as pl
 
+from experiments import frontier_public, score_store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.fitting.allocate import chinchilla_optimum
 from scalelab.fitting.simulate import CHINCHILLA_EPOCH, simulate
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+def _run(main, argv: list[str], capsys) -> str:
+    assert main(argv) == 0
+    return capsys.readouterr().out
 
 
-def _run(script: str, *args: str) -> str:
-    res = subprocess.run(
-        [sys.executable, str(BENCH / script), *args],
-        capture_output=True, text=True, timeout=600, check=False, env=os.environ | {"WANDB_MODE": "disabled"},
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    return res.stdout
-
-
-def test_the_public_benchmark_scores_a_table_by_distance(tmp_path):
+def test_the_public_benchmark_scores_a_table_by_distance(tmp_path, capsys):
     data = simulate("chinchilla", CHINCHILLA_EPOCH, design="isoflop", budgets=np.logspace(18, 20.5, 6),
                     points_per_budget=5, isoflop_width=0.5, noise_sigma=0.005, seed=0)  # fmt: skip
     table = tmp_path / "tiny.csv"
     pl.DataFrame(data).write_csv(table)
-    out = _run("frontier_public.py", "--table", str(table), "--name", "tiny", "--origins", "0.6", "--json",
-               str(tmp_path / "out.json"))  # fmt: skip
+    argv = ["--table", str(table), "--name", "tiny", "--origins", "0.6", "--json", str(tmp_path / "out.json")]
+    out = _run(frontier_public.main, argv, capsys)
     assert out.splitlines()[0].startswith("family      targets  default MARE  approach 3 MARE")
     assert "tiny" in out and "pooled by distance" in out and (tmp_path / "out.json").exists()
 
 
-def test_a_stores_first_round_is_scored_against_its_far_runs(tmp_path):
+def test_a_stores_first_round_is_scored_against_its_far_runs(tmp_path, capsys):
     law = SyntheticLaw()
     spec = {
         "name": "sim",
@@ -52,6 +42,6 @@ def test_a_stores_first_round_is_scored_against_its_far_runs(tmp_path):
         n, d, loss = chinchilla_optimum(law.params_dict(), mult * 3e12)
         rows.append({"seed": 0, "params": n, "tokens": d, "loss": loss, "distance": mult})
     pl.DataFrame(rows).write_csv(far)
-    out = _run("score_store.py", str(sd), "--far", str(far), "--seed", "0")
+    out = _run(score_store.main, [str(sd), "--far", str(far), "--seed", "0"], capsys)
     assert out.startswith("first round: 15 runs, chinchilla")
     assert "--far seed 0" in out and " 30x  1 run(s)" in out and "goal |error| <= 4%, width <= 20%" in out

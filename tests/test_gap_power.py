@@ -1,30 +1,17 @@
-"""bench/gap_power.py (the paired gap's coverage, width and power on simulated studies) on a tiny
+"""experiments/gap_power.py (the paired gap's coverage, width and power on simulated studies) on a tiny
 configuration: both methods measured on the same studies, the four figures per method, bad input refused."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "gap_power.py"
+from experiments import gap_power
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        env=os.environ | {"WANDB_MODE": "disabled"},
+def test_the_bench_measures_both_methods_on_the_same_simulated_studies(tmp_path, capsys):
+    rc = gap_power.main(
+        ["--trials", "2", "--noise", "0.003", "--truths", "none,E +0.09", "--json", str(tmp_path / "g.json")]
     )
-
-
-def test_the_bench_measures_both_methods_on_the_same_simulated_studies(tmp_path):
-    res = _run("--trials", "2", "--noise", "0.003", "--truths", "none,E +0.09", "--json", str(tmp_path / "g.json"))
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "truth E +0.09         true gap at 2e13 +0.0900 nats" in res.stdout
+    assert rc == 0
+    assert "truth E +0.09         true gap at 2e13 +0.0900 nats" in capsys.readouterr().out
     summary = json.loads((tmp_path / "g.json").read_text())
     assert set(summary["methods"]) == {"noise_corrected", "backtest_t"} and summary["load_average"]
     for method in summary["methods"].values():
@@ -35,7 +22,8 @@ def test_the_bench_measures_both_methods_on_the_same_simulated_studies(tmp_path)
     assert summary["methods"]["noise_corrected"]["E +0.09"]["decided_big"] == 1.0
 
 
-def test_an_unknown_truth_is_refused_in_one_line():
-    res = _run("--trials", "1", "--truths", "none,E +7")
-    assert res.returncode == 2 and res.stderr.strip().startswith("--truths: 'E +7' is not a truth; use one of none,")
-    assert len(res.stderr.strip().splitlines()) == 1
+def test_an_unknown_truth_is_refused_in_one_line(capsys):
+    assert gap_power.main(["--trials", "1", "--truths", "none,E +7"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().startswith("--truths: 'E +7' is not a truth; use one of none,")
+    assert len(err.strip().splitlines()) == 1

@@ -20,15 +20,15 @@ import torch.distributed as dist
 import yaml
 from pinned import run_pinned, skip_unless_recorded_here
 
+from experiments.compression_check import compression_trial
 from scalelab.cli.main import main
 from scalelab.errors import ConfigError
 from scalelab.models.llama import build_model
-from scalelab.parallel.compression_check import compression_trial
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.dims import ParallelDims
 from scalelab.parallel.layouts import parse_layout
 from scalelab.parallel.parallelize import parallelize
-from scalelab.parallel.parity import _BASE, ParitySpec, _batches, _optimizer, debug_model
+from scalelab.parallel.parity import PARITY_BASE, ParitySpec, debug_model, parity_batches, parity_optimizer
 from scalelab.parallel.planner import grad_compression_fraction
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,7 +81,7 @@ def test_bad_compression_on_the_command_line_exits_2_with_one_line(tmp_path, mon
 
 def _none_worker() -> None:
     spec = ParitySpec(steps=3, lr=1e-3)
-    pcfg = parse_layout("dp2", _BASE)
+    pcfg = parse_layout("dp2", PARITY_BASE)
     assert pcfg.grad_compression == "none"  # off by default
     dims = ParallelDims.from_config(pcfg, world_size=2)
     par = parallelize(build_model(spec.model, device="cpu", seed=spec.seed), dims, pcfg, seq_len=spec.seq_len)
@@ -89,8 +89,8 @@ def _none_worker() -> None:
     units = [m for m in par.model.modules() if hasattr(m, "_get_fsdp_state")]
     assert units and all(m._get_fsdp_state()._fsdp_param_group._all_reduce_hook is None for m in units)
     assert par.model._get_fsdp_state()._fsdp_param_group.mesh_info.mesh.ndim == 2
-    opt, local, losses = _optimizer(par.model, spec), spec.global_batch_sequences // 2, []
-    for batch in _batches(spec):
+    opt, local, losses = parity_optimizer(par.model, spec), spec.global_batch_sequences // 2, []
+    for batch in parity_batches(spec):
         mine = batch[par.dp_rank * local : (par.dp_rank + 1) * local]
         ce = par.step.forward_backward(mine[:, :-1], mine[:, 1:], 1.0)
         par.step.clip_grad_norm(par.model, spec.grad_clip)

@@ -199,7 +199,7 @@ def test_moe_module_in_blocks_and_hooks():
 
 
 def test_aux_loss_reduces_imbalance_in_a_short_run():
-    from scalelab.train.moe_balance import aux_balance_run
+    from experiments.moe_balance import aux_balance_run
 
     off, on = aux_balance_run(0.0, steps=40), aux_balance_run(0.1, steps=40)
     assert off["imbalance_first"] == on["imbalance_first"]  # same start

@@ -15,6 +15,7 @@ import polars as pl
 import pytest
 import torch
 
+from experiments.planner_validate import local_rows
 from scalelab.models.llama import build_model
 from scalelab.models.presets import get_preset
 from scalelab.parallel.config import ParallelConfig
@@ -30,7 +31,6 @@ from scalelab.parallel.planner import (
     plan_layouts,
 )
 from scalelab.parallel.planner_memory import param_shapes, state_bytes
-from scalelab.parallel.planner_validate import local_rows
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one intra-op thread per module
 

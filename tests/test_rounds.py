@@ -88,3 +88,30 @@ def test_rounds_need_a_target_before_anything_runs(tmp_path, launched):
     with pytest.raises(UsageError, match="--target-flops"):
         run_rounds(expand_sweep({**SPEC, "fit": {}}), tmp_path / "x", spec_text="", rounds=2)
     assert launched == [] and not (tmp_path / "x").exists()
+
+
+def test_a_protocol_sets_each_rounds_budget_continues_a_store_and_may_leave_a_round_unlaunched(
+    tmp_path, launched, monkeypatch
+):
+    """next_round gives each round's budget and step (None stops); launch_design=False continues a
+    store without launching its design again; a before_launch hook returning False launches nothing."""
+    sd, text, quiet = tmp_path / "loop", yaml.safe_dump(SPEC, sort_keys=False), lambda _: None
+    proposed = []
+    propose = rounds.propose_round
+    monkeypatch.setattr(rounds, "propose_round", lambda out, **kw: proposed.append(kw) or propose(out, **kw))
+    run_rounds(expand_sweep(SPEC), sd, spec_text=text, spec_name="loop", rounds=1, log=quiet)
+    asked = []
+
+    def next_round(i, last):
+        asked.append((i, None if last is None else last.round))
+        return {"budget_flops": 6e12, "step": 2.0} if i == 1 else ({"step": 5.0} if i == 2 else None)
+
+    result = run_rounds(expand_sweep(SPEC), sd, spec_text=text, spec_name="loop", rounds=5, target_flops=1e13,
+                        budget_flops=9e12, launch_design=False, next_round=next_round, log=quiet)  # fmt: skip
+    assert asked == [(1, None), (2, 1), (3, 2)]  # stopped at the third ask
+    assert [(kw["budget_flops"], kw["step"]) for kw in proposed] == [(6e12, 2.0), (9e12, 5.0)]
+    assert [name for name, _ in launched] == ["loop", "round_1", "round_2"]  # the design launched once
+    assert [p.round for p in result.proposals] == [1, 2] and result.ok
+    unlaunched = run_rounds(expand_sweep(SPEC), sd, spec_text=text, spec_name="loop", rounds=3, target_flops=1e13,
+                            launch_design=False, before_launch=lambda i, p: False, log=quiet)  # fmt: skip
+    assert unlaunched.proposals == [] and len(launched) == 3 and len(proposed) == 3  # proposed, not launched

@@ -2,7 +2,7 @@
 runs, the decision on measured losses, the ladder at the transferred LR, bad sections (exit 2 before
 anything is written), and one launch on the session's Ray that writes the check into the store.
 
-The gate on a real sp vs mup ladder (width x8) is bench/transfer_gate.py (~16 min), not a test.
+The gate on a real sp vs mup ladder (width x8) is experiments/transfer_gate.py (~16 min), not a test.
 """
 
 import math

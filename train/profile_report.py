@@ -38,7 +38,7 @@ from scalelab.train.trace_analysis import CATEGORIES
 
 MIB = 2**20
 # gloo's latency per ring step between two processes on a 2-core CPU machine, for summaries recorded
-# before the ranks measured it: the median of three fits of bench/planner_calibrate.py --gloo (the
+# before the ranks measured it: the median of three fits of experiments/planner_calibrate.py --gloo (the
 # intercept of all-reduce time vs bytes; the fits are in docs/benchmarks.md)
 GLOO_STEP_LATENCY_S = 1.6e-4
 MEMORY = ("params", "grads", "optimizer", "activations", "peak")

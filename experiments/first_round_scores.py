@@ -1,0 +1,148 @@
+"""Scores of the registered first-round protocol (docs/first-round.md): each cold store's first-round
+error at 3x, 10x and 30x, beside the old recipe's seven stores, against the goals.
+
+For every store given (the `loop` sweep of experiments/first_round_store.py): the ledger scored
+(scalelab.store.ledger), its holdout runs grouped by distance (their budget over the first round's
+largest, the nearest of 3, 10, 30), the error of each distance the mean of its runs' relative errors
+(predicted / measured - 1, each run predicted by the first round's fit before it trained), with the
+runs covered by their 95% intervals and the intervals' mean width. Over the stores: the mean error
+and the store-to-store sd at 10x and 30x, against the goals (30x: mean within +-2%, goal +-1%, sd
+at most 2%; 10x: mean within +-2%, sd at most 1.5%), beside the same for the old recipe's seven
+stores (experiments/data/first_round_errors_old_recipe.csv: their first rounds' errors as
+docs/extrapolation.md reports them). And the cost: CPU seconds of training per store (the runs'
+`end` events), the first round's FLOPs and CPU time against those of its 3x and 10x runs (what the
+loop's ladder spends on its 3x and 10x steps), and the replication the design chose (its runs beyond
+the demo's 12) in the same units.
+
+    python experiments/first_round_scores.py results/first_round/s1000/loop results/first_round/s1100/loop ...
+    python experiments/first_round_scores.py ... --json scores.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+from pathlib import Path
+
+from scalelab import store
+from scalelab.config_tree import load_yaml
+from scalelab.store import ledger
+
+DISTANCES = (3, 10, 30)
+GOALS = {30: (2.0, 2.0), 10: (2.0, 1.5)}  # distance -> (|mean error| at most, store-to-store sd at most), %
+OLD = Path(__file__).resolve().parent / "data" / "first_round_errors_old_recipe.csv"
+DEMO_RUNS = 12  # the demo's first round, the design the replication is priced against
+
+
+def store_scores(sweep_dir: str | Path) -> dict:
+    """One store's errors per distance (%), coverage, widths, and its costs."""
+    sweep_dir = Path(sweep_dir)
+    ledger.score(sweep_dir)
+    spec = load_yaml(str(store.SweepLayout(sweep_dir).spec))
+    largest = max(float(b) for b in spec["isoflop"]["budgets"])
+    far = [p for p in ledger.read_ledger(sweep_dir)["predictions"] if p.get("kind") == "holdout"]
+    cpu = {
+        e["run_id"]: float(e.get("train_cpu_s") or 0) for e in store.read_events(sweep_dir) if e.get("event") == "end"
+    }
+    runs = store.load_runs(sweep_dir)
+    far_ids = {p["run_id"] for p in far}
+    first = runs.filter(~runs["run_id"].is_in(list(far_ids)))
+    out = {"store": str(sweep_dir), "first_round_runs": first.height, "first_round_flops": float(first["flops"].sum()),
+           "first_round_cpu_s": sum(cpu.get(r, 0.0) for r in first["run_id"]), "distances": {}}  # fmt: skip
+    for m in DISTANCES:
+        at = [p for p in far if min(DISTANCES, key=lambda d: abs(math.log(p["flops"] / largest / d))) == m]
+        done = [p for p in at if p.get("measured") is not None]
+        out["distances"][m] = {
+            "runs": len(at),
+            "scored": len(done),
+            "error": 100 * statistics.fmean(p["rel_error"] for p in done) if done else None,
+            "covered": sum(bool(p["covered"]) for p in done),
+            "width": 100 * statistics.fmean((p["interval"][1] - p["interval"][0]) / p["predicted"] for p in done)
+            if done
+            else None,
+            "flops": sum(p["flops"] for p in at),
+            "cpu_s": sum(cpu.get(p["run_id"], 0.0) for p in at),
+        }
+    out["cpu_s"] = sum(cpu.values())
+    return out
+
+
+def old_recipe() -> dict[int, list[float]]:
+    """distance -> the old recipe's first-round errors (%), one per store."""
+    with OLD.open() as f:
+        rows = list(csv.DictReader(f))
+    return {m: [float(r["error_pct"]) for r in rows if int(r["distance"]) == m] for m in (10, 30)}
+
+
+def _summary(errors: list[float]) -> tuple[float, float]:
+    mean = statistics.fmean(errors) if errors else math.nan
+    sd = statistics.stdev(errors) if len(errors) > 1 else math.nan
+    return mean, sd
+
+
+def report(scores: list[dict]) -> str:
+    lines = [
+        "first-round error (%) by store: mean of the far runs' (predicted / measured - 1), each predicted by the "
+        "first round's fit (the loop's default: fit.law auto) before it trained; covered/scored at 95%, mean width",
+        f"{'store':44} {'runs':>4} " + " ".join(f"{f'{m}x':>22}" for m in DISTANCES) + f" {'CPU-s':>8}",
+    ]
+    for s in scores:
+        cells = []
+        for m in DISTANCES:
+            d = s["distances"][m]
+            cell = "-" if d["error"] is None else f"{d['error']:+.2f} {d['covered']}/{d['scored']} w{d['width']:.1f}"
+            cells.append(f"{cell:>22}")
+        lines.append(f"{s['store'][-44:]:44} {s['first_round_runs']:>4} " + " ".join(cells) + f" {s['cpu_s']:>8.0f}")
+    old = old_recipe()
+    lines.append("over the stores: mean error, store-to-store sd (goal) -> met?")
+    for m in (10, 30):
+        new = [s["distances"][m]["error"] for s in scores if s["distances"][m]["error"] is not None]
+        mean, sd = _summary(new)
+        o_mean, o_sd = _summary(old[m])
+        max_mean, max_sd = GOALS[m]
+        verdict = "met" if abs(mean) <= max_mean and sd <= max_sd else "MISSED"
+        if len(new) < 2:
+            verdict = "not scored (the sd needs 2 or more stores)"
+        lines.append(
+            f"  {m}x: audited recipe {mean:+.2f}%, sd {sd:.2f}% over {len(new)} store(s) (goal |mean| <= {max_mean}%, "
+            f"sd <= {max_sd}%): {verdict}; old recipe {o_mean:+.2f}%, sd {o_sd:.2f}% over {len(old[m])} stores"
+        )
+    lines += _costs(scores)
+    return "\n".join(lines)
+
+
+def _costs(scores: list[dict]) -> list[str]:
+    """The first round's and its replication's cost against the 3x and 10x steps."""
+    out = ["cost per store: first round vs its 3x and 10x runs (the ladder's steps), FLOPs and CPU-s"]
+    for s in scores:
+        three, ten = s["distances"][3], s["distances"][10]
+        extra = max(s["first_round_runs"] - DEMO_RUNS, 0) / max(s["first_round_runs"], 1)
+        out.append(
+            f"  {s['store'][-44:]}: first round {s['first_round_flops']:.3g} FLOPs / "
+            f"{s['first_round_cpu_s']:.0f} CPU-s "
+            f"({s['first_round_runs']} runs, {extra:.0%} of them beyond the demo's {DEMO_RUNS}); "
+            f"3x runs {three['flops']:.3g} / {three['cpu_s']:.0f}; 10x runs {ten['flops']:.3g} / {ten['cpu_s']:.0f}; "
+            f"replication = {extra * s['first_round_flops'] / max(three['flops'], 1):.2f}x the 3x step, "
+            f"{extra * s['first_round_flops'] / max(ten['flops'], 1):.2f}x the 10x step (FLOPs)"
+        )
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "stores", nargs="+", help="the stores' loop sweeps (experiments/first_round_store.py --out X: X/loop)"
+    )
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the scores as JSON")
+    args = ap.parse_args(argv)
+    scores = [store_scores(s) for s in args.stores]
+    print(report(scores))
+    if args.json:
+        Path(args.json).write_text(json.dumps(scores, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Smoke tests of experiments/ that need no training: each experiment's `main` on its smallest
+configuration, in this process (experiments is an installed package: no sys.path edit, no subprocess),
+so a package change that breaks an experiment fails here. The experiments' full runs and their results
+are in docs/; these check that the protocol's code path still runs end to end and prints its table.
+The experiments with training or a store have their own test modules (test_first_round_protocol,
+test_frontier_benches, test_gap_power, test_bench_studies)."""
+
+import json
+
+import pytest
+
+from experiments import (
+    extrapolation_variants,
+    fit_calibration,
+    forms_position,
+    frontier_synthetic,
+    interval_calibration,
+    isoflop_shape,
+    loop_coverage,
+    moe_aux_loss,
+    plan_public,
+    planner_activation,
+    planner_published,
+    planner_sanity,
+    stacked_coverage,
+)
+from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
+from scalelab.fitting.allocate import chinchilla_optimum
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_planner_checks_rank_the_published_layouts(capsys):
+    assert planner_sanity.main([]) == 0
+    out = capsys.readouterr().out
+    assert "published layout ranks" in out and "planner's best is" in out
+    planner_published.main(["--no-search"])
+    assert "MoE 0.70T / 33B active" in capsys.readouterr().out
+
+
+def test_planner_activation_compares_the_formula_with_saved_bytes(tmp_path, capsys):
+    assert planner_activation.main(["--quick", "--no-spawn", "--json", str(tmp_path / "rows.json")]) == 0
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert rows and all(abs(r["rel_error"]) <= 0.10 for r in rows) and "wall time" in capsys.readouterr().out
+
+
+def test_isoflop_shape_measures_both_shapes(capsys):
+    isoflop_shape.main(["--trials", "2"])
+    out = capsys.readouterr().out
+    assert "parabola: exponent bias" in out and "power: exponent bias" in out
+
+
+def test_frontier_synthetic_scores_one_truth(capsys):
+    assert frontier_synthetic.main(["--trials", "1", "--kinds", "chinchilla"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("chinchilla")]
+    assert len(rows) == 2  # one row per target (1e21, 3e21)
+
+
+def test_stacked_coverage_scores_every_distance(capsys):
+    stacked_coverage.main(["--trials", "1", "--bootstrap", "2", "--kinds", "chinchilla"])
+    out = capsys.readouterr().out
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("chinchilla")] == ["3x", "10x", "30x"]
+
+
+def test_interval_calibration_scores_both_intervals(capsys):
+    interval_calibration.main(["--trials", "1", "--bootstrap", "2", "--kinds", "chinchilla"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("chinchilla")]
+    assert [r[1] for r in rows] == ["3x", "10x", "30x"] and all(len(r) == 7 for r in rows)
+
+
+def test_loop_coverage_runs_one_trial_through_run_rounds(capsys):
+    """One synthetic trial: the 3x gate rounds, then the 30x round, driven by run_rounds' hooks."""
+    loop_coverage.main(["--trials", "1"])
+    out = capsys.readouterr().out
+    assert "(3x) predicted" in out and "(30x) predicted" in out and "3x: coverage 1/1" in out
+
+
+def test_forms_position_places_far_runs_between_the_forms(capsys):
+    forms_position.main(["--synthetic", "1"])
+    out = capsys.readouterr().out
+    assert "30.0x  chinchilla" in out and "receding 30x: 1 runs" in out
+
+
+def test_extrapolation_variants_scores_a_synthetic_store(tmp_path, capsys):
+    """A first round finished from a known law, and a point at 10x its largest budget (--extra)."""
+    law = SyntheticLaw()
+    spec = {
+        "name": "sim",
+        "base": {"data": {"seq_len": 64}, "train": {"global_batch_tokens": 512}},
+        "isoflop": {"budgets": [3e11, 1e12, 3e12], "num_sizes": 5, "center": {"tokens_per_param": 5}, "span": 3},
+    }
+    launch_synthetic(spec, tmp_path / "loop", law, noise_std=0.003)
+    n, d, loss = chinchilla_optimum(law.params_dict(), 3e13)
+    extra = f"{n},{d},{loss},3e13,{n},{n}"
+    argv = ["--laws", "chinchilla", "--accounting", "total", "--bootstrap", "2", "--extra", extra]
+    assert extrapolation_variants.main([str(tmp_path / "loop"), *argv]) == 0
+    out = capsys.readouterr().out
+    assert "scored runs: 10x extra" in out and "total      chinchilla  round 0" in out
+
+
+def test_fit_calibration_reports_coverage(tmp_path, capsys):
+    fit_calibration.main(["--datasets", "2", "--n-boot", "10", "--out", str(tmp_path / "c.json")])
+    summary = json.loads((tmp_path / "c.json").read_text())
+    assert summary["datasets"] == 2 and set(summary["mc_sd"]) == {"alpha", "beta", "a_opt"}
+
+
+def test_moe_aux_loss_trains_every_weight(capsys):
+    assert moe_aux_loss.main(["--steps", "2"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith(("0.0 ", "0.1"))]
+    assert len(rows) == 4  # aux weights 0.0 and 0.1, dropless and capacity 1.0
+
+
+def test_plan_public_writes_the_run_and_recipe_tables(tmp_path, capsys):
+    assert plan_public.main(["--out", str(tmp_path)]) == 0
+    assert "175B held out" in capsys.readouterr().out
+    assert (tmp_path / "gpt3_runs.csv").exists() and (tmp_path / "gpt3_recipe.csv").exists()
