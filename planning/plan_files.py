@@ -34,7 +34,8 @@ def _clean(obj: Any) -> Any:
 
 def write_plan(plan: dict[str, Any], out: str | Path) -> list[Path]:
     out = Path(out)
-    paths = [out / PLAN_FILE, out / "run.yaml", out / "sweep.yaml"]
+    # sweep.yaml where a sweep keeps its spec, so `scalelab sweep launch OUT` trains the planned run
+    paths = [out / PLAN_FILE, out / "run.yaml", Path(SweepLayout(out).spec)]
     atomic_write_bytes(paths[0], (json.dumps(_clean(plan), indent=1) + "\n").encode())
     atomic_write_bytes(paths[1], dump_spec(plan["config"]).encode())
     atomic_write_bytes(paths[2], dump_spec(plan["spec"]).encode())
