@@ -35,7 +35,13 @@ def test_a_spec_section_a_command_and_the_loop_build_the_same_options():
     assert sweep.fit.gates and sweep.fit.draw_starts and sweep.fit.loss == "final_val_loss"
     # a command's options win; a law given is fitted as asked (the spec's forms drop)
     again = fit_options(section, bootstrap=4, seed=3, law="kaplan")
-    assert (again.bootstrap, again.seed, again.law, again.candidates, again.require_optimum) == (4, 3, "kaplan", None, False)
+    assert (again.bootstrap, again.seed, again.law, again.candidates, again.require_optimum) == (
+        4,
+        3,
+        "kaplan",
+        None,
+        False,
+    )
     # a table's fit (no section): FitOptions' own defaults
     assert fit_options(None, law="kaplan") == FitOptions(law="kaplan")
     assert fit_options({}, target_flops=None).target_flops is None  # None given is "not given"
@@ -49,7 +55,12 @@ def test_a_spec_section_a_command_and_the_loop_build_the_same_options():
         (None, {"bootstrap": -1}, {"bootstrap": "--bootstrap"}, "--bootstrap: -1 is negative"),
         ({"law": "lr_annealing"}, {}, None, "fit.law: 'lr_annealing' is not a law of (N, D)"),
         ({"evidence": "level"}, {}, None, "fit.evidence: set with fit.law 'chinchilla'"),
-        (None, {"evidence": "level"}, {"evidence": "--evidence", "law": "--law"}, "--evidence: an option of --law auto"),
+        (
+            None,
+            {"evidence": "level"},
+            {"evidence": "--evidence", "law": "--law"},
+            "--evidence: an option of --law auto",
+        ),
         ({"law": "auto", "stack_point": "mean"}, {}, None, "fit.stack_point: 'mean' is not known"),
         ({"noise_floor": 0.7}, {}, None, "fit.noise_floor: 0.7 must be in [0, 0.5)"),
         ({"bootstrp": 8}, {}, None, "fit.bootstrp: unknown key; did you mean 'bootstrap'?"),
