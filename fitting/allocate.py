@@ -15,8 +15,8 @@ that data. For laws with a unique-token input (data-constrained), bind the uniqu
 `loss_fn` and use `compute_optimal` at the FLOP budget instead.
 
 Which laws can allocate has one answer here: `can_allocate(law)` (a law of N and D alone), used by
-the fit entry (its gates and frontier), `optimum_for_law`, and, through LOOP_LAWS, the subset the
-closed loop fits and plan-run plans from.
+the fit entry (its gates and frontier) and `optimum_for_law`. The subset the closed loop fits and
+plan-run plans from is scalelab.fitting.fit_options.LOOP_LAWS, each of which can allocate.
 
     alloc = chinchilla_allocation(params, flops=1e23, samples=boot_samples)
     alloc.n_opt, alloc.n_opt_interval, alloc.tokens_per_param
@@ -31,7 +31,6 @@ import numpy as np
 from scipy import optimize
 
 from scalelab.errors import UsageError
-from scalelab.fitting.fit_options import LOOP_LAWS  # noqa: F401  (re-exported: the laws that can allocate)
 from scalelab.fitting.intervals import percentile_interval
 from scalelab.fitting.laws import CURVE_LAWS, Law, get_law
 

@@ -51,10 +51,11 @@ from typing import Protocol
 import numpy as np
 
 from scalelab.errors import UsageError
-from scalelab.fitting.allocate import LOOP_LAWS, allocate, optimum_for_law
+from scalelab.fitting.allocate import allocate, optimum_for_law
 from scalelab.fitting.compute_optimal import Surface, anchored_interval, compute_optimal
 from scalelab.fitting.degeneracy import degenerate
 from scalelab.fitting.ensemble import StackedFit
+from scalelab.fitting.fit_options import LOOP_LAWS
 from scalelab.fitting.frontier import FrontierFit
 from scalelab.fitting.laws import Law, get_law
 from scalelab.fitting.predictive import (
