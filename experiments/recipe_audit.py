@@ -11,7 +11,7 @@ audit` does):
   and the 18.5k model at 2.4 (below min_steps): 13 cells, each at 6 LRs from 0.5x to 2.83x the
   recipe's (sqrt(2) apart, skewed up: the LR sweep of docs/closed-loop.md found the smallest size's
   best above the recipe's). Every run is the recipe's run (batch, whole steps, warmup) but its LR.
-- Weight decay: AdamW's timescale 1 / (lr wd) at 0.1, 0.3, 1 and 3 run lengths at three cells (the
+- Weight decay: AdamW's timescale 1 / (lr wd) at 0.1, 0.3, 1, 3 and 10 run lengths at three cells (the
   recipe's fixed wd 0.1 gives 0.27 to 1.4 run lengths there).
 - beta2: 0.95, 0.99 and 0.999 at two cells with the design's smallest batch (256 tokens).
 - Shape: 1 to 6 layers at 47k and 114k parameters, 27 tokens per parameter.
@@ -45,7 +45,7 @@ AUDIT = {
     "tokens_per_param": [2.4, 8, 27, 90, 300, 460],
     "max_flops": 2.5e12,
     "lr_multipliers": [0.5, 0.71, 1.0, 1.41, 2.0, 2.83],
-    "weight_decay": {"cells": [[4.7e4, 27], [1.14e5, 8], [1.85e4, 300]], "timescales": [0.1, 0.3, 1.0, 3.0]},
+    "weight_decay": {"cells": [[4.7e4, 27], [1.14e5, 8], [1.85e4, 300]], "timescales": [0.1, 0.3, 1.0, 3.0, 10.0]},
     "beta2": {"cells": [[1.85e4, 27], [1.14e5, 2.4]], "values": [0.95, 0.99, 0.999]},
     "shape": {"cells": [[4.7e4, 27], [1.14e5, 27]], "layers": [1, 2, 3, 4, 6]},
 }

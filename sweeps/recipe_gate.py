@@ -142,10 +142,18 @@ def check_sweep(sweep, *, raw: dict[str, Any] | None = None) -> RecipeGate | Non
                       source=spec.audit)  # fmt: skip
 
 
-def _triple(t: tuple[float, float, float] | None, fmt: str) -> str:
+COST_SHOWN_UP_TO = 1.0  # a cost bound past +100% is printed as such: the parabola in ln(LR) means nothing there
+
+
+def _cost(v: float) -> str:
+    return format(v, "+.2%") if v <= COST_SHOWN_UP_TO else f">{COST_SHOWN_UP_TO:+.0%}"
+
+
+def _triple(t: tuple[float, float, float] | None, fmt) -> str:
     if t is None:
         return "-"
-    return f"{format(t[0], fmt)} [{format(t[1], fmt)}, {format(t[2], fmt)}]"
+    show = fmt if callable(fmt) else (lambda v: format(v, fmt))
+    return f"{show(t[0])} [{show(t[1])}, {show(t[2])}]"
 
 
 def format_recipe_gate(gate: RecipeGate) -> str:
@@ -160,8 +168,8 @@ def format_recipe_gate(gate: RecipeGate) -> str:
         flag = "  OVER" if r.cost > gate.max_cost else ""
         lines.append(
             f"{r.run_id:12} {r.params:>9,} {r.tokens:>11,} {r.lr:>8.3g} {_triple(r.best_lr, '.3g'):>26} "
-            f"{_triple(r.lr_cost, '+.2%'):>26} {r.timescale:>9.3g} {_triple(r.best_timescale, '.3g'):>22} "
-            f"{_triple(r.wd_cost, '+.2%'):>26}{flag}"
+            f"{_triple(r.lr_cost, _cost):>26} {r.timescale:>9.3g} {_triple(r.best_timescale, '.3g'):>22} "
+            f"{_triple(r.wd_cost, _cost):>26}{flag}"
         )
     over = gate.over
     lines.append(

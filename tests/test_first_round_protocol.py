@@ -51,7 +51,7 @@ def audit_dir(tmp_path_factory):
 def test_the_audit_grid_and_its_report(audit_dir, capsys):
     capsys.readouterr()
     recipe_audit.main(["--dry-run"])
-    assert "recipe audit: 103 runs {'lr': 78, 'weight_decay': 12, 'beta2': 4, 'shape': 9}" in capsys.readouterr().out
+    assert "recipe audit: 106 runs {'lr': 78, 'weight_decay': 15, 'beta2': 4, 'shape': 9}" in capsys.readouterr().out
     for name in ("audit.json", "audit.txt", "recipe.yaml"):
         assert (audit_dir / name).is_file()
     text = (audit_dir / "audit.txt").read_text()

@@ -18,7 +18,7 @@ from scalelab.store.atomic import atomic_write_json
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.recipe import timescale_of
 from scalelab.sweeps.recipe_audit import audit_store, audited_recipe, format_audit, load_audit, save_audit
-from scalelab.sweeps.recipe_gate import check_sweep
+from scalelab.sweeps.recipe_gate import GateRow, RecipeGate, check_sweep, format_recipe_gate
 from scalelab.sweeps.rounds import run_rounds
 from scalelab.sweeps.spec import expand_sweep
 
@@ -181,3 +181,15 @@ def test_a_named_cell_too_short_to_train_is_refused_with_its_key(section):
     audit = {**AUDIT, section: {**AUDIT[section], "cells": [[size, 30], [size, 0.05]]}}
     with pytest.raises(ConfigError, match=rf"audit\.{section}\.cells\[1\].*too short for recipe\.min_steps"):
         expand_sweep(_spec({"audit": audit}))
+
+
+def test_gate_table_caps_a_cost_bound_past_100_percent():
+    """A cell far from the audited ones can have an LR interval wide enough that its parabola's cost
+    bound is astronomically large (+5e70% was printed); the table says >+100% instead."""
+    row = GateRow(
+        run_id="r", params=369_360, tokens=902_656, lr=0.00274, best_lr=(0.00211, 0.000582, 0.00324),
+        lr_cost=(0.0049, 0.0, 5.3e68), timescale=2.07, best_timescale=None, wd_cost=None,
+    )  # fmt: skip
+    text = format_recipe_gate(RecipeGate(rows=[row], max_cost=0.005, source="a"))
+    assert "+0.49% [+0.00%, >+100%]" in text
+    assert "e+" not in text and "0000" not in text
