@@ -39,6 +39,7 @@ import yaml
 
 from experiments.closed_loop import predict, round_fits
 from scalelab import store
+from scalelab.errors import run_script
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.far_runs import far_runs
@@ -123,4 +124,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

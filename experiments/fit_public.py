@@ -51,12 +51,12 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 import time
 
 import numpy as np
 import polars as pl
 
+from scalelab.errors import run_script
 from scalelab.fitting.curve_departures import departures
 from scalelab.fitting.curves import CurveFit, RunCurve, fit_curves
 from scalelab.fitting.fit_options import FitOptions
@@ -393,4 +393,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

@@ -19,7 +19,6 @@ import contextlib
 import io
 import json
 import pathlib
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ import polars as pl
 
 from experiments.fit_public import FAMILIES, HELD_OUT_FAMILIES
 from scalelab.cli.main import main as cli
+from scalelab.errors import run_script
 from scalelab.fitting.ensemble import StackedFit
 
 
@@ -117,4 +117,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

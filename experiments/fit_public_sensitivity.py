@@ -28,12 +28,12 @@ import argparse
 import itertools
 import json
 import pathlib
-import sys
 
 import numpy as np
 from scipy import stats
 
 from experiments.fit_public import FAMILIES, SCHEDULES, family_curves
+from scalelab.errors import run_script
 from scalelab.fitting.curves import RunCurve, fit_curves
 
 GRID = {"sigma_run": (0.0, 0.005, 0.02), "drop_first": (0.1, 0.3), "delta": (1e-3, 1e-2)}
@@ -127,4 +127,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

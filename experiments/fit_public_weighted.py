@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 import tempfile
 
 import numpy as np
@@ -21,6 +20,7 @@ import polars as pl
 
 from experiments.fit_public import FAMILIES, HELD_OUT_FAMILIES
 from experiments.fit_public_auto import run_cli, split
+from scalelab.errors import run_script
 
 
 def held_out_error(train: pl.DataFrame, test: pl.DataFrame, work: pathlib.Path, weighted: bool) -> float:
@@ -59,4 +59,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from scalelab.errors import run_script
 from scalelab.parallel.backend import spawn
 from scalelab.train.profiling import all_reduce_seconds, matmul_flops
 
@@ -131,4 +132,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main, __file__)

@@ -20,6 +20,7 @@ import polars as pl
 import yaml
 
 from scalelab import store
+from scalelab.errors import run_script
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.spec import expand_sweep
@@ -61,4 +62,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

@@ -38,6 +38,7 @@ import numpy as np
 
 from experiments.fit_public_auto import stacked_fits
 from experiments.stacked_coverage import DESIGNS, NOISE, draw
+from scalelab.errors import run_script
 from scalelab.fitting.ensemble import StackedFit, fit_stacked
 from scalelab.fitting.stacking import StackRule, stack_weights
 
@@ -142,4 +143,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

@@ -6,10 +6,12 @@ The experiments with training or a store have their own test modules (test_first
 test_frontier_benches, test_gap_power, test_bench_studies)."""
 
 import json
+import sys
 
 import pytest
 
 from experiments import (
+    e_from_curves,
     extrapolation_variants,
     fit_calibration,
     forms_position,
@@ -25,6 +27,7 @@ from experiments import (
     stacked_coverage,
 )
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
+from scalelab.errors import run_script
 from scalelab.fitting.allocate import chinchilla_optimum
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -114,3 +117,16 @@ def test_plan_public_writes_the_run_and_recipe_tables(tmp_path, capsys):
     assert plan_public.main(["--out", str(tmp_path)]) == 0
     assert "175B held out" in capsys.readouterr().out
     assert (tmp_path / "gpt3_runs.csv").exists() and (tmp_path / "gpt3_recipe.csv").exists()
+
+
+def test_an_experiments_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    """Every experiment's __main__ is run_script(main, __file__): a UsageError is one line naming the
+    value and the fix, exit 2, no traceback; a finished main's return code is the exit code."""
+    monkeypatch.setattr(sys, "argv", ["e_from_curves.py", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit) as e:
+        run_script(e_from_curves.main, e_from_curves.__file__)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == f"e_from_curves.py: error: {tmp_path / 'missing'} does not exist\n"
+    with pytest.raises(SystemExit) as e:
+        run_script(lambda: 3, "x.py")
+    assert e.value.code == 3
