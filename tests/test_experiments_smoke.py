@@ -14,6 +14,7 @@ from experiments import (
     e_from_curves,
     extrapolation_variants,
     fit_calibration,
+    fit_public,
     forms_position,
     frontier_synthetic,
     interval_calibration,
@@ -22,11 +23,19 @@ from experiments import (
     moe_aux_loss,
     plan_public,
     planner_activation,
+    planner_calibrate,
     planner_published,
     planner_sanity,
+    seed_noise,
     stacked_coverage,
 )
-from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
+from scalelab.analysis.synthetic import (
+    SyntheticLaw,
+    isoflop_design,
+    launch_synthetic,
+    synthetic_trainer,
+    write_synthetic_sweep,
+)
 from scalelab.errors import run_script
 from scalelab.fitting.allocate import chinchilla_optimum
 
@@ -130,3 +139,31 @@ def test_an_experiments_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, 
     with pytest.raises(SystemExit) as e:
         run_script(lambda: 3, "x.py")
     assert e.value.code == 3
+
+
+def test_fit_public_scores_one_family_held_out(capsys):
+    """The Hitchhiker's-guide split on GPT-3's curves (its largest model held out), Approach 3 only."""
+    assert fit_public.main(["--families", "GPT-3", "--no-curves"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("GPT-3")]
+    assert len(rows) == 1 and rows[0][1] == "7" and rows[0][4].endswith("%")  # 7 models fitted, 175B scored
+
+
+def test_planner_calibrate_fits_the_constants_on_measured_steps(capsys):
+    assert planner_calibrate.main(["--steps", "1", "--models", "tiny-1m"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("tiny-1m ") == 2 and "held-out mean |error|: default mfu=" in out and "calibrated mfu=" in out
+
+
+def test_seed_noise_pools_the_sd_of_each_point(tmp_path, capsys):
+    """The demo's two points under two seeds each, trained by the synthetic law instead of Ray."""
+    trainer = synthetic_trainer(SyntheticLaw(), noise_std=0.003)
+    seed_noise.main(["--out", str(tmp_path / "store"), "--seeds", "2"], trainer=trainer)
+    out = capsys.readouterr().out
+    assert "N= 47,264:" in out and "N= 86,256:" in out and "pooled sd(log loss) = " in out
+
+
+def test_e_from_curves_fits_the_curve_law_on_every_checkpoint(tmp_path, capsys):
+    write_synthetic_sweep(tmp_path / "store", isoflop_design([1e12, 3e12, 1e13]), SyntheticLaw(), seeds=[0])
+    e_from_curves.main([str(tmp_path / "store"), "--boot", "2", "--max-flops", "3e12"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("runs at or below 3e+12 FLOPs (4 runs): E = ") and lines[1].startswith("every run (7")
