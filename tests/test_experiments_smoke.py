@@ -27,6 +27,7 @@ from experiments import (
     planner_published,
     planner_sanity,
     seed_noise,
+    stack_bagging,
     stacked_coverage,
 )
 from scalelab.analysis.synthetic import (
@@ -167,3 +168,10 @@ def test_e_from_curves_fits_the_curve_law_on_every_checkpoint(tmp_path, capsys):
     e_from_curves.main([str(tmp_path / "store"), "--boot", "2", "--max-flops", "3e12"])
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("runs at or below 3e+12 FLOPs (4 runs): E = ") and lines[1].startswith("every run (7")
+
+
+def test_stack_bagging_scores_every_weighting_of_one_trial(capsys):
+    """One synthetic trial: the round-0 fit, its 3x pair, the refit and each weighting at 10x and 30x."""
+    stack_bagging.main(["--trials", "1", "--kinds", "chinchilla"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("chinchilla", "all"))]
+    assert [r[1] for r in rows] == ["10x", "30x", "10x", "30x"] and all(r[-1].endswith("%") for r in rows)
