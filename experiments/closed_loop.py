@@ -37,6 +37,7 @@ import polars as pl
 import yaml
 
 from scalelab import store
+from scalelab.errors import run_script
 from scalelab.fitting.allocate import optimum_for_law
 from scalelab.fitting.ensemble import StackedFit
 from scalelab.fitting.laws import get_law
@@ -216,4 +217,4 @@ def _print_matrix(sweep_dir: Path, largest: float) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

@@ -34,7 +34,6 @@ import argparse
 import json
 import math
 import pathlib
-import sys
 import time
 
 import numpy as np
@@ -42,7 +41,7 @@ import polars as pl
 import yaml
 
 from scalelab import store
-from scalelab.errors import UsageError
+from scalelab.errors import UsageError, run_script
 from scalelab.fitting.curves import fit_curves
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.fit_runs import fit_runs
@@ -445,4 +444,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

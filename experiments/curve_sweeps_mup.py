@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import copy
 import pathlib
-import sys
 import time
 
 import yaml
 
 from experiments.curve_sweeps import ISO, prefix_table, run_sweep
 from scalelab import store
+from scalelab.errors import run_script
 from scalelab.fitting.hyperparams import best_lr
 from scalelab.models.shapes import base_shape
 from scalelab.sweeps.execute import launch
@@ -89,4 +89,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

@@ -39,10 +39,11 @@ import yaml
 
 from experiments.closed_loop import predict, round_fits
 from scalelab import store
+from scalelab.errors import run_script
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.far_runs import far_runs
-from scalelab.sweeps.propose import fit_sweep
+from scalelab.sweeps.propose import fit_sweep, loop_options
 from scalelab.sweeps.spec import expand_sweep
 
 EXTRA_BUDGET = 6.3e12
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     launch(sweep, up4_dir, spec_text=yaml.safe_dump(spec, sort_keys=False), spec_name="up4", num_cpus=args.num_cpus)
     trained_s = time.time() - t0
 
-    lf, _, _, warnings = fit_sweep(up4_dir, target_flops=TARGET)
+    lf, _, warnings = fit_sweep(up4_dir, loop_options(up4_dir, target_flops=TARGET))
     fit = lf.to_record()
     weights = ", ".join(f"{k} {v:.2f}" for k, v in fit["stacked"]["weights"].items())
     n_t, d_t, _ = lf.optimum(TARGET)
@@ -123,4 +124,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

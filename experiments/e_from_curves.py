@@ -15,6 +15,7 @@ import argparse
 
 import numpy as np
 
+from scalelab.errors import run_script
 from scalelab.fitting.curves import fit_curves
 from scalelab.fitting.intervals import percentile_interval
 from scalelab.sweeps.run_curves import store_curves
@@ -54,4 +55,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

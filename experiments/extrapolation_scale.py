@@ -43,6 +43,7 @@ from scipy import stats
 from experiments.fit_public_auto import stacked_fits
 from experiments.interval_calibration import first_round_runs
 from experiments.stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw, target_runs
+from scalelab.errors import run_script
 from scalelab.fitting.ensemble import StackedFit, fit_stacked
 from scalelab.sweeps.store_fit import fit_options, fit_store, store_fit_spec
 
@@ -235,4 +236,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 
 import numpy as np
 import polars as pl
 
-from scalelab.errors import UsageError
+from scalelab.errors import UsageError, run_script
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.fit_runs import fit_runs
 from scalelab.fitting.io import read_runs
@@ -134,4 +133,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

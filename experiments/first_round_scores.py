@@ -29,6 +29,7 @@ from pathlib import Path
 
 from scalelab import store
 from scalelab.config_tree import load_yaml
+from scalelab.errors import run_script
 from scalelab.store import ledger
 
 DISTANCES = (3, 10, 30)
@@ -145,4 +146,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

@@ -27,14 +27,13 @@ already proposed is launched as it was proposed (never proposed again).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
 from scalelab import store
-from scalelab.errors import ConfigError, UsageError
+from scalelab.errors import ConfigError, run_script
 from scalelab.store import files, ledger
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.design_report import design_report, format_design_report
@@ -123,8 +122,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ConfigError, UsageError) as e:  # bad input: one line naming the key and the fix
-        print(f"{Path(__file__).name}: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    run_script(main, __file__)

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from scalelab.errors import run_script
 from scalelab.fitting.bootstrap import bootstrap
 from scalelab.fitting.fit import fit_law
 from scalelab.fitting.intervals import delta_method_intervals
@@ -98,4 +99,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

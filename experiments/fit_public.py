@@ -51,12 +51,12 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 import time
 
 import numpy as np
 import polars as pl
 
+from scalelab.errors import UsageError, run_script
 from scalelab.fitting.curve_departures import departures
 from scalelab.fitting.curves import CurveFit, RunCurve, fit_curves
 from scalelab.fitting.fit_options import FitOptions
@@ -169,6 +169,21 @@ def load_epoch(path) -> pl.DataFrame:
 FAMILIES = {"OPT": load_opt, "GPT-3": load_gpt3, "LM-1 (Alabdulmohsin)": load_revisiting_lm}
 # Scored only after the method was fixed, never used to choose or tune it (experiments/fit_public_auto.py --held-out).
 HELD_OUT_FAMILIES = {"Pile-T5": load_pile_t5}
+
+
+def pick_families(names: str | None, families: dict) -> dict:
+    """The `families` that `--families` names (comma-separated first words: OPT, GPT-3, LM-1, Pile-T5);
+    all of them when None. A smoke test scores one small family through the same path."""
+    if names is None:
+        return families
+    by_word = {k.split()[0]: k for k in families}
+    picked = {}
+    for word in (w.strip() for w in names.split(",")):
+        if word not in by_word:
+            raise UsageError(f"--families: no family {word!r} here; use some of {','.join(by_word)}")
+        picked[by_word[word]] = families[by_word[word]]
+    return picked
+
 
 # (tokens per step, peak LR) per model, from the papers' tables (see the module docstring)
 OPT_RECIPE = {
@@ -373,8 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--law", default="chinchilla")
     parser.add_argument("--json", type=pathlib.Path, default=None, help="write the results here")
     parser.add_argument("--no-curves", action="store_true", help="skip the curve laws and law selection")
+    parser.add_argument("--families", default=None, help="comma-separated: OPT,GPT-3,LM-1 (default: all three)")
     args = parser.parse_args(argv)
-    rows = [score_family(name, load(), law=args.law) for name, load in FAMILIES.items()]
+    families = pick_families(args.families, FAMILIES)
+    rows = [score_family(name, load(), law=args.law) for name, load in families.items()]
     print(f"{'family':<22} {'models':>6} {'train pts':>9} {'test pts':>8} {'ARE':>8} {'max':>8} {'bias':>8}")
     for r in rows:
         print(
@@ -383,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     curve_rows = []
     if not args.no_curves:
-        curve_rows = [score_curves(name, load()) for name, load in FAMILIES.items()]
+        curve_rows = [score_curves(name, load()) for name, load in families.items()]
         print()
         print(f"mean ARE on the largest model's last 30% (A3 = Approach 3 with --law {args.law}, as above)")
         print_curve_table(rows, curve_rows)
@@ -393,4 +410,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

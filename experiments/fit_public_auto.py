@@ -19,7 +19,6 @@ import contextlib
 import io
 import json
 import pathlib
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -27,8 +26,9 @@ from collections.abc import Iterator
 import numpy as np
 import polars as pl
 
-from experiments.fit_public import FAMILIES, HELD_OUT_FAMILIES
+from experiments.fit_public import FAMILIES, HELD_OUT_FAMILIES, pick_families
 from scalelab.cli.main import main as cli
+from scalelab.errors import run_script
 from scalelab.fitting.ensemble import StackedFit
 
 
@@ -98,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=pathlib.Path, default=None)
     ap.add_argument("--held-out", action="store_true", help="score the families kept out of the method's development")
+    ap.add_argument("--families", default=None, help="comma-separated first words (default: every family of the set)")
     args = ap.parse_args(argv)
-    families = HELD_OUT_FAMILIES if args.held_out else FAMILIES
+    families = pick_families(args.families, HELD_OUT_FAMILIES if args.held_out else FAMILIES)
     with tempfile.TemporaryDirectory() as tmp:
         rows = [score(name, load(), pathlib.Path(tmp)) for name, load in families.items()]
     print(f"{'family':<22} {'A3 (chinchilla)':>16} {'auto':>10} {'change':>8}  weights (chinchilla, kaplan)")
@@ -117,4 +118,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

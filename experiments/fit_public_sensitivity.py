@@ -28,12 +28,12 @@ import argparse
 import itertools
 import json
 import pathlib
-import sys
 
 import numpy as np
 from scipy import stats
 
-from experiments.fit_public import FAMILIES, SCHEDULES, family_curves
+from experiments.fit_public import FAMILIES, SCHEDULES, family_curves, pick_families
+from scalelab.errors import run_script
 from scalelab.fitting.curves import RunCurve, fit_curves
 
 GRID = {"sigma_run": (0.0, 0.005, 0.02), "drop_first": (0.1, 0.3), "delta": (1e-3, 1e-2)}
@@ -101,9 +101,10 @@ def opt_cut(curves: list[RunCurve]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=pathlib.Path, default=None, help="write the results here")
+    parser.add_argument("--families", default=None, help="comma-separated: OPT,GPT-3,LM-1 (default: all three)")
     args = parser.parse_args(argv)
     result: dict = {}
-    for name, load in FAMILIES.items():
+    for name, load in pick_families(args.families, FAMILIES).items():
         df = load().unique(subset=["model", "tokens", "loss"], keep="first", maintain_order=True)
         curves = family_curves(name, df)
         laws = ["chinchilla", "lr_annealing"] if name in SCHEDULES else ["chinchilla"]
@@ -127,4 +128,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

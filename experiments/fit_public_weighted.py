@@ -11,16 +11,17 @@ that asked for it proposed it for the loop once larger runs are in.
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
-import sys
 import tempfile
 
 import numpy as np
 import polars as pl
 
-from experiments.fit_public import FAMILIES, HELD_OUT_FAMILIES
+from experiments.fit_public import FAMILIES, HELD_OUT_FAMILIES, pick_families
 from experiments.fit_public_auto import run_cli, split
+from scalelab.errors import run_script
 
 
 def held_out_error(train: pl.DataFrame, test: pl.DataFrame, work: pathlib.Path, weighted: bool) -> float:
@@ -47,9 +48,12 @@ def held_out_error(train: pl.DataFrame, test: pl.DataFrame, work: pathlib.Path, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", default=None, help="comma-separated first words (default: OPT,GPT-3,LM-1,Pile-T5)")
+    args = ap.parse_args(argv)
     print(f"{'family':<24} {'equal':>8} {'by FLOPs':>9} {'change':>7}")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, load in {**FAMILIES, **HELD_OUT_FAMILIES}.items():
+        for name, load in pick_families(args.families, {**FAMILIES, **HELD_OUT_FAMILIES}).items():
             train, test = split(load())
             equal, flops = (held_out_error(train, test, pathlib.Path(tmp), w) for w in (False, True))
             print(
@@ -59,4 +63,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

@@ -35,6 +35,7 @@ import polars as pl
 
 from experiments.interval_calibration import in_first_round
 from experiments.stacked_coverage import MULTIPLES, draw
+from scalelab.errors import run_script
 from scalelab.fitting.allocate import chinchilla_optimum
 from scalelab.fitting.fit import fit_law
 from scalelab.fitting.laws import get_law
@@ -175,4 +176,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

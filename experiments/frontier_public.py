@@ -36,6 +36,7 @@ import numpy as np
 import polars as pl
 
 from experiments import fit_public
+from scalelab.errors import run_script
 from scalelab.fitting.compute_groups import is_curve_table
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.fit_runs import fit_runs
@@ -222,4 +223,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 
 import numpy as np
 
+from scalelab.errors import run_script
 from scalelab.fitting.allocate import numeric_optimum
 from scalelab.fitting.fit_options import FitOptions
 from scalelab.fitting.fit_runs import fit_runs
@@ -87,4 +87,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

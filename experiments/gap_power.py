@@ -43,6 +43,7 @@ import time
 
 import numpy as np
 
+from scalelab.errors import run_script
 from scalelab.fitting.design_bootstrap import resample_design
 from scalelab.fitting.gap_model import GapPoints
 from scalelab.fitting.paired_gap import METHODS, Measurement, paired_gap
@@ -226,4 +227,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

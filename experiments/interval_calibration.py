@@ -34,6 +34,7 @@ import time
 import numpy as np
 
 from experiments.stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw, target_runs
+from scalelab.errors import run_script
 from scalelab.fitting.ensemble import fit_stacked
 from scalelab.fitting.predictive import interval_from_parts
 from scalelab.store.runs_table import load_runs
@@ -140,4 +141,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

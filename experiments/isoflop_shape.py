@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from scalelab.errors import UsageError
+from scalelab.errors import UsageError, run_script
 from scalelab.fitting.approaches import approach2
 from scalelab.fitting.laws import Chinchilla
 
@@ -113,4 +113,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

@@ -30,6 +30,7 @@ import yaml
 from scipy import optimize
 
 from scalelab.analysis.synthetic import SyntheticLaw, synthetic_trainer
+from scalelab.errors import run_script
 from scalelab.fitting.allocate import chinchilla_optimum
 from scalelab.store import ledger
 from scalelab.sweeps.rounds import LaunchOptions, run_rounds
@@ -160,4 +161,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

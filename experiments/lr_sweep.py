@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 
 from scalelab import store
+from scalelab.errors import run_script
 from scalelab.models.shapes import shape_for_width
 from scalelab.sweeps.demo import DEMO_RECIPE, demo_spec
 from scalelab.sweeps.execute import launch
@@ -102,4 +103,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

@@ -36,6 +36,7 @@ import polars as pl
 import yaml
 
 from scalelab import store
+from scalelab.errors import run_script
 from scalelab.fitting.hyperparams import best_lr, grid_position
 from scalelab.models.shapes import base_shape, shape_for_width
 from scalelab.sweeps.execute import launch
@@ -189,4 +190,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

@@ -14,6 +14,8 @@ import argparse
 
 import torch
 
+from scalelab.errors import run_script
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -35,4 +37,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main, __file__)

@@ -27,12 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 
 import numpy as np
 import polars as pl
 
 from experiments import fit_public
+from scalelab.errors import run_script
 from scalelab.fitting.from_report import predict_from_fit
 
 WARMUP_TOKENS = 375e6  # GPT-3 (Brown et al. 2020, App. B): every size warms up over 375M tokens
@@ -82,4 +82,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

@@ -17,6 +17,7 @@ import time
 import torch
 
 from experiments.planner_validate import format_rows, local_rows, spawned_rows
+from scalelab.errors import run_script
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,4 +41,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main, __file__)

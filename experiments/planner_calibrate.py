@@ -27,9 +27,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from scalelab.errors import run_script
 from scalelab.parallel.backend import spawn
 from scalelab.train.profiling import all_reduce_seconds, matmul_flops
 
+MODELS = ("tiny-1m", "tiny-3m", "small-10m")
 GLOO_SIZES = (1, 2**8, 2**12, 2**14, 2**16, 2**18, 2**20)  # fp32 elements per all-reduce
 
 
@@ -80,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--gloo", action="store_true", help="fit gloo's alpha-beta between two processes instead")
+    ap.add_argument(
+        "--models", default=",".join(MODELS), help=f"CPU presets, comma-separated (default {','.join(MODELS)})"
+    )
     args = ap.parse_args(argv)
     if args.gloo:
         alpha, bw, times = gloo_alpha_beta()
@@ -96,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     hw = Hardware(gpu_memory_bytes=2**40, peak_flops=matmul_flops(reps=20), gpus_per_node=1)
     seq_len, sequences = 128, 8
     runs = []
-    for name in ("tiny-1m", "tiny-3m", "small-10m"):
+    models = [m.strip() for m in args.models.split(",")]
+    for name in models:
         cfg = get_preset(name, kernels="torch")
         for mbs in (2, 8):
             for ac in ("none", "full"):
@@ -121,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU fp32 matmul peak {hw.peak_flops / 1e9:.1f} GFLOP/s (1 thread)")
     print(f"{'model':<10} {'layout':<14} {'measured s':>10} {'default':>8} {'calibrated':>10}")
     for m, e0, e1 in zip(held_out, errors(default), errors(fitted)):
-        name = next(n for n in ("tiny-1m", "tiny-3m", "small-10m") if get_preset(n, kernels="torch") == m.cfg)
+        name = next(n for n in models if get_preset(n, kernels="torch") == m.cfg)
         label = candidate_name(m.parallel, m.micro_batch_sequences)
         print(f"{name:<10} {label:<14} {m.step_time_s:>10.3f} {e0:>+8.1%} {e1:>+10.1%}")
     mean_abs = lambda xs: sum(abs(x) for x in xs) / len(xs)  # noqa: E731
@@ -131,4 +137,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main, __file__)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 
+from scalelab.errors import run_script
 from scalelab.parallel.planner_published import (
     evaluate_published,
     format_published,
@@ -46,4 +47,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 
+from scalelab.errors import run_script
+
 GIB = 2**30
 
 CASES = [
@@ -62,4 +64,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main, __file__)

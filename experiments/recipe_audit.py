@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
-from pathlib import Path
 
 import yaml
 
-from scalelab.errors import ConfigError, UsageError
+from scalelab.errors import run_script
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.recipe_audit import audit_store, format_audit, save_audit
@@ -107,8 +105,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ConfigError, UsageError) as e:  # bad input: one line naming the key and the fix
-        print(f"{Path(__file__).name}: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    run_script(main, __file__)

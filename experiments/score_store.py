@@ -24,11 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import sys
 
 import numpy as np
 import polars as pl
 
+from scalelab.errors import run_script
 from scalelab.store import load_runs
 from scalelab.sweeps.far_runs import far_runs
 from scalelab.sweeps.store_fit import fit_options, fit_store, store_fit_spec
@@ -131,4 +131,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main, __file__)

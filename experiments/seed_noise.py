@@ -20,6 +20,7 @@ import polars as pl
 import yaml
 
 from scalelab import store
+from scalelab.errors import run_script
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.execute import launch
 from scalelab.sweeps.spec import expand_sweep
@@ -40,14 +41,16 @@ def spec(seeds: int) -> dict:
             "seeds": seeds, "execution": base["execution"], "fit": base["fit"]}  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, trainer=launch) -> None:
+    """The protocol (module docstring); `trainer` stands in for Ray's launcher (a test's simulator,
+    scalelab.analysis.synthetic.synthetic_trainer)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/bench/seed_noise")
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--num-cpus", type=int, default=None)
     args = ap.parse_args(argv)
     raw = spec(args.seeds)
-    launch(expand_sweep(raw), args.out, spec_text=yaml.safe_dump(raw, sort_keys=False), spec_name="seed_noise",
+    trainer(expand_sweep(raw), args.out, spec_text=yaml.safe_dump(raw, sort_keys=False), spec_name="seed_noise",
            num_cpus=args.num_cpus)  # fmt: skip
     df = store.load_runs(args.out).filter(pl.col("status") == "done")
     pooled = []
@@ -61,4 +64,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

@@ -38,6 +38,7 @@ import numpy as np
 
 from experiments.fit_public_auto import stacked_fits
 from experiments.stacked_coverage import DESIGNS, NOISE, draw
+from scalelab.errors import run_script
 from scalelab.fitting.ensemble import StackedFit, fit_stacked
 from scalelab.fitting.stacking import StackRule, stack_weights
 
@@ -85,8 +86,8 @@ def trial(args: tuple[int, str, int]) -> dict:
     return out
 
 
-def synthetic(trials: int, first_seed: int, workers: int, bootstrap: int) -> None:
-    jobs = [(s, k, bootstrap) for k in KINDS for s in range(first_seed, first_seed + trials)]
+def synthetic(trials: int, first_seed: int, workers: int, bootstrap: int, kinds: tuple[str, ...] = KINDS) -> None:
+    jobs = [(s, k, bootstrap) for k in kinds for s in range(first_seed, first_seed + trials)]
     t0 = time.time()
     with ProcessPoolExecutor(workers) as pool:
         rows = list(pool.map(trial, jobs))
@@ -94,7 +95,7 @@ def synthetic(trials: int, first_seed: int, workers: int, bootstrap: int) -> Non
     print(f"synthetic ladder: {len(rows)} trials in {time.time() - t0:.0f} s ({seeds})")
     names = [k for k in rows[0]["10"]]
     print(f"{'truth':<11} {'target':>6} {'adopted':>8} " + " ".join(f"{n:>11}" for n in names))
-    for kind in KINDS:
+    for kind in kinds:
         sub = [r for r in rows if r["kind"] == kind]
         adopted = np.mean([r["adopted"] for r in sub])
         for mult in TARGETS:
@@ -105,7 +106,7 @@ def synthetic(trials: int, first_seed: int, workers: int, bootstrap: int) -> Non
         print(f"{'all':<11} {f'{mult}x':>6} {'':>8} " + " ".join(f"{100 * e:>10.2f}%" for e in errs))
     if bootstrap:
         print(f"the default's 95% interval ({bootstrap} replicates): coverage, mean width")
-        for kind in KINDS:
+        for kind in kinds:
             sub = [r for r in rows if r["kind"] == kind]
             cells = [
                 f"{mult}x {100 * np.mean([r[f'interval {mult}'][0] for r in sub]):.0f}% "
@@ -134,12 +135,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--public", action="store_true")
     ap.add_argument("--bootstrap", type=int, default=0, help="replicates of the refit; > 0 also scores its interval")
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"the truths, comma-separated (default {','.join(KINDS)})")
     args = ap.parse_args(argv)
     if args.public:
         public()
     if args.trials:
-        synthetic(args.trials, args.first_seed, args.workers, args.bootstrap)
+        synthetic(args.trials, args.first_seed, args.workers, args.bootstrap, tuple(args.kinds.split(",")))
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from scalelab.errors import run_script
 from scalelab.fitting.allocate import chinchilla_optimum
 from scalelab.fitting.ensemble import fit_stacked
 
@@ -161,4 +162,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

@@ -50,6 +50,7 @@ import yaml
 
 from scalelab.analysis.decision_accuracy import METHODS, DecisionTable, decision_accuracy, format_decisions, pool
 from scalelab.analysis.synthetic import SyntheticLaw, synthetic_trainer
+from scalelab.errors import run_script
 from scalelab.store import ledger
 from scalelab.sweeps.demo import demo_spec
 from scalelab.sweeps.rounds import LaunchOptions, run_rounds
@@ -284,4 +285,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from scalelab.cli.main import main as scalelab
+from scalelab.errors import run_script
 
 SPEC = {
     "base": {
@@ -76,4 +77,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main, __file__)

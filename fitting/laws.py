@@ -265,7 +265,7 @@ class Farseer(Law):
     exponent vary with N; this is its one-parameter case (gamma = 0 is Chinchilla). gamma is
     identified only by runs that vary D at several N far enough apart: an IsoFLOP design ties D to
     N within a budget, so gamma trades against alpha and beta unless the budgets span a wide range
-    (scalelab.fitting.identify measures whether a design pins it). N is scaled by 1e6 so that B keeps
+    (experiments/identify.py measures whether a design pins it). N is scaled by 1e6 so that B keeps
     Chinchilla's order of magnitude. Fitted in log space (g = gamma).
     """
 

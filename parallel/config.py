@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Activation checkpointing of each block (parallel/activation_checkpointing.py): every mode, in the
+# order the layout planner searches them (least recomputed first), with its modifier in a layout name
+# (parallel/layouts.py). The one list of modes: the checks, the planner and the grammar read it.
+AC_MODES = {"none": "", "selective": "+sac", "full": "+ac"}
+
 
 @dataclass(kw_only=True, slots=True)
 class ParallelConfig:
@@ -23,7 +28,7 @@ class ParallelConfig:
     loss_parallel: bool = True  # with tp > 1: cross-entropy on vocab-sharded logits
     pp_schedule: str = "1f1b"  # gpipe | 1f1b | interleaved-1f1b | zero-bubble
     pp_microbatches: int = 0  # micro-batches per pipeline step; 0 = one per stage (pp × chunks per rank)
-    activation_checkpoint: str = "none"  # none | full | selective
+    activation_checkpoint: str = "none"  # a key of AC_MODES: none | selective | full
     compile: bool = False  # torch.compile each block
     fsdp_reshard_after_forward: bool = True  # False = ZeRO-2 (keep params gathered until backward)
     backend: str = "auto"  # auto (nccl on GPU, gloo on CPU) | gloo | nccl

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from scalelab.errors import ConfigError
+from scalelab.parallel.config import AC_MODES
 
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outer → inner
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
-AC_MODES = ("none", "full", "selective")
 BACKENDS = ("auto", "gloo", "nccl")
 MIXED_PRECISION = ("auto", "fp32", "bf16")
 GRAD_COMPRESSION = ("none", "bf16", "powersgd")  # scalelab.parallel.compression

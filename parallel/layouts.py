@@ -26,7 +26,7 @@ import dataclasses
 import re
 
 from scalelab.errors import UsageError
-from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.config import AC_MODES, ParallelConfig
 
 SCHEDULE_NAMES = {
     "gpipe": "gpipe",
@@ -39,7 +39,7 @@ SCHEDULE_NAMES = {
 }
 _SHORT_SCHEDULE = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved-1f1b": "interleaved", "zero-bubble": "zb"}
 _PART = re.compile(r"^(dp|fsdp|tp|pp|cp|ep)(\d+)(.*)$")
-_AC = {"ac": "full", "sac": "selective"}
+_AC = {modifier[1:]: mode for mode, modifier in AC_MODES.items() if modifier}  # "sac" -> "selective"
 _EXAMPLES = "use parts like dp2, fsdp2, fsdp2-zero2, tp2sp, pp2-1f1b, cp2-ring, ep2 joined by x"
 
 
@@ -126,7 +126,7 @@ def layout_name(cfg: ParallelConfig) -> str:
     if cfg.cp > 1:
         parts.append(f"cp{cfg.cp}" + ("-ring" if cfg.cp_variant == "ring" else ""))
     text = "x".join(parts) or "single"
-    text += {"none": "", "full": "+ac", "selective": "+sac"}[cfg.activation_checkpoint]
+    text += AC_MODES[cfg.activation_checkpoint]
     if cfg.compile:
         text += "+compile"
     if cfg.mixed_precision == "bf16":

@@ -48,7 +48,7 @@ from scipy.optimize import least_squares
 from scalelab.errors import ConfigError
 from scalelab.models.accounting import FlopsPerToken, flops_per_token
 from scalelab.models.config import ModelConfig
-from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.config import AC_MODES, ParallelConfig
 from scalelab.parallel.dims import ParallelDims, stages_per_rank
 from scalelab.parallel.layouts import layout_name
 from scalelab.parallel.planner_constants import GIB, CostConstants, Hardware
@@ -62,8 +62,6 @@ from scalelab.parallel.planner_memory import (
     state_bytes,
 )
 from scalelab.parallel.planner_time import step_communication
-
-AC_CHOICES = ("none", "selective", "full")
 
 
 def candidate_name(pcfg: ParallelConfig, micro_batch_sequences: int) -> str:
@@ -140,7 +138,7 @@ def _shaped_layouts(
                         for mbs in [m for m in _divisors(local) if m <= 64]:
                             if pp > 1 and local // mbs < pp:
                                 continue
-                            for ac in AC_CHOICES:
+                            for ac in AC_MODES:
                                 lay = ParallelConfig(
                                     dp_replicate=dp // dp_shard,
                                     dp_shard=dp_shard,

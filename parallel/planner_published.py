@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from scalelab.models.config import ModelConfig
 from scalelab.models.presets import get_preset
-from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.config import AC_MODES, ParallelConfig
 from scalelab.parallel.dims import stages_per_rank
 from scalelab.parallel.hardware import GPU_TYPES
-from scalelab.parallel.planner import AC_CHOICES, GIB, Plan, estimate, plan_layouts
+from scalelab.parallel.planner import GIB, Plan, estimate, plan_layouts
 
 MEGATRON = "Narayanan et al. 2021 (arXiv:2104.04473) Table 1"
 LLAMA3 = "Dubey et al. 2024, The Llama 3 Herd of Models (arXiv:2407.21783) Table 4"
@@ -272,7 +272,7 @@ def published_layouts(row: PublishedRow) -> list[tuple[ParallelConfig, int]]:
     """The published degrees with every choice the source leaves open (mbs, schedule, AC)."""
     dp = row.dp_replicate * row.dp_shard
     local = row.global_batch_sequences // dp
-    acs = [row.activation_checkpoint] if row.activation_checkpoint else list(AC_CHOICES)
+    acs = [row.activation_checkpoint] if row.activation_checkpoint else list(AC_MODES)
     schedules = row.schedules if row.pp > 1 else ("1f1b",)
     out = []
     for mbs in [m for m in range(1, min(local, 64) + 1) if local % m == 0]:

@@ -1,6 +1,7 @@
 """Figures of who owns what, for `scripts/code_metrics.py`: store paths built outside store/, the fit
 options types, the comparison implementations, the experiments' and benches' shortcuts, the
-package modules only they and tests use, and the experiments without a smoke test.
+package modules only they and tests use, the experiments without a smoke test, and the experiments
+whose `__main__` block handles errors on its own.
 
     print_owners(root, folders)       # after code_metrics' other figures
 
@@ -27,8 +28,12 @@ Standard library `ast` only, like the rest of scripts/code_metrics.py. What each
     cli/'s modules, each package's `__init__.py`, the modules started by name, e.g.
     `-m scalelab.sweeps.ray_reaper`, and those docs/ or README.md name as `scalelab.x.y`, the
     documented API) but that experiments/, bench/ or tests/ import (or another bench-only module does);
-  - experiments with a smoke test: the modules of experiments/ that a test module imports
-    (`import experiments.NAME`, `from experiments.NAME import ...`, `from experiments import NAME`).
+  - experiments with a smoke test: the modules of experiments/ whose `main` a test module uses
+    (`NAME.main(...)`, or `NAME.main` handed to a helper, after `from experiments import NAME` or
+    `import experiments.NAME as NAME`; or `main` after `from experiments.NAME import main`); a module
+    without a `main` (functions other experiments use) counts when a test module imports it;
+  - experiments whose `__main__` block is anything but `run_script(main, __file__)`
+    (scalelab.errors.run_script: bad input is one line naming the key and the fix, exit 2).
 """
 
 from __future__ import annotations
@@ -234,20 +239,42 @@ def print_bench_only(root: Path, folders: tuple[str, ...]) -> None:
         print(f"  {short(mod):<40} {len(scripts)} experiment/bench file(s), {tests} test file(s){via}")
 
 
+def _has_main(path: Path) -> bool:
+    return any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in ast.parse(path.read_text()).body)
+
+
+def _mains_called(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """(experiments.NAME a test module imports, experiments.NAME whose `main` it uses: calls, or
+    hands to a helper that calls it)."""
+    imported, alias, called = set(), {}, set()  # alias: a local name -> experiments.NAME, or its main
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                imported.add(a.name)
+                if a.asname:
+                    alias[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            imported |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            for a in node.names:
+                alias[a.asname or a.name] = f"{node.module}.{a.name}"
+    for node in ast.walk(tree):  # `NAME.main` or an imported `main`, called or handed to a helper
+        if isinstance(node, ast.Attribute) and node.attr == "main" and isinstance(node.value, ast.Name):
+            called.add(alias.get(node.value.id, ""))
+        elif isinstance(node, ast.Name) and alias.get(node.id, "").endswith(".main"):
+            called.add(alias[node.id].removesuffix(".main"))
+    return imported, called
+
+
 def smoke_tested(root: Path) -> dict[str, list[str]]:
-    """experiments.NAME -> the test modules importing it, for every module of experiments/ (module docstring)."""
-    found: dict[str, list[str]] = {
-        f"experiments.{p.stem}": [] for p in sorted((root / "experiments").glob("*.py")) if p.stem != "__init__"
-    }
+    """experiments.NAME -> the test modules that smoke-test it: call its `main` (a module with one),
+    or import it (a module of functions other experiments use), for every module of experiments/."""
+    paths = {f"experiments.{p.stem}": p for p in sorted((root / "experiments").glob("*.py")) if p.stem != "__init__"}
+    with_main = {mod for mod, p in paths.items() if _has_main(p)}
+    found: dict[str, list[str]] = {mod: [] for mod in paths}
     for path in sorted((root / "tests").rglob("*.py")):
-        named = set()
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.Import):
-                named |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                named |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        imported, called = _mains_called(ast.parse(path.read_text(), filename=str(path)))
         for mod in found:
-            if mod in named:
+            if mod in (called if mod in with_main else imported):
                 found[mod].append(path.stem)
     return found
 
@@ -255,9 +282,39 @@ def smoke_tested(root: Path) -> dict[str, list[str]]:
 def print_smoke_tests(root: Path) -> None:
     found = smoke_tested(root)
     missing = [m for m, tests in found.items() if not tests]
-    print(f"\nexperiments with a smoke test (a test module imports them): {len(found) - len(missing)} of {len(found)}")
+    print(
+        f"\nexperiments with a smoke test (a test calls its main, or imports a module without one): "
+        f"{len(found) - len(missing)} of {len(found)}"
+    )
     for mod in missing:
-        print(f"  {mod:<40} no test imports it")
+        print(f"  {mod:<40} no test calls its main")
+
+
+def unguarded_mains(root: Path) -> tuple[int, list[str]]:
+    """(experiments with a `__main__` block, those whose block is not `run_script(main, __file__)`:
+    scalelab.errors.run_script, the one place that turns bad input into one line and exit 2)."""
+    blocks, bare = 0, []
+    for path in sorted((root / "experiments").glob("*.py")):
+        for node in ast.parse(path.read_text(), filename=str(path)).body:
+            test = node.test if isinstance(node, ast.If) else None
+            if not (isinstance(test, ast.Compare) and getattr(test.left, "id", "") == "__name__"):
+                continue
+            blocks += 1
+            first = node.body[0]
+            call = first.value if isinstance(first, ast.Expr) else None
+            if len(node.body) != 1 or not (isinstance(call, ast.Call) and getattr(call.func, "id", "") == "run_script"):
+                bare.append(f"experiments/{path.name}:{node.lineno}")
+    return blocks, bare
+
+
+def print_unguarded_mains(root: Path) -> None:
+    blocks, bare = unguarded_mains(root)
+    print(
+        f"\nexperiments whose __main__ handles errors on its own (not run_script(main, __file__)): "
+        f"{len(bare)} of {blocks}"
+    )
+    for where in bare:
+        print(f"  {where}")
 
 
 def print_owners(root: Path, folders: tuple[str, ...]) -> None:
@@ -267,3 +324,4 @@ def print_owners(root: Path, folders: tuple[str, ...]) -> None:
     print_bench_shortcuts(root)
     print_bench_only(root, folders)
     print_smoke_tests(root)
+    print_unguarded_mains(root)

@@ -117,28 +117,33 @@ class Candidate:
 NEXT_FLAGS = {"bootstrap": "--replicates", "target_flops": "--target-flops"}  # `sweep next` spells them so
 
 
-def fit_sweep(
+def loop_options(
     sweep_dir: str | Path,
     *,
     target_flops: float | None = None,
     replicates: int | None = None,
     seed: int = 0,
     fit_starts: int | None = None,
-) -> tuple[ScalingFit, dict[str, Any], FitOptions, list[str]]:
-    """The loop's fit of a sweep's done runs: (ScalingFit, raw spec, its options, warnings); the
-    options are the spec's `fit:` section with these arguments over it (None: the spec's)."""
-    sweep_dir = readable(sweep_dir)
-    if not store.is_sweep_dir(sweep_dir):
-        raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
-    raw = read_spec(store.SweepLayout(sweep_dir).spec)
-    options = fit_options(
-        raw.get("fit") or {},
+) -> FitOptions:
+    """The loop's fit options, built and checked once: the sweep spec's `fit:` section with `sweep
+    next`'s arguments over it (None: the spec's), errors spelled as `sweep next`'s flags."""
+    return fit_options(
+        store_fit_spec(sweep_dir),
         flags=NEXT_FLAGS,
         bootstrap=replicates,
         seed=seed,
         starts=fit_starts,
         target_flops=target_flops or None,
     )
+
+
+def fit_sweep(sweep_dir: str | Path, options: FitOptions) -> tuple[ScalingFit, dict[str, Any], list[str]]:
+    """The loop's fit of a sweep's done runs with `options` (loop_options): (ScalingFit, raw spec,
+    warnings)."""
+    sweep_dir = readable(sweep_dir)
+    if not store.is_sweep_dir(sweep_dir):
+        raise UsageError(f"{sweep_dir} is not a sweep directory (no sweep.yaml)")
+    raw = read_spec(store.SweepLayout(sweep_dir).spec)
     lf, warnings = fit_store(sweep_dir, options, min_runs=MIN_LOOP_RUNS)
     if lf.selection is not None:
         warnings += [f"law selection: {lf.selection['rule']}"]
@@ -146,7 +151,7 @@ def fit_sweep(
     warnings += [f"degenerate law: {f.line}" for f in lf.degeneracy if f.name != "starts"]
     if lf.frontier is not None:
         warnings += list(lf.frontier.warnings)
-    return lf, raw, options, warnings
+    return lf, raw, warnings
 
 
 def propose_next(sweep_dir: str | Path, **kwargs: Any) -> dict[str, Any]:
@@ -180,17 +185,18 @@ def propose_round(
     sweep_dir = sweep_dir if objects.is_url(sweep_dir) else Path(sweep_dir)
     if objects.is_url(sweep_dir):
         objects.check(sweep_dir, "sweep_dir")
-    asked = dict(bootstrap=replicates, seed=seed, starts=fit_starts, target_flops=target_flops)
-    target = fit_options(store_fit_spec(sweep_dir), flags=NEXT_FLAGS, **asked).target_flops  # before any write
+    # built and checked before anything is written
+    options = loop_options(
+        sweep_dir, target_flops=target_flops, replicates=replicates, seed=seed, fit_starts=fit_starts
+    )
+    target = options.target_flops
     if not target:
         raise UsageError("sweep next needs --target-flops C* (or fit.target_flops in the spec)")
     ledger.score(sweep_dir)
     # Round k is taken before the fit (the store's rounds as they are now); its fit file is then
     # created only if no other driver created it meanwhile (_write_round).
     k = next_round(sweep_dir)
-    lf, raw, options, warnings = fit_sweep(
-        sweep_dir, target_flops=target, replicates=replicates, seed=seed, fit_starts=fit_starts
-    )
+    lf, raw, warnings = fit_sweep(sweep_dir, options)
     log(f"fitted {lf.law} to {lf.loss.size} runs ({len(lf.draws)} bootstrap replicates)")
     largest = float(lf.budgets.max())
     c_next = min(step * largest, target)

@@ -179,11 +179,7 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
             the smallest size, a FLOP count outside the tolerance, a run config that fails).
     """
     check_keys(raw, TOP_KEYS, "")
-    gens = [g for g in GENERATORS if g in raw]
-    if not gens:
-        raise ConfigError("generator", "the spec names no generator", f"add one of: {', '.join(GENERATORS)}")
-    if len(gens) > 1:
-        raise ConfigError(gens[1], f"a spec has one generator, found {gens}", "split it into two specs")
+    gen = spec_generator(raw)
     base = raw.get("base") or {}
     if not isinstance(base, dict):
         raise ConfigError("base", f"expected a run-config mapping, got {base!r}", "see examples/sweeps/")
@@ -192,10 +188,9 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     parse_early_stop(raw.get("early_stop"))  # checked here; the trials read it back from the spec
     parse_wandb_section(raw.get("wandb"))  # the same
     parse_gate(raw.get("recipe_gate"))  # the section; its audit is read by `sweep plan` and `launch`
-    gen = gens[0]
     study = None
     if raw.get("study") is not None:
-        study = parse_study(raw["study"], raw, gen, _budgets(raw, gen), fit.target_flops)
+        study = parse_study(raw["study"], raw, gen, spec_budgets(raw, gen), fit.target_flops)
     arms = study.arms if study is not None else {None: {}}
     warnings: list[str] = []
     runs: list[RunSpec] = []
@@ -237,7 +232,17 @@ def expand_sweep(raw: dict[str, Any], default_name: str = "sweep") -> Sweep:
     )
 
 
-def _budgets(raw: dict[str, Any], gen: str) -> list[float]:
+def spec_generator(raw: dict[str, Any]) -> str:
+    """The one generator a spec names (GENERATORS: the registry, with _GENERATOR_FNS)."""
+    gens = [g for g in GENERATORS if g in raw]
+    if not gens:
+        raise ConfigError("generator", "the spec names no generator", f"add one of: {', '.join(GENERATORS)}")
+    if len(gens) > 1:
+        raise ConfigError(gens[1], f"a spec has one generator, found {gens}", "split it into two specs")
+    return gens[0]
+
+
+def spec_budgets(raw: dict[str, Any], gen: str) -> list[float]:
     """The design's FLOP budgets (an IsoFLOP generator's; a points spec's labels), for the study's checks."""
     section = raw.get(gen)
     if gen == "isoflop" and isinstance(section, dict):

@@ -56,13 +56,12 @@ from scalelab.fitting.paired_gap import Measurement
 from scalelab.fitting.scaling_fit import ScalingFit
 from scalelab.store.paths import SweepLayout
 from scalelab.sweeps.propose import readable
-from scalelab.sweeps.spec import read_spec
+from scalelab.sweeps.spec import read_spec, spec_budgets, spec_generator
 from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_store
 from scalelab.sweeps.study_decisive import decisive_points, planned_runs
 from scalelab.sweeps.study_paired import compare_paired
 from scalelab.sweeps.study_spec import ARM_LABEL, ESTIMATORS, StudySpec, parse_study
 
-GENERATORS = ("grid", "isoflop", "ladder", "random", "points")
 DESIGN_ORDER = ("flops_budget", "size_index", "target_params", "seed", "params", "run_id")
 
 
@@ -137,9 +136,10 @@ def read_study(sweep_dir: str | Path) -> tuple[dict[str, Any], StudySpec]:
     raw = read_spec(SweepLayout(sweep_dir).spec)
     if raw.get("study") is None:
         raise UsageError(f"{sweep_dir} is not a study (its sweep.yaml has no study: section)")
-    gen = next(g for g in GENERATORS if g in raw)
-    budgets = [float(b) for b in (raw.get("isoflop") or {}).get("budgets", [])] if gen == "isoflop" else []
-    return raw, parse_study(raw["study"], raw, gen, budgets, fit_options(raw.get("fit") or {}).target_flops)
+    gen = spec_generator(raw)
+    return raw, parse_study(
+        raw["study"], raw, gen, spec_budgets(raw, gen), fit_options(raw.get("fit") or {}).target_flops
+    )
 
 
 def arm_runs(runs: pl.DataFrame, arm: str, max_budget: float | None = None) -> pl.DataFrame:

@@ -6,12 +6,15 @@ The experiments with training or a store have their own test modules (test_first
 test_frontier_benches, test_gap_power, test_bench_studies)."""
 
 import json
+import sys
 
 import pytest
 
 from experiments import (
+    e_from_curves,
     extrapolation_variants,
     fit_calibration,
+    fit_public,
     forms_position,
     frontier_synthetic,
     interval_calibration,
@@ -20,11 +23,21 @@ from experiments import (
     moe_aux_loss,
     plan_public,
     planner_activation,
+    planner_calibrate,
     planner_published,
     planner_sanity,
+    seed_noise,
+    stack_bagging,
     stacked_coverage,
 )
-from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
+from scalelab.analysis.synthetic import (
+    SyntheticLaw,
+    isoflop_design,
+    launch_synthetic,
+    synthetic_trainer,
+    write_synthetic_sweep,
+)
+from scalelab.errors import run_script
 from scalelab.fitting.allocate import chinchilla_optimum
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -114,3 +127,51 @@ def test_plan_public_writes_the_run_and_recipe_tables(tmp_path, capsys):
     assert plan_public.main(["--out", str(tmp_path)]) == 0
     assert "175B held out" in capsys.readouterr().out
     assert (tmp_path / "gpt3_runs.csv").exists() and (tmp_path / "gpt3_recipe.csv").exists()
+
+
+def test_an_experiments_bad_input_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    """Every experiment's __main__ is run_script(main, __file__): a UsageError is one line naming the
+    value and the fix, exit 2, no traceback; a finished main's return code is the exit code."""
+    monkeypatch.setattr(sys, "argv", ["e_from_curves.py", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit) as e:
+        run_script(e_from_curves.main, e_from_curves.__file__)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err == f"e_from_curves.py: error: {tmp_path / 'missing'} does not exist\n"
+    with pytest.raises(SystemExit) as e:
+        run_script(lambda: 3, "x.py")
+    assert e.value.code == 3
+
+
+def test_fit_public_scores_one_family_held_out(capsys):
+    """The Hitchhiker's-guide split on GPT-3's curves (its largest model held out), Approach 3 only."""
+    assert fit_public.main(["--families", "GPT-3", "--no-curves"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("GPT-3")]
+    assert len(rows) == 1 and rows[0][1] == "7" and rows[0][4].endswith("%")  # 7 models fitted, 175B scored
+
+
+def test_planner_calibrate_fits_the_constants_on_measured_steps(capsys):
+    assert planner_calibrate.main(["--steps", "1", "--models", "tiny-1m"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("tiny-1m ") == 2 and "held-out mean |error|: default mfu=" in out and "calibrated mfu=" in out
+
+
+def test_seed_noise_pools_the_sd_of_each_point(tmp_path, capsys):
+    """The demo's two points under two seeds each, trained by the synthetic law instead of Ray."""
+    trainer = synthetic_trainer(SyntheticLaw(), noise_std=0.003)
+    seed_noise.main(["--out", str(tmp_path / "store"), "--seeds", "2"], trainer=trainer)
+    out = capsys.readouterr().out
+    assert "N= 47,264:" in out and "N= 86,256:" in out and "pooled sd(log loss) = " in out
+
+
+def test_e_from_curves_fits_the_curve_law_on_every_checkpoint(tmp_path, capsys):
+    write_synthetic_sweep(tmp_path / "store", isoflop_design([1e12, 3e12, 1e13]), SyntheticLaw(), seeds=[0])
+    e_from_curves.main([str(tmp_path / "store"), "--boot", "2", "--max-flops", "3e12"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("runs at or below 3e+12 FLOPs (4 runs): E = ") and lines[1].startswith("every run (7")
+
+
+def test_stack_bagging_scores_every_weighting_of_one_trial(capsys):
+    """One synthetic trial: the round-0 fit, its 3x pair, the refit and each weighting at 10x and 30x."""
+    stack_bagging.main(["--trials", "1", "--kinds", "chinchilla"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("chinchilla", "all"))]
+    assert [r[1] for r in rows] == ["10x", "30x", "10x", "30x"] and all(r[-1].endswith("%") for r in rows)

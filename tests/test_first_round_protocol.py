@@ -62,9 +62,8 @@ def test_the_audit_grid_and_its_report(audit_dir, capsys):
 
 
 def test_one_store_then_its_scores(audit_dir, tmp_path, monkeypatch, capsys):
-    script = first_round_store
     law = SyntheticLaw()
-    spec, sweep = script.first_round_spec(audit_dir, seed=1000, num_sizes=6, span=2.0, seeds_per_point=1)
+    spec, sweep = first_round_store.first_round_spec(audit_dir, seed=1000, num_sizes=6, span=2.0, seeds_per_point=1)
     assert len(sweep.runs) == 18 and len({r.config["train"]["seed"] for r in sweep.runs}) == 18
     assert check_sweep(sweep).ok  # the audited recipe passes its own gate
 
@@ -76,21 +75,20 @@ def test_one_store_then_its_scores(audit_dir, tmp_path, monkeypatch, capsys):
         launch_synthetic(yaml.safe_load(spec_text), sweep_dir, law, noise_std=0.004)
 
     capsys.readouterr()
-    script.main(["--out", str(tmp_path / "plan"), "--seed", "1", "--audit", str(audit_dir), "--plan"])
+    first_round_store.main(["--out", str(tmp_path / "plan"), "--seed", "1", "--audit", str(audit_dir), "--plan"])
     plan = capsys.readouterr().out
     assert "most per FLOP" in plan and "of the span (inside)" in plan and not (tmp_path / "plan").exists()
-    monkeypatch.setattr(script, "run_rounds", fake_rounds)
-    monkeypatch.setattr(script, "launch", fake_launch)
+    monkeypatch.setattr(first_round_store, "run_rounds", fake_rounds)
+    monkeypatch.setattr(first_round_store, "launch", fake_launch)
     args = ["--out", str(tmp_path / "s1000"), "--seed", "1000", "--audit", str(audit_dir), "--holdout-sizes", "2"]
-    script.main(args)
-    script.main(args)  # resumed: the holdout round is launched as proposed, never proposed again
+    first_round_store.main(args)
+    first_round_store.main(args)  # resumed: the holdout round is launched as proposed, never proposed again
     loop = tmp_path / "s1000" / "loop"
     assert sorted(p.name for p in (loop / "rounds").glob("round_*.yaml")) == ["round_1.yaml"]
-    scores = first_round_scores
     capsys.readouterr()
-    scores.main([str(loop), "--json", str(tmp_path / "scores.json")])
+    first_round_scores.main([str(loop), "--json", str(tmp_path / "scores.json")])
     out = capsys.readouterr().out
-    s = scores.store_scores(loop)
+    s = first_round_scores.store_scores(loop)
     assert [s["distances"][m]["scored"] for m in (3, 10, 30)] == [2, 2, 2]
     assert all(np.isfinite(s["distances"][m]["error"]) for m in (3, 10, 30))
     assert "old recipe +7.70%, sd 4.11% over 7 stores" in out and "replication" in out

@@ -208,27 +208,6 @@ def test_candidate_names_are_checked():
         parse_candidate("lr_annealing")
 
 
-def test_identify_pins_exponents_on_a_wide_design_but_not_on_one_isoflop_slice():
-    from scalelab.fitting.identify import identify
-
-    n, d, c = _design([1e11, 1e12, 1e13, 1e14], sizes=5)
-    y = get_law("chinchilla").predict(CHIN, params=n, tokens=d) * np.exp(
-        0.003 * np.random.default_rng(1).standard_normal(n.size)
-    )
-    rows = identify("chinchilla", n, d, y, groups=c, names=["alpha"])
-    lo, hi = rows["alpha"].profile_interval
-    assert lo is not None and hi is not None and lo <= CHIN["alpha"] <= hi, rows["alpha"]
-    assert rows["alpha"].verdict == "identified" and len(rows["alpha"].fold_values) == 2
-    # one token count for every size: B / D^beta is a constant, so beta trades against E exactly
-    n = np.geomspace(1e5, 1e8, 9)
-    d = np.full(n.size, 1e9)
-    y = get_law("chinchilla").predict(CHIN, params=n, tokens=d) * np.exp(
-        0.003 * np.random.default_rng(2).standard_normal(n.size)
-    )
-    rows = identify("chinchilla", n, d, y, names=["beta"])
-    assert rows["beta"].verdict.startswith("not identified"), rows["beta"]
-
-
 def test_while_the_incumbent_keeps_the_weight_its_better_measured_extrapolation_error_is_used():
     budgets = [2e11, 6e11, 2e12]
     n, d, c = _design(budgets)

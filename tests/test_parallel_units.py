@@ -11,7 +11,7 @@ import torch
 from scalelab.cli.main import main
 from scalelab.errors import ConfigError, UsageError
 from scalelab.models.llama import build_model
-from scalelab.parallel.config import ParallelConfig
+from scalelab.parallel.config import AC_MODES, ParallelConfig
 from scalelab.parallel.dims import ParallelDims
 from scalelab.parallel.layouts import layout_name, parse_layout
 from scalelab.parallel.memory import expected_memory, measured_memory
@@ -70,6 +70,17 @@ def test_batch_rules_and_unsupported_axes():
         _dims(model=debug_model(4), dp_shard=2, ep=2)
     ok = _dims(world=8, model=debug_model(4), seq_len=32, batch=8, dp_replicate=2, tp=2, pp=2)
     assert ok.dp_size == 2 and ok.mesh_shape() == (("pp", "dp_replicate", "dp_shard", "tp"), (2, 2, 1, 2))
+
+
+def test_every_ac_mode_has_one_owner_the_grammar_and_the_checks_read():
+    """parallel.config.AC_MODES is the one list: each mode is checked, named and parsed back through it."""
+    assert list(AC_MODES) == ["none", "selective", "full"]  # the planner's search order
+    for mode in AC_MODES:
+        cfg = ParallelConfig(dp_shard=2, activation_checkpoint=mode)
+        assert parse_layout(layout_name(cfg)).activation_checkpoint == mode
+        _dims(model=debug_model(2), dp_shard=2, activation_checkpoint=mode)
+    with pytest.raises(ConfigError, match="use one of none, selective, full"):
+        _dims(model=debug_model(2), dp_shard=2, activation_checkpoint="partial")
 
 
 def test_layout_names():

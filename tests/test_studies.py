@@ -20,7 +20,7 @@ from scalelab.fitting.predictive import ExtrapolationError
 from scalelab.store import ledger, load_runs
 from scalelab.sweeps.dry_run import format_plan, plan_sweep
 from scalelab.sweeps.spec import expand_sweep, load_sweep
-from scalelab.sweeps.study_fit import fit_study
+from scalelab.sweeps.study_fit import fit_study, read_study
 from scalelab.sweeps.study_propose import open_study_round, propose_study_round
 from scalelab.sweeps.study_text import format_study
 from scalelab.sweeps.wandb_runs import run_tags
@@ -100,6 +100,15 @@ def test_bad_study_spec_exits_2_with_one_line_before_anything_runs(tmp_path, mon
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and re.search(message, err), err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.yaml"]  # nothing written, no Ray
+
+
+def test_a_study_is_read_back_with_the_specs_own_generator_registry(tmp_path):
+    """read_study finds the generator through sweeps.spec's registry: every generator, `audit` too."""
+    audit = {"sizes": [2e4, 5e4], "tokens_per_param": [10], "lr_multipliers": [0.5, 1.0, 2.0]}
+    raw = {k: v for k, v in _spec().items() if k != "isoflop"} | {"audit": audit}
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(raw))
+    _, study = read_study(tmp_path)
+    assert study.names == ["a", "b"] and study.target_flops == 3e13
 
 
 def test_a_design_axis_is_not_an_arm():

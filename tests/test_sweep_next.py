@@ -9,6 +9,8 @@ import pytest
 from scalelab import store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.cli.main import main
+from scalelab.fitting.fit_options import fit_options
+from scalelab.sweeps import propose
 from scalelab.sweeps.propose import propose_next
 from scalelab.sweeps.spec import load_sweep
 
@@ -25,14 +27,16 @@ def _quiet(_):
     pass
 
 
-def test_partial_grid_is_named_and_its_unfinished_budget_gets_bracketing_runs(tmp_path):
+def test_partial_grid_is_named_and_its_unfinished_budget_gets_bracketing_runs(tmp_path, monkeypatch):
+    built = []  # the loop's options are built and checked once per round, then handed to the fit
+    monkeypatch.setattr(propose, "fit_options", lambda *a, **k: built.append(k) or fit_options(*a, **k))
     sd = tmp_path / "fake"
     ids = launch_synthetic(SPEC, sd, LAW, noise_std=0.003)
     for run_id in ids[-2:]:  # the two largest sizes of the largest budget are still running
         status = store.read_status(store.run_path(sd, run_id))
         (store.run_path(sd, run_id) / "status.json").write_text(json.dumps(dict(status, status="running")))
     p = propose_next(sd, target_flops=1e13, replicates=8, log=_quiet)
-    assert p["n_points"] == 13
+    assert p["n_points"] == 13 and len(built) == 1
     assert any("partial grid: the fit uses 13 of 15" in w for w in p["warnings"])
     assert any("budget 3e+12: 3 of 5 runs done" in w for w in p["warnings"])
     brackets = {b["flops"]: b for b in p["gates"]["brackets"]}

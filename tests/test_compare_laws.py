@@ -1,10 +1,13 @@
-"""Model comparison between law forms, and the real-fitter backtest on simulated data."""
+"""experiments/compare_laws.py (law forms compared on one table: held-out error, AIC/BIC) and the
+real-fitter backtest it is built on (fitting/backtest.py), on simulated data."""
 
 import numpy as np
+import polars as pl
 import pytest
 
+from experiments import compare_laws as compare_laws_experiment
+from experiments.compare_laws import compare_laws, information_criteria
 from scalelab.fitting.backtest import holdout_backtest, law_fitter
-from scalelab.fitting.compare_laws import compare_laws, information_criteria
 from scalelab.fitting.fit import subsample_starts
 from scalelab.fitting.fit_runs import one_torch_thread
 from scalelab.fitting.io import read_runs
@@ -56,3 +59,14 @@ def test_real_fitter_backtest_is_within_noise(table):
     n, d = table.params[idx], table.tokens[idx]
     noise_free = true["E"] + true["A"] / n ** true["alpha"] + true["B"] / d ** true["beta"]
     assert np.abs(res.predicted / noise_free - 1).max() < 0.005, res.predicted / noise_free - 1
+
+
+def test_the_command_prints_every_law_best_first(tmp_path, capsys):
+    n, d = np.geomspace(1e6, 1e8, 8), np.geomspace(2e7, 2e9, 8)[::-1].copy()
+    n, d = np.concatenate([n, n]), np.concatenate([d, 3 * d])
+    loss = 1.7 + 400 / n**0.34 + 410 / d**0.28
+    pl.DataFrame({"params": n, "tokens": d, "loss": loss}).write_csv(tmp_path / "runs.csv")
+    argv = [str(tmp_path / "runs.csv"), "--laws", "chinchilla,power_law_no_e", "--max-starts", "20"]
+    assert compare_laws_experiment.main([*argv, "--json", str(tmp_path / "rows.json")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("law") and [line.split()[0] for line in lines[1:]] == ["chinchilla", "power_law_no_e"]

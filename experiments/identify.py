@@ -1,4 +1,8 @@
-"""Which parameters of a law a design's runs pin down: profile likelihood and fold stability.
+"""Which parameters of a law a design's runs pin down: profile likelihood and fold stability (research).
+
+    python experiments/identify.py RUNS.csv [--law farseer] [--names gamma,beta]
+
+The folds are the table's `group` column, or its FLOP budgets (runs within 5% of each other's C).
 
 A law can fit a design's runs well and still leave a parameter free: an IsoFLOP design ties D to N
 within each budget, so Chinchilla's E trades against the exponents, and a size-dependent data term
@@ -13,20 +17,25 @@ within each budget, so Chinchilla's E trades against the exponents, and a size-d
   added is pinned in sample to a value that depends on the range fitted. The verdict is the
   profile's; fewer runs make each fold's estimate looser, so the folds inform rather than decide.
 
-    rows = identify("farseer", n, d, loss, groups=budgets)
+    rows = identify("farseer", n, d, loss, groups=budgets)      # in Python
     rows["gamma"].verdict          # "identified" | "not identified: ..."
+
+What it found on this machine's designs: docs/extrapolation.md ("Other forms and identifiability").
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from scalelab.errors import UsageError
+from scalelab.errors import UsageError, run_script
+from scalelab.fitting.approaches import group_budgets
 from scalelab.fitting.fit import fit_law
 from scalelab.fitting.forward import group_order
+from scalelab.fitting.io import read_runs
 from scalelab.fitting.laws import get_law
 
 CHI2_95 = 3.841
@@ -153,3 +162,22 @@ def format_identification(rows: dict[str, Identification]) -> str:
         folds = ", ".join(f"{v:.3g}" for v in r.fold_values) or "-"
         lines.append(f"{r.name:>7} {r.estimate:>9.3g} {'[' + lo + ', ' + hi + ']':>22} {folds:>24}  {r.verdict}")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("table", help="CSV or Parquet run table (params, tokens or flops, loss)")
+    ap.add_argument("--law", default="chinchilla", help="a law of N and D (default chinchilla)")
+    ap.add_argument("--names", default=None, help="the parameters to profile, comma-separated (default: all)")
+    args = ap.parse_args(argv)
+    table = read_runs(args.table, min_rows=2)
+    names = [w.strip() for w in args.names.split(",")] if args.names else None
+    groups = table.group if table.group is not None else group_budgets(table.flops)
+    rows = identify(args.law, table.params, table.tokens, table.loss, groups=groups, names=names)
+    print(f"{args.law} on {len(table)} runs in {len(set(groups.tolist()))} groups (fit-space parameters)")
+    print(format_identification(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    run_script(main, __file__)

@@ -1,4 +1,11 @@
-"""Model comparison between law forms on one run table: held-out error first, AIC/BIC beside it.
+"""Law forms compared on one run table: held-out error first, AIC/BIC beside it (research, not the product).
+
+The product chooses a law by its own rules (`scalelab fit --law select`: the held-out-largest backtest,
+curve laws included, fitting/select.py; `--law auto`: the stacked law, fitting/stacking.py); this
+experiment puts the classical criteria beside the held-out error for any table, to read why a form
+wins or loses:
+
+    python experiments/compare_laws.py RUNS.csv [--laws chinchilla,kaplan,power_law] [--max-starts 300]
 
 For each law: fit on every run (in-sample log-residual RMSE), a holdout backtest on the
 largest-compute runs (MARE, bias), and information criteria from a Gaussian likelihood of the
@@ -10,17 +17,19 @@ AIC/BIC are reported only where defined: the law's inputs are all in the table a
 They are approximations when the fit minimised a Huber loss rather than the Gaussian likelihood,
 so the held-out error is the primary ranking; laws that cannot be fitted are listed with the reason.
 
-    rows = compare_laws("runs.csv", laws=("chinchilla", "kaplan", "power_law"))
+    rows = compare_laws("runs.csv", laws=("chinchilla", "kaplan", "power_law"))   # in Python
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from scalelab.errors import UsageError
+from scalelab.errors import UsageError, run_script
 from scalelab.fitting.backtest import holdout_backtest, law_fitter
 from scalelab.fitting.fit import fit_law, subsample_starts
 from scalelab.fitting.fit_runs import one_torch_thread
@@ -121,3 +130,38 @@ def _compare(data, laws, columns, holdout_frac, objective, delta, max_starts) ->
             row.error = f"backtest: {e}"
         rows.append(row)
     return sorted(rows, key=lambda r: (r.holdout_mare is None, r.holdout_mare or 0.0))
+
+
+def format_comparison(rows: list[LawComparison]) -> str:
+    """One line per law, best held-out error first (a number that is not defined prints as -)."""
+
+    def cell(v: float | None, fmt: str) -> str:
+        return "-" if v is None else format(v, fmt)
+
+    lines = [f"{'law':<16} {'k':>2} {'n':>4} {'holdout MARE':>12} {'bias':>8} {'RMSE ln L':>9} {'AIC':>9} {'BIC':>9}"]
+    for r in rows:
+        mare = cell(None if r.holdout_mare is None else 100 * r.holdout_mare, ".2f") + "%"
+        bias = cell(None if r.holdout_bias is None else 100 * r.holdout_bias, "+.2f") + "%"
+        line = f"{r.law:<16} {r.n_params:>2} {r.n_points:>4} {mare:>12} {bias:>8} {cell(r.rmse_log, '.4f'):>9}"
+        line += f" {cell(r.aic, '.1f'):>9} {cell(r.bic, '.1f'):>9}"
+        lines.append(line + (f"  ({r.error})" if r.error else ""))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("table", help="CSV or Parquet run table (params, tokens or flops, loss)")
+    ap.add_argument("--laws", default="chinchilla,kaplan,power_law,power_law_no_e", help="comma-separated")
+    ap.add_argument("--max-starts", type=int, default=None, help="thin each law's start grid (default: all)")
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    args = ap.parse_args(argv)
+    rows = compare_laws(args.table, laws=[w.strip() for w in args.laws.split(",")], max_starts=args.max_starts)
+    print(format_comparison(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([r.to_dict() for r in rows], f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    run_script(main, __file__)
