@@ -77,15 +77,15 @@ FILES = {
     # calls its main), a third that a test imports without calling its main (no smoke test), and a
     # module of functions without a main that a test imports (tested)
     "experiments/__init__.py": '"""experiments"""\n',
-    "experiments/probe.py": "from experiments.tested import _helper\nfrom scalelab.fitting import identify\n\n\n"
+    "experiments/probe.py": "from experiments.tested import _helper\nfrom scalelab.store import probe_only\n\n\n"
     + "def main():\n    return 0\n\n\nif __name__ == '__main__':\n    main()\n",
     "experiments/tested.py": "def _helper():\n    return 1\n\n\ndef main(argv=None):\n    return 0\n\n\n"
     + "if __name__ == '__main__':\n    run_script(main, __file__)\n",
     "experiments/imported.py": "def main(argv=None):\n    return 0\n",
     "experiments/shared.py": "def helper():\n    return 0\n",
-    "fitting/identify.py": '"""only an experiment and a test use it"""\n',
+    "store/probe_only.py": '"""only an experiment and a test use it"""\n',
     "tests/test_tested.py": "from experiments import imported, shared, tested\n"
-    + "from scalelab.fitting import identify\n\nassert tested.main([]) == 0\n",
+    + "from scalelab.store import probe_only\n\nassert tested.main([]) == 0\n",
     # the store names its own paths; a sweep module that joins them by hand twice
     "store/__init__.py": '"""store"""\n',
     "store/paths.py": 'def spec(d):\n    return d / "sweep.yaml"\n',
@@ -162,7 +162,7 @@ def test_figures_of_a_made_up_checkout(checkout, capsys):
     assert "experiments/probe.py" in out and "from experiments.tested import _helper (line 1)" in out
     assert "(no product code imports them; experiments/, bench/ or tests/ do): 2" in out
     assert "fitting.simulate" in out and "1 experiment/bench file(s), 0 test file(s)" in out
-    assert "fitting.identify" in out and "1 experiment/bench file(s), 1 test file(s)" in out
+    assert "store.probe_only" in out and "1 experiment/bench file(s), 1 test file(s)" in out
     assert "experiments with a smoke test (a test calls its main, or imports a module without one): 2 of 4" in out
     assert (
         "experiments.probe                        no test calls its main" in out and "experiments.tested  " not in out
