@@ -3,7 +3,7 @@
     cmp = compare_sweeps(runs_a, runs_b, law="chinchilla", target_flops=1e21, n_boot=200)
     cmp.multiplier_at_target, cmp.target_interval, cmp.slope, cmp.slope_interval, cmp.verdict
 
-Each side is fitted separately through the one fit entry (scalelab.fitting.fit_runs: the robust fit
+Each side is fitted separately through the one fit entry (scalelab.fitting.entry.fit_runs: the robust fit
 from the law's whole start grid and its bootstrap; no backtests, the comparison does not use them). With
 L*_X(C) the compute-optimal frontier of side X (the minimum over N of the fitted L(N, C/6N); the
 law itself for laws of compute), the compute-efficiency multiplier of B over A at budget C is
@@ -26,17 +26,17 @@ import numpy as np
 import polars as pl
 
 from scalelab.errors import UsageError
-from scalelab.fitting.approaches import group_budgets
-from scalelab.fitting.comparison import Comparison, SideFit, compare_laws_at, verdict
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.fit_runs import fit_runs
-from scalelab.fitting.io import read_runs
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.multiplier import (  # noqa: F401  (frontier_loss, flops_to_reach, multiplier: this module's API)
+from scalelab.fitting.comparisons.comparison import Comparison, SideFit, compare_laws_at, verdict
+from scalelab.fitting.comparisons.multiplier import (  # noqa: F401  (frontier_loss, flops_to_reach, multiplier: this module's API)
     flops_to_reach,
     frontier_loss,
     multiplier,
 )
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.entry.fit_runs import fit_runs
+from scalelab.fitting.estimate.approaches import group_budgets
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.forms.laws import get_law
 
 LEVEL = 0.95
 
@@ -87,7 +87,7 @@ def compare_fits(
     a: SideFit, b: SideFit, *, budgets=None, target_flops: float | None = None, level: float = LEVEL
 ) -> Comparison:
     """The multiplier of B over A at each budget and at the target, with intervals and the slope,
-    over the budgets both sides' runs share (scalelab.fitting.comparison), and its verdict."""
+    over the budgets both sides' runs share (scalelab.fitting.comparisons.comparison), and its verdict."""
     lo = max(a.flops_range[0], b.flops_range[0])
     hi = min(a.flops_range[1], b.flops_range[1])
     if not hi > lo:

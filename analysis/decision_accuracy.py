@@ -7,7 +7,7 @@
 
 The truth is the ranking of the arms at the target: each compared arm against the baseline by their
 measured runs there, the matched decisive measurement's mean gap over its pairs (the same size and
-seed; scalelab.sweeps.study_pairs), with its standard error; an older study's single pair per arm
+seed; scalelab.sweeps.studies.study_pairs), with its standard error; an older study's single pair per arm
 (no design size) is taken per seed. It is predicted from each budget b of the design in four ways
 (Magnusson et al. 2025, DataDecide: single-scale ranking against scaling-law methods):
 
@@ -16,10 +16,10 @@ seed; scalelab.sweeps.study_pairs), with its standard error; an older study's si
 (b) single-scale ranking, best run: the arms ranked by their best run at b (the IsoFLOP minimum),
     one decision per seed;
 (c) law-based, each arm's own law: each arm fitted the loop's way on its runs of budgets up to b only
-    (scalelab.sweeps.study_fit.fit_study with max_budget=b), the gap predicted at the measured
+    (scalelab.sweeps.studies.study_fit.fit_study with max_budget=b), the gap predicted at the measured
     target runs by the `separate` estimator; one decision per study;
 (d) paired: the same fits, the gap by the `paired` estimator (the gap model on the matched design
-    points up to b, scalelab.sweeps.study_paired), one decision per study.
+    points up to b, scalelab.sweeps.studies.study_paired), one decision per study.
 
 (c) and (d) need the loop's minimum of runs per arm (a single budget is not enough: n/a there).
 Accuracy = correct decisions / decisions (a decision is the side the prediction leans to), with a
@@ -40,10 +40,10 @@ from scipy import stats
 
 from scalelab import store
 from scalelab.errors import UsageError
-from scalelab.fitting.fit_options import fit_options
-from scalelab.sweeps.propose import readable
-from scalelab.sweeps.study_fit import arm_runs, fit_study, read_study
-from scalelab.sweeps.study_pairs import match_arms
+from scalelab.fitting.entry.fit_options import fit_options
+from scalelab.sweeps.closed_loop.propose import readable
+from scalelab.sweeps.studies.study_fit import arm_runs, fit_study, read_study
+from scalelab.sweeps.studies.study_pairs import match_arms
 
 METHODS = ("each size", "best run", "law", "paired")
 METHOD_TEXT = {

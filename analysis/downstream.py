@@ -6,8 +6,8 @@
 Step 1 fits the task's bits-per-byte of the correct answer (each run's mean over its last `last_n`
 checkpoints) against (N, D) with a law from scalelab.fitting (Chinchilla by default), optionally
 weighted by the noise analysis' inverse variances, through the one fit entry
-(scalelab.fitting.fit_runs: the law's whole start grid, its bootstrap, no backtests). Step 2 fits
-the loss-to-accuracy sigmoid (scalelab.fitting.loss_to_accuracy) on the (bpb, accuracy) pairs of
+(scalelab.fitting.entry.fit_runs: the law's whole start grid, its bootstrap, no backtests). Step 2 fits
+the loss-to-accuracy sigmoid (scalelab.fitting.task_accuracy.loss_to_accuracy) on the (bpb, accuracy) pairs of
 every checkpoint of every run, since intermediate checkpoints cover the range the sigmoid needs.
 Intervals: bootstrap draws of the step-1 law give bpb draws at (N, D); each is pushed through a
 sigmoid drawn from the step-2 fit's parameter covariance, so the accuracy interval carries both
@@ -24,12 +24,12 @@ import polars as pl
 
 from scalelab.analysis.noise import fit_weights
 from scalelab.errors import UsageError
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.fit_runs import fit_runs
-from scalelab.fitting.intervals import percentile_interval
-from scalelab.fitting.io import read_runs
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.loss_to_accuracy import fit_sigmoid, sigmoid
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.entry.fit_runs import fit_runs
+from scalelab.fitting.estimate.intervals import percentile_interval
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.task_accuracy.loss_to_accuracy import fit_sigmoid, sigmoid
 
 
 @dataclass(kw_only=True, slots=True)

@@ -27,7 +27,7 @@ import math
 import numpy as np
 import polars as pl
 
-from scalelab.fitting.intervals import percentile_interval
+from scalelab.fitting.estimate.intervals import percentile_interval
 
 REFERENCE = "reference"
 FRACTION = 0.25

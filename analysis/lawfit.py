@@ -3,8 +3,8 @@
     fit = store_fit_from_record(scaling_fit.to_record())      # or a fits/round_K.json record
     fit.params, fit.draw_dicts(), fit.predict(params=N, tokens=D)
 
-The fit itself is made by the one fit entry, scalelab.fitting.fit_runs.fit_runs (a store's:
-scalelab.sweeps.store_fit.fit_store); this module only holds its record in the arrays the plots use.
+The fit itself is made by the one fit entry, scalelab.fitting.entry.fit_runs.fit_runs (a store's:
+scalelab.sweeps.closed_loop.store_fit.fit_store); this module only holds its record in the arrays the plots use.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.saved_fit import SavedFit, load_saved_fit
+from scalelab.fitting.entry.saved_fit import SavedFit, load_saved_fit
+from scalelab.fitting.forms.laws import get_law
 
 
 @dataclass(kw_only=True, slots=True)
@@ -29,7 +29,7 @@ class StoreFit:
     loss: np.ndarray
     flops: np.ndarray
     run_id: list[str]
-    backtest: dict | None  # fitting.backtest.BacktestResult.to_dict(), or None when not possible
+    backtest: dict | None  # fitting.uncertainty.backtest.BacktestResult.to_dict(), or None when not possible
     warnings: list[str] = field(default_factory=list)
 
     def law_object(self):
@@ -45,7 +45,7 @@ class StoreFit:
 
 
 def store_fit_from_record(record: dict | SavedFit) -> StoreFit:
-    """The StoreFit the plots draw, from a store fit's record (scalelab.fitting.scaling_fit.ScalingFit.to_record:
+    """The StoreFit the plots draw, from a store fit's record (scalelab.fitting.entry.scaling_fit.ScalingFit.to_record:
     what `sweep next` saves in fits/round_K.json), so the report shows exactly the round's fit."""
     fit = load_saved_fit(record, name="the store's fit record")
     law = get_law(fit.law)

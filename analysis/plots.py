@@ -11,7 +11,7 @@ reports and notebooks alike:
     fig = plot_ledger(read_ledger(sweep_dir))
 
 `runs` is `scalelab.analysis.store_reader.load_store_runs(...)`, `fit` a `lawfit.StoreFit`, `cmp` a
-`scalelab.fitting.comparison.Comparison`. Intervals are percentile bands over the fit's bootstrap draws.
+`scalelab.fitting.comparisons.comparison.Comparison`. Intervals are percentile bands over the fit's bootstrap draws.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import polars as pl  # noqa: E402
 
 from scalelab import store
 from scalelab.analysis.noise import SNR_DECIDE
-from scalelab.fitting import allocate as alloc
-from scalelab.fitting.intervals import percentile_interval  # noqa: E402
-from scalelab.fitting.laws import get_law
+from scalelab.fitting.allocation import allocate as alloc
+from scalelab.fitting.estimate.intervals import percentile_interval  # noqa: E402
+from scalelab.fitting.forms.laws import get_law
 
 LEVEL = 0.95
 
@@ -82,8 +82,8 @@ def readable_log_axis(ax, which: str = "x", *, plain: bool = False, sci: bool = 
 
 
 def _budget_groups(flops: np.ndarray) -> np.ndarray:
-    # start-up time: fitting.approaches loads statsmodels (~1 s), kept off coordcheck's and plan-run's path
-    from scalelab.fitting.approaches import group_budgets
+    # start-up time: fitting.estimate.approaches loads statsmodels (~1 s), kept off coordcheck's and plan-run's path
+    from scalelab.fitting.estimate.approaches import group_budgets
 
     return group_budgets(np.asarray(flops, dtype=float))
 

@@ -12,7 +12,7 @@ store, or against other stores), the runs planned from the sweep (`scalelab plan
 DIR/plans/: scalelab.analysis.plan_page), and the plots. Images are PNGs embedded as base64 data URIs and
 the CSS is inline: the file opens offline, from anywhere, with no network access.
 
-The fit is the closed loop's (scalelab.sweeps.store_fit: the one fit entry, with the options of the
+The fit is the closed loop's (scalelab.sweeps.closed_loop.store_fit: the one fit entry, with the options of the
 spec's `fit:` section unless --law/--bootstrap say otherwise): in a sweep with `sweep next` rounds
 it is the latest round's fit itself, read from fits/round_K.json (runs finished after it are
 named, not silently refitted); otherwise the same fit made on the store's done runs. A study (a
@@ -40,10 +40,10 @@ from scalelab.analysis.report_loop import fit_section, gates_section, ledger_sec
 from scalelab.analysis.report_study import study_sections
 from scalelab.analysis.store_reader import load_evals, load_metrics, load_store_runs
 from scalelab.errors import UsageError
-from scalelab.fitting.approaches import group_budgets
+from scalelab.fitting.estimate.approaches import group_budgets
 from scalelab.planning.plan_files import read_plans
 from scalelab.store import objects
-from scalelab.sweeps.study_propose import is_study
+from scalelab.sweeps.studies.study_propose import is_study
 
 
 def _summary(runs_all: pl.DataFrame, runs: pl.DataFrame, store: str | Path) -> str:
@@ -207,7 +207,7 @@ def build_report(
     seed: int = 0,
 ) -> str:
     """The report's HTML text (see module docstring). `law`, `n_boot`: the fit's, when not the spec's
-    (scalelab.fitting.fit_options.fit_options)."""
+    (scalelab.fitting.entry.fit_options.fit_options)."""
     shown = store  # an s3:// store is read from a local copy of its records
     store = objects.local_view(store, "STORE") if objects.is_url(store) else Path(store)
     runs_all = load_store_runs(store, done_only=False)

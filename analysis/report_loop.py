@@ -1,6 +1,6 @@
 """The closed loop's sections of the report: the law fit, the identification gates, the proposed round, the ledger.
 
-The fit is the loop's (scalelab.sweeps.store_fit, the one fit entry with the spec's options): the
+The fit is the loop's (scalelab.sweeps.closed_loop.store_fit, the one fit entry with the spec's options): the
 latest `sweep next` round's own fit when the store has rounds, else the same fit made on the
 store's done runs.
 """
@@ -16,13 +16,13 @@ import polars as pl
 
 from scalelab.analysis.plots import _frontier, _optimum
 from scalelab.analysis.report_html import html_table
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.fit_terms import law_formula, law_heading, meaning, stacked_note
-from scalelab.fitting.intervals import percentile_interval
-from scalelab.fitting.saved_fit import load_saved_fit
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.entry.saved_fit import load_saved_fit
+from scalelab.fitting.estimate.intervals import percentile_interval
+from scalelab.fitting.forms.fit_terms import law_formula, law_heading, meaning, stacked_note
 from scalelab.store.ledger import coverage, scored
 from scalelab.store.paths import SweepLayout
-from scalelab.sweeps.store_fit import MIN_LOOP_RUNS, fit_options, fit_store, store_fit_spec
+from scalelab.sweeps.closed_loop.store_fit import MIN_LOOP_RUNS, fit_options, fit_store, store_fit_spec
 
 
 def loop_fit(
@@ -36,7 +36,7 @@ def loop_fit(
     latest_round: bool = True,
 ) -> tuple[dict, str, FitOptions]:
     """(loop-fit record, note, options): the latest `sweep next` round's own fit, or the same fit of
-    `runs` (scalelab.sweeps.store_fit: the options `sweep next` fits with, unless `law` / `n_boot`)."""
+    `runs` (scalelab.sweeps.closed_loop.store_fit: the options `sweep next` fits with, unless `law` / `n_boot`)."""
     options = fit_options(store_fit_spec(store), law=law, bootstrap=n_boot, seed=seed)
     rounds = SweepLayout(store).round_fits() if store.is_dir() else []
     for path in rounds[-1:] if latest_round else []:

@@ -2,11 +2,11 @@
 
     parts, figs = study_sections(Path("results/studies/study-arch"), runs)
 
-For a sweep whose spec has `study:` arms (scalelab.sweeps.study_spec), `scalelab report` shows this
+For a sweep whose spec has `study:` arms (scalelab.sweeps.studies.study_spec), `scalelab report` shows this
 in place of the single-law sections (one law fitted over every arm would mix them): each arm's fit
 (the loop's: parameters with intervals, gates, backtest), m(C) of each arm over the baseline at
 every budget and at the target with the gap predicted there and the verdict
-(scalelab.sweeps.study_fit), the ledger of predicted against measured gaps at the target
+(scalelab.sweeps.studies.study_fit), the ledger of predicted against measured gaps at the target
 (scalelab.store.ledger), the decision-accuracy table (scalelab.analysis.decision_accuracy), and
 two figures: the frontiers per arm, and m(C) with its band and the target.
 """
@@ -21,10 +21,10 @@ import polars as pl
 from scalelab.analysis.decision_accuracy import METHOD_TEXT, METHODS, decision_accuracy
 from scalelab.analysis.report_html import html_table, img
 from scalelab.analysis.study_plots import plot_study_frontiers, plot_study_multiplier
-from scalelab.fitting.comparison import ESTIMATOR_TEXT, PARTS
+from scalelab.fitting.comparisons.comparison import ESTIMATOR_TEXT, PARTS
 from scalelab.store import ledger
-from scalelab.sweeps.study_fit import fit_study
-from scalelab.sweeps.study_text import parts_text
+from scalelab.sweeps.studies.study_fit import fit_study
+from scalelab.sweeps.studies.study_text import parts_text
 
 
 def _iv(iv) -> str:
@@ -40,7 +40,7 @@ def study_sections(store: Path, runs: pl.DataFrame, *, n_boot: int | None = None
         "<h2>Study</h2>",
         f'<p class="muted">arms {", ".join(html.escape(a) for a in sf.study.names)}; baseline '
         f"{html.escape(sf.study.baseline)}; target {sf.study.target_flops:.3g} FLOPs; each arm fitted the loop's "
-        "way (scalelab.sweeps.study_fit)</p>",
+        "way (scalelab.sweeps.studies.study_fit)</p>",
     ]
     rows = []
     for name, arm in sf.arms.items():

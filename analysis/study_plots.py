@@ -3,7 +3,7 @@
     fig = plot_study_frontiers(study_fit, runs)       # runs: the study's store runs (load_runs)
     fig = plot_study_multiplier(study_fit.comparisons[0])
 
-`study_fit` is scalelab.sweeps.study_fit.StudyFit. Bands are percentile bands over each arm's
+`study_fit` is scalelab.sweeps.studies.study_fit.StudyFit. Bands are percentile bands over each arm's
 bootstrap replicates; the target's runs, once measured, are drawn as squares.
 """
 
@@ -14,8 +14,8 @@ import polars as pl
 
 from scalelab.analysis.plots import LEVEL, _axes
 from scalelab.errors import UsageError
-from scalelab.fitting.intervals import percentile_interval
-from scalelab.fitting.multiplier import frontier_loss
+from scalelab.fitting.comparisons.multiplier import frontier_loss
+from scalelab.fitting.estimate.intervals import percentile_interval
 
 
 def _frontier(fit, params: dict[str, float], flops: np.ndarray) -> np.ndarray:

@@ -39,7 +39,7 @@ from scalelab.store import files, ledger
 from scalelab.store.atomic import atomic_write_bytes, atomic_write_json
 from scalelab.store.paths import run_path
 from scalelab.store.records import EVALS_SCHEMA, METRICS_SCHEMA
-from scalelab.sweeps.spec import expand_sweep, read_spec
+from scalelab.sweeps.specs.spec import expand_sweep, read_spec
 from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.identity import config_hash
 
@@ -268,7 +268,7 @@ def simulate_runs(
     noise_std: float = 0.005,
     noise_seed: int = 0,
 ) -> None:
-    """Finish resolved runs (scalelab.sweeps.runspec.RunSpec) of a sweep as if trained: each gets its
+    """Finish resolved runs (scalelab.sweeps.specs.runspec.RunSpec) of a sweep as if trained: each gets its
     config.json and a done status.json whose final_val_loss is law.loss(N, D) times exp(noise),
     the noise a pure function of (noise_seed, run id). What `sweep next`, the ledger and the gates
     are tested and benchmarked on, with the truth known. `law` may map a study's arms to their
@@ -315,7 +315,7 @@ def launch_synthetic(
 
 
 def synthetic_trainer(law: SyntheticLaw | dict[str, SyntheticLaw], **noise):
-    """A stand-in for scalelab.sweeps.execute.launch (scalelab.sweeps.rounds.LaunchOptions.trainer):
+    """A stand-in for scalelab.sweeps.execution.execute.launch (scalelab.sweeps.closed_loop.rounds.LaunchOptions.trainer):
     records the sweep as a launch does and finishes its unfinished runs with `simulate_runs`, so the
     closed loop, studies included, runs through its own code with the truth known."""
 

@@ -1,4 +1,4 @@
-"""The figures of a `sweep next` round for its W&B fit run (scalelab.sweeps.wandb_fit calls `fit_images`).
+"""The figures of a `sweep next` round for its W&B fit run (scalelab.sweeps.tracking.wandb_fit calls `fit_images`).
 
     pngs = fit_images(sweep_dir, record, out_dir)   # fits/round_K.json -> {"isoflop", "frontier", "ledger": PNG}
 

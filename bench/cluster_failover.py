@@ -37,7 +37,7 @@ from ray.cluster_utils import Cluster
 from scalelab import store
 from scalelab.store.checkpoint_files import latest_checkpoint
 from scalelab.store.records import read_status
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.specs.spec import expand_sweep
 
 BASE = {
     "model": {"preset": "debug"},

@@ -28,11 +28,11 @@ import time
 import numpy as np
 from scipy import optimize
 
-from scalelab.fitting import fit as fit_mod
-from scalelab.fitting.bootstrap import bootstrap, resample_counts
-from scalelab.fitting.fit import fit_law
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.simulate import simulate
+from scalelab.fitting.estimate import fit as fit_mod
+from scalelab.fitting.estimate.fit import fit_law
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.selection.simulate import simulate
+from scalelab.fitting.uncertainty.bootstrap import bootstrap, resample_counts
 
 
 def huber_objective_numpy(theta, log_n, log_d, log_y, weights, delta=1e-3):

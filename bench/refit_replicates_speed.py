@@ -31,10 +31,10 @@ import torch
 from scalelab.analysis.store_reader import load_store_runs
 from scalelab.analysis.synthetic import SyntheticLaw, isoflop_design, write_synthetic_sweep
 from scalelab.errors import UsageError
-from scalelab.fitting.bootstrap import refit_bootstrap, refit_law
-from scalelab.fitting.fit import fit_law
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.objective import BatchObjective
+from scalelab.fitting.estimate.fit import fit_law
+from scalelab.fitting.estimate.objective import BatchObjective
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.uncertainty.bootstrap import refit_bootstrap, refit_law
 
 DESIGNS = {
     "3 budgets": [1e13, 1e14, 1e15],

@@ -31,8 +31,8 @@ def main() -> None:
     os.environ.setdefault("WANDB_MODE", "disabled")
 
     from scalelab import store
-    from scalelab.sweeps.execute import launch
-    from scalelab.sweeps.spec import expand_sweep
+    from scalelab.sweeps.execution.execute import launch
+    from scalelab.sweeps.specs.spec import expand_sweep
 
     spec = {
         "name": "overhead",

@@ -246,8 +246,8 @@ def run_plot(args) -> int:
             fig = plots.plot_noise(noise_table(runs, load_evals(runs)))
         else:
             from scalelab.analysis.lawfit import store_fit_from_record
-            from scalelab.fitting.fit_options import fit_options
-            from scalelab.sweeps.store_fit import fit_store, store_fit_spec
+            from scalelab.fitting.entry.fit_options import fit_options
+            from scalelab.sweeps.closed_loop.store_fit import fit_store, store_fit_spec
 
             _check_positive("bootstrap", args.bootstrap)
             options = fit_options(store_fit_spec(args.store), law=args.law, bootstrap=args.bootstrap)

@@ -34,7 +34,7 @@ def run(args) -> int:
 
     from scalelab.analysis.plots import plot_demo
     from scalelab.analysis.wandb_images import fit_images
-    from scalelab.sweeps.demo import run_demo
+    from scalelab.sweeps.closed_loop.demo import run_demo
 
     if args.wandb:  # before Ray starts: the trials inherit it (and a cluster's, through the forwarded WANDB_*)
         os.environ["WANDB_MODE"] = args.wandb

@@ -14,10 +14,10 @@ be a table of logged steps (columns run_id, step, lr, params, loss[, tokens]: an
 framework's metrics), or a sweep directory / store root: its runs table's done runs (plus, with
 --stopped include, the runs stopped early at their predicted loss and weight) and their loss
 curves for the curve laws, fitted with the options of the spec's `fit:` section (law, loss,
-bootstrap, noise floor; 200 starts, seed 0: scalelab.sweeps.store_fit) unless an option here
+bootstrap, noise floor; 200 starts, seed 0: scalelab.sweeps.closed_loop.store_fit) unless an option here
 says otherwise - so `scalelab fit DIR`, `sweep next DIR` and `scalelab report DIR` agree.
 --law auto fits every candidate law and picks one by the held-out-largest backtest
-(scalelab.fitting.select). The fit is scalelab.fitting.fit_runs.fit_runs; this module parses
+(scalelab.fitting.selection.select). The fit is scalelab.fitting.entry.fit_runs.fit_runs; this module parses
 arguments and prints.
 
 Imports sit in the functions that use them: building this parser is part of every `scalelab` command's
@@ -32,7 +32,7 @@ import math
 import pathlib
 
 from scalelab.errors import UsageError
-from scalelab.fitting.saved_fit import load_saved_fit
+from scalelab.fitting.entry.saved_fit import load_saved_fit
 
 
 def add_parser(sub) -> None:
@@ -214,7 +214,7 @@ def _add_allocate(sub) -> None:
 
 
 def _columns(args):
-    from scalelab.fitting.io import ColumnMap
+    from scalelab.fitting.estimate.io import ColumnMap
 
     return ColumnMap(
         params=args.params_col,
@@ -251,8 +251,8 @@ def _iv(iv) -> str:
 
 def _options(args: argparse.Namespace, store: pathlib.Path | None):
     """FitOptions from the arguments; for a sweep store, the spec's where an argument is not given
-    (scalelab.fitting.fit_options.fit_options: one builder, one set of checks, errors naming the flag)."""
-    from scalelab.fitting.fit_options import fit_options
+    (scalelab.fitting.entry.fit_options.fit_options: one builder, one set of checks, errors naming the flag)."""
+    from scalelab.fitting.entry.fit_options import fit_options
 
     given = dict(
         law=args.law,
@@ -276,23 +276,23 @@ def _options(args: argparse.Namespace, store: pathlib.Path | None):
     flags = {k: "--" + k.replace("_", "-") for k in given} | {"loss": "--loss-col", "backtest": "--no-backtest"}
     if store is None:
         return fit_options(None, flags=flags, **given)
-    from scalelab.sweeps.store_fit import store_fit_spec
+    from scalelab.sweeps.closed_loop.store_fit import store_fit_spec
 
     return fit_options(store_fit_spec(store), flags=flags, **given)
 
 
 def _fit(args: argparse.Namespace):
     """The ScalingFit of DATA: a sweep store (its runs table), a table of logged steps, or a run table."""
-    from scalelab.fitting.fit_runs import fit_runs
-    from scalelab.fitting.io import read_runs
-    from scalelab.fitting.laws import CURVE_LAWS
+    from scalelab.fitting.entry.fit_runs import fit_runs
+    from scalelab.fitting.estimate.io import read_runs
+    from scalelab.fitting.forms.laws import CURVE_LAWS
     from scalelab.store import objects
 
     wants_curves = args.law == "select" or args.law in CURVE_LAWS
     path = objects.local_view(args.data, "DATA") if objects.is_url(args.data) else pathlib.Path(args.data)
     if path.is_dir():
-        from scalelab.sweeps.run_curves import store_curves
-        from scalelab.sweeps.store_fit import fit_store
+        from scalelab.sweeps.closed_loop.store_fit import fit_store
+        from scalelab.sweeps.tracking.run_curves import store_curves
 
         options = _options(args, path)
         curves = None
@@ -303,7 +303,7 @@ def _fit(args: argparse.Namespace):
     options = _options(args, None)
     if wants_curves and path.is_file():
         from scalelab.analysis.tables import read_table
-        from scalelab.fitting.curves import curves_from_table, is_curve_table
+        from scalelab.fitting.loss_curves.curves import curves_from_table, is_curve_table
 
         frame = read_table(path)
         if is_curve_table(frame):
@@ -339,7 +339,7 @@ def run_fit(args: argparse.Namespace) -> int:
             f"(train {bt['n_train']}, test {bt['n_test']})"
         )
     if "gates" in report:
-        from scalelab.sweeps.proposal_text import format_gates
+        from scalelab.sweeps.closed_loop.proposal_text import format_gates
 
         print(format_gates(report["gates"]))
     _print_frontier(fit)
@@ -356,7 +356,7 @@ def run_fit(args: argparse.Namespace) -> int:
 
 def _print_parameters(report: dict) -> None:
     """The law that made the numbers, its formula, and each parameter with its interval and what it is."""
-    from scalelab.fitting.fit_terms import law_formula, law_heading, meaning, stacked_note
+    from scalelab.fitting.forms.fit_terms import law_formula, law_heading, meaning, stacked_note
 
     lvl = int(round(100 * report["level"]))
     print(
@@ -378,8 +378,8 @@ def _print_parameters(report: dict) -> None:
 def _print_frontier(fit) -> None:
     """How the runs were grouped, the law's degeneracy findings (one line each) and the frontier with
     its compute-optimal prediction at 10x the largest budget beside the surface's."""
-    from scalelab.fitting.degeneracy import DEGENERATE
-    from scalelab.fitting.frontier import format_frontier
+    from scalelab.fitting.allocation.frontier import format_frontier
+    from scalelab.fitting.entry.degeneracy import DEGENERATE
 
     if fit.groups:
         print(f"groups: {fit.groups}")
@@ -396,7 +396,7 @@ def _print_frontier(fit) -> None:
 
 
 def _print_stacked(st: dict) -> None:
-    from scalelab.fitting.ensemble import format_stacked
+    from scalelab.fitting.selection.ensemble import format_stacked
 
     print("\n".join(format_stacked(st)))
 
@@ -411,7 +411,7 @@ def _print_selection(sel: dict) -> None:
         else:
             print(f"  {c['name']:<18}{'-':>9}{'-':>9}  {c.get('skipped', '')}")
     if sel.get("departures"):
-        from scalelab.fitting.select import departure_line
+        from scalelab.fitting.selection.select import departure_line
 
         for d in sel["departures"]:
             print(departure_line(d))
@@ -427,7 +427,7 @@ def run_predict(args: argparse.Namespace) -> int:
     if args.flops is None and (args.params is None or args.tokens is None):
         raise UsageError("pass --params N --tokens D, or --flops C")
     fit = load_saved_fit(args.fit)
-    from scalelab.fitting.from_report import predict_from_fit
+    from scalelab.fitting.entry.from_report import predict_from_fit
 
     out = predict_from_fit(
         fit,
@@ -477,7 +477,7 @@ def _print_allocations(out: dict) -> None:
 def run_allocate(args: argparse.Namespace) -> int:
     _check_level(args.level)  # bad input exits before the fitting stack (torch) loads
     fit = load_saved_fit(args.fit)
-    from scalelab.fitting.from_report import allocate_from_fit
+    from scalelab.fitting.entry.from_report import allocate_from_fit
 
     out = allocate_from_fit(fit, flops=args.flops, tokens=args.tokens, level=args.level)
     if args.json:

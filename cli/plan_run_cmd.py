@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 from scalelab.errors import UsageError
-from scalelab.fitting.saved_fit import load_saved_fit
+from scalelab.fitting.entry.saved_fit import load_saved_fit
 
 
 def add_parser(sub) -> None:

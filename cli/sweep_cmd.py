@@ -20,16 +20,16 @@
     scalelab sweep wandb results/iso [--mode offline|online] [--force]   # log a finished store to W&B
 
 Specs are validated before Ray starts; a bad spec exits 2 with one line naming the key. A spec with
-`transfer: {check: true, ...}` (scalelab.sweeps.transfer) gets its LR-transfer check planned beside
+`transfer: {check: true, ...}` (scalelab.sweeps.recipes.transfer) gets its LR-transfer check planned beside
 it, and launched first: launch exits 2 with the check's table when the best LR drifts (--force
 launches anyway); the ladder's runs take the transferred LR. A spec with `recipe_gate: {audit: DIR}`
-(scalelab.sweeps.recipe_gate) is checked against a recipe audit (a sweep with the `audit:` generator,
+(scalelab.sweeps.recipes.recipe_gate) is checked against a recipe audit (a sweep with the `audit:` generator,
 analysed by `sweep audit`): `plan` shows what each run's LR and weight decay cost, and `launch`
 exits 2 naming the runs over the allowed cost (--force launches anyway). `launch --rounds R` is the closed loop
-(scalelab.sweeps.rounds.run_rounds): the spec, then R - 1 rounds of `sweep next` launched in turn.
-A spec with `study:` arms (scalelab.sweeps.study_spec) is a study: `plan` shows its cost per arm,
-`next` fits every arm and proposes the study's next round (scalelab.sweeps.study_propose), and
-`study` prints what it found (scalelab.sweeps.study_fit, scalelab.analysis.decision_accuracy).
+(scalelab.sweeps.closed_loop.rounds.run_rounds): the spec, then R - 1 rounds of `sweep next` launched in turn.
+A spec with `study:` arms (scalelab.sweeps.studies.study_spec) is a study: `plan` shows its cost per arm,
+`next` fits every arm and proposes the study's next round (scalelab.sweeps.studies.study_propose), and
+`study` prints what it found (scalelab.sweeps.studies.study_fit, scalelab.analysis.decision_accuracy).
 
 W&B (docs/wandb.md): runs log live under the sweep's group with their design as tags; `sweep next`
 (and each round of `--rounds`) logs its fit, gates, proposals and ledger as a fit run with the
@@ -303,7 +303,7 @@ def _given(spec: str | None) -> frozenset[str]:
     """The local paths the launcher's own spec names (scalelab.train.local_paths): none without one."""
     if spec is None:
         return frozenset()
-    from scalelab.sweeps.spec import load_sweep
+    from scalelab.sweeps.specs.spec import load_sweep
     from scalelab.train.local_paths import given_paths
 
     return given_paths(r.config for r in load_sweep(spec).runs)
@@ -324,21 +324,21 @@ def _ray_args(q) -> None:
 
 
 def run_plan(args) -> int:
-    from scalelab.sweeps.dry_run import format_plan, plan_sweep
-    from scalelab.sweeps.execute import check_runnable
-    from scalelab.sweeps.recipe_gate import check_sweep, format_recipe_gate
-    from scalelab.sweeps.spec import load_sweep
-    from scalelab.sweeps.transfer import plan_transfer
+    from scalelab.sweeps.execution.execute import check_runnable
+    from scalelab.sweeps.preview.dry_run import dry_run_table, format_dry_run
+    from scalelab.sweeps.recipes.recipe_gate import check_sweep, format_recipe_gate
+    from scalelab.sweeps.recipes.transfer import plan_transfer
+    from scalelab.sweeps.specs.spec import load_sweep
 
     sweep = load_sweep(args.spec)
     check = plan_transfer(sweep.raw, sweep)
     check_runnable([r.to_dict() for r in sweep.runs])
     gate = check_sweep(sweep)
-    rows, totals = plan_sweep(sweep, measure=not args.no_measure)
+    rows, totals = dry_run_table(sweep, measure=not args.no_measure)
     check_rows = check_totals = None
     if check is not None:
         check_runnable([r.to_dict() for r in check.sweep.runs])
-        check_rows, check_totals = plan_sweep(check.sweep, measure=not args.no_measure)
+        check_rows, check_totals = dry_run_table(check.sweep, measure=not args.no_measure)
         check_totals["warnings"] += check.warnings
     if args.json:
         out = {"runs": rows, "totals": totals}
@@ -356,10 +356,10 @@ def run_plan(args) -> int:
             f"LR-transfer check ({check.parametrization}): {len(s.lrs)} LRs x widths {s.widths} x depths {s.depths} "
             f"at {s.tokens_per_param:g} tokens/param, tolerance {s.tolerance} grid step(s); runs first"
         )
-        print(format_plan(check_rows, check_totals, slots=slots))
+        print(format_dry_run(check_rows, check_totals, slots=slots))
         print("ladder (its LR: the check's best LR at the base size, set at launch; shown: the spec's)")
     print(f"sweep {sweep.name}: generator {sweep.generator}")
-    print(format_plan(rows, totals, slots=slots))
+    print(format_dry_run(rows, totals, slots=slots))
     if gate is not None:
         print(format_recipe_gate(gate))
     if sweep.generator == "isoflop":
@@ -368,11 +368,11 @@ def run_plan(args) -> int:
 
 
 def _design_text(args, sweep, totals) -> str:
-    """`sweep plan`'s design report of an IsoFLOP spec (scalelab.sweeps.design_report)."""
-    from scalelab.sweeps.design_report import design_report, format_design_report
-    from scalelab.sweeps.isoflop_grid import read_frontier
-    from scalelab.sweeps.recipe_audit import load_audit
-    from scalelab.sweeps.recipe_gate import parse_gate
+    """`sweep plan`'s design report of an IsoFLOP spec (scalelab.sweeps.preview.design_report)."""
+    from scalelab.sweeps.preview.design_report import design_report, format_design_report
+    from scalelab.sweeps.recipes.recipe_audit import load_audit
+    from scalelab.sweeps.recipes.recipe_gate import parse_gate
+    from scalelab.sweeps.specs.isoflop_grid import read_frontier
 
     if args.noise is not None and not 0 < args.noise < 0.5:
         raise UsageError(f"--noise {args.noise}: a log-sd in (0, 0.5), e.g. 0.0056")
@@ -400,8 +400,8 @@ def _faults(items: list[str]) -> dict[str, int]:
 
 def run_launch(args) -> int:
     from scalelab.store import files, objects
-    from scalelab.sweeps.rounds import LaunchOptions, check_rounds, run_rounds
-    from scalelab.sweeps.spec import load_sweep
+    from scalelab.sweeps.closed_loop.rounds import LaunchOptions, check_rounds, run_rounds
+    from scalelab.sweeps.specs.spec import load_sweep
 
     _check_spec_copy(args.spec, args.spec_sha256)
     sweep = load_sweep(args.spec)  # every run validated before Ray starts
@@ -454,7 +454,7 @@ def run_launch(args) -> int:
         )
         return 2
     if result.recipe_gate is not None and not result.recipe_gate.ok and not args.force:
-        from scalelab.sweeps.recipe_gate import format_recipe_gate
+        from scalelab.sweeps.recipes.recipe_gate import format_recipe_gate
 
         print(format_recipe_gate(result.recipe_gate), file=sys.stderr)
         over = ", ".join(f"{r.run_id} ({r.cost:+.2%})" for r in result.recipe_gate.over)
@@ -477,8 +477,8 @@ def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:
     from scalelab import store
     from scalelab.store import files, objects
     from scalelab.store.atomic import atomic_write_bytes
-    from scalelab.sweeps.execute import check_object_store, check_runnable, save_execution
-    from scalelab.sweeps.ray_cluster import check_dashboard_address, check_pass_env, submit_driver
+    from scalelab.sweeps.execution.execute import check_object_store, check_runnable, save_execution
+    from scalelab.sweeps.execution.ray_cluster import check_dashboard_address, check_pass_env, submit_driver
 
     check_dashboard_address(args.address)
     check_pass_env(args.address, args.pass_env, detach=True)  # before anything is written
@@ -525,7 +525,7 @@ def _check_spec_copy(spec: str, sha256: str | None) -> None:
 
 def run_resume(args) -> int:
     from scalelab import store
-    from scalelab.sweeps.execute import resume
+    from scalelab.sweeps.execution.execute import resume
 
     result = resume(
         args.sweep_dir,
@@ -539,7 +539,7 @@ def run_resume(args) -> int:
 
 
 def run_status(args) -> int:
-    from scalelab.sweeps.status import format_status, sweep_status
+    from scalelab.sweeps.execution.status import format_status, sweep_status
 
     info = sweep_status(args.sweep_dir)
     if args.json:
@@ -550,7 +550,7 @@ def run_status(args) -> int:
 
 
 def run_eval(args) -> int:
-    from scalelab.sweeps.evaluate import evaluate_sweep
+    from scalelab.sweeps.execution.evaluate import evaluate_sweep
 
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit {args.limit}: must be >= 1 (examples per task); omit it for all")
@@ -580,9 +580,9 @@ def run_export(args) -> int:
 
 
 def run_next(args) -> int:
-    from scalelab.sweeps.proposal_text import format_proposal
-    from scalelab.sweeps.propose import propose_next
-    from scalelab.sweeps.study_propose import is_study
+    from scalelab.sweeps.closed_loop.proposal_text import format_proposal
+    from scalelab.sweeps.closed_loop.propose import propose_next
+    from scalelab.sweeps.studies.study_propose import is_study
 
     if is_study(args.sweep_dir):
         return _next_study(args)
@@ -592,7 +592,7 @@ def run_next(args) -> int:
         )
     holdout = None
     if args.holdout:
-        from scalelab.sweeps.propose import Holdout
+        from scalelab.sweeps.closed_loop.propose import Holdout
 
         try:
             multiples = tuple(float(m) for m in args.holdout.split(","))
@@ -623,7 +623,7 @@ def run_next(args) -> int:
 
 def _next_study(args) -> int:
     from scalelab.store import objects
-    from scalelab.sweeps.study_propose import format_study_proposal, propose_study_round
+    from scalelab.sweeps.studies.study_propose import format_study_proposal, propose_study_round
 
     if objects.is_url(args.sweep_dir):
         raise UsageError(f"{args.sweep_dir}: a study's rounds need a local or shared POSIX store (not s3:// yet)")
@@ -647,10 +647,10 @@ def run_study(args) -> int:
     from scalelab import store
     from scalelab.analysis.decision_accuracy import decision_accuracy, format_decisions
     from scalelab.store.ledger import format_studies, read_ledger, score
-    from scalelab.sweeps.propose import readable
-    from scalelab.sweeps.study_fit import fit_study
-    from scalelab.sweeps.study_propose import is_study
-    from scalelab.sweeps.study_text import format_study
+    from scalelab.sweeps.closed_loop.propose import readable
+    from scalelab.sweeps.studies.study_fit import fit_study
+    from scalelab.sweeps.studies.study_propose import is_study
+    from scalelab.sweeps.studies.study_text import format_study
 
     if not store.is_sweep_dir(args.sweep_dir):
         raise UsageError(f"{args.sweep_dir} is not a sweep directory (no sweep.yaml)")
@@ -678,7 +678,7 @@ def run_study(args) -> int:
 def _log_fit_runs(sweep_dir, log) -> None:
     """The rounds `sweep next` wrote, as W&B fit runs with their plots (off when W&B is disabled)."""
     from scalelab.analysis.wandb_images import fit_images
-    from scalelab.sweeps.wandb_fit import log_rounds
+    from scalelab.sweeps.tracking.wandb_fit import log_rounds
 
     for wandb_id in log_rounds(sweep_dir, images=fit_images, log=log):
         log(f"W&B: fit run {wandb_id} (fit, gates, proposals, ledger, plots)")
@@ -686,7 +686,7 @@ def _log_fit_runs(sweep_dir, log) -> None:
 
 def run_wandb(args) -> int:
     from scalelab.analysis.wandb_images import fit_images
-    from scalelab.sweeps.wandb_export import export_sweep
+    from scalelab.sweeps.tracking.wandb_export import export_sweep
 
     result = export_sweep(args.sweep_dir, mode=args.mode, images=fit_images, force=args.force)
     if result.mode == "disabled":
@@ -703,9 +703,9 @@ def run_wandb(args) -> int:
 
 
 def run_audit(args) -> int:
-    from scalelab.sweeps.recipe_audit import audit_store, format_audit, save_audit
-    from scalelab.sweeps.recipe_gate import GateSpec, check_runs, format_recipe_gate, parse_gate
-    from scalelab.sweeps.spec import load_sweep
+    from scalelab.sweeps.recipes.recipe_audit import audit_store, format_audit, save_audit
+    from scalelab.sweeps.recipes.recipe_gate import GateSpec, check_runs, format_recipe_gate, parse_gate
+    from scalelab.sweeps.specs.spec import load_sweep
 
     if args.replicates < 0:
         raise UsageError(f"--replicates {args.replicates}: must be >= 0")

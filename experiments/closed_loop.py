@@ -2,7 +2,7 @@
 predicted before it was trained, each distance scored on two training seeds.
 
 Protocol (local Ray, one sweep; the method is the code at the commit that runs it, fixed before the
-scored runs exist: `fit.law: auto`, the stacked law of scalelab.fitting.ensemble):
+scored runs exist: `fit.law: auto`, the stacked law of scalelab.fitting.selection.ensemble):
 1. Round 0: the demo's IsoFLOP design (3 budgets spanning 10x, 4 sizes each, the demo recipe) at
    training seed `--seed` (default 1: the method was developed on seed-0 runs).
 2. Rounds until the gates pass, then the compute-optimal run at 3x the largest budget (`sweep next
@@ -38,18 +38,18 @@ import yaml
 
 from scalelab import store
 from scalelab.errors import run_script
-from scalelab.fitting.allocate import optimum_for_law
-from scalelab.fitting.ensemble import StackedFit
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.saved_fit import load_saved_fit
+from scalelab.fitting.allocation.allocate import optimum_for_law
+from scalelab.fitting.entry.saved_fit import load_saved_fit
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.selection.ensemble import StackedFit
 from scalelab.store import ledger
-from scalelab.sweeps.demo import demo_spec
-from scalelab.sweeps.execute import launch
-from scalelab.sweeps.far_runs import far_runs
-from scalelab.sweeps.proposal import latest_round, read_round
-from scalelab.sweeps.proposal_text import format_gates
-from scalelab.sweeps.rounds import LaunchOptions, run_rounds
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.closed_loop.demo import demo_spec
+from scalelab.sweeps.closed_loop.far_runs import far_runs
+from scalelab.sweeps.closed_loop.proposal import latest_round, read_round
+from scalelab.sweeps.closed_loop.proposal_text import format_gates
+from scalelab.sweeps.closed_loop.rounds import LaunchOptions, run_rounds
+from scalelab.sweeps.execution.execute import launch
+from scalelab.sweeps.specs.spec import expand_sweep
 
 MAX_ROUNDS = 4  # rounds that may fix failed gates before the 3x round
 MULTIPLES = (3.0, 10.0, 30.0)  # of the first round's largest budget

@@ -1,7 +1,7 @@
 """Law forms compared on one run table: held-out error first, AIC/BIC beside it (research, not the product).
 
 The product chooses a law by its own rules (`scalelab fit --law select`: the held-out-largest backtest,
-curve laws included, fitting/select.py; `--law auto`: the stacked law, fitting/stacking.py); this
+curve laws included, fitting/selection/select.py; `--law auto`: the stacked law, fitting/uncertainty/stacking.py); this
 experiment puts the classical criteria beside the held-out error for any table, to read why a form
 wins or loses:
 
@@ -30,11 +30,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from scalelab.errors import UsageError, run_script
-from scalelab.fitting.backtest import holdout_backtest, law_fitter
-from scalelab.fitting.fit import fit_law, subsample_starts
-from scalelab.fitting.fit_runs import one_torch_thread
-from scalelab.fitting.io import ColumnMap, RunTable, read_runs
-from scalelab.fitting.laws import get_law
+from scalelab.fitting.entry.fit_runs import one_torch_thread
+from scalelab.fitting.estimate.fit import fit_law, subsample_starts
+from scalelab.fitting.estimate.io import ColumnMap, RunTable, read_runs
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.uncertainty.backtest import holdout_backtest, law_fitter
 
 BACKTEST_STARTS = 100  # evenly spaced grid starts per backtest refit (plus the full-data optimum)
 

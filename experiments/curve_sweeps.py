@@ -9,7 +9,7 @@ sequences, then prints four tables:
      validation loss predicted from its first 30% of steps, (a) with the other runs complete (what
      early stopping sees) and (b) with every run seen only through its first 30%; next to them the
      same laws fitted on the complete curves (in-sample: how well the law's shape can fit at all).
-  2. WSD cooldown branches (sweeps/cooldowns.py) predicted from their stable run alone.
+  2. WSD cooldown branches (sweeps/specs/cooldowns.py) predicted from their stable run alone.
   3. Cosine runs predicted from constant-LR runs of the same sizes: from constant runs only, and
      from constant runs plus WSD runs (a constant run with a 20% cooldown).
   4. Early stopping on the same IsoFLOP sweep (a second store with `early_stop:`): runs stopped,
@@ -20,7 +20,7 @@ sequences, then prints four tables:
      the runs that had ended before it started as the finished ones (what the live sweep saw at
      least); compute saved, errors of the stopped runs, and the fits with and without them.
 
-Predictions use fitting/curves.py (lr_annealing: Tissue et al. 2024 with a size term;
+Predictions use fitting/loss_curves/curves.py (lr_annealing: Tissue et al. 2024 with a size term;
 lr_annealing_sized: its data term times N^gamma; lr_area: the forward area only; chinchilla on every
 checkpoint for reference) on validation-loss curves. Errors
 are (predicted - observed) / observed of the final validation loss.
@@ -42,15 +42,15 @@ import yaml
 
 from scalelab import store
 from scalelab.errors import UsageError, run_script
-from scalelab.fitting.curves import fit_curves
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.fit_runs import fit_runs
-from scalelab.fitting.io import read_runs
-from scalelab.sweeps.early_stop import STATUS, EarlyStopConfig, decide, predict_from_prefix
-from scalelab.sweeps.execute import launch
-from scalelab.sweeps.run_curves import store_curves
-from scalelab.sweeps.spec import expand_sweep
-from scalelab.sweeps.store_fit import fit_frame
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.entry.fit_runs import fit_runs
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.loss_curves.curves import fit_curves
+from scalelab.sweeps.closed_loop.store_fit import fit_frame
+from scalelab.sweeps.execution.execute import launch
+from scalelab.sweeps.specs.spec import expand_sweep
+from scalelab.sweeps.tracking.early_stop import STATUS, EarlyStopConfig, decide, predict_from_prefix
+from scalelab.sweeps.tracking.run_curves import store_curves
 
 COMMON = {
     "data": {"seq_len": 64, "val_sequences": 64},

@@ -11,7 +11,7 @@ experiments/curve_sweeps.py for it (each run's final loss from its first 30% of 
     nice -n 10 python experiments/curve_sweeps_mup.py --out results/curves_mup    # ~8 min on 2 idle cores
 
 Step 1, the base LR: LRS x SEEDS runs of the smallest model at the smallest budget's token count,
-best LR = fitting.hyperparams.best_lr (parabola vertex in log LR over every seed). Step 2: the
+best LR = fitting.hp_laws.hyperparams.best_lr (parabola vertex in log LR over every seed). Step 2: the
 IsoFLOP sweep at that LR (3 significant digits). The base is tuned at the shortest run length;
 longer runs may prefer a lower LR (not corrected here: the same holds for any one-LR sweep).
 
@@ -30,10 +30,10 @@ import yaml
 from experiments.curve_sweeps import ISO, prefix_table, run_sweep
 from scalelab import store
 from scalelab.errors import run_script
-from scalelab.fitting.hyperparams import best_lr
+from scalelab.fitting.hp_laws.hyperparams import best_lr
 from scalelab.models.shapes import base_shape
-from scalelab.sweeps.execute import launch
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.execution.execute import launch
+from scalelab.sweeps.specs.spec import expand_sweep
 
 LRS = [1.5e-3, 3e-3, 6e-3, 1.2e-2, 2.4e-2, 4.8e-2]
 SEEDS = [0, 1]

@@ -40,11 +40,11 @@ import yaml
 from experiments.closed_loop import predict, round_fits
 from scalelab import store
 from scalelab.errors import run_script
-from scalelab.sweeps.demo import demo_spec
-from scalelab.sweeps.execute import launch
-from scalelab.sweeps.far_runs import far_runs
-from scalelab.sweeps.propose import fit_sweep, loop_options
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.closed_loop.demo import demo_spec
+from scalelab.sweeps.closed_loop.far_runs import far_runs
+from scalelab.sweeps.closed_loop.propose import fit_sweep, loop_options
+from scalelab.sweeps.execution.execute import launch
+from scalelab.sweeps.specs.spec import expand_sweep
 
 EXTRA_BUDGET = 6.3e12
 TARGET = 6e13

@@ -1,7 +1,7 @@
 """Can a wider family of points pin the irreducible loss E? The loss-curve law on every checkpoint.
 
 A final-loss fit of a first round (12 runs) reads the small models' curvature as the floor E. Every
-logged checkpoint of those runs is a wider family: `lr_annealing` (scalelab.fitting.curves) fitted on
+logged checkpoint of those runs is a wider family: `lr_annealing` (scalelab.fitting.loss_curves.curves) fitted on
 all of them gives its own E, and resampling whole runs gives that E's spread. If the spread were
 narrow, E could enter the final-loss fit as a prior; this prints whether it is, for the store's runs
 at or below `--max-flops` (the first round) and for all of them.
@@ -16,9 +16,9 @@ import argparse
 import numpy as np
 
 from scalelab.errors import run_script
-from scalelab.fitting.curves import fit_curves
-from scalelab.fitting.intervals import percentile_interval
-from scalelab.sweeps.run_curves import store_curves
+from scalelab.fitting.estimate.intervals import percentile_interval
+from scalelab.fitting.loss_curves.curves import fit_curves
+from scalelab.sweeps.tracking.run_curves import store_curves
 
 
 def curve_e(curves, boot: int, rng: np.random.Generator) -> tuple[float, list[float], int]:

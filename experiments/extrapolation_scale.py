@@ -5,7 +5,7 @@ scored on others, on the public families and on this machine's runs.
 Uncalibrated, the interval adds t/z k d_t (k the forward folds' miss per decade) to the bootstrap,
 weights and noise parts in log space; on experiments/stacked_coverage.py's truths it covers 100% at 3x, 10x
 and 30x with intervals 20-130% wide: k is measured half a decade out, where a fold's miss is mostly
-noise, and multiplied by the target's distance. Variants (scalelab.fitting.ensemble):
+noise, and multiplied by the target's distance. Variants (scalelab.fitting.selection.ensemble):
 
   uncalibrated  sd^2 = s_boot^2 + s_weights^2 + sigma^2 + (t/z k d_t)^2
   scaled        the last term times c
@@ -44,8 +44,8 @@ from experiments.fit_public_auto import stacked_fits
 from experiments.interval_calibration import first_round_runs
 from experiments.stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw, target_runs
 from scalelab.errors import run_script
-from scalelab.fitting.ensemble import StackedFit, fit_stacked
-from scalelab.sweeps.store_fit import fit_options, fit_store, store_fit_spec
+from scalelab.fitting.selection.ensemble import StackedFit, fit_stacked
+from scalelab.sweeps.closed_loop.store_fit import fit_options, fit_store, store_fit_spec
 
 KINDS = ("chinchilla", "curved", "farseer", "receding")
 CALIBRATION_KINDS = ("chinchilla", "curved")

@@ -1,6 +1,6 @@
 """Every accounting x law x selection variant on the same stores: its error at 3x, 10x and 30x and its width.
 
-Each variant is fitted by the one fit entry (scalelab.fitting.fit_runs, bootstrap 16) on a store's
+Each variant is fitted by the one fit entry (scalelab.fitting.entry.fit_runs, bootstrap 16) on a store's
 round-0 IsoFLOP runs (the first design), and again with every run up to 3x and up to 10x (the
 loop's later rounds, gate-fixing runs included); it then predicts every later compute-optimal run the
 store holds, and the runs of a gate-fixing IsoFLOP slice past the first design (FitOptions
@@ -30,11 +30,11 @@ import numpy as np
 import polars as pl
 
 from scalelab.errors import UsageError, run_script
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.fit_runs import fit_runs
-from scalelab.fitting.io import read_runs
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.entry.fit_runs import fit_runs
+from scalelab.fitting.estimate.io import read_runs
 from scalelab.store import load_runs
-from scalelab.sweeps.far_runs import far_runs
+from scalelab.sweeps.closed_loop.far_runs import far_runs
 
 ACCOUNTING = ("total", "nonembed", "exact")
 LAWS = {

@@ -2,8 +2,8 @@
 with the audited recipe, centred on the audit's N*(C), every design point with its own seeds; then
 the runs its fit predicts at 3x, 10x and 30x its largest budget, all predicted before any trains.
 
-Protocol (package code only: scalelab.sweeps.rounds.run_rounds for the first round, a holdout round of
-scalelab.sweeps.propose for the far runs, scalelab.sweeps.execute.launch to train them):
+Protocol (package code only: scalelab.sweeps.closed_loop.rounds.run_rounds for the first round, a holdout round of
+scalelab.sweeps.closed_loop.propose for the far runs, scalelab.sweeps.execution.execute.launch to train them):
 1. The first round: the demo's IsoFLOP budgets (2e11, 6.3e11, 2e12), `--num-sizes` sizes each
    centred on the recipe audit's frontier N*(C) (`isoflop.center: {fit: AUDIT}`) over `--span` on each
    side (the largest of --span and the fallbacks SPANS that the shape rule can build: the byte
@@ -35,15 +35,15 @@ import yaml
 from scalelab import store
 from scalelab.errors import ConfigError, run_script
 from scalelab.store import files, ledger
-from scalelab.sweeps.demo import demo_spec
-from scalelab.sweeps.design_report import design_report, format_design_report
-from scalelab.sweeps.execute import launch
-from scalelab.sweeps.isoflop_grid import read_frontier
-from scalelab.sweeps.proposal import latest_round, read_round
-from scalelab.sweeps.propose import Holdout, propose_round
-from scalelab.sweeps.recipe_audit import audited_recipe, load_audit
-from scalelab.sweeps.rounds import LaunchOptions, run_rounds
-from scalelab.sweeps.spec import Sweep, expand_sweep
+from scalelab.sweeps.closed_loop.demo import demo_spec
+from scalelab.sweeps.closed_loop.proposal import latest_round, read_round
+from scalelab.sweeps.closed_loop.propose import Holdout, propose_round
+from scalelab.sweeps.closed_loop.rounds import LaunchOptions, run_rounds
+from scalelab.sweeps.execution.execute import launch
+from scalelab.sweeps.preview.design_report import design_report, format_design_report
+from scalelab.sweeps.recipes.recipe_audit import audited_recipe, load_audit
+from scalelab.sweeps.specs.isoflop_grid import read_frontier
+from scalelab.sweeps.specs.spec import Sweep, expand_sweep
 
 SPANS = (2.0, 1.8, 1.6)  # the span and its fallbacks, largest first
 

@@ -25,11 +25,11 @@ import time
 import numpy as np
 
 from scalelab.errors import run_script
-from scalelab.fitting.bootstrap import bootstrap
-from scalelab.fitting.fit import fit_law
-from scalelab.fitting.intervals import delta_method_intervals
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.simulate import CHINCHILLA_EPOCH, simulate
+from scalelab.fitting.estimate.fit import fit_law
+from scalelab.fitting.estimate.intervals import delta_method_intervals
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.selection.simulate import CHINCHILLA_EPOCH, simulate
+from scalelab.fitting.uncertainty.bootstrap import bootstrap
 
 TARGETS = ("alpha", "beta", "a_opt")
 

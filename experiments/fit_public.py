@@ -20,7 +20,7 @@ loss columns are transformed, negative values), single-model logs (K2, RedPajama
 
     python experiments/fit_public.py [--law chinchilla] [--json OUT.json]
 
-Curve laws and law selection (`--curves`, on by default; fitting/curves.py, fitting/select.py). The
+Curve laws and law selection (`--curves`, on by default; fitting/loss_curves/curves.py, fitting/selection/select.py). The
 same split, with every family's checkpoints as loss curves:
   chinchilla+, kaplan+  the (N, D) laws fitted by the curve fitter: checkpoints grouped per run,
                         random-intercept weights (no run counts for more than its seed noise allows)
@@ -40,7 +40,7 @@ same split, with every family's checkpoints as loss curves:
                         curve; Chinchilla kept unless beaten by 10%), refitted on all training models.
                         `auto*` is the plain lowest-MARE choice, for comparison.
 The last lines give where the held-out run's residual against the chosen law shifts level, and
-where the nested selection's held-out run's does (fitting/curve_departures.py).
+where the nested selection's held-out run's does (fitting/loss_curves/curve_departures.py).
 experiments/fit_public_sensitivity.py varies the fit's settings.
 
 Figures it printed, with the date and the machine's load: docs/benchmarks.md.
@@ -57,13 +57,13 @@ import numpy as np
 import polars as pl
 
 from scalelab.errors import UsageError, run_script
-from scalelab.fitting.curve_departures import departures
-from scalelab.fitting.curves import CurveFit, RunCurve, fit_curves
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.fit_runs import fit_runs
-from scalelab.fitting.from_report import predict_from_fit
-from scalelab.fitting.io import read_runs
-from scalelab.fitting.select import select_law
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.entry.fit_runs import fit_runs
+from scalelab.fitting.entry.from_report import predict_from_fit
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.loss_curves.curve_departures import departures
+from scalelab.fitting.loss_curves.curves import CurveFit, RunCurve, fit_curves
+from scalelab.fitting.selection.select import select_law
 
 DATA = pathlib.Path(__file__).resolve().parent / "data" / "scaling"  # provenance and licence: its README.md
 
@@ -297,7 +297,7 @@ CURVE_CANDIDATES = ("chinchilla", "kaplan", "lr_area", "lr_annealing", "lr_annea
 
 
 def _in_tokens(dep, curve: RunCurve) -> dict:
-    """A departure (fitting.curve_departures) with its two checkpoints in tokens of `curve`."""
+    """A departure (fitting.loss_curves.curve_departures) with its two checkpoints in tokens of `curve`."""
     before, after = curve.tokens(np.array([dep.step_before, dep.step_after]))
     return dep.to_dict() | {"tokens_before": float(before), "tokens_after": float(after)}
 
@@ -335,7 +335,7 @@ def score_curves(name: str, df: pl.DataFrame, *, drop_first: float = 0.1, score_
         incumbent=None,
     )
     preds["auto*"] = preds[plain.chosen]
-    # where the held-out run leaves the chosen law (fitting/curve_departures.py): a level shift of its
+    # where the held-out run leaves the chosen law (fitting/loss_curves/curve_departures.py): a level shift of its
     # residual says the run changed mid-way in a way its given schedule does not show
     held = departures(fits[sel.chosen], test) if isinstance(fits.get(sel.chosen), CurveFit) else []
     are = {k: float(np.mean(np.abs(p - obs) / obs)) for k, p in preds.items()}

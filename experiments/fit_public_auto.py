@@ -29,7 +29,7 @@ import polars as pl
 from experiments.fit_public import FAMILIES, HELD_OUT_FAMILIES, pick_families
 from scalelab.cli.main import main as cli
 from scalelab.errors import run_script
-from scalelab.fitting.ensemble import StackedFit
+from scalelab.fitting.selection.ensemble import StackedFit
 
 
 def run_cli(*argv: str) -> str:

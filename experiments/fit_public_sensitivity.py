@@ -34,7 +34,7 @@ from scipy import stats
 
 from experiments.fit_public import FAMILIES, SCHEDULES, family_curves, pick_families
 from scalelab.errors import run_script
-from scalelab.fitting.curves import RunCurve, fit_curves
+from scalelab.fitting.loss_curves.curves import RunCurve, fit_curves
 
 GRID = {"sigma_run": (0.0, 0.005, 0.02), "drop_first": (0.1, 0.3), "delta": (1e-3, 1e-2)}
 DEFAULT = {"sigma_run": 0.005, "drop_first": 0.1, "delta": 1e-3}

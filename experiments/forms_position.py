@@ -36,9 +36,9 @@ import polars as pl
 from experiments.interval_calibration import in_first_round
 from experiments.stacked_coverage import MULTIPLES, draw
 from scalelab.errors import run_script
-from scalelab.fitting.allocate import chinchilla_optimum
-from scalelab.fitting.fit import fit_law
-from scalelab.fitting.laws import get_law
+from scalelab.fitting.allocation.allocate import chinchilla_optimum
+from scalelab.fitting.estimate.fit import fit_law
+from scalelab.fitting.forms.laws import get_law
 from scalelab.store.runs_table import load_runs
 
 FORMS = ("chinchilla", "kaplan")

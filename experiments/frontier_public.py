@@ -37,10 +37,10 @@ import polars as pl
 
 from experiments import fit_public
 from scalelab.errors import run_script
-from scalelab.fitting.compute_groups import is_curve_table
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.fit_runs import fit_runs
-from scalelab.fitting.io import read_runs
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.entry.fit_runs import fit_runs
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.uncertainty.compute_groups import is_curve_table
 
 ORIGINS = (0.4, 0.5, 0.6, 0.7, 0.8)  # fractions of the family's span in log10 C
 BIN_DECADES = 0.1  # target bins in log10 C: each bin's lowest-loss run

@@ -25,12 +25,12 @@ import math
 import numpy as np
 
 from scalelab.errors import run_script
-from scalelab.fitting.allocate import numeric_optimum
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.fit_runs import fit_runs
-from scalelab.fitting.io import read_runs
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.simulate import CHINCHILLA_EPOCH, KAPLAN_2020, design_points
+from scalelab.fitting.allocation.allocate import numeric_optimum
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.entry.fit_runs import fit_runs
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.selection.simulate import CHINCHILLA_EPOCH, KAPLAN_2020, design_points
 
 BUDGETS = np.logspace(18, 20, 6)
 TARGETS = (1e21, 3e21)

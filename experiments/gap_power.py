@@ -1,6 +1,6 @@
 """The paired gap estimator's coverage, width and power on simulated choice studies: no training, no Ray.
 
-Protocol: the demo's design (scalelab.sweeps.demo): budgets 2e11, 6.3e11, 2e12, 4 sizes per budget
+Protocol: the demo's design (scalelab.sweeps.closed_loop.demo): budgets 2e11, 6.3e11, 2e12, 4 sizes per budget
 from N*/3 to 3 N* (N* at 20 tokens per parameter), one seed; the target 2e13 and its matched decisive
 measurement, 3 sizes (N*/2, N*, 2 N*) x 2 seeds. Both arms' losses at every point come straight from
 two known Chinchilla laws (the baseline E 0.9, A 106, B 474, alpha = beta = 0.5: 1.95 at 2e11, 1.23 at
@@ -11,7 +11,7 @@ shared by the arms, so the pairing cancels nothing but the laws' shared shape). 
 with C); a larger model or data term (a gap that shrinks with C); other exponents (a gap that drifts
 and may cross 0). True gaps at the target run from 0 to about 0.1 nats.
 
-Each simulated study is estimated by scalelab.fitting.paired_gap twice, on the same pairs and the same
+Each simulated study is estimated by scalelab.fitting.comparisons.paired_gap twice, on the same pairs and the same
 design-point bootstrap (64 replicates): `backtest_t` (the first version) and `noise_corrected` (the
 default). The interval is converted to nats at the baseline's true mean loss over the decisive runs
 (the baseline fit's own error, the fourth part a study adds, is left out: it scales with the gap and
@@ -28,7 +28,7 @@ is small here). Per method it prints:
 
     python experiments/gap_power.py [--trials 40] [--noise 0.003,0.006,0.01] [--first-seed 500] [--json out.json]
 
-The drift part's SE_WEIGHT (scalelab.fitting.gap_drift) was set on seeds 0-9 of each cell; figures to
+The drift part's SE_WEIGHT (scalelab.fitting.comparisons.gap_drift) was set on seeds 0-9 of each cell; figures to
 report use --first-seed 500 (trials below 500: seeds no calibration saw).
 """
 
@@ -44,9 +44,9 @@ import time
 import numpy as np
 
 from scalelab.errors import run_script
-from scalelab.fitting.design_bootstrap import resample_design
-from scalelab.fitting.gap_model import GapPoints
-from scalelab.fitting.paired_gap import METHODS, Measurement, paired_gap
+from scalelab.fitting.comparisons.design_bootstrap import resample_design
+from scalelab.fitting.comparisons.gap_model import GapPoints
+from scalelab.fitting.comparisons.paired_gap import METHODS, Measurement, paired_gap
 
 BUDGETS = (2e11, 6.3e11, 2e12)
 TARGET = 2e13

@@ -12,7 +12,7 @@ within each budget, so Chinchilla's E trades against the exponents, and a size-d
   of the squared log-residual sum. With the residual variance s^2 = SSE_min / (n - p), the profile
   95% interval is where (SSE(theta_i) - SSE_min) / s^2 <= 3.84 (chi^2 with 1 dof). A profile that stays
   under the threshold up to a fit bound is "unbounded" on that side.
-- Folds: the parameter refitted on each forward fold's training runs (scalelab.fitting.forward's
+- Folds: the parameter refitted on each forward fold's training runs (scalelab.fitting.uncertainty.forward's
   expanding windows), printed beside the profile: a parameter that moves steadily as budgets are
   added is pinned in sample to a value that depends on the range fitted. The verdict is the
   profile's; fewer runs make each fold's estimate looser, so the folds inform rather than decide.
@@ -32,11 +32,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from scalelab.errors import UsageError, run_script
-from scalelab.fitting.approaches import group_budgets
-from scalelab.fitting.fit import fit_law
-from scalelab.fitting.forward import group_order
-from scalelab.fitting.io import read_runs
-from scalelab.fitting.laws import get_law
+from scalelab.fitting.estimate.approaches import group_budgets
+from scalelab.fitting.estimate.fit import fit_law
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.uncertainty.forward import group_order
 
 CHI2_95 = 3.841
 

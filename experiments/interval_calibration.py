@@ -1,6 +1,6 @@
 """A candidate interval for far targets, measured against the uncalibrated one on synthetic truths.
 
-The uncalibrated interval (before scalelab.fitting.ensemble scaled this term and added a forms
+The uncalibrated interval (before scalelab.fitting.selection.ensemble scaled this term and added a forms
 part, experiments/extrapolation_scale.py) adds an extrapolation term t/z k d_t: k is the forward folds'
 miss per decade, measured half a decade out where a fold's miss is mostly its own parameter and run
 noise, and d_t is the target's distance. The candidate keeps the parts the
@@ -35,10 +35,10 @@ import numpy as np
 
 from experiments.stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw, target_runs
 from scalelab.errors import run_script
-from scalelab.fitting.ensemble import fit_stacked
-from scalelab.fitting.predictive import interval_from_parts
+from scalelab.fitting.selection.ensemble import fit_stacked
+from scalelab.fitting.uncertainty.predictive import interval_from_parts
 from scalelab.store.runs_table import load_runs
-from scalelab.sweeps.store_fit import fit_options, fit_store, store_fit_spec
+from scalelab.sweeps.closed_loop.store_fit import fit_options, fit_store, store_fit_spec
 
 
 def _sd(parts: dict) -> float:

@@ -17,8 +17,8 @@ import warnings
 import numpy as np
 
 from scalelab.errors import UsageError, run_script
-from scalelab.fitting.approaches import approach2
-from scalelab.fitting.laws import Chinchilla
+from scalelab.fitting.estimate.approaches import approach2
+from scalelab.fitting.forms.laws import Chinchilla
 
 TRUTHS = {
     "hoffmann": dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28),  # Hoffmann et al.'s fitted law

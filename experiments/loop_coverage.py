@@ -31,10 +31,10 @@ from scipy import optimize
 
 from scalelab.analysis.synthetic import SyntheticLaw, synthetic_trainer
 from scalelab.errors import run_script
-from scalelab.fitting.allocate import chinchilla_optimum
+from scalelab.fitting.allocation.allocate import chinchilla_optimum
 from scalelab.store import ledger
-from scalelab.sweeps.rounds import LaunchOptions, run_rounds
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.closed_loop.rounds import LaunchOptions, run_rounds
+from scalelab.sweeps.specs.spec import expand_sweep
 
 GATE_ROUNDS = 3  # rounds at 3x that may fix failed gates
 

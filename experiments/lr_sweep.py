@@ -2,9 +2,9 @@
 
 Runs (on local Ray, into a store, so a rerun trains nothing twice) an LR grid at three sizes of the
 demo's shape family, each at roughly its compute-optimal token count, with the demo recipe's batch,
-length and warmup rules (sweeps/demo.py DEMO_RECIPE; the grid's `optim.lr` overrides the recipe's
+length and warmup rules (sweeps/closed_loop/demo.py DEMO_RECIPE; the grid's `optim.lr` overrides the recipe's
 LR). Then, per size, the best LR (the vertex of a parabola of loss in log LR), the power law through
-them (scalelab.sweeps.recipe.lr_law_from_runs), and the LR the recipe picks with its ratio to the
+them (scalelab.sweeps.recipes.recipe.lr_law_from_runs), and the LR the recipe picks with its ratio to the
 best: the recipe is trusted when every ratio is within x2.
 
     python experiments/lr_sweep.py                     # ~14 min on 2 idle cores; prints the table
@@ -24,10 +24,10 @@ import polars as pl
 from scalelab import store
 from scalelab.errors import run_script
 from scalelab.models.shapes import shape_for_width
-from scalelab.sweeps.demo import DEMO_RECIPE, demo_spec
-from scalelab.sweeps.execute import launch
-from scalelab.sweeps.recipe import lr_law_from_runs, parse_recipe, peak_lr
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.closed_loop.demo import DEMO_RECIPE, demo_spec
+from scalelab.sweeps.execution.execute import launch
+from scalelab.sweeps.recipes.recipe import lr_law_from_runs, parse_recipe, peak_lr
+from scalelab.sweeps.specs.spec import expand_sweep
 
 # (num_layers, d_model, tokens, LR grid): shapes of the demo's designs (29k, 86k, 197k parameters),
 # tokens ~ 20 N (10 N for the largest, to bound the cost), LRs x1.4 apart around the recipe's pick

@@ -12,7 +12,7 @@ token per parameter to place its minimum within a grid step, and the base's curv
 and its runs the cheapest). Runs
 go in the order base, wider, deeper. Per size the best LR is the vertex of a parabola of the final
 validation loss in log2 LR around the grid minimum, fitted to every seed's point, with a 90%
-residual-bootstrap interval (scalelab.fitting.hyperparams.best_lr, the estimator the transfer gate
+residual-bootstrap interval (scalelab.fitting.hp_laws.hyperparams.best_lr, the estimator the transfer gate
 uses too); "moved" is the distance of that vertex from the base's, in grid steps (fractional), with
 the conservative interval (size's interval minus the base's). Goal (issue 13): under mup/completep
 the best LR moves by at most one grid step, under sp by more.
@@ -37,10 +37,10 @@ import yaml
 
 from scalelab import store
 from scalelab.errors import run_script
-from scalelab.fitting.hyperparams import best_lr, grid_position
+from scalelab.fitting.hp_laws.hyperparams import best_lr, grid_position
 from scalelab.models.shapes import base_shape, shape_for_width
-from scalelab.sweeps.execute import launch
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.execution.execute import launch
+from scalelab.sweeps.specs.spec import expand_sweep
 
 LRS = [5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2]
 SIZES = [(2, 16), (2, 64), (4, 16)]  # (num_layers, d_model): base, 4x wider, 2x deeper
@@ -115,7 +115,7 @@ def _runs(df: pl.DataFrame, p: str, layers: int, width: int) -> tuple[list[float
 
 
 def table(df: pl.DataFrame) -> tuple[str, dict[str, float]]:
-    """Mean loss per LR (over seeds) per parametrization and size; the best LR (fitting.hyperparams
+    """Mean loss per LR (over seeds) per parametrization and size; the best LR (fitting.hp_laws.hyperparams
     .best_lr: parabola vertex in log2 LR, 90% bootstrap interval) and its move from the base's in
     grid steps, with the move's interval (size's interval minus the base's, the conservative way).
     * = the grid minimum; "-": diverged; blank: not swept at that size."""
@@ -182,7 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     text, worst = table(df)
     print(f"\nLR transfer ({df.height} runs, {time.time() - t0:.0f} s; final val loss; * = best LR per size;")
     print(f"sizes: base {BASE_LAYERS}x{BASE_WIDTH}, 4x wider, 2x deeper; {TOKENS_PER_PARAM:g} tokens/param;")
-    print("mean over seeds; best LR = parabola vertex in log2 LR (fitting.hyperparams.best_lr); moved in grid steps)")
+    print(
+        "mean over seeds; best LR = parabola vertex in log2 LR (fitting.hp_laws.hyperparams.best_lr); moved in grid steps)"
+    )
     print(text)
     for p, w in worst.items():
         goal = "<= 1 (goal)" if p != "sp" else "(sp: expected > 1)"

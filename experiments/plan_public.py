@@ -33,7 +33,7 @@ import polars as pl
 
 from experiments import fit_public
 from scalelab.errors import run_script
-from scalelab.fitting.from_report import predict_from_fit
+from scalelab.fitting.entry.from_report import predict_from_fit
 
 WARMUP_TOKENS = 375e6  # GPT-3 (Brown et al. 2020, App. B): every size warms up over 375M tokens
 

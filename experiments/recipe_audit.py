@@ -1,9 +1,9 @@
-"""The recipe audit at the demo's scale: how far the demo's recipe (sweeps/demo.py DEMO_RECIPE: an LR of
+"""The recipe audit at the demo's scale: how far the demo's recipe (sweeps/closed_loop/demo.py DEMO_RECIPE: an LR of
 N only, a fixed weight decay, beta2 0.95) is from the best LR, weight decay and beta2 over the sizes
 and token horizons its designs use, and the recipe the audit recommends.
 
-Protocol (the `audit:` generator, scalelab.sweeps.audit_grid; trained on local Ray into a store, so a
-rerun trains only what is missing; analysed by scalelab.sweeps.recipe_audit, as `scalelab sweep
+Protocol (the `audit:` generator, scalelab.sweeps.recipes.audit_grid; trained on local Ray into a store, so a
+rerun trains only what is missing; analysed by scalelab.sweeps.recipes.recipe_audit, as `scalelab sweep
 audit` does):
 - LR: the demo's four shapes (18.5k, 47k, 114k, 369k parameters) x token horizons 2.4, 8, 27, 90,
   300 and 460 tokens per parameter, the cells above 2.5e12 FLOPs left out (the design's largest
@@ -32,11 +32,11 @@ import time
 import yaml
 
 from scalelab.errors import run_script
-from scalelab.sweeps.demo import demo_spec
-from scalelab.sweeps.execute import launch
-from scalelab.sweeps.recipe_audit import audit_store, format_audit, save_audit
-from scalelab.sweeps.recipe_gate import GateSpec, check_runs, format_recipe_gate
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.closed_loop.demo import demo_spec
+from scalelab.sweeps.execution.execute import launch
+from scalelab.sweeps.recipes.recipe_audit import audit_store, format_audit, save_audit
+from scalelab.sweeps.recipes.recipe_gate import GateSpec, check_runs, format_recipe_gate
+from scalelab.sweeps.specs.spec import expand_sweep
 
 AUDIT = {
     "sizes": [1.85e4, 4.7e4, 1.14e5, 3.7e5],

@@ -6,9 +6,9 @@ The cold-store goals of issue 47 are about what a first round predicts far out: 
 (or the demo's, results/demo/isoflop):
 
 1. the first round: the store's round-0 runs (its IsoFLOP design), fitted as the loop fits them
-   (scalelab.sweeps.store_fit: the spec's `fit:` options, the whole start grid, seed 0);
+   (scalelab.sweeps.closed_loop.store_fit: the spec's `fit:` options, the whole start grid, seed 0);
 2. the scored runs: every later compute-optimal run and a gate-fixing slice past the first design
-   (scalelab.sweeps.far_runs), and any `--far` rows of the store's seed
+   (scalelab.sweeps.closed_loop.far_runs), and any `--far` rows of the store's seed
    (experiments/data/closed_loop_far_runs.csv's columns: seed, params, tokens, loss, distance);
 3. each predicted as the loop predicts a compute-optimal run of that budget
    (ScalingFit.optimal_run_interval: the compute frontier's level, its calibrated 95% interval),
@@ -30,8 +30,8 @@ import polars as pl
 
 from scalelab.errors import run_script
 from scalelab.store import load_runs
-from scalelab.sweeps.far_runs import far_runs
-from scalelab.sweeps.store_fit import fit_options, fit_store, store_fit_spec
+from scalelab.sweeps.closed_loop.far_runs import far_runs
+from scalelab.sweeps.closed_loop.store_fit import fit_options, fit_store, store_fit_spec
 
 GOALS = {3: (0.015, None), 10: (None, 0.15), 30: (0.04, 0.20)}  # distance: (|error| at most, width at most)
 

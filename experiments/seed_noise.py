@@ -21,9 +21,9 @@ import yaml
 
 from scalelab import store
 from scalelab.errors import run_script
-from scalelab.sweeps.demo import demo_spec
-from scalelab.sweeps.execute import launch
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.closed_loop.demo import demo_spec
+from scalelab.sweeps.execution.execute import launch
+from scalelab.sweeps.specs.spec import expand_sweep
 
 POINTS = [(47_264, 6.3e11), (86_256, 2e12)]  # (N of a demo shape, its budget)
 

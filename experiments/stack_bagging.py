@@ -1,6 +1,6 @@
 """The stacked law's point weights: the rule's decision against its bagged mean, on the loop's second round.
 
-The growth rule (scalelab.fitting.stacking) decides all or nothing: the incumbent keeps every weight
+The growth rule (scalelab.fitting.uncertainty.stacking) decides all or nothing: the incumbent keeps every weight
 unless its forward error's slope is 2 se from zero, and then the weights zero the combination's
 slope. Its 400 bootstrap draws of the forward groups (the weights' uncertainty, already in the
 interval) are a bagged version of the same decision: their mean moves weight in proportion to how
@@ -39,8 +39,8 @@ import numpy as np
 from experiments.fit_public_auto import stacked_fits
 from experiments.stacked_coverage import DESIGNS, NOISE, draw
 from scalelab.errors import run_script
-from scalelab.fitting.ensemble import StackedFit, fit_stacked
-from scalelab.fitting.stacking import StackRule, stack_weights
+from scalelab.fitting.selection.ensemble import StackedFit, fit_stacked
+from scalelab.fitting.uncertainty.stacking import StackRule, stack_weights
 
 KINDS = ("chinchilla", "curved", "farseer", "receding")
 TARGETS = (10, 30)  # multiples of the round-0 design's largest budget

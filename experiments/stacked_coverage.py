@@ -4,7 +4,7 @@ synthetic designs whose truth is known: a law of the fitted form, and three that
 Each trial draws a truth (E in [1.2, 2.0], A and B around 60 and 80 within x1.65, alpha and beta in
 [0.25, 0.45]), writes the IsoFLOP design a researcher would start from (3 budgets 2e11..2e12, 4
 sizes per budget, span 3 around the true N*(C) off by up to x1.35, run noise 0.6% log-sd), fits the
-stacked law exactly as `fit.law: auto` does (`fitting.ensemble.fit_stacked`: Chinchilla and Kaplan,
+stacked law exactly as `fit.law: auto` does (`fitting.selection.ensemble.fit_stacked`: Chinchilla and Kaplan,
 forward backtests, bootstrap), and predicts the fit's own compute-optimal run at 3x, 10x and 30x the
 largest budget; the run's loss is drawn from the truth with the same noise. Truths:
 
@@ -36,8 +36,8 @@ from collections.abc import Callable
 import numpy as np
 
 from scalelab.errors import run_script
-from scalelab.fitting.allocate import chinchilla_optimum
-from scalelab.fitting.ensemble import fit_stacked
+from scalelab.fitting.allocation.allocate import chinchilla_optimum
+from scalelab.fitting.selection.ensemble import fit_stacked
 
 MULTIPLES = (3, 10, 30)
 NOISE = 0.006  # a run's log-sd: the demo's seed study measures 0.4-0.6%

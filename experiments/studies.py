@@ -9,14 +9,14 @@ The protocol (registered in docs/studies.md, "Registered studies", before the ne
 trained):
 
 1. Each study is one sweep under one store root (`--out`): the demo's IsoFLOP design
-   (scalelab.sweeps.demo: budgets 2e11, 6.3e11, 2e12, 4 sizes each from N*/3 to 3 N*, its recipe)
+   (scalelab.sweeps.closed_loop.demo: budgets 2e11, 6.3e11, 2e12, 4 sizes each from N*/3 to 3 N*, its recipe)
    crossed with two arms, the demo's own config the baseline arm. Runs are deterministic, and a run
    is trained once per store root: the baseline's design and decisive runs are shared by every study.
 2. The package's closed loop, as `sweep launch --rounds 4 --decide` runs it
-   (scalelab.sweeps.rounds.run_rounds): the design; a remedy round while an arm's identification
+   (scalelab.sweeps.closed_loop.rounds.run_rounds): the design; a remedy round while an arm's identification
    gates fail (at most MAX_REMEDY); then the matched decisive measurement at the target, 2e13 = 10x
    the largest budget: both arms at 3 sizes around the baseline's N* (a factor 2 apart) with 2 seeds
-   each (scalelab.sweeps.study_decisive). Every estimator's predicted gap (the paired gap model, the
+   each (scalelab.sweeps.studies.study_decisive). Every estimator's predicted gap (the paired gap model, the
    verdict's; its frontier gap; the shared-exponent law; each arm's own law, the old estimator) is in
    the ledger before the measurement trains. A rerun continues where it stopped.
 3. Scoring, from the ledger's predictions as recorded: per study, each estimator's 95% interval
@@ -52,11 +52,11 @@ from scalelab.analysis.decision_accuracy import METHODS, DecisionTable, decision
 from scalelab.analysis.synthetic import SyntheticLaw, synthetic_trainer
 from scalelab.errors import run_script
 from scalelab.store import ledger
-from scalelab.sweeps.demo import demo_spec
-from scalelab.sweeps.rounds import LaunchOptions, run_rounds
-from scalelab.sweeps.spec import expand_sweep
-from scalelab.sweeps.study_fit import fit_study
-from scalelab.sweeps.study_text import format_study
+from scalelab.sweeps.closed_loop.demo import demo_spec
+from scalelab.sweeps.closed_loop.rounds import LaunchOptions, run_rounds
+from scalelab.sweeps.specs.spec import expand_sweep
+from scalelab.sweeps.studies.study_fit import fit_study
+from scalelab.sweeps.studies.study_text import format_study
 
 TARGET_FACTOR = 10.0  # the target: this x the design's largest budget
 MAX_REMEDY = 2  # remedy rounds before a study stops short of its decisive measurement

@@ -24,10 +24,10 @@ from scalelab import store
 from scalelab.config_tree import load_yaml, set_in_dict, to_dict
 from scalelab.errors import UsageError
 from scalelab.models.shapes import shape_for_params
-from scalelab.sweeps.design_context import SHAPE_KEYS, DesignContext
-from scalelab.sweeps.recipe import Recipe
-from scalelab.sweeps.runspec import RunSpec, run_spec_from_tree
-from scalelab.sweeps.spec import expand_sweep, read_spec
+from scalelab.sweeps.recipes.recipe import Recipe
+from scalelab.sweeps.specs.design_context import SHAPE_KEYS, DesignContext
+from scalelab.sweeps.specs.runspec import RunSpec, run_spec_from_tree
+from scalelab.sweeps.specs.spec import expand_sweep, read_spec
 from scalelab.train.config import merge_defaults
 
 
@@ -115,12 +115,12 @@ def fit_design(*, vocab_size: int, seq_len: int, base: str | None = None, name: 
 
 
 def transfer_gate(design: Design):
-    """The LR-transfer check of a µP / CompleteP sweep (scalelab.sweeps.transfer.GateResult), or None when
+    """The LR-transfer check of a µP / CompleteP sweep (scalelab.sweeps.recipes.transfer.GateResult), or None when
     the sweep has no `transfer:` section or its check's runs are not in the store."""
     if design.raw is None or design.path is None or not (design.raw.get("transfer") or {}).get("check"):
         return None
-    # start-up time: the transfer check loads fitting.hyperparams (statsmodels, ~1 s); only µP sweeps need it
-    from scalelab.sweeps.transfer import evaluate_gate, plan_transfer, transfer_dir
+    # start-up time: the transfer check loads fitting.hp_laws.hyperparams (statsmodels, ~1 s); only µP sweeps need it
+    from scalelab.sweeps.recipes.transfer import evaluate_gate, plan_transfer, transfer_dir
 
     check = plan_transfer(design.raw, expand_sweep(design.raw, default_name=design.name))
     where = transfer_dir(design.path)

@@ -5,17 +5,17 @@
     hp.lr.value, hp.lr.interval, hp.lr.edge_cost()      # log-loss cost at the interval's edge
 
 Where the values come from (the plan names the source of each):
-  - a sweep with a recipe (scalelab.sweeps.recipe): the recipe's LR and batch for the planned run,
+  - a sweep with a recipe (scalelab.sweeps.recipes.recipe): the recipe's LR and batch for the planned run,
     exactly as its runs were built (the law's losses were measured at the recipe's choices). The
     LR's interval is where the best LR may lie: the recipe's LR times [1/r, r], r the largest
     ratio between the recipe's LR and the best LR measured by an LR sweep (`--hp-sweep`: the
-    parabola vertex in log LR per size, scalelab.fitting.hyperparams.best_lr). Without an LR sweep
+    parabola vertex in log LR per size, scalelab.fitting.hp_laws.hyperparams.best_lr). Without an LR sweep
     the interval is unknown and the plan says so. The batch is the recipe's rule, as the sweep's.
   - a table of a family's recipe (`--hp-table`: params, lr, batch_tokens per model, e.g. GPT-3's
-    Table 2.1): lines of log LR and log batch against log N (scalelab.fitting.hyperparams
+    Table 2.1): lines of log LR and log batch against log N (scalelab.fitting.hp_laws.hyperparams
     .fit_hyperparam_law), the planned N's value with its 95% prediction interval (a new size's
     choice scatters around the line as the family's did).
-  - a µP / CompleteP sweep with an LR-transfer check (scalelab.sweeps.transfer): every run takes the
+  - a µP / CompleteP sweep with an LR-transfer check (scalelab.sweeps.recipes.transfer): every run takes the
     base size's best LR; its interval is the check's bootstrap interval of that best LR (90%, as the
     gate reports it), the curvature the parabola of the base size's losses over the check's LR grid.
   - neither: DeepSeek LLM's fitted laws against compute, lr = 0.3118 C^-0.125 and
@@ -39,7 +39,7 @@ import numpy as np
 import polars as pl
 
 from scalelab.errors import UsageError
-from scalelab.sweeps.recipe import Recipe, peak_lr
+from scalelab.sweeps.recipes.recipe import Recipe, peak_lr
 
 DEEPSEEK_LR = (0.3118, -0.1250)  # lr = 0.3118 C^-0.125 (DeepSeek LLM 2024, Bi et al., section 3.1)
 DEEPSEEK_BATCH = (0.2920, 0.3271)  # B = 0.2920 C^0.3271 tokens
@@ -139,8 +139,8 @@ def _parabola(h: np.ndarray, loss: np.ndarray) -> float | None:
 
 def read_hp_sweep(path: str | Path) -> HPSweep:
     """An HP sweep table (CSV or Parquet: params, lr, loss, optional batch_tokens); see the module docstring."""
-    # start-up time: fitting.hyperparams loads statsmodels (~1 s), which a plan without HP tables never needs
-    from scalelab.fitting.hyperparams import best_lr
+    # start-up time: fitting.hp_laws.hyperparams loads statsmodels (~1 s), which a plan without HP tables never needs
+    from scalelab.fitting.hp_laws.hyperparams import best_lr
 
     df = _read(path, ("params", "lr", "loss"), "--hp-sweep")
     if "batch_tokens" not in df.columns:
@@ -257,7 +257,7 @@ def fixed_hparams(*, lr: float, batch_tokens: int, source: str, sweep: HPSweep |
 
 
 def transfer_hparams(gate, *, lr: float, batch_tokens: int, sweep: HPSweep | None) -> HyperParams:
-    """The transferred LR of a µP / CompleteP sweep (`gate`: scalelab.sweeps.transfer.GateResult of its
+    """The transferred LR of a µP / CompleteP sweep (`gate`: scalelab.sweeps.recipes.transfer.GateResult of its
     check) with the base size's interval and curvature; the batch is the design's (module docstring)."""
     base = gate.rows[0] if len(gate.rows) == 1 else min(gate.rows, key=lambda r: (r["depth"], r["width"]))
     lrs = np.array(sorted(base["losses"]), dtype=float)
@@ -301,7 +301,7 @@ def read_hp_table(path: str | Path) -> pl.DataFrame:
 
 def table_hparams(table: pl.DataFrame, *, params: float, source: str, sweep: HPSweep | None) -> HyperParams:
     """LR and batch from a family's recipe table as power laws of N (module docstring)."""
-    from scalelab.fitting.hyperparams import fit_hyperparam_law  # start-up time: as read_hp_sweep
+    from scalelab.fitting.hp_laws.hyperparams import fit_hyperparam_law  # start-up time: as read_hp_sweep
 
     n = table["params"].to_numpy().astype(float)
     out = {}

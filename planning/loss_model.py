@@ -6,12 +6,12 @@
     model.point(n, d)          # the point alone (sensitivities, rounding costs)
     model.optimum(flops)       # Optimum: N*, D* with intervals, L*(C) with its interval
 
-A plan never reads a fit's fields itself: the saved fit is read by scalelab.fitting.saved_fit
+A plan never reads a fit's fields itself: the saved fit is read by scalelab.fitting.entry.saved_fit
 (load_saved_fit) and turned into a loss model only in this module, so a new kind
 of fit (an average of several laws with weights, whose interval has form/weight parts) is one more
 class with these three methods. Each interval's `parts` are the fit's own (for the laws here:
 bootstrap, run noise and the backtests' out-of-sample error at the target's distance in decades,
-scalelab.fitting.predictive); the plan adds its own parts (learning rate, batch) beside them.
+scalelab.fitting.uncertainty.predictive); the plan adds its own parts (learning rate, batch) beside them.
 
 Two saved forms are read:
   - a sweep directory: its latest fits/round_K.json, the closed loop's fit (law, parameters,
@@ -30,13 +30,13 @@ Two saved forms are read:
 Both need a law of N and D with a compute-optimal allocation (chinchilla, kaplan): anything else
 (Approaches 1/2, curve laws, a law of FLOPs alone) is refused with one line.
 
-A stacked fit (law "auto": forms weighted by forward backtests, scalelab.fitting.ensemble) saved in
+A stacked fit (law "auto": forms weighted by forward backtests, scalelab.fitting.selection.ensemble) saved in
 either form is read as the loop reads it (ScalingFit with `stacked`): losses and their intervals
 are the stacked law's (bootstrap, weights, noise, extrapolation), and the compute-optimal N*, D*
 are the incumbent law's, the point `sweep next` proposes, with the stacked law's loss there.
 
-A fit saved with its compute frontier (scalelab.fitting.frontier) plans from it, as `sweep next`
-proposes its compute-optimal runs (scalelab.fitting.compute_optimal): N*(C), D*(C) and L*(C) are
+A fit saved with its compute frontier (scalelab.fitting.allocation.frontier) plans from it, as `sweep next`
+proposes its compute-optimal runs (scalelab.fitting.allocation.compute_optimal): N*(C), D*(C) and L*(C) are
 the frontier's, the surface's L*(C) beside them; a planned run's loss is the frontier's L*(C) times
 the surface's excess at its (N, D) over the surface's own optimum, with the frontier's interval.
 """
@@ -51,14 +51,15 @@ from typing import Protocol
 import numpy as np
 
 from scalelab.errors import UsageError
-from scalelab.fitting.allocate import allocate, optimum_for_law
-from scalelab.fitting.compute_optimal import Surface, anchored_interval, compute_optimal
-from scalelab.fitting.degeneracy import degenerate
-from scalelab.fitting.ensemble import StackedFit
-from scalelab.fitting.fit_options import LOOP_LAWS
-from scalelab.fitting.frontier import FrontierFit
-from scalelab.fitting.laws import Law, get_law
-from scalelab.fitting.predictive import (
+from scalelab.fitting.allocation.allocate import allocate, optimum_for_law
+from scalelab.fitting.allocation.compute_optimal import Surface, anchored_interval, compute_optimal
+from scalelab.fitting.allocation.frontier import FrontierFit
+from scalelab.fitting.entry.degeneracy import degenerate
+from scalelab.fitting.entry.fit_options import LOOP_LAWS
+from scalelab.fitting.entry.saved_fit import SavedFit, load_saved_fit
+from scalelab.fitting.forms.laws import Law, get_law
+from scalelab.fitting.selection.ensemble import StackedFit
+from scalelab.fitting.uncertainty.predictive import (
     ExtrapolationError,
     PredictionInterval,
     decades_outside,
@@ -66,7 +67,6 @@ from scalelab.fitting.predictive import (
     interval_from_parts,
     prediction_interval,
 )
-from scalelab.fitting.saved_fit import SavedFit, load_saved_fit
 from scalelab.store.paths import SweepLayout
 
 MIN_DECADES = 0.3  # a fit report's held-out run this far beyond its training runs measures a drift per decade
@@ -297,7 +297,7 @@ def _plannable(law_name: str, where: str) -> Law:
 
 
 def _from_round(fit: SavedFit) -> DrawsLossModel:
-    """The closed loop's fit (fits/round_K.json "fit": scalelab.fitting.scaling_fit.ScalingFit.to_record)."""
+    """The closed loop's fit (fits/round_K.json "fit": scalelab.fitting.entry.scaling_fit.ScalingFit.to_record)."""
     law = _plannable(fit.law, fit.source)
     points = fit.record["points"]
     budgets = np.asarray(points["budgets"], dtype=float)
@@ -342,7 +342,7 @@ def _report_extrapolation(backtest: dict) -> tuple[ExtrapolationError, float | N
 
 
 def _from_report(fit: SavedFit) -> DrawsLossModel:
-    """A `scalelab fit --out` report (scalelab.fitting.scaling_fit.ScalingFit.to_report with its samples)."""
+    """A `scalelab fit --out` report (scalelab.fitting.entry.scaling_fit.ScalingFit.to_report with its samples)."""
     where = fit.source
     if fit.approach != 3:
         raise UsageError(
@@ -393,7 +393,7 @@ def latest_round_fit(sweep_dir: Path) -> Path | None:
 
 def load_loss_model(source: str | Path | SavedFit) -> DrawsLossModel | StackedLossModel | FrontierLossModel:
     """The fit of a sweep directory (its latest round), of a saved fit file (module docstring) or
-    one already loaded (scalelab.fitting.saved_fit)."""
+    one already loaded (scalelab.fitting.entry.saved_fit)."""
     if isinstance(source, SavedFit):
         return _loss_model(source)
     path = Path(source)

@@ -34,7 +34,7 @@ import numpy as np
 from scipy import stats
 
 from scalelab.errors import UsageError
-from scalelab.fitting.predictive import PredictionInterval, interval_from_parts
+from scalelab.fitting.uncertainty.predictive import PredictionInterval, interval_from_parts
 from scalelab.models.accounting import flops_per_token, num_params
 from scalelab.models.config import ModelConfig
 from scalelab.planning.cluster import Cluster

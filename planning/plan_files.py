@@ -16,7 +16,7 @@ from typing import Any
 
 from scalelab.store.atomic import atomic_write_bytes
 from scalelab.store.paths import SweepLayout
-from scalelab.sweeps.spec import dump_spec
+from scalelab.sweeps.specs.spec import dump_spec
 
 PLAN_FILE = "plan.json"
 

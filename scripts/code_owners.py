@@ -19,14 +19,14 @@ Standard library `ast` only, like the rest of scripts/code_metrics.py. What each
   - comparison implementations: package modules that answer "is B better than A" themselves: they
     define a comparison result (a class with a `multiplier_at_target` field) or compute the compute
     multiplier's interval over paired draws (a call of `paired_multipliers`, or one function that
-    calls both `multiplier` and `interval`: the same computed by hand); fitting/multiplier.py, the
+    calls both `multiplier` and `interval`: the same computed by hand); fitting/comparisons/multiplier.py, the
     arithmetic they share, is not one. The modules that write a verdict (a function named
     `*verdict*`) are counted beside them;
   - experiment and bench files that reach into each other or the package's privates: a `sys.path.insert` /
     `sys.path.append` call, or an import of a name starting with `_`;
   - bench-only modules: package modules that no product code reaches through its imports (from
     cli/'s modules, each package's `__init__.py`, the modules started by name, e.g.
-    `-m scalelab.sweeps.ray_reaper`, and those docs/ or README.md name as `scalelab.x.y`, the
+    `-m scalelab.sweeps.execution.ray_reaper`, and those docs/ or README.md name as `scalelab.x.y`, the
     documented API) but that experiments/, bench/ or tests/ import (or another bench-only module does);
   - experiments with a smoke test: the modules of experiments/ whose `main` a test module uses
     (`NAME.main(...)`, or `NAME.main` handed to a helper, after `from experiments import NAME` or
@@ -154,7 +154,7 @@ def print_comparisons(root: Path, folders: tuple[str, ...]) -> None:
     rows, writers = [], []
     for mod, path in package_files(root, folders).items():
         found, verdict = comparison_sites(path)
-        if mod.endswith(".fitting.multiplier"):
+        if mod.endswith(".fitting.comparisons.multiplier"):
             continue  # the multiplier's arithmetic itself
         if found:
             rows.append((path.relative_to(root), found))

@@ -57,7 +57,9 @@ ROLES = (
             "analysis.lawfit.fit_store",
             "analysis.lawfit.fit_point",  # with bootstrap_params: the fit of analyses (compare, downstream)
             "fitting.fit_runs.fit_runs",
+            "fitting.entry.fit_runs.fit_runs",
             "sweeps.store_fit.fit_store",
+            "sweeps.closed_loop.store_fit.fit_store",
         ),
     ),
     Role(
@@ -77,16 +79,22 @@ ROLES = (
         "predicts or plans (what `predict`, `allocate`, `plan-run`, the report, the generators and benches call)",
         (
             "fitting.saved_fit.load_saved_fit",
+            "fitting.entry.saved_fit.load_saved_fit",
             "cli.fit_cmd._load",
             "fitting.from_report.predict_from_fit",
+            "fitting.entry.from_report.predict_from_fit",
             "fitting.from_report.allocate_from_fit",
+            "fitting.entry.from_report.allocate_from_fit",
             "planning.loss_model.load_loss_model",
             "analysis.lawfit.store_fit_from_record",
             "analysis.report_loop.loop_fit",
             "sweeps.isoflop_grid.read_frontier",
+            "sweeps.specs.isoflop_grid.read_frontier",
             "sweeps.proposal.read_round",
+            "sweeps.closed_loop.proposal.read_round",
             "experiments.closed_loop.round_fits",
             "sweeps.wandb_fit.round_records",  # the rounds a W&B fit run logs
+            "sweeps.tracking.wandb_fit.round_records",  # the rounds a W&B fit run logs
         ),
         shape=SAVED_FIT_KEYS,
     ),

@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 from scalelab import store
-from scalelab.fitting.compute_optimal import compute_optimal
-from scalelab.fitting.from_report import frontier_of, surface_of
+from scalelab.fitting.allocation.compute_optimal import compute_optimal
+from scalelab.fitting.entry.from_report import frontier_of, surface_of
 from scalelab.store.ledger import coverage, read_ledger
 
 ROOT = Path(__file__).resolve().parents[1]

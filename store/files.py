@@ -4,7 +4,7 @@
     files.read_text(spec)                                    # None when there is none
     files.names(files.join(sweep_dir, "fits"), "round_", ".json")   # ["round_1.json", ...]
 
-The closed loop (scalelab.sweeps.propose, proposal, rounds) addresses its files through these, so
+The closed loop (scalelab.sweeps.closed_loop.propose, proposal, rounds) addresses its files through these, so
 `sweep next` and `--rounds` run unchanged on either kind of store; writes go through
 scalelab.store.atomic (whole files; conditional where two drivers may race).
 """

@@ -9,7 +9,7 @@ the identification gates, and which constants moved outside the previous round's
 the run that is trained is exactly the one predicted), N, D, C, the predicted loss and interval,
 and, once the run is done, the measured loss, the relative error and whether the interval covered it.
 
-A study entry (a study's `sweep next`, scalelab.sweeps.study_propose) is one arm against the
+A study entry (a study's `sweep next`, scalelab.sweeps.studies.study_propose) is one arm against the
 baseline at the target: the runs that decide it (the matched decisive measurement: the baseline's and
 the arm's run ids, aligned pair by pair, the same size and seed; an older entry names one run per
 arm), the predicted gap L_arm - L_baseline with its interval, its parts and the estimator it comes
@@ -22,7 +22,7 @@ the interval excluded 0, `none` when it did not (each view scored the same way).
 
 Predictions are recorded before their runs can start (`record_round`, `record_study`; the round's
 spec is written after it), and scored whenever the ledger is touched after a launch (`score`;
-scalelab.sweeps.execute calls it at the end of every launch). A prediction whose run had already
+scalelab.sweeps.execution.execute calls it at the end of every launch). A prediction whose run had already
 started in this sweep when it was recorded (an identical config proposed again: its id is the hash
 of the config, labels aside), or that the fit itself used, is kept with a `flag` and never scored:
 it was not a prediction. Every update reads and rewrites the file under one lock

@@ -7,7 +7,7 @@
     mirror.publish(step, ckpt_dir, all_ranks_shards)              # rank 0, after every rank's succeeded
 
 A run whose layout has N processes trains as a Ray Train group whose workers may sit on N nodes
-with no shared file system. The trial (scalelab.sweeps.execute) holds the run's lease
+with no shared file system. The trial (scalelab.sweeps.execution.execute) holds the run's lease
 (scalelab.store.lease) and renews it for as long as its TorchTrainer runs, restarts included. Each
 rank trains in a directory of its own node and reaches the store directly:
 

@@ -124,7 +124,7 @@ def _row(run_dir: Path, sweep: str, entry: dict[str, Any]) -> dict[str, Any]:
         best_val_loss=status.get("best_val_loss"),
         final_val_bpb=status.get("final_val_bpb"),
         loss=final_val if final_val is not None else status.get("final_train_loss"),
-        predicted_loss=status.get("predicted_loss"),  # stopped_early runs (sweeps/early_stop.py)
+        predicted_loss=status.get("predicted_loss"),  # stopped_early runs (sweeps/tracking/early_stop.py)
         stopped_fraction=status.get("stopped_fraction"),
         error=status.get("error") or status.get("reason"),
         updated_at=status.get("updated_at"),

@@ -66,7 +66,7 @@ def init_sweep(sweep_dir: str | Path, spec_text: str, spec_name: str, runs: list
 
 def _init_object_sweep(url: str, spec_text: str, spec_name: str, runs: list[dict], name: str) -> str:
     """init_sweep on object storage: every check before the first object is written (what the runs
-    need of the store, e.g. single-process layouts, the caller checks first: scalelab.sweeps.execute).
+    need of the store, e.g. single-process layouts, the caller checks first: scalelab.sweeps.execution.execute).
     sweep.yaml and a round's spec are created with `If-None-Match: *`, and sweep.resolved.json is
     extended by conditional puts (scalelab.store.atomic.update_json), so two drivers extending one
     sweep never drop each other's runs."""

@@ -1,17 +1,18 @@
-"""Sweeps: specs and generators, execution on Ray, the sweep store, resume/dedupe, next-round proposals.
+"""Sweeps: specs and generators, execution on Ray, the closed loop, studies, tracking.
 
-    spec.py      YAML spec -> validated runs (grid, isoflop, ladder, random, points; seeds, axes,
-                 data axes, WSD cooldown branches); run id = hash of the resolved config
-    cooldowns.py WSD-S: stable runs and decay branches from their checkpoints (each its own run)
-    dry_run.py   `sweep plan`, the dry run: table of N, D, C, layout, memory, time from measured throughput
-    execute.py   one Ray Tune trial per unfinished run; retries resume from checkpoints; resume
-                 after a dead driver from the store alone; multi-process runs as a TorchTrainer
-    store.py     the on-disk store (atomic files), load_runs -> polars, cross-sweep dedupe and claims
-    ray_reaper.py ends a local Ray cluster's processes when the driver that started it is killed
-    status.py    runs by state, progress, losses, failures
-    propose.py   fit -> backtest -> bootstrap interval at C* -> next round's spec (the closed loop)
-    demo.py      `scalelab demo`: the whole loop on a laptop CPU
+Store root: the directory holding sweep directories (the parent of `--out`). A run finished in any sweep of the root
+is linked into a new sweep that contains it and never trained again.
 
-Store root: the directory holding sweep directories (the parent of `--out`). A run finished in any
-sweep of the root is linked into a new sweep that contains it and never trained again.
+Where sub-packages import each other (modules never do: `python scripts/code_metrics.py`): specs/ and the owners of
+the sections it parses (recipes/, tracking/, studies/), which check their sections with specs/' checks; and
+closed_loop/'s `run_rounds`, which runs a study's rounds too, and studies/, which build on the loop's proposals. The
+sub-packages:
+
+    specs/        Sweep specs: a YAML file to validated runs, each addressed by the hash of its config.
+    recipes/      The small-scale training recipe, its audit and the gates that check it.
+    preview/      `scalelab sweep plan`: what a spec would run and cost, nothing started.
+    execution/    Running a sweep on Ray: one Tune trial per run, retries that resume.
+    tracking/     Watching runs as they train: loss curves, early stopping, W&B.
+    closed_loop/  The closed loop: fit the store, check the gates, propose and launch the next round.
+    studies/      Studies: arms crossed with one design, each compared with the baseline.
 """

@@ -41,7 +41,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("SCALELAB_SPAWN_TIMEOUT_S", "180")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 # The session's Ray cluster listens on 127.0.0.1 only (as scalelab's own local clusters do, see
-# scalelab.sweeps.ray_cluster.local_ray_on_loopback); read by ray when it is imported.
+# scalelab.sweeps.execution.ray_cluster.local_ray_on_loopback); read by ray when it is imported.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 

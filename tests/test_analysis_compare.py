@@ -8,9 +8,9 @@ import pytest
 from scalelab.analysis.compare import compare_fits, fit_side, flops_to_reach, frontier_loss, multiplier
 from scalelab.analysis.store_reader import load_store_runs
 from scalelab.analysis.synthetic import SyntheticLaw, isoflop_design, write_synthetic_sweep
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.laws import get_law
-from scalelab.sweeps.store_fit import fit_store
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.forms.laws import get_law
+from scalelab.sweeps.closed_loop.store_fit import fit_store
 
 BUDGETS = [1e13, 3e13, 1e14, 3e14, 1e15, 3e15]
 

@@ -7,12 +7,12 @@ import pytest
 
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic, simulate_runs
 from scalelab.errors import ConfigError, UsageError
-from scalelab.fitting.allocate import chinchilla_optimum
-from scalelab.fitting.gates import BudgetBracket, approaches_gate, exponents_gate, starts_gate
-from scalelab.fitting.laws import get_law
+from scalelab.fitting.allocation.allocate import chinchilla_optimum
+from scalelab.fitting.entry.gates import BudgetBracket, approaches_gate, exponents_gate, starts_gate
+from scalelab.fitting.forms.laws import get_law
 from scalelab.store import ledger
-from scalelab.sweeps.propose import propose_next
-from scalelab.sweeps.spec import expand_sweep, load_sweep
+from scalelab.sweeps.closed_loop.propose import propose_next
+from scalelab.sweeps.specs.spec import expand_sweep, load_sweep
 
 LAW = SyntheticLaw()  # E 1.7, A 60, B 80, alpha 0.30, beta 0.28: N* ~ 1.8e5 at 1e12 FLOPs (D/N ~ 5)
 BUDGETS = [3e11, 1e12, 3e12]
@@ -248,7 +248,7 @@ def test_recipe_batch_grows_with_the_runs_tokens():
 
 
 def test_noise_term_takes_seed_replicates_and_the_stated_floor():
-    from scalelab.fitting.predictive import replicate_noise
+    from scalelab.fitting.uncertainty.predictive import replicate_noise
 
     n = [1e5, 1e5, 2e5, 2e5, 3e5]
     d = [1e6, 1e6, 2e6, 2e6, 3e6]
@@ -261,9 +261,9 @@ def test_noise_term_takes_seed_replicates_and_the_stated_floor():
 
 
 def test_prediction_interval_carries_the_noise_floor():
-    from scalelab.fitting.fit_options import FitOptions
-    from scalelab.fitting.fit_runs import fit_runs
-    from scalelab.fitting.io import read_runs
+    from scalelab.fitting.entry.fit_options import FitOptions
+    from scalelab.fitting.entry.fit_runs import fit_runs
+    from scalelab.fitting.estimate.io import read_runs
 
     sweep = expand_sweep(_spec(5.0))
     n = [r.params for r in sweep.runs]

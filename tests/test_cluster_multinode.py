@@ -31,7 +31,7 @@ from ray.cluster_utils import Cluster
 from scalelab import store
 from scalelab.store.checkpoint_files import latest_checkpoint
 from scalelab.store.records import read_status
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.specs.spec import expand_sweep
 from scalelab.train.config import build_run_config
 from scalelab.train.launch import launch_local
 from scalelab.train.loop import train_run
@@ -267,7 +267,7 @@ def test_readme_cluster_section_names_real_keys_and_flags():
     from dataclasses import fields
 
     from scalelab.cli.main import build_parser
-    from scalelab.sweeps.spec import ExecutionConfig
+    from scalelab.sweeps.specs.spec import ExecutionConfig
 
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     section = readme.split("## Running on a cluster", 1)[1].split("\n## ", 1)[0]

@@ -27,7 +27,7 @@ from test_cluster_multinode import (
 from scalelab import store
 from scalelab.store import checkpoint_files, objects
 from scalelab.store.records import read_status
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.specs.spec import expand_sweep
 
 pytest.importorskip("moto.server")
 from s3_local import serve  # noqa: E402

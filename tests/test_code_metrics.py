@@ -22,24 +22,24 @@ FILES = {
     "scalelab/__init__.py": '"""root"""\n',
     "fitting/__init__.py": '"""fitting"""\n',
     # the one fit entry, and a long function
-    "fitting/fit_runs.py": "import numpy as np\n\n\ndef fit_runs(table):\n    return np.mean(table)\n\n\n"
+    "fitting/entry/fit_runs.py": "import numpy as np\n\n\ndef fit_runs(table):\n    return np.mean(table)\n\n\n"
     + "def long_one():\n"
     + LONG_BODY
     + '\n\n\ndef long_two():\n    """Two.\n\n    One piece: a made-up\n    table."""\n'
     + LONG_BODY,
     "sweeps/__init__.py": '"""sweeps"""\n',
     # a wrapper of the fit entry (not a second entry), two imports inside functions, a module cycle
-    "sweeps/store_fit.py": """
-        from scalelab.fitting import fit_runs as fr
-        from scalelab.sweeps import rounds
+    "sweeps/closed_loop/store_fit.py": """
+        from scalelab.fitting.entry import fit_runs as fr
+        from scalelab.sweeps.closed_loop import rounds
 
         def fit_store(path):
-            from scalelab.fitting.fit_runs import fit_runs  # the reason
+            from scalelab.fitting.entry.fit_runs import fit_runs  # the reason
             import json
             return fit_runs(json.loads(path)), fr.fit_runs
         """,
-    "sweeps/rounds.py": """
-        from scalelab.sweeps.store_fit import fit_store
+    "sweeps/closed_loop/rounds.py": """
+        from scalelab.sweeps.closed_loop.store_fit import fit_store
 
         def propose_round(d):
             return fit_store(d)
@@ -54,7 +54,7 @@ FILES = {
     "cli/__init__.py": '"""cli"""\n',
     "cli/main.py": """
         def main():
-            from scalelab.sweeps.rounds import run_rounds  # CLI start-up: not counted
+            from scalelab.sweeps.closed_loop.rounds import run_rounds  # CLI start-up: not counted
             return run_rounds(".", 2)
         """,
     # a second fit stack in the benches' clothing: a rounds loop of its own, a sys.path trick, a
@@ -62,8 +62,8 @@ FILES = {
     "bench/loop.py": """
         import sys
 
-        from scalelab.fitting import simulate
-        from scalelab.sweeps.rounds import launch, propose_round
+        from scalelab.fitting.selection import simulate
+        from scalelab.sweeps.closed_loop.rounds import launch, propose_round
 
         sys.path.insert(0, ".")
         from other_bench import _private  # noqa: E402
@@ -71,7 +71,7 @@ FILES = {
         while True:
             launch(propose_round(simulate.__name__))
         """,
-    "fitting/simulate.py": '"""only the bench uses it"""\n',
+    "fitting/selection/simulate.py": '"""only the bench uses it"""\n',
     # an experiment that imports another's private name and one of the package's only-for-tests
     # modules, its __main__ handling errors its own way; a second experiment, smoke-tested (a test
     # calls its main), a third that a test imports without calling its main (no smoke test), and a
@@ -91,7 +91,7 @@ FILES = {
     "store/paths.py": 'def spec(d):\n    return d / "sweep.yaml"\n',
     "sweeps/store_read.py": 'def spec(d):\n    return d / "sweep.yaml", d.glob("fits/round_*.json")\n',
     # the fit's options, a second shape of them under another name, and a fit's result (not options)
-    "fitting/fit_options.py": "class FitOptions:\n    law = 'chinchilla'\n    bootstrap = 0\n",
+    "fitting/entry/fit_options.py": "class FitOptions:\n    law = 'chinchilla'\n    bootstrap = 0\n",
     "sweeps/spec_fit.py": "class FitSection:\n    law: str = 'chinchilla'\n    candidates: list = []\n",
     "fitting/result.py": "class Result:\n    law: str = 'chinchilla'\n    target_flops: float = 0.0\n",
     # "is B better than A" built twice: a result class with its verdict, and a study's interval of m
@@ -104,9 +104,9 @@ FILES = {
             return "B" if cmp.multiplier_at_target > 1 else "A"
         """,
     "sweeps/study_pick.py": "def width(a, b):\n    return interval([multiplier(a, b)], 0.95)\n",
-    "fitting/multiplier.py": "def paired_multipliers(a, b):\n    return interval([multiplier(a, b)], 0.95)\n",
+    "fitting/comparisons/multiplier.py": "def paired_multipliers(a, b):\n    return interval([multiplier(a, b)], 0.95)\n",
     # two saved-fit readers, one a wrapper of the other
-    "fitting/from_report.py": """
+    "fitting/entry/from_report.py": """
         def allocate_from_fit(fit):
             return fit["params"]
 
@@ -137,31 +137,34 @@ def test_figures_of_a_made_up_checkout(checkout, capsys):
     code_metrics.main(checkout)
     out = capsys.readouterr().out
     assert "imports of our modules inside functions outside cli/: 1 of 4 (25.0%)" in out, out
-    assert "sweeps/store_fit.py:6" in out and "fitting.fit_runs" in out and "the reason" in out
-    assert "imports of other packages inside functions outside cli/: 1" in out and "sweeps/store_fit.py:7" in out
+    assert "sweeps/closed_loop/store_fit.py:6" in out and "fitting.entry.fit_runs" in out and "the reason" in out
+    assert (
+        "imports of other packages inside functions outside cli/: 1" in out
+        and "sweeps/closed_loop/store_fit.py:7" in out
+    )
     assert "import circles between modules (every import counted): 1" in out
-    assert "sweeps.rounds <-> sweeps.store_fit" in out
+    assert "sweeps.closed_loop.rounds <-> sweeps.closed_loop.store_fit" in out
     assert "functions over 100 lines: 2; over 80 lines: 2, 1 without a reason at its top" in out, out
-    assert "fitting.fit_runs.long_one" in out and "reason: none" in out
-    assert "fitting.fit_runs.long_two" in out and "reason: One piece: a made-up table." in out
-    assert "sweeps.store_fit.fit_store" in out and "calls fitting.fit_runs.fit_runs" in out
-    assert "called by sweeps.store_fit.fit_store" in out
+    assert "fitting.entry.fit_runs.long_one" in out and "reason: none" in out
+    assert "fitting.entry.fit_runs.long_two" in out and "reason: One piece: a made-up table." in out
+    assert "sweeps.closed_loop.store_fit.fit_store" in out and "calls fitting.entry.fit_runs.fit_runs" in out
+    assert "called by sweeps.closed_loop.store_fit.fit_store" in out
     assert "fit entries: 1\n" in out and "fitting.pipeline.fit_table" in out and "not in this checkout" in out
     assert "evaluation paths: 0\n" in out
-    assert "sweeps.rounds.run_rounds" in out and "bench.loop.<module>" in out
+    assert "sweeps.closed_loop.rounds.run_rounds" in out and "bench.loop.<module>" in out
     assert "rounds loops: 1 in the package folders, 1 in experiments/ and bench/" in out
     assert "SweepLayout names them): 2 in the package folders, 0 in experiments/ and bench/" in out, out
     assert "sweeps/store_read.py:2" in out and "'fits/round_*.json'" in out and "store/paths.py:2" not in out
-    assert "fit options types: 2 (and the CLI's arguments)" in out and "fitting.fit_options.FitOptions" in out
+    assert "fit options types: 2 (and the CLI's arguments)" in out and "fitting.entry.fit_options.FitOptions" in out
     assert "sweeps.spec_fit.FitSection" in out and "fitting.result.Result" not in out
     assert "comparison implementations (is B better than A, built in the module): 2; modules writing a " in out
-    assert "verdict: 1 (fitting/compare_two.py)" in out and "fitting/multiplier.py" not in out
+    assert "verdict: 1 (fitting/compare_two.py)" in out and "fitting/comparisons/multiplier.py" not in out
     assert "result class Cmp (line 2)" in out and "m's paired interval in width (line 1)" in out
     assert "experiment and bench files with sys.path tricks or private-name imports: 2" in out
     assert "sys.path.insert (line 7)" in out and "from other_bench import _private" in out
     assert "experiments/probe.py" in out and "from experiments.tested import _helper (line 1)" in out
     assert "(no product code imports them; experiments/, bench/ or tests/ do): 2" in out
-    assert "fitting.simulate" in out and "1 experiment/bench file(s), 0 test file(s)" in out
+    assert "fitting.selection.simulate" in out and "1 experiment/bench file(s), 0 test file(s)" in out
     assert "store.probe_only" in out and "1 experiment/bench file(s), 1 test file(s)" in out
     assert "experiments with a smoke test (a test calls its main, or imports a module without one): 2 of 4" in out
     assert (
@@ -170,6 +173,9 @@ def test_figures_of_a_made_up_checkout(checkout, capsys):
     assert "experiments.imported                     no test calls its main" in out and "experiments.shared " not in out
     assert "experiments whose __main__ handles errors on its own (not run_script(main, __file__)): 1 of 2" in out
     assert "experiments/probe.py:9" in out and "experiments/tested.py:" not in out
-    assert "fitting.from_report.predict_from_fit" in out and "calls fitting.from_report.allocate_from_fit" in out
+    assert (
+        "fitting.entry.from_report.predict_from_fit" in out
+        and "calls fitting.entry.from_report.allocate_from_fit" in out
+    )
     assert "sweeps.round_read.latest_fit" in out and "an entry (not listed: found by its shape)" in out
     assert "saved-fit readers: 2\n" in out

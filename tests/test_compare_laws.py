@@ -1,5 +1,5 @@
 """experiments/compare_laws.py (law forms compared on one table: held-out error, AIC/BIC) and the
-real-fitter backtest it is built on (fitting/backtest.py), on simulated data."""
+real-fitter backtest it is built on (fitting/uncertainty/backtest.py), on simulated data."""
 
 import numpy as np
 import polars as pl
@@ -7,12 +7,12 @@ import pytest
 
 from experiments import compare_laws as compare_laws_experiment
 from experiments.compare_laws import compare_laws, information_criteria
-from scalelab.fitting.backtest import holdout_backtest, law_fitter
-from scalelab.fitting.fit import subsample_starts
-from scalelab.fitting.fit_runs import one_torch_thread
-from scalelab.fitting.io import read_runs
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.simulate import CHINCHILLA_HOFFMANN, simulate
+from scalelab.fitting.entry.fit_runs import one_torch_thread
+from scalelab.fitting.estimate.fit import subsample_starts
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.selection.simulate import CHINCHILLA_HOFFMANN, simulate
+from scalelab.fitting.uncertainty.backtest import holdout_backtest, law_fitter
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Is B better than A has one owner (fitting/comparison.py): one result, one computation of the
+"""Is B better than A has one owner (fitting/comparisons/comparison.py): one result, one computation of the
 multiplier's intervals, one verdict writer, for `scalelab compare` and the studies alike. Hand-made
 laws and draws, no fit: well under a second."""
 
@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from scalelab.fitting.comparison import Comparison, SideFit, compare_laws_at, target_interval, verdict
-from scalelab.fitting.gap import GapInterval
-from scalelab.fitting.laws import get_law
+from scalelab.fitting.comparisons.comparison import Comparison, SideFit, compare_laws_at, target_interval, verdict
+from scalelab.fitting.comparisons.gap import GapInterval
+from scalelab.fitting.forms.laws import get_law
 
 LAW = get_law("chinchilla")
 A = {"E": 1.7, "A": 400.0, "B": 410.0, "alpha": 0.34, "beta": 0.28}

@@ -3,9 +3,9 @@
 
 import re
 
-from scalelab.fitting.fit_terms import law_heading, meaning
-from scalelab.sweeps.demo import _print_design, demo_spec
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.fitting.forms.fit_terms import law_heading, meaning
+from scalelab.sweeps.closed_loop.demo import _print_design, demo_spec
+from scalelab.sweeps.specs.spec import expand_sweep
 
 
 def test_design_lines_give_each_runs_tokens_per_step_as_configured():

@@ -1,4 +1,4 @@
-"""`sweep plan`'s design report (scalelab.sweeps.design_report): where an IsoFLOP design's sizes sit
+"""`sweep plan`'s design report (scalelab.sweeps.preview.design_report): where an IsoFLOP design's sizes sit
 around a reference N*(C), the shape cost of its aspects, and the price of replicating it, against a
 reference law close to the demo's first-round fit."""
 
@@ -10,13 +10,13 @@ import pytest
 import yaml
 
 from scalelab.cli.main import main
-from scalelab.fitting.allocate import chinchilla_optimum
-from scalelab.fitting.lr_law import CellOptimum
-from scalelab.sweeps.demo import demo_spec
-from scalelab.sweeps.design_report import design_report, prediction_sd
-from scalelab.sweeps.isoflop_grid import read_frontier
-from scalelab.sweeps.recipe_audit import AuditResult
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.fitting.allocation.allocate import chinchilla_optimum
+from scalelab.fitting.hp_laws.lr_law import CellOptimum
+from scalelab.sweeps.closed_loop.demo import demo_spec
+from scalelab.sweeps.preview.design_report import design_report, prediction_sd
+from scalelab.sweeps.recipes.recipe_audit import AuditResult
+from scalelab.sweeps.specs.isoflop_grid import read_frontier
+from scalelab.sweeps.specs.spec import expand_sweep
 
 REF = {"E": 1.216, "A": 480.0, "B": 1055.0, "alpha": 0.765, "beta": 0.618}  # N* ~ 93k at 2e12 FLOPs
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import ray.job_submission
 
-from scalelab.sweeps import ray_cluster
+from scalelab.sweeps.execution import ray_cluster
 
 
 class FlakyClient:

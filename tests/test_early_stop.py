@@ -13,14 +13,14 @@ import yaml
 from scalelab import store
 from scalelab.cli.main import main
 from scalelab.errors import ConfigError
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.simulate import simulate_curve
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.selection.simulate import simulate_curve
 from scalelab.store.records import read_status
-from scalelab.sweeps.early_stop import EarlyStopConfig, decide, parse_early_stop
-from scalelab.sweeps.execute import launch
-from scalelab.sweeps.run_curves import planned_lr, run_curve
-from scalelab.sweeps.spec import expand_sweep
-from scalelab.sweeps.store_fit import fit_frame
+from scalelab.sweeps.closed_loop.store_fit import fit_frame
+from scalelab.sweeps.execution.execute import launch
+from scalelab.sweeps.specs.spec import expand_sweep
+from scalelab.sweeps.tracking.early_stop import EarlyStopConfig, decide, parse_early_stop
+from scalelab.sweeps.tracking.run_curves import planned_lr, run_curve
 from scalelab.train.config import build_run_config, to_dict
 from scalelab.train.loop import StopRun, train_run
 from scalelab.train.schedule import lr_at

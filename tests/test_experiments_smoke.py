@@ -38,7 +38,7 @@ from scalelab.analysis.synthetic import (
     write_synthetic_sweep,
 )
 from scalelab.errors import run_script
-from scalelab.fitting.allocate import chinchilla_optimum
+from scalelab.fitting.allocation.allocate import chinchilla_optimum
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,8 +1,8 @@
-"""scalelab.sweeps.far_runs: which runs of a closed-loop store score its first round."""
+"""scalelab.sweeps.closed_loop.far_runs: which runs of a closed-loop store score its first round."""
 
 import polars as pl
 
-from scalelab.sweeps.far_runs import far_runs
+from scalelab.sweeps.closed_loop.far_runs import far_runs
 
 
 def test_compute_optimal_runs_and_new_budget_slices_past_the_design_score_it():

@@ -14,9 +14,9 @@ from experiments import first_round_scores, first_round_store, recipe_audit
 from scalelab import store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.store.atomic import atomic_write_json
-from scalelab.sweeps.recipe import timescale_of
-from scalelab.sweeps.recipe_gate import check_sweep
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.recipes.recipe import timescale_of
+from scalelab.sweeps.recipes.recipe_gate import check_sweep
+from scalelab.sweeps.specs.spec import expand_sweep
 
 
 def _loss(config: dict, n: int, d: int) -> float:

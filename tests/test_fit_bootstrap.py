@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from scalelab.errors import UsageError
-from scalelab.fitting.allocate import chinchilla_optimum
-from scalelab.fitting.bootstrap import bootstrap, refit_law, refit_replicates, resample_counts
-from scalelab.fitting.fit import fit_law
-from scalelab.fitting.intervals import delta_method_intervals, huber_variance_factor
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.objective import BatchObjective
-from scalelab.fitting.simulate import CHINCHILLA_EPOCH, precision_vs_runs, simulate
+from scalelab.fitting.allocation.allocate import chinchilla_optimum
+from scalelab.fitting.estimate.fit import fit_law
+from scalelab.fitting.estimate.intervals import delta_method_intervals, huber_variance_factor
+from scalelab.fitting.estimate.objective import BatchObjective
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.selection.simulate import CHINCHILLA_EPOCH, precision_vs_runs, simulate
+from scalelab.fitting.uncertainty.bootstrap import bootstrap, refit_law, refit_replicates, resample_counts
 
 LAW = get_law("chinchilla")
 STARTS = LAW.init_grid()[::45]  # 100 of Hoffmann's starts: same optimum on these designs, 45x cheaper

@@ -1,6 +1,6 @@
 """The `scalelab fit / predict / allocate` contract: JSON keys, saved fits, exit 2 on bad input.
 
-Data: a simulated Chinchilla IsoFLOP sweep (fitting/simulate.py) written to CSV/Parquet.
+Data: a simulated Chinchilla IsoFLOP sweep (fitting/selection/simulate.py) written to CSV/Parquet.
 """
 
 import json
@@ -10,11 +10,11 @@ import polars as pl
 import pytest
 
 from scalelab.cli.main import main
-from scalelab.fitting.allocate import chinchilla_optimum
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.fit_runs import fit_runs
-from scalelab.fitting.io import read_runs
-from scalelab.fitting.simulate import CHINCHILLA_HOFFMANN, simulate
+from scalelab.fitting.allocation.allocate import chinchilla_optimum
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.entry.fit_runs import fit_runs
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.selection.simulate import CHINCHILLA_HOFFMANN, simulate
 
 
 def _true_loss(params: float, tokens: float) -> float:

@@ -1,4 +1,4 @@
-"""Departures of a run from its curve law (fitting/curve_departures.py), on simulated runs: an LR cut
+"""Departures of a run from its curve law (fitting/loss_curves/curve_departures.py), on simulated runs: an LR cut
 the law is not told about is found at its checkpoint; a run that follows the law, or has one
 outlier point, has none; law selection reports the held-out run's departures."""
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from scalelab.errors import UsageError
-from scalelab.fitting.curve_departures import departures, residual_path
-from scalelab.fitting.curves import RunCurve, fit_curves
-from scalelab.fitting.select import format_selection, select_law
-from scalelab.fitting.simulate import simulate_curve
+from scalelab.fitting.loss_curves.curve_departures import departures, residual_path
+from scalelab.fitting.loss_curves.curves import RunCurve, fit_curves
+from scalelab.fitting.selection.select import format_selection, select_law
+from scalelab.fitting.selection.simulate import simulate_curve
 from scalelab.train.schedule import lr_at
 
 TRUE = {"E": 1.0, "A": 60.0, "B": 80.0, "C": 0.5, "alpha": 0.3, "beta": 0.3}

@@ -8,11 +8,11 @@ import polars as pl
 import pytest
 
 from scalelab.errors import UsageError
-from scalelab.fitting.curves import RunCurve, curve_points, curves_from_table, fit_curves
-from scalelab.fitting.io import read_runs
-from scalelab.fitting.lr_areas import lr_areas
-from scalelab.fitting.select import select_law
-from scalelab.fitting.simulate import simulate_curve
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.loss_curves.curves import RunCurve, curve_points, curves_from_table, fit_curves
+from scalelab.fitting.loss_curves.lr_areas import lr_areas
+from scalelab.fitting.selection.select import select_law
+from scalelab.fitting.selection.simulate import simulate_curve
 from scalelab.train.schedule import lr_at
 
 TRUE = {"E": 1.0, "A": 60.0, "B": 80.0, "C": 0.25, "alpha": 0.3, "beta": 0.3}
@@ -66,7 +66,7 @@ def test_lr_areas_anneal_area_is_the_delayed_lr_drop():
 
 
 def test_curve_laws_are_the_written_formulas():
-    from scalelab.fitting.laws import get_law
+    from scalelab.fitting.forms.laws import get_law
 
     n, s1, s2 = np.array([2e4, 1e5]), np.array([3e5, 2e6]), np.array([0.0, 0.8])
     want = TRUE["E"] + TRUE["A"] / n ** TRUE["alpha"] + TRUE["B"] / s1 ** TRUE["beta"] - TRUE["C"] * s2

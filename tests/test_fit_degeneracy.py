@@ -1,4 +1,4 @@
-"""Degenerate laws (fitting/degeneracy.py): each finding said in one line, the loop's gate refusing the
+"""Degenerate laws (fitting/entry/degeneracy.py): each finding said in one line, the loop's gate refusing the
 law, and its predictions falling back to the compute frontier's level, in the package and the CLI."""
 
 import json
@@ -8,15 +8,15 @@ import polars as pl
 import pytest
 
 from scalelab.cli.main import main
-from scalelab.fitting.compute_groups import compute_groups
-from scalelab.fitting.degeneracy import degenerate, diagnose
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.fit_runs import fit_runs
-from scalelab.fitting.frontier import fit_frontier
-from scalelab.fitting.io import read_runs
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.scaling_fit import optimum_fn
-from scalelab.fitting.simulate import CHINCHILLA_EPOCH, simulate
+from scalelab.fitting.allocation.frontier import fit_frontier
+from scalelab.fitting.entry.degeneracy import degenerate, diagnose
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.entry.fit_runs import fit_runs
+from scalelab.fitting.entry.scaling_fit import optimum_fn
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.selection.simulate import CHINCHILLA_EPOCH, simulate
+from scalelab.fitting.uncertainty.compute_groups import compute_groups
 
 # a floor the runs nearly reach: a Chinchilla fit puts its E within 1% of the lowest loss
 AT_FLOOR = {"E": 3.0, "A": 3000.0, "B": 3000.0, "alpha": 0.6, "beta": 0.6}

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from scalelab.errors import UsageError
-from scalelab.fitting.batched_lbfgs import lbfgs_batched
-from scalelab.fitting.fit import fit_law
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.objective import BatchObjective, huber
-from scalelab.fitting.simulate import simulate
+from scalelab.fitting.estimate.batched_lbfgs import lbfgs_batched
+from scalelab.fitting.estimate.fit import fit_law
+from scalelab.fitting.estimate.objective import BatchObjective, huber
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.selection.simulate import simulate
 
 LAW = get_law("chinchilla")
 GRID = LAW.init_grid()

@@ -1,4 +1,4 @@
-"""The one fit entry (scalelab.fitting.fit_runs): a store's fit is the same through `scalelab fit`,
+"""The one fit entry (scalelab.fitting.entry.fit_runs): a store's fit is the same through `scalelab fit`,
 `sweep next` and the report; it reproduces the closed loop's numbers as they were recorded before
 the fit stacks were merged; and the one percentile-interval helper's behaviour."""
 
@@ -13,10 +13,10 @@ from scalelab.analysis.report_loop import loop_fit
 from scalelab.analysis.store_reader import load_store_runs
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.cli.main import main
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.fit_runs import fit_runs
-from scalelab.fitting.intervals import percentile_interval
-from scalelab.fitting.io import read_runs
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.entry.fit_runs import fit_runs
+from scalelab.fitting.estimate.intervals import percentile_interval
+from scalelab.fitting.estimate.io import read_runs
 
 # A 3-budget IsoFLOP design of the synthetic law (E 1.7, A 60, B 80, alpha 0.30, beta 0.28) with
 # 0.4% noise on the loss, and what a store's fit gives for it (replicates=4, seed 0, 200 starts

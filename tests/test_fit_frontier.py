@@ -1,4 +1,4 @@
-"""The compute frontier on synthetic truths (fitting/frontier*.py, compute_groups.py, compute_optimal.py):
+"""The compute frontier on synthetic truths (fitting/allocation/frontier*.py, compute_groups.py, compute_optimal.py):
 it recovers a known law's L*(C) and N*(C), its calibrated interval covers the truth one decade out
 and is narrow while doing so, the calibration widens where the forward folds missed, and a table's
 groups are its budgets, bins or models."""
@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from scalelab.fitting.allocate import chinchilla_optimum
-from scalelab.fitting.compute_groups import MAX_GROUPS, compute_groups, is_curve_table
-from scalelab.fitting.frontier import fit_frontier
-from scalelab.fitting.frontier_calibration import Pair, calibrate
-from scalelab.fitting.io import read_runs
-from scalelab.fitting.simulate import CHINCHILLA_EPOCH, simulate
+from scalelab.fitting.allocation.allocate import chinchilla_optimum
+from scalelab.fitting.allocation.frontier import fit_frontier
+from scalelab.fitting.allocation.frontier_calibration import Pair, calibrate
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.selection.simulate import CHINCHILLA_EPOCH, simulate
+from scalelab.fitting.uncertainty.compute_groups import MAX_GROUPS, compute_groups, is_curve_table
 
 TRUTH = CHINCHILLA_EPOCH
 BUDGETS = np.logspace(18, 20, 6)

@@ -1,5 +1,5 @@
 """Law forms: the log-space fit forms equal the published formulas, and every law's parameters are
-recovered from data simulated with known values (fitting/laws.py, fitting/fit.py, simulate.py)."""
+recovered from data simulated with known values (fitting/forms/laws.py, fitting/estimate/fit.py, simulate.py)."""
 
 import json
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from scalelab.errors import UsageError
-from scalelab.fitting.fit import FitResult, fit_law
-from scalelab.fitting.laws import Chinchilla, get_law, law_names
-from scalelab.fitting.simulate import DEFAULT_PARAMS, design_points, simulate
+from scalelab.fitting.estimate.fit import FitResult, fit_law
+from scalelab.fitting.forms.laws import Chinchilla, get_law, law_names
+from scalelab.fitting.selection.simulate import DEFAULT_PARAMS, design_points, simulate
 
 N = np.array([7e7, 4e8, 2.8e9, 1.6e10])
 D = np.array([5e9, 3e10, 1e11, 5e11])

@@ -1,4 +1,4 @@
-"""The memo of batched fits (fitting/batch_memo.py): a problem seen before in the process is not solved
+"""The memo of batched fits (fitting/estimate/batch_memo.py): a problem seen before in the process is not solved
 again and gives the same bits; any change to the problem is a new problem."""
 
 import dataclasses
@@ -6,11 +6,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from scalelab.fitting import batch_memo
-from scalelab.fitting.batched_lbfgs import lbfgs_batched
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.objective import BatchObjective
-from scalelab.fitting.simulate import simulate
+from scalelab.fitting.estimate import batch_memo
+from scalelab.fitting.estimate.batched_lbfgs import lbfgs_batched
+from scalelab.fitting.estimate.objective import BatchObjective
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.selection.simulate import simulate
 
 LAW = get_law("chinchilla")
 DATA = simulate("chinchilla", noise_sigma=0.01, seed=3, n_sizes=4, n_tokens=4)

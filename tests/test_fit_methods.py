@@ -9,10 +9,10 @@ import polars as pl
 import pytest
 
 from scalelab.errors import ConfigError, UsageError
-from scalelab.fitting.approaches import approach1, approach2, group_budgets
-from scalelab.fitting.hyperparams import best_lr, fit_hyperparam_law, grid_position, optimal_per_budget
-from scalelab.fitting.io import ColumnMap, read_runs
-from scalelab.fitting.loss_to_accuracy import fit_sigmoid, two_step_predict
+from scalelab.fitting.estimate.approaches import approach1, approach2, group_budgets
+from scalelab.fitting.estimate.io import ColumnMap, read_runs
+from scalelab.fitting.hp_laws.hyperparams import best_lr, fit_hyperparam_law, grid_position, optimal_per_budget
+from scalelab.fitting.task_accuracy.loss_to_accuracy import fit_sigmoid, two_step_predict
 
 E, A, B, ALPHA, BETA = 1.69, 406.4, 410.7, 0.34, 0.28
 A_OPT = BETA / (ALPHA + BETA)  # N* ∝ C^a

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from scalelab.errors import UsageError
-from scalelab.fitting.allocate import (
+from scalelab.fitting.allocation.allocate import (
     allocate,
     chinchilla_exponents,
     chinchilla_optimum,
     numeric_optimum,
     size_for_data_budget,
 )
-from scalelab.fitting.backtest import holdout_backtest, holdout_mask, leave_one_budget_out, relative_errors
-from scalelab.fitting.io import read_runs
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.uncertainty.backtest import holdout_backtest, holdout_mask, leave_one_budget_out, relative_errors
 
 CHIN = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
 

@@ -1,5 +1,5 @@
 """The fit's options have one type and one builder: a spec's `fit:` section, `scalelab fit`'s
-arguments and `sweep next`'s flags all become a FitOptions through fitting.fit_options.fit_options,
+arguments and `sweep next`'s flags all become a FitOptions through fitting.entry.fit_options.fit_options,
 checked once, each error naming the key as its input spelled it (no fit runs here: seconds)."""
 
 import pytest
@@ -7,9 +7,9 @@ import yaml
 
 from scalelab.cli.main import main
 from scalelab.errors import ConfigError
-from scalelab.fitting.fit_options import FitOptions, fit_options
+from scalelab.fitting.entry.fit_options import FitOptions, fit_options
 from scalelab.store import SweepLayout
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.specs.spec import expand_sweep
 
 SPEC = {
     "name": "opts",

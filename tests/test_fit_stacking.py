@@ -1,4 +1,4 @@
-"""Forward backtests, stacking weights and the stacked law (fitting/forward.py, stacking.py, ensemble.py)."""
+"""Forward backtests, stacking weights and the stacked law (fitting/uncertainty/forward.py, stacking.py, ensemble.py)."""
 
 import math
 from dataclasses import replace
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from scalelab.errors import UsageError
-from scalelab.fitting.ensemble import EXTRAPOLATION_SCALE, StackedFit, fit_stacked, parse_candidate
-from scalelab.fitting.forward import ForwardGroup, forward_backtest
-from scalelab.fitting.laws import get_law
-from scalelab.fitting.predictive import ExtrapolationError, t_over_z
-from scalelab.fitting.stacking import StackRule, stack_weights
+from scalelab.fitting.forms.laws import get_law
+from scalelab.fitting.selection.ensemble import EXTRAPOLATION_SCALE, StackedFit, fit_stacked, parse_candidate
+from scalelab.fitting.uncertainty.forward import ForwardGroup, forward_backtest
+from scalelab.fitting.uncertainty.predictive import ExtrapolationError, t_over_z
+from scalelab.fitting.uncertainty.stacking import StackRule, stack_weights
 
 CHIN = {"E": 1.2, "A": 60.0, "B": 80.0, "alpha": 0.32, "beta": 0.30}
 KAP = {"Nc": 3e8, "Dc": 1e9, "alpha_N": 0.11, "alpha_D": 0.12}
@@ -20,7 +20,7 @@ RULE = StackRule(point="rule")  # the rule's own decision; the default predicts 
 
 def _design(budgets, sizes=4, span=3.0):
     chin = get_law("chinchilla")
-    from scalelab.fitting.allocate import optimum_for_law
+    from scalelab.fitting.allocation.allocate import optimum_for_law
 
     opt = optimum_for_law(chin)
     n, d, c = [], [], []

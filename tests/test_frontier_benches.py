@@ -6,8 +6,8 @@ import polars as pl
 
 from experiments import frontier_public, score_store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
-from scalelab.fitting.allocate import chinchilla_optimum
-from scalelab.fitting.simulate import CHINCHILLA_EPOCH, simulate
+from scalelab.fitting.allocation.allocate import chinchilla_optimum
+from scalelab.fitting.selection.simulate import CHINCHILLA_EPOCH, simulate
 
 
 def _run(main, argv: list[str], capsys) -> str:

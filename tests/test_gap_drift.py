@@ -1,4 +1,4 @@
-"""The paired gap's noise-corrected drift part (scalelab.fitting.gap_drift) on synthetic truths: it
+"""The paired gap's noise-corrected drift part (scalelab.fitting.comparisons.gap_drift) on synthetic truths: it
 recovers a known drift exactly, takes out exactly the noise a fold's miss carries, keeps a drifting
 gap out of the pure error, and on the demo's design covers drifting gaps while deciding steady ones
 that the first version (backtest_t) could not."""
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from scalelab.errors import UsageError
-from scalelab.fitting.design_bootstrap import resample_design
-from scalelab.fitting.gap_drift import PureError, noise_corrected_drift, pure_error
-from scalelab.fitting.gap_model import GapPoints, fit_gap_line
-from scalelab.fitting.paired_gap import Measurement, paired_gap
+from scalelab.fitting.comparisons.design_bootstrap import resample_design
+from scalelab.fitting.comparisons.gap_drift import PureError, noise_corrected_drift, pure_error
+from scalelab.fitting.comparisons.gap_model import GapPoints, fit_gap_line
+from scalelab.fitting.comparisons.paired_gap import Measurement, paired_gap
 
 X = np.repeat([11.3, 11.8, 12.3], 4)  # the demo's budgets (log10 2e11, 6.3e11, 2e12), 4 sizes each
 SIZE = np.tile(np.arange(4), 3)

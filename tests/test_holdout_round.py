@@ -1,4 +1,4 @@
-"""A holdout round (`sweep next --holdout`, scalelab.sweeps.propose.Holdout): runs at several multiples
+"""A holdout round (`sweep next --holdout`, scalelab.sweeps.closed_loop.propose.Holdout): runs at several multiples
 of the largest budget, every one predicted by the one fit before any trains, scored by the ledger.
 On a synthetic store from a known law (no training)."""
 
@@ -8,9 +8,9 @@ import pytest
 
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.errors import UsageError
-from scalelab.fitting.allocate import chinchilla_optimum
+from scalelab.fitting.allocation.allocate import chinchilla_optimum
 from scalelab.store import ledger
-from scalelab.sweeps.propose import Holdout, propose_round
+from scalelab.sweeps.closed_loop.propose import Holdout, propose_round
 
 LAW = SyntheticLaw()
 SPEC = {

@@ -221,7 +221,7 @@ def test_escape_sequences_from_a_spec_or_a_store_never_reach_the_terminal_raw(tm
     records is printed escaped by `sweep status` (issue 51)."""
     from scalelab import store
     from scalelab.cli.main import main
-    from scalelab.sweeps.spec import expand_sweep
+    from scalelab.sweeps.specs.spec import expand_sweep
 
     evil = "x\x1b]0;pwned\x07\x1b[2J\r"
     spec = {"name": evil, "base": RUN, "grid": {"optim.lr": [1e-3]}}

@@ -8,8 +8,8 @@ import polars as pl
 
 from experiments import identify as identify_experiment
 from experiments.identify import identify
-from scalelab.fitting.allocate import optimum_for_law
-from scalelab.fitting.laws import get_law
+from scalelab.fitting.allocation.allocate import optimum_for_law
+from scalelab.fitting.forms.laws import get_law
 
 CHIN = {"E": 1.2, "A": 60.0, "B": 80.0, "alpha": 0.32, "beta": 0.30}
 

@@ -1,4 +1,4 @@
-"""Approach 2 with the IsoFLOP curve's own shape (fitting/isoflop_shape.py) against the parabola.
+"""Approach 2 with the IsoFLOP curve's own shape (fitting/estimate/isoflop_shape.py) against the parabola.
 
 Truth: Hoffmann et al.'s fitted law; the sizes of every budget are laid out around a guessed
 N*(C) ~ C^0.55 (the truth's is 0.452), as a sweep centred on a wrong allocation would be. The
@@ -10,9 +10,9 @@ import pytest
 
 from scalelab.cli.main import main as cli
 from scalelab.errors import UsageError
-from scalelab.fitting.approaches import approach2
-from scalelab.fitting.isoflop_shape import shape_minima
-from scalelab.fitting.laws import Chinchilla
+from scalelab.fitting.estimate.approaches import approach2
+from scalelab.fitting.estimate.isoflop_shape import shape_minima
+from scalelab.fitting.forms.laws import Chinchilla
 
 TRUTH = dict(E=1.69, A=406.4, B=410.7, alpha=0.34, beta=0.28)
 BUDGETS = np.geomspace(1e18, 1e21, 4)

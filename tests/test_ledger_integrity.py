@@ -16,7 +16,7 @@ import pytest
 from scalelab import store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.store import ledger
-from scalelab.sweeps.propose import propose_next
+from scalelab.sweeps.closed_loop.propose import propose_next
 
 SPEC = {
     "name": "fake",

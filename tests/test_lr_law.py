@@ -1,4 +1,4 @@
-"""The law of an optimizer setting's optimum over (N, D) (scalelab.fitting.lr_law), on synthetic
+"""The law of an optimizer setting's optimum over (N, D) (scalelab.fitting.hp_laws.lr_law), on synthetic
 LR sweeps from a known optimum: ln lr* = ln 4e-3 - 0.5 ln(N / 5e4) - 0.25 ln(D / 2e6), a loss
 parabolic in ln lr with relative curvature 0.1, each cell's grid centred on a per-size rule that
 knows nothing of D (as an audit of such a recipe would be), so the cells' optima sit off-centre."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from scalelab.errors import UsageError
-from scalelab.fitting.lr_law import OptimumLaw, cell_optima, fit_optimum_law
+from scalelab.fitting.hp_laws.lr_law import OptimumLaw, cell_optima, fit_optimum_law
 
 B, C, KAPPA = -0.5, -0.25, 0.1
 SIZES = (2e4, 5e4, 1.3e5, 3.5e5)

@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from scalelab.fitting.design_bootstrap import resample_design
-from scalelab.fitting.gap_backtest import backtest_gap, folds
-from scalelab.fitting.gap_model import GapPoints, choose_drift, fit_gap_line
-from scalelab.fitting.paired_gap import Measurement, paired_gap
-from scalelab.fitting.shared_exponents import fit_shared_exponents
+from scalelab.fitting.comparisons.design_bootstrap import resample_design
+from scalelab.fitting.comparisons.gap_backtest import backtest_gap, folds
+from scalelab.fitting.comparisons.gap_model import GapPoints, choose_drift, fit_gap_line
+from scalelab.fitting.comparisons.paired_gap import Measurement, paired_gap
+from scalelab.fitting.comparisons.shared_exponents import fit_shared_exponents
 
 BUDGETS = (2e11, 6.3e11, 2e12)  # the demo's design: 3 budgets, 4 sizes from N*/3 to 3 N*
 TARGET = 2e13  # 10x the largest budget
@@ -104,7 +104,7 @@ def test_the_drift_term_widens_when_the_true_gap_drifts():
         steady.append(estimate(points, seed=r).at_target.parts["drift"])
         points, _ = simulate(TRUTHS["exponents 0.45"], np.random.default_rng(r))
         drifting.append(estimate(points, seed=r).at_target.parts["drift"])
-    # a steady gap pays only the slope the design cannot rule out (scalelab.fitting.gap_drift): 2.2x measured
+    # a steady gap pays only the slope the design cannot rule out (scalelab.fitting.comparisons.gap_drift): 2.2x measured
     assert np.median(drifting) > 1.8 * np.median(steady), (np.median(drifting), np.median(steady))
 
 

@@ -18,9 +18,9 @@ from chromium_check import render_and_check
 from scalelab import store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.cli.main import main
-from scalelab.fitting.fit_options import FitOptions
-from scalelab.fitting.fit_runs import fit_runs
-from scalelab.fitting.io import read_runs
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.entry.fit_runs import fit_runs
+from scalelab.fitting.estimate.io import read_runs
 from scalelab.models.config import ModelConfig
 from scalelab.parallel.config import ParallelConfig
 from scalelab.parallel.planner import CostConstants, Hardware, estimate, plan_layouts
@@ -31,10 +31,10 @@ from scalelab.planning.hparams import HParam, read_hp_sweep, table_hparams, tran
 from scalelab.planning.loss_model import load_loss_model
 from scalelab.planning.plan_layout import gpu_overrides
 from scalelab.planning.whatif import scale_what_ifs
-from scalelab.sweeps.propose import propose_next
-from scalelab.sweeps.recipe import parse_recipe, peak_lr
-from scalelab.sweeps.spec import expand_sweep
-from scalelab.sweeps.transfer import evaluate_gate, plan_transfer
+from scalelab.sweeps.closed_loop.propose import propose_next
+from scalelab.sweeps.recipes.recipe import parse_recipe, peak_lr
+from scalelab.sweeps.recipes.transfer import evaluate_gate, plan_transfer
+from scalelab.sweeps.specs.spec import expand_sweep
 from scalelab.train.config import build_run_config
 from scalelab.train.identity import config_hash
 

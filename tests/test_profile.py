@@ -181,7 +181,7 @@ def test_report_of_a_directory_without_profile_exits_2(tmp_path):
 
 def test_a_sweep_profiles_its_runs_without_changing_their_ids():
     """`profile:` in a sweep's base config reaches every run (its records go to runs/<id>/profile/)."""
-    from scalelab.sweeps.spec import expand_sweep
+    from scalelab.sweeps.specs.spec import expand_sweep
 
     spec = {"name": "s", "base": {**BASE, "train": {**BASE["train"], "num_tokens": 8 * 256}}}
     spec["grid"] = {"optim.lr": [1e-3, 3e-3]}

@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     """
     import os, stat, subprocess, sys
     from pathlib import Path
-    from scalelab.sweeps.ray_cluster import local_ray_on_loopback, ray_session
+    from scalelab.sweeps.execution.ray_cluster import local_ray_on_loopback, ray_session
     local_ray_on_loopback()
     import ray
     with ray_session(None, 1):

@@ -15,12 +15,12 @@ from scalelab import store
 from scalelab.cli.main import main
 from scalelab.errors import ConfigError
 from scalelab.store.atomic import atomic_write_json
-from scalelab.sweeps.demo import demo_spec
-from scalelab.sweeps.recipe import timescale_of
-from scalelab.sweeps.recipe_audit import audit_store, audited_recipe, format_audit, load_audit, save_audit
-from scalelab.sweeps.recipe_gate import GateRow, RecipeGate, check_sweep, format_recipe_gate
-from scalelab.sweeps.rounds import run_rounds
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.closed_loop.demo import demo_spec
+from scalelab.sweeps.closed_loop.rounds import run_rounds
+from scalelab.sweeps.recipes.recipe import timescale_of
+from scalelab.sweeps.recipes.recipe_audit import audit_store, audited_recipe, format_audit, load_audit, save_audit
+from scalelab.sweeps.recipes.recipe_gate import GateRow, RecipeGate, check_sweep, format_recipe_gate
+from scalelab.sweeps.specs.spec import expand_sweep
 
 # the demo's per-size LR rule, shorter runs allowed, and the decay held at one run length (so an LR
 # grid does not move the decay's timescale: the LR's optimum is the truth's alone)

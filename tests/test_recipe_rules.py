@@ -1,4 +1,4 @@
-"""The small-scale recipe's rules for the optimizer (scalelab.sweeps.recipe): the LR of N and of the
+"""The small-scale recipe's rules for the optimizer (scalelab.sweeps.recipes.recipe): the LR of N and of the
 run's tokens, AdamW's weight-decay timescale held at a fraction of the run, beta2 held in tokens; the
 old per-size LR rule unchanged, and the demo's runs keeping their ids."""
 
@@ -7,9 +7,9 @@ import math
 import pytest
 
 from scalelab.errors import ConfigError
-from scalelab.sweeps.demo import demo_spec
-from scalelab.sweeps.recipe import parse_recipe, timescale_of
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.closed_loop.demo import demo_spec
+from scalelab.sweeps.recipes.recipe import parse_recipe, timescale_of
+from scalelab.sweeps.specs.spec import expand_sweep
 
 BASE = {"data": {"seq_len": 64}, "train": {"global_batch_tokens": 512}}
 ISO = {"budgets": [3e11, 1e12], "num_sizes": 3, "center": {"tokens_per_param": 5}, "span": 3}

@@ -23,7 +23,7 @@ from scalelab.analysis.report_loop import proposal_section
 from scalelab.analysis.synthetic import SyntheticLaw, isoflop_design, launch_synthetic, write_synthetic_sweep
 from scalelab.cli.main import main
 from scalelab.store.ledger import scored
-from scalelab.sweeps.propose import propose_next
+from scalelab.sweeps.closed_loop.propose import propose_next
 
 
 @pytest.fixture(scope="module")

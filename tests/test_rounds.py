@@ -1,4 +1,4 @@
-"""The closed loop as one call (scalelab.sweeps.rounds.run_rounds) on synthetic stores: rounds launched
+"""The closed loop as one call (scalelab.sweeps.closed_loop.rounds.run_rounds) on synthetic stores: rounds launched
 exactly as proposed (each run resolved once, by the proposer), stopping at the first passing fit,
 taken up again when run twice; typed proposals whose JSON is the round file's."""
 
@@ -10,10 +10,10 @@ import yaml
 from scalelab import store
 from scalelab.analysis.synthetic import SyntheticLaw, simulate_runs
 from scalelab.errors import UsageError
-from scalelab.sweeps import rounds
-from scalelab.sweeps.proposal import read_round
-from scalelab.sweeps.rounds import run_rounds
-from scalelab.sweeps.spec import expand_sweep, load_sweep
+from scalelab.sweeps.closed_loop import rounds
+from scalelab.sweeps.closed_loop.proposal import read_round
+from scalelab.sweeps.closed_loop.rounds import run_rounds
+from scalelab.sweeps.specs.spec import expand_sweep, load_sweep
 
 LAW = SyntheticLaw()
 SPEC = {

@@ -1,4 +1,4 @@
-"""A saved fit has one loader (scalelab.fitting.saved_fit): both on-disk forms (a `scalelab fit --out`
+"""A saved fit has one loader (scalelab.fitting.entry.saved_fit): both on-disk forms (a `scalelab fit --out`
 FIT.json and a sweep's fits/round_K.json) give the same typed fit and the same predictions; anything
 else is refused with one line naming the file and the key (exit code 2)."""
 
@@ -9,8 +9,8 @@ import pytest
 
 from scalelab.cli.main import main
 from scalelab.errors import UsageError
-from scalelab.fitting.from_report import allocate_from_fit, predict_from_fit
-from scalelab.fitting.saved_fit import load_saved_fit
+from scalelab.fitting.entry.from_report import allocate_from_fit, predict_from_fit
+from scalelab.fitting.entry.saved_fit import load_saved_fit
 
 REPORT = Path(__file__).parent / "assets" / "plan_fit.json"  # a FIT.json as `scalelab fit --out` saved it
 

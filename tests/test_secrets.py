@@ -3,7 +3,7 @@
 Ray writes every runtime env whole to each node's `runtime_env_agent.log` (mode 644, kept after
 the cluster ends) and shows a job's on its dashboard. So WANDB_API_KEY, HF_TOKEN and the AWS keys
 are in none: a private cluster's workers inherit the driver's environment; on a joined cluster a
-credential named with `--pass-env` is held by the driver's actor (scalelab.sweeps.ray_secrets) and
+credential named with `--pass-env` is held by the driver's actor (scalelab.sweeps.execution.ray_secrets) and
 refused for an http:// dashboard or a plain Ray address that is not loopback; a detached driver's
 Ray Job gets none. The Ray clients are replaced by recorders in the unit tests (nothing is sent);
 the canary test runs a sweep on its own Ray into a moto bucket and greps everything it wrote.
@@ -23,7 +23,7 @@ import yaml
 
 from scalelab.cli.main import main
 from scalelab.errors import UsageError
-from scalelab.sweeps import ray_cluster
+from scalelab.sweeps.execution import ray_cluster
 
 
 class _Trial:

@@ -1,10 +1,10 @@
-"""The `seeds:` section (scalelab.sweeps.seeds): replicates by init, by data order or both, and a seed
+"""The `seeds:` section (scalelab.sweeps.specs.seeds): replicates by init, by data order or both, and a seed
 of its own for every design point; the plain forms keep the runs (and ids) they always had."""
 
 import pytest
 
 from scalelab.errors import ConfigError
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.specs.spec import expand_sweep
 
 BASE = {"data": {"seq_len": 64}, "train": {"global_batch_tokens": 512, "seed": 5}}
 ISO = {"budgets": [3e11, 1e12], "num_sizes": 3, "center": {"tokens_per_param": 5}, "span": 3}

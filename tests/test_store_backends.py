@@ -27,12 +27,12 @@ from scalelab.errors import UsageError
 from scalelab.store import files, ledger, objects
 from scalelab.store.atomic import atomic_write_json, read_versioned, replace_if, update_json
 from scalelab.store.run_lock import run_lock
-from scalelab.sweeps import propose, rounds
-from scalelab.sweeps.execute import launch, resume
-from scalelab.sweeps.proposal import read_round
-from scalelab.sweeps.ray_cluster import local_ray_on_loopback
-from scalelab.sweeps.rounds import run_rounds
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.closed_loop import propose, rounds
+from scalelab.sweeps.closed_loop.proposal import read_round
+from scalelab.sweeps.closed_loop.rounds import run_rounds
+from scalelab.sweeps.execution.execute import launch, resume
+from scalelab.sweeps.execution.ray_cluster import local_ray_on_loopback
+from scalelab.sweeps.specs.spec import expand_sweep
 
 pytest.importorskip("moto.server")
 pytest.importorskip("boto3")

@@ -107,7 +107,7 @@ def test_zero_length_records_are_recovered_from(tmp_path, capsys):
     assert (run / "metrics.parquet.corrupt").exists()  # the unreadable file is kept aside
     # and the loss is recorded, not silent (issue 51): in status.json and by `sweep status`
     assert read_status(run)["records_lost"] == [{"file": "metrics.parquet", "before_step": 4, "attempt": 1}]
-    from scalelab.sweeps.status import format_status
+    from scalelab.sweeps.execution.status import format_status
 
     info = {"name": "s", "sweep": "s", "counts": {"done": 1}, "runs": [dict(
         run_id="r1", status="done", step=6, num_steps=6, params=1, tokens=1, final_train_loss=1.0, final_val_loss=1.0,

@@ -165,7 +165,7 @@ def test_a_killed_attempts_node_local_copy_goes_with_the_next_attempt(s3):
 
 
 def test_run_ids_read_from_records_are_refused_before_they_name_a_path(tmp_path, capsys, monkeypatch):
-    from scalelab.sweeps import execute
+    from scalelab.sweeps.execution import execute
 
     sweep = tmp_path / "root" / "s"
     (sweep / "runs").mkdir(parents=True)

@@ -215,7 +215,7 @@ def test_debug_sweep_into_s3_with_a_crash_then_status_fit_report(s3, ray_local, 
     out = f"s3://{BUCKET}/sweeps/objstore"
     canaries = {"AWS_ACCESS_KEY_ID": "AKIACANARY51JOINED", "AWS_SECRET_ACCESS_KEY": "canary51-joined-secret-key"}
     env = dict(os.environ, **s3) | canaries
-    from scalelab.sweeps.spec import expand_sweep
+    from scalelab.sweeps.specs.spec import expand_sweep
 
     runs = [r.to_dict() for r in expand_sweep(SWEEP).runs]
     # d_model=48, 20 steps: crashes once at step 12, its retry resumes from step_10 in the bucket

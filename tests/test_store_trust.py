@@ -21,8 +21,8 @@ import yaml
 from scalelab import store
 from scalelab.cli.main import main
 from scalelab.errors import UsageError
-from scalelab.sweeps.execute import launch
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.execution.execute import launch
+from scalelab.sweeps.specs.spec import expand_sweep
 from scalelab.train.config import RunConfig, build_run_config, to_dict
 from scalelab.train.identity import config_hash
 from scalelab.train.local_paths import LOCAL_PATH_FIELDS, NO_PATH_SECTIONS, NOT_PATHS, local_paths
@@ -136,7 +136,7 @@ def test_a_cooldown_branch_point_inside_the_store_is_allowed(planted, capsys):
     resolved["runs"][0]["config"]["train"]["init_from"] = "../0123456789ab/checkpoints/step_4"
     resolved["runs"][0]["config"]["data"]["sources"] = [{"name": "stdlib", "path": "default"}]
     (sd / "sweep.resolved.json").write_text(json.dumps(resolved))
-    from scalelab.sweeps.execute import check_given_paths
+    from scalelab.sweeps.execution.execute import check_given_paths
 
     check_given_paths(resolved["runs"], frozenset(), sd)  # no error
 

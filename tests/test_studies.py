@@ -15,15 +15,15 @@ from scalelab.analysis.report import build_report
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.cli.main import main
 from scalelab.errors import ConfigError
-from scalelab.fitting.gap import gap_interval, paired_extrapolation
-from scalelab.fitting.predictive import ExtrapolationError
+from scalelab.fitting.comparisons.gap import gap_interval, paired_extrapolation
+from scalelab.fitting.uncertainty.predictive import ExtrapolationError
 from scalelab.store import ledger, load_runs
-from scalelab.sweeps.dry_run import format_plan, plan_sweep
-from scalelab.sweeps.spec import expand_sweep, load_sweep
-from scalelab.sweeps.study_fit import fit_study, read_study
-from scalelab.sweeps.study_propose import open_study_round, propose_study_round
-from scalelab.sweeps.study_text import format_study
-from scalelab.sweeps.wandb_runs import run_tags
+from scalelab.sweeps.preview.dry_run import dry_run_table, format_dry_run
+from scalelab.sweeps.specs.spec import expand_sweep, load_sweep
+from scalelab.sweeps.studies.study_fit import fit_study, read_study
+from scalelab.sweeps.studies.study_propose import open_study_round, propose_study_round
+from scalelab.sweeps.studies.study_text import format_study
+from scalelab.sweeps.tracking.wandb_runs import run_tags
 
 BASE = {"data": {"seq_len": 64}, "train": {"global_batch_tokens": 512}}
 BUDGETS = [3e11, 1e12, 3e12]
@@ -58,9 +58,9 @@ def test_study_crosses_arms_with_the_design_and_links_the_plain_runs():
     assert {r.config["optim"]["beta2"] for r in by_arm["b"]} == {0.99}
     assert {r.config["optim"]["lr"] for r in by_arm["c"]} == {7e-3}  # an arm's LR replaces a per-size rule
     assert "arm:b" in run_tags(by_arm["b"][0].to_dict(), [r.to_dict() for r in sweep.runs])  # W&B shows the arm
-    rows, totals = plan_sweep(sweep, measure=False)
+    rows, totals = dry_run_table(sweep, measure=False)
     assert {a: t["num_runs"] for a, t in totals["arms"].items()} == {"a": 15, "b": 15, "c": 15}
-    assert "  arm b: 15 runs" in format_plan(rows, totals)
+    assert "  arm b: 15 runs" in format_dry_run(rows, totals)
 
 
 def test_an_arm_that_shapes_its_runs_gets_its_own_shapes():
@@ -103,7 +103,7 @@ def test_bad_study_spec_exits_2_with_one_line_before_anything_runs(tmp_path, mon
 
 
 def test_a_study_is_read_back_with_the_specs_own_generator_registry(tmp_path):
-    """read_study finds the generator through sweeps.spec's registry: every generator, `audit` too."""
+    """read_study finds the generator through sweeps.specs.spec's registry: every generator, `audit` too."""
     audit = {"sizes": [2e4, 5e4], "tokens_per_param": [10], "lr_multipliers": [0.5, 1.0, 2.0]}
     raw = {k: v for k, v in _spec().items() if k != "isoflop"} | {"audit": audit}
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(raw))

@@ -12,9 +12,9 @@ import polars as pl
 import yaml
 
 from scalelab.cli.main import main
-from scalelab.sweeps.evaluate import INDEX
-from scalelab.sweeps.execute import launch
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.execution.evaluate import INDEX
+from scalelab.sweeps.execution.execute import launch
+from scalelab.sweeps.specs.spec import expand_sweep
 from scalelab.train.eval_checkpoint import evaluate_checkpoint
 from scalelab.train.eval_tasks import load_tasks
 

@@ -9,10 +9,10 @@ import pytest
 from scalelab import store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.cli.main import main
-from scalelab.fitting.fit_options import fit_options
-from scalelab.sweeps import propose
-from scalelab.sweeps.propose import propose_next
-from scalelab.sweeps.spec import load_sweep
+from scalelab.fitting.entry.fit_options import fit_options
+from scalelab.sweeps.closed_loop import propose
+from scalelab.sweeps.closed_loop.propose import propose_next
+from scalelab.sweeps.specs.spec import load_sweep
 
 LAW = SyntheticLaw()
 SPEC = {

@@ -26,8 +26,8 @@ from scalelab import store
 from scalelab.cli.main import main
 from scalelab.store.checkpoint_files import latest_checkpoint, list_checkpoints
 from scalelab.store.records import read_status
-from scalelab.sweeps.execute import launch, resume
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.execution.execute import launch, resume
+from scalelab.sweeps.specs.spec import expand_sweep
 from scalelab.train.config import build_run_config
 from scalelab.train.loop import train_run
 

@@ -5,7 +5,7 @@ import yaml
 
 from scalelab.cli.main import main
 from scalelab.errors import ConfigError
-from scalelab.sweeps.spec import expand_sweep
+from scalelab.sweeps.specs.spec import expand_sweep
 
 BASE = {
     "model": {"preset": "debug"},
@@ -197,7 +197,7 @@ def test_plan_table(capsys, tmp_path):
 def test_bad_specs_exit_2_before_ray(spec, match, tmp_path, capsys, monkeypatch):
     import re
 
-    from scalelab.sweeps import execute
+    from scalelab.sweeps.execution import execute
 
     def no_ray(*a, **k):
         raise AssertionError("Ray started for a bad spec")

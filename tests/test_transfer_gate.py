@@ -1,4 +1,4 @@
-"""The LR-transfer gate (scalelab.sweeps.transfer, `sweep plan/launch` with `transfer:`): the check's
+"""The LR-transfer gate (scalelab.sweeps.recipes.transfer, `sweep plan/launch` with `transfer:`): the check's
 runs, the decision on measured losses, the ladder at the transferred LR, bad sections (exit 2 before
 anything is written), and one launch on the session's Ray that writes the check into the store.
 
@@ -13,8 +13,8 @@ import yaml
 
 from scalelab import store
 from scalelab.cli.main import main
-from scalelab.sweeps.spec import expand_sweep
-from scalelab.sweeps.transfer import evaluate_gate, format_gate, ladder_with_lr, plan_transfer
+from scalelab.sweeps.recipes.transfer import evaluate_gate, format_gate, ladder_with_lr, plan_transfer
+from scalelab.sweeps.specs.spec import expand_sweep
 
 LRS = [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
 
@@ -71,7 +71,7 @@ def test_gate_decision_drift_edge_and_the_transferred_lr():
     assert ok.ok and ok.max_drift == pytest.approx(1) and ok.base_lr == LRS[2]
     drift = evaluate_gate(plan, _table({32: 3, 256: 1}))  # sp-like: the best LR falls with width
     assert not drift.ok and drift.max_drift == pytest.approx(2)
-    # the best LR is the vertex of a parabola in log LR (fitting.hyperparams.best_lr), between grid
+    # the best LR is the vertex of a parabola in log LR (fitting.hp_laws.hyperparams.best_lr), between grid
     # values: a drift of 1.5 steps fails a tolerance of 1 that the grid's argmin (1 step) would pass
     off_grid = evaluate_gate(plan, _table({32: 2.4, 256: 0.9}))
     assert off_grid.rows[0]["best_index"] == 2 and off_grid.rows[1]["best_index"] == 1

@@ -26,13 +26,13 @@ from scalelab.cli.main import main
 from scalelab.errors import ConfigError
 from scalelab.store import ledger
 from scalelab.store.records import read_status
-from scalelab.sweeps import wandb_runs
-from scalelab.sweeps.propose import propose_next
-from scalelab.sweeps.spec import expand_sweep, load_sweep
-from scalelab.sweeps.wandb_export import log_evals
-from scalelab.sweeps.wandb_fit import fit_run_id, update_ledger
-from scalelab.sweeps.wandb_live import LivePrediction
-from scalelab.sweeps.wandb_runs import parse_wandb_section, run_tags, trial_context
+from scalelab.sweeps.closed_loop.propose import propose_next
+from scalelab.sweeps.specs.spec import expand_sweep, load_sweep
+from scalelab.sweeps.tracking import wandb_runs
+from scalelab.sweeps.tracking.wandb_export import log_evals
+from scalelab.sweeps.tracking.wandb_fit import fit_run_id, update_ledger
+from scalelab.sweeps.tracking.wandb_live import LivePrediction
+from scalelab.sweeps.tracking.wandb_runs import parse_wandb_section, run_tags, trial_context
 from scalelab.train import loggers
 from scalelab.train.config import build_run_config
 from scalelab.train.loggers import WandbRun, start_wandb, wandb_mode

@@ -3,7 +3,7 @@
     with rank_copy(store_cfg) as (run_dir, publish):    # every rank of the group, collectively
         train_run(cfg, run_dir, resume=True, publish=publish)
 
-store_cfg (from the trial that holds the run's lease, scalelab.sweeps.execute):
+store_cfg (from the trial that holds the run's lease, scalelab.sweeps.execution.execute):
 {"run_url", "lease_url", "holder", "generation", "ttl_s"}. Rank 0 lists the run once and every rank
 downloads the complete checkpoints of that listing into a directory of its own node (rank 0 the
 records too), so every rank resumes from the same, newest complete checkpoint whatever the group's
