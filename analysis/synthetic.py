@@ -315,9 +315,10 @@ def launch_synthetic(
 
 
 def synthetic_trainer(law: SyntheticLaw | dict[str, SyntheticLaw], **noise):
-    """A stand-in for scalelab.sweeps.execution.execute.launch (scalelab.sweeps.closed_loop.rounds.LaunchOptions.trainer):
-    records the sweep as a launch does and finishes its unfinished runs with `simulate_runs`, so the
-    closed loop, studies included, runs through its own code with the truth known."""
+    """A stand-in for scalelab.sweeps.execution.execute.launch
+    (scalelab.sweeps.closed_loop.rounds.LaunchOptions.trainer): records the sweep as a launch does and
+    finishes its unfinished runs with `simulate_runs`, so the closed loop, studies included, runs
+    through its own code with the truth known."""
 
     def train(sweep, sweep_dir, *, spec_text: str, spec_name: str = "sweep", log=print, **_launch_options) -> dict:
         entries = [r.to_dict() for r in sweep.runs]

@@ -20,8 +20,8 @@ loss columns are transformed, negative values), single-model logs (K2, RedPajama
 
     python experiments/fit_public.py [--law chinchilla] [--json OUT.json]
 
-Curve laws and law selection (`--curves`, on by default; fitting/loss_curves/curves.py, fitting/selection/select.py). The
-same split, with every family's checkpoints as loss curves:
+Curve laws and law selection (`--curves`, on by default; fitting/loss_curves/curves.py,
+fitting/selection/select.py). The same split, with every family's checkpoints as loss curves:
   chinchilla+, kaplan+  the (N, D) laws fitted by the curve fitter: checkpoints grouped per run,
                         random-intercept weights (no run counts for more than its seed noise allows)
   lr_area, lr_annealing the LR-area laws (Tissue et al. 2024 with a size term); they need each

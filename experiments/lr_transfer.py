@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nLR transfer ({df.height} runs, {time.time() - t0:.0f} s; final val loss; * = best LR per size;")
     print(f"sizes: base {BASE_LAYERS}x{BASE_WIDTH}, 4x wider, 2x deeper; {TOKENS_PER_PARAM:g} tokens/param;")
     print(
-        "mean over seeds; best LR = parabola vertex in log2 LR (fitting.hp_laws.hyperparams.best_lr); moved in grid steps)"
+        "mean over seeds; best LR = parabola vertex in log2 LR (fitting.hp_laws.hyperparams.best_lr); "
+        "moved in grid steps)"
     )
     print(text)
     for p, w in worst.items():

@@ -104,7 +104,9 @@ FILES = {
             return "B" if cmp.multiplier_at_target > 1 else "A"
         """,
     "sweeps/study_pick.py": "def width(a, b):\n    return interval([multiplier(a, b)], 0.95)\n",
-    "fitting/comparisons/multiplier.py": "def paired_multipliers(a, b):\n    return interval([multiplier(a, b)], 0.95)\n",
+    "fitting/comparisons/multiplier.py": (
+        "def paired_multipliers(a, b):\n    return interval([multiplier(a, b)], 0.95)\n"
+    ),
     # two saved-fit readers, one a wrapper of the other
     "fitting/entry/from_report.py": """
         def allocate_from_fit(fit):

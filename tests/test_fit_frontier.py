@@ -1,7 +1,7 @@
-"""The compute frontier on synthetic truths (fitting/allocation/frontier*.py, compute_groups.py, compute_optimal.py):
-it recovers a known law's L*(C) and N*(C), its calibrated interval covers the truth one decade out
-and is narrow while doing so, the calibration widens where the forward folds missed, and a table's
-groups are its budgets, bins or models."""
+"""The compute frontier on synthetic truths (fitting/allocation/frontier*.py, compute_optimal.py,
+fitting/uncertainty/compute_groups.py): it recovers a known law's L*(C) and N*(C), its calibrated
+interval covers the truth one decade out and is narrow while doing so, the calibration widens where
+the forward folds missed, and a table's groups are its budgets, bins or models."""
 
 import math
 

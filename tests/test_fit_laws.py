@@ -1,5 +1,6 @@
 """Law forms: the log-space fit forms equal the published formulas, and every law's parameters are
-recovered from data simulated with known values (fitting/forms/laws.py, fitting/estimate/fit.py, simulate.py)."""
+recovered from data simulated with known values (fitting/forms/laws.py, fitting/estimate/fit.py,
+fitting/selection/simulate.py)."""
 
 import json
 

@@ -1,4 +1,5 @@
-"""Forward backtests, stacking weights and the stacked law (fitting/uncertainty/forward.py, stacking.py, ensemble.py)."""
+"""Forward backtests, stacking weights and the stacked law (fitting/uncertainty/forward.py, stacking.py,
+fitting/selection/ensemble.py)."""
 
 import math
 from dataclasses import replace

@@ -104,7 +104,7 @@ def test_the_drift_term_widens_when_the_true_gap_drifts():
         steady.append(estimate(points, seed=r).at_target.parts["drift"])
         points, _ = simulate(TRUTHS["exponents 0.45"], np.random.default_rng(r))
         drifting.append(estimate(points, seed=r).at_target.parts["drift"])
-    # a steady gap pays only the slope the design cannot rule out (scalelab.fitting.comparisons.gap_drift): 2.2x measured
+    # a steady gap pays only the slope the design cannot rule out (fitting.comparisons.gap_drift): 2.2x measured
     assert np.median(drifting) > 1.8 * np.median(steady), (np.median(drifting), np.median(steady))
 
 

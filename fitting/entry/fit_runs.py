@@ -18,12 +18,13 @@ A parametric law (approach 3), in this order from one generator seeded with `opt
    intervals (scalelab.fitting.estimate.intervals.percentile_interval) for every parameter and derived
    quantity. With no replicates: delta-method intervals, and normal draws from their covariance
    (a generator of their own) so that a saved fit can still give intervals.
-3. Backtests (scalelab.fitting.uncertainty.backtest) over the table's compute groups (scalelab.fitting.uncertainty.compute_groups:
-   a group column, the models of loss curves, FLOP budgets, or FLOP bins when the budgets are more
-   than MAX_GROUPS): hold out the largest group; leave each group out in turn when there are 3 or
-   more; every fold refitted from the full fit and BACKTEST_STARTS grid rows, a protocol's folds in
-   one batch (scalelab.fitting.uncertainty.backtest.BatchedLawFitter). Their extrapolating
-   folds give the law's out-of-sample error per decade (scalelab.fitting.uncertainty.predictive).
+3. Backtests (scalelab.fitting.uncertainty.backtest) over the table's compute groups
+   (scalelab.fitting.uncertainty.compute_groups: a group column, the models of loss curves, FLOP
+   budgets, or FLOP bins when the budgets are more than MAX_GROUPS): hold out the largest group;
+   leave each group out in turn when there are 3 or more; every fold refitted from the full fit
+   and BACKTEST_STARTS grid rows, a protocol's folds in one batch
+   (scalelab.fitting.uncertainty.backtest.BatchedLawFitter). Their extrapolating folds give the
+   law's out-of-sample error per decade (scalelab.fitting.uncertainty.predictive).
 4. A law of N and D: the compute frontier L*(C), N*(C) over the same groups (scalelab.fitting.allocation.frontier),
    which compute-optimal predictions come from, and the law's degeneracy findings against it
    (scalelab.fitting.entry.degeneracy).

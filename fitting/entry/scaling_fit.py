@@ -194,7 +194,8 @@ class ScalingFit:
                        interval=self.optimum_interval, holds=self.surface_holds)  # fmt: skip
 
     def compute_optimal(self, flops: float) -> ComputeOptimal:
-        """L*(C), N*(C), D*(C) from the frontier, the surface's beside it (scalelab.fitting.allocation.compute_optimal)."""
+        """L*(C), N*(C), D*(C) from the frontier, the surface's beside it
+        (scalelab.fitting.allocation.compute_optimal)."""
         return compute_optimal(self.frontier, self.surface(), flops)
 
     def optimal_run_interval(self, n: float, d: float, flops: float) -> PredictionInterval:

@@ -1,7 +1,7 @@
 """A stacked law: several law forms fitted to the same runs, combined in log space by forward evidence.
 
     sf = fit_stacked(params=N, tokens=D, loss=L, flops=C, groups=budgets, noise=0.0056, bootstrap=32)
-    sf.weights                                  # {"chinchilla": 0.62, "kaplan": 0.38} (scalelab.fitting.uncertainty.stacking)
+    sf.weights                                  # {"chinchilla": 0.62, "kaplan": 0.38} (fitting.uncertainty.stacking)
     sf.predict(1.5e5, 6.8e6)                    # exp(sum_j w_j log L_j(N, D))
     sf.predict_interval(1.5e5, 6.8e6)           # PredictionInterval with parts (below)
     sf.optimum(6e12)                            # (N*, D*, L*) of the combined law along C = 6 N D

@@ -2,7 +2,7 @@
 
     p = propose_round("results/iso", target_flops=1e13)     # scalelab.sweeps.closed_loop.propose
     p.gates.passed, [r.kind for r in p.runs], p.runs[0].prediction.lo
-    p.sweep                     # the round's runs, resolved once, as launched (scalelab.sweeps.execution.execute.launch)
+    p.sweep                     # the round's runs, resolved once, as launched (sweeps.execution.execute.launch)
     p.to_dict()                 # what fits/round_K.json holds and `sweep next --json` prints
     read_round(sweep_dir, k)    # a saved round back (its runs from rounds/round_K.yaml)
 

@@ -113,8 +113,8 @@ def _cell(ctx: DesignContext, shape: dict, size: float, tpp: float, key: str, *,
 
 
 def _plan(ctx: DesignContext, n: int, tokens: float, key: str) -> RunRecipe:
-    return recipe_for_run(ctx.recipe, params=n, target_tokens=tokens, flops_budget=6.0 * n * tokens, seq_len=ctx.seq_len,
-                    where=key)  # fmt: skip
+    return recipe_for_run(ctx.recipe, params=n, target_tokens=tokens, flops_budget=6.0 * n * tokens,
+                          seq_len=ctx.seq_len, where=key)  # fmt: skip
 
 
 def _section_cells(section: Any, key: str, values_key: str) -> tuple[list[tuple[float, float]], list[float]]:

@@ -306,7 +306,8 @@ def lr_law_from_runs(params, lr, loss, *, ref_params: float | None = None) -> LR
     is the OLS line of log10 best LR on log10 N (fit_hyperparam_law).
     """
     n, h, y = (np.asarray(a, dtype=float) for a in (params, lr, loss))
-    # start-up time: fitting.hp_laws.hyperparams loads statsmodels (~1 s); every command reading a spec imports this module
+    # start-up time: fitting.hp_laws.hyperparams loads statsmodels (~1 s); every command reading a spec imports
+    # this module
     from scalelab.fitting.hp_laws.hyperparams import fit_hyperparam_law, optimal_per_budget
 
     optima = optimal_per_budget(n, h, y, rel_tol=0.01)  # one "budget" per size

@@ -15,9 +15,9 @@ A spec is a base run config (the same tree `scalelab run` reads) plus exactly on
     axes: {optim.lr: [1e-3, 3e-3]}    # optional: crossed with every generated run (any config key)
     data: {mixtures: [{web: 0.7, code: 0.3}], num_tokens: [...], epochs: [1, 2, 4], unique_tokens: 1e6}
     cooldowns: {fractions: [0.25, 0.5]}   # optional, WSD only: decay branches off each run
-    early_stop: {tolerance: 0.01}         # optional: stop runs whose final loss is predicted (sweeps/tracking/early_stop.py)
+    early_stop: {tolerance: 0.01}         # optional: stop runs whose loss is known (sweeps/tracking/early_stop.py)
     wandb: {group: iso-v2, tags: [v2]}    # optional: W&B group, tags, live prediction (sweeps/tracking/wandb_runs.py)
-    transfer: {check: true, widths: [32, 256], lrs: [...]}   # optional: the LR-transfer gate (sweeps/recipes/transfer.py)
+    transfer: {check: true, widths: [32, 256], lrs: [...]}   # optional: LR-transfer gate (sweeps/recipes/transfer.py)
     recipe_gate: {audit: results/audit, max_cost: 0.005}   # optional: the recipe gate (sweeps/recipes/recipe_gate.py)
     execution: {max_concurrent: 2, max_failures: 2, cpus_per_run: 1, gpus_per_run: 0}
     fit: {law: chinchilla, loss: final_val_loss, target_flops: 1e12}

@@ -1,7 +1,7 @@
 """Matched design points of two arms of a study: the pairs of runs a paired comparison rests on.
 
     pairs = match_arms(runs, "swiglu", "gelu", loss="final_val_loss")
-    pairs.points()                  # GapPoints (scalelab.fitting.comparisons.gap_model): budget, size, design point, ln ratio
+    pairs.points()                  # GapPoints (fitting.comparisons.gap_model): budget, size, design point, ln ratio
     pairs.run_ids, pairs.n, pairs.d, pairs.loss      # (baseline's, arm's), one entry per pair
     rows = joint_rows(runs, "swiglu", "gelu", pairs, loss="final_val_loss")   # both arms' runs, for one law
 
