@@ -127,3 +127,47 @@ def test_the_import_table_is_what_the_code_does():
                 if imported != folder and imported not in allowed:
                     broken.append(f"{path.relative_to(ROOT)}:{line} imports scalelab.{imported}")
     assert not broken, "imports docs/architecture.md does not allow: " + "; ".join(broken)
+
+
+_SUB_ROW = re.compile(r"^\| `(\w+)/(\w+)` \| .+ \| (.+) \|$")
+
+
+def subpackage_rules() -> dict[tuple[str, str], set[str]]:
+    """docs/architecture.md's "Inside fitting/ and sweeps/" table: (floor, sub-package) -> the sub-packages
+    of its floor it may import."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("### Inside fitting/ and sweeps/", 1)[1].split("\n## ", 1)[0]
+    rules = {}
+    for line in section.splitlines():
+        m = _SUB_ROW.match(line.strip())
+        if m:
+            allowed = m.group(3).strip()
+            rules[m.group(1), m.group(2)] = (
+                set() if allowed.startswith("(") else {a.strip() for a in allowed.split(",")}
+            )
+    return rules
+
+
+def test_the_subpackage_table_is_what_the_code_does():
+    rules = subpackage_rules()
+    found = {
+        (p.parent.parent.name, p.parent.name) for f in ("fitting", "sweeps") for p in (ROOT / f).glob("*/__init__.py")
+    }
+    assert set(rules) == found, (
+        f"sub-packages the table lacks: {found - set(rules)}; rows without one: {set(rules) - found}"
+    )
+    broken = []
+    for (floor, sub), allowed in rules.items():
+        for path in sorted((ROOT / floor / sub).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    parts = name.split(".")
+                    if parts[:2] == ["scalelab", floor] and len(parts) > 2 and parts[2] not in (sub, *allowed):
+                        broken.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not broken, "imports docs/architecture.md's sub-package table does not allow: " + "; ".join(broken)
