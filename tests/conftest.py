@@ -13,9 +13,9 @@
   finishes in under 30 s): its ranks' stacks are dumped, it is killed and `SpawnHung` names it; the
   test then reruns once (pyproject.toml), as for a rank killed by a signal.
 - The tests on the session's Ray cluster (`ray_local`) run last, together (pytest_collection_modifyitems).
-- Tests that start Ray are marked `serial` and grouped: the README's command (`pytest -n 2 --dist
-  loadgroup`) runs them one after another on one xdist worker while the other worker runs the rest
-  (SERIAL_MODULES says why).
+- Tests that start Ray are marked `serial` (by hand; a test on `ray_local` here) and grouped: the
+  README's command (`pytest -n 2 --dist loadgroup`) runs them one after another on one xdist worker
+  while the other worker runs the rest (the comment above pytest_collection_modifyitems says why).
 """
 
 import os
@@ -60,23 +60,18 @@ def pytest_configure(config):
         config.pluginmanager.register(CpuTime(config.getoption("--cputime-out")), "cputime")
 
 
-# Modules with tests that start Ray (a private cluster, a simulated multi-node one, a `scalelab sweep
-# launch` subprocess), and every test on the session's cluster (`ray_local`): marked `serial` and put
-# in one xdist group, so `--dist loadgroup` runs them on one worker, one after another: a Ray test
-# uses both cores in bursts, and two clusters started side by side would each run at half speed
-# under timing checks (hang watchdogs, lease renewals) sized for one. Between the bursts they mostly
-# wait, so the other worker runs every other test beside them; the serial group is the largest unit
-# of work, so xdist hands it out first, and it is the suite's longest path: nothing joins it that
-# does not start Ray. A module is listed when its tests start a Ray of their own; a test on the
-# session's cluster is serial wherever it is, so the other tests of its module (test_store_object's
-# lease and object checks, test_wandb's offline records, test_transfer_gate's spec checks: ~30 s)
-# run on either worker, as do the lease tests of test_store_integrity_s3 (~30 s, most of it asleep,
-# leases sized for a loaded machine). `pytest -m serial` still runs the serial tests alone.
-SERIAL_MODULES = {
-    "test_cluster_multinode", "test_cluster_multinode_s3", "test_detach_s3", "test_detach_submit",
-    "test_loopback", "test_ray_token_auth", "test_secrets", "test_store_backends", "test_sweep_eval",
-    "test_sweep_ray",
-}  # fmt: skip
+# A test that starts Ray (a private cluster, a simulated multi-node one, a `scalelab sweep launch`
+# subprocess with its own local Ray) carries `@pytest.mark.serial` (or its module's `pytestmark`),
+# and every test on the session's cluster (`ray_local`) is marked here: they share one xdist group,
+# so `--dist loadgroup` runs them on one worker, one after another: a Ray test uses both cores in
+# bursts, and two clusters started side by side would each run at half speed under timing checks
+# (hang watchdogs, lease renewals) sized for one. Between the bursts they mostly wait, so the other
+# worker runs every other test beside them; the serial group is the largest unit of work, so xdist
+# hands it out first, and it is the suite's longest path: nothing joins it that does not start Ray.
+# The mark is a test's, not its module's: the other tests of a module with one Ray test
+# (test_store_backends' store checks on moto, test_secrets' recorders, test_store_object's leases,
+# test_wandb's offline records, test_transfer_gate's spec checks) run on either worker.
+# `pytest -m serial` runs the serial tests alone.
 
 
 def _on_session_ray(item) -> bool:
@@ -85,13 +80,14 @@ def _on_session_ray(item) -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """Mark the serial tests (SERIAL_MODULES, and any test on the session's Ray cluster); then the
-    tests on the session's Ray cluster last, in their collected order: the first of them starts the
-    cluster, which lives until the session ends, so no test that starts a cluster of its own comes
-    after it on the serial tests' worker."""
+    """Group the serial tests (marked by hand, and any test on the session's Ray cluster, marked
+    here); then the tests on the session's Ray cluster last, in their collected order: the first of
+    them starts the cluster, which lives until the session ends, so no test that starts a cluster of
+    its own comes after it on the serial tests' worker."""
     for item in items:
-        if item.path.stem in SERIAL_MODULES or _on_session_ray(item):
+        if _on_session_ray(item):
             item.add_marker(pytest.mark.serial)
+        if item.get_closest_marker("serial"):
             item.add_marker(pytest.mark.xdist_group("serial"))
     items.sort(key=_on_session_ray)
 
@@ -112,7 +108,7 @@ def _serial_tests_not_beside_others(request):
         and not _grouped(request.config)
         and request.node.get_closest_marker("serial")
     ):
-        pytest.fail("a serial test (tests/conftest.py SERIAL_MODULES) needs --dist loadgroup or no -n")
+        pytest.fail("a serial test (it starts Ray: tests/conftest.py) needs --dist loadgroup or no -n")
 
 
 @pytest.fixture(scope="module")

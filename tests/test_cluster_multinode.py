@@ -174,18 +174,19 @@ def _print_losses(title: str, ref: pl.DataFrame, got: pl.DataFrame, resumed_at: 
         print(f"{step:>5} {lay['attempt']:>8} {label:>12} {a:>14.8f} {b:>14.8f} {abs(a - b):>9.2e}")
 
 
+@pytest.mark.serial  # starts a Ray cluster (tests/conftest.py)
 def test_node_loss_retries_the_trial_on_another_node_from_its_checkpoint(sim, tmp_path):
     """Three one-process runs on two nodes; the node training the long run is killed once a short
-    run is done and the long run (held at step 30 while a file exists; the short runs have 20 steps)
+    run is done and the long run (held at step 15 while a file exists; the short runs have 10 steps)
     holds a checkpoint."""
     sim.ensure_workers(2)
     spec = {
         "name": "loss",
         "base": BASE,
         "points": [
-            {"optim.lr": 1e-3, "train.num_tokens": 256 * 20},  # short runs end before the hold step
-            {"optim.lr": 2e-3, "train.num_tokens": 256 * 20},
-            {"optim.lr": 3e-3, "train.num_tokens": 256 * 60},
+            {"optim.lr": 1e-3, "train.num_tokens": 256 * 10},  # short runs end before the hold step
+            {"optim.lr": 2e-3, "train.num_tokens": 256 * 10},
+            {"optim.lr": 3e-3, "train.num_tokens": 256 * 30},
         ],
         "execution": {"max_failures": 2},
     }
@@ -196,7 +197,7 @@ def test_node_loss_retries_the_trial_on_another_node_from_its_checkpoint(sim, tm
     hold = tmp_path / "hold"
     hold.touch()
     log = tmp_path / "loss.log"
-    proc = _driver(spec, out, sim.address, tmp_path, SCALELAB_TEST_HOLD=f"30:{hold}")
+    proc = _driver(spec, out, sim.address, tmp_path, SCALELAB_TEST_HOLD=f"15:{hold}")
 
     def ready():
         done = {r.run_id for r in runs[:2] if store.run_state(store.run_path(out, r.run_id)) == "done"}
@@ -217,7 +218,7 @@ def test_node_loss_retries_the_trial_on_another_node_from_its_checkpoint(sim, tm
     assert status["status"] == "done" and status["attempts"] == 2
     loaded = status["loaded_steps"]
     assert loaded[0] is None and loaded[1] is not None, loaded  # the retry loaded a checkpoint
-    assert 5 <= loaded[1] <= 30 and events[3]["loaded_step"] == loaded[1]
+    assert 5 <= loaded[1] <= 15 and events[3]["loaded_step"] == loaded[1]
     for run_id in done_before:  # finished before the loss: never started again
         assert [e["event"] for e in _events(out, run_id)] == ["start", "end"]
 
@@ -234,6 +235,7 @@ def test_node_loss_retries_the_trial_on_another_node_from_its_checkpoint(sim, tm
     assert 0 < detect_s <= restart_s
 
 
+@pytest.mark.serial  # starts a Ray cluster (tests/conftest.py)
 def test_dp2_over_two_nodes_equals_one_node_through_a_hang_ended_by_the_watchdog(sim, dp2_reference, tmp_path):
     """A dp=2 run whose two Ray Train workers sit on two nodes. Rank 1 sleeps forever inside step 12
     (once); rank 0 blocks in that step's collective. Both watchdogs end their processes, the trainer

@@ -56,6 +56,7 @@ def dp2_reference(tmp_path_factory):
     return dp2_reference_run(tmp_path_factory)
 
 
+@pytest.mark.serial  # starts a Ray cluster (tests/conftest.py)
 def test_dp2_on_s3_loses_a_node_and_resumes_from_the_bucket(sim, dp2_reference, tmp_path):
     sim.ensure_workers(2)
     spec = {

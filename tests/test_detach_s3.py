@@ -25,6 +25,7 @@ pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
 from s3_local import AWS_ENV, free_port, serve  # noqa: E402
 
+pytestmark = pytest.mark.serial  # starts a Ray cluster (tests/conftest.py)
 BUCKET = "scalelab-detach"
 SPEC = {
     "name": "det",

@@ -119,6 +119,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.serial  # starts a Ray cluster (tests/conftest.py)
 @pytest.mark.timeout(2 * STATE_WAIT_S + 300)
 def test_local_sweep_listens_only_on_loopback_and_its_ray_ends_with_a_driver_sigkill(tmp_path):
     """One held local sweep serves both checks (starting its cluster is most of the time): while its

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import os, stat, subprocess, sys
@@ -36,6 +38,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.serial  # starts a Ray cluster (tests/conftest.py)
 def test_the_local_cluster_under_token_auth_runs_tasks_and_refuses_strangers(tmp_path):
     home, other = tmp_path / "home", tmp_path / "other"
     home.mkdir()

@@ -185,6 +185,7 @@ def _files_under(root: Path) -> dict[str, bytes]:
     return out
 
 
+@pytest.mark.serial  # starts a Ray cluster (tests/conftest.py)
 @pytest.mark.timeout(1200)
 def test_no_credential_reaches_a_log_a_record_or_the_bucket(tmp_path):
     """The canaries (AWS keys and session token, WANDB_API_KEY, HF_TOKEN) are in the environment of

@@ -311,6 +311,7 @@ def _train_cooldown_sweep_and_a_sibling(root) -> dict[str, tuple]:
     return {r["run_id"]: (r["status"], r["final_val_loss"], r["cooldown"]) for r in runs.iter_rows(named=True)}
 
 
+@pytest.mark.serial  # starts a Ray cluster (tests/conftest.py)
 def test_cooldown_branch_and_a_sibling_sweep_train_each_run_once_with_the_same_records_on_both_stores(
     s3, tmp_path, module_ray
 ):
