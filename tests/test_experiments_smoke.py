@@ -15,6 +15,9 @@ from experiments import (
     extrapolation_variants,
     fit_calibration,
     fit_public,
+    fit_public_auto,
+    fit_public_sensitivity,
+    fit_public_weighted,
     forms_position,
     frontier_synthetic,
     interval_calibration,
@@ -175,3 +178,27 @@ def test_stack_bagging_scores_every_weighting_of_one_trial(capsys):
     stack_bagging.main(["--trials", "1", "--kinds", "chinchilla"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("chinchilla", "all"))]
     assert [r[1] for r in rows] == ["10x", "30x", "10x", "30x"] and all(r[-1].endswith("%") for r in rows)
+
+
+def test_fit_public_sensitivity_scores_both_splits_of_each_setting(tmp_path, capsys):
+    """QUICK_GRID's two settings on LM-1: each fitted held-out and nested, the default among them."""
+    assert fit_public_sensitivity.main(["--families", "LM-1", "--quick", "--json", str(tmp_path / "s.json")]) == 0
+    (summary,) = json.loads((tmp_path / "s.json").read_text()).values()
+    scores = [summary[k][s] for k in ("default", "nested_pick", "best_heldout") for s in ("heldout", "nested")]
+    assert all(0 < x < 0.5 for x in scores) and "Spearman(nested, held-out)" in capsys.readouterr().out
+
+
+def test_fit_public_weighted_fits_both_weightings_through_the_cli(capsys):
+    """OPT (the smallest table) through `scalelab fit --weight-col` and `scalelab predict`, as a user runs them."""
+    assert fit_public_weighted.main(["--families", "OPT", "--starts", "4"]) == 0
+    (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("OPT")]
+    assert row[1].endswith("%") and row[2].endswith("%") and row[1] != row[2]  # the weights change the fit
+
+
+def test_fit_public_auto_scores_chinchilla_and_the_stacked_law(tmp_path):
+    """OPT through `scalelab fit --law chinchilla` and `--law auto` (2 replicates, 4 starts) and `scalelab predict`."""
+    argv = ["--families", "OPT", "--bootstrap", "2", "--starts", "4", "--json", str(tmp_path / "a.json")]
+    assert fit_public_auto.main(argv) == 0
+    (row,) = json.loads((tmp_path / "a.json").read_text())
+    assert row["family"] == "OPT" and all(0 < row[law]["are"] < 0.5 for law in ("chinchilla", "auto"))
+    assert 0 < row["auto"]["width"] < 1 and abs(sum(row["weights"].values()) - 1) < 1e-9
