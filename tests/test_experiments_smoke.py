@@ -12,6 +12,7 @@ import pytest
 
 from experiments import (
     e_from_curves,
+    extrapolation_scale,
     extrapolation_variants,
     fit_calibration,
     fit_public,
@@ -40,7 +41,7 @@ from scalelab.analysis.synthetic import (
     synthetic_trainer,
     write_synthetic_sweep,
 )
-from scalelab.errors import run_script
+from scalelab.errors import UsageError, run_script
 from scalelab.fitting.allocation.allocate import chinchilla_optimum
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -202,3 +203,18 @@ def test_fit_public_auto_scores_chinchilla_and_the_stacked_law(tmp_path):
     (row,) = json.loads((tmp_path / "a.json").read_text())
     assert row["family"] == "OPT" and all(0 < row[law]["are"] < 0.5 for law in ("chinchilla", "auto"))
     assert 0 < row["auto"]["width"] < 1 and abs(sum(row["weights"].values()) - 1) < 1e-9
+
+
+def test_extrapolation_scale_calibrates_on_one_trial_and_scores_another(tmp_path, capsys):
+    """One chinchilla trial calibrates each variant's scale, a second is scored (both fitted in this process);
+    truths without a calibration truth among them are refused before anything is fitted."""
+    with pytest.raises(UsageError, match="name at least one calibration truth"):
+        extrapolation_scale.main(["--kinds", "farseer"])
+    argv = ["--trials", "1", "--bootstrap", "2", "--kinds", "chinchilla", "--out", str(tmp_path / "t.json")]
+    extrapolation_scale.main(argv)
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("chinchilla")]
+    assert [r[1] for r in rows] == ["3x", "10x", "30x"] * 2 and out.count("<- chosen") == 1
+    trials = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert [(t["kind"], t["seed"]) for t in trials] == [("chinchilla", 0), ("chinchilla", 1)]
+    assert all(t["targets"]["30"]["extrapolation"] > 0 for t in trials)
