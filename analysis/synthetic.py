@@ -316,14 +316,16 @@ def launch_synthetic(
 
 def synthetic_trainer(law: SyntheticLaw | dict[str, SyntheticLaw], **noise):
     """A stand-in for scalelab.sweeps.execution.execute.launch
-    (scalelab.sweeps.closed_loop.rounds.LaunchOptions.trainer): records the sweep as a launch does and
-    finishes its unfinished runs with `simulate_runs`, so the closed loop, studies included, runs
+    (scalelab.sweeps.closed_loop.rounds.LaunchOptions.trainer): records the sweep as a launch does,
+    links the runs a sibling sweep of the store root finished (store.attach_runs, as a launch does)
+    and finishes the others with `simulate_runs`, so the closed loop, studies included, runs
     through its own code with the truth known."""
 
     def train(sweep, sweep_dir, *, spec_text: str, spec_name: str = "sweep", log=print, **_launch_options) -> dict:
         entries = [r.to_dict() for r in sweep.runs]
         store.init_sweep(sweep_dir, spec_text, spec_name, entries, sweep.name)
-        todo = [r for r in sweep.runs if store.run_state(store.run_location(sweep_dir, r.run_id)) != "done"]
+        states = store.attach_runs(sweep_dir, [r.run_id for r in sweep.runs], current_id=None)
+        todo = [r for r in sweep.runs if states[r.run_id] != "done"]
         simulate_runs(sweep_dir, todo, law, **noise)
         ledger.score(sweep_dir)
         log(f"simulated {len(todo)} run(s) of {len(sweep.runs)}")

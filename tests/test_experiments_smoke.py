@@ -5,12 +5,17 @@ are in docs/; these check that the protocol's code path still runs end to end an
 The experiments with training or a store have their own test modules (test_first_round_protocol,
 test_frontier_benches, test_gap_power, test_bench_studies)."""
 
+import contextlib
+import io
 import json
+import re
 import sys
 
 import pytest
 
 from experiments import (
+    closed_loop,
+    design_distance,
     e_from_curves,
     extrapolation_scale,
     extrapolation_variants,
@@ -218,3 +223,42 @@ def test_extrapolation_scale_calibrates_on_one_trial_and_scores_another(tmp_path
     trials = json.loads((tmp_path / "t.json").read_text())["rows"]
     assert [(t["kind"], t["seed"]) for t in trials] == [("chinchilla", 0), ("chinchilla", 1)]
     assert all(t["targets"]["30"]["extrapolation"] > 0 for t in trials)
+
+
+# a truth whose compute-optimal tokens per parameter (~20) sit at the demo design's centre, so that the
+# first round's gates pass and the smoke runs fit twice (round 0 -> 3x, 3x -> 10x)
+CENTRED = SyntheticLaw(B=120.0)
+TRAIN = synthetic_trainer(CENTRED, noise_std=0.003)
+
+
+@pytest.fixture(scope="module")
+def closed_loop_store(tmp_path_factory, one_thread):
+    """experiments/closed_loop.py at two distances (3x, 10x), 2 bootstrap replicates per fit, trained by
+    the synthetic law: (the store root, what it printed). design_distance's test reuses the store."""
+    root = tmp_path_factory.mktemp("closed_loop")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        closed_loop.main(["--out", str(root), "--multiples", "3,10", "--bootstrap", "2"], trainer=TRAIN)
+    return root, out.getvalue()
+
+
+def test_closed_loop_scores_every_rounds_prediction_of_the_far_runs(closed_loop_store, tmp_path):
+    """Round 0's fit proposes the 3x pair, the 3x round's the 10x pair; every fit predicts every later run.
+    Distances that do not start at 3 and grow are refused before anything runs."""
+    with pytest.raises(UsageError, match="--multiples 10,3: give increasing distances from 3"):
+        closed_loop.main(["--out", str(tmp_path), "--multiples", "10,3"], trainer=TRAIN)
+    assert not any(tmp_path.iterdir())
+    _, out = closed_loop_store
+    assert "round 1: 12 runs fitted" in out and "round 2: 14 runs fitted" in out
+    cells = [line for line in out.splitlines() if line.startswith("  round ") and " fit -> " in line]
+    assert [c.split("->")[1].split()[0] for c in cells] == ["3x", "10x", "10x"]  # round 1's fit, then the 3x round's
+    assert re.search(r"coverage: \d of 4 scored predictions", out)  # the 3x and 10x pairs, each as proposed
+
+
+def test_design_distance_links_the_loops_first_round_and_scores_its_far_runs(closed_loop_store, capsys):
+    """up4 in the closed-loop store's root: its 12 demo-budget runs linked, the 4 at 6.3e12 trained."""
+    root, _ = closed_loop_store
+    design_distance.main(["--root", str(root), "--seed", "1", "--bootstrap", "2"], trainer=TRAIN)
+    out = capsys.readouterr().out
+    assert "12 of them the store's round-0 runs" in out and "simulated 4 run(s) of 16" in out
+    assert "2.0e+13 (3.2x / 10x): up4 " in out and "first round " in out and "ladder " in out
