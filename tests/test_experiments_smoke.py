@@ -8,6 +8,7 @@ test_frontier_benches, test_gap_power, test_bench_studies)."""
 import contextlib
 import io
 import json
+import math
 import re
 import sys
 
@@ -29,6 +30,8 @@ from experiments import (
     interval_calibration,
     isoflop_shape,
     loop_coverage,
+    lr_sweep,
+    lr_transfer,
     moe_aux_loss,
     plan_public,
     planner_activation,
@@ -262,3 +265,40 @@ def test_design_distance_links_the_loops_first_round_and_scores_its_far_runs(clo
     out = capsys.readouterr().out
     assert "12 of them the store's round-0 runs" in out and "simulated 4 run(s) of 16" in out
     assert "2.0e+13 (3.2x / 10x): up4 " in out and "first round " in out and "ladder " in out
+
+
+def lr_truth(best_lr):
+    """A run's loss: the synthetic law's at its (N, D) times exp(0.05 ln(lr / best_lr(run))^2), so that
+    an LR experiment's analysis has an optimum to find (0.3% noise on top)."""
+
+    def loss(run) -> float:
+        lr = run.config["optim"]["lr"]
+        return float(SyntheticLaw().loss(run.params, run.num_tokens)) * math.exp(
+            0.05 * math.log(lr / best_lr(run)) ** 2
+        )
+
+    return synthetic_trainer(loss, noise_std=0.003)
+
+
+def test_lr_sweep_finds_the_truths_lr_law(tmp_path, capsys):
+    """The truth's best LR falls as N^-0.44 through the grid's three sizes: the sweep's law finds it."""
+    truth = lr_truth(lambda run: 7e-3 * (run.params / 2.9e4) ** -0.44)
+    lr_sweep.main(["--out", str(tmp_path / "lr_sweep")], trainer=truth)
+    out = capsys.readouterr().out
+    exponent = float(re.search(r"fitted law: lr = \S+ \(N / \S+\)\^(\S+) ", out).group(1))
+    assert abs(exponent + 0.44) < 0.05 and "(best at the grid's edge" not in out and "LR sweep (14 runs" in out
+
+
+def test_lr_transfer_sees_sp_move_and_mup_stay(tmp_path, capsys):
+    """Under sp the truth's best LR falls as 1/width, under mup and completep it stays: the table says so."""
+
+    def best(run) -> float:
+        m = run.config["model"]
+        return 8e-3 * (16 / m["d_model"] if m["parametrization"] == "sp" else 1.0)
+
+    lr_transfer.main(["--out", str(tmp_path / "lr_transfer")], trainer=lr_truth(best))
+    out = capsys.readouterr().out
+    moved = {p: float(w) for p, w in re.findall(r"^(\w+): best LR moves by at most (\S+) grid", out, re.M)}
+    assert (
+        set(moved) == {"sp", "mup", "completep"} and moved["sp"] > 1.5 and max(moved["mup"], moved["completep"]) < 0.5
+    )
