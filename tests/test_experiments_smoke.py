@@ -2,6 +2,9 @@
 configuration, in this process (experiments is an installed package: no sys.path edit, no subprocess),
 so a package change that breaks an experiment fails here. The experiments' full runs and their results
 are in docs/; these check that the protocol's code path still runs end to end and prints its table.
+An experiment that launches runs takes a `trainer` in place of Ray's launcher: here
+scalelab.analysis.synthetic.synthetic_trainer, with a known law or a truth of the whole run (an LR
+optimum for the LR experiments), so its own analysis runs without Ray and has something to find.
 The experiments with training or a store have their own test modules (test_first_round_protocol,
 test_frontier_benches, test_gap_power, test_bench_studies)."""
 
