@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -260,10 +260,23 @@ def write_synthetic_sweep(
     return run_ids
 
 
+# A truth of the whole run: its loss from its resolved RunSpec (config, params, tokens), for what a
+# law of N and D alone cannot say (the LR, the parametrization: the LR experiments' smoke tests).
+RunTruth = Callable[[object], float]
+
+
+def _true_loss(run, law: SyntheticLaw | dict[str, SyntheticLaw] | RunTruth) -> float:
+    if isinstance(law, dict):  # a study's arms: a run takes the law of its `arm` label
+        law = law[run.labels["arm"]]
+    if isinstance(law, SyntheticLaw):
+        return float(law.loss(run.params, run.num_tokens))
+    return float(law(run))
+
+
 def simulate_runs(
     sweep_dir: str | Path,
     runs,
-    law: SyntheticLaw | dict[str, SyntheticLaw],
+    law: SyntheticLaw | dict[str, SyntheticLaw] | RunTruth,
     *,
     noise_std: float = 0.005,
     noise_seed: int = 0,
@@ -272,12 +285,11 @@ def simulate_runs(
     config.json and a done status.json whose final_val_loss is law.loss(N, D) times exp(noise),
     the noise a pure function of (noise_seed, run id). What `sweep next`, the ledger and the gates
     are tested and benchmarked on, with the truth known. `law` may map a study's arms to their
-    laws (a run takes the law of its `arm` label)."""
+    laws (a run takes the law of its `arm` label), or be a RunTruth: a function of the run."""
     for run in runs:
         run_dir = run_path(sweep_dir, run.run_id)  # a Path, or an s3:// URL (objects written whole)
         rng = _rng(noise_seed, "sim", run.run_id)
-        run_law = law[run.labels["arm"]] if isinstance(law, dict) else law
-        loss = float(run_law.loss(run.params, run.num_tokens)) * math.exp(float(rng.normal(0.0, noise_std)))
+        loss = _true_loss(run, law) * math.exp(float(rng.normal(0.0, noise_std)))
         atomic_write_json(files.join(run_dir, "config.json"), run.config)
         atomic_write_json(
             files.join(run_dir, "status.json"),
@@ -314,16 +326,18 @@ def launch_synthetic(
     return [r.run_id for r in sweep.runs]
 
 
-def synthetic_trainer(law: SyntheticLaw | dict[str, SyntheticLaw], **noise):
+def synthetic_trainer(law: SyntheticLaw | dict[str, SyntheticLaw] | RunTruth, **noise):
     """A stand-in for scalelab.sweeps.execution.execute.launch
-    (scalelab.sweeps.closed_loop.rounds.LaunchOptions.trainer): records the sweep as a launch does and
-    finishes its unfinished runs with `simulate_runs`, so the closed loop, studies included, runs
+    (scalelab.sweeps.closed_loop.rounds.LaunchOptions.trainer): records the sweep as a launch does,
+    links the runs a sibling sweep of the store root finished (store.attach_runs, as a launch does)
+    and finishes the others with `simulate_runs`, so the closed loop, studies included, runs
     through its own code with the truth known."""
 
     def train(sweep, sweep_dir, *, spec_text: str, spec_name: str = "sweep", log=print, **_launch_options) -> dict:
         entries = [r.to_dict() for r in sweep.runs]
         store.init_sweep(sweep_dir, spec_text, spec_name, entries, sweep.name)
-        todo = [r for r in sweep.runs if store.run_state(store.run_location(sweep_dir, r.run_id)) != "done"]
+        states = store.attach_runs(sweep_dir, [r.run_id for r in sweep.runs], current_id=None)
+        todo = [r for r in sweep.runs if states[r.run_id] != "done"]
         simulate_runs(sweep_dir, todo, law, **noise)
         ledger.score(sweep_dir)
         log(f"simulated {len(todo)} run(s) of {len(sweep.runs)}")

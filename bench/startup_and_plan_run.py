@@ -39,7 +39,9 @@ PLAN_ARGS = ["--flops", "5.76e23", "--gpu", "H100-SXM", "--gpus", "2048", "--voc
 
 
 def revision_tree(rev: str, where: Path) -> Path:
-    """The `scalelab` package of revision `rev` as an import root: its folders linked under scalelab/."""
+    """The `scalelab` package of revision `rev` as an import root: its floors' folders linked under
+    scalelab/ and any other top-level package (experiments) beside it; a sub-package's folder
+    (scalelab.sweeps.specs = sweeps/specs) lies inside its floor's, which comes with it."""
     src = where / "src"
     src.mkdir()
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
@@ -52,11 +54,14 @@ def revision_tree(rev: str, where: Path) -> Path:
     package = root / "scalelab"
     package.mkdir(parents=True)
     for name, folder in dirs.items():
+        parts = name.split(".")
         if name == "scalelab":
             for item in (src / folder).iterdir():
                 (package / item.name).symlink_to(item)
-        else:
-            (package / name.split(".", 1)[1]).symlink_to(src / folder)
+        elif parts[0] == "scalelab" and len(parts) == 2:
+            (package / parts[1]).symlink_to(src / folder)
+        elif len(parts) == 1:
+            (root / name).symlink_to(src / folder)
     return root
 
 

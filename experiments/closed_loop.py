@@ -21,6 +21,8 @@ scored runs exist: `fit.law: auto`, the stacked law of scalelab.fitting.selectio
                                                                                 # round, then on
     python experiments/closed_loop.py --out DIR --seed S --first-round   # round 0 alone (a recorded store's
                                                      # first round again, for experiments/score_store.py --far)
+    python experiments/closed_loop.py --out DIR --multiples 3,10 --bootstrap 2   # a smoke run: two distances,
+                                                     # 2 bootstrap replicates per fit (the spec's: 32)
 
 Prints the fits per round (weights, the interval of L*(T) at T = 30x), the ledger (each run as
 predicted by the round that proposed it) and the matrix of every round's prediction of every
@@ -37,7 +39,7 @@ import polars as pl
 import yaml
 
 from scalelab import store
-from scalelab.errors import run_script
+from scalelab.errors import UsageError, run_script
 from scalelab.fitting.allocation.allocate import optimum_for_law
 from scalelab.fitting.entry.saved_fit import load_saved_fit
 from scalelab.fitting.forms.laws import get_law
@@ -69,6 +71,17 @@ def predict(fit: dict, n: float, d: float, flops: float):
     raise SystemExit("a round fit without a stacked law: this bench scores fit.law auto")
 
 
+def parse_multiples(text: str) -> tuple[float, ...]:
+    """--multiples: increasing distances, the first 3 (the gate rounds' step: `sweep next --step 3`)."""
+    try:
+        mults = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"--multiples {text}: give comma-separated numbers, e.g. 3,10,30") from None
+    if mults[0] != MULTIPLES[0] or any(b <= a for a, b in zip(mults, mults[1:])):
+        raise UsageError(f"--multiples {text}: give increasing distances from {MULTIPLES[0]:g}, e.g. 3,10,30")
+    return mults
+
+
 def main(argv: list[str] | None = None, trainer=None) -> None:
     """The protocol (module docstring); `trainer` stands in for Ray's launcher (LaunchOptions.trainer:
     a test's simulator, scalelab.analysis.synthetic.synthetic_trainer)."""
@@ -81,20 +94,30 @@ def main(argv: list[str] | None = None, trainer=None) -> None:
     ap.add_argument(
         "--resume", action="store_true", help="continue a stopped store: launch its latest round, then the distances"
     )
+    ap.add_argument(
+        "--multiples",
+        default=",".join(f"{m:g}" for m in MULTIPLES),
+        help="the scored distances, multiples of the first round's largest budget (default 3,10,30)",
+    )
+    ap.add_argument("--bootstrap", type=int, default=None, help="fit.bootstrap of the spec (default: the demo's)")
     args = ap.parse_args(argv)
+    multiples = parse_multiples(args.multiples)
     t0 = time.time()
     sweep_dir = Path(args.out) / "loop"
     spec = demo_spec()
     spec["name"] = "closed-loop-bench"
     spec["base"]["train"]["seed"] = args.seed
+    if args.bootstrap is not None:
+        spec["fit"]["bootstrap"] = args.bootstrap
     largest = max(spec["isoflop"]["budgets"])
-    target = MULTIPLES[-1] * largest
+    target = multiples[-1] * largest
     if args.first_round:
         launch(expand_sweep(spec), sweep_dir, spec_text=yaml.safe_dump(spec, sort_keys=False), spec_name="loop",
                num_cpus=args.num_cpus)  # fmt: skip
         return
     if not args.report_only:
-        _run(spec, sweep_dir, largest, target, LaunchOptions(num_cpus=args.num_cpus, trainer=trainer), args.resume)
+        options = LaunchOptions(num_cpus=args.num_cpus, trainer=trainer)
+        _run(spec, sweep_dir, Distances(largest, multiples), target, options, args.resume)
     ledger.score(sweep_dir)
     print(f"\nclosed loop: {time.time() - t0:.0f} s; target T = {target:.3g} FLOPs")
     _print_rounds(sweep_dir, target)
@@ -103,7 +126,9 @@ def main(argv: list[str] | None = None, trainer=None) -> None:
     _print_matrix(sweep_dir, largest)
 
 
-def _run(spec: dict, sweep_dir: Path, largest: float, target: float, options: LaunchOptions, resume: bool) -> None:
+def _run(
+    spec: dict, sweep_dir: Path, distances: Distances, target: float, options: LaunchOptions, resume: bool
+) -> None:
     def announce(k, p) -> None:
         gates = format_gates(p.gates.to_dict()).splitlines()[0]
         print(f"round {p.round}: {len(p.fit['run_ids'])} runs fitted; {gates}")
@@ -114,29 +139,30 @@ def _run(spec: dict, sweep_dir: Path, largest: float, target: float, options: La
         (options.trainer or launch)(p.sweep, sweep_dir, spec_text=p.spec_path.read_text(),
                                     spec_name=p.spec_path.stem, num_cpus=options.num_cpus)  # fmt: skip
         runs = store.load_runs(sweep_dir).filter(pl.col("status") == "done")
-        done_budget = float(runs["flops_budget"].max())
+        distances.done_budget = float(runs["flops_budget"].max())
     else:
         result = run_rounds(sweep, sweep_dir, spec_text=text, spec_name="loop", rounds=1 + MAX_ROUNDS,
                             target_flops=target, step=3.0, until_passed=True, options=options,
                             before_launch=announce, seeds=SEEDS)  # fmt: skip
         if not result.proposals or not result.proposals[-1].passed:
             raise SystemExit(f"the gates did not pass in {MAX_ROUNDS} rounds: {result.stopped}")
-        done_budget = result.proposals[-1].next_budget
+        distances.done_budget = result.proposals[-1].next_budget
     # The rounds at 10x and 30x, continuing the store: Distances sets each round's budget and step.
-    run_rounds(sweep, sweep_dir, spec_text=text, spec_name="loop", rounds=1 + len(MULTIPLES) * MAX_ROUNDS,
+    run_rounds(sweep, sweep_dir, spec_text=text, spec_name="loop", rounds=1 + len(distances.multiples) * MAX_ROUNDS,
                target_flops=target, seeds=SEEDS, options=options, before_launch=announce,
-               next_round=Distances(largest, done_budget), launch_design=False)  # fmt: skip
+               next_round=distances, launch_design=False)  # fmt: skip
 
 
 class Distances:
-    """The rounds at 10x and 30x the first round's largest budget, as run_rounds' `next_round`. A
-    round proposed from a fit whose gates fail holds the runs that would pass them (as in run_rounds):
-    it is launched and the distance proposed again, its step from the largest budget trained so far;
-    runs it trains at or past the distance are that distance's. MAX_ROUNDS tries per distance."""
+    """The rounds at 10x and 30x (`multiples` after the first) the first round's largest budget, as
+    run_rounds' `next_round`. A round proposed from a fit whose gates fail holds the runs that would
+    pass them (as in run_rounds): it is launched and the distance proposed again, its step from the
+    largest budget trained so far; runs it trains at or past the distance are that distance's.
+    MAX_ROUNDS tries per distance. `done_budget`: the largest budget trained when they start."""
 
-    def __init__(self, largest: float, done_budget: float):
-        self.largest, self.done_budget = largest, done_budget
-        self.distance, self.tries = 1, 0  # MULTIPLES[1] (10x) first; the 3x round is run_rounds' first call
+    def __init__(self, largest: float, multiples: tuple[float, ...] = MULTIPLES):
+        self.largest, self.multiples, self.done_budget = largest, multiples, largest
+        self.distance, self.tries = 1, 0  # multiples[1] (10x) first; the 3x round is run_rounds' first call
 
     def __call__(self, i: int, last) -> dict | None:
         if last is not None:  # the round launched before this one
@@ -145,8 +171,8 @@ class Distances:
             else:
                 self.done_budget = max(self.done_budget, max(r.budget for r in last.runs))
                 self.tries += 1
-        while self.distance < len(MULTIPLES):
-            mult = MULTIPLES[self.distance]
+        while self.distance < len(self.multiples):
+            mult = self.multiples[self.distance]
             if self.tries >= MAX_ROUNDS:
                 raise SystemExit(f"the gates did not pass in {MAX_ROUNDS} rounds before {mult:g}x")
             if self.done_budget < 0.99 * mult * self.largest:

@@ -23,6 +23,8 @@ Read against the issue's goals as: 6e13 (about 10x beyond up4) within 2% in an i
 than 10%; and what the wider design costs against the ladder (demo round + the 3x pair).
 
     python experiments/design_distance.py --root /work/scratch/cl21 --seed 21
+    python experiments/design_distance.py --root DIR --seed 1 --bootstrap 2   # a smoke run on a small store
+                                         # (experiments/closed_loop.py --multiples 3,10 --bootstrap 2)
 
 Prints the fit (weights, gates, L*(6e13)), one row per scored run and the summary per budget.
 """
@@ -50,24 +52,29 @@ EXTRA_BUDGET = 6.3e12
 TARGET = 6e13
 
 
-def up4_spec(seed: int) -> dict:
+def up4_spec(seed: int, bootstrap: int | None = None) -> dict:
     spec = demo_spec()
     spec["name"] = "up4"
     spec["base"]["train"]["seed"] = seed
+    if bootstrap is not None:
+        spec["fit"]["bootstrap"] = bootstrap
     spec["isoflop"]["budgets"] = [*spec["isoflop"]["budgets"], EXTRA_BUDGET]
     return spec
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, trainer=None) -> None:
+    """The protocol (module docstring); `trainer` stands in for Ray's launcher (a test's simulator,
+    scalelab.analysis.synthetic.synthetic_trainer)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", required=True, help="a experiments/closed_loop.py store root (its sweep is <root>/loop)")
     ap.add_argument("--seed", type=int, required=True, help="that store's round-0 training seed")
     ap.add_argument("--num-cpus", type=int, default=None)
+    ap.add_argument("--bootstrap", type=int, default=None, help="fit.bootstrap of up4's spec (default: the demo's)")
     args = ap.parse_args(argv)
     t0 = time.time()
     root = Path(args.root)
     loop_dir, up4_dir = root / "loop", root / "up4"
-    spec = up4_spec(args.seed)
+    spec = up4_spec(args.seed, args.bootstrap)
     sweep = expand_sweep(spec)
     loop_runs = store.load_runs(loop_dir)
     base = loop_runs.filter(pl.col("round").fill_null(0) == 0)
@@ -75,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"up4: {len(sweep.runs)} runs, {len(shared)} of them the store's round-0 runs (linked, not trained)")
     if len(shared) != base.height:
         raise SystemExit(f"expected all {base.height} round-0 runs in the design, found {len(shared)}: seed?")
-    launch(sweep, up4_dir, spec_text=yaml.safe_dump(spec, sort_keys=False), spec_name="up4", num_cpus=args.num_cpus)
+    text = yaml.safe_dump(spec, sort_keys=False)
+    (trainer or launch)(sweep, up4_dir, spec_text=text, spec_name="up4", num_cpus=args.num_cpus)
     trained_s = time.time() - t0
 
     lf, _, warnings = fit_sweep(up4_dir, loop_options(up4_dir, target_flops=TARGET))

@@ -21,6 +21,7 @@ calibration set; `--variant` scores another at its calibrated c.
     python experiments/extrapolation_scale.py --trials 16 --workers 2 --out scale.json
     python experiments/extrapolation_scale.py --from scale.json [--variant forms+scaled] [--public] [--more 16]
         [--store DIR --max-flops 2e12 --score N,D,LOSS ...]
+    python experiments/extrapolation_scale.py --trials 1 --bootstrap 2 --kinds chinchilla   # a smoke run
 
 Each trial's parts, forms and log error are written to --out, so every variant is scored from one
 set of fits. `--public`: experiments/fit_public_auto.py's split of every public family (fit on all models
@@ -43,7 +44,7 @@ from scipy import stats
 from experiments.fit_public_auto import stacked_fits
 from experiments.interval_calibration import first_round_runs
 from experiments.stacked_coverage import DESIGNS, MULTIPLES, NOISE, draw, target_runs
-from scalelab.errors import run_script
+from scalelab.errors import UsageError, run_script
 from scalelab.fitting.selection.ensemble import StackedFit, fit_stacked
 from scalelab.sweeps.closed_loop.store_fit import fit_options, fit_store, store_fit_spec
 
@@ -177,6 +178,26 @@ def score_public(variant: str, scale: float) -> None:
         )
 
 
+def pick_kinds(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """--kinds: (the truths scored, those of them the calibration uses); at least one calibration truth."""
+    kinds = tuple(text.split(","))
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise UsageError(f"--kinds: unknown truth {unknown[0]!r}; choose from {','.join(KINDS)}")
+    calibration = tuple(k for k in CALIBRATION_KINDS if k in kinds)
+    if not calibration:
+        raise UsageError(f"--kinds {text}: name at least one calibration truth ({','.join(CALIBRATION_KINDS)})")
+    return kinds, calibration
+
+
+def fit_trials(jobs: list[tuple[int, str, int]], workers: int) -> list[dict]:
+    """Every job's trial, in worker processes (one worker: in this process, nothing to spawn)."""
+    if workers == 1:
+        return [trial(job) for job in jobs]
+    with ProcessPoolExecutor(workers) as pool:
+        return list(pool.map(trial, jobs, chunksize=4))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=24, help="trials per truth in each split")
@@ -190,24 +211,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--public", action="store_true", help="score the public families")
     ap.add_argument("--variant", choices=sorted(VARIANTS), default=None, help="score this variant at its calibrated c")
     ap.add_argument("--more", type=int, default=0, help="then fit and score this many more trials per truth")
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"the truths, comma-separated (default {','.join(KINDS)})")
     args = ap.parse_args(argv)
+    kinds, calibration_kinds = pick_kinds(args.kinds)
     if args.src:
         data = json.loads(Path(args.src).read_text())
     else:
         t0 = time.perf_counter()
-        jobs = [(s, k, args.bootstrap) for k in CALIBRATION_KINDS for s in range(args.trials)]
-        jobs += [(s, k, args.bootstrap) for k in KINDS for s in range(args.trials, 2 * args.trials)]
-        with ProcessPoolExecutor(args.workers) as pool:
-            results = list(pool.map(trial, jobs, chunksize=4))
+        jobs = [(s, k, args.bootstrap) for k in calibration_kinds for s in range(args.trials)]
+        jobs += [(s, k, args.bootstrap) for k in kinds for s in range(args.trials, 2 * args.trials)]
+        results = fit_trials(jobs, args.workers)
         data = {"trials": args.trials, "bootstrap": args.bootstrap, "rows": results}
         print(f"{len(results)} trials in {time.perf_counter() - t0:.0f} s")
         if args.out:
             Path(args.out).write_text(json.dumps(data))
     t = data["trials"]
-    cal = [r for r in data["rows"] if r["kind"] in CALIBRATION_KINDS and r["seed"] < t]
-    held = [r for r in data["rows"] if r["seed"] >= t]
+    cal = [r for r in data["rows"] if r["kind"] in calibration_kinds and r["seed"] < t]
+    held = [r for r in data["rows"] if r["kind"] in kinds and r["seed"] >= t]
     variant, scale, found = calibrate(cal)
-    print(f"calibrated on {len(cal)} trials ({', '.join(CALIBRATION_KINDS)}, seeds 0..{t - 1}):")
+    print(f"calibrated on {len(cal)} trials ({', '.join(calibration_kinds)}, seeds 0..{t - 1}):")
     for name in VARIANTS:
         if name not in found:
             print(f"  {name:<13} no c on its grid meets the rule")
@@ -221,9 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nscored on {len(held)} trials (every truth, seeds {t}..{2 * t - 1})")
     table(held, variant, scale)
     if args.more:
-        jobs = [(s, k, data["bootstrap"]) for k in KINDS for s in range(2 * t, 2 * t + args.more)]
-        with ProcessPoolExecutor(args.workers) as pool:
-            more = list(pool.map(trial, jobs, chunksize=4))
+        jobs = [(s, k, data["bootstrap"]) for k in kinds for s in range(2 * t, 2 * t + args.more)]
+        more = fit_trials(jobs, args.workers)
         print(f"\nscored on {len(more)} more trials (every truth, seeds {2 * t}..{2 * t + args.more - 1})")
         table(more, variant, scale)
     if args.store:

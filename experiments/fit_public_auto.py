@@ -10,6 +10,8 @@ For each family of experiments/fit_public.py (OPT, GPT-3, LM-1; data in experime
 The fits never see the held-out rows; the rule was fixed before this bench was run on them.
 
     python experiments/fit_public_auto.py [--json OUT.json]
+    python experiments/fit_public_auto.py --families OPT --bootstrap 2 --starts 4   # a smoke run: fewer
+                                                   # replicates and starts than `scalelab fit`'s defaults
 """
 
 from __future__ import annotations
@@ -65,7 +67,13 @@ def stacked_fits() -> Iterator[tuple[str, StackedFit, pl.DataFrame]]:
             yield name, StackedFit.from_dict(json.loads(out.read_text())["stacked"]), test
 
 
-def score(name: str, df: pl.DataFrame, work: pathlib.Path) -> dict:
+def fit_flags(bootstrap: int | None, starts: int | None) -> list[str]:
+    """`scalelab fit`'s --bootstrap and --starts where a run asks for them (none: the command's defaults)."""
+    return [*(["--bootstrap", str(bootstrap)] if bootstrap is not None else []),
+            *(["--starts", str(starts)] if starts is not None else [])]  # fmt: skip
+
+
+def score(name: str, df: pl.DataFrame, work: pathlib.Path, flags: list[str] = ()) -> dict:
     train, test = split(df)
     table = work / f"{name.split()[0]}.csv"
     train.write_csv(table)
@@ -74,7 +82,7 @@ def score(name: str, df: pl.DataFrame, work: pathlib.Path) -> dict:
     for law in ("chinchilla", "auto"):
         fit_path = work / f"{table.stem}_{law}.json"
         t0 = time.perf_counter()
-        text = run_cli("fit", str(table), "--law", law, "--out", str(fit_path))
+        text = run_cli("fit", str(table), "--law", law, *flags, "--out", str(fit_path))
         row[f"{law}_seconds"] = round(time.perf_counter() - t0, 1)
         pred = json.loads(
             run_cli("predict", str(fit_path), "--params", *map(str, n), "--tokens", *map(str, d), "--json")
@@ -99,10 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=pathlib.Path, default=None)
     ap.add_argument("--held-out", action="store_true", help="score the families kept out of the method's development")
     ap.add_argument("--families", default=None, help="comma-separated first words (default: every family of the set)")
+    ap.add_argument("--bootstrap", type=int, default=None, help="`scalelab fit --bootstrap B` (default: its own)")
+    ap.add_argument("--starts", type=int, default=None, help="`scalelab fit --starts K` (default: the whole grid)")
     args = ap.parse_args(argv)
     families = pick_families(args.families, HELD_OUT_FAMILIES if args.held_out else FAMILIES)
+    flags = fit_flags(args.bootstrap, args.starts)
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [score(name, load(), pathlib.Path(tmp)) for name, load in families.items()]
+        rows = [score(name, load(), pathlib.Path(tmp), flags) for name, load in families.items()]
     print(f"{'family':<22} {'A3 (chinchilla)':>16} {'auto':>10} {'change':>8}  weights (chinchilla, kaplan)")
     for r in rows:
         a3, auto = r["chinchilla"]["are"], r["auto"]["are"]

@@ -2,6 +2,7 @@
 and whether the nested backtest could have chosen the settings that do best.
 
     python experiments/fit_public_sensitivity.py [--json OUT.json]
+    python experiments/fit_public_sensitivity.py --families LM-1 --quick   # a smoke run: QUICK_GRID's 2 settings
 
 For each family with checkpoints (experiments/fit_public.py: OPT, GPT-3, LM-1) and each of chinchilla+ and
 lr_annealing (the latter where the family's schedule is published), over a grid of fit settings
@@ -38,6 +39,7 @@ from scalelab.fitting.loss_curves.curves import RunCurve, fit_curves
 
 GRID = {"sigma_run": (0.0, 0.005, 0.02), "drop_first": (0.1, 0.3), "delta": (1e-3, 1e-2)}
 DEFAULT = {"sigma_run": 0.005, "drop_first": 0.1, "delta": 1e-3}
+QUICK_GRID = {"sigma_run": (0.005,), "drop_first": (0.1, 0.3), "delta": (1e-3,)}  # DEFAULT and one more
 OPT_CUT_TOKENS = 81e9
 OPT_CUT_FRACTIONS = (1.0, 0.9, 0.7, 0.5)
 TAIL = 0.3
@@ -51,10 +53,10 @@ def tail_score(train: list[RunCurve], test: RunCurve, law: str, **kw) -> tuple[f
     return float(np.mean(np.abs(rel))), float(np.mean(rel))
 
 
-def sweep_settings(curves: list[RunCurve], law: str) -> list[dict]:
+def sweep_settings(curves: list[RunCurve], law: str, grid: dict = GRID) -> list[dict]:
     rows = []
-    for values in itertools.product(*GRID.values()):
-        kw = dict(zip(GRID, values))
+    for values in itertools.product(*grid.values()):
+        kw = dict(zip(grid, values))
         held, bias = tail_score(curves[:-1], curves[-1], law, **kw)
         nested, _ = tail_score(curves[:-2], curves[-2], law, **kw)
         rows.append({**kw, "heldout": held, "bias": bias, "nested": nested})
@@ -102,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=pathlib.Path, default=None, help="write the results here")
     parser.add_argument("--families", default=None, help="comma-separated: OPT,GPT-3,LM-1 (default: all three)")
+    parser.add_argument("--quick", action="store_true", help="QUICK_GRID's two settings instead of GRID's twelve")
     args = parser.parse_args(argv)
+    grid = QUICK_GRID if args.quick else GRID
     result: dict = {}
     for name, load in pick_families(args.families, FAMILIES).items():
         df = load().unique(subset=["model", "tokens", "loss"], keep="first", maintain_order=True)
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         laws = ["chinchilla", "lr_annealing"] if name in SCHEDULES else ["chinchilla"]
         for law in laws:
             print(f"{name} {law} (held-out: {curves[-1].run_id}; nested: {curves[-2].run_id})")
-            summary = summarize(sweep_settings(curves, law))
+            summary = summarize(sweep_settings(curves, law, grid))
             result[f"{name}/{law}"] = summary
             p, b, dft = summary["nested_pick"], summary["best_heldout"], summary["default"]
             print(

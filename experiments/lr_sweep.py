@@ -53,7 +53,9 @@ def spec() -> dict:
             "execution": base["execution"], "fit": base["fit"]}  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, trainer=None) -> None:
+    """The sweep and its table (module docstring); `trainer` stands in for Ray's launcher (a test's
+    simulator, scalelab.analysis.synthetic.synthetic_trainer with a truth that depends on the LR)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/bench/lr_sweep", help="sweep directory (store root = its parent)")
     ap.add_argument("--num-cpus", type=int, default=None)
@@ -63,9 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.time()
     raw = spec()
     sweep = expand_sweep(raw, default_name="lr_sweep")
-    launch(
-        sweep, args.out, spec_text=yaml.safe_dump(raw, sort_keys=False), spec_name="lr_sweep", num_cpus=args.num_cpus
-    )
+    text = yaml.safe_dump(raw, sort_keys=False)
+    (trainer or launch)(sweep, args.out, spec_text=text, spec_name="lr_sweep", num_cpus=args.num_cpus)
     df = store.load_runs(args.out).filter(pl.col("status") == "done")
     recipe = parse_recipe(DEMO_RECIPE)
     res = lr_law_from_runs(df["params"].to_numpy(), df["lr"].to_numpy(), df["final_val_loss"].to_numpy())

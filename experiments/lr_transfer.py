@@ -166,7 +166,9 @@ def table(df: pl.DataFrame) -> tuple[str, dict[str, float]]:
     return "\n".join(lines), worst
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, trainer=None) -> None:
+    """The grid and its table (module docstring); `trainer` stands in for Ray's launcher (a test's
+    simulator, scalelab.analysis.synthetic.synthetic_trainer with a truth that depends on the LR)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/bench/lr_transfer", help="sweep directory (store root = its parent)")
     ap.add_argument("--num-cpus", type=int, default=3)
@@ -176,8 +178,8 @@ def main(argv: list[str] | None = None) -> None:
     raw = spec()
     if not args.report:
         sweep = expand_sweep(raw, default_name="lr_transfer")
-        launch(sweep, args.out, spec_text=yaml.safe_dump(raw, sort_keys=False), spec_name="lr_transfer",
-               num_cpus=args.num_cpus)  # fmt: skip
+        (trainer or launch)(sweep, args.out, spec_text=yaml.safe_dump(raw, sort_keys=False), spec_name="lr_transfer",
+                            num_cpus=args.num_cpus)  # fmt: skip
     df = store.load_runs(args.out)
     text, worst = table(df)
     print(f"\nLR transfer ({df.height} runs, {time.time() - t0:.0f} s; final val loss; * = best LR per size;")

@@ -2,24 +2,39 @@
 configuration, in this process (experiments is an installed package: no sys.path edit, no subprocess),
 so a package change that breaks an experiment fails here. The experiments' full runs and their results
 are in docs/; these check that the protocol's code path still runs end to end and prints its table.
+An experiment that launches runs takes a `trainer` in place of Ray's launcher: here
+scalelab.analysis.synthetic.synthetic_trainer, with a known law or a truth of the whole run (an LR
+optimum for the LR experiments), so its own analysis runs without Ray and has something to find.
 The experiments with training or a store have their own test modules (test_first_round_protocol,
 test_frontier_benches, test_gap_power, test_bench_studies)."""
 
+import contextlib
+import io
 import json
+import math
+import re
 import sys
 
 import pytest
 
 from experiments import (
+    closed_loop,
+    design_distance,
     e_from_curves,
+    extrapolation_scale,
     extrapolation_variants,
     fit_calibration,
     fit_public,
+    fit_public_auto,
+    fit_public_sensitivity,
+    fit_public_weighted,
     forms_position,
     frontier_synthetic,
     interval_calibration,
     isoflop_shape,
     loop_coverage,
+    lr_sweep,
+    lr_transfer,
     moe_aux_loss,
     plan_public,
     planner_activation,
@@ -37,7 +52,7 @@ from scalelab.analysis.synthetic import (
     synthetic_trainer,
     write_synthetic_sweep,
 )
-from scalelab.errors import run_script
+from scalelab.errors import UsageError, run_script
 from scalelab.fitting.allocation.allocate import chinchilla_optimum
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -175,3 +190,118 @@ def test_stack_bagging_scores_every_weighting_of_one_trial(capsys):
     stack_bagging.main(["--trials", "1", "--kinds", "chinchilla"])
     rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(("chinchilla", "all"))]
     assert [r[1] for r in rows] == ["10x", "30x", "10x", "30x"] and all(r[-1].endswith("%") for r in rows)
+
+
+def test_fit_public_sensitivity_scores_both_splits_of_each_setting(tmp_path, capsys):
+    """QUICK_GRID's two settings on LM-1: each fitted held-out and nested, the default among them."""
+    assert fit_public_sensitivity.main(["--families", "LM-1", "--quick", "--json", str(tmp_path / "s.json")]) == 0
+    (summary,) = json.loads((tmp_path / "s.json").read_text()).values()
+    scores = [summary[k][s] for k in ("default", "nested_pick", "best_heldout") for s in ("heldout", "nested")]
+    assert all(0 < x < 0.5 for x in scores) and "Spearman(nested, held-out)" in capsys.readouterr().out
+
+
+def test_fit_public_weighted_fits_both_weightings_through_the_cli(capsys):
+    """OPT (the smallest table) through `scalelab fit --weight-col` and `scalelab predict`, as a user runs them."""
+    assert fit_public_weighted.main(["--families", "OPT", "--starts", "4"]) == 0
+    (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("OPT")]
+    assert row[1].endswith("%") and row[2].endswith("%") and row[1] != row[2]  # the weights change the fit
+
+
+def test_fit_public_auto_scores_chinchilla_and_the_stacked_law(tmp_path):
+    """OPT through `scalelab fit --law chinchilla` and `--law auto` (2 replicates, 4 starts) and `scalelab predict`."""
+    argv = ["--families", "OPT", "--bootstrap", "2", "--starts", "4", "--json", str(tmp_path / "a.json")]
+    assert fit_public_auto.main(argv) == 0
+    (row,) = json.loads((tmp_path / "a.json").read_text())
+    assert row["family"] == "OPT" and all(0 < row[law]["are"] < 0.5 for law in ("chinchilla", "auto"))
+    assert 0 < row["auto"]["width"] < 1 and abs(sum(row["weights"].values()) - 1) < 1e-9
+
+
+def test_extrapolation_scale_calibrates_on_one_trial_and_scores_another(tmp_path, capsys):
+    """One chinchilla trial calibrates each variant's scale, a second is scored (both fitted in this process);
+    truths without a calibration truth among them are refused before anything is fitted."""
+    with pytest.raises(UsageError, match="name at least one calibration truth"):
+        extrapolation_scale.main(["--kinds", "farseer"])
+    argv = ["--trials", "1", "--bootstrap", "2", "--kinds", "chinchilla", "--out", str(tmp_path / "t.json")]
+    extrapolation_scale.main(argv)
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("chinchilla")]
+    assert [r[1] for r in rows] == ["3x", "10x", "30x"] * 2 and out.count("<- chosen") == 1
+    trials = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert [(t["kind"], t["seed"]) for t in trials] == [("chinchilla", 0), ("chinchilla", 1)]
+    assert all(t["targets"]["30"]["extrapolation"] > 0 for t in trials)
+
+
+# a truth whose compute-optimal tokens per parameter (~20) sit at the demo design's centre, so that the
+# first round's gates pass and the smoke runs fit twice (round 0 -> 3x, 3x -> 10x)
+CENTRED = SyntheticLaw(B=120.0)
+TRAIN = synthetic_trainer(CENTRED, noise_std=0.003)
+
+
+@pytest.fixture(scope="module")
+def closed_loop_store(tmp_path_factory, one_thread):
+    """experiments/closed_loop.py at two distances (3x, 10x), 2 bootstrap replicates per fit, trained by
+    the synthetic law: (the store root, what it printed). design_distance's test reuses the store."""
+    root = tmp_path_factory.mktemp("closed_loop")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        closed_loop.main(["--out", str(root), "--multiples", "3,10", "--bootstrap", "2"], trainer=TRAIN)
+    return root, out.getvalue()
+
+
+def test_closed_loop_scores_every_rounds_prediction_of_the_far_runs(closed_loop_store, tmp_path):
+    """Round 0's fit proposes the 3x pair, the 3x round's the 10x pair; every fit predicts every later run.
+    Distances that do not start at 3 and grow are refused before anything runs."""
+    with pytest.raises(UsageError, match="--multiples 10,3: give increasing distances from 3"):
+        closed_loop.main(["--out", str(tmp_path), "--multiples", "10,3"], trainer=TRAIN)
+    assert not any(tmp_path.iterdir())
+    _, out = closed_loop_store
+    assert "round 1: 12 runs fitted" in out and "round 2: 14 runs fitted" in out
+    cells = [line for line in out.splitlines() if line.startswith("  round ") and " fit -> " in line]
+    assert [c.split("->")[1].split()[0] for c in cells] == ["3x", "10x", "10x"]  # round 1's fit, then the 3x round's
+    assert re.search(r"coverage: \d of 4 scored predictions", out)  # the 3x and 10x pairs, each as proposed
+
+
+def test_design_distance_links_the_loops_first_round_and_scores_its_far_runs(closed_loop_store, capsys):
+    """up4 in the closed-loop store's root: its 12 demo-budget runs linked, the 4 at 6.3e12 trained."""
+    root, _ = closed_loop_store
+    design_distance.main(["--root", str(root), "--seed", "1", "--bootstrap", "2"], trainer=TRAIN)
+    out = capsys.readouterr().out
+    assert "12 of them the store's round-0 runs" in out and "simulated 4 run(s) of 16" in out
+    assert "2.0e+13 (3.2x / 10x): up4 " in out and "first round " in out and "ladder " in out
+
+
+def lr_truth(best_lr):
+    """A run's loss: the synthetic law's at its (N, D) times exp(0.05 ln(lr / best_lr(run))^2), so that
+    an LR experiment's analysis has an optimum to find (0.3% noise on top)."""
+
+    def loss(run) -> float:
+        lr = run.config["optim"]["lr"]
+        return float(SyntheticLaw().loss(run.params, run.num_tokens)) * math.exp(
+            0.05 * math.log(lr / best_lr(run)) ** 2
+        )
+
+    return synthetic_trainer(loss, noise_std=0.003)
+
+
+def test_lr_sweep_finds_the_truths_lr_law(tmp_path, capsys):
+    """The truth's best LR falls as N^-0.44 through the grid's three sizes: the sweep's law finds it."""
+    truth = lr_truth(lambda run: 7e-3 * (run.params / 2.9e4) ** -0.44)
+    lr_sweep.main(["--out", str(tmp_path / "lr_sweep")], trainer=truth)
+    out = capsys.readouterr().out
+    exponent = float(re.search(r"fitted law: lr = \S+ \(N / \S+\)\^(\S+) ", out).group(1))
+    assert abs(exponent + 0.44) < 0.05 and "(best at the grid's edge" not in out and "LR sweep (14 runs" in out
+
+
+def test_lr_transfer_sees_sp_move_and_mup_stay(tmp_path, capsys):
+    """Under sp the truth's best LR falls as 1/width, under mup and completep it stays: the table says so."""
+
+    def best(run) -> float:
+        m = run.config["model"]
+        return 8e-3 * (16 / m["d_model"] if m["parametrization"] == "sp" else 1.0)
+
+    lr_transfer.main(["--out", str(tmp_path / "lr_transfer")], trainer=lr_truth(best))
+    out = capsys.readouterr().out
+    moved = {p: float(w) for p, w in re.findall(r"^(\w+): best LR moves by at most (\S+) grid", out, re.M)}
+    assert (
+        set(moved) == {"sp", "mup", "completep"} and moved["sp"] > 1.5 and max(moved["mup"], moved["completep"]) < 0.5
+    )

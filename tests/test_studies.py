@@ -18,6 +18,7 @@ from scalelab.errors import ConfigError
 from scalelab.fitting.comparisons.gap import gap_interval, paired_extrapolation
 from scalelab.fitting.uncertainty.predictive import ExtrapolationError
 from scalelab.store import ledger, load_runs
+from scalelab.sweeps.closed_loop.demo import demo_spec
 from scalelab.sweeps.preview.dry_run import dry_run_table, format_dry_run
 from scalelab.sweeps.specs.spec import expand_sweep, load_sweep
 from scalelab.sweeps.studies.study_fit import fit_study, read_study
@@ -109,6 +110,17 @@ def test_a_study_is_read_back_with_the_specs_own_generator_registry(tmp_path):
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(raw))
     _, study = read_study(tmp_path)
     assert study.names == ["a", "b"] and study.target_flops == 3e13
+
+
+@pytest.mark.parametrize("key, value", [("model.d_model", 64), ("train.num_tokens", 10**6), ("optim.lr", 1e-3)])
+def test_an_audit_designs_sizes_and_lr_are_not_an_arms(key, value):
+    """The audit generator sets every run's size, tokens and LR (a multiple of the recipe's): an arm that
+    set one would be overwritten by the design, so it is refused, as under the other sized generators."""
+    audit = {"sizes": [2e4, 5e4], "tokens_per_param": [10], "lr_multipliers": [0.5, 1.0, 2.0]}
+    raw = {k: v for k, v in _spec(arms={"a": {}, "b": {key: value}}).items() if k != "isoflop"}
+    spec = raw | {"audit": audit, "recipe": demo_spec()["recipe"]}
+    with pytest.raises(ConfigError, match=rf"study\.arms\.b\.{re.escape(key)}: the design sets {re.escape(key)}"):
+        expand_sweep(spec)
 
 
 def test_a_design_axis_is_not_an_arm():

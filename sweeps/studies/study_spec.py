@@ -51,7 +51,9 @@ ARM_SECTIONS = ("model", "data", "optim", "schedule", "train")
 ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 DEFAULT_TARGET_FACTOR = 10.0  # target = this x the largest budget when neither the study nor fit.target_flops says
 
-# Keys a generator sets for every run (sizes by the shape rule, the token count).
+# Keys a generator sets for every run (sizes by the shape rule, the token count), and the generators
+# that set them (the audit: its cells' sizes and horizons, scalelab.sweeps.recipes.audit_grid).
+SIZED_GENERATORS = ("isoflop", "ladder", "points", "audit")
 SIZE_KEYS = (
     "model.num_layers",
     "model.d_model",
@@ -90,10 +92,12 @@ class StudySpec:
 
 def design_keys(raw: dict[str, Any], generator: str) -> tuple[str, ...]:
     """The config keys the spec's design sets for every run: no arm may set them."""
-    keys = list(SIZE_KEYS) if generator in ("isoflop", "ladder", "points") else []
+    keys = list(SIZE_KEYS) if generator in SIZED_GENERATORS else []
     if raw.get("recipe") is not None:
         keys += RECIPE_KEYS
     section = raw.get(generator)
+    if generator == "audit" and isinstance(section, dict):  # each cell's LR, and what its sections vary
+        keys += ["optim.lr", *(f"optim.{k}" for k in ("weight_decay", "beta2") if k in section)]
     if generator == "grid" and isinstance(section, dict):
         keys += list(section)
     if generator == "random" and isinstance(section, dict) and isinstance(section.get("params"), dict):
