@@ -31,6 +31,7 @@ PLOT_KINDS = (
 
 
 def add_parser(sub) -> None:
+    """One piece: the analysis commands' parsers, one add_argument per flag in help order."""
     p = sub.add_parser(
         "noise",
         help="evaluation noise: SNR, seed/checkpoint noise, decision accuracy",
