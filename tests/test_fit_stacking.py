@@ -6,6 +6,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from isoflop_design import CHIN
+from isoflop_design import isoflop_design as _design
 
 from scalelab.errors import UsageError
 from scalelab.fitting.forms.laws import get_law
@@ -14,24 +16,8 @@ from scalelab.fitting.uncertainty.forward import ForwardGroup, forward_backtest
 from scalelab.fitting.uncertainty.predictive import ExtrapolationError, t_over_z
 from scalelab.fitting.uncertainty.stacking import StackRule, stack_weights
 
-CHIN = {"E": 1.2, "A": 60.0, "B": 80.0, "alpha": 0.32, "beta": 0.30}
 KAP = {"Nc": 3e8, "Dc": 1e9, "alpha_N": 0.11, "alpha_D": 0.12}
 RULE = StackRule(point="rule")  # the rule's own decision; the default predicts with its draws' mean
-
-
-def _design(budgets, sizes=4, span=3.0):
-    chin = get_law("chinchilla")
-    from scalelab.fitting.allocation.allocate import optimum_for_law
-
-    opt = optimum_for_law(chin)
-    n, d, c = [], [], []
-    for budget in budgets:
-        n_star = opt(CHIN, budget)[0]
-        for x in n_star * np.exp(np.linspace(-math.log(span), math.log(span), sizes)):
-            n.append(x)
-            d.append(budget / (6 * x))
-            c.append(budget)
-    return np.array(n), np.array(d), np.array(c)
 
 
 def test_forward_folds_predict_only_beyond_their_training_budgets():

@@ -1,30 +1,14 @@
 """experiments/identify.py: which parameters of a law a design's runs pin down (profile likelihood and
 forward folds), on designs drawn from a known Chinchilla law, and its command on a small table."""
 
-import math
-
 import numpy as np
 import polars as pl
+from isoflop_design import CHIN
+from isoflop_design import isoflop_design as _design
 
 from experiments import identify as identify_experiment
 from experiments.identify import identify
-from scalelab.fitting.allocation.allocate import optimum_for_law
 from scalelab.fitting.forms.laws import get_law
-
-CHIN = {"E": 1.2, "A": 60.0, "B": 80.0, "alpha": 0.32, "beta": 0.30}
-
-
-def _design(budgets, sizes=4, span=3.0):
-    """IsoFLOP runs around each budget's optimum, `span` either side."""
-    opt = optimum_for_law(get_law("chinchilla"))
-    n, d, c = [], [], []
-    for budget in budgets:
-        n_star = opt(CHIN, budget)[0]
-        for x in n_star * np.exp(np.linspace(-math.log(span), math.log(span), sizes)):
-            n.append(x)
-            d.append(budget / (6 * x))
-            c.append(budget)
-    return np.array(n), np.array(d), np.array(c)
 
 
 def test_the_command_pins_the_exponent_on_a_wide_design(tmp_path, capsys):
