@@ -6,8 +6,11 @@ import json
 
 import numpy as np
 import pytest
+import threadpoolctl
+import torch
 
 from scalelab.errors import UsageError
+from scalelab.fitting.estimate import fit as fit_mod
 from scalelab.fitting.estimate.fit import FitResult, fit_law
 from scalelab.fitting.forms.laws import Chinchilla, get_law, law_names
 from scalelab.fitting.selection.simulate import DEFAULT_PARAMS, design_points, simulate
@@ -161,3 +164,23 @@ def test_data_constrained_joint_recovery():
     fit = fit_law(law, data, starts=law.init_grid()[::8])
     assert abs(fit.params["alpha"] - truth["alpha"]) < 0.02 and abs(fit.params["beta"] - truth["beta"]) < 0.02
     assert _rel(fit, truth, "R_D_star") < 0.2 and _rel(fit, truth, "R_N_star") < 0.5, fit.params
+
+
+def _blas_threads() -> dict[str, int]:
+    return {d["filepath"]: d["num_threads"] for d in threadpoolctl.threadpool_info() if d["user_api"] == "blas"}
+
+
+def test_fit_threads_limits_blas_and_torch_then_restores(monkeypatch):
+    """A fit runs torch and scipy's L-BFGS-B (OpenBLAS underneath) on MAX_THREADS threads: threads
+    that spin for a busy core made `scalelab fit` of 240 points several times slower on a shared
+    2-core machine (bench/fit_process_time.py). The caller's settings come back afterwards. The
+    caller here has 2 BLAS threads (the suite's conftest sets 1, which a missing limit would hide)."""
+    monkeypatch.setattr(fit_mod, "MAX_THREADS", 1)
+    torch_outside = torch.get_num_threads()
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        assert set(_blas_threads().values()) == {2}, "no BLAS library is loaded, or it cannot take 2 threads"
+        with fit_mod.fit_threads():
+            assert set(_blas_threads().values()) == {1}
+            assert torch.get_num_threads() == 1
+        assert set(_blas_threads().values()) == {2}
+    assert torch.get_num_threads() == torch_outside

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import threadpoolctl
 import torch
 from scipy import optimize
 
@@ -43,17 +44,20 @@ from scalelab.fitting.forms.laws import Law, get_law
 MAX_THREADS = int(os.environ.get("SCALELAB_FIT_THREADS", "1"))
 # One torch thread by default: on shared 2-core machines two OpenMP threads spin against other
 # processes and a fit got 10-20x slower (measured: 41 s vs 2 s CPU for the 4500-start fit).
+# The same holds for OpenBLAS, which scipy's L-BFGS-B (C since scipy 1.15) calls on 5x10 matrices:
+# its default of one thread per core spins in every polish step (bench/fit_process_time.py).
 BATCH_MAX_ITER = 200  # iterations of the batched stage (every start)
 POLISH_MAX_ITER = 15000  # iterations of the scipy polish of the best end points
 
 
 @contextlib.contextmanager
 def fit_threads() -> Iterator[None]:
-    """Run a fit's tensor work on MAX_THREADS torch threads, then restore the caller's setting."""
+    """Run a fit's tensor and BLAS work on MAX_THREADS threads, then restore the caller's settings."""
     prev = torch.get_num_threads()
     torch.set_num_threads(MAX_THREADS)
     try:
-        yield
+        with threadpoolctl.threadpool_limits(limits=MAX_THREADS, user_api="blas"):
+            yield
     finally:
         torch.set_num_threads(prev)
 
