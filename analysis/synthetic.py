@@ -326,21 +326,30 @@ def launch_synthetic(
     return [r.run_id for r in sweep.runs]
 
 
+def record_launch(sweep, sweep_dir: str | Path, spec_text: str, spec_name: str) -> tuple[list, list[str]]:
+    """What scalelab.sweeps.execution.execute.launch does before it trains, for a stand-in launcher:
+    record the sweep (sweep.yaml, sweep.resolved.json) and link the runs a sibling sweep of the
+    store root finished (store.attach_runs). Returns (the runs left to train, the ids already finished)."""
+    entries = [r.to_dict() for r in sweep.runs]
+    store.init_sweep(sweep_dir, spec_text, spec_name, entries, sweep.name)
+    states = store.attach_runs(sweep_dir, [r.run_id for r in sweep.runs], current_id=None)
+    todo = [r for r in sweep.runs if states[r.run_id] not in store.TERMINAL]
+    return todo, [r.run_id for r in sweep.runs if states[r.run_id] in store.TERMINAL]
+
+
 def synthetic_trainer(law: SyntheticLaw | dict[str, SyntheticLaw] | RunTruth, **noise):
     """A stand-in for scalelab.sweeps.execution.execute.launch
     (scalelab.sweeps.closed_loop.rounds.LaunchOptions.trainer): records the sweep as a launch does,
-    links the runs a sibling sweep of the store root finished (store.attach_runs, as a launch does)
-    and finishes the others with `simulate_runs`, so the closed loop, studies included, runs
-    through its own code with the truth known."""
+    links the runs a sibling sweep of the store root finished (`record_launch`) and finishes the
+    others with `simulate_runs`, so the closed loop, studies included, runs through its own code
+    with the truth known. Returns launch's summary (states, trained, skipped)."""
 
     def train(sweep, sweep_dir, *, spec_text: str, spec_name: str = "sweep", log=print, **_launch_options) -> dict:
-        entries = [r.to_dict() for r in sweep.runs]
-        store.init_sweep(sweep_dir, spec_text, spec_name, entries, sweep.name)
-        states = store.attach_runs(sweep_dir, [r.run_id for r in sweep.runs], current_id=None)
-        todo = [r for r in sweep.runs if states[r.run_id] != "done"]
+        todo, skipped = record_launch(sweep, sweep_dir, spec_text, spec_name)
         simulate_runs(sweep_dir, todo, law, **noise)
         ledger.score(sweep_dir)
         log(f"simulated {len(todo)} run(s) of {len(sweep.runs)}")
-        return {"states": {r.run_id: "done" for r in sweep.runs}}
+        states = {r.run_id: store.run_state(store.run_location(sweep_dir, r.run_id)) for r in sweep.runs}
+        return {"states": states, "trained": [r.run_id for r in todo], "skipped": skipped}
 
     return train

@@ -1,6 +1,7 @@
 """Benchmark: the curve laws and early stopping on this machine's own small sweeps (not a test).
 
     nice -n 10 python experiments/curve_sweeps.py --out results/curves      # ~2.5 h on 2 shared cores
+    nice -n 10 python experiments/curve_sweeps.py --quick --out /tmp/curves # the smoke designs: 4+4+3+6 runs
 
 Trains (or reuses, the store dedupes) four CPU sweeps of tiny models on the default corpus, 64-token
 sequences, then prints four tables:
@@ -31,6 +32,7 @@ Figures it printed, with the date and the machine's load: docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import pathlib
@@ -92,11 +94,26 @@ SCHEDULES = {
 }
 LAWS = ("lr_annealing", "lr_annealing_sized", "lr_area", "chinchilla")
 SCHEDULE_LAWS = ("lr_annealing", "lr_area")  # tables 2 and 3: one size or a few (the size term is moot)
+QUICK_LAWS = ("lr_annealing", "chinchilla")  # table 1 under --quick
 
 
-def run_sweep(spec: dict, out: pathlib.Path) -> None:
+def designs(quick: bool = False) -> dict[str, dict]:
+    """The four sweeps' specs (iso, iso with early stopping, wsd, schedules). `quick`, the smoke test's:
+    the two smallest budgets at two sizes, one WSD size, two schedule sizes, and early stopping with
+    the fewest refits its spec allows; every table's code path still runs."""
+    iso, wsd, sch, es = copy.deepcopy(ISO), copy.deepcopy(COOLDOWNS), copy.deepcopy(SCHEDULES), dict(EARLY_STOP)
+    if quick:
+        iso["isoflop"].update(budgets=ISO["isoflop"]["budgets"][:2], num_sizes=2)
+        wsd["ladder"]["sizes"] = COOLDOWNS["ladder"]["sizes"][:1]
+        sch["ladder"]["sizes"] = SCHEDULES["ladder"]["sizes"][:2]
+        es.update(n_boot=8, backtest_runs=0)
+    return {"iso": iso, "early_stop": {**iso, "early_stop": es}, "wsd": wsd, "schedules": sch}
+
+
+def run_sweep(spec: dict, out: pathlib.Path, trainer=None) -> None:
+    """Train `spec` into `out` (the store dedupes); `trainer` replaces Ray's launcher (a test's simulator)."""
     t0 = time.time()
-    res = launch(expand_sweep(spec), out, spec_text=yaml.safe_dump(spec), log=lambda m: None)
+    res = (trainer or launch)(expand_sweep(spec), out, spec_text=yaml.safe_dump(spec), log=lambda m: None)
     print(
         f"# sweep {spec['name']}: {len(res['trained'])} run(s) trained, {len(res['skipped'])} reused "
         f"({time.time() - t0:.0f} s) -> {out}"
@@ -119,12 +136,12 @@ def summary(errors: dict[str, np.ndarray]) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def prefix_table(sweep: pathlib.Path, fraction: float = 0.3) -> None:
+def prefix_table(sweep: pathlib.Path, fraction: float = 0.3, laws: tuple[str, ...] = LAWS) -> None:
     runs, curves = store_curves(sweep, source="val")
     finals = np.array([c.final_loss for c in curves])
     pre = [c.prefix(fraction) for c in curves]
     errs: dict[str, dict[str, np.ndarray]] = {"in-sample": {}, "others complete": {}, "all at 30%": {}}
-    for law in LAWS:
+    for law in laws:
         cf = fit_curves(curves, law)  # every run complete: how well the law's shape can fit at all
         errs["in-sample"][law] = np.array([cf.predict_final(c) for c in curves]) / finals - 1
         others = [[c for j, c in enumerate(curves) if j != i] for i in range(len(curves))]
@@ -134,10 +151,10 @@ def prefix_table(sweep: pathlib.Path, fraction: float = 0.3) -> None:
         errs["all at 30%"][law] = (np.array([cf.predict_final(c) for c in curves]) - finals) / finals
     print(f"\n## 1. final validation loss from the first {fraction:.0%} of steps ({sweep})")
     shown = ("in-sample", "others complete")
-    head = "".join(f"{f'{law[:18]} ({s[:6]})':>28}" for s in shown for law in LAWS)
+    head = "".join(f"{f'{law[:18]} ({s[:6]})':>28}" for s in shown for law in laws)
     print(f"{'run':<13}{'N':>8}{'steps':>7}{'C':>9}{'final':>8}{head}")
     for i, (row, c) in enumerate(zip(runs.iter_rows(named=True), curves)):
-        cells = "".join(f"{pct(errs[s][law][i]):>28}" for s in shown for law in LAWS)
+        cells = "".join(f"{pct(errs[s][law][i]):>28}" for s in shown for law in laws)
         print(f"{c.run_id:<13}{c.params:>8.0f}{c.num_steps:>7}{row['flops']:>9.2g}{finals[i]:>8.4f}{cells}")
     for s, e in errs.items():
         print(f"{s:>16}: {summary(e)}")
@@ -325,7 +342,7 @@ def coverage_table(runs: pl.DataFrame, checks: dict[str, list]) -> None:
             f"{f'{a:.0%}-{b:.0%}':<12}{int(m.sum()):>4}{100 * np.mean(np.abs(err[m])):>8.2f}%"
             f"{_cover(m, act, lo_b, hi_b):>18.0%}{_half(m, pred, lo_b, hi_b):>11.2f}%"
             f"{_cover(m, act, lo, hi):>19.0%}{_half(m, pred, lo, hi):>11.2f}%"
-            f"{100 * np.nanmean(mis[m]):>12.2f}%"
+            f"{100 * np.nanmean(mis[m]) if np.isfinite(mis[m]).any() else math.nan:>12.2f}%"  # nan: no backtests
         )
 
 
@@ -412,7 +429,8 @@ def _print_fits(rows: list[dict], names: list[str], bootstrap: int) -> None:
         print(f"{r['name']:<40}{r['n']:>5}{cells}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, trainer=None) -> int:
+    """The four sweeps (trained by `trainer` when given, else Ray's launcher), then the tables asked for."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/curves"))
     parser.add_argument("--bootstrap", type=int, default=200)
@@ -421,16 +439,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables", default="1234", help="which tables to print (digits)")
     parser.add_argument("--replay-boot", type=int, default=EARLY_STOP["n_boot"], help="refits per replayed check")
     parser.add_argument("--replay-backtests", type=int, default=8, help="finished runs backtested per replayed check")
+    parser.add_argument("--quick", action="store_true", help="the smoke test's small designs (designs(quick=True))")
     args = parser.parse_args(argv)
+    specs = designs(args.quick)
     full, es = args.out / "full" / "iso", args.out / "early_stop" / "iso"
     wsd, sch = args.out / "full" / "wsd", args.out / "full" / "schedules"
     if not args.skip_training:
-        run_sweep(ISO, full)
-        run_sweep({**ISO, "early_stop": EARLY_STOP}, es)  # another store root: nothing is linked from `full`
-        run_sweep(COOLDOWNS, wsd)
-        run_sweep(SCHEDULES, sch)
+        run_sweep(specs["iso"], full, trainer)
+        run_sweep(specs["early_stop"], es, trainer)  # another store root: nothing is linked from `full`
+        run_sweep(specs["wsd"], wsd, trainer)
+        run_sweep(specs["schedules"], sch, trainer)
     if "1" in args.tables:
-        prefix_table(full)
+        prefix_table(full, laws=QUICK_LAWS if args.quick else LAWS)
     if "2" in args.tables:
         cooldown_table(wsd)
     if "3" in args.tables:

@@ -27,7 +27,7 @@ import time
 
 import yaml
 
-from experiments.curve_sweeps import ISO, prefix_table, run_sweep
+from experiments.curve_sweeps import LAWS, QUICK_LAWS, designs, prefix_table, run_sweep
 from scalelab import store
 from scalelab.errors import run_script
 from scalelab.fitting.hp_laws.hyperparams import best_lr
@@ -39,9 +39,9 @@ LRS = [1.5e-3, 3e-3, 6e-3, 1.2e-2, 2.4e-2, 4.8e-2]
 SEEDS = [0, 1]
 
 
-def base_model() -> tuple[dict, int]:
+def base_model(iso: dict) -> tuple[dict, int]:
     """The smallest IsoFLOP model's shape keys and its token count at the smallest budget."""
-    runs = expand_sweep(ISO).runs
+    runs = expand_sweep(iso).runs
     small = min(runs, key=lambda r: (r.params, r.num_tokens))
     keys = ("num_layers", "d_model", "num_heads", "num_kv_heads", "d_ff")
     return {f"model.{k}": small.config["model"][k] for k in keys}, small.num_tokens
@@ -51,8 +51,8 @@ def parametrized(base: dict) -> dict:
     return {"parametrization": "completep", **base_shape(base["model.d_model"], base["model.num_layers"])}
 
 
-def lr_spec(base: dict, tokens: int) -> dict:
-    spec = copy.deepcopy(ISO)
+def lr_spec(base: dict, tokens: int, iso: dict) -> dict:
+    spec = copy.deepcopy(iso)
     spec.pop("isoflop")
     spec["name"] = "base_lr"
     spec["base"]["model"] = parametrized(base)
@@ -62,15 +62,19 @@ def lr_spec(base: dict, tokens: int) -> dict:
     return spec
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, trainer=None) -> int:
+    """The base LR sweep, then the IsoFLOP sweep at its best LR (trained by `trainer` when given, else
+    Ray's launcher), then table 1."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results/curves_mup"))
+    parser.add_argument("--quick", action="store_true", help="curve_sweeps' smoke-test IsoFLOP design and laws")
     args = parser.parse_args(argv)
-    base, tokens = base_model()
-    spec = lr_spec(base, tokens)
+    iso = designs(args.quick)["iso"]
+    base, tokens = base_model(iso)
+    spec = lr_spec(base, tokens, iso)
     lr_dir = args.out / "base_lr" / "base_lr"
     t0 = time.time()
-    launch(expand_sweep(spec), lr_dir, spec_text=yaml.safe_dump(spec), log=lambda m: None)
+    (trainer or launch)(expand_sweep(spec), lr_dir, spec_text=yaml.safe_dump(spec), log=lambda m: None)
     df = store.load_runs(lr_dir).sort("lr")
     opt = best_lr(df["lr"].to_list(), df["final_val_loss"].to_list())
     print(f"# base LR sweep ({df.height} runs, {time.time() - t0:.0f} s): {base}, {tokens} tokens")
@@ -79,12 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  lr {lr:<8.3g} final val loss {' '.join(f'{v:.4f}' for v in vals)}")
     lo, hi = opt.interval
     print(f"  best LR {opt.lr:.3g} [{lo:.3g}, {hi:.3g}] (bracketed: {opt.interior})")
-    iso = copy.deepcopy(ISO)
     iso["name"] = "iso_completep"
     iso["base"]["model"] = parametrized(base)
     iso["base"]["optim"] = {"lr": float(f"{opt.lr:.3g}")}
-    run_sweep(iso, args.out / "full" / "iso_completep")
-    prefix_table(args.out / "full" / "iso_completep")
+    run_sweep(iso, args.out / "full" / "iso_completep", trainer)
+    prefix_table(args.out / "full" / "iso_completep", laws=QUICK_LAWS if args.quick else LAWS)
     return 0
 
 

@@ -1,7 +1,9 @@
 """The LR-transfer gate on a ladder whose width grows x8: refused under sp, passed under mup.
 
 Launches (local Ray, 2 CPUs, into one store, so a rerun trains nothing twice) the same ladder spec
-twice, once with `model.parametrization: sp` and once with `mup`, through `scalelab sweep launch`.
+twice, once with `model.parametrization: sp` and once with `mup`, through what `scalelab sweep launch
+SPEC --out DIR` runs (scalelab.sweeps.closed_loop.rounds.run_rounds: the gate, then the ladder; the
+exit code printed is the one that command gives the outcome: 2 refused, 0 done, 1 a run unfinished).
 The ladder's sizes (1.5e4 .. 9e5 parameters, the shape rule at 32 channels per layer from 16 wide)
 go from d_model 16 to 128; its `transfer:` section checks 7 LRs x2 apart at those two widths
 (1 layer, 1 token per parameter, 4 sequences of 32 tokens per step, 3 seeds per point). Expected:
@@ -21,8 +23,9 @@ from pathlib import Path
 
 import yaml
 
-from scalelab.cli.main import main as scalelab
 from scalelab.errors import run_script
+from scalelab.sweeps.closed_loop.rounds import LaunchOptions, run_rounds
+from scalelab.sweeps.specs.spec import load_sweep
 
 SPEC = {
     "base": {
@@ -51,7 +54,8 @@ SPEC = {
 }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, trainer=None) -> int:
+    """Both ladders through the gate (trained by `trainer` when given, else Ray's launcher), then both tables."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/bench/transfer_gate", help="store root")
     ap.add_argument("--num-cpus", type=int, default=2)
@@ -65,15 +69,17 @@ def main(argv: list[str] | None = None) -> None:
         spec["base"]["model"]["parametrization"] = p
         path = root / f"ladder-{p}.yaml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
-        t0 = time.time()
-        print(f"\n=== scalelab sweep launch {path} --out {root / f'ladder-{p}'}", flush=True)
-        codes[p] = scalelab(["sweep", "launch", str(path), "--out", str(root / f"ladder-{p}"),
-                             "--num-cpus", str(args.num_cpus)])  # fmt: skip
+        t0, out = time.time(), root / f"ladder-{p}"
+        print(f"\n=== scalelab sweep launch {path} --out {out}", flush=True)
+        options = LaunchOptions(num_cpus=args.num_cpus, trainer=trainer)
+        result = run_rounds(load_sweep(path), out, spec_text=path.read_text(), spec_name=path.stem, options=options)
+        codes[p] = 2 if result.transfer.refused else 0 if result.ok else 1
         print(f"=== exit code {codes[p]} ({time.time() - t0:.0f} s)", flush=True)
     for p in ("sp", "mup"):
         print(f"\n{p}: exit {codes[p]}\n" + (root / f"ladder-{p}-transfer" / "gate.txt").read_text())
     verdict = "as expected" if codes["sp"] == 2 and codes["mup"] == 0 else "NOT as expected"
     print(f"sp refused (exit 2) and mup passed (exit 0): {verdict}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ so a package change that breaks an experiment fails here. The experiments' full 
 are in docs/; these check that the protocol's code path still runs end to end and prints its table.
 An experiment that launches runs takes a `trainer` in place of Ray's launcher: here
 scalelab.analysis.synthetic.synthetic_trainer, with a known law or a truth of the whole run (an LR
-optimum for the LR experiments), so its own analysis runs without Ray and has something to find.
+optimum for the LR experiments), so its own analysis runs without Ray and has something to find; the
+curve experiments take scalelab.analysis.synthetic_curves.curve_trainer, whose runs log whole loss
+curves from the lr_annealing law (and stop early where their spec says), so the curve laws' errors
+and the fitted annealing term have a known answer.
 The experiments with training or a store have their own test modules (test_first_round_protocol,
 test_frontier_benches, test_gap_power, test_bench_studies)."""
 
@@ -19,6 +22,8 @@ import pytest
 
 from experiments import (
     closed_loop,
+    curve_sweeps,
+    curve_sweeps_mup,
     design_distance,
     e_from_curves,
     extrapolation_scale,
@@ -44,7 +49,9 @@ from experiments import (
     seed_noise,
     stack_bagging,
     stacked_coverage,
+    transfer_gate,
 )
+from scalelab import store
 from scalelab.analysis.synthetic import (
     SyntheticLaw,
     isoflop_design,
@@ -52,6 +59,7 @@ from scalelab.analysis.synthetic import (
     synthetic_trainer,
     write_synthetic_sweep,
 )
+from scalelab.analysis.synthetic_curves import CURVE_PARAMS, CurveTruth, curve_trainer
 from scalelab.errors import UsageError, run_script
 from scalelab.fitting.allocation.allocate import chinchilla_optimum
 
@@ -305,3 +313,63 @@ def test_lr_transfer_sees_sp_move_and_mup_stay(tmp_path, capsys):
     assert (
         set(moved) == {"sp", "mup", "completep"} and moved["sp"] > 1.5 and max(moved["mup"], moved["completep"]) < 0.5
     )
+
+
+def test_transfer_gate_refuses_sp_and_passes_mup(tmp_path, capsys):
+    """The truth's best LR falls as 1/width under sp (off the grid's low edge at d_model 128) and stays
+    under mup: the gate refuses sp's ladder before it is written and trains mup's at the base's best LR."""
+
+    def best(run) -> float:
+        m = run.config["model"]
+        return 8e-3 * (16 / m["d_model"] if m["parametrization"] == "sp" else 1.0)
+
+    assert transfer_gate.main(["--out", str(tmp_path)], trainer=lr_truth(best)) == 0
+    out = capsys.readouterr().out
+    assert "sp refused (exit 2) and mup passed (exit 0): as expected" in out
+    assert "no bracketed minimum for d_model 128 x 1 layers" in out and "; the ladder takes lr " in out
+    assert not (tmp_path / "ladder-sp").exists()  # a refused ladder writes nothing
+    ladder = store.load_runs(tmp_path / "ladder-mup")
+    (lr,) = set(ladder["lr"])
+    assert ladder.height == 3 and set(ladder["status"]) == {"done"} and abs(math.log2(lr / 8e-3)) < 0.5
+
+
+def _tables(out: str) -> dict[str, str]:
+    """curve_sweeps' printed tables by number ("## 1. ..." up to the next)."""
+    return dict(re.findall(r"^## (\d)\. (.*?)(?=^## \d\.|\Z)", out, re.M | re.S))
+
+
+def _mean_abs_err(table: str, law: str, label: str = "") -> float:
+    """A table's `[label: ]law: mean |err| X%` summary, as a fraction."""
+    return float(re.search(rf"{label}\s*{law}: mean \|err\| (\S+)%", table).group(1)) / 100
+
+
+def test_curve_sweeps_prints_every_table_on_simulated_curves(tmp_path, capsys):
+    """--quick: 4 IsoFLOP runs (and again with early stopping), 3 WSD runs, 6 schedule runs, whose validation
+    curves follow lr_annealing: the law fits them to their noise, predicts the WSD branches and the cosine
+    runs, the annealing bonus C comes out near the truth's, and early stopping stops a run near its loss."""
+    argv = ["--quick", "--out", str(tmp_path), "--bootstrap", "2", "--replay-boot", "2", "--replay-backtests", "0"]
+    assert curve_sweeps.main([*argv, "--tolerances", "0.01"], trainer=curve_trainer()) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[3] for line in out.splitlines() if line.startswith("# sweep")] == ["4", "4", "3", "6"]
+    tables = _tables(out)
+    assert _mean_abs_err(tables["1"], "lr_annealing", "in-sample:") < 0.005
+    assert _mean_abs_err(tables["1"], "lr_annealing", "others complete:") < 0.015
+    assert _mean_abs_err(tables["2"], "lr_annealing") < 0.01  # the branches from their stable run alone
+    c = float(re.search(r"constant \+ wsd: fitted C = (\S+) ", tables["3"]).group(1))
+    assert abs(c / CURVE_PARAMS["C"] - 1) < 0.3
+    assert "runs stopped: 1 of 4;" in tables["4"] and "tolerance 1%: 1 of 4 runs stopped" in tables["4"]
+    (stopped,) = [line.split() for line in tables["4"].splitlines() if re.match(r"[0-9a-f]{12} .* \[", line)]
+    assert abs(float(stopped[-1].rstrip("%"))) < 1  # its predicted final loss against the full sweep's run
+
+
+def test_curve_sweeps_mup_tunes_the_base_lr_then_scores_the_sweep(tmp_path, capsys):
+    """The base model's LR sweep finds the truth's optimum (6e-3, a loss factor exp(0.05 ln(lr/6e-3)^2) on
+    the lr_annealing curves), the --quick IsoFLOP sweep trains at it, table 1 scores it."""
+    truth = CurveTruth(factor=lambda run: math.exp(0.05 * math.log(run.config["optim"]["lr"] / 6e-3) ** 2))
+    trainer = curve_trainer(truth)
+    assert curve_sweeps_mup.main(["--quick", "--out", str(tmp_path)], trainer=trainer) == 0
+    out = capsys.readouterr().out
+    best = float(re.search(r"best LR (\S+) \[.*\] \(bracketed: True\)", out).group(1))
+    assert abs(math.log(best / 6e-3)) < 0.1 and "# base LR sweep (12 runs" in out
+    assert set(store.load_runs(tmp_path / "full" / "iso_completep")["lr"]) == {best}
+    assert _mean_abs_err(_tables(out)["1"], "lr_annealing", "in-sample:") < 0.005
