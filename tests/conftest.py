@@ -4,7 +4,8 @@
   kernels run (slowly, exactly) on CPU.
 - SCALELAB_CACHE points at one temporary directory for the whole session, so the default corpus is
   prepared once per test session and never touches the user's ~/.cache.
-- wandb never talks to the network in tests; Ray listens on loopback without token auth.
+- wandb never talks to the network in tests; Ray listens on loopback without token auth; Ray
+  Train's controller polls its workers every 0.5 s.
 - One OpenMP / BLAS thread per process (torch's intra-op pool, numpy's OpenBLAS, MKL), set before
   either library loads and inherited by every subprocess, Ray worker and spawned rank: the tests'
   problems are tiny, and on a shared 2-core machine a second thread mostly spins against the other
@@ -40,6 +41,10 @@ os.environ.setdefault("SCALELAB_CACHE", tempfile.mkdtemp(prefix="scalelab-test-c
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("SCALELAB_SPAWN_TIMEOUT_S", "180")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray Train's controller polls its workers every 2 s by default and sees a run's end or a dead worker
+# only at a poll; the multi-process runs here last seconds. A poll that outlasts it counts as a
+# missed check, not a failure (RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S, 10 min, decides that).
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 # The session's Ray cluster listens on 127.0.0.1 only (as scalelab's own local clusters do, see
 # scalelab.sweeps.execution.ray_cluster.local_ray_on_loopback); read by ray when it is imported.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")

@@ -69,7 +69,12 @@ def test_dp2_on_s3_loses_a_node_and_resumes_from_the_bucket(sim, dp2_reference, 
     out = f"s3://{BUCKET}/root/elastic"
     run_url = objects.join(out, "runs", run_id)
     log = tmp_path / "elastic.log"
-    timeout = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}  # then Ray Train tries a smaller group
+    # After the loss Ray Train asks for the group of two again until its view of the cluster drops
+    # the dead node: Ray's autoscaling coordinator refreshes that view every 20 s (0-20 s after the
+    # loss). Each try waits this long for its placement group (never placed: one node is gone);
+    # only placement is timed (ready in under a second on live nodes; a try that times out before
+    # the loss is tried again at the same size), so a short one only ends the last try sooner.
+    timeout = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "2"}
     proc = _driver(spec, out, sim.address, tmp_path, SCALELAB_TEST_STEP_DELAY_S="0.15", **timeout)
     _wait_for("a complete checkpoint >= 10 in the bucket", lambda: _newest_complete(run_url) >= 10, proc, log)
     trial_node = [e for e in store.read_events(out) if e["event"] == "start"][-1]["node"]
