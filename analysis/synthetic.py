@@ -122,9 +122,14 @@ def isoflop_design(
     return out
 
 
+def noise_seed(*key) -> int:
+    """A 64-bit seed that is a pure function of `key` (e.g. (noise_seed, run id)): a run's synthetic
+    noise does not depend on which other runs are simulated, or in what order."""
+    return int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:8], "little")
+
+
 def _rng(*key) -> np.random.Generator:
-    digest = hashlib.sha256(repr(key).encode()).digest()
-    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    return np.random.default_rng(noise_seed(*key))
 
 
 def _run_config(point: DesignPoint, seed: int, tags: dict[str, str], name: str):

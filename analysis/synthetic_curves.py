@@ -25,7 +25,6 @@ trained run does (scalelab.train.loop).
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from scalelab import store
-from scalelab.analysis.synthetic import record_launch
+from scalelab.analysis.synthetic import noise_seed, record_launch
 from scalelab.fitting.loss_curves.curves import RunCurve
 from scalelab.fitting.selection.simulate import simulate_curve
 from scalelab.store import ledger
@@ -66,8 +65,11 @@ class CurveTruth:
         """The loss of every step 1..T of a resolved run (a RunSpec); the noise is a pure function of
         (noise_seed, run id)."""
         lr, tps = planned_lr(run.config)
-        seed = int.from_bytes(hashlib.sha256(repr((self.noise_seed, run.run_id)).encode()).digest()[:8], "little")
-        noise = {"noise_sigma": self.noise_sigma, "run_sigma": self.run_sigma, "seed": seed}
+        noise = {
+            "noise_sigma": self.noise_sigma,
+            "run_sigma": self.run_sigma,
+            "seed": noise_seed(self.noise_seed, run.run_id),
+        }
         shape = {"lr": lr, "tokens_per_step": tps, "decay": self.decay, "law": self.law}
         curve = simulate_curve(self.params, run_id=run.run_id, params=run.params, **shape, **noise)
         if self.factor is not None:
