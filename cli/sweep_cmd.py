@@ -444,7 +444,7 @@ def run_launch(args) -> int:
         before_launch=announce,
         fit_images=fit_images,
     )
-    if result.transfer is not None and result.transfer.refused:
+    if result.transfer_refused:
         print(result.transfer.table, file=sys.stderr)
         print(
             f"scalelab sweep launch: error: transfer: the best LR drifts beyond {result.transfer.gate.tolerance} grid "
@@ -452,8 +452,7 @@ def run_launch(args) -> int:
             "use parametrization mup/completep, widen transfer.lrs, or pass --force",
             file=sys.stderr,
         )
-        return 2
-    if result.recipe_gate is not None and not result.recipe_gate.ok and not args.force:
+    elif result.recipe_refused(args.force):
         from scalelab.sweeps.recipes.recipe_gate import format_recipe_gate
 
         print(format_recipe_gate(result.recipe_gate), file=sys.stderr)
@@ -464,8 +463,7 @@ def run_launch(args) -> int:
             "audit's recipe.yaml, raise recipe_gate.max_cost, or pass --force",
             file=sys.stderr,
         )
-        return 2
-    return 0 if result.ok else 1
+    return result.exit_code(args.force)
 
 
 def _detach(args, sweep, pre_record: bool, out: str | Path) -> int:

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None, trainer=None) -> int:
         print(f"\n=== scalelab sweep launch {path} --out {out}", flush=True)
         options = LaunchOptions(num_cpus=args.num_cpus, trainer=trainer)
         result = run_rounds(load_sweep(path), out, spec_text=path.read_text(), spec_name=path.stem, options=options)
-        codes[p] = 2 if result.transfer.refused else 0 if result.ok else 1
+        codes[p] = result.exit_code()
         print(f"=== exit code {codes[p]} ({time.time() - t0:.0f} s)", flush=True)
     for p in ("sp", "mup"):
         print(f"\n{p}: exit {codes[p]}\n" + (root / f"ladder-{p}-transfer" / "gate.txt").read_text())

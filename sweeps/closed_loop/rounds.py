@@ -112,6 +112,22 @@ class RoundsResult:
         """Every run of the last launch finished: done, diverged, or stopped early (store.TERMINAL)."""
         return all(s in store.TERMINAL for s in self.states.values())
 
+    @property
+    def transfer_refused(self) -> bool:
+        """The LR-transfer gate refused the ladder (nothing of it was written)."""
+        return self.transfer is not None and self.transfer.refused
+
+    def recipe_refused(self, force: bool = False) -> bool:
+        """The recipe gate refused the design (a refusal `force` overrides does not count)."""
+        return self.recipe_gate is not None and not self.recipe_gate.ok and not force
+
+    def exit_code(self, force: bool = False) -> int:
+        """What `scalelab sweep launch` exits with: 2 where a gate refused, 0 where every run of the last
+        launch finished, 1 where one did not."""
+        if self.transfer_refused or self.recipe_refused(force):
+            return 2
+        return 0 if self.ok else 1
+
 
 def run_rounds(
     sweep: Sweep,
