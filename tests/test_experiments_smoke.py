@@ -278,15 +278,23 @@ def test_design_distance_links_the_loops_first_round_and_scores_its_far_runs(clo
     assert "2.0e+13 (3.2x / 10x): up4 " in out and "first round " in out and "ladder " in out
 
 
+def lr_penalty(run, best: float) -> float:
+    """exp(0.05 ln(lr / best)^2): the loss factor of a run trained off the best LR."""
+    return math.exp(0.05 * math.log(run.config["optim"]["lr"] / best) ** 2)
+
+
+def sp_moves_best_lr(run) -> float:
+    """A best LR that falls as 1/width under sp and stays at 8e-3 under mup and completep."""
+    m = run.config["model"]
+    return 8e-3 * (16 / m["d_model"] if m["parametrization"] == "sp" else 1.0)
+
+
 def lr_truth(best_lr):
-    """A run's loss: the synthetic law's at its (N, D) times exp(0.05 ln(lr / best_lr(run))^2), so that
-    an LR experiment's analysis has an optimum to find (0.3% noise on top)."""
+    """A run's loss: the synthetic law's at its (N, D) times lr_penalty(run, best_lr(run)), so that an
+    LR experiment's analysis has an optimum to find (0.3% noise on top)."""
 
     def loss(run) -> float:
-        lr = run.config["optim"]["lr"]
-        return float(SyntheticLaw().loss(run.params, run.num_tokens)) * math.exp(
-            0.05 * math.log(lr / best_lr(run)) ** 2
-        )
+        return float(SyntheticLaw().loss(run.params, run.num_tokens)) * lr_penalty(run, best_lr(run))
 
     return synthetic_trainer(loss, noise_std=0.003)
 
@@ -303,11 +311,7 @@ def test_lr_sweep_finds_the_truths_lr_law(tmp_path, capsys):
 def test_lr_transfer_sees_sp_move_and_mup_stay(tmp_path, capsys):
     """Under sp the truth's best LR falls as 1/width, under mup and completep it stays: the table says so."""
 
-    def best(run) -> float:
-        m = run.config["model"]
-        return 8e-3 * (16 / m["d_model"] if m["parametrization"] == "sp" else 1.0)
-
-    lr_transfer.main(["--out", str(tmp_path / "lr_transfer")], trainer=lr_truth(best))
+    lr_transfer.main(["--out", str(tmp_path / "lr_transfer")], trainer=lr_truth(sp_moves_best_lr))
     out = capsys.readouterr().out
     moved = {p: float(w) for p, w in re.findall(r"^(\w+): best LR moves by at most (\S+) grid", out, re.M)}
     assert (
@@ -319,11 +323,7 @@ def test_transfer_gate_refuses_sp_and_passes_mup(tmp_path, capsys):
     """The truth's best LR falls as 1/width under sp (off the grid's low edge at d_model 128) and stays
     under mup: the gate refuses sp's ladder before it is written and trains mup's at the base's best LR."""
 
-    def best(run) -> float:
-        m = run.config["model"]
-        return 8e-3 * (16 / m["d_model"] if m["parametrization"] == "sp" else 1.0)
-
-    assert transfer_gate.main(["--out", str(tmp_path)], trainer=lr_truth(best)) == 0
+    assert transfer_gate.main(["--out", str(tmp_path)], trainer=lr_truth(sp_moves_best_lr)) == 0
     out = capsys.readouterr().out
     assert "sp refused (exit 2) and mup passed (exit 0): as expected" in out
     assert "no bracketed minimum for d_model 128 x 1 layers" in out and "; the ladder takes lr " in out
@@ -365,7 +365,7 @@ def test_curve_sweeps_prints_every_table_on_simulated_curves(tmp_path, capsys):
 def test_curve_sweeps_mup_tunes_the_base_lr_then_scores_the_sweep(tmp_path, capsys):
     """The base model's LR sweep finds the truth's optimum (6e-3, a loss factor exp(0.05 ln(lr/6e-3)^2) on
     the lr_annealing curves), the --quick IsoFLOP sweep trains at it, table 1 scores it."""
-    truth = CurveTruth(factor=lambda run: math.exp(0.05 * math.log(run.config["optim"]["lr"] / 6e-3) ** 2))
+    truth = CurveTruth(factor=lambda run: lr_penalty(run, 6e-3))
     trainer = curve_trainer(truth)
     assert curve_sweeps_mup.main(["--quick", "--out", str(tmp_path)], trainer=trainer) == 0
     out = capsys.readouterr().out
