@@ -14,7 +14,14 @@ The cold-store goals of issue 47 are about what a first round predicts far out: 
    (ScalingFit.optimal_run_interval: the compute frontier's level, its calibrated 95% interval),
    with the surface's own prediction beside it;
 4. per distance (a multiple of the first round's largest budget): mean |error|, coverage, mean
-   width ((hi - lo) / point, the issue's width), against the goals.
+   width ((hi - lo) / point, the issue's width), against the goals;
+5. the "bracket" column (registered in docs/first-round.md, step 3b, before stores s1100-s1400's far
+   runs trained): on a first round a saturating surface leans pessimistic far out and a pure power
+   law optimistic (scalelab.fitting.allocation.frontier_forms), so the prediction is their geometric
+   mean: the surface's, and a power law L*(C) = A C^-gamma through each budget's best measured loss
+   times the surface's excess at (N, D) over its own optimum at C. Its 95% interval is the surface's
+   log half-width and half the two sides' log gap added in quadrature, about that mean; its "ends"
+   interval is the two sides themselves (the claim that the truth lies between them).
 
     python experiments/score_store.py DIR/loop [--far experiments/data/closed_loop_far_runs.csv --seed S] [--json OUT]
 """
@@ -29,6 +36,7 @@ import numpy as np
 import polars as pl
 
 from scalelab.errors import run_script
+from scalelab.fitting.allocation.frontier_forms import FrontierForm, fit_power
 from scalelab.store import load_runs
 from scalelab.sweeps.closed_loop.far_runs import far_runs
 from scalelab.sweeps.closed_loop.store_fit import fit_options, fit_store, store_fit_spec
@@ -58,11 +66,30 @@ def far_points(path: pathlib.Path, far: pathlib.Path | None, seed: int | None) -
     return sorted(points, key=lambda p: (p["budget"], p["params"])), largest
 
 
+def best_power(first_round: pl.DataFrame) -> FrontierForm:
+    """The power side of the bracket: ln L* = a - gamma ln C through each budget's best measured loss."""
+    best = first_round.group_by("flops_budget").agg(pl.col("final_val_loss").min()).sort("flops_budget")
+    return fit_power(best["flops_budget"].to_numpy(), best["final_val_loss"].to_numpy())
+
+
+def bracket(fit, power: FrontierForm, surface: list[float], n: float, d: float, flops: float) -> list[float]:
+    """[point, lo, hi, low end, high end] of the bracket column (module docstring, 5), from the
+    surface's [point, lo, hi]."""
+    excess = float(fit.predict(n, d)) / fit.optimum(flops)[2]
+    low_side = float(np.exp(power.log_predict(flops))) * excess
+    point = float(np.sqrt(surface[0] * low_side))
+    half = float(np.hypot(np.log(surface[2] / surface[1]) / 2, np.log(surface[0] / low_side) / 2))
+    ends = sorted((surface[0], low_side))
+    return [point, point * float(np.exp(-half)), point * float(np.exp(half)), *ends]
+
+
 def score(path: pathlib.Path, points: list[dict], largest: float) -> list[dict]:
     """Each point predicted by the first round's fit (module docstring, 1 and 3)."""
     runs = load_runs(path)
     runs = runs.with_columns(round=pl.col("round").fill_null(0) if "round" in runs.columns else pl.lit(0))
-    fit = fit_store(path, fit_options(store_fit_spec(path)), runs=runs.filter(pl.col("round") == 0))[0]
+    first_round = runs.filter(pl.col("round") == 0)
+    fit = fit_store(path, fit_options(store_fit_spec(path)), runs=first_round)[0]
+    power = best_power(first_round.filter(pl.col("status") == "done"))
     print(f"first round: {fit.loss.size} runs, {fit.law}; degenerate: {[f.name for f in fit.degeneracy] or 'no'}")
     if fit.frontier is not None:
         weights = ", ".join(f"{k} {v:.2f}" for k, v in fit.frontier.calibration.weights.items())
@@ -71,6 +98,7 @@ def score(path: pathlib.Path, points: list[dict], largest: float) -> list[dict]:
     for p in points:
         pi = fit.optimal_run_interval(p["params"], p["tokens"], p["budget"])
         surface = fit.surface_interval(p["params"], p["tokens"], p["budget"])
+        both = bracket(fit, power, [surface.point, surface.lo, surface.hi], p["params"], p["tokens"], p["budget"])
         out.append(
             p
             | {
@@ -81,6 +109,12 @@ def score(path: pathlib.Path, points: list[dict], largest: float) -> list[dict]:
                 "covered": bool(pi.lo <= p["loss"] <= pi.hi),
                 "surface": [surface.point, surface.lo, surface.hi],
                 "surface_error": surface.point / p["loss"] - 1,
+                "bracket": both,
+                "bracket_error": both[0] / p["loss"] - 1,
+                "bracket_width": (both[2] - both[1]) / both[0],
+                "bracket_covered": bool(both[1] <= p["loss"] <= both[2]),
+                "ends_width": (both[4] - both[3]) / both[0],
+                "ends_covered": bool(both[3] <= p["loss"] <= both[4]),
             }
         )
     return out
@@ -88,13 +122,14 @@ def score(path: pathlib.Path, points: list[dict], largest: float) -> list[dict]:
 
 def report(rows: list[dict]) -> None:
     print(f"{'run':<28} {'N':>10} {'D':>11} {'x':>4} {'measured':>9} {'predicted [95%]':>26} {'error':>7} "
-          f"{'width':>6}  surface")  # fmt: skip
+          f"{'width':>6}  surface            bracket [95%]")  # fmt: skip
     for r in rows:
         lo, hi = r["predicted"][1:]
         out = "" if r["covered"] else " OUT"
         print(f"{r['source']:<28} {r['params']:>10.0f} {r['tokens']:>11.4g} {r['distance']:>4.0f} {r['loss']:>9.4f} "
               f"{r['predicted'][0]:>8.4f} [{lo:.4f}, {hi:.4f}] {100 * r['error']:>+6.2f}% {100 * r['width']:>5.1f}%"
-              f"{out}  {r['surface'][0]:.4f} ({100 * r['surface_error']:+.2f}%)")  # fmt: skip
+              f"{out}  {r['surface'][0]:.4f} ({100 * r['surface_error']:+.2f}%)  {r['bracket'][0]:.4f} "
+              f"[{r['bracket'][1]:.4f}, {r['bracket'][2]:.4f}] ({100 * r['bracket_error']:+.2f}%)")  # fmt: skip
     print("by distance: mean |error|, coverage, mean width; the goal")
     for x in sorted({round(r["distance"]) for r in rows}):
         mine = [r for r in rows if round(r["distance"]) == x]
@@ -113,6 +148,20 @@ def report(rows: list[dict]) -> None:
             )
         )
         print(f"  {x:>3}x  {len(mine)} run(s)  {100 * err:.2f}%  {100 * cover:.0f}%  {100 * width:.1f}%{text}")
+    print(
+        "the bracket column (docs/first-round.md, step 3b): mean signed error, coverage and mean width of the 95%"
+        " interval, and of the ends"
+    )
+    for x in sorted({round(r["distance"]) for r in rows}):
+        mine = [r for r in rows if round(r["distance"]) == x]
+        err = float(np.mean([r["bracket_error"] for r in mine]))
+        cover = np.mean([r["bracket_covered"] for r in mine])
+        width = float(np.mean([r["bracket_width"] for r in mine]))
+        ends = np.mean([r["ends_covered"] for r in mine]), float(np.mean([r["ends_width"] for r in mine]))
+        print(
+            f"  {x:>3}x  {len(mine)} run(s)  {100 * err:+.2f}%  {100 * cover:.0f}%  {100 * width:.1f}%  "
+            f"ends {100 * ends[0]:.0f}%  {100 * ends[1]:.1f}%"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

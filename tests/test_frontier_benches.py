@@ -1,8 +1,12 @@
 """The frontier's experiments on tiny inputs (fast): experiments/frontier_public.py scores a table by the
 registered protocol, experiments/score_store.py scores a store's first round against its far runs."""
 
+import json
+import math
+
 import numpy as np
 import polars as pl
+import pytest
 
 from experiments import frontier_public, score_store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
@@ -42,6 +46,14 @@ def test_a_stores_first_round_is_scored_against_its_far_runs(tmp_path, capsys):
         n, d, loss = chinchilla_optimum(law.params_dict(), mult * 3e12)
         rows.append({"seed": 0, "params": n, "tokens": d, "loss": loss, "distance": mult})
     pl.DataFrame(rows).write_csv(far)
-    out = _run(score_store.main, [str(sd), "--far", str(far), "--seed", "0"], capsys)
+    argv = [str(sd), "--far", str(far), "--seed", "0", "--json", str(tmp_path / "s.json")]
+    out = _run(score_store.main, argv, capsys)
     assert out.startswith("first round: 15 runs, chinchilla")
     assert "--far seed 0" in out and " 30x  1 run(s)" in out and "goal |error| <= 4%, width <= 20%" in out
+    # the bracket column: the geometric mean of the surface and the power law through the budgets'
+    # best losses, whose ends are the two sides, inside its 95% interval
+    assert "the bracket column" in out
+    for row in json.loads((tmp_path / "s.json").read_text()):
+        point, lo, hi, low, high = row["bracket"]
+        assert point == pytest.approx(math.sqrt(low * high)) and lo < low <= point <= high < hi
+        assert row["surface"][0] in (pytest.approx(low), pytest.approx(high)) and high / low > 1.0001
