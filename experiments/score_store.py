@@ -16,12 +16,9 @@ The cold-store goals of issue 47 are about what a first round predicts far out: 
 4. per distance (a multiple of the first round's largest budget): mean |error|, coverage, mean
    width ((hi - lo) / point, the issue's width), against the goals;
 5. the "bracket" column (registered in docs/first-round.md, step 3b, before stores s1100-s1400's far
-   runs trained): on a first round a saturating surface leans pessimistic far out and a pure power
-   law optimistic (scalelab.fitting.allocation.frontier_forms), so the prediction is their geometric
-   mean: the surface's, and a power law L*(C) = A C^-gamma through each budget's best measured loss
-   times the surface's excess at (N, D) over its own optimum at C. Its 95% interval is the surface's
-   log half-width and half the two sides' log gap added in quadrature, about that mean; its "ends"
-   interval is the two sides themselves (the claim that the truth lies between them).
+   runs trained; ScalingFit.bracket_interval, scalelab.fitting.allocation.bracket): the geometric
+   mean of the surface's prediction and a power law through each budget's best measured loss, its
+   95% interval, and its "ends" (the two sides themselves: the claim that the truth lies between).
 
     python experiments/score_store.py DIR/loop [--far experiments/data/closed_loop_far_runs.csv --seed S] [--json OUT]
 """
@@ -36,7 +33,6 @@ import numpy as np
 import polars as pl
 
 from scalelab.errors import run_script
-from scalelab.fitting.allocation.frontier_forms import FrontierForm, fit_power
 from scalelab.store import load_runs
 from scalelab.sweeps.closed_loop.far_runs import far_runs
 from scalelab.sweeps.closed_loop.store_fit import fit_options, fit_store, store_fit_spec
@@ -66,30 +62,12 @@ def far_points(path: pathlib.Path, far: pathlib.Path | None, seed: int | None) -
     return sorted(points, key=lambda p: (p["budget"], p["params"])), largest
 
 
-def best_power(first_round: pl.DataFrame) -> FrontierForm:
-    """The power side of the bracket: ln L* = a - gamma ln C through each budget's best measured loss."""
-    best = first_round.group_by("flops_budget").agg(pl.col("final_val_loss").min()).sort("flops_budget")
-    return fit_power(best["flops_budget"].to_numpy(), best["final_val_loss"].to_numpy())
-
-
-def bracket(fit, power: FrontierForm, surface: list[float], n: float, d: float, flops: float) -> list[float]:
-    """[point, lo, hi, low end, high end] of the bracket column (module docstring, 5), from the
-    surface's [point, lo, hi]."""
-    excess = float(fit.predict(n, d)) / fit.optimum(flops)[2]
-    low_side = float(np.exp(power.log_predict(flops))) * excess
-    point = float(np.sqrt(surface[0] * low_side))
-    half = float(np.hypot(np.log(surface[2] / surface[1]) / 2, np.log(surface[0] / low_side) / 2))
-    ends = sorted((surface[0], low_side))
-    return [point, point * float(np.exp(-half)), point * float(np.exp(half)), *ends]
-
-
 def score(path: pathlib.Path, points: list[dict], largest: float) -> list[dict]:
     """Each point predicted by the first round's fit (module docstring, 1 and 3)."""
     runs = load_runs(path)
     runs = runs.with_columns(round=pl.col("round").fill_null(0) if "round" in runs.columns else pl.lit(0))
     first_round = runs.filter(pl.col("round") == 0)
     fit = fit_store(path, fit_options(store_fit_spec(path)), runs=first_round)[0]
-    power = best_power(first_round.filter(pl.col("status") == "done"))
     print(f"first round: {fit.loss.size} runs, {fit.law}; degenerate: {[f.name for f in fit.degeneracy] or 'no'}")
     if fit.frontier is not None:
         weights = ", ".join(f"{k} {v:.2f}" for k, v in fit.frontier.calibration.weights.items())
@@ -98,7 +76,8 @@ def score(path: pathlib.Path, points: list[dict], largest: float) -> list[dict]:
     for p in points:
         pi = fit.optimal_run_interval(p["params"], p["tokens"], p["budget"])
         surface = fit.surface_interval(p["params"], p["tokens"], p["budget"])
-        both = bracket(fit, power, [surface.point, surface.lo, surface.hi], p["params"], p["tokens"], p["budget"])
+        b = fit.bracket_interval(p["params"], p["tokens"], p["budget"])
+        both = [b.point, b.lo, b.hi, b.low_end, b.high_end]
         out.append(
             p
             | {

@@ -33,6 +33,7 @@ import numpy as np
 import scalelab
 from scalelab.errors import UsageError
 from scalelab.fitting.allocation.allocate import optimum_for_law
+from scalelab.fitting.allocation.bracket import Bracket, best_loss_power, bracket
 from scalelab.fitting.allocation.compute_optimal import ComputeOptimal, Surface, anchored_interval, compute_optimal
 from scalelab.fitting.allocation.frontier import FrontierFit
 from scalelab.fitting.entry.degeneracy import Finding, degenerate
@@ -204,6 +205,14 @@ class ScalingFit:
         if self.frontier is None:
             return self.predict_interval(n, d, flops)
         return anchored_interval(self.frontier, self.surface(), n, d, flops)
+
+    def bracket_interval(self, n: float, d: float, flops: float) -> Bracket:
+        """The first round's bracket at (N, D) of budget `flops`: the surface's prediction and a power
+        law through the budgets' best losses, their geometric mean (scalelab.fitting.allocation.bracket)."""
+        surface = self.surface_interval(n, d, flops)
+        excess = float(self.predict(n, d)) / self.optimum(flops)[2]
+        power_side = float(np.exp(best_loss_power(self.budgets, self.loss).log_predict(flops))) * excess
+        return bracket((surface.point, surface.lo, surface.hi), power_side)
 
     def predict_interval(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
         """Point prediction at (N, D) and its interval: the surface's (surface_interval), or, for a

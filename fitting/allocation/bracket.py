@@ -1,0 +1,52 @@
+"""A first round's bracket: its saturating surface and a pure power law, their geometric mean.
+
+    power = best_loss_power(fit.budgets, fit.loss)   # ln L* = a - gamma ln C through each budget's best loss
+    b = bracket((point, lo, hi), power_side)         # Bracket: the point, its 95% interval, the two ends
+    fit.bracket_interval(n, d, flops)                # the same from a ScalingFit (scalelab.fitting.entry.scaling_fit)
+
+On one or two decades of compute a saturating law leans pessimistic far out and a pure power law
+optimistic (scalelab.fitting.allocation.frontier_forms), so the bracket predicts with their
+geometric mean. On a first round (three budgets, where the frontier has no residual degree of
+freedom to calibrate and may not be built at all) the saturating side is the surface's own
+prediction at (N, D); the power side is L*(C) = A C^-gamma through each budget's best measured loss,
+times the surface's excess at (N, D) over its own optimum at C (the cost of being off N*, which the
+surface measures well). The interval: the surface interval's log half-width and half the two
+sides' log gap, added in quadrature about the point; the ends are the two sides themselves.
+
+It is the "bracket" column of the registered first-round protocol (docs/first-round.md, step 3b),
+scored beside the loop's default on stores trained after it was registered; the loop does not
+predict with it unless that protocol's rule adopts it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scalelab.fitting.allocation.frontier_forms import FrontierForm, fit_power
+
+
+@dataclass(frozen=True, slots=True)
+class Bracket:
+    point: float
+    lo: float  # the 95% interval
+    hi: float
+    low_end: float  # the two sides, the lower first
+    high_end: float
+
+
+def best_loss_power(flops, loss) -> FrontierForm:
+    """The power side: ln L* = a - gamma ln C by least squares through each budget's best loss (2+
+    budgets), the budgets in increasing order."""
+    c, y = np.asarray(flops, dtype=float), np.asarray(loss, dtype=float)
+    budgets = np.unique(c)
+    return fit_power(budgets, np.array([y[c == b].min() for b in budgets]))
+
+
+def bracket(surface: tuple[float, float, float], power_side: float) -> Bracket:
+    """The bracket from the surface's (point, lo, hi) at a run and the power side's loss there."""
+    point = float(np.sqrt(surface[0] * power_side))
+    half = float(np.hypot(np.log(surface[2] / surface[1]) / 2, np.log(surface[0] / power_side) / 2))
+    low, high = sorted((surface[0], power_side))
+    return Bracket(point, point * float(np.exp(-half)), point * float(np.exp(half)), low, high)
