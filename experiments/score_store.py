@@ -66,8 +66,7 @@ def score(path: pathlib.Path, points: list[dict], largest: float) -> list[dict]:
     """Each point predicted by the first round's fit (module docstring, 1 and 3)."""
     runs = load_runs(path)
     runs = runs.with_columns(round=pl.col("round").fill_null(0) if "round" in runs.columns else pl.lit(0))
-    first_round = runs.filter(pl.col("round") == 0)
-    fit = fit_store(path, fit_options(store_fit_spec(path)), runs=first_round)[0]
+    fit = fit_store(path, fit_options(store_fit_spec(path)), runs=runs.filter(pl.col("round") == 0))[0]
     print(f"first round: {fit.loss.size} runs, {fit.law}; degenerate: {[f.name for f in fit.degeneracy] or 'no'}")
     if fit.frontier is not None:
         weights = ", ".join(f"{k} {v:.2f}" for k, v in fit.frontier.calibration.weights.items())
