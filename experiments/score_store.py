@@ -76,7 +76,6 @@ def score(path: pathlib.Path, points: list[dict], largest: float) -> list[dict]:
         pi = fit.optimal_run_interval(p["params"], p["tokens"], p["budget"])
         surface = fit.surface_interval(p["params"], p["tokens"], p["budget"])
         b = fit.bracket_interval(p["params"], p["tokens"], p["budget"])
-        both = [b.point, b.lo, b.hi, b.low_end, b.high_end]
         out.append(
             p
             | {
@@ -87,12 +86,12 @@ def score(path: pathlib.Path, points: list[dict], largest: float) -> list[dict]:
                 "covered": bool(pi.lo <= p["loss"] <= pi.hi),
                 "surface": [surface.point, surface.lo, surface.hi],
                 "surface_error": surface.point / p["loss"] - 1,
-                "bracket": both,
-                "bracket_error": both[0] / p["loss"] - 1,
-                "bracket_width": (both[2] - both[1]) / both[0],
-                "bracket_covered": bool(both[1] <= p["loss"] <= both[2]),
-                "ends_width": (both[4] - both[3]) / both[0],
-                "ends_covered": bool(both[3] <= p["loss"] <= both[4]),
+                "bracket": [b.point, b.lo, b.hi, b.low_end, b.high_end],
+                "bracket_error": b.point / p["loss"] - 1,
+                "bracket_width": (b.hi - b.lo) / b.point,
+                "bracket_covered": bool(b.lo <= p["loss"] <= b.hi),
+                "ends_width": (b.high_end - b.low_end) / b.point,
+                "ends_covered": bool(b.low_end <= p["loss"] <= b.high_end),
             }
         )
     return out
@@ -108,9 +107,11 @@ def report(rows: list[dict]) -> None:
               f"{r['predicted'][0]:>8.4f} [{lo:.4f}, {hi:.4f}] {100 * r['error']:>+6.2f}% {100 * r['width']:>5.1f}%"
               f"{out}  {r['surface'][0]:.4f} ({100 * r['surface_error']:+.2f}%)  {r['bracket'][0]:.4f} "
               f"[{r['bracket'][1]:.4f}, {r['bracket'][2]:.4f}] ({100 * r['bracket_error']:+.2f}%)")  # fmt: skip
+    by_distance = {
+        x: [r for r in rows if round(r["distance"]) == x] for x in sorted({round(r["distance"]) for r in rows})
+    }
     print("by distance: mean |error|, coverage, mean width; the goal")
-    for x in sorted({round(r["distance"]) for r in rows}):
-        mine = [r for r in rows if round(r["distance"]) == x]
+    for x, mine in by_distance.items():
         err = float(np.mean([abs(r["error"]) for r in mine]))
         width = float(np.mean([r["width"] for r in mine]))
         cover = np.mean([r["covered"] for r in mine])
@@ -130,8 +131,7 @@ def report(rows: list[dict]) -> None:
         "the bracket column (docs/first-round.md, step 3b): mean signed error, coverage and mean width of the 95%"
         " interval, and of the ends"
     )
-    for x in sorted({round(r["distance"]) for r in rows}):
-        mine = [r for r in rows if round(r["distance"]) == x]
+    for x, mine in by_distance.items():
         err = float(np.mean([r["bracket_error"] for r in mine]))
         cover = np.mean([r["bracket_covered"] for r in mine])
         width = float(np.mean([r["bracket_width"] for r in mine]))
