@@ -9,13 +9,20 @@ runs covered by their 95% intervals and the intervals' mean width. Over the stor
 and the store-to-store sd at 10x and 30x, against the goals (30x: mean within +-2%, goal +-1%, sd
 at most 2%; 10x: mean within +-2%, sd at most 1.5%), beside the same for the old recipe's seven
 stores (experiments/data/first_round_errors_old_recipe.csv: their first rounds' errors as
-docs/extrapolation.md reports them). And the cost: CPU seconds of training per store (the runs'
-`end` events), the first round's FLOPs and CPU time against those of its 3x and 10x runs (what the
-loop's ladder spends on its 3x and 10x steps), and the replication the design chose (its runs beyond
-the demo's 12) in the same units.
+docs/extrapolation.md reports them). Stores scored before (their stores need not be on this machine:
+a session's machine can be a new one) come from `--recorded`
+(experiments/data/first_round_scored_runs.csv: each scored run's measured loss, the default's
+prediction and 95% interval and, from s1100 on, the bracket column's, as docs/first-round.md reports
+them; `--record JSON --as NAME` appends a store's rows from `experiments/score_store.py --json`);
+with them the summary also applies step 3b's rule to the bracket column. And the cost: CPU seconds
+of training per store (the runs' `end` events), the first round's FLOPs and CPU time against those
+of its 3x and 10x runs (what the loop's ladder spends on its 3x and 10x steps), and the replication
+the design chose (its runs beyond the demo's 12) in the same units.
 
     python experiments/first_round_scores.py results/first_round/s1000/loop results/first_round/s1100/loop ...
     python experiments/first_round_scores.py ... --json scores.json
+    python experiments/first_round_scores.py results/first_round/s1300/loop --recorded
+    python experiments/first_round_scores.py --record s1300.json --as s1300   # then --recorded holds it
 """
 
 from __future__ import annotations
@@ -29,12 +36,14 @@ from pathlib import Path
 
 from scalelab import store
 from scalelab.config_tree import load_yaml
-from scalelab.errors import run_script
+from scalelab.errors import UsageError, run_script
 from scalelab.store import ledger
 
 DISTANCES = (3, 10, 30)
 GOALS = {30: (2.0, 2.0), 10: (2.0, 1.5)}  # distance -> (|mean error| at most, store-to-store sd at most), %
 OLD = Path(__file__).resolve().parent / "data" / "first_round_errors_old_recipe.csv"
+RECORDED = Path(__file__).resolve().parent / "data" / "first_round_scored_runs.csv"
+BRACKET_RULE = 2.0  # step 3b: the bracket's 30x mean within +-2% over its scored stores (s1100 on)
 DEMO_RUNS = 12  # the demo's first round, the design the replication is priced against
 
 
@@ -71,11 +80,72 @@ def store_scores(sweep_dir: str | Path) -> dict:
     return out
 
 
+def _name(sweep_dir: str) -> str:
+    """A store's name: X of experiments/first_round_store.py's X/loop."""
+    p = Path(sweep_dir)
+    return p.parent.name if p.name == "loop" else p.name
+
+
 def old_recipe() -> dict[int, list[float]]:
     """distance -> the old recipe's first-round errors (%), one per store."""
     with OLD.open() as f:
         rows = list(csv.DictReader(f))
     return {m: [float(r["error_pct"]) for r in rows if int(r["distance"]) == m] for m in (10, 30)}
+
+
+def recorded_scores(path: str | Path = RECORDED) -> list[dict]:
+    """The recorded stores, each as store_scores gives a store's distances (the default's), with the
+    bracket column's beside them (`bracket`); no costs."""
+    with Path(path).open() as f:
+        rows = list(csv.DictReader(f))
+    out = []
+    for name in dict.fromkeys(r["store"] for r in rows):
+        mine = [r for r in rows if r["store"] == name]
+        at = {m: [r for r in mine if int(r["distance"]) == m] for m in DISTANCES}
+        out.append({"store": name, "recorded": True, "distances": {m: _column(at[m], "default") for m in DISTANCES},
+                    "bracket": {m: _column(at[m], "bracket") for m in DISTANCES}})  # fmt: skip
+    return out
+
+
+def _column(rows: list[dict], column: str) -> dict:
+    """A distance's recorded runs for one column: mean error (%), coverage, mean width (%)."""
+    rows = [r for r in rows if r[column]]
+    error = "error_pct" if column == "default" else f"{column}_error_pct"
+    if not rows:
+        return {"runs": 0, "scored": 0, "error": None, "covered": 0, "width": None}
+    point, lo, hi, measured = (
+        [float(r[k]) for r in rows] for k in (column, f"{column}_lo", f"{column}_hi", "measured")
+    )
+    return {
+        "runs": len(rows),
+        "scored": len(rows),
+        "error": statistics.fmean(float(r[error]) for r in rows),
+        "covered": sum(a <= y <= b for a, b, y in zip(lo, hi, measured)),
+        "width": 100 * statistics.fmean((b - a) / p for a, b, p in zip(lo, hi, point)),
+    }
+
+
+def record(score_json: str | Path, name: str, path: str | Path = RECORDED) -> int:
+    """Append a store's rows from `experiments/score_store.py --json` to the record; the rows it
+    writes (an existing store's name is refused: the record is appended to, never rewritten)."""
+    path = Path(path)
+    with path.open() as f:
+        reader = csv.DictReader(f)
+        fields, known = reader.fieldnames, {r["store"] for r in reader}
+    if name in known:
+        raise UsageError(f"--as {name}: {path} already records that store; choose the store's own name")
+    rows = json.loads(Path(score_json).read_text())
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
+        for r in rows:
+            (p, lo, hi), b = r["predicted"], r["bracket"]
+            w.writerow({"store": name, "distance": round(r["distance"]), "run_id": r["run_id"],
+                        "params": round(r["params"]), "tokens": f"{r['tokens']:.3g}", "measured": f"{r['loss']:.4f}",
+                        "default": f"{p:.4f}", "default_lo": f"{lo:.4f}", "default_hi": f"{hi:.4f}",
+                        "error_pct": f"{100 * r['error']:+.2f}", "bracket": f"{b[0]:.4f}", "bracket_lo": f"{b[1]:.4f}",
+                        "bracket_hi": f"{b[2]:.4f}", "bracket_error_pct": f"{100 * r['bracket_error']:+.2f}",
+                        "source": f"experiments/score_store.py --json {Path(score_json).name}"})  # fmt: skip
+    return len(rows)
 
 
 def _summary(errors: list[float]) -> tuple[float, float]:
@@ -96,7 +166,8 @@ def report(scores: list[dict]) -> str:
             d = s["distances"][m]
             cell = "-" if d["error"] is None else f"{d['error']:+.2f} {d['covered']}/{d['scored']} w{d['width']:.1f}"
             cells.append(f"{cell:>22}")
-        lines.append(f"{s['store'][-44:]:44} {s['first_round_runs']:>4} " + " ".join(cells) + f" {s['cpu_s']:>8.0f}")
+        runs, cpu = ("-", "-") if s.get("recorded") else (s["first_round_runs"], f"{s['cpu_s']:.0f}")
+        lines.append(f"{s['store'][-44:]:44} {runs:>4} " + " ".join(cells) + f" {cpu:>8}")
     old = old_recipe()
     lines.append("over the stores: mean error, store-to-store sd (goal) -> met?")
     for m in (10, 30):
@@ -111,12 +182,38 @@ def report(scores: list[dict]) -> str:
             f"  {m}x: audited recipe {mean:+.2f}%, sd {sd:.2f}% over {len(new)} store(s) (goal |mean| <= {max_mean}%, "
             f"sd <= {max_sd}%): {verdict}; old recipe {o_mean:+.2f}%, sd {o_sd:.2f}% over {len(old[m])} stores"
         )
-    lines += _costs(scores)
+    lines += _bracket_rule(scores)
+    lines += _costs([s for s in scores if not s.get("recorded")])
     return "\n".join(lines)
+
+
+def _bracket_rule(scores: list[dict]) -> list[str]:
+    """Step 3b's rule over the recorded stores with a bracket column (s1100 on): its 30x mean within
+    +-2% makes the bracket the loop's proposal for first rounds without a calibrated frontier."""
+    scored = [s for s in scores if s.get("bracket") and s["bracket"][30]["error"] is not None]
+    if not scored:
+        return []
+    out = ["the bracket column (docs/first-round.md step 3b): mean error by store, covered/scored, mean 95% width"]
+    for s in scored:
+        cells = " ".join(
+            f"{m}x {d['error']:+.2f}% {d['covered']}/{d['scored']} w{d['width']:.1f}"
+            for m, d in s["bracket"].items()
+            if d["error"] is not None
+        )
+        out.append(f"  {s['store']}: {cells}")
+    mean, sd = _summary([s["bracket"][30]["error"] for s in scored])
+    verdict = "holds" if abs(mean) <= BRACKET_RULE else "does not hold"
+    if len(scored) < 4:
+        verdict += " so far; the rule is applied at 4 stores"
+    out.append(f"  30x over {len(scored)} store(s): mean {mean:+.2f}%, sd {sd:.2f}% (rule: |mean| <= {BRACKET_RULE}% "
+               f"over s1100-s1400): {verdict}")  # fmt: skip
+    return out
 
 
 def _costs(scores: list[dict]) -> list[str]:
     """The first round's and its replication's cost against the 3x and 10x steps."""
+    if not scores:
+        return []
     out = ["cost per store: first round vs its 3x and 10x runs (the ladder's steps), FLOPs and CPU-s"]
     for s in scores:
         three, ten = s["distances"][3], s["distances"][10]
@@ -135,11 +232,26 @@ def _costs(scores: list[dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "stores", nargs="+", help="the stores' loop sweeps (experiments/first_round_store.py --out X: X/loop)"
+        "stores", nargs="*", help="the stores' loop sweeps (experiments/first_round_store.py --out X: X/loop)"
     )
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the scores as JSON")
+    ap.add_argument("--recorded", nargs="?", const=str(RECORDED), default=None, metavar="CSV",
+                    help=f"add the stores scored before (default {RECORDED.name}); a store given wins")  # fmt: skip
+    ap.add_argument("--record", default=None, metavar="JSON", help="append a store's score_store.py --json rows")
+    ap.add_argument("--as", dest="name", default=None, help="--record: the store's name (e.g. s1300)")
     args = ap.parse_args(argv)
+    if args.record:
+        if not args.name:
+            raise UsageError("--record needs --as NAME (the store's name, e.g. s1300)")
+        n = record(args.record, args.name, args.recorded or RECORDED)
+        print(f"recorded {n} run(s) of {args.name} in {args.recorded or RECORDED}")
+        return
+    if not args.stores and not args.recorded:
+        raise UsageError("no store: give the stores' loop sweeps, or --recorded for the stores scored before")
     scores = [store_scores(s) for s in args.stores]
+    names = {_name(s) for s in args.stores}
+    if args.recorded:
+        scores = [s for s in recorded_scores(args.recorded) if s["store"] not in names] + scores
     print(report(scores))
     if args.json:
         Path(args.json).write_text(json.dumps(scores, indent=1) + "\n")

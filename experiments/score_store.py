@@ -47,7 +47,7 @@ def far_points(path: pathlib.Path, far: pathlib.Path | None, seed: int | None) -
     largest = float(runs.filter(pl.col("round") == 0)["flops_budget"].max())
     points = [
         {"params": r["params"], "tokens": r["tokens"], "loss": r["final_val_loss"], "budget": r["flops_budget"],
-         "source": f"round {r['round']} {r['proposal']}"}
+         "source": f"round {r['round']} {r['proposal']}", "run_id": r["run_id"]}
         for r in far_runs(runs, largest).iter_rows(named=True)
     ]  # fmt: skip
     if far is not None:
@@ -56,7 +56,7 @@ def far_points(path: pathlib.Path, far: pathlib.Path | None, seed: int | None) -
             rows = rows.filter(pl.col("seed") == seed)
         points += [
             {"params": r["params"], "tokens": r["tokens"], "loss": r["loss"], "budget": r["distance"] * largest,
-             "source": f"--far seed {r['seed']}"}
+             "source": f"--far seed {r['seed']}", "run_id": None}
             for r in rows.iter_rows(named=True)
         ]  # fmt: skip
     return sorted(points, key=lambda p: (p["budget"], p["params"])), largest

@@ -3,6 +3,7 @@ training: experiments/recipe_audit.py's grid and its report on a synthetic audit
 experiments/first_round_store.py -> experiments/first_round_scores.py on a store whose runs are finished from a
 known law (scalelab.analysis.synthetic) where the scripts would train them on Ray."""
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ import yaml
 from experiments import first_round_scores, first_round_store, recipe_audit
 from scalelab import store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
+from scalelab.errors import UsageError
 from scalelab.store.atomic import atomic_write_json
 from scalelab.sweeps.recipes.recipe import timescale_of
 from scalelab.sweeps.recipes.recipe_gate import check_sweep
@@ -92,3 +94,28 @@ def test_one_store_then_its_scores(audit_dir, tmp_path, monkeypatch, capsys):
     assert [s["distances"][m]["scored"] for m in (3, 10, 30)] == [2, 2, 2]
     assert all(np.isfinite(s["distances"][m]["error"]) for m in (3, 10, 30))
     assert "old recipe +7.70%, sd 4.11% over 7 stores" in out and "replication" in out
+
+
+def test_recorded_stores_give_the_documented_summary_and_a_store_is_appended_once(tmp_path, capsys):
+    """The recorded stores (docs/first-round.md's per-run rows) give the three-store figures the
+    docs report (+3.64% / +6.34% at 10x / 30x; the bracket's 30x +0.69% over s1100-s1200), and a
+    store scored by score_store.py --json is appended to the record, once."""
+    first_round_scores.main(["--recorded"])
+    out = capsys.readouterr().out
+    assert "10x: audited recipe +3.64%, sd 3.93% over 3 store(s)" in out
+    assert "30x: audited recipe +6.34%, sd 6.26% over 3 store(s)" in out
+    assert "30x over 2 store(s): mean +0.69%" in out and "applied at 4 stores" in out
+    record = tmp_path / "runs.csv"
+    record.write_text(first_round_scores.RECORDED.read_text())
+    row = {"run_id": "abc", "params": 2e5, "tokens": 1.7e7, "loss": 1.25, "distance": 10.02, "error": 0.01,
+           "predicted": [1.2625, 1.2, 1.33], "bracket": [1.24, 1.1, 1.4], "bracket_error": -0.008}  # fmt: skip
+    (tmp_path / "s.json").write_text(json.dumps([row, row | {"distance": 30.1, "bracket_error": -0.03}]))
+    first_round_scores.main(["--record", str(tmp_path / "s.json"), "--as", "s9", "--recorded", str(record)])
+    with pytest.raises(UsageError, match="already records"):
+        first_round_scores.main(["--record", str(tmp_path / "s.json"), "--as", "s9", "--recorded", str(record)])
+    new = [s for s in first_round_scores.recorded_scores(record) if s["store"] == "s9"][0]
+    assert new["distances"][10]["error"] == pytest.approx(1.0) and new["bracket"][30]["error"] == pytest.approx(-3.0)
+    assert new["distances"][10]["covered"] == 1 and new["distances"][3]["error"] is None
+    capsys.readouterr()
+    first_round_scores.main(["--recorded", str(record)])
+    assert "30x over 3 store(s): mean -0.54%" in capsys.readouterr().out
