@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 import yaml
 
-from experiments import first_round_scores, first_round_store, recipe_audit
+from experiments import first_round_audit_rebuild, first_round_scores, first_round_store, recipe_audit
 from scalelab import store
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.errors import UsageError
 from scalelab.store.atomic import atomic_write_json
 from scalelab.sweeps.recipes.recipe import timescale_of
+from scalelab.sweeps.recipes.recipe_audit import audited_recipe, load_audit
 from scalelab.sweeps.recipes.recipe_gate import check_sweep
 from scalelab.sweeps.specs.spec import expand_sweep
 
@@ -119,3 +120,25 @@ def test_recorded_stores_give_the_documented_summary_and_a_store_is_appended_onc
     capsys.readouterr()
     first_round_scores.main(["--recorded", str(record)])
     assert "30x over 3 store(s): mean -0.54%" in capsys.readouterr().out
+
+
+def test_audit_rebuild_gives_the_given_recipe_and_frontier_and_keeps_the_draws_spread(audit_dir, tmp_path):
+    """experiments/first_round_audit_rebuild.py: the rebuilt audit's recipe is the given one to the
+    digit, its frontier the given one, and its LR-law draws keep the re-run's spread about the new law."""
+    lr = {"ref_params": 40310.0, "ref_lr": 0.006694, "exponent": -0.515, "ref_num_tokens": 1008000.0,
+          "tokens_exponent": 0.138}  # fmt: skip
+    out = tmp_path / "rebuilt"
+    frontier = "E=1.29,A=58.7,B=1040,alpha=0.532,beta=0.62"
+    first_round_audit_rebuild.main(["--rerun", str(audit_dir), "--out", str(out), "--lr", json.dumps(lr),
+                                    "--timescale", "1.0", "--frontier", frontier])  # fmt: skip
+    recipe = audited_recipe(load_audit(out))
+    assert recipe["lr"] == lr and recipe["weight_decay"] == {"timescale": 1.0}
+    assert load_audit(out).frontier["params"] == {"E": 1.29, "A": 58.7, "B": 1040.0, "alpha": 0.532, "beta": 0.62}
+    before, after = (json.loads((d / "audit.json").read_text())["lr_law"] for d in (audit_dir, out))
+    for i in (1, 2):  # the exponents' draws: moved with the law, same spread
+        b, a = (np.array([k[i] for k in law["draws"]]) for law in (before, after))
+        assert np.std(a) == pytest.approx(np.std(b)) and np.mean(a - b) == pytest.approx(
+            after["coef"][i] - before["coef"][i]
+        )
+    with pytest.raises(UsageError, match="--frontier"):
+        first_round_audit_rebuild.main(["--rerun", str(audit_dir), "--out", str(out), "--frontier", "E=1"])
