@@ -46,7 +46,7 @@ from scalelab.parallel.parallelize import parallelize
 from scalelab.parallel.planner_memory import state_bytes
 
 # The parity list: the dense layouts that tests/test_parallel_parity.py holds to one device, by
-# world size; the golden losses (tests/assets/golden_losses.json) pin the numbers of the world 2
+# world size; the golden losses (tests/assets/golden_losses/) pin the numbers of the world 2
 # and 4 layouts. `single-accum2` is the floor: one device, the batch in two accumulation steps.
 PARITY_LAYOUTS: dict[int, tuple[str, ...]] = {
     2: tuple(

@@ -1,4 +1,4 @@
-"""Golden losses: the debug preset's first steps as exact float-hex values, against tests/assets/golden_losses.json.
+"""Golden losses: the debug preset's first steps as exact float-hex values, against tests/assets/golden_losses/.
 
     python scripts/golden_losses.py            # compute, compare with the asset, list what moved (exit 1)
     python scripts/golden_losses.py --json     # print the computed values as JSON (what the test reads)
@@ -19,8 +19,11 @@ What is pinned, per entry the loss and the gradient norm (before clipping) of ev
 The numerics are pinned so that the values do not depend on the CPU's vector width: ATen's
 portable kernels (ATEN_CPU_CAPABILITY=default), MKL's reproducible mode (MKL_CBWR=COMPATIBLE),
 one thread per process. They are set here, before torch is imported, and every rank inherits them.
-The asset records the torch release and machine type the values were computed on; on another one
-the comparison exits 3 and the test skips, saying why.
+Those pins do not make every value portable: the same code gives values a few ulps apart on an AMD
+EPYC and an Intel Xeon (MKL dispatches by vendor). So each machine type has its own asset,
+tests/assets/golden_losses/<type>.json (scalelab.train.runtime.machine_type: architecture, CPU vendor,
+widest vector ISA), recording the torch release too; on a type or release with no asset the
+comparison exits 3 and the test skips, saying why.
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ os.environ.update(PINNED_NUMERICS)  # before torch loads: both are read once, on
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -43,8 +45,9 @@ import torch  # noqa: E402
 from scalelab.parallel.parity import PARITY_LAYOUTS, ParitySpec, run_parity_jobs  # noqa: E402
 from scalelab.train.config import build_run_config  # noqa: E402
 from scalelab.train.loop import train_run  # noqa: E402
+from scalelab.train.runtime import machine_type  # noqa: E402
 
-ASSET = Path(__file__).resolve().parent.parent / "tests" / "assets" / "golden_losses.json"
+ASSETS = Path(__file__).resolve().parent.parent / "tests" / "assets" / "golden_losses"
 PARITY_WORLDS = (2, 4)  # world 8 stays in the parity test only: 8 processes cost more than the rest together
 LOOP_RUN = {
     "name": "golden",
@@ -73,7 +76,12 @@ _WORDS = (
 
 def platform_key() -> dict[str, str]:
     """What the values depend on besides the code: the torch release and the machine type."""
-    return {"torch": torch.__version__.split("+")[0], "machine": platform.machine()}
+    return {"torch": torch.__version__.split("+")[0], "machine": machine_type()}
+
+
+def asset_path(machine: str) -> Path:
+    """The asset of one machine type."""
+    return ASSETS / (machine.replace("/", "-") + ".json")
 
 
 def write_corpus(path: Path, num_documents: int = 400, words_per_document: int = 60) -> None:
@@ -169,15 +177,19 @@ def main(argv: list[str] | None = None) -> int:
     computed on another torch release or machine type, so its values cannot be compared here."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print the computed values as JSON, compare nothing")
-    p.add_argument("--write", action="store_true", help="rewrite tests/assets/golden_losses.json")
+    p.add_argument(
+        "--write", action="store_true", help="rewrite this machine type's asset in tests/assets/golden_losses/"
+    )
     args = p.parse_args(argv)
     if args.write and os.environ.get("CI", "").lower() in ("true", "1"):
         print("--write is refused under CI=true: update the golden values in a commit of their own", file=sys.stderr)
         return 2
-    expected = json.loads(ASSET.read_text()) if ASSET.exists() else {}
+    asset = asset_path(platform_key()["machine"])
+    expected = json.loads(asset.read_text()) if asset.exists() else {}
     recorded = {k: expected.get(k) for k in platform_key()}
     if not (args.json or args.write) and recorded != platform_key():
-        print(f"the golden values were computed on {recorded}, this is {platform_key()}: not comparable here")
+        types = sorted(p.stem for p in ASSETS.glob("*.json"))
+        print(f"no golden values for {platform_key()} (recorded: {', '.join(types) or 'none'}): not comparable here")
         return 3
     got = compute()
     if args.json:
@@ -187,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     for line in moved:
         print(line)
     if args.write:
-        ASSET.parent.mkdir(parents=True, exist_ok=True)
-        ASSET.write_text(render(got))
-        print(f"{len(got['values'])} entries ({len(moved)} changed) -> {ASSET}")
+        ASSETS.mkdir(parents=True, exist_ok=True)
+        asset.write_text(render(got))
+        print(f"{len(got['values'])} entries ({len(moved)} changed) -> {asset}")
         return 0
     print(f"{len(got['values'])} entries; {len(moved)} value lists moved" + ("; --write to accept" if moved else ""))
     return 1 if moved else 0

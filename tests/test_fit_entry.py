@@ -17,6 +17,7 @@ from scalelab.fitting.entry.fit_options import FitOptions
 from scalelab.fitting.entry.fit_runs import fit_runs
 from scalelab.fitting.estimate.intervals import percentile_interval
 from scalelab.fitting.estimate.io import read_runs
+from scalelab.train.runtime import machine_type
 
 # A 3-budget IsoFLOP design of the synthetic law (E 1.7, A 60, B 80, alpha 0.30, beta 0.28) with
 # 0.4% noise on the loss, and what a store's fit gives for it (replicates=4, seed 0, 200 starts
@@ -42,7 +43,7 @@ LOSS = [
     "0x1.411bebbaa9e76p+2", "0x1.4a0becbfb9632p+2", "0x1.2c027b0965958p+2", "0x1.23bdcef4362efp+2",
     "0x1.21043fc8c9fc5p+2", "0x1.2253a199ce893p+2", "0x1.2bacb2b5dd619p+2",
 ]  # fmt: skip
-LOOP = {
+LOOP_AMD = {
     "params": {
         "E": "0x1.c3a11bb141968p+0", "A": "0x1.ebfdb4f5ac828p+5", "B": "0x1.4890df5694bcfp+6",
         "alpha": "0x1.3640db8de3c28p-2", "beta": "0x1.22e132770af7ep-2",
@@ -64,6 +65,36 @@ LOOP = {
         "alpha": "0x1.3aa65a87bcadep-2", "beta": "0x1.2dcb6c9685502p-2",
     },
 }  # fmt: skip
+# On an Intel Xeon (AVX-512) the same code ends elsewhere along the flat valley: its point fit is
+# 0.9% lower in E (1.749 against 1.764; A, B 2-6% apart), its replicates' intervals within 2e-6 of
+# these; recorded there on 2026-12-07 and reproduced run to run.
+LOOP_INTEL = {
+    "params": {
+        "E": "0x1.bfaf97c07d2dcp+0", "A": "0x1.f8299dd4ea46dp+5", "B": "0x1.363ff07afc7fdp+6",
+        "alpha": "0x1.393006ab19953p-2", "beta": "0x1.1d2e326b854a1p-2",
+    },
+    "intervals": {
+        "E": ["0x1.63ae1891bbaa4p+0", "0x1.d551f7225436dp+0"],
+        "A": ["0x1.6a2dc6782f7f5p+5", "0x1.0b0dfe1fd5c65p+6"],
+        "B": ["0x1.070e5433f6928p+6", "0x1.620b3874bc2fdp+6"],
+        "alpha": ["0x1.0e61af3f0e26dp-2", "0x1.3f7f8b04c3912p-2"],
+        "beta": ["0x1.0cb4dbd918626p-2", "0x1.2a249407ad739p-2"],
+        "a": ["0x1.dca7013ec9253p-2", "0x1.0371a52d60213p-1"],
+    },
+    "holdout_mare": "0x1.5680b07fba5c8p-9",
+    "lobo_mare": "0x1.78991b1ef506ep-9",
+    "per_decade": "0x1.ca163dbdbc002p-8",
+    "prediction": ["0x1.056c224136921p+2", "0x1.01057426093eap+2", "0x1.09e61b484e0abp+2"],  # (3e5, 6e6)
+    "with_first": {
+        "E": "0x1.d8287629f24c3p+0", "A": "0x1.ff4bb72665170p+5", "B": "0x1.6bea1980aa95fp+6",
+        "alpha": "0x1.3adaa2b10a1fdp-2", "beta": "0x1.2d35c3178918cp-2",
+    },
+}  # fmt: skip
+LOOP = {  # by machine type (scalelab.train.runtime.machine_type)
+    "x86_64/AuthenticAMD/avx2": LOOP_AMD,
+    "x86_64/AuthenticAMD/avx512": LOOP_AMD,  # to 1.4e-11 (below)
+    "x86_64/GenuineIntel/avx512": LOOP_INTEL,
+}
 
 
 def _as_recorded(value, recorded, rel: float = 1e-12) -> None:
@@ -84,20 +115,23 @@ def _as_recorded(value, recorded, rel: float = 1e-12) -> None:
 
 
 def test_a_store_fit_reproduces_the_loops_recorded_numbers():
+    if machine_type() not in LOOP:
+        pytest.skip(f"the loop's numbers were recorded on {', '.join(LOOP)}; this is {machine_type()}")
+    recorded = LOOP[machine_type()]
     table = read_runs({"params": N, "tokens": D, "loss": [float.fromhex(x) for x in LOSS], "flops": C})
     fit = fit_runs(table, FitOptions(bootstrap=4, starts=200, draw_starts=True, gates=True))
     record = fit.to_record()
-    _as_recorded(record["params"], LOOP["params"])
-    _as_recorded(record["intervals"], LOOP["intervals"])
-    _as_recorded(record["backtest"]["holdout"]["mare"], LOOP["holdout_mare"])
-    _as_recorded(record["backtest"]["leave_one_budget_out"]["mare"], LOOP["lobo_mare"])
-    _as_recorded(record["extrapolation"]["per_decade"], LOOP["per_decade"])
+    _as_recorded(record["params"], recorded["params"])
+    _as_recorded(record["intervals"], recorded["intervals"])
+    _as_recorded(record["backtest"]["holdout"]["mare"], recorded["holdout_mare"])
+    _as_recorded(record["backtest"]["leave_one_budget_out"]["mare"], recorded["lobo_mare"])
+    _as_recorded(record["extrapolation"]["per_decade"], recorded["per_decade"])
     pi = fit.predict_interval(3e5, 6e6)
-    _as_recorded([pi.point, pi.lo, pi.hi], LOOP["prediction"])
+    _as_recorded([pi.point, pi.lo, pi.hi], recorded["prediction"])
     # The refit with a run added ends in the flat valley in A (see above), which magnifies the last
     # bits' rounding: on an AVX-512 AMD EPYC its parameters differ from the recorded ones by up to
     # 1.4e-11 relative (every other number here to the bit). A change of method moves them ~1e-4.
-    _as_recorded(fit.replicates_with([(2e5, 5e6)])[0], LOOP["with_first"], rel=1e-9)
+    _as_recorded(fit.replicates_with([(2e5, 5e6)])[0], recorded["with_first"], rel=1e-9)
     assert record["gates"]["passed"]
     # even 4 replicates cover every true parameter once the refits leave the full fit's optimum
     assert all(lo <= TRUE[k] <= hi for k, (lo, hi) in record["intervals"].items() if k in TRUE)

@@ -1,4 +1,5 @@
-"""Golden losses: the debug preset's first steps, exact to the last bit (tests/assets/golden_losses.json).
+"""Golden losses: the debug preset's first steps, exact to the last bit (tests/assets/golden_losses/, one
+asset per machine type).
 
 scripts/golden_losses.py computes them in a fresh process whose numerics are pinned (ATen's
 portable kernels, MKL's reproducible mode, one thread per rank): the training loop on one device,
@@ -21,8 +22,10 @@ from scalelab.parallel.parity import PARITY_LAYOUTS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "golden_losses.py"
-ASSET = ROOT / "tests" / "assets" / "golden_losses.json"
-UPDATE = "python scripts/golden_losses.py --write, then commit tests/assets/golden_losses.json saying why"
+ASSETS = ROOT / "tests" / "assets" / "golden_losses"
+UPDATE = (
+    "python scripts/golden_losses.py --write on each machine type, then commit tests/assets/golden_losses/ saying why"
+)
 
 
 def _script(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -37,7 +40,7 @@ def _script(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_losses_and_grad_norms_equal_the_golden_values():
     r = _script()
-    if r.returncode == 3:  # the asset holds another torch release's or machine type's values
+    if r.returncode == 3:  # no asset for this torch release and machine type
         pytest.skip(r.stdout.strip())
     # A hung process group's error (parallel.backend.SpawnHung) quotes every rank's stacks, which can
     # push its first line out of the tail below; that line is what reruns the test (pyproject.toml).
@@ -48,19 +51,23 @@ def test_losses_and_grad_norms_equal_the_golden_values():
     assert r.returncode == 0, f"golden values moved:\n{r.stdout}\nIf the change is meant to move them: {UPDATE}"
 
 
-def test_the_asset_covers_the_loop_and_every_layout_of_the_parity_list():
-    golden = json.loads(ASSET.read_text())
+def test_every_asset_covers_the_loop_and_every_layout_of_the_parity_list():
+    assets = sorted(ASSETS.glob("*.json"))
+    assert len(assets) >= 2  # the two machine types this project is lent (AMD EPYC, Intel Xeon)
     layouts = {"single", *PARITY_LAYOUTS[2], *PARITY_LAYOUTS[4]}
-    assert set(golden["values"]) == {"loop/debug", *(f"parity/{name}" for name in layouts)}
-    for key, fields in golden["values"].items():
-        steps = 6 if key == "loop/debug" else 3
-        assert len(fields["loss"]) == len(fields["grad_norm"]) == steps, key
-        assert all(math.isfinite(float.fromhex(v)) for values in fields.values() for v in values), key
-    assert len(golden["values"]["loop/debug"]["val_loss"]) == 1
+    for asset in assets:
+        golden = json.loads(asset.read_text())
+        assert asset.stem == golden["machine"].replace("/", "-"), asset  # named for the type it was computed on
+        assert set(golden["values"]) == {"loop/debug", *(f"parity/{name}" for name in layouts)}
+        for key, fields in golden["values"].items():
+            steps = 6 if key == "loop/debug" else 3
+            assert len(fields["loss"]) == len(fields["grad_norm"]) == steps, key
+            assert all(math.isfinite(float.fromhex(v)) for values in fields.values() for v in values), key
+        assert len(golden["values"]["loop/debug"]["val_loss"]) == 1
 
 
 def test_rewriting_the_asset_is_refused_under_ci():
-    before = ASSET.read_bytes()
+    before = {p.name: p.read_bytes() for p in ASSETS.glob("*.json")}
     r = _script("--write", CI="true")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "CI=true" in r.stderr, r.stderr
-    assert ASSET.read_bytes() == before
+    assert {p.name: p.read_bytes() for p in ASSETS.glob("*.json")} == before

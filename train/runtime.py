@@ -8,7 +8,9 @@ process group; the layout's meshes and data-parallel coordinates belong to `Para
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -58,3 +60,18 @@ def make_runtime(cfg) -> Runtime:
             world_size=dist.get_world_size(),
         )
     return Runtime(device=device, autocast_dtype=autocast)
+
+
+def machine_type() -> str:
+    """The machine type that exact float values depend on: architecture, CPU vendor and widest vector
+    ISA, e.g. "x86_64/GenuineIntel/avx512". MKL dispatches by vendor and ATen, numpy and oneDNN by
+    vector width, so values recorded to the bit on one type need not hold on another, even with
+    ATen's and MKL's portable paths pinned (tests/pinned.py). Architecture alone off Linux."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    field = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip() for line in info if ":" in line}
+    flags = set(field.get("flags", "").split())
+    isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "base"
+    return f"{platform.machine()}/{field.get('vendor_id', 'unknown')}/{isa}"
