@@ -13,7 +13,8 @@ docs/extrapolation.md reports them). Stores scored before (their stores need not
 a session's machine can be a new one) come from `--recorded`
 (experiments/data/first_round_scored_runs.csv: each scored run's measured loss, the default's
 prediction and 95% interval and, from s1100 on, the bracket column's, as docs/first-round.md reports
-them; `--record JSON --as NAME` appends a store's rows from `experiments/score_store.py --json`);
+them; `STORE --record JSON` appends a store: the default from its ledger, the bracket from
+`experiments/score_store.py --json`);
 with them the summary also applies step 3b's rule to the bracket column. And the cost: CPU seconds
 of training per store (the runs' `end` events), the first round's FLOPs and CPU time against those
 of its 3x and 10x runs (what the loop's ladder spends on its 3x and 10x steps), and the replication
@@ -22,7 +23,7 @@ the design chose (its runs beyond the demo's 12) in the same units.
     python experiments/first_round_scores.py results/first_round/s1000/loop results/first_round/s1100/loop ...
     python experiments/first_round_scores.py ... --json scores.json
     python experiments/first_round_scores.py results/first_round/s1300/loop --recorded
-    python experiments/first_round_scores.py --record s1300.json --as s1300   # then --recorded holds it
+    python experiments/first_round_scores.py results/first_round/s1300/loop --record s1300.json  # appended
 """
 
 from __future__ import annotations
@@ -125,27 +126,42 @@ def _column(rows: list[dict], column: str) -> dict:
     }
 
 
-def record(score_json: str | Path, name: str, path: str | Path = RECORDED) -> int:
-    """Append a store's rows from `experiments/score_store.py --json` to the record; the rows it
-    writes (an existing store's name is refused: the record is appended to, never rewritten)."""
+def record(sweep_dir: str | Path, score_json: str | Path, name: str, path: str | Path = RECORDED) -> int:
+    """Append a scored store's runs to the record: the default's prediction and interval from its
+    ledger (what the protocol scores), the bracket's from `experiments/score_store.py --json`
+    (matched by run id); the rows it writes. An existing store's name is refused: the record is
+    appended to, never rewritten."""
     path = Path(path)
     with path.open() as f:
         reader = csv.DictReader(f)
         fields, known = reader.fieldnames, {r["store"] for r in reader}
     if name in known:
         raise UsageError(f"--as {name}: {path} already records that store; choose the store's own name")
-    rows = json.loads(Path(score_json).read_text())
+    sweep_dir = Path(sweep_dir)
+    ledger.score(sweep_dir)
+    spec = load_yaml(str(store.SweepLayout(sweep_dir).spec))
+    largest = max(float(b) for b in spec["isoflop"]["budgets"])
+    bracket = {r["run_id"]: r for r in json.loads(Path(score_json).read_text()) if r.get("run_id")}
+    far = [p for p in ledger.read_ledger(sweep_dir)["predictions"] if p.get("kind") == "holdout"]
+    far = [p for p in far if p.get("measured") is not None]
+    missing = [p["run_id"] for p in far if p["run_id"] not in bracket]
+    if missing:
+        raise UsageError(
+            f"--record {score_json}: no row for run(s) {', '.join(missing)}; run score_store.py on {sweep_dir}"
+        )
     with path.open("a", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
-        for r in rows:
-            (p, lo, hi), b = r["predicted"], r["bracket"]
-            w.writerow({"store": name, "distance": round(r["distance"]), "run_id": r["run_id"],
-                        "params": round(r["params"]), "tokens": f"{r['tokens']:.3g}", "measured": f"{r['loss']:.4f}",
-                        "default": f"{p:.4f}", "default_lo": f"{lo:.4f}", "default_hi": f"{hi:.4f}",
-                        "error_pct": f"{100 * r['error']:+.2f}", "bracket": f"{b[0]:.4f}", "bracket_lo": f"{b[1]:.4f}",
-                        "bracket_hi": f"{b[2]:.4f}", "bracket_error_pct": f"{100 * r['bracket_error']:+.2f}",
-                        "source": f"experiments/score_store.py --json {Path(score_json).name}"})  # fmt: skip
-    return len(rows)
+        for p in far:
+            (lo, hi), b = p["interval"], bracket[p["run_id"]]
+            distance = min(DISTANCES, key=lambda d: abs(math.log(p["flops"] / largest / d)))
+            w.writerow({"store": name, "distance": distance, "run_id": p["run_id"], "params": round(p["params"]),
+                        "tokens": f"{p['tokens']:.3g}", "measured": f"{p['measured']:.4f}",
+                        "default": f"{p['predicted']:.4f}", "default_lo": f"{lo:.4f}", "default_hi": f"{hi:.4f}",
+                        "error_pct": f"{100 * p['rel_error']:+.2f}", "bracket": f"{b['bracket'][0]:.4f}",
+                        "bracket_lo": f"{b['bracket'][1]:.4f}", "bracket_hi": f"{b['bracket'][2]:.4f}",
+                        "bracket_error_pct": f"{100 * b['bracket_error']:+.2f}",
+                        "source": f"ledger; bracket: score_store.py --json {Path(score_json).name}"})  # fmt: skip
+    return len(far)
 
 
 def _summary(errors: list[float]) -> tuple[float, float]:
@@ -237,14 +253,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the scores as JSON")
     ap.add_argument("--recorded", nargs="?", const=str(RECORDED), default=None, metavar="CSV",
                     help=f"add the stores scored before (default {RECORDED.name}); a store given wins")  # fmt: skip
-    ap.add_argument("--record", default=None, metavar="JSON", help="append a store's score_store.py --json rows")
-    ap.add_argument("--as", dest="name", default=None, help="--record: the store's name (e.g. s1300)")
+    ap.add_argument("--record", default=None, metavar="JSON",
+                    help="append the one store given: its ledger, the bracket from score_store.py --json")  # fmt: skip
+    ap.add_argument("--as", dest="name", default=None, help="--record: the store's name (default: its folder's)")
     args = ap.parse_args(argv)
     if args.record:
-        if not args.name:
-            raise UsageError("--record needs --as NAME (the store's name, e.g. s1300)")
-        n = record(args.record, args.name, args.recorded or RECORDED)
-        print(f"recorded {n} run(s) of {args.name} in {args.recorded or RECORDED}")
+        if len(args.stores) != 1:
+            raise UsageError("--record: give exactly one store (its loop sweep) to record")
+        name = args.name or _name(args.stores[0])
+        n = record(args.stores[0], args.record, name, args.recorded or RECORDED)
+        print(f"recorded {n} run(s) of {name} in {args.recorded or RECORDED}")
         return
     if not args.stores and not args.recorded:
         raise UsageError("no store: give the stores' loop sweeps, or --recorded for the stores scored before")
