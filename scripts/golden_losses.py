@@ -20,10 +20,11 @@ The numerics are pinned so that the values do not depend on the CPU's vector wid
 portable kernels (ATEN_CPU_CAPABILITY=default), MKL's reproducible mode (MKL_CBWR=COMPATIBLE),
 one thread per process. They are set here, before torch is imported, and every rank inherits them.
 Those pins do not make every value portable: the same code gives values a few ulps apart on an AMD
-EPYC and an Intel Xeon (MKL dispatches by vendor). So each machine type has its own asset,
-tests/assets/golden_losses/<type>.json (scalelab.train.runtime.machine_type: architecture, CPU vendor,
-widest vector ISA), recording the torch release too; on a type or release with no asset the
-comparison exits 3 and the test skips, saying why.
+EPYC and an Intel Xeon (which dispatch still differs is not known: on the Intel type no MKL_CBWR
+branch, oneDNN or MKL ISA cap, or ATen capability reproduces the AMD values). So each machine type
+has its own asset, tests/assets/golden_losses/<type>.json (scalelab.train.runtime.machine_type:
+architecture, CPU vendor, widest vector ISA), recording the torch release too; on a type or release
+with no asset the comparison exits 3 and the test skips, saying why.
 """
 
 from __future__ import annotations

@@ -64,9 +64,10 @@ def make_runtime(cfg) -> Runtime:
 
 def machine_type() -> str:
     """The machine type that exact float values depend on: architecture, CPU vendor and widest vector
-    ISA, e.g. "x86_64/GenuineIntel/avx512". MKL dispatches by vendor and ATen, numpy and oneDNN by
-    vector width, so values recorded to the bit on one type need not hold on another, even with
-    ATen's and MKL's portable paths pinned (tests/pinned.py). Architecture alone off Linux."""
+    ISA, e.g. "x86_64/GenuineIntel/avx512". Libraries dispatch kernels by vendor (MKL) and by vector
+    width (ATen, numpy, oneDNN), so values recorded to the bit on one type need not hold on another;
+    an AMD EPYC and an Intel Xeon differ even with ATen's and MKL's portable paths pinned
+    (tests/pinned.py). Architecture alone off Linux."""
     try:
         info = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
