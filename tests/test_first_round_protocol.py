@@ -127,7 +127,7 @@ def test_recorded_stores_give_the_documented_summary(capsys):
     assert first_round_scores._summary([s["bracket"][30]["error"] for s in old[1:]])[0] == pytest.approx(
         0.69, abs=0.006
     )
-    assert "the rule" in capsys.readouterr().out
+    assert "(rule: |mean| <= 2.0% over s1100-s1400)" in capsys.readouterr().out
 
 
 def test_audit_rebuild_gives_the_given_recipe_and_frontier_and_keeps_the_draws_spread(audit_dir, tmp_path):
