@@ -48,13 +48,23 @@ BRACKET_RULE = 2.0  # step 3b: the bracket's 30x mean within +-2% over its score
 DEMO_RUNS = 12  # the demo's first round, the design the replication is priced against
 
 
+def _holdouts(sweep_dir: Path) -> tuple[list[dict], float]:
+    """A store's scored ledger: its holdout predictions, and the first round's largest budget."""
+    ledger.score(sweep_dir)
+    spec = load_yaml(str(store.SweepLayout(sweep_dir).spec))
+    far = [p for p in ledger.read_ledger(sweep_dir)["predictions"] if p.get("kind") == "holdout"]
+    return far, max(float(b) for b in spec["isoflop"]["budgets"])
+
+
+def _distance(flops: float, largest: float) -> int:
+    """The nearest of DISTANCES to a run's budget over the first round's largest."""
+    return min(DISTANCES, key=lambda d: abs(math.log(flops / largest / d)))
+
+
 def store_scores(sweep_dir: str | Path) -> dict:
     """One store's errors per distance (%), coverage, widths, and its costs."""
     sweep_dir = Path(sweep_dir)
-    ledger.score(sweep_dir)
-    spec = load_yaml(str(store.SweepLayout(sweep_dir).spec))
-    largest = max(float(b) for b in spec["isoflop"]["budgets"])
-    far = [p for p in ledger.read_ledger(sweep_dir)["predictions"] if p.get("kind") == "holdout"]
+    far, largest = _holdouts(sweep_dir)
     cpu = {
         e["run_id"]: float(e.get("train_cpu_s") or 0) for e in store.read_events(sweep_dir) if e.get("event") == "end"
     }
@@ -64,7 +74,7 @@ def store_scores(sweep_dir: str | Path) -> dict:
     out = {"store": str(sweep_dir), "first_round_runs": first.height, "first_round_flops": float(first["flops"].sum()),
            "first_round_cpu_s": sum(cpu.get(r, 0.0) for r in first["run_id"]), "distances": {}}  # fmt: skip
     for m in DISTANCES:
-        at = [p for p in far if min(DISTANCES, key=lambda d: abs(math.log(p["flops"] / largest / d))) == m]
+        at = [p for p in far if _distance(p["flops"], largest) == m]
         done = [p for p in at if p.get("measured") is not None]
         out["distances"][m] = {
             "runs": len(at),
@@ -137,13 +147,9 @@ def record(sweep_dir: str | Path, score_json: str | Path, name: str, path: str |
         fields, known = reader.fieldnames, {r["store"] for r in reader}
     if name in known:
         raise UsageError(f"--as {name}: {path} already records that store; choose the store's own name")
-    sweep_dir = Path(sweep_dir)
-    ledger.score(sweep_dir)
-    spec = load_yaml(str(store.SweepLayout(sweep_dir).spec))
-    largest = max(float(b) for b in spec["isoflop"]["budgets"])
-    bracket = {r["run_id"]: r for r in json.loads(Path(score_json).read_text()) if r.get("run_id")}
-    far = [p for p in ledger.read_ledger(sweep_dir)["predictions"] if p.get("kind") == "holdout"]
+    far, largest = _holdouts(Path(sweep_dir))
     far = [p for p in far if p.get("measured") is not None]
+    bracket = {r["run_id"]: r for r in json.loads(Path(score_json).read_text()) if r.get("run_id")}
     missing = [p["run_id"] for p in far if p["run_id"] not in bracket]
     if missing:
         raise UsageError(
@@ -153,8 +159,8 @@ def record(sweep_dir: str | Path, score_json: str | Path, name: str, path: str |
         w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
         for p in far:
             (lo, hi), b = p["interval"], bracket[p["run_id"]]
-            distance = min(DISTANCES, key=lambda d: abs(math.log(p["flops"] / largest / d)))
-            w.writerow({"store": name, "distance": distance, "run_id": p["run_id"], "params": round(p["params"]),
+            w.writerow({"store": name, "distance": _distance(p["flops"], largest), "run_id": p["run_id"],
+                        "params": round(p["params"]),
                         "tokens": f"{p['tokens']:.3g}", "measured": f"{p['measured']:.4f}",
                         "default": f"{p['predicted']:.4f}", "default_lo": f"{lo:.4f}", "default_hi": f"{hi:.4f}",
                         "error_pct": f"{100 * p['rel_error']:+.2f}", "bracket": f"{b['bracket'][0]:.4f}",
