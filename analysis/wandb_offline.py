@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import struct
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,12 @@ _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
 def _records(path: Path) -> list[bytes]:
-    """The records of a .wandb log, reassembled across blocks (a torn last record is dropped)."""
+    """The records of a .wandb log, reassembled across blocks, up to the first record not yet whole.
+
+    wandb's service appends to the log while a run trains, so the file's tail may hold a record
+    header whose bytes are not all written, or bytes that are not yet final: a record that runs past
+    the end of the file or fails its CRC (CRC32 of the type byte and the bytes) ends the read, and
+    the caller polls again (`wait_s`)."""
     data = path.read_bytes()
     if len(data) < _HEADER.size:  # created, nothing written yet
         return []
@@ -47,11 +53,13 @@ def _records(path: Path) -> list[bytes]:
         if left < _RECORD.size:  # the block's tail is padding
             pos += left
             continue
-        _, length, kind = _RECORD.unpack_from(data, pos)
+        crc, length, kind = _RECORD.unpack_from(data, pos)
         if kind == 0 and length == 0:  # zero padding to the block's end
             pos += left
             continue
         body = data[pos + _RECORD.size : pos + _RECORD.size + length]
+        if len(body) < length or zlib.crc32(bytes([kind]) + body) != crc:
+            break
         pos += _RECORD.size + length
         if kind == _FULL:
             out.append(body)

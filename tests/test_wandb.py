@@ -145,6 +145,32 @@ def test_a_server_that_answers_but_fails_init_still_leaves_an_offline_record(mon
     assert read_offline_run(next((tmp_path / "wandb").glob("offline-run-*-abd")), wait_s=60).series("x") == [(1, 2)]
 
 
+def test_a_log_read_while_it_is_written_never_raises(offline, tmp_path):
+    """The service appends behind the run: a reader polling (`wait_s`) sees every prefix of the file
+    and tails whose bytes are not final. Each prefix reads as the whole records it holds; a record
+    that fails its CRC ends the read there (CI once failed on a torn record parsed as protobuf)."""
+    run = start_wandb(mode="offline", project="p", run_id="torn", directory=tmp_path, warn=print)
+    for step in range(1, 41):
+        run.log({"x": float(step)}, step=step)
+    run.finish()
+    folder = next((tmp_path / "wandb").glob("offline-run-*-torn"))
+    whole = read_offline_run(folder, wait_s=60)
+    assert whole.exit_code == 0 and len(whole.series("x")) == 40
+    log = next(folder.glob("run-*.wandb"))
+    data = log.read_bytes()
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    seen = 0
+    for cut in range(0, len(data) + 1, 7):
+        (copy / log.name).write_bytes(data[:cut])
+        rows = len(read_offline_run(copy).series("x"))
+        assert seen <= rows <= 40
+        seen = rows
+    middle = len(data) // 2  # a byte not yet final in the middle of the log: the read stops before it
+    (copy / log.name).write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :])
+    assert 0 < len(read_offline_run(copy).series("x")) < 40
+
+
 def test_spec_section_is_checked_before_anything_runs(tmp_path, capsys):
     assert parse_wandb_section(None).predict.every == 0.1
     assert parse_wandb_section({"predict": False}).predict is None
