@@ -39,6 +39,8 @@ PART_MEANING = {
     "holdout": "what the fit's hold-out missed by (too close to scale per decade)",
     "frontier fit": "the frontier L*(C)'s forms at C (delta method), scaled by its forward folds' calibration",
     "frontier noise": "the budgets' minima's scatter about the frontier, scaled as above",
+    "surface": "the bracket's saturating side: the law's own interval (bootstrap, noise, extrapolation)",
+    "sides": "half the gap between the bracket's two sides (the law and the best-loss power law)",
     "lr": "training at the edge of the LR's interval (curvature of loss in log LR)",
     "batch": "training at the edge of the batch's interval (curvature of loss in log batch)",
 }

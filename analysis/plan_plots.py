@@ -29,6 +29,8 @@ PART_LABELS = {
     "holdout": "fit: hold-out miss",
     "frontier fit": "frontier: its fit",
     "frontier noise": "frontier: minima's noise",
+    "surface": "bracket: the law's interval",
+    "sides": "bracket: the sides' gap",
     "lr": "HP: LR at its edge",
     "batch": "HP: batch at its edge",
 }

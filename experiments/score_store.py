@@ -10,9 +10,10 @@ The cold-store goals of issue 47 are about what a first round predicts far out: 
 2. the scored runs: every later compute-optimal run and a gate-fixing slice past the first design
    (scalelab.sweeps.closed_loop.far_runs), and any `--far` rows of the store's seed
    (experiments/data/closed_loop_far_runs.csv's columns: seed, params, tokens, loss, distance);
-3. each predicted as the loop predicts a compute-optimal run of that budget
-   (ScalingFit.optimal_run_interval: the compute frontier's level, its calibrated 95% interval),
-   with the surface's own prediction beside it;
+3. each predicted as the loop predicts a compute-optimal run of that budget (ScalingFit.run_interval:
+   the compute frontier's level with its calibrated 95% interval, or, past a first round with no
+   calibrated frontier, the bracket since docs/first-round.md's protocol 2), with the surface's own
+   prediction beside it;
 4. per distance (a multiple of the first round's largest budget): mean |error|, coverage, mean
    width ((hi - lo) / point, the issue's width), against the goals;
 5. the "bracket" column (registered in docs/first-round.md, step 3b, before stores s1100-s1400's far
@@ -73,7 +74,7 @@ def score(path: pathlib.Path, points: list[dict], largest: float) -> list[dict]:
         print(f"frontier: {len(fit.frontier.used)} points, weights {weights}")
     out = []
     for p in points:
-        pi = fit.optimal_run_interval(p["params"], p["tokens"], p["budget"])
+        pi = fit.run_interval(p["params"], p["tokens"], p["budget"], optimal=True)
         surface = fit.surface_interval(p["params"], p["tokens"], p["budget"])
         b = fit.bracket_interval(p["params"], p["tokens"], p["budget"])
         out.append(

@@ -49,9 +49,11 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from scipy import stats
 
 from scalelab.errors import UsageError
 from scalelab.fitting.allocation.allocate import allocate, optimum_for_law
+from scalelab.fitting.allocation.bracket import best_loss_power, bracket
 from scalelab.fitting.allocation.compute_optimal import Surface, anchored_interval, compute_optimal
 from scalelab.fitting.allocation.frontier import FrontierFit
 from scalelab.fitting.entry.degeneracy import degenerate
@@ -117,6 +119,7 @@ class DrawsLossModel:
     n_runs: int = 0
     warnings: list[str] = field(default_factory=list)
     points: dict[str, list[float]] | None = None  # the fitted runs (params, tokens, loss, budgets) when saved
+    minima: tuple[list[float], list[float]] | None = None  # each budget's best loss: (budgets, losses)
     holdout_floor: float = 0.0  # log-sd a fit report's short-range hold-out missed by (0: not used)
 
     @property
@@ -276,15 +279,90 @@ class FrontierLossModel:
                        beside=co.line())  # fmt: skip
 
 
-def _with_stack(model: DrawsLossModel, fit: SavedFit) -> DrawsLossModel | StackedLossModel | FrontierLossModel:
-    out: DrawsLossModel | StackedLossModel = model
+@dataclass(kw_only=True)
+class BracketLossModel:
+    """A fit with no calibrated frontier (a first round): a run beyond the fitted budgets by the
+    bracket, as `sweep next` predicts it (ScalingFit.run_interval, scalelab.fitting.allocation.bracket):
+    the geometric mean of the surface's prediction and a power law through the budgets' best losses
+    times the incumbent law's excess at (N, D); inside the budgets, and N*, D*, the wrapped model's."""
+
+    inner: DrawsLossModel | StackedLossModel | FrontierLossModel  # what predicts inside, and N*, D*
+    surface: DrawsLossModel | StackedLossModel  # the saturating side (the law's own interval)
+    incumbent: DrawsLossModel  # the law whose excess over its optimum the power side carries
+
+    @property
+    def law(self) -> str:
+        return f"{self.inner.law}; beyond its budgets the bracket (surface and best-loss power law)"
+
+    @property
+    def level(self) -> float:
+        return self.inner.level
+
+    @property
+    def max_flops(self) -> float:
+        return self.inner.max_flops
+
+    @property
+    def min_flops(self) -> float:
+        return self.incumbent.min_flops
+
+    @property
+    def source(self) -> str:
+        return self.inner.source
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.inner.warnings
+
+    @property
+    def points(self) -> dict[str, list[float]] | None:
+        return self.incumbent.points
+
+    def _far(self, flops: float) -> bool:
+        return decades_outside(flops, (self.incumbent.min_flops, self.max_flops)) > 0.0
+
+    def _bracket(self, n: float, d: float, flops: float) -> PredictionInterval:
+        inc = self.incumbent
+        surface = self.surface.predict(n, d, flops)
+        excess = inc.point(n, d) / optimum_for_law(inc.law_obj)(inc.params, flops)[2]
+        power = math.exp(best_loss_power(*inc.minima).log_predict(flops)) * excess
+        b = bracket((surface.point, surface.lo, surface.hi), power)
+        z = float(stats.norm.ppf(0.5 + self.level / 2))
+        parts = {
+            "surface": math.log(surface.hi / surface.lo) / 2 / z,
+            "sides": math.log(b.high_end / b.low_end) / 2 / z,
+        }
+        return PredictionInterval(point=b.point, lo=b.lo, hi=b.hi, level=self.level, parts=parts,
+                                  ends=(b.low_end, b.high_end))  # fmt: skip
+
+    def point(self, n: float, d: float) -> float:
+        return self.predict(n, d).point
+
+    def predict(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
+        flops = flops if flops is not None else 6.0 * n * d
+        return self._bracket(n, d, flops) if self._far(flops) else self.inner.predict(n, d, flops)
+
+    def optimum(self, flops: float) -> Optimum:
+        own = self.inner.optimum(flops)
+        return replace(own, loss=self._bracket(own.n, own.d, flops)) if self._far(flops) else own
+
+
+def _with_stack(model: DrawsLossModel, fit: SavedFit) -> LossModel:
+    """The saved fit as the loop predicts from it: the law (or its stack), at the frontier's level
+    where it has one, by the bracket beyond its budgets where no frontier is calibrated."""
+    surface: DrawsLossModel | StackedLossModel = model
     if fit.stacked is not None:
-        out = StackedLossModel(incumbent=model, stacked=StackedFit.from_dict(fit.stacked))
-    if fit.frontier is None:
+        surface = StackedLossModel(incumbent=model, stacked=StackedFit.from_dict(fit.stacked))
+    out: DrawsLossModel | StackedLossModel | FrontierLossModel = surface
+    calibrated = False
+    if fit.frontier is not None:
+        frontier = FrontierFit.from_dict(fit.frontier)
+        frontier.level = out.level
+        out = FrontierLossModel(inner=surface, frontier=frontier, degenerate=degenerate(fit.degeneracy))
+        calibrated = frontier.calibration.n_folds > 0
+    if calibrated or model.minima is None or len(set(model.minima[0])) < 2:
         return out
-    frontier = FrontierFit.from_dict(fit.frontier)
-    frontier.level = out.level
-    return FrontierLossModel(inner=out, frontier=frontier, degenerate=degenerate(fit.degeneracy))
+    return BracketLossModel(inner=out, surface=surface, incumbent=model)
 
 
 def _plannable(law_name: str, where: str) -> Law:
@@ -314,6 +392,7 @@ def _from_round(fit: SavedFit) -> DrawsLossModel:
         n_runs=int(budgets.size),
         warnings=list(fit.warnings),
         points={k: [float(x) for x in points[k]] for k in ("params", "tokens", "loss", "budgets")},
+        minima=([float(x) for x in points["budgets"]], [float(x) for x in points["loss"]]),
     )
 
 
@@ -383,6 +462,9 @@ def _from_report(fit: SavedFit) -> DrawsLossModel:
         n_runs=n,
         warnings=warnings,
         holdout_floor=floor,
+        minima=(fit.record["budget_minima"]["flops"], fit.record["budget_minima"]["loss"])
+        if fit.record.get("budget_minima")
+        else None,
     )
 
 
@@ -391,7 +473,7 @@ def latest_round_fit(sweep_dir: Path) -> Path | None:
     return rounds[-1] if rounds else None
 
 
-def load_loss_model(source: str | Path | SavedFit) -> DrawsLossModel | StackedLossModel | FrontierLossModel:
+def load_loss_model(source: str | Path | SavedFit) -> LossModel:
     """The fit of a sweep directory (its latest round), of a saved fit file (module docstring) or
     one already loaded (scalelab.fitting.entry.saved_fit)."""
     if isinstance(source, SavedFit):
@@ -409,7 +491,7 @@ def load_loss_model(source: str | Path | SavedFit) -> DrawsLossModel | StackedLo
     return _loss_model(load_saved_fit(path))
 
 
-def _loss_model(fit: SavedFit) -> DrawsLossModel | StackedLossModel | FrontierLossModel:
+def _loss_model(fit: SavedFit) -> LossModel:
     """A report's model or a round's (or a fit record's), with its stacked law and frontier when saved."""
     try:
         return _with_stack(_from_report(fit) if fit.form == "report" else _from_round(fit), fit)

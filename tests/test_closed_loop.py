@@ -129,8 +129,13 @@ def test_law_auto_stacks_by_forward_evidence_and_the_ledger_keeps_the_weights(tm
     assert not st["stack"]["adopted"] and "too few or at one distance" in st["stack"]["reason"]
     assert p["law"] == "chinchilla" and p["fit"]["selection"]["chosen"] == "chinchilla"
     first = p["proposals"][0]
-    # the compute-optimal run is predicted at the compute frontier's level, with its interval's parts
-    assert set(first["interval_parts"]) == {"frontier fit", "frontier noise", "forms", "decades"}
+    # three budgets leave the frontier uncalibrated: the run, 3x past them, is predicted by the
+    # bracket (the surface and the power side through the budgets' best losses), its two sides kept
+    assert set(first["interval_parts"]) == {"surface", "sides"}
+    low, high = first["predicted_ends"]
+    assert first["predicted_interval"][0] < low < first["predicted_loss"] < high < first["predicted_interval"][1]
+    assert first["predicted_loss"] == pytest.approx((low * high) ** 0.5, rel=1e-12)
+    assert ledger.read_ledger(sd)["predictions"][-1]["ends"] == [low, high]
     assert ledger.read_ledger(sd)["fits"][-1]["stacked"]["weights"] == st["weights"]
     with pytest.raises(ConfigError, match="fit.law"):
         expand_sweep({**_spec(5.0), "fit": {"law": "lr_annealing"}})

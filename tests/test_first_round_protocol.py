@@ -95,6 +95,21 @@ def test_one_store_then_its_scores(audit_dir, tmp_path, monkeypatch, capsys):
     assert [s["distances"][m]["scored"] for m in (3, 10, 30)] == [2, 2, 2]
     assert all(np.isfinite(s["distances"][m]["error"]) for m in (3, 10, 30))
     assert "old recipe +7.70%, sd 4.11% over 7 stores" in out and "replication" in out
+    # protocol 2: the ledger predicted by the bracket; its ends, widened by the stated run noise
+    far = [p for p in store.ledger.read_ledger(loop)["predictions"] if p.get("kind") == "holdout"]
+    assert all(p["predicted"] == pytest.approx((p["ends"][0] * p["ends"][1]) ** 0.5, rel=1e-12) for p in far)
+    ends = s["distances"][30]["ends"]
+    assert ends["noise"] == pytest.approx(0.0056) and ends["scored"] == 2
+    at30 = [p for p in far if p["flops"] > 20 * 2e12]
+    lo, hi = first_round_scores._ends_interval(at30[0]["ends"], 0.0056)
+    assert lo == pytest.approx(at30[0]["ends"][0] * math.exp(-1.96 * 0.0056), rel=1e-4) and hi > at30[0]["ends"][1]
+    assert ends["covered"] == sum(
+        first_round_scores._ends_interval(p["ends"], 0.0056)[0]
+        <= p["measured"]
+        <= first_round_scores._ends_interval(p["ends"], 0.0056)[1]
+        for p in at30
+    )
+    assert "protocol 2 (the bracket as the loop's prediction)" in out and "30x over 1 store(s):" in out
     # recorded: the default from the ledger, the bracket from score_store.py's rows, once
     record = tmp_path / "runs.csv"
     record.write_text(first_round_scores.RECORDED.read_text())

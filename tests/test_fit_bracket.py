@@ -1,5 +1,7 @@
 """The first round's bracket (scalelab.fitting.allocation.bracket): the power side goes through each
-budget's best loss, and the bracket is the two sides' geometric mean with both inside its interval."""
+budget's best loss, and the bracket is the two sides' geometric mean with both inside its interval;
+the loop predicts a first round's runs beyond its budgets by it (ScalingFit.run_interval), and keeps
+the fit's own prediction inside the budgets and wherever a calibrated frontier sets the level."""
 
 import math
 
@@ -7,6 +9,10 @@ import numpy as np
 import pytest
 
 from scalelab.fitting.allocation.bracket import best_loss_power, bracket
+from scalelab.fitting.entry.fit_options import FitOptions
+from scalelab.fitting.entry.fit_runs import fit_runs
+from scalelab.fitting.estimate.io import read_runs
+from scalelab.fitting.selection.simulate import CHINCHILLA_EPOCH, simulate
 
 
 def test_the_power_side_goes_through_each_budgets_best_loss():
@@ -30,3 +36,38 @@ def test_the_bracket_is_the_sides_geometric_mean_inside_its_interval():
     same = bracket((1.2, 1.1, 1.3), 1.2)  # the sides agree: the surface's own interval about its point
     assert (same.point, same.low_end, same.high_end) == (1.2, 1.2, 1.2)
     assert same.hi / same.lo == pytest.approx(1.3 / 1.1)
+
+
+@pytest.fixture(scope="module")
+def first_round():
+    """A first round: three budgets over one decade, five sizes each, from a known Chinchilla law."""
+    runs = simulate("chinchilla", CHINCHILLA_EPOCH, design="isoflop", budgets=np.logspace(18, 19, 3),
+                    points_per_budget=5, isoflop_width=1.0, noise_sigma=0.002, seed=3)  # fmt: skip
+    return fit_runs(read_runs(runs), FitOptions(starts=100, bootstrap=8))
+
+
+def test_the_loop_predicts_a_first_rounds_far_runs_by_the_bracket(first_round):
+    fit = first_round
+    assert not fit.frontier_calibrated  # three budgets: no forward fold for the frontier
+    n, d, flops = 1.2e9, 1.4e10, 1e20  # 10x past the largest budget, near its optimum
+    assert fit.brackets(flops)
+    got, b = fit.run_interval(n, d, flops, optimal=True), fit.bracket_interval(n, d, flops)
+    assert (got.point, got.lo, got.hi) == (b.point, b.lo, b.hi)
+    assert got.ends == (b.low_end, b.high_end) and set(got.parts) == {"surface", "sides"}
+    surface = fit.surface_interval(n, d, flops)
+    assert surface.point in (b.low_end, b.high_end)  # one end is the surface's own prediction
+    # inside the fitted budgets the loop's prediction is the fit's own, as before
+    inside = 1e19
+    assert not fit.brackets(inside)
+    assert fit.run_interval(5e8, inside / 3e9, inside) == fit.predict_interval(5e8, inside / 3e9, inside)
+
+
+def test_a_calibrated_frontier_keeps_its_level_and_no_bracket():
+    runs = simulate("chinchilla", CHINCHILLA_EPOCH, design="isoflop", budgets=np.logspace(18, 19.5, 6),
+                    points_per_budget=5, isoflop_width=1.0, noise_sigma=0.002, seed=3)  # fmt: skip
+    fit = fit_runs(read_runs(runs), FitOptions(starts=100, bootstrap=4))
+    assert fit.frontier_calibrated
+    n, d, flops = 3e9, 5.5e10, 1e21
+    assert not fit.brackets(flops)
+    assert fit.run_interval(n, d, flops, optimal=True) == fit.optimal_run_interval(n, d, flops)
+    assert fit.run_interval(n, d, flops) == fit.predict_interval(n, d, flops)

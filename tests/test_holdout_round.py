@@ -53,8 +53,10 @@ def test_the_ledger_holds_every_prediction_before_the_runs_and_scores_them_after
     ledger.score(sd)
     scored = [e for e in ledger.read_ledger(sd)["predictions"] if e["kind"] == "holdout"]
     assert all(e["measured"] is not None for e in scored)
-    # a well-specified law with 0.3% noise: the fit's far predictions are close and covered
-    assert max(abs(e["rel_error"]) for e in scored) < 0.03 and all(e["covered"] for e in scored)
+    # a well-specified law with 0.3% noise: the far predictions (three budgets: the bracket, which
+    # leans half the sides' gap towards the power law when the surface is right) are close and covered
+    assert all(e["ends"] for e in scored)
+    assert max(abs(e["rel_error"]) for e in scored) < 0.04 and all(e["covered"] for e in scored)
     assert math.isfinite(sum(e["rel_error"] for e in scored))
 
 

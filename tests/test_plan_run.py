@@ -321,21 +321,24 @@ def test_what_ifs_of_a_tiny_cluster_say_when_nothing_fits():
 
 def test_a_fit_report_reads_as_the_loop_fit_does(fit_files):
     """A saved fit: its largest budget from the hold-out, its samples as draws, the interval's parts;
-    its compute frontier plans the optimum, the surface's L*(C) beside it."""
+    its compute frontier plans the optimum, the surface's L*(C) beside it; its four budgets leave the
+    frontier uncalibrated, so a run beyond them is the bracket's, as the loop predicts it."""
     model = load_loss_model(fit_files[0])
-    surface = model.inner
+    surface = model.surface
     assert model.max_flops == surface.max_flops == pytest.approx(1e20, rel=0.05)
     assert len(surface.draws) == 1000 and surface.law == "chinchilla"
     pi = surface.predict(1e9, 2e10)
     assert pi.lo < pi.point < pi.hi and {"bootstrap", "noise"} <= set(pi.parts)
-    opt = model.optimum(1e21)
-    assert opt.n_interval[0] < opt.n < opt.n_interval[1] and opt.loss.parts["decades"] == pytest.approx(1.0, abs=0.03)
+    opt, frontier_opt = model.optimum(1e21), model.inner.optimum(1e21)
+    assert opt.n_interval[0] < opt.n < opt.n_interval[1] and opt.n == frontier_opt.n
+    assert frontier_opt.loss.parts["decades"] == pytest.approx(1.0, abs=0.03)
     assert opt.beside.startswith("L*(1e+21) frontier") and "surface" in opt.beside
-    # a run at the frontier's optimum is predicted at the frontier's level, with its interval
+    # the bracket: the surface's prediction and the power law through the budgets' best losses
+    low, high = opt.loss.ends
+    assert set(opt.loss.parts) == {"surface", "sides"} and opt.loss.point == pytest.approx((low * high) ** 0.5)
+    assert surface.predict(opt.n, opt.d, 1e21).point in (low, high)
     run = model.predict(opt.n, opt.d, 1e21)
-    assert run.point == pytest.approx(opt.loss.point, rel=1e-3) and (run.lo, run.hi) == pytest.approx(
-        (opt.loss.lo * run.point / opt.loss.point, opt.loss.hi * run.point / opt.loss.point)
-    )
+    assert (run.point, run.lo, run.hi) == (opt.loss.point, opt.loss.lo, opt.loss.hi)
 
 
 @pytest.mark.chromium
@@ -403,9 +406,9 @@ def test_a_transfer_check_gives_the_transferred_lr_its_interval_and_curvature():
 
 def test_a_stacked_fit_plans_with_the_stacked_law_and_its_interval(tmp_path):
     """law "auto": the surface's losses are the stacked law's with its parts (the weights' spread among
-    them), its optimum the incumbent's N* with the stacked loss there; the plan's optimum and runs
-    are the compute frontier's (the frontier's level times the stacked law's excess), as `sweep next`
-    reads the fit."""
+    them), its optimum the incumbent's N* with the stacked loss there; the plan's optimum is the
+    compute frontier's N*, and its runs beyond the fit's four budgets (no calibrated frontier) are
+    the bracket's, as `sweep next` reads the fit."""
     rng = np.random.default_rng(0)
     n, d, budgets = [], [], []
     for c in (1e17, 1e18, 1e19, 1e20):
@@ -417,9 +420,10 @@ def test_a_stacked_fit_plans_with_the_stacked_law_and_its_interval(tmp_path):
     assert sf.stacked is not None
     (tmp_path / "round.json").write_text(json.dumps({"fit": sf.to_record()}))
     (tmp_path / "fit.json").write_text(json.dumps(sf.to_report(keep_samples=True)))
+    assert sf.brackets(1e22) and not sf.frontier_calibrated  # 4 budgets: beyond them, the bracket
     for path in (tmp_path / "round.json", tmp_path / "fit.json"):
         plan_model = load_loss_model(path)
-        model = plan_model.inner  # the surface
+        model = plan_model.surface  # the surface
         assert model.law.startswith("stacked") and plan_model.law.startswith("stacked")
         got, want = model.predict(1e10, 2e11, 1e22), sf.predict_interval(1e10, 2e11, 1e22)
         assert "weights" in got.parts
@@ -429,9 +433,14 @@ def test_a_stacked_fit_plans_with_the_stacked_law_and_its_interval(tmp_path):
         assert [opt.loss.point, opt.loss.lo, opt.loss.hi] == pytest.approx(
             [want_opt.point, want_opt.lo, want_opt.hi], rel=1e-9
         )
-        got, want = plan_model.predict(1e10, 2e11, 1e22), sf.optimal_run_interval(1e10, 2e11, 1e22)
+        got, want = plan_model.inner.predict(1e10, 2e11, 1e22), sf.optimal_run_interval(1e10, 2e11, 1e22)
         assert [got.point, got.lo, got.hi] == pytest.approx([want.point, want.lo, want.hi], rel=1e-9)
+        got, want = plan_model.predict(1e10, 2e11, 1e22), sf.run_interval(1e10, 2e11, 1e22, optimal=True)
+        assert [got.point, got.lo, got.hi, *got.ends] == pytest.approx(
+            [want.point, want.lo, want.hi, *want.ends], rel=1e-9
+        )
         opt, want_co = plan_model.optimum(1e22), sf.compute_optimal(1e22)
+        want_run = sf.run_interval(want_co.n_opt, want_co.d_opt, 1e22, optimal=True)
         assert [opt.n, opt.loss.point, opt.loss.lo, opt.loss.hi] == pytest.approx(
-            [want_co.n_opt, want_co.loss.point, want_co.loss.lo, want_co.loss.hi], rel=1e-9
+            [want_co.n_opt, want_run.point, want_run.lo, want_run.hi], rel=1e-9
         )

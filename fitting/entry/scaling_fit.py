@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 import scalelab
 from scalelab.errors import UsageError
@@ -206,13 +207,48 @@ class ScalingFit:
             return self.predict_interval(n, d, flops)
         return anchored_interval(self.frontier, self.surface(), n, d, flops)
 
-    def bracket_interval(self, n: float, d: float, flops: float) -> Bracket:
+    def bracket_interval(self, n: float, d: float, flops: float, surface: PredictionInterval | None = None) -> Bracket:
         """The first round's bracket at (N, D) of budget `flops`: the surface's prediction and a power
-        law through the budgets' best losses, their geometric mean (scalelab.fitting.allocation.bracket)."""
-        surface = self.surface_interval(n, d, flops)
+        law through the budgets' best losses, their geometric mean (scalelab.fitting.allocation.bracket);
+        `surface`: surface_interval(n, d, flops) when the caller has it."""
+        surface = surface or self.surface_interval(n, d, flops)
         excess = float(self.predict(n, d)) / self.optimum(flops)[2]
         power_side = float(np.exp(best_loss_power(self.budgets, self.loss).log_predict(flops))) * excess
         return bracket((surface.point, surface.lo, surface.hi), power_side)
+
+    @property
+    def frontier_calibrated(self) -> bool:
+        """A compute frontier whose interval forward folds calibrated (4+ budgets' minima)."""
+        return self.frontier is not None and self.frontier.calibration.n_folds > 0
+
+    def brackets(self, flops: float) -> bool:
+        """Whether the loop predicts a run of budget `flops` by the bracket: a parametric law of N and
+        D, a run beyond the fitted budgets, and no calibrated frontier to set its level (a first
+        round: docs/first-round.md, protocol 2)."""
+        return (
+            self.fit is not None
+            and self.law_object.inputs == ("params", "tokens")
+            and not self.frontier_calibrated
+            and np.unique(self.budgets).size >= 2  # the power side's line
+            and self.decades(flops) > 0.0
+        )
+
+    def run_interval(self, n: float, d: float, flops: float, *, optimal: bool = False) -> PredictionInterval:
+        """The loop's prediction of a run at (N, D) of budget `flops` (what the ledger records): the
+        bracket where `brackets(flops)`, with its two sides as `ends` and its log-space sds in `parts`
+        (surface: the surface's interval; sides: half their gap); else a compute-optimal run's
+        (optimal_run_interval) or any run's (predict_interval)."""
+        if self.brackets(flops):
+            surface = self.surface_interval(n, d, flops)
+            b = self.bracket_interval(n, d, flops, surface)
+            z = float(stats.norm.ppf(0.5 + self.level / 2))
+            parts = {"surface": float(np.log(surface.hi / surface.lo)) / 2 / z,
+                     "sides": float(np.log(b.high_end / b.low_end)) / 2 / z}  # fmt: skip
+            return PredictionInterval(point=b.point, lo=b.lo, hi=b.hi, level=self.level, parts=parts,
+                                      ends=(b.low_end, b.high_end))  # fmt: skip
+        if optimal:
+            return self.optimal_run_interval(n, d, flops)
+        return self.predict_interval(n, d, flops)
 
     def predict_interval(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
         """Point prediction at (N, D) and its interval: the surface's (surface_interval), or, for a
@@ -359,4 +395,8 @@ class ScalingFit:
         if keep_samples:
             report["samples"] = self.samples
             report["run_ids"] = self.run_ids
+            if self.fit is not None:  # the bracket's power side (plan-run from the report)
+                budgets = np.unique(self.budgets)
+                best = [float(self.loss[self.budgets == c].min()) for c in budgets]
+                report["budget_minima"] = {"flops": budgets.tolist(), "loss": best}
         return report

@@ -58,9 +58,13 @@ class PredictionInterval:
     hi: float
     level: float
     parts: dict[str, float]  # log-space sds: bootstrap, noise, extrapolation (and decades)
+    ends: tuple[float, float] | None = None  # a bracket's two sides (losses), the lower first
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if self.ends is None:
+            del out["ends"]
+        return out
 
 
 def extrapolation_error(backtests: Iterable[dict]) -> ExtrapolationError:

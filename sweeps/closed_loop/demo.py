@@ -180,6 +180,9 @@ def _predicted_vs_measured(sweep_dir: Path, proposal: dict[str, Any], t0: float,
         f"  predicted val loss {predicted:.4f}  95% interval [{lo:.4f}, {hi:.4f}]  (log-sd parts: "
         f"{format_parts(parts)})"
     )
+    if p.get("predicted_ends"):  # a first round's far run: the bracket (ScalingFit.run_interval)
+        low, high = p["predicted_ends"]
+        log(f"  the bracket: the geometric mean of the surface and the best-loss power law, {low:.4f} and {high:.4f}")
     error = None
     if measured is not None:
         error = (predicted - measured) / measured

@@ -55,13 +55,15 @@ class ProposedRun:
             predicted_interval=[self.prediction.lo, self.prediction.hi],
             interval_parts=self.prediction.parts,
         )
+        if self.prediction.ends is not None:
+            out["predicted_ends"] = list(self.prediction.ends)
         if self.width_reduction is not None:
             out["width_reduction"] = self.width_reduction
         return out
 
     def ledger_entry(self, round_k: int, gates_passed: bool, loss_column: str) -> dict[str, Any]:
         """The ledger's record of this prediction (scalelab.store.ledger), before the run starts."""
-        return dict(
+        out = dict(
             round=round_k,
             run_id=self.run.run_id,
             kind=self.kind,
@@ -74,6 +76,9 @@ class ProposedRun:
             gates_passed=gates_passed,
             loss_column=loss_column,
         )
+        if self.prediction.ends is not None:
+            out["ends"] = list(self.prediction.ends)  # a bracket's two sides
+        return out
 
 
 @dataclass(kw_only=True)
@@ -211,6 +216,7 @@ def _proposal(fit: SavedFit, sweep: Sweep, fit_path: str | Path, spec_path: str 
                 hi=p["predicted_interval"][1],
                 level=level,
                 parts=p["interval_parts"],
+                ends=tuple(p["predicted_ends"]) if p.get("predicted_ends") else None,
             ),
             width_reduction=p.get("width_reduction"),
         )

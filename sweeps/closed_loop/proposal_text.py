@@ -52,6 +52,8 @@ def format_proposal(p: dict[str, Any]) -> str:
     for q in p["proposals"]:
         lo, hi = q["predicted_interval"]
         extra = f"  predicted {q['predicted_loss']:.4f} [{lo:.4f}, {hi:.4f}]"
+        if q.get("predicted_ends"):
+            extra += " (bracket of {:.4f} and {:.4f})".format(*q["predicted_ends"])
         if "width_reduction" in q:
             extra += f"  narrows the C* interval by {q['width_reduction']:.4f}"
         lines.append(f"  {q['kind']:16s} {q['run_id']} N={q['params']:,} D={q['tokens']:,} C={q['flops']:.3g}{extra}")

@@ -35,7 +35,11 @@ What it does, in order:
    L*(C) times the law's excess at its (N, D), with the frontier's calibrated interval
    (ScalingFit.optimal_run_interval); any other run by the law (bootstrap + run noise + the backtests'
    out-of-sample error at its extrapolation distance, scalelab.fitting.uncertainty.predictive; a degenerate law
-   at the frontier's level). The fit,
+   at the frontier's level). A run beyond the fitted budgets of a fit with no calibrated frontier (a
+   first round: three budgets leave the frontier nothing to calibrate on) is predicted by the bracket
+   instead: the geometric mean of the surface and a power law through the budgets' best losses, with
+   the two as its ends (ScalingFit.run_interval, scalelab.fitting.allocation.bracket; adopted by
+   docs/first-round.md's step 3b rule, scored by its protocol 2). The fit,
    gates and predictions go to fits/round_K.json and to the ledger, before anything runs; the
    round's spec to rounds/round_K.yaml, which expands to the same runs.
    The round's number K is taken before the fit, and fits/round_K.json is created only if no other
@@ -440,10 +444,7 @@ def _predicted(lf: ScalingFit, run, options: FitOptions) -> ProposedRun:
     budget = float(run.labels.get("flops_budget", flops))
     n_fit = run.params if options.params == "total" else run.params_nonembed
     kind = run.labels["proposal"]
-    if kind == "compute_optimal":
-        prediction = lf.optimal_run_interval(n_fit, run.num_tokens, budget)
-    else:
-        prediction = lf.predict_interval(n_fit, run.num_tokens, flops=budget)
+    prediction = lf.run_interval(n_fit, run.num_tokens, budget, optimal=kind == "compute_optimal")
     return ProposedRun(kind=kind, run=run, budget=budget, flops=float(flops), prediction=prediction)
 
 
