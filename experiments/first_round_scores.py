@@ -24,6 +24,10 @@ the design chose (its runs beyond the demo's 12) in the same units.
     python experiments/first_round_scores.py ... --json scores.json
     python experiments/first_round_scores.py results/first_round/s1300/loop --recorded
     python experiments/first_round_scores.py results/first_round/s1300/loop --record s1300.json  # appended
+    python experiments/first_round_scores.py results/first_round/s1500/loop --record   # protocol 2: the ledger alone
+
+Protocol 2's stores (docs/first-round.md: the ledger predicted by the bracket, its ends kept) are
+summarised apart from protocol 1's, with its candidate interval (the ends widened by run noise).
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ def store_scores(sweep_dir: str | Path) -> dict:
                 "noise": sigma,
             }
     out["cpu_s"] = sum(cpu.values())
+    out["protocol"] = 2 if any(p.get("ends") for p in far) else 1
     return out
 
 
@@ -135,9 +140,25 @@ def recorded_scores(path: str | Path = RECORDED) -> list[dict]:
     for name in dict.fromkeys(r["store"] for r in rows):
         mine = [r for r in rows if r["store"] == name]
         at = {m: [r for r in mine if int(r["distance"]) == m] for m in DISTANCES}
-        out.append({"store": name, "recorded": True, "distances": {m: _column(at[m], "default") for m in DISTANCES},
+        protocol = int(mine[0].get("protocol") or 1)
+        distances = {m: _column(at[m], "default") for m in DISTANCES}
+        if protocol == 2:
+            for m in DISTANCES:
+                distances[m]["ends"] = _recorded_ends(at[m])
+        out.append({"store": name, "recorded": True, "protocol": protocol, "distances": distances,
                     "bracket": {m: _column(at[m], "bracket") for m in DISTANCES}})  # fmt: skip
     return out
+
+
+def _recorded_ends(rows: list[dict]) -> dict:
+    """Protocol 2's candidate interval over a distance's recorded runs (their ends and noise floor)."""
+    iv = [_ends_interval([float(r["ends_low"]), float(r["ends_high"])], float(r["noise_floor"])) for r in rows]
+    return {
+        "scored": len(rows),
+        "covered": sum(lo <= float(r["measured"]) <= hi for (lo, hi), r in zip(iv, rows)),
+        "width": 100 * statistics.fmean((hi - lo) / float(r["default"]) for (lo, hi), r in zip(iv, rows)),
+        "noise": float(rows[0]["noise_floor"]),
+    }
 
 
 def _column(rows: list[dict], column: str) -> dict:
@@ -158,11 +179,12 @@ def _column(rows: list[dict], column: str) -> dict:
     }
 
 
-def record(sweep_dir: str | Path, score_json: str | Path, name: str, path: str | Path = RECORDED) -> int:
+def record(sweep_dir: str | Path, score_json: str | Path | None, name: str, path: str | Path = RECORDED) -> int:
     """Append a scored store's runs to the record: the default's prediction and interval from its
     ledger (what the protocol scores), the bracket's from `experiments/score_store.py --json`
-    (matched by run id); the rows it writes. An existing store's name is refused: the record is
-    appended to, never rewritten."""
+    (matched by run id) or, for a protocol-2 store, from the ledger itself with its ends and noise
+    floor; the rows it writes. An existing store's name is refused: the record is appended to,
+    never rewritten."""
     path = Path(path)
     with path.open() as f:
         reader = csv.DictReader(f)
@@ -171,7 +193,16 @@ def record(sweep_dir: str | Path, score_json: str | Path, name: str, path: str |
         raise UsageError(f"--as {name}: {path} already records that store; choose the store's own name")
     far, largest = _holdouts(Path(sweep_dir))
     far = [p for p in far if p.get("measured") is not None]
-    bracket = {r["run_id"]: r for r in json.loads(Path(score_json).read_text()) if r.get("run_id")}
+    if all(p.get("ends") for p in far):  # protocol 2: the ledger's prediction is the bracket itself
+        sigma = _noise_floor(Path(sweep_dir), far[0]["round"]) if far else math.nan
+        bracket = {p["run_id"]: {"bracket": [p["predicted"], *p["interval"]], "bracket_error": p["rel_error"],
+                                 "ends": p["ends"], "noise_floor": sigma} for p in far}  # fmt: skip
+        source = "ledger (protocol 2: the bracket is the ledger's prediction)"
+    else:
+        if score_json is None:
+            raise UsageError(f"--record: {sweep_dir}'s ledger predicted before protocol 2; give score_store.py --json")
+        bracket = {r["run_id"]: r for r in json.loads(Path(score_json).read_text()) if r.get("run_id")}
+        source = f"ledger; bracket: score_store.py --json {Path(score_json).name}"
     missing = [p["run_id"] for p in far if p["run_id"] not in bracket]
     if missing:
         raise UsageError(
@@ -181,14 +212,17 @@ def record(sweep_dir: str | Path, score_json: str | Path, name: str, path: str |
         w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")
         for p in far:
             (lo, hi), b = p["interval"], bracket[p["run_id"]]
-            w.writerow({"store": name, "distance": _distance(p["flops"], largest), "run_id": p["run_id"],
-                        "params": round(p["params"]),
-                        "tokens": f"{p['tokens']:.3g}", "measured": f"{p['measured']:.4f}",
-                        "default": f"{p['predicted']:.4f}", "default_lo": f"{lo:.4f}", "default_hi": f"{hi:.4f}",
-                        "error_pct": f"{100 * p['rel_error']:+.2f}", "bracket": f"{b['bracket'][0]:.4f}",
-                        "bracket_lo": f"{b['bracket'][1]:.4f}", "bracket_hi": f"{b['bracket'][2]:.4f}",
-                        "bracket_error_pct": f"{100 * b['bracket_error']:+.2f}",
-                        "source": f"ledger; bracket: score_store.py --json {Path(score_json).name}"})  # fmt: skip
+            row = {"store": name, "distance": _distance(p["flops"], largest), "run_id": p["run_id"],
+                   "params": round(p["params"]),
+                   "tokens": f"{p['tokens']:.3g}", "measured": f"{p['measured']:.4f}",
+                   "default": f"{p['predicted']:.4f}", "default_lo": f"{lo:.4f}", "default_hi": f"{hi:.4f}",
+                   "error_pct": f"{100 * p['rel_error']:+.2f}", "bracket": f"{b['bracket'][0]:.4f}",
+                   "bracket_lo": f"{b['bracket'][1]:.4f}", "bracket_hi": f"{b['bracket'][2]:.4f}",
+                   "bracket_error_pct": f"{100 * b['bracket_error']:+.2f}", "source": source}  # fmt: skip
+            if "ends" in b:
+                row |= {"protocol": 2, "ends_low": f"{b['ends'][0]:.4f}", "ends_high": f"{b['ends'][1]:.4f}",
+                        "noise_floor": f"{b['noise_floor']:.4g}"}  # fmt: skip
+            w.writerow(row)
     return len(far)
 
 
@@ -213,21 +247,25 @@ def report(scores: list[dict]) -> str:
         runs, cpu = ("-", "-") if s.get("recorded") else (s["first_round_runs"], f"{s['cpu_s']:.0f}")
         lines.append(f"{s['store'][-44:]:44} {runs:>4} " + " ".join(cells) + f" {cpu:>8}")
     old = old_recipe()
-    lines.append("over the stores: mean error, store-to-store sd (goal) -> met?")
-    for m in (10, 30):
-        new = [s["distances"][m]["error"] for s in scores if s["distances"][m]["error"] is not None]
-        mean, sd = _summary(new)
-        o_mean, o_sd = _summary(old[m])
-        max_mean, max_sd = GOALS[m]
-        verdict = "met" if abs(mean) <= max_mean and sd <= max_sd else "MISSED"
-        if len(new) < 2:
-            verdict = "not scored (the sd needs 2 or more stores)"
-        lines.append(
-            f"  {m}x: audited recipe {mean:+.2f}%, sd {sd:.2f}% over {len(new)} store(s) (goal |mean| <= {max_mean}%, "
-            f"sd <= {max_sd}%): {verdict}; old recipe {o_mean:+.2f}%, sd {o_sd:.2f}% over {len(old[m])} stores"
-        )
-    lines += _bracket_rule(scores)
-    lines += _protocol_2(scores)
+    first, second = ([s for s in scores if s.get("protocol", 1) == k] for k in (1, 2))
+    for label, group in (("audited recipe", first), ("protocol 2, the bracket", second)):
+        if not group:
+            continue
+        lines.append("over the stores: mean error, store-to-store sd (goal) -> met?")
+        for m in (10, 30):
+            new = [s["distances"][m]["error"] for s in group if s["distances"][m]["error"] is not None]
+            mean, sd = _summary(new)
+            o_mean, o_sd = _summary(old[m])
+            max_mean, max_sd = GOALS[m]
+            verdict = "met" if abs(mean) <= max_mean and sd <= max_sd else "MISSED"
+            if len(new) < 2:
+                verdict = "not scored (the sd needs 2 or more stores)"
+            lines.append(
+                f"  {m}x: {label} {mean:+.2f}%, sd {sd:.2f}% over {len(new)} store(s) (goal |mean| <= {max_mean}%, "
+                f"sd <= {max_sd}%): {verdict}; old recipe {o_mean:+.2f}%, sd {o_sd:.2f}% over {len(old[m])} stores"
+            )
+    lines += _bracket_rule(first)
+    lines += _protocol_2(second)
     lines += _costs([s for s in scores if not s.get("recorded")])
     return "\n".join(lines)
 
@@ -306,15 +344,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", default=None, metavar="PATH", help="also write the scores as JSON")
     ap.add_argument("--recorded", nargs="?", const=str(RECORDED), default=None, metavar="CSV",
                     help=f"add the stores scored before (default {RECORDED.name}); a store given wins")  # fmt: skip
-    ap.add_argument("--record", default=None, metavar="JSON",
-                    help="append the one store given: its ledger, the bracket from score_store.py --json")  # fmt: skip
+    ap.add_argument("--record", nargs="?", const="", default=None, metavar="JSON",
+                    help="append the one store given: its ledger, the bracket from score_store.py --json (a "
+                         "protocol-2 store's ledger holds its bracket: no JSON)")  # fmt: skip
     ap.add_argument("--as", dest="name", default=None, help="--record: the store's name (default: its folder's)")
     args = ap.parse_args(argv)
-    if args.record:
+    if args.record is not None:
         if len(args.stores) != 1:
             raise UsageError("--record: give exactly one store (its loop sweep) to record")
         name = args.name or _name(args.stores[0])
-        n = record(args.stores[0], args.record, name, args.recorded or RECORDED)
+        n = record(args.stores[0], args.record or None, name, args.recorded or RECORDED)
         print(f"recorded {n} run(s) of {name} in {args.recorded or RECORDED}")
         return
     if not args.stores and not args.recorded:

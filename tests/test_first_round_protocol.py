@@ -5,6 +5,7 @@ known law (scalelab.analysis.synthetic) where the scripts would train them on Ra
 
 import json
 import math
+import pathlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -110,20 +111,37 @@ def test_one_store_then_its_scores(audit_dir, tmp_path, monkeypatch, capsys):
         for p in at30
     )
     assert "protocol 2 (the bracket as the loop's prediction)" in out and "30x over 1 store(s):" in out
-    # recorded: the default from the ledger, the bracket from score_store.py's rows, once
+    # recorded (protocol 2): the ledger's bracket and its ends, without score_store.py, once
     record = tmp_path / "runs.csv"
     record.write_text(first_round_scores.RECORDED.read_text())
-    ids = [p["run_id"] for p in store.ledger.read_ledger(loop)["predictions"] if p.get("kind") == "holdout"]
-    rows = [{"run_id": i, "bracket": [1.3, 1.2, 1.4], "bracket_error": -0.01 * k} for k, i in enumerate(ids)]
-    (tmp_path / "s.json").write_text(json.dumps(rows))
-    args = [str(loop), "--record", str(tmp_path / "s.json"), "--as", "s9", "--recorded", str(record)]
+    args = [str(loop), "--record", "--as", "s9", "--recorded", str(record)]
     first_round_scores.main(args)
     with pytest.raises(UsageError, match="already records"):
         first_round_scores.main(args)
     mine = [r for r in first_round_scores.recorded_scores(record) if r["store"] == "s9"][0]
+    assert mine["protocol"] == 2
     for m in (3, 10, 30):  # the default as the ledger scores it, to the record's 0.01%
         assert mine["distances"][m]["error"] == pytest.approx(s["distances"][m]["error"], abs=0.01)
-    assert mine["bracket"][3]["error"] == pytest.approx(-0.5)  # rows 0 and 1: -0% and -1%
+        assert mine["bracket"][m]["error"] == pytest.approx(s["distances"][m]["error"], abs=0.01)
+        assert mine["distances"][m]["ends"]["covered"] == s["distances"][m]["ends"]["covered"]
+    capsys.readouterr()
+    first_round_scores.main(["--recorded", str(record)])
+    out = capsys.readouterr().out
+    assert "10x: protocol 2, the bracket" in out and "10x: audited recipe" in out  # summarised apart
+    # a store whose ledger predicted before protocol 2: the bracket from score_store.py's rows
+    book = store.SweepLayout(loop).ledger
+    data = json.loads(pathlib.Path(book).read_text())
+    for p in data["predictions"]:
+        p.pop("ends", None)
+    pathlib.Path(book).write_text(json.dumps(data))
+    ids = [p["run_id"] for p in data["predictions"] if p.get("kind") == "holdout"]
+    with pytest.raises(UsageError, match="give score_store.py --json"):
+        first_round_scores.main([str(loop), "--record", "--as", "s8", "--recorded", str(record)])
+    rows = [{"run_id": i, "bracket": [1.3, 1.2, 1.4], "bracket_error": -0.01 * k} for k, i in enumerate(ids)]
+    (tmp_path / "s.json").write_text(json.dumps(rows))
+    first_round_scores.main([str(loop), "--record", str(tmp_path / "s.json"), "--as", "s8", "--recorded", str(record)])
+    old = [r for r in first_round_scores.recorded_scores(record) if r["store"] == "s8"][0]
+    assert old["protocol"] == 1 and old["bracket"][3]["error"] == pytest.approx(-0.5)  # rows 0 and 1: -0%, -1%
 
 
 def test_recorded_stores_give_the_documented_summary(capsys):
