@@ -386,13 +386,21 @@ def _print_frontier(fit) -> None:
     for f in fit.degeneracy:
         if f.name in DEGENERATE:
             print(f"degenerate law: {f.line}")
-    if fit.frontier is None:
-        return
-    print("\n".join(format_frontier(fit.frontier)))
-    print("  " + fit.compute_optimal(10.0 * float(fit.budgets.max())).line())
-    if not fit.surface_holds:
-        print("  the law is degenerate: compute-optimal predictions come from the frontier, and (N, D) predictions "
-              "take its level (scalelab predict)")  # fmt: skip
+    far = 10.0 * float(fit.budgets.max())
+    if fit.frontier is not None:
+        print("\n".join(format_frontier(fit.frontier)))
+        print("  " + fit.compute_optimal(far).line())
+        if not fit.surface_holds:
+            print("  the law is degenerate: compute-optimal predictions come from the frontier, and (N, D) predictions "
+                  "take its level (scalelab predict)")  # fmt: skip
+    if fit.brackets(far):
+        n, d, _ = fit.optimum(far)
+        pi = fit.run_interval(n, d, far, optimal=True)
+        law = fit.surface_interval(n, d, far).point
+        power = pi.ends[0] * pi.ends[1] / law  # the other side
+        print(f"no calibrated frontier: the loop predicts runs past the budgets by the bracket (the geometric mean "
+              f"of the law and the best-loss power law); at 10x the largest budget ({far:.3g}, N* {n:.3g}): "
+              f"{pi.point:.4f} [{pi.lo:.4f}, {pi.hi:.4f}], the law {law:.4f}, the power law {power:.4f}")  # fmt: skip
 
 
 def _print_stacked(st: dict) -> None:

@@ -53,7 +53,7 @@ from scipy import stats
 
 from scalelab.errors import UsageError
 from scalelab.fitting.allocation.allocate import allocate, optimum_for_law
-from scalelab.fitting.allocation.bracket import best_loss_power, bracket
+from scalelab.fitting.allocation.bracket import best_loss_power, bracket, budget_minima
 from scalelab.fitting.allocation.compute_optimal import Surface, anchored_interval, compute_optimal
 from scalelab.fitting.allocation.frontier import FrontierFit
 from scalelab.fitting.entry.degeneracy import degenerate
@@ -360,7 +360,7 @@ def _with_stack(model: DrawsLossModel, fit: SavedFit) -> LossModel:
         frontier.level = out.level
         out = FrontierLossModel(inner=surface, frontier=frontier, degenerate=degenerate(fit.degeneracy))
         calibrated = frontier.calibration.n_folds > 0
-    if calibrated or model.minima is None or len(set(model.minima[0])) < 2:
+    if calibrated or model.minima is None or budget_minima(*model.minima)[0].size < 2:
         return out
     return BracketLossModel(inner=out, surface=surface, incumbent=model)
 

@@ -22,7 +22,11 @@ def test_the_power_side_goes_through_each_budgets_best_loss():
     loss = np.repeat(best, 3) * np.tile([1.0, 1.02, 1.05], 3)  # worse sizes beside each best one
     power = best_loss_power(flops[::-1], loss[::-1])  # in any order
     assert power.params["gamma"] == pytest.approx(0.08, abs=1e-9)
+    # a table's 6ND: each run within a percent of its budget, the budgets' best losses as before
+    jitter = flops * np.tile([0.98, 1.0, 1.0 / 0.98], 3)  # geometric mean: the budget
+    assert best_loss_power(jitter, loss).params["gamma"] == pytest.approx(0.08, abs=1e-9)
     assert math.exp(power.log_predict(2e13)) == pytest.approx(3.0 * 200**-0.08, rel=1e-9)
+    assert math.exp(best_loss_power(jitter, loss).log_predict(2e13)) == pytest.approx(3.0 * 200**-0.08, rel=1e-9)
 
 
 def test_the_bracket_is_the_sides_geometric_mean_inside_its_interval():

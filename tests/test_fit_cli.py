@@ -96,6 +96,11 @@ def test_bootstrap_intervals_are_saved(csv_path, tmp_path, capsys):
         assert lo < hi
     lo, hi = report["intervals"]["n_opt_exponent"]
     assert lo - 0.02 < 0.28 / 0.62 < hi + 0.02
+    # each budget's best loss, for the bracket's power side (plan-run from this file)
+    runs = pl.read_csv(csv_path).with_columns(budget=(6 * pl.col("params") * pl.col("tokens")).log10().round(1))
+    best = runs.group_by("budget").agg(pl.col("loss").min()).sort("budget")["loss"].to_list()
+    assert len(report["budget_minima"]["flops"]) == 4
+    assert report["budget_minima"]["loss"] == pytest.approx(best, rel=1e-12)
     pred = run_json(capsys, ["predict", str(out), "--params", "1e9", "--tokens", "2e10", "--json"])
     assert pred["loss_interval"][0][0] <= _true_loss(1e9, 2e10) <= pred["loss_interval"][0][1]
 
@@ -134,6 +139,9 @@ def test_readable_table_and_approach2(csv_path, capsys):
     assert main(["fit", str(csv_path), "--no-backtest", "--starts", "30"]) == 0
     text = capsys.readouterr().out
     assert "alpha" in text and "interval" in text
+    # four budgets leave the frontier uncalibrated: the line says what the loop predicts past them
+    line = next(x for x in text.splitlines() if x.startswith("no calibrated frontier"))
+    assert "by the bracket" in line and "at 10x the largest budget (1e+22" in line
     report = run_json(capsys, ["fit", str(csv_path), "--approach", "2", "--json"])
     assert KEYS <= set(report)
     assert abs(report["params"]["n_exponent"] - 0.28 / 0.62) < 0.05

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scalelab.fitting.allocation.frontier_forms import FrontierForm, fit_power
+from scalelab.fitting.estimate.approaches import group_budgets
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +39,21 @@ class Bracket:
     high_end: float
 
 
+def budget_minima(flops, loss) -> tuple[np.ndarray, np.ndarray]:
+    """(each budget's FLOPs, its best loss), budgets in increasing order: runs within 5% of each
+    other's FLOPs share a budget (a table's 6ND is not exactly its design's budget), at their
+    geometric mean."""
+    c, y = np.asarray(flops, dtype=float), np.asarray(loss, dtype=float)
+    labels = group_budgets(c)
+    groups = np.unique(labels)
+    budgets = np.array([float(np.exp(np.log(c[labels == g]).mean())) for g in groups])
+    return budgets, np.array([float(y[labels == g].min()) for g in groups])
+
+
 def best_loss_power(flops, loss) -> FrontierForm:
     """The power side: ln L* = a - gamma ln C by least squares through each budget's best loss (2+
-    budgets), the budgets in increasing order."""
-    c, y = np.asarray(flops, dtype=float), np.asarray(loss, dtype=float)
-    budgets = np.unique(c)
-    return fit_power(budgets, np.array([y[c == b].min() for b in budgets]))
+    budgets; budget_minima)."""
+    return fit_power(*budget_minima(flops, loss))
 
 
 def bracket(surface: tuple[float, float, float], power_side: float) -> Bracket:

@@ -34,7 +34,7 @@ from scipy import stats
 import scalelab
 from scalelab.errors import UsageError
 from scalelab.fitting.allocation.allocate import optimum_for_law
-from scalelab.fitting.allocation.bracket import Bracket, best_loss_power, bracket
+from scalelab.fitting.allocation.bracket import Bracket, best_loss_power, bracket, budget_minima
 from scalelab.fitting.allocation.compute_optimal import ComputeOptimal, Surface, anchored_interval, compute_optimal
 from scalelab.fitting.allocation.frontier import FrontierFit
 from scalelab.fitting.entry.degeneracy import Finding, degenerate
@@ -229,7 +229,7 @@ class ScalingFit:
             self.fit is not None
             and self.law_object.inputs == ("params", "tokens")
             and not self.frontier_calibrated
-            and np.unique(self.budgets).size >= 2  # the power side's line
+            and budget_minima(self.budgets, self.loss)[0].size >= 2  # the power side's line
             and self.decades(flops) > 0.0
         )
 
@@ -396,7 +396,6 @@ class ScalingFit:
             report["samples"] = self.samples
             report["run_ids"] = self.run_ids
             if self.fit is not None:  # the bracket's power side (plan-run from the report)
-                budgets = np.unique(self.budgets)
-                best = [float(self.loss[self.budgets == c].min()) for c in budgets]
-                report["budget_minima"] = {"flops": budgets.tolist(), "loss": best}
+                budgets, best = budget_minima(self.budgets, self.loss)
+                report["budget_minima"] = {"flops": budgets.tolist(), "loss": best.tolist()}
         return report
