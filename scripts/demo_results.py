@@ -24,6 +24,7 @@ from pathlib import Path
 from scalelab import store
 from scalelab.fitting.allocation.compute_optimal import compute_optimal
 from scalelab.fitting.entry.from_report import frontier_of, surface_of
+from scalelab.fitting.entry.saved_fit import load_saved_fit
 from scalelab.store.ledger import coverage, read_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +96,8 @@ def _fit(fit: dict) -> list[str]:
 
 
 def _prediction(fit: dict, pred: dict) -> list[str]:
-    co = compute_optimal(frontier_of(fit), surface_of(fit, fit["level"]), fit["target_flops"])
+    saved = load_saved_fit(fit)
+    co = compute_optimal(frontier_of(saved), surface_of(saved, fit["level"]), fit["target_flops"])
     parts = pred.get("interval_parts") or {}
     sds = ", ".join(f"{k} {v:.4f}" for k, v in parts.items() if k != "decades")
     lo, hi = pred["interval"]
@@ -108,15 +110,22 @@ def _prediction(fit: dict, pred: dict) -> list[str]:
         f"C = {pred['flops']:.3g} FLOPs.",
         "",
         f"- predicted val loss {pred['predicted']:.4f}, 95% interval [{lo:.4f}, {hi:.4f}] "
-        f"(log-sd parts: {sds} at {parts.get('decades', 0):.2f} decades)",
+        f"(log-sd parts: {sds}" + (f" at {parts['decades']:.2f} decades)" if "decades" in parts else ")"),
     ]
     if pred.get("measured") is not None:
         inside = "inside" if pred["covered"] else "outside"
         lines.append(
             f"- measured val loss {pred['measured']:.4f} ({100 * pred['rel_error']:+.2f}% error; {inside} the interval)"
         )
+    if pred.get("ends"):
+        low, high = pred["ends"]
+        lines.append(
+            f"- the prediction is the bracket (a first round has no calibrated frontier): the geometric mean of "
+            f"the law's prediction and a power law through each budget's best loss, {low:.4f} and {high:.4f}, "
+            "with the law's interval and half their gap in quadrature (docs/closed-loop.md, step 4)"
+        )
     lines += [f"- the fit's compute-optimal answer at C* = {co.flops:.3g}: {co.line()}", ""]
-    if co.source == "frontier" and tau0:
+    if co.source == "frontier" and tau0 and not pred.get("ends"):
         dof = max(n_front - 2, 1)
         lines += [
             f"The prediction comes from the compute frontier: one L*(C) point per budget, {n_front} here. "

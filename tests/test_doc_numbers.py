@@ -22,6 +22,11 @@ import re
 
 import pytest
 
+from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
+from scalelab.store import ledger
+from scalelab.sweeps.closed_loop.demo import demo_spec
+from scalelab.sweeps.closed_loop.propose import propose_next
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = (
     "analysis",
@@ -156,3 +161,27 @@ def test_the_demo_page_says_how_it_was_made_and_its_generator_refuses_what_is_no
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and "demo_dir" in err, err
     assert not out.exists()
+
+
+def test_the_demo_page_is_written_from_a_demo_store(tmp_path):
+    """A demo store (its IsoFLOP sweep and the proposed run, from a known law: no training): the page
+    holds the runs, the fit, the prediction (a first round's: the bracket, its two sides named) and
+    the measured loss. The page broke once when the saved-fit readers changed under it."""
+    spec = importlib.util.spec_from_file_location("demo_results", ROOT / "scripts" / "demo_results.py")
+    demo_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo_results)
+    sweep = tmp_path / "demo" / demo_results.SWEEP
+    raw = demo_spec()
+    raw["fit"] = {**raw.get("fit", {}), "bootstrap": 4}
+    law = SyntheticLaw(E=1.23, A=1019.0, B=2063.0, alpha=0.817, beta=0.639)  # near the demo's own fit
+    launch_synthetic(raw, sweep, law, noise_std=0.003)
+    c = 3 * max(raw["isoflop"]["budgets"])  # the demo's next budget
+    p = propose_next(sweep, target_flops=c, budget_flops=c, replicates=4, max_runs=1, log=lambda _m: None)
+    launch_synthetic(p["spec_path"], sweep, law, noise_std=0.003)
+    ledger.score(sweep)
+    out = tmp_path / "demo.md"
+    demo_results.main([str(tmp_path / "demo"), "--out", str(out)])
+    text = out.read_text()
+    assert "## The runs" in text and "## The fit" in text and "## Predicted vs measured" in text
+    assert all(q["predicted_ends"] for q in p["proposals"])  # past the design's budgets: the bracket
+    assert "the prediction is the bracket" in text and "- measured val loss" in text
