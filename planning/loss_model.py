@@ -49,13 +49,13 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-from scipy import stats
 
 from scalelab.errors import UsageError
 from scalelab.fitting.allocation.allocate import allocate, optimum_for_law
-from scalelab.fitting.allocation.bracket import best_loss_power, bracket, budget_minima
+from scalelab.fitting.allocation.bracket import bracket_prediction, budget_minima
 from scalelab.fitting.allocation.compute_optimal import Surface, anchored_interval, compute_optimal
 from scalelab.fitting.allocation.frontier import FrontierFit
+from scalelab.fitting.allocation.frontier_forms import FrontierForm, fit_power
 from scalelab.fitting.entry.degeneracy import degenerate
 from scalelab.fitting.entry.fit_options import LOOP_LAWS
 from scalelab.fitting.entry.saved_fit import SavedFit, load_saved_fit
@@ -171,12 +171,46 @@ class DrawsLossModel:
         )
 
 
+class _Wrapping:
+    """A loss model around another: the fit's bookkeeping (level, largest budget, source, warnings,
+    fitted runs) answered by the model it wraps (`_wrapped`)."""
+
+    @property
+    def _wrapped(self):
+        raise NotImplementedError
+
+    @property
+    def level(self) -> float:
+        return self._wrapped.level
+
+    @property
+    def max_flops(self) -> float:
+        return self._wrapped.max_flops
+
+    @property
+    def source(self) -> str:
+        return self._wrapped.source
+
+    @property
+    def warnings(self) -> list[str]:
+        return self._wrapped.warnings
+
+    @property
+    def points(self) -> dict[str, list[float]] | None:
+        """The fitted runs (the same runs every wrapped form was fitted on), when saved."""
+        return getattr(self._wrapped, "points", None)
+
+
 @dataclass(kw_only=True)
-class StackedLossModel:
+class StackedLossModel(_Wrapping):
     """A stacked fit: the stacked law's losses and intervals at the incumbent's compute-optimal point."""
 
     incumbent: DrawsLossModel
     stacked: StackedFit
+
+    @property
+    def _wrapped(self) -> DrawsLossModel:
+        return self.incumbent
 
     @property
     def law(self) -> str:
@@ -186,23 +220,6 @@ class StackedLossModel:
     @property
     def level(self) -> float:
         return self.stacked.level
-
-    @property
-    def max_flops(self) -> float:
-        return self.incumbent.max_flops
-
-    @property
-    def source(self) -> str:
-        return self.incumbent.source
-
-    @property
-    def warnings(self) -> list[str]:
-        return self.incumbent.warnings
-
-    @property
-    def points(self) -> dict[str, list[float]] | None:
-        """The fitted runs (the same runs every form of the stack was fitted on)."""
-        return self.incumbent.points
 
     def point(self, n: float, d: float) -> float:
         return float(self.stacked.predict(n, d))
@@ -216,7 +233,7 @@ class StackedLossModel:
 
 
 @dataclass(kw_only=True)
-class FrontierLossModel:
+class FrontierLossModel(_Wrapping):
     """A fit with its compute frontier: the frontier's optimum, runs at its level (module docstring)."""
 
     inner: DrawsLossModel | StackedLossModel  # the surface
@@ -224,32 +241,16 @@ class FrontierLossModel:
     degenerate: bool = False
 
     @property
+    def _wrapped(self) -> DrawsLossModel | StackedLossModel:
+        return self.inner
+
+    @property
     def law(self) -> str:
         return f"{self.inner.law}; N*, D*, L*(C) from the compute frontier"
 
     @property
-    def level(self) -> float:
-        return self.inner.level
-
-    @property
-    def max_flops(self) -> float:
-        return self.inner.max_flops
-
-    @property
     def min_flops(self) -> float:
         return getattr(self.inner, "min_flops", self.inner.max_flops)
-
-    @property
-    def source(self) -> str:
-        return self.inner.source
-
-    @property
-    def warnings(self) -> list[str]:
-        return self.inner.warnings
-
-    @property
-    def points(self):
-        return getattr(self.inner, "points", None)
 
     def _surface(self) -> Surface:
         inner = self.inner
@@ -280,7 +281,7 @@ class FrontierLossModel:
 
 
 @dataclass(kw_only=True)
-class BracketLossModel:
+class BracketLossModel(_Wrapping):
     """A fit with no calibrated frontier (a first round): a run beyond the fitted budgets by the
     bracket, as `sweep next` predicts it (ScalingFit.run_interval, scalelab.fitting.allocation.bracket):
     the geometric mean of the surface's prediction and a power law through the budgets' best losses
@@ -289,51 +290,27 @@ class BracketLossModel:
     inner: DrawsLossModel | StackedLossModel | FrontierLossModel  # what predicts inside, and N*, D*
     surface: DrawsLossModel | StackedLossModel  # the saturating side (the law's own interval)
     incumbent: DrawsLossModel  # the law whose excess over its optimum the power side carries
+    power: FrontierForm  # the power law through each budget's best loss
+
+    @property
+    def _wrapped(self) -> DrawsLossModel | StackedLossModel | FrontierLossModel:
+        return self.inner
 
     @property
     def law(self) -> str:
         return f"{self.inner.law}; beyond its budgets the bracket (surface and best-loss power law)"
 
     @property
-    def level(self) -> float:
-        return self.inner.level
-
-    @property
-    def max_flops(self) -> float:
-        return self.inner.max_flops
-
-    @property
     def min_flops(self) -> float:
         return self.incumbent.min_flops
-
-    @property
-    def source(self) -> str:
-        return self.inner.source
-
-    @property
-    def warnings(self) -> list[str]:
-        return self.inner.warnings
-
-    @property
-    def points(self) -> dict[str, list[float]] | None:
-        return self.incumbent.points
 
     def _far(self, flops: float) -> bool:
         return decades_outside(flops, (self.incumbent.min_flops, self.max_flops)) > 0.0
 
     def _bracket(self, n: float, d: float, flops: float) -> PredictionInterval:
         inc = self.incumbent
-        surface = self.surface.predict(n, d, flops)
         excess = inc.point(n, d) / optimum_for_law(inc.law_obj)(inc.params, flops)[2]
-        power = math.exp(best_loss_power(*inc.minima).log_predict(flops)) * excess
-        b = bracket((surface.point, surface.lo, surface.hi), power)
-        z = float(stats.norm.ppf(0.5 + self.level / 2))
-        parts = {
-            "surface": math.log(surface.hi / surface.lo) / 2 / z,
-            "sides": math.log(b.high_end / b.low_end) / 2 / z,
-        }
-        return PredictionInterval(point=b.point, lo=b.lo, hi=b.hi, level=self.level, parts=parts,
-                                  ends=(b.low_end, b.high_end))  # fmt: skip
+        return bracket_prediction(self.surface.predict(n, d, flops), math.exp(self.power.log_predict(flops)) * excess)
 
     def point(self, n: float, d: float) -> float:
         return self.predict(n, d).point
@@ -360,9 +337,10 @@ def _with_stack(model: DrawsLossModel, fit: SavedFit) -> LossModel:
         frontier.level = out.level
         out = FrontierLossModel(inner=surface, frontier=frontier, degenerate=degenerate(fit.degeneracy))
         calibrated = frontier.calibration.n_folds > 0
-    if calibrated or model.minima is None or budget_minima(*model.minima)[0].size < 2:
+    minima = None if model.minima is None else budget_minima(*model.minima)
+    if calibrated or minima is None or minima[0].size < 2:
         return out
-    return BracketLossModel(inner=out, surface=surface, incumbent=model)
+    return BracketLossModel(inner=out, surface=surface, incumbent=model, power=fit_power(*minima))
 
 
 def _plannable(law_name: str, where: str) -> Law:

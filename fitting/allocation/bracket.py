@@ -2,7 +2,8 @@
 
     power = best_loss_power(fit.budgets, fit.loss)   # ln L* = a - gamma ln C through each budget's best loss
     b = bracket((point, lo, hi), power_side)         # Bracket: the point, its 95% interval, the two ends
-    fit.bracket_interval(n, d, flops)                # the same from a ScalingFit (scalelab.fitting.entry.scaling_fit)
+    bracket_prediction(surface_interval, power_side)  # the same as the loop records it: a PredictionInterval
+    fit.bracket_interval(n, d, flops)                # the Bracket from a ScalingFit (fitting.entry.scaling_fit)
 
 On one or two decades of compute a saturating law leans pessimistic far out and a pure power law
 optimistic (scalelab.fitting.allocation.frontier_forms), so the bracket predicts with their
@@ -25,9 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
 
 from scalelab.fitting.allocation.frontier_forms import FrontierForm, fit_power
 from scalelab.fitting.estimate.approaches import group_budgets
+from scalelab.fitting.uncertainty.predictive import PredictionInterval
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,3 +65,15 @@ def bracket(surface: tuple[float, float, float], power_side: float) -> Bracket:
     half = float(np.hypot(np.log(surface[2] / surface[1]) / 2, np.log(surface[0] / power_side) / 2))
     low, high = sorted((surface[0], power_side))
     return Bracket(point, point * float(np.exp(-half)), point * float(np.exp(half)), low, high)
+
+
+def bracket_prediction(surface: PredictionInterval, power_side: float) -> PredictionInterval:
+    """The bracket as a prediction (what the loop records, and plan-run plans from): its point and 95%
+    interval, the two sides as `ends`, and as log-space sds in `parts` the surface's interval
+    ("surface") and half the sides' gap ("sides"), so that the parts rebuild the interval."""
+    b = bracket((surface.point, surface.lo, surface.hi), power_side)
+    z = float(stats.norm.ppf(0.5 + surface.level / 2))
+    parts = {"surface": float(np.log(surface.hi / surface.lo)) / 2 / z,
+             "sides": float(np.log(b.high_end / b.low_end)) / 2 / z}  # fmt: skip
+    return PredictionInterval(point=b.point, lo=b.lo, hi=b.hi, level=surface.level, parts=parts,
+                              ends=(b.low_end, b.high_end))  # fmt: skip

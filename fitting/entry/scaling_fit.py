@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 import scalelab
 from scalelab.errors import UsageError
 from scalelab.fitting.allocation.allocate import optimum_for_law
-from scalelab.fitting.allocation.bracket import Bracket, best_loss_power, bracket, budget_minima
+from scalelab.fitting.allocation.bracket import Bracket, bracket, bracket_prediction, budget_minima
 from scalelab.fitting.allocation.compute_optimal import ComputeOptimal, Surface, anchored_interval, compute_optimal
 from scalelab.fitting.allocation.frontier import FrontierFit
+from scalelab.fitting.allocation.frontier_forms import FrontierForm, fit_power
 from scalelab.fitting.entry.degeneracy import Finding, degenerate
 from scalelab.fitting.entry.fit_options import FitOptions
 from scalelab.fitting.entry.gates import GateReport
@@ -207,14 +207,22 @@ class ScalingFit:
             return self.predict_interval(n, d, flops)
         return anchored_interval(self.frontier, self.surface(), n, d, flops)
 
-    def bracket_interval(self, n: float, d: float, flops: float, surface: PredictionInterval | None = None) -> Bracket:
-        """The first round's bracket at (N, D) of budget `flops`: the surface's prediction and a power
-        law through the budgets' best losses, their geometric mean (scalelab.fitting.allocation.bracket);
-        `surface`: surface_interval(n, d, flops) when the caller has it."""
-        surface = surface or self.surface_interval(n, d, flops)
+    @functools.cached_property
+    def _power_line(self) -> FrontierForm | None:
+        """The bracket's power side: a power law through each budget's best loss (None under 2 budgets)."""
+        minima = budget_minima(self.budgets, self.loss)
+        return fit_power(*minima) if minima[0].size >= 2 else None
+
+    def _power_side(self, n: float, d: float, flops: float) -> float:
+        """The power law's L*(C) times the law's excess at (N, D) over its own optimum at C."""
         excess = float(self.predict(n, d)) / self.optimum(flops)[2]
-        power_side = float(np.exp(best_loss_power(self.budgets, self.loss).log_predict(flops))) * excess
-        return bracket((surface.point, surface.lo, surface.hi), power_side)
+        return float(np.exp(self._power_line.log_predict(flops))) * excess
+
+    def bracket_interval(self, n: float, d: float, flops: float) -> Bracket:
+        """The first round's bracket at (N, D) of budget `flops`: the surface's prediction and a power
+        law through the budgets' best losses, their geometric mean (scalelab.fitting.allocation.bracket)."""
+        surface = self.surface_interval(n, d, flops)
+        return bracket((surface.point, surface.lo, surface.hi), self._power_side(n, d, flops))
 
     @property
     def frontier_calibrated(self) -> bool:
@@ -229,23 +237,17 @@ class ScalingFit:
             self.fit is not None
             and self.law_object.inputs == ("params", "tokens")
             and not self.frontier_calibrated
-            and budget_minima(self.budgets, self.loss)[0].size >= 2  # the power side's line
+            and self._power_line is not None
             and self.decades(flops) > 0.0
         )
 
     def run_interval(self, n: float, d: float, flops: float, *, optimal: bool = False) -> PredictionInterval:
         """The loop's prediction of a run at (N, D) of budget `flops` (what the ledger records): the
-        bracket where `brackets(flops)`, with its two sides as `ends` and its log-space sds in `parts`
-        (surface: the surface's interval; sides: half their gap); else a compute-optimal run's
-        (optimal_run_interval) or any run's (predict_interval)."""
+        bracket where `brackets(flops)` (scalelab.fitting.allocation.bracket.bracket_prediction: its two
+        sides as `ends`); else a compute-optimal run's (optimal_run_interval) or any run's
+        (predict_interval)."""
         if self.brackets(flops):
-            surface = self.surface_interval(n, d, flops)
-            b = self.bracket_interval(n, d, flops, surface)
-            z = float(stats.norm.ppf(0.5 + self.level / 2))
-            parts = {"surface": float(np.log(surface.hi / surface.lo)) / 2 / z,
-                     "sides": float(np.log(b.high_end / b.low_end)) / 2 / z}  # fmt: skip
-            return PredictionInterval(point=b.point, lo=b.lo, hi=b.hi, level=self.level, parts=parts,
-                                      ends=(b.low_end, b.high_end))  # fmt: skip
+            return bracket_prediction(self.surface_interval(n, d, flops), self._power_side(n, d, flops))
         if optimal:
             return self.optimal_run_interval(n, d, flops)
         return self.predict_interval(n, d, flops)
