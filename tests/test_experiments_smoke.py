@@ -21,6 +21,7 @@ import sys
 import pytest
 
 from experiments import (
+    candidate_synthetic,
     closed_loop,
     curve_sweeps,
     curve_sweeps_mup,
@@ -96,6 +97,17 @@ def test_stacked_coverage_scores_every_distance(capsys):
     stacked_coverage.main(["--trials", "1", "--bootstrap", "2", "--kinds", "chinchilla"])
     out = capsys.readouterr().out
     assert [line.split()[1] for line in out.splitlines() if line.startswith("chinchilla")] == ["3x", "10x", "30x"]
+
+
+def test_candidate_synthetic_scores_the_ends_interval_where_the_law_is_right(tmp_path, capsys):
+    """The tests' synthetic holdout store (a true Chinchilla law): the loop's interval covers its 12 far
+    runs; the ends widened by run noise do not, because the measured runs lie above both ends
+    (docs/first-round.md, protocol 2's amendment)."""
+    candidate_synthetic.main(["--json", str(tmp_path / "rows.json")])
+    out = json.loads((tmp_path / "rows.json").read_text())
+    assert out["runs"] == 12 and out["covered"] == 12
+    assert out["candidate_covered"] <= 3 and out["candidate_floor_covered"] <= 9 and out["above_both_ends"] >= 10
+    assert "covered: the loop's interval 12/12" in capsys.readouterr().out
 
 
 def test_interval_calibration_scores_both_intervals(capsys):
