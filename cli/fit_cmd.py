@@ -445,6 +445,7 @@ def run_predict(args: argparse.Namespace) -> int:
         unique_tokens=args.unique_tokens,
         level=args.level,
     )
+    out = _by_the_bracket(fit, out)
     if args.json:
         print(json.dumps(_clean(out)))
     elif "allocations" in out:
@@ -459,11 +460,53 @@ def run_predict(args: argparse.Namespace) -> int:
         for i, loss in enumerate(out["loss"]):
             row = f"{_fmt(loss):>10}   {_iv(ivs[i]):<22}{_iv(pis[i])}"
             print("".join(f"{_fmt(out[k][i]):>14}" for k in keys) + row)
+        for i, ends in enumerate(out.get("loss_ends") or []):
+            if ends is not None:
+                print(f"row {i + 1}: beyond the fitted budgets, the bracket of the law and the best-loss power law "
+                      f"(as `sweep next` predicts it); its two sides {_fmt(ends[0])} and {_fmt(ends[1])}")  # fmt: skip
         if out.get("note"):
             print(out["note"])
         elif out["loss_interval"] is None:
             print("no intervals: the saved fit holds no parameter samples (refit with --out FIT.json)")
     return 0
+
+
+def _by_the_bracket(fit, out: dict) -> dict:
+    """Runs beyond a first round's fitted budgets as the loop predicts them (`sweep next`: the bracket,
+    ScalingFit.run_interval), from the saved fit as plan-run reads it
+    (scalelab.planning.loss_model.BracketLossModel): such a row's loss and prediction interval are the
+    bracket's, its two sides in `loss_ends` (None for rows the law predicts itself), and its parameter
+    interval, the law's own, is left out. At a --level other than the fit's the bracket's log-sd parts
+    give the interval at that level. Other fits (and one plan-run cannot read: no backtest or samples)
+    and allocations are returned as they are."""
+    if "allocations" in out or "params" not in out or "tokens" not in out:
+        return out
+    from scalelab.fitting.uncertainty.predictive import interval_from_parts
+    from scalelab.planning.loss_model import BracketLossModel, load_loss_model
+
+    try:
+        model = load_loss_model(fit)
+    except UsageError:  # a fit plan-run cannot read (no backtest, no samples): the law predicts, as saved
+        return out
+    if not isinstance(model, BracketLossModel):
+        return out
+    rows = len(out["loss"])
+    ends: list[list[float] | None] = [None] * rows
+    pis = list(out["loss_prediction_interval"] or [None] * rows)
+    cis = list(out["loss_interval"] or [None] * rows)
+    loss = list(out["loss"])
+    for i, (n, d) in enumerate(zip(out["params"], out["tokens"])):
+        flops = 6.0 * float(n) * float(d)
+        if not model.brackets(flops):
+            continue
+        pi = model.predict(float(n), float(d), flops)
+        ends[i] = list(pi.ends)
+        if not math.isclose(pi.level, out["level"]):
+            pi = interval_from_parts(pi.point, pi.parts, out["level"])
+        loss[i], pis[i], cis[i] = pi.point, [pi.lo, pi.hi], None
+    if all(e is None for e in ends):
+        return out
+    return {**out, "loss": loss, "loss_interval": cis, "loss_prediction_interval": pis, "loss_ends": ends}
 
 
 def _print_allocations(out: dict) -> None:

@@ -304,7 +304,8 @@ class BracketLossModel(_Wrapping):
     def min_flops(self) -> float:
         return self.incumbent.min_flops
 
-    def _far(self, flops: float) -> bool:
+    def brackets(self, flops: float) -> bool:
+        """Whether a run of budget `flops` is predicted by the bracket: beyond the fitted budgets."""
         return decades_outside(flops, (self.incumbent.min_flops, self.max_flops)) > 0.0
 
     def _bracket(self, n: float, d: float, flops: float) -> PredictionInterval:
@@ -317,11 +318,11 @@ class BracketLossModel(_Wrapping):
 
     def predict(self, n: float, d: float, flops: float | None = None) -> PredictionInterval:
         flops = flops if flops is not None else 6.0 * n * d
-        return self._bracket(n, d, flops) if self._far(flops) else self.inner.predict(n, d, flops)
+        return self._bracket(n, d, flops) if self.brackets(flops) else self.inner.predict(n, d, flops)
 
     def optimum(self, flops: float) -> Optimum:
         own = self.inner.optimum(flops)
-        return replace(own, loss=self._bracket(own.n, own.d, flops)) if self._far(flops) else own
+        return replace(own, loss=self._bracket(own.n, own.d, flops)) if self.brackets(flops) else own
 
 
 def _with_stack(model: DrawsLossModel, fit: SavedFit) -> LossModel:
@@ -427,6 +428,10 @@ def _from_report(fit: SavedFit) -> DrawsLossModel:
         )
     n = int(fit.record.get("n_points") or 0)
     sigma = float(fit.residual_scale or 0.0)  # the fit's: corrected for its parameters
+    minima = fit.record.get("budget_minima")
+    # the smallest budget fitted: from the budgets' minima where the report keeps them (older reports
+    # do not: a budget below the largest then counts as outside the fitted range)
+    bottom = float(min(minima["flops"])) if minima else float(top)
     return DrawsLossModel(
         law_obj=law,
         params={k: float(v) for k, v in fit.params.items()},
@@ -434,15 +439,13 @@ def _from_report(fit: SavedFit) -> DrawsLossModel:
         residual_scale=sigma,
         extrapolation=extrap,
         max_flops=float(top),
-        min_flops=float(top),
+        min_flops=min(bottom, float(top)),
         level=float(fit.level),
         source=where,
         n_runs=n,
         warnings=warnings,
         holdout_floor=floor,
-        minima=(fit.record["budget_minima"]["flops"], fit.record["budget_minima"]["loss"])
-        if fit.record.get("budget_minima")
-        else None,
+        minima=(minima["flops"], minima["loss"]) if minima else None,
     )
 
 

@@ -326,6 +326,7 @@ def test_a_fit_report_reads_as_the_loop_fit_does(fit_files):
     model = load_loss_model(fit_files[0])
     surface = model.surface
     assert model.max_flops == surface.max_flops == pytest.approx(1e20, rel=0.05)
+    assert model.min_flops == pytest.approx(1e17, rel=0.05)  # from the budgets' minima the report keeps
     assert len(surface.draws) == 1000 and surface.law == "chinchilla"
     pi = surface.predict(1e9, 2e10)
     assert pi.lo < pi.point < pi.hi and {"bootstrap", "noise"} <= set(pi.parts)
@@ -339,6 +340,31 @@ def test_a_fit_report_reads_as_the_loop_fit_does(fit_files):
     assert surface.predict(opt.n, opt.d, 1e21).point in (low, high)
     run = model.predict(opt.n, opt.d, 1e21)
     assert (run.point, run.lo, run.hi) == (opt.loss.point, opt.loss.lo, opt.loss.hi)
+
+
+def test_predict_gives_a_far_run_the_bracket_as_plan_run_and_sweep_next_do(fit_files, capsys):
+    """`scalelab predict` from the same saved fit: a run beyond its budgets by the bracket (plan-run's
+    model), one inside them by the law itself; at another level the same point, the parts rebuilt."""
+    a3, _ = fit_files
+    model = load_loss_model(a3)
+    far, inside = model.optimum(1e21), model.inner.optimum(1e19)
+    ns, ds = ["--params", f"{far.n:.6g}", f"{inside.n:.6g}"], ["--tokens", f"{far.d:.6g}", f"{inside.d:.6g}"]
+    assert main(["predict", str(a3), *ns, *ds, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    n, d = out["params"][0], out["tokens"][0]
+    pi = model.predict(n, d, 6 * n * d)
+    assert out["loss"][0] == pytest.approx(pi.point, rel=1e-12) and out["loss_ends"][0] == list(pi.ends)
+    assert out["loss_prediction_interval"][0] == pytest.approx([pi.lo, pi.hi], rel=1e-12)
+    assert out["loss_interval"][0] is None and out["loss_ends"][1] is None  # inside: the law's own
+    assert out["loss_interval"][1] is not None
+    law = main(["predict", str(a3), "--params", ns[2], "--tokens", ds[2], "--json"])
+    assert law == 0 and json.loads(capsys.readouterr().out)["loss"] == out["loss"][1:]
+    assert main(["predict", str(a3), *ns, *ds, "--level", "0.8", "--json"]) == 0
+    narrow = json.loads(capsys.readouterr().out)
+    lo, hi = narrow["loss_prediction_interval"][0]
+    assert narrow["loss"][0] == out["loss"][0] and pi.lo < lo < pi.point < hi < pi.hi
+    assert main(["predict", str(a3), *ns, *ds]) == 0
+    assert "row 1: beyond the fitted budgets, the bracket" in capsys.readouterr().out
 
 
 @pytest.mark.chromium

@@ -49,6 +49,16 @@ def test_both_forms_load_to_the_same_fit_and_predict_the_same(tmp_path):
     assert allocate_from_fit(a, flops=1e21) == allocate_from_fit(b, flops=1e21)
 
 
+def test_a_failed_replicate_saved_as_nulls_is_left_out_of_the_draws():
+    """JSON has no NaN: a bootstrap replicate whose fit failed is saved with nulls, and predicts nothing."""
+    report = json.loads(REPORT.read_text())
+    report["samples"] = {k: [None, *v] for k, v in report["samples"].items()}  # one failed replicate first
+    fit = load_saved_fit(report, name="mem")
+    assert fit.draws == load_saved_fit(REPORT).draws
+    at = {"params": [1e9], "tokens": [2e10]}
+    assert predict_from_fit(fit, **at) == predict_from_fit(REPORT, **at)
+
+
 BAD = [
     ("{not json", "is not JSON"),
     ("[1, 2]", "a JSON object with law and params"),

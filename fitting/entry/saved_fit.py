@@ -124,12 +124,18 @@ def _draws(record: Mapping[str, Any], where: str, prefix: str) -> list[dict[str,
         if len({len(v) for v in samples.values()}) > 1:
             raise _bad(where, f"{prefix}samples", "has lists of different lengths")
         names = list(samples)
-        return [dict(zip(names, vals)) for vals in zip(*(samples[n] for n in names))]
+        return _finite([dict(zip(names, vals)) for vals in zip(*(samples[n] for n in names))])
     if draws:
         if not isinstance(draws, list) or not all(isinstance(d, Mapping) for d in draws):
             raise _bad(where, f"{prefix}draws", "is not a list of parameter objects")
-        return [dict(d) for d in draws]
+        return _finite([dict(d) for d in draws])
     return []
+
+
+def _finite(rows: list[dict]) -> list[dict[str, float]]:
+    """The draws whose every value is a finite number: a replicate whose fit failed is saved with
+    nulls (JSON has no NaN) and predicts nothing."""
+    return [r for r in rows if all(_number(v) and math.isfinite(v) for v in r.values())]
 
 
 def _optional(record: Mapping[str, Any], key: str, kind: type, where: str, prefix: str):
