@@ -474,12 +474,13 @@ def run_predict(args: argparse.Namespace) -> int:
 def _by_the_bracket(fit, out: dict) -> dict:
     """Runs beyond a first round's fitted budgets as the loop predicts them (`sweep next`: the bracket,
     ScalingFit.run_interval), from the saved fit as plan-run reads it
-    (scalelab.planning.loss_model.BracketLossModel): such a row's loss and prediction interval are the
-    bracket's, its two sides in `loss_ends` (None for rows the law predicts itself), and its parameter
-    interval, the law's own, is left out. At a --level other than the fit's the bracket's log-sd parts
-    give the interval at that level. Other fits (and one plan-run cannot read: no backtest or samples)
-    and allocations are returned as they are."""
-    if "allocations" in out or "params" not in out or "tokens" not in out:
+    (scalelab.planning.loss_model.BracketLossModel). A (params, tokens) row past the budgets: its loss
+    and prediction interval are the bracket's, its two sides in `loss_ends` (None for rows the law
+    predicts itself), its parameter interval (the law's own) left out. An allocation past them: its
+    L* and interval are the bracket's at its (N*, D*), the sides in `loss_opt_ends`. At a --level other
+    than the fit's the bracket's log-sd parts give the interval at that level. Other fits (and one
+    plan-run cannot read: no backtest or samples) are returned as they are."""
+    if out.get("approach", 3) != 3 or ("allocations" not in out and ("params" not in out or "tokens" not in out)):
         return out
     from scalelab.fitting.uncertainty.predictive import interval_from_parts
     from scalelab.planning.loss_model import BracketLossModel, load_loss_model
@@ -490,6 +491,22 @@ def _by_the_bracket(fit, out: dict) -> dict:
         return out
     if not isinstance(model, BracketLossModel):
         return out
+
+    def bracket(n: float, d: float, flops: float):
+        pi = model.predict(n, d, flops)
+        ends = list(pi.ends)
+        if not math.isclose(pi.level, out["level"]):
+            pi = interval_from_parts(pi.point, pi.parts, out["level"])
+        return pi, ends
+
+    if "allocations" in out:
+        rows = []
+        for r in out["allocations"]:
+            if model.brackets(r["flops"]) and "loss_opt" in r:
+                pi, ends = bracket(r["n_opt"], r["d_opt"], r["flops"])
+                r = {**r, "loss_opt": pi.point, "loss_opt_interval": [pi.lo, pi.hi], "loss_opt_ends": ends}
+            rows.append(r)
+        return {**out, "allocations": rows}
     rows = len(out["loss"])
     ends: list[list[float] | None] = [None] * rows
     pis = list(out["loss_prediction_interval"] or [None] * rows)
@@ -497,13 +514,9 @@ def _by_the_bracket(fit, out: dict) -> dict:
     loss = list(out["loss"])
     for i, (n, d) in enumerate(zip(out["params"], out["tokens"])):
         flops = 6.0 * float(n) * float(d)
-        if not model.brackets(flops):
-            continue
-        pi = model.predict(float(n), float(d), flops)
-        ends[i] = list(pi.ends)
-        if not math.isclose(pi.level, out["level"]):
-            pi = interval_from_parts(pi.point, pi.parts, out["level"])
-        loss[i], pis[i], cis[i] = pi.point, [pi.lo, pi.hi], None
+        if model.brackets(flops):
+            pi, ends[i] = bracket(float(n), float(d), flops)
+            loss[i], pis[i], cis[i] = pi.point, [pi.lo, pi.hi], None
     if all(e is None for e in ends):
         return out
     return {**out, "loss": loss, "loss_interval": cis, "loss_prediction_interval": pis, "loss_ends": ends}
@@ -523,6 +536,10 @@ def _print_allocations(out: dict) -> None:
         )
         if "line" in r:
             print(f"  {r['line']}")
+        if r.get("loss_opt_ends"):
+            low, high = r["loss_opt_ends"]
+            print(f"  L* beyond the fitted budgets by the bracket of the law and the best-loss power law "
+                  f"(as `sweep next` predicts it): its two sides {_fmt(low)} and {_fmt(high)}")  # fmt: skip
 
 
 def run_allocate(args: argparse.Namespace) -> int:
@@ -530,7 +547,7 @@ def run_allocate(args: argparse.Namespace) -> int:
     fit = load_saved_fit(args.fit)
     from scalelab.fitting.entry.from_report import allocate_from_fit
 
-    out = allocate_from_fit(fit, flops=args.flops, tokens=args.tokens, level=args.level)
+    out = _by_the_bracket(fit, allocate_from_fit(fit, flops=args.flops, tokens=args.tokens, level=args.level))
     if args.json:
         print(json.dumps(_clean(out)))
     else:

@@ -365,6 +365,16 @@ def test_predict_gives_a_far_run_the_bracket_as_plan_run_and_sweep_next_do(fit_f
     assert narrow["loss"][0] == out["loss"][0] and pi.lo < lo < pi.point < hi < pi.hi
     assert main(["predict", str(a3), *ns, *ds]) == 0
     assert "row 1: beyond the fitted budgets, the bracket" in capsys.readouterr().out
+    # allocations: L* past the budgets is the bracket's at the row's (N*, D*), plan-run's optimum
+    for cmd in ("predict", "allocate"):
+        assert main([cmd, str(a3), "--flops", "1e21", "1e19", "--json"]) == 0
+        far_row, inside_row = json.loads(capsys.readouterr().out)["allocations"]
+        assert far_row["n_opt"] == pytest.approx(far.n, rel=1e-9)
+        assert far_row["loss_opt"] == pytest.approx(far.loss.point, rel=1e-12)
+        assert far_row["loss_opt_interval"] == pytest.approx([far.loss.lo, far.loss.hi], rel=1e-12)
+        assert far_row["loss_opt_ends"] == list(far.loss.ends) and "loss_opt_ends" not in inside_row
+    assert main(["allocate", str(a3), "--flops", "1e21"]) == 0
+    assert "L* beyond the fitted budgets by the bracket" in capsys.readouterr().out
 
 
 @pytest.mark.chromium
