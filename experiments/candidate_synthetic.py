@@ -21,18 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import tempfile
 from pathlib import Path
 
-from scipy import stats
-
+from experiments.first_round_scores import ends_interval
 from scalelab.analysis.synthetic import SyntheticLaw, launch_synthetic
 from scalelab.errors import UsageError, run_script
 from scalelab.store import ledger
 from scalelab.sweeps.closed_loop.propose import Holdout, propose_round
 
-Z95 = float(stats.norm.ppf(0.975))
 SPEC = {
     "name": "sim",
     "base": {"data": {"seq_len": 64}, "train": {"global_batch_tokens": 512}},
@@ -40,11 +37,6 @@ SPEC = {
     "fit": {"bootstrap": 8},
 }
 NOISE = 0.003  # the synthetic runs' log-sd
-
-
-def candidate(ends: list[float], sigma: float) -> tuple[float, float]:
-    """The candidate interval: the two ends, each widened by z sigma in log."""
-    return ends[0] * math.exp(-Z95 * sigma), ends[1] * math.exp(Z95 * sigma)
 
 
 def synthetic_store(sweep_dir: Path) -> list[dict]:
@@ -71,7 +63,7 @@ def score(seed_noise: float = 0.0056) -> dict:
     print("flops    predicted [95%]            ends              measured  error   loop  cand  cand@floor")
     for e in far:
         m = e["measured"]
-        own, floor = candidate(e["ends"], stated), candidate(e["ends"], seed_noise)
+        own, floor = ends_interval(e["ends"], stated), ends_interval(e["ends"], seed_noise)
         row = {"flops": e["flops"], "predicted": e["predicted"], "interval": e["interval"], "ends": e["ends"],
                "measured": m, "rel_error": e["rel_error"], "covered": bool(e["covered"]),
                "candidate": own, "candidate_covered": own[0] <= m <= own[1],

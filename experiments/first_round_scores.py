@@ -95,7 +95,7 @@ def store_scores(sweep_dir: str | Path) -> dict:
         ends = [p for p in done if p.get("ends")]
         if ends:  # protocol 2: the ledger's prediction is the bracket; its ends widened by run noise
             sigma = _noise_floor(sweep_dir, ends[0]["round"])
-            iv = [_ends_interval(p["ends"], sigma) for p in ends]
+            iv = [ends_interval(p["ends"], sigma) for p in ends]
             out["distances"][m]["ends"] = {
                 "scored": len(ends),
                 "covered": sum(lo <= p["measured"] <= hi for (lo, hi), p in zip(iv, ends)),
@@ -113,7 +113,7 @@ def _noise_floor(sweep_dir: Path, round_k: int) -> float:
     return float(fits[-1]["noise_floor"])
 
 
-def _ends_interval(ends: list[float], sigma: float, z: float = Z95) -> tuple[float, float]:
+def ends_interval(ends: list[float], sigma: float, z: float = Z95) -> tuple[float, float]:
     """Protocol 2's candidate interval: the bracket's two sides, each widened by a run's noise."""
     return ends[0] * math.exp(-z * sigma), ends[1] * math.exp(z * sigma)
 
@@ -152,7 +152,7 @@ def recorded_scores(path: str | Path = RECORDED) -> list[dict]:
 
 def _recorded_ends(rows: list[dict]) -> dict:
     """Protocol 2's candidate interval over a distance's recorded runs (their ends and noise floor)."""
-    iv = [_ends_interval([float(r["ends_low"]), float(r["ends_high"])], float(r["noise_floor"])) for r in rows]
+    iv = [ends_interval([float(r["ends_low"]), float(r["ends_high"])], float(r["noise_floor"])) for r in rows]
     return {
         "scored": len(rows),
         "covered": sum(lo <= float(r["measured"]) <= hi for (lo, hi), r in zip(iv, rows)),

@@ -102,12 +102,12 @@ def test_one_store_then_its_scores(audit_dir, tmp_path, monkeypatch, capsys):
     ends = s["distances"][30]["ends"]
     assert ends["noise"] == pytest.approx(0.0056) and ends["scored"] == 2
     at30 = [p for p in far if p["flops"] > 20 * 2e12]
-    lo, hi = first_round_scores._ends_interval(at30[0]["ends"], 0.0056)
+    lo, hi = first_round_scores.ends_interval(at30[0]["ends"], 0.0056)
     assert lo == pytest.approx(at30[0]["ends"][0] * math.exp(-1.96 * 0.0056), rel=1e-4) and hi > at30[0]["ends"][1]
     assert ends["covered"] == sum(
-        first_round_scores._ends_interval(p["ends"], 0.0056)[0]
+        first_round_scores.ends_interval(p["ends"], 0.0056)[0]
         <= p["measured"]
-        <= first_round_scores._ends_interval(p["ends"], 0.0056)[1]
+        <= first_round_scores.ends_interval(p["ends"], 0.0056)[1]
         for p in at30
     )
     assert "protocol 2 (the bracket as the loop's prediction)" in out and "30x over 1 store(s):" in out
